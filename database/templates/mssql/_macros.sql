@@ -1,0 +1,37 @@
+{#- Shared T-SQL fragments. Imported "with context" so they see names, errors and the queue. -#}
+{% macro unit(name, type) -%}
+-- tablequeue:unit {{ name }} {{ type }}
+{%- endmacro %}
+
+{% macro grant(verb) -%}
+GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
+{%- endmacro %}
+
+{#- Raise a contract error. The message variable must be nvarchar, declared by the caller. -#}
+{% macro throw(error, message_sql) -%}
+        DECLARE @error_message nvarchar(2048) = {{ message_sql }};
+        THROW {{ errors[error] }}, @error_message, 1;
+{%- endmacro %}
+
+{% macro check_batch_size(verb) -%}
+    IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
+    BEGIN
+{{ throw('invalid_argument', "CONCAT(N'" ~ names.plain('_' ~ verb) ~ ": batch_size must be between 1 and 1000, got ', COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL'), N'.')") }}
+    END;
+{%- endmacro %}
+
+{#- Payload validation shared by enqueue: NULL never, and JSON queues only take valid JSON. -#}
+{% macro check_payload(verb) -%}
+    IF @payload IS NULL{% if is_json %} OR ISJSON(@payload) = 0{% endif %}
+
+    BEGIN
+{{ throw('invalid_payload', "N'" ~ names.plain('_' ~ verb) ~ ": payload must not be NULL" ~ (" and must be valid JSON" if is_json else "") ~ ".'") }}
+    END;
+{%- endmacro %}
+
+{% macro check_dedupe_key(verb) -%}
+    IF LEN(@dedupe_key) > 200
+    BEGIN
+{{ throw('invalid_argument', "N'" ~ names.plain('_' ~ verb) ~ ": dedupe_key is longer than 200 characters.'") }}
+    END;
+{%- endmacro %}

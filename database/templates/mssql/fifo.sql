@@ -1,0 +1,3 @@
+{% set claim_order = 'oldest' %}
+{% set strict = opt.strict %}
+{% include '_destructive.sql' %}

@@ -1,0 +1,3 @@
+{% set claim_order = 'due' %}
+{% set strict = false %}
+{% include '_destructive.sql' %}

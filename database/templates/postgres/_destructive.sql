@@ -1,0 +1,318 @@
+{#-
+  The destructive kinds (heap, fifo, lifo, pending) share one shape: a dequeue deletes the rows it
+  hands out, in the caller's transaction. The including template sets:
+    claim_order  'none' | 'oldest' | 'newest' | 'due'
+    strict       true only for strict FIFO (consumers serialise on an advisory lock)
+-#}
+{% import '_macros.sql' as m with context %}
+{% set has_due = claim_order == 'due' %}
+{% set dedupe = opt.dedupe %}
+{% set t = names.obj() %}
+{% set fn = queue.name %}
+{% if has_due %}
+{% set claim_order_sql = 'm.due_at, m.id' %}
+{% elif claim_order == 'newest' %}
+{% set claim_order_sql = 'm.id DESC' %}
+{% else %}
+{% set claim_order_sql = 'm.id' %}
+{% endif %}
+{{ m.unit(names.plain(), 'storage') }}
+CREATE TABLE IF NOT EXISTS {{ t }} (
+    id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ names.obj('_id_seq') }}),
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+{% if has_due %}
+    due_at timestamptz NOT NULL,
+{% endif %}
+{% if dedupe %}
+    dedupe_key text CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200),
+{% endif %}
+    payload {{ payload_type }} NOT NULL,
+    CONSTRAINT {{ names.index('pk') }} PRIMARY KEY (id)
+);
+{% if has_due %}
+
+-- The claim's exact WHERE/ORDER BY: a range scan from the earliest due row.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'due') }} ON {{ t }} (due_at, id);
+{% endif %}
+{% if dedupe %}
+
+CREATE UNIQUE INDEX IF NOT EXISTS {{ names.index('ux', 'dedupe') }}
+ON {{ t }} (dedupe_key)
+WHERE dedupe_key IS NOT NULL;
+{% endif %}
+
+{{ m.unit(names.plain('_enqueue'), 'code') }}
+CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
+    payload {{ payload_type }},
+{% if has_due %}
+    due_at timestamptz DEFAULT NULL,
+{% endif %}
+    dedupe_key text DEFAULT NULL
+)
+RETURNS TABLE (id bigint, duplicate boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+BEGIN
+{{ m.check_payload('enqueue') }}
+{% if dedupe %}
+{{ m.check_dedupe_key('enqueue') }}
+    -- ON CONFLICT waits for a racing insert of the same key; if that row is gone again by the time
+    -- we look it up (dequeued), try the insert once more.
+    LOOP
+        INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
+        VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.dedupe_key, {{ fn }}_enqueue.payload)
+        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING m.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, false;
+            RETURN;
+        END IF;
+        SELECT m.id INTO new_id FROM {{ t }} AS m WHERE m.dedupe_key = {{ fn }}_enqueue.dedupe_key;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, true;
+            RETURN;
+        END IF;
+    END LOOP;
+{% else %}
+    INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}payload)
+    VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.payload)
+    RETURNING m.id INTO new_id;
+    RETURN QUERY SELECT new_id, false;
+{% endif %}
+END;
+$function$;
+
+{{ m.grant('enqueue') }}
+
+{{ m.unit(names.plain('_enqueue_batch'), 'code') }}
+-- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
+CREATE OR REPLACE FUNCTION {{ names.verb('enqueue_batch') }}(
+    payloads {{ payload_type }} [],
+{% if has_due %}
+    due_ats timestamptz [] DEFAULT NULL,
+{% endif %}
+    dedupe_keys text [] DEFAULT NULL
+)
+RETURNS TABLE (ordinal integer, id bigint, duplicate boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    item_count integer := coalesce(cardinality(payloads), 0);
+    new_ids bigint [];
+    inserted_ids bigint [];
+    bad_ordinal integer;
+BEGIN
+{% for array in (['due_ats', 'dedupe_keys'] if has_due else ['dedupe_keys']) %}
+    IF {{ array }} IS NOT NULL AND cardinality({{ array }}) <> item_count THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " has %s elements but payloads has %s.', cardinality(" ~ array ~ "), item_count)") }}
+    END IF;
+{% endfor %}
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+    WHERE u.payload IS NULL;
+    IF bad_ordinal IS NOT NULL THEN
+{{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL payload.', bad_ordinal)") }}
+    END IF;
+
+    -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted.
+    new_ids := ARRAY(SELECT nextval('{{ names.obj("_id_seq") }}') FROM generate_series(1, item_count));
+
+    WITH inserted AS (
+        INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}{% if dedupe %}dedupe_key, {% endif %}payload)
+        OVERRIDING SYSTEM VALUE
+        SELECT
+            u.new_id,
+{% if has_due %}
+            coalesce(u.due_at, clock_timestamp()),
+{% endif %}
+{% if dedupe %}
+            u.dedupe_key,
+{% endif %}
+            u.payload
+        FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}{% if dedupe %}, dedupe_keys{% endif %}) AS u (new_id, payload{% if has_due %}, due_at{% endif %}{% if dedupe %}, dedupe_key{% endif %})
+{% if dedupe %}
+        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+{% endif %}
+        RETURNING m.id
+    )
+
+    SELECT array_agg(i.id) INTO inserted_ids FROM inserted AS i;
+
+{% if dedupe %}
+    -- A new statement sees keys that racing transactions committed while we waited on them.
+    RETURN QUERY
+    SELECT
+        u.ordinal::integer,
+        CASE WHEN u.new_id = ANY(inserted_ids) THEN u.new_id ELSE existing.id END,
+        NOT (u.new_id = ANY(coalesce(inserted_ids, '{}')))
+    FROM unnest(new_ids, dedupe_keys) WITH ORDINALITY AS u (new_id, dedupe_key, ordinal)
+    LEFT JOIN LATERAL (
+        SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = u.dedupe_key
+    ) AS existing ON TRUE
+    ORDER BY u.ordinal;
+{% else %}
+    RETURN QUERY
+    SELECT u.ordinal::integer, u.new_id, false
+    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
+    ORDER BY u.ordinal;
+{% endif %}
+END;
+$function$;
+
+{{ m.grant('enqueue_batch') }}
+
+{{ m.unit(names.plain('_dequeue'), 'code') }}
+CREATE OR REPLACE FUNCTION {{ names.verb('dequeue') }}(batch_size integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload {{ payload_type }}, enqueued_at timestamptz{% if has_due %}, due_at timestamptz{% endif %})
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+BEGIN
+{{ m.check_batch_size('dequeue') }}
+{% if strict %}
+    -- Strict FIFO: one consumer at a time until its transaction ends. FOR UPDATE without SKIP
+    -- LOCKED is not enough: after waiting on a row that was then deleted, LIMIT returns nothing.
+    PERFORM pg_advisory_xact_lock(hashtextextended('tablequeue:{{ names.plain() }}', 0));
+{% endif %}
+{% if claim_order == 'none' %}
+    -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
+    -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
+{% endif %}
+    RETURN QUERY
+    WITH next_messages AS (
+        SELECT m.id
+        FROM {{ t }} AS m
+{% if has_due %}
+        WHERE m.due_at <= clock_timestamp()
+{% endif %}
+        ORDER BY {{ claim_order_sql }}
+        LIMIT batch_size
+        FOR UPDATE{% if not strict %} SKIP LOCKED{% endif %}
+
+    ),
+
+    claimed AS (
+        DELETE FROM {{ t }} AS m
+        USING next_messages AS n
+        WHERE m.id = n.id
+        RETURNING m.id, m.payload, m.enqueued_at{% if has_due %}, m.due_at{% endif %}
+
+    )
+
+    SELECT c.id, c.payload, c.enqueued_at{% if has_due %}, c.due_at{% endif %}
+
+    FROM claimed AS c
+    ORDER BY {{ claim_order_sql | replace('m.', 'c.') }};
+END;
+$function$;
+
+{{ m.grant('dequeue') }}
+
+{{ m.unit(names.plain('_stats'), 'code') }}
+CREATE OR REPLACE FUNCTION {{ names.verb('stats') }}()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Counting stops at exact_limit rows; past that the planner's row estimate stands in, so a
+    -- deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint;
+    delayed_count bigint := 0;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+BEGIN
+    SELECT count(*) INTO ready_count FROM (
+        SELECT 1 FROM {{ t }} AS m
+{% if has_due %}
+        WHERE m.due_at <= now_utc
+{% endif %}
+        LIMIT exact_limit + 1
+    ) AS counted;
+{% if has_due %}
+    SELECT count(*) INTO delayed_count FROM (
+        SELECT 1 FROM {{ t }} AS m WHERE m.due_at > now_utc LIMIT exact_limit + 1
+    ) AS counted;
+{% endif %}
+    IF ready_count > exact_limit OR delayed_count > exact_limit THEN
+        is_estimate := true;
+        -- The planner's own estimate: tuples per page from the last ANALYZE times current pages.
+        SELECT CASE
+            WHEN c.reltuples > 0 AND c.relpages > 0
+                THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+            ELSE 0
+        END
+        INTO total_estimate
+        FROM pg_class AS c
+        WHERE c.oid = '{{ t }}'::regclass;
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count);
+        ELSE
+            delayed_count := greatest(delayed_count, total_estimate - ready_count);
+        END IF;
+    END IF;
+
+    SELECT m.{{ 'due_at' if has_due else 'enqueued_at' }} INTO oldest_ready
+    FROM {{ t }} AS m
+{% if has_due %}
+    WHERE m.due_at <= now_utc
+    ORDER BY m.due_at, m.id
+{% else %}
+    ORDER BY m.id
+{% endif %}
+    LIMIT 1;
+
+    -- A destructive dequeue deletes in the consumer's own transaction: nothing is ever "in flight"
+    -- outside it, and nothing is dead.
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        0::bigint,
+        0::bigint,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+{{ m.grant('stats') }}
+
+{{ m.unit(names.plain('_purge'), 'code') }}
+CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+    -- SKIP LOCKED leaves the rows a consumer is dequeuing right now.
+    WITH doomed AS (
+        SELECT m.id FROM {{ t }} AS m
+        WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    deleted AS (
+        DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+    )
+
+    SELECT count(*) INTO purged_count FROM deleted;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+{{ m.grant('purge') }}

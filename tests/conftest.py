@@ -1,0 +1,121 @@
+"""Shared fixtures: the databases every test talks to.
+
+PostgreSQL always runs: TABLEQUEUE_PG_URL when set, else a throwaway cluster for the session.
+SQL Server runs when TABLEQUEUE_MSSQL_URL is set; otherwise every SQL Server test is skipped and the
+run ends with a plain count of what did not run. A skipped test is never reported as passed.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tablequeue.catalog import Catalog, parse_catalog
+from tablequeue.client import QueueClient
+from tablequeue.deploy import deploy
+from tablequeue.embedded import postgres_url
+from tablequeue.engines import connect, dialect_for
+from tablequeue.render import render_catalog
+
+REPO = Path(__file__).resolve().parents[1]
+MSSQL_SKIP_REASON = "SQL Server not configured (TABLEQUEUE_MSSQL_URL is not set)"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    with postgres_url() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def mssql_url() -> str:
+    url = os.environ.get("TABLEQUEUE_MSSQL_URL")
+    if not url:
+        pytest.skip(MSSQL_SKIP_REASON)
+    return url
+
+
+@pytest.fixture(params=["postgres", pytest.param("mssql", marks=pytest.mark.mssql)])
+def engine_url(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(dialect, url) for every configured engine: the conformance suite runs once per engine."""
+    name = request.param
+    return name, request.getfixturevalue("pg_url" if name == "postgres" else "mssql_url")
+
+
+@dataclass
+class Deployed:
+    dialect: str
+    url: str
+    catalog: Catalog
+
+    def connect(self, autocommit: bool = True) -> Any:
+        return connect(self.url, autocommit=autocommit)
+
+    def client(self, queue: str, conn: Any) -> QueueClient:
+        return QueueClient.for_catalog(conn, self.dialect, self.catalog, queue)
+
+
+def drop_schema(dialect: str, url: str, schema: str) -> None:
+    conn = connect(url, autocommit=True)
+    try:
+        if dialect == "postgres":
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            for role in ("producer", "consumer", "admin"):
+                conn.execute(f'DROP ROLE IF EXISTS "{schema}_{role}"')
+            return
+        cursor = conn.cursor()
+        # Procedures first (they reference the types), then tables, types, roles and the schema.
+        cursor.execute(
+            """
+            DECLARE @sql nvarchar(max) = N'';
+            SELECT @sql += N'DROP PROCEDURE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
+            FROM sys.procedures WHERE SCHEMA_NAME(schema_id) = ?;
+            SELECT @sql += N'DROP TABLE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
+            FROM sys.tables WHERE SCHEMA_NAME(schema_id) = ?;
+            SELECT @sql += N'DROP TYPE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
+            FROM sys.types WHERE is_user_defined = 1 AND SCHEMA_NAME(schema_id) = ?;
+            SELECT @sql += N'DROP ROLE ' + QUOTENAME(name) + N';'
+            FROM sys.database_principals WHERE type = 'R' AND name IN (? + N'_producer', ? + N'_consumer', ? + N'_admin');
+            IF SCHEMA_ID(?) IS NOT NULL SET @sql += N'DROP SCHEMA ' + QUOTENAME(?) + N';';
+            EXEC sys.sp_executesql @sql;
+            """, *([schema] * 8))
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def deploy_queues(engine_url: tuple[str, str]) -> Iterator[Callable[..., Deployed]]:
+    """Deploy queues (catalog 'queues' entries) into a fresh schema of the engine under test."""
+    dialect, url = engine_url
+    schemas: list[str] = []
+
+    def _deploy(*queues: dict, schema: str | None = None) -> Deployed:
+        schema = schema or f"t_{secrets.token_hex(4)}"
+        catalog = parse_catalog({"schema": schema, "queues": list(queues)}, f"<test catalog {schema}>")
+        units = [u for f in render_catalog(catalog, dialect) for u in f.units]
+        conn = connect(url, autocommit=dialect == "postgres")
+        try:
+            deploy(conn, dialect_for(dialect), schema, units)
+        finally:
+            conn.close()
+        schemas.append(schema)
+        return Deployed(dialect, url, catalog)
+
+    yield _deploy
+    for schema in schemas:
+        drop_schema(dialect, url, schema)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    skipped = terminalreporter.stats.get("skipped", [])
+    not_run = [r for r in skipped if MSSQL_SKIP_REASON in str(getattr(r, "longrepr", ""))]
+    passed_mssql = [r for r in terminalreporter.stats.get("passed", []) if "[mssql" in r.nodeid]
+    write = terminalreporter.write_line
+    if os.environ.get("TABLEQUEUE_MSSQL_URL"):
+        write(f"SQL Server: {len(passed_mssql)} conformance test(s) ran and passed against TABLEQUEUE_MSSQL_URL")
+    else:
+        write(f"SQL Server: {len(not_run)} conformance test(s) did NOT run: TABLEQUEUE_MSSQL_URL is not set")

@@ -1,0 +1,144 @@
+"""Call a queue's procedures (SQL Server) or functions (PostgreSQL) through the public contract.
+
+This is what the tests, the demo and the pipelines use; it is also a reference for callers in other
+languages: every method is one procedure call with named parameters. The client never opens or ends
+a transaction: with autocommit off, the caller commits (and a rolled-back dequeue puts messages back).
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+from .catalog import Catalog, Queue
+
+PG_PAYLOAD = {"binary": "bytea", "text": "text", "json": "jsonb"}
+# Column order of the SQL Server table type S.Q_items, per kind (it must match the templates).
+TVP_COLUMNS = {
+    "heap": ("ordinal", "payload", "dedupe_key"),
+    "fifo": ("ordinal", "payload", "dedupe_key"),
+    "lifo": ("ordinal", "payload", "dedupe_key"),
+    "pending": ("ordinal", "payload", "due_at", "dedupe_key"),
+    "work": ("ordinal", "payload", "due_at", "dedupe_key", "priority", "id", "enqueued_at"),
+}
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value!r}: pass an aware datetime (UTC is assumed nowhere)")
+    return value.astimezone(timezone.utc)
+
+
+class QueueClient:
+    def __init__(self, conn: Any, dialect: str, schema: str, queue: Queue):
+        self.conn, self.dialect, self.schema, self.queue = conn, dialect, schema, queue
+
+    @classmethod
+    def for_catalog(cls, conn: Any, dialect: str, catalog: Catalog, name: str) -> "QueueClient":
+        return cls(conn, dialect, catalog.schema, catalog.queue(name))
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _routine(self, verb: str) -> str:
+        name = f"{self.queue.name}_{verb}"
+        return f'"{self.schema}"."{name}"' if self.dialect == "postgres" else f"[{self.schema}].[{name}]"
+
+    def _pg_cast(self, param: str) -> str:
+        payload = PG_PAYLOAD[self.queue.payload]
+        return {"payload": payload, "payloads": f"{payload}[]", "due_at": "timestamptz",
+                "due_ats": "timestamptz[]", "dedupe_keys": "text[]", "priorities": "integer[]",
+                "ids": "uuid[]", "enqueued_ats": "timestamptz[]", "older_than": "timestamptz",
+                "id": "uuid" if self.queue.options.get("client_ids") else "bigint",
+                "enqueued_at": "timestamptz"}.get(param, "")
+
+    def _payload_value(self, payload: Any) -> Any:
+        if self.queue.payload == "json" and not isinstance(payload, (str, type(None))):
+            return json.dumps(payload)
+        return payload
+
+    def _time(self, value: datetime | None) -> datetime | None:
+        """Aware UTC for PostgreSQL (timestamptz); naive UTC for SQL Server (datetime2)."""
+        value = _utc(value)
+        return value.replace(tzinfo=None) if value is not None and self.dialect == "mssql" else value
+
+    def call(self, verb: str, params: Mapping[str, Any], required: tuple[str, ...] = ()) -> list[dict]:
+        """Run S.Q_<verb> with named parameters; None values are left out (the parameter's
+        default applies) except those named in required, which are passed as NULL."""
+        given = {k: v for k, v in params.items() if v is not None or k in required}
+        if self.dialect == "postgres":
+            args = ", ".join(f"{k} => %({k})s" + (f"::{self._pg_cast(k)}" if self._pg_cast(k) else "")
+                             for k in given)
+            cursor = self.conn.execute(f"SELECT * FROM {self._routine(verb)}({args})", given)
+            columns = [c.name for c in cursor.description or []]
+            return [dict(zip(columns, row)) for row in cursor.fetchall()]
+        cursor = self.conn.cursor()
+        try:
+            args = ", ".join(f"@{k} = ?" for k in given)
+            cursor.execute(f"SET NOCOUNT ON; EXEC {self._routine(verb)} {args};", *given.values())
+            while cursor.description is None and cursor.nextset():
+                pass
+            if cursor.description is None:
+                return []
+            columns = [c[0] for c in cursor.description]
+            return [dict(zip(columns, row)) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
+
+    # -- the contract -----------------------------------------------------------------------
+    def enqueue(self, payload: Any, due_at: datetime | None = None, dedupe_key: str | None = None,
+                priority: int | None = None, id: Any = None, enqueued_at: datetime | None = None) -> dict:
+        params = {"payload": self._payload_value(payload), "due_at": self._time(due_at),
+                  "dedupe_key": dedupe_key, "priority": priority, "id": id,
+                  "enqueued_at": self._time(enqueued_at)}
+        return self.call("enqueue", params, required=("payload",))[0]
+
+    def enqueue_batch(self, items: Iterable[Mapping[str, Any]]) -> list[dict]:
+        """items: mappings with payload and optionally due_at, dedupe_key, priority (and id,
+        enqueued_at for client-supplied ids). Returns one row per item: ordinal, id, duplicate."""
+        items = list(items)
+        if self.dialect == "postgres":
+            params: dict[str, Any] = {"payloads": [self._payload_value(i.get("payload")) for i in items]}
+            for key, array in (("due_at", "due_ats"), ("dedupe_key", "dedupe_keys"),
+                               ("priority", "priorities"), ("id", "ids"), ("enqueued_at", "enqueued_ats")):
+                if any(i.get(key) is not None for i in items):
+                    values = [i.get(key) for i in items]
+                    if key in ("due_at", "enqueued_at"):
+                        values = [self._time(v) for v in values]
+                    params[array] = values
+            return self.call("enqueue_batch", params)
+        columns = TVP_COLUMNS[self.queue.kind]
+        rows = []
+        for ordinal, item in enumerate(items, start=1):
+            row = []
+            for column in columns:
+                value = ordinal if column == "ordinal" else item.get(column)
+                if column == "payload":
+                    value = self._payload_value(value)
+                elif column in ("due_at", "enqueued_at"):
+                    value = self._time(value)
+                row.append(value)
+            rows.append(tuple(row))
+        return self.call("enqueue_batch", {"items": rows})
+
+    def dequeue(self, batch_size: int = 1, worker: str | None = None,
+                lease_seconds: int | None = None) -> list[dict]:
+        return self.call("dequeue", {"batch_size": batch_size, "worker": worker,
+                                     "lease_seconds": lease_seconds})
+
+    def complete(self, id: Any, worker: str) -> bool:
+        return bool(self.call("complete", {"id": id, "worker": worker})[0]["completed"])
+
+    def fail(self, id: Any, worker: str, error: str, retry_after_seconds: int | None = None) -> str:
+        return self.call("fail", {"id": id, "worker": worker, "error": error,
+                                  "retry_after_seconds": retry_after_seconds})[0]["outcome"]
+
+    def extend_lease(self, id: Any, worker: str, lease_seconds: int | None = None) -> bool:
+        return bool(self.call("extend_lease", {"id": id, "worker": worker,
+                                               "lease_seconds": lease_seconds})[0]["extended"])
+
+    def stats(self) -> dict:
+        return self.call("stats", {})[0]
+
+    def purge(self, older_than: datetime | None = None) -> int:
+        return int(self.call("purge", {"older_than": self._time(older_than)})[0]["purged"])

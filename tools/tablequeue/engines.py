@@ -1,0 +1,308 @@
+"""Connections and the few dialect-specific statements the deploy tool itself needs.
+
+Everything else the tool runs is rendered SQL; this module only connects, locks, applies a unit
+and reads back what is deployed.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from .gosplit import split_batches
+from .render import Unit
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Target:
+    dialect: str   # mssql | postgres
+    url: str       # as given, for messages (password masked by describe())
+
+    def describe(self) -> str:
+        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url)
+
+
+def parse_url(url: str) -> Target:
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        return Target("postgres", url)
+    if scheme in ("mssql+pyodbc", "mssql"):
+        return Target("mssql", url)
+    raise EngineError(f"unsupported database URL scheme {scheme!r}: use postgresql://... or mssql+pyodbc://...")
+
+
+def mssql_connection_string(url: str) -> str:
+    """mssql+pyodbc://user:password@host:port/database?driver=...&Encrypt=yes -> ODBC string.
+
+    ?odbc_connect=<url-encoded ODBC string> passes a complete ODBC connection string through.
+    """
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if "odbc_connect" in query:
+        return query["odbc_connect"]
+    import pyodbc
+
+    driver = query.pop("driver", None)
+    if driver is None:
+        installed = pyodbc.drivers()
+        preferred = [d for d in installed if d.startswith("ODBC Driver") and "SQL Server" in d]
+        driver = sorted(preferred)[-1] if preferred else ("FreeTDS" if "FreeTDS" in installed else None)
+        if driver is None:
+            raise EngineError("no SQL Server ODBC driver installed (msodbcsql18 or tdsodbc); "
+                              f"installed drivers: {installed or 'none'}")
+    server = parts.hostname or "localhost"
+    if parts.port:
+        server = f"{server},{parts.port}"
+    fields = {"DRIVER": "{" + driver + "}", "SERVER": server}
+    if parts.path.strip("/"):
+        fields["DATABASE"] = unquote(parts.path.strip("/"))
+    if parts.username:
+        fields["UID"] = unquote(parts.username)
+        fields["PWD"] = "{" + unquote(parts.password or "").replace("}", "}}") + "}"
+    else:
+        fields["Trusted_Connection"] = "yes"
+    if driver == "FreeTDS":
+        fields.setdefault("TDS_Version", "7.4")
+    fields.update(query)
+    return ";".join(f"{k}={v}" for k, v in fields.items())
+
+
+def connect(url: str, autocommit: bool = True) -> Any:
+    target = parse_url(url)
+    if target.dialect == "postgres":
+        import psycopg
+
+        return psycopg.connect(url, autocommit=autocommit)
+    import pyodbc
+
+    conn = pyodbc.connect(mssql_connection_string(url), autocommit=autocommit)
+    cursor = conn.cursor()
+    # Filtered indexes need both when the procedures that write the table are created.
+    cursor.execute("SET ANSI_NULLS ON; SET QUOTED_IDENTIFIER ON; SET XACT_ABORT ON;")
+    cursor.close()
+    return conn
+
+
+class Dialect(Protocol):
+    name: str
+
+    def lock(self, conn: Any, schema: str, timeout_seconds: int) -> None: ...
+    def unlock(self, conn: Any, schema: str) -> None: ...
+    def history_exists(self, conn: Any, schema: str) -> bool: ...
+    def read_history(self, conn: Any, schema: str) -> list[dict]: ...
+    def apply(self, conn: Any, unit: Unit, schema: str, version: str) -> float: ...
+    def object_checksum(self, conn: Any, unit_name: str) -> str | None: ...
+    def count_messages(self, conn: Any, table: str, limit: int) -> int | None: ...
+
+
+HISTORY_TABLE = "tablequeue_deploy_history"
+# The fingerprint `status` compares for drift: the module text of a procedure, or the column list of a
+# table. Used by the deploy tool and by the hand-run script, so both record the same value.
+MSSQL_OBJECT_CHECKSUM = """SELECT COALESCE(
+    (SELECT CONVERT(varchar(64), HASHBYTES('SHA2_256', m.definition), 2)
+     FROM sys.sql_modules AS m
+     WHERE m.object_id = OBJECT_ID(QUOTENAME(@unit_schema) + N'.' + QUOTENAME(@unit_name))),
+    (SELECT CONVERT(varchar(64), HASHBYTES('SHA2_256', STRING_AGG(CONVERT(nvarchar(max), CONCAT(
+         c.name, N' ', TYPE_NAME(c.user_type_id), N' ', c.max_length, N' ', c.is_nullable)), N', ')
+         WITHIN GROUP (ORDER BY c.column_id)), 2)
+     FROM sys.columns AS c
+     WHERE c.object_id = OBJECT_ID(QUOTENAME(@unit_schema) + N'.' + QUOTENAME(@unit_name), N'U')))"""
+HISTORY_COLUMNS = ("unit_name", "unit_type", "queue_name", "tool_version", "checksum",
+                   "object_checksum", "applied_at", "applied_by", "duration_ms")
+
+
+def postgres_object_checksum_sql(schema_expr: str, name_expr: str) -> str:
+    """The PostgreSQL twin of MSSQL_OBJECT_CHECKSUM, for a schema and name given as SQL expressions."""
+    return f"""SELECT coalesce(
+    (SELECT md5(string_agg(pg_get_functiondef(p.oid), E'\\n' ORDER BY p.oid))
+     FROM pg_catalog.pg_proc AS p
+     JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+     WHERE n.nspname = {schema_expr} AND p.proname = {name_expr}),
+    (SELECT md5(string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                           || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY a.attnum))
+     FROM pg_catalog.pg_attribute AS a
+     JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
+     JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE n.nspname = {schema_expr} AND c.relname = {name_expr} AND c.relkind IN ('r', 'p')
+       AND a.attnum > 0 AND NOT a.attisdropped))"""
+
+
+def _split_name(unit_name: str) -> tuple[str, str]:
+    schema, _, name = unit_name.partition(".")
+    return schema, name
+
+
+class PostgresDialect:
+    name = "postgres"
+
+    def _lock_key(self, schema: str) -> str:
+        return f"tablequeue:deploy:{schema}"
+
+    def lock(self, conn: Any, schema: str, timeout_seconds: int) -> None:
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                               (self._lock_key(schema),)).fetchone()[0]
+            if got:
+                return
+            if time.monotonic() > deadline:
+                raise EngineError(f"another deploy to schema '{schema}' held the deploy lock for "
+                                  f"{timeout_seconds}s; giving up")
+            time.sleep(0.2)
+
+    def unlock(self, conn: Any, schema: str) -> None:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self._lock_key(schema),))
+
+    def history_exists(self, conn: Any, schema: str) -> bool:
+        return conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                            (f'"{schema}"."{HISTORY_TABLE}"',)).fetchone()[0]
+
+    def read_history(self, conn: Any, schema: str) -> list[dict]:
+        cursor = conn.execute(
+            f'SELECT {", ".join(HISTORY_COLUMNS)} FROM "{schema}"."{HISTORY_TABLE}" ORDER BY history_id')
+        return [dict(zip(HISTORY_COLUMNS, row)) for row in cursor.fetchall()]
+
+    def _routines(self, conn: Any, unit_name: str) -> list[str]:
+        schema, name = _split_name(unit_name)
+        rows = conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc AS p "
+            "JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = %s AND p.proname = %s ORDER BY p.oid", (schema, name)).fetchall()
+        return [row[0] for row in rows]
+
+    def apply(self, conn: Any, unit: Unit, schema: str, version: str) -> float:
+        import psycopg
+
+        started = time.monotonic()
+        with conn.transaction():
+            before = self._routines(conn, unit.name) if unit.type == "code" else []
+            try:
+                with conn.transaction():  # savepoint
+                    conn.execute(unit.body)
+                    stale = before if len(self._routines(conn, unit.name)) > len(before) else []
+                    if stale:
+                        raise _SignatureChanged()
+            except (_SignatureChanged, psycopg.errors.InvalidFunctionDefinition,
+                    psycopg.errors.AmbiguousFunction):
+                # CREATE OR REPLACE cannot change a signature; it adds an overload instead. Drop
+                # the old definitions in this same transaction, then create afresh.
+                for signature in before:
+                    conn.execute(f"DROP ROUTINE {signature}")
+                conn.execute(unit.body)
+            duration = time.monotonic() - started
+            self._record(conn, unit, schema, version, duration)
+        return duration
+
+    def _record(self, conn: Any, unit: Unit, schema: str, version: str, duration: float) -> None:
+        conn.execute(
+            f'INSERT INTO "{schema}"."{HISTORY_TABLE}" (unit_name, unit_type, queue_name, tool_version, '
+            "checksum, object_checksum, duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (unit.name, unit.type, unit.queue, version, unit.checksum,
+             self.object_checksum(conn, unit.name), int(duration * 1000)))
+
+    def object_checksum(self, conn: Any, unit_name: str) -> str | None:
+        schema, name = _split_name(unit_name)
+        return conn.execute(postgres_object_checksum_sql("%(schema)s", "%(name)s"),
+                            {"schema": schema, "name": name}).fetchone()[0]
+
+    def count_messages(self, conn: Any, table: str, limit: int) -> int | None:
+        schema, name = _split_name(table)
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}"."{name}"',)).fetchone()[0]
+        if not exists:
+            return None
+        return conn.execute(f'SELECT count(*) FROM (SELECT 1 FROM "{schema}"."{name}" LIMIT %s) AS m',
+                            (limit,)).fetchone()[0]
+
+
+class _SignatureChanged(Exception):
+    pass
+
+
+class MssqlDialect:
+    name = "mssql"
+
+    def _resource(self, schema: str) -> str:
+        return f"tablequeue:deploy:{schema}"
+
+    def _scalar(self, conn: Any, sql: str, *params: Any) -> Any:
+        cursor = conn.cursor()
+        cursor.execute(sql, *params)
+        row = cursor.fetchone()
+        cursor.close()
+        return row[0] if row else None
+
+    def lock(self, conn: Any, schema: str, timeout_seconds: int) -> None:
+        status = self._scalar(
+            conn,
+            "SET NOCOUNT ON; DECLARE @status int; "
+            "EXEC @status = sys.sp_getapplock @Resource = ?, @LockMode = 'Exclusive', "
+            "@LockOwner = 'Session', @LockTimeout = ?; SELECT @status;",
+            self._resource(schema), timeout_seconds * 1000)
+        conn.commit()
+        if status is None or status < 0:
+            raise EngineError(f"could not take the deploy lock for schema '{schema}' "
+                              f"(sp_getapplock returned {status}); another deploy is running")
+
+    def unlock(self, conn: Any, schema: str) -> None:
+        cursor = conn.cursor()
+        cursor.execute("EXEC sys.sp_releaseapplock @Resource = ?, @LockOwner = 'Session';",
+                       self._resource(schema))
+        cursor.close()
+        conn.commit()
+
+    def history_exists(self, conn: Any, schema: str) -> bool:
+        return self._scalar(conn, "SELECT CASE WHEN OBJECT_ID(?, N'U') IS NULL THEN 0 ELSE 1 END",
+                            f"[{schema}].[{HISTORY_TABLE}]") == 1
+
+    def read_history(self, conn: Any, schema: str) -> list[dict]:
+        cursor = conn.cursor()
+        cursor.execute(f"SELECT {', '.join(HISTORY_COLUMNS)} FROM [{schema}].[{HISTORY_TABLE}] "
+                       "ORDER BY history_id")
+        rows = [dict(zip(HISTORY_COLUMNS, row)) for row in cursor.fetchall()]
+        cursor.close()
+        return rows
+
+    def apply(self, conn: Any, unit: Unit, schema: str, version: str) -> float:
+        started = time.monotonic()
+        cursor = conn.cursor()
+        try:
+            for batch in split_batches(unit.body):
+                for _ in range(batch.repeat):
+                    cursor.execute(batch.text)
+                    while cursor.nextset():
+                        pass
+            duration = time.monotonic() - started
+            cursor.execute(
+                f"INSERT INTO [{schema}].[{HISTORY_TABLE}] (unit_name, unit_type, queue_name, tool_version, "
+                "checksum, object_checksum, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                unit.name, unit.type, unit.queue, version, unit.checksum,
+                self.object_checksum(conn, unit.name), int(duration * 1000))
+            conn.commit()
+        except Exception:
+            conn.rollback()
+            raise
+        finally:
+            cursor.close()
+        return duration
+
+    def object_checksum(self, conn: Any, unit_name: str) -> str | None:
+        schema, name = _split_name(unit_name)
+        return self._scalar(conn, "DECLARE @unit_schema sysname = ?, @unit_name sysname = ?;\n"
+                            + MSSQL_OBJECT_CHECKSUM + ";", schema, name)
+
+    def count_messages(self, conn: Any, table: str, limit: int) -> int | None:
+        schema, name = _split_name(table)
+        if self._scalar(conn, "SELECT OBJECT_ID(?, N'U')", f"[{schema}].[{name}]") is None:
+            return None
+        return self._scalar(conn, f"SELECT COUNT_BIG(*) FROM (SELECT TOP (?) 1 AS one FROM "
+                                  f"[{schema}].[{name}] WITH (READPAST)) AS m", limit)
+
+
+def dialect_for(name: str) -> Dialect:
+    return {"postgres": PostgresDialect(), "mssql": MssqlDialect()}[name]

@@ -104,24 +104,39 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_test_tsql(args: argparse.Namespace) -> int:
     from .deploy import deploy
     from .engines import connect, dialect_for, parse_url
-    from .tsqlt import run_tsqlt
+    from .tsqlt import count_tsqlt_tests, run_tsqlt
 
-    if parse_url(args.url).dialect != "mssql":
-        print("tablequeue test-tsql: --url must be a SQL Server URL (mssql+pyodbc://...)", file=sys.stderr)
-        return EXIT_INVALID
     catalog = load_catalog(args.catalog)
     classes = [(f.name, f.text) for f in render_tsqlt(catalog)]
-    conn = connect(args.url, autocommit=False)
+    url = args.url or os.environ.get("TABLEQUEUE_MSSQL_URL")
+    installer_path = args.tsqlt or os.environ.get("TABLEQUEUE_TSQLT")
+    if not url:
+        if not args.if_configured:
+            print("tablequeue test-tsql: --url (or TABLEQUEUE_MSSQL_URL) is required", file=sys.stderr)
+            return EXIT_INVALID
+        print(f"tSQLt: {count_tsqlt_tests(classes)} test(s) in {len(classes)} class(es) did NOT run: "
+              "no SQL Server configured (TABLEQUEUE_MSSQL_URL is not set)")
+        return 0
+    if not installer_path:
+        print("tablequeue test-tsql: SQL Server is configured but not tSQLt: pass --tsqlt PATH/tSQLt.class.sql "
+              "or set TABLEQUEUE_TSQLT", file=sys.stderr)
+        return EXIT_INVALID
+    if parse_url(url).dialect != "mssql":
+        print("tablequeue test-tsql: the URL must be a SQL Server URL (mssql+pyodbc://...)", file=sys.stderr)
+        return EXIT_INVALID
+    conn = connect(url, autocommit=False)
     try:
         deploy(conn, dialect_for("mssql"), catalog.schema, _units(catalog, "mssql"), progress=print)
         conn.autocommit = True
-        installer = Path(args.tsqlt).read_text(encoding="utf-8-sig")
-        prepare = Path(args.prepare_server).read_text(encoding="utf-8-sig") if args.prepare_server else None
+        installer = Path(installer_path).read_text(encoding="utf-8-sig")
+        prepare_path = args.prepare_server or os.environ.get("TABLEQUEUE_TSQLT_PREPARE")
+        prepare = Path(prepare_path).read_text(encoding="utf-8-sig") if prepare_path else None
         result = run_tsqlt(conn, installer, classes, Path(args.junit) if args.junit else None,
                            prepare_server_script=prepare)
     finally:
         conn.close()
-    print(result.summary_line() if hasattr(result, "summary_line") else result)
+    print(f"tSQLt on SQL Server ({parse_url(url).describe()}): {result.passed} passed, {result.failed} failed, "
+          f"{result.errors} errors, {result.skipped} skipped")
     return result.exit_code
 
 
@@ -162,8 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("test-tsql", help="deploy, install tSQLt, run the rendered test classes")
-    p.add_argument("--url", required=True)
-    p.add_argument("--tsqlt", required=True, help="path to tSQLt.class.sql")
+    p.add_argument("--url", help="SQL Server URL (default: $TABLEQUEUE_MSSQL_URL)")
+    p.add_argument("--tsqlt", help="path to tSQLt.class.sql (default: $TABLEQUEUE_TSQLT)")
+    p.add_argument("--if-configured", action="store_true",
+                   help="without a SQL Server, print how many tSQLt tests did not run and exit 0")
     p.add_argument("--prepare-server", help="path to tSQLt's PrepareServer.sql (SQL Server 2017+)")
     p.add_argument("--catalog", default="database/queues.yml")
     p.add_argument("--junit", help="write JUnit XML here")

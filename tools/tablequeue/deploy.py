@@ -53,7 +53,7 @@ class Plan:
 def latest_checksums(history: list[dict]) -> dict[str, str]:
     latest: dict[str, str] = {}
     for row in history:  # ordered by history_id: the last row of a unit wins
-        latest[row["unit_name"]] = row["checksum"]
+        latest[row["unit_name"]] = row["unit_checksum"]
     return latest
 
 
@@ -151,7 +151,7 @@ def status(conn: Any, dialect: Dialect, schema: str, units: list[Unit] | None = 
         if wanted is not None:
             if name not in wanted:
                 state += ", not in catalog"
-            elif wanted[name].checksum != row["checksum"]:
+            elif wanted[name].checksum != row["unit_checksum"]:
                 state += ", catalog differs (deploy pending)"
         rows.append(StatusRow(name, row["unit_type"], state, row["applied_at"], row["applied_by"],
                               row["tool_version"]))

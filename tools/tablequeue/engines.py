@@ -113,7 +113,7 @@ MSSQL_OBJECT_CHECKSUM = """SELECT COALESCE(
          WITHIN GROUP (ORDER BY c.column_id)), 2)
      FROM sys.columns AS c
      WHERE c.object_id = OBJECT_ID(QUOTENAME(@unit_schema) + N'.' + QUOTENAME(@unit_name), N'U')))"""
-HISTORY_COLUMNS = ("unit_name", "unit_type", "queue_name", "tool_version", "checksum",
+HISTORY_COLUMNS = ("unit_name", "unit_type", "queue_name", "tool_version", "unit_checksum",
                    "object_checksum", "applied_at", "applied_by", "duration_ms")
 
 
@@ -202,7 +202,7 @@ class PostgresDialect:
     def _record(self, conn: Any, unit: Unit, schema: str, version: str, duration: float) -> None:
         conn.execute(
             f'INSERT INTO "{schema}"."{HISTORY_TABLE}" (unit_name, unit_type, queue_name, tool_version, '
-            "checksum, object_checksum, duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            "unit_checksum, object_checksum, duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s)",
             (unit.name, unit.type, unit.queue, version, unit.checksum,
              self.object_checksum(conn, unit.name), int(duration * 1000)))
 
@@ -280,7 +280,7 @@ class MssqlDialect:
             duration = time.monotonic() - started
             cursor.execute(
                 f"INSERT INTO [{schema}].[{HISTORY_TABLE}] (unit_name, unit_type, queue_name, tool_version, "
-                "checksum, object_checksum, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "unit_checksum, object_checksum, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 unit.name, unit.type, unit.queue, version, unit.checksum,
                 self.object_checksum(conn, unit.name), int(duration * 1000))
             conn.commit()

@@ -32,7 +32,7 @@ VERB_ROLES = {
     "dead_requeue": "admin", "dead_delete": "admin", "history_purge": "admin",
 }
 PAYLOAD_TYPES = {
-    "mssql": {"binary": "varbinary(max)", "text": "nvarchar(max)", "json": "nvarchar(max)"},
+    "mssql": {"binary": "varbinary(MAX)", "text": "nvarchar(MAX)", "json": "nvarchar(MAX)"},
     "postgres": {"binary": "bytea", "text": "text", "json": "jsonb"},
 }
 

@@ -31,12 +31,12 @@ def mssql_script(schema: str, units: list[Unit], source: str) -> str:
            ":on error exit",
            "SET ANSI_NULLS ON;", "SET QUOTED_IDENTIFIER ON;", "SET XACT_ABORT ON;", "SET NOCOUNT ON;", "GO"]
     for unit in units:
-        last_checksum = (f"SELECT TOP (1) h.checksum FROM {history} AS h "
+        last_checksum = (f"SELECT TOP (1) h.unit_checksum FROM {history} AS h "
                          f"WHERE h.unit_name = {literal(unit.name, True)} ORDER BY h.history_id DESC")
         out += ["", f"-- unit {unit.name} ({unit.type})"]
         if unit.type == "storage" and unit.queue is not None:
             out += [f"IF EXISTS (SELECT 1 / 0 FROM ({last_checksum}) AS last_applied",
-                    f"           WHERE last_applied.checksum <> {literal(unit.checksum)})",
+                    f"           WHERE last_applied.unit_checksum <> {literal(unit.checksum)})",
                     f"    THROW {QUEUE_ERRORS['deploy_refused'].mssql}, {literal(_refusal(unit), True)}, 1;",
                     "GO"]
         out += ["BEGIN TRANSACTION;", "GO", unit.body.rstrip()]
@@ -46,9 +46,9 @@ def mssql_script(schema: str, units: list[Unit], source: str) -> str:
                 f"DECLARE @unit_name sysname = {literal(unit.name.split('.', 1)[1], True)};",
                 f"DECLARE @object_checksum varchar(64) = ({MSSQL_OBJECT_CHECKSUM});",
                 f"IF NOT EXISTS (SELECT 1 / 0 FROM ({last_checksum}) AS last_applied",
-                f"               WHERE last_applied.checksum = {literal(unit.checksum)})",
+                f"               WHERE last_applied.unit_checksum = {literal(unit.checksum)})",
                 f"    INSERT INTO {history}",
-                "        (unit_name, unit_type, queue_name, tool_version, checksum, object_checksum, duration_ms)",
+                "        (unit_name, unit_type, queue_name, tool_version, unit_checksum, object_checksum, duration_ms)",
                 f"    VALUES ({literal(unit.name, True)}, {literal(unit.type)}, {literal(unit.queue, True)}, "
                 f"{literal(__version__)}, {literal(unit.checksum)}, @object_checksum, 0);",
                 "COMMIT TRANSACTION;", "GO"]
@@ -61,7 +61,7 @@ def postgres_script(schema: str, units: list[Unit], source: str) -> str:
            "-- Run with psql: it stops at the first error.", "\\set ON_ERROR_STOP on"]
     for unit in units:
         object_schema, object_name = unit.name.split(".", 1)
-        last_checksum = (f"(SELECT h.checksum FROM {history} AS h WHERE h.unit_name = {literal(unit.name)} "
+        last_checksum = (f"(SELECT h.unit_checksum FROM {history} AS h WHERE h.unit_name = {literal(unit.name)} "
                          "ORDER BY h.history_id DESC LIMIT 1)")
         out += ["", f"-- unit {unit.name} ({unit.type})", "BEGIN;"]
         if unit.type == "storage" and unit.queue is not None:
@@ -73,7 +73,7 @@ def postgres_script(schema: str, units: list[Unit], source: str) -> str:
         object_checksum = postgres_object_checksum_sql(literal(object_schema), literal(object_name))
         out += [unit.body.rstrip(),
                 f"INSERT INTO {history}",
-                "    (unit_name, unit_type, queue_name, tool_version, checksum, object_checksum, duration_ms)",
+                "    (unit_name, unit_type, queue_name, tool_version, unit_checksum, object_checksum, duration_ms)",
                 f"SELECT {literal(unit.name)}, {literal(unit.type)}, {literal(unit.queue)}, "
                 f"{literal(__version__)}, {literal(unit.checksum)}, ({object_checksum}), 0",
                 f"WHERE {last_checksum} IS DISTINCT FROM {literal(unit.checksum)};", "COMMIT;"]

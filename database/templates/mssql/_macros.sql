@@ -1,37 +1,49 @@
 {#- Shared T-SQL fragments. Imported "with context" so they see names, errors and the queue. -#}
-{% macro unit(name, type) -%}
+{#- A storage unit records the queue's kind, so a new kind for an existing queue is a changed
+    storage unit, which the deploy tool refuses even when the tables would happen to look alike. -#}
+{% macro unit(name, type) %}
 -- tablequeue:unit {{ name }} {{ type }}
+{% if type == 'storage' and queue is defined %}
+-- queue {{ names.plain() }}: kind {{ queue.kind }}, created once and never rebuilt by the deploy tool
+{% endif %}
 {%- endmacro %}
 
-{% macro grant(verb) -%}
+{% macro grant(verb) %}
 GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
 {%- endmacro %}
 
-{#- Raise a contract error. The message variable must be nvarchar, declared by the caller. -#}
-{% macro throw(error, message_sql) -%}
-        DECLARE @error_message nvarchar(2048) = {{ message_sql }};
-        THROW {{ errors[error] }}, @error_message, 1;
+{#- message: one nvarchar SQL expression, or a list of expressions to CONCAT (two or more). -#}
+{% macro throw(error, message) %}
+{% if message is string %}
+            DECLARE @error_message nvarchar(2048) = {{ message }};
+{% else %}
+            DECLARE @error_message nvarchar(2048) = CONCAT(
+                {{ message | join(',\n                ') }}
+            );
+{% endif %}
+            THROW {{ errors[error] }}, @error_message, 1;
 {%- endmacro %}
 
-{% macro check_batch_size(verb) -%}
+{% macro check_batch_size(verb) %}
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
-    BEGIN
-{{ throw('invalid_argument', "CONCAT(N'" ~ names.plain('_' ~ verb) ~ ": batch_size must be between 1 and 1000, got ', COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL'), N'.')") }}
-    END;
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": batch_size must be between 1 and 1000, got '",
+                              "COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL')", "N'.'"]) }}
+        END;
 {%- endmacro %}
 
 {#- Payload validation shared by enqueue: NULL never, and JSON queues only take valid JSON. -#}
-{% macro check_payload(verb) -%}
+{% macro check_payload(verb) %}
     IF @payload IS NULL{% if is_json %} OR ISJSON(@payload) = 0{% endif %}
 
-    BEGIN
+        BEGIN
 {{ throw('invalid_payload', "N'" ~ names.plain('_' ~ verb) ~ ": payload must not be NULL" ~ (" and must be valid JSON" if is_json else "") ~ ".'") }}
-    END;
+        END;
 {%- endmacro %}
 
-{% macro check_dedupe_key(verb) -%}
+{% macro check_dedupe_key(verb) %}
     IF LEN(@dedupe_key) > 200
-    BEGIN
+        BEGIN
 {{ throw('invalid_argument', "N'" ~ names.plain('_' ~ verb) ~ ": dedupe_key is longer than 200 characters.'") }}
-    END;
+        END;
 {%- endmacro %}

@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS {{ names.qualified("tablequeue_deploy_history") }} (
     unit_type text NOT NULL,
     queue_name text,
     tool_version text NOT NULL,
-    checksum char(64) NOT NULL,
+    unit_checksum char(64) NOT NULL,
     object_checksum text,
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     applied_by text NOT NULL DEFAULT session_user,

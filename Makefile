@@ -1,0 +1,55 @@
+# tablequeue: `make demo` runs the main job, `make test` runs every test. Both set everything up first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CATALOG := database/queues.yml
+GOLDEN_SQL := database/rendered
+GOLDEN_TSQLT := tests_tsql/rendered
+
+.PHONY: help setup system venv demo test lint golden bench clean
+
+help:
+	@echo "make demo    deploy the example catalog to a throwaway PostgreSQL and run every queue"
+	@echo "make test    golden files, sqlfluff lint, pytest (PostgreSQL; SQL Server when configured), tSQLt"
+	@echo "make lint    sqlfluff on the rendered T-SQL and PostgreSQL"
+	@echo "make golden  re-render the golden files after a template change (review the diff)"
+	@echo "make bench   benchmarks (results in docs/BENCHMARKS.md)"
+
+setup: system $(STAMP)
+
+system:
+	@bash tools/setup-system.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,spark]'
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/tablequeue demo --catalog $(CATALOG) --spark
+
+golden: setup
+	rm -rf $(GOLDEN_SQL) $(GOLDEN_TSQLT)
+	$(BIN)/tablequeue render --catalog $(CATALOG) --dialect mssql --out $(GOLDEN_SQL)/mssql >/dev/null
+	$(BIN)/tablequeue render --catalog $(CATALOG) --dialect postgres --out $(GOLDEN_SQL)/postgres >/dev/null
+	$(BIN)/tablequeue render --catalog $(CATALOG) --tsqlt --out $(GOLDEN_TSQLT) >/dev/null
+
+# Lints the golden files; test_golden.py proves they are exactly what the templates render.
+lint: setup
+	$(BIN)/sqlfluff lint --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT)
+	$(BIN)/sqlfluff lint --dialect postgres $(GOLDEN_SQL)/postgres
+
+test: setup lint
+	$(BIN)/python -m pytest
+	$(BIN)/tablequeue test-tsql --if-configured --catalog $(CATALOG)
+
+bench: setup
+	$(BIN)/pip install --quiet -e '.[test,spark,bench]'
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf build $(VENV) .pytest_cache

@@ -1,0 +1,112 @@
+"""Catalog validation: bad catalogs fail before anything is rendered, naming file, queue and field."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tablequeue.catalog import CatalogError, load_catalog, parse_catalog
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def catalog_file(tmp_path: Path, queues: list[dict], schema: str = "queue") -> Path:
+    path = tmp_path / "catalog.yml"
+    path.write_text(yaml.safe_dump({"schema": schema, "queues": queues}))
+    return path
+
+
+def test_example_catalog_is_valid_and_fills_defaults() -> None:
+    catalog = load_catalog(REPO / "database" / "queues.yml")
+    kinds = {queue.kind for queue in catalog.queues}
+    assert kinds == {"heap", "fifo", "lifo", "pending", "work"}
+    events = catalog.queue("events")
+    assert events.options == {"dedupe": False}
+    emails = catalog.queue("emails")
+    assert emails.options["max_attempts"] == 3 and emails.options["history"] is True
+    assert emails.options["priority"] is False  # default filled in
+
+
+@pytest.mark.parametrize("queue, field, words", [
+    ({"name": "orders; drop table x", "kind": "heap"}, "name", "not a valid queue name"),
+    ({"name": "Orders", "kind": "heap"}, "name", "not a valid queue name"),
+    ({"name": "a" * 41, "kind": "heap"}, "name", "too long"),
+    ({"name": "tablequeue_x", "kind": "heap"}, "name", "reserved"),
+    ({"name": "orders", "kind": "stack"}, "kind", "unknown kind 'stack'"),
+    ({"name": "orders", "kind": "heap", "colour": "red"}, "colour", "unknown key"),
+    ({"name": "orders", "kind": "heap", "payload": "xml"}, "payload", "unknown payload type"),
+    ({"name": "orders", "kind": "heap", "options": {"strict": True}}, "options.strict", "belongs to kind fifo"),
+    ({"name": "orders", "kind": "fifo", "options": {"max_attempts": 3}}, "options.max_attempts", "belongs to kind work"),
+    ({"name": "orders", "kind": "work", "options": {"max_attempts": 0}}, "options.max_attempts", "at least 1"),
+    ({"name": "orders", "kind": "work", "options": {"max_attempts": True}}, "options.max_attempts", "must be int"),
+    ({"name": "orders", "kind": "work", "options": {"lease_seconds": "10"}}, "options.lease_seconds", "must be int"),
+    ({"name": "orders", "kind": "work", "options": {"handler": "x; drop table y"}}, "options.handler",
+     "not a valid procedure name"),
+    ({"name": "orders", "kind": "work", "options": {"history_retention_days": 3}}, "options.history_retention_days",
+     "only meaningful with history"),
+    ({"name": "orders", "kind": "heap", "options": {"bogus": 1}}, "options.bogus", "unknown option"),
+])
+def test_bad_queue_is_rejected_naming_file_queue_and_field(tmp_path: Path, queue: dict, field: str,
+                                                           words: str) -> None:
+    path = catalog_file(tmp_path, [queue])
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(path)
+    error = caught.value
+    assert error.path == str(path)
+    assert error.field == field
+    assert words in str(error)
+    assert str(path) in str(error) and f"field '{field}'" in str(error)
+    assert "\n" not in str(error)
+
+
+def test_error_names_the_queue_when_its_name_is_valid(tmp_path: Path) -> None:
+    path = catalog_file(tmp_path, [{"name": "orders", "kind": "stack"}])
+    with pytest.raises(CatalogError, match=r"queue 'orders': field 'kind'"):
+        load_catalog(path)
+
+
+def test_bad_schema_and_duplicates_and_top_level_keys(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="field 'schema'"):
+        parse_catalog({"schema": "dbo; drop", "queues": [{"name": "a", "kind": "heap"}]})
+    with pytest.raises(CatalogError, match="queue 'a': field 'name': defined more than once"):
+        parse_catalog({"queues": [{"name": "a", "kind": "heap"}, {"name": "a", "kind": "fifo"}]})
+    with pytest.raises(CatalogError, match="field 'version': unknown key"):
+        parse_catalog({"version": 2, "queues": [{"name": "a", "kind": "heap"}]})
+    with pytest.raises(CatalogError, match="field 'queues'"):
+        parse_catalog({"schema": "queue", "queues": []})
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="cannot read"):
+        load_catalog(tmp_path / "missing.yml")
+    broken = tmp_path / "broken.yml"
+    broken.write_text("queues: [\n  - name: a\n")
+    with pytest.raises(CatalogError, match="not valid YAML at line"):
+        load_catalog(broken)
+
+
+def test_longest_generated_name_fits_postgres() -> None:
+    catalog = parse_catalog({"queues": [{"name": "q" * 40, "kind": "work", "options": {"history": True}}]})
+    assert catalog.queues[0].name == "q" * 40
+
+
+@pytest.mark.parametrize("queue", [
+    {"name": "orders; drop table x", "kind": "heap"},
+    {"name": "orders", "kind": "unknown"},
+    {"name": "o" * 70, "kind": "heap"},
+    {"name": "orders", "kind": "heap", "options": {"strict": True}},
+])
+def test_cli_exits_2_with_one_line_naming_file_queue_field(tmp_path: Path, queue: dict) -> None:
+    path = catalog_file(tmp_path, [queue])
+    for command in (["render", "--dialect", "mssql", "--out", str(tmp_path / "out")],
+                    ["deploy", "--url", "postgresql://nobody@127.0.0.1:1/none"]):
+        result = subprocess.run([sys.executable, "-m", "tablequeue.cli", *command, "--catalog", str(path)],
+                                capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1
+        assert str(path) in lines[0] and "field '" in lines[0]
+    assert not (tmp_path / "out").exists()  # nothing rendered from an invalid catalog

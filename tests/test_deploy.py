@@ -1,0 +1,249 @@
+"""The migration tool against a real database: idempotence, only-what-changed, locking, refusal,
+drift, the hand-run script and the roles. PostgreSQL always; SQL Server too when configured."""
+from __future__ import annotations
+
+import secrets
+import subprocess
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import drop_schema
+from tablequeue.catalog import parse_catalog
+from tablequeue.client import QueueClient
+from tablequeue.deploy import DeployRefused, deploy, status
+from tablequeue.engines import connect, dialect_for
+from tablequeue.render import Unit, render_catalog
+from tablequeue.script import postgres_script
+
+QUEUES = [{"name": "events", "kind": "heap"}, {"name": "orders", "kind": "fifo", "options": {"dedupe": True}}]
+
+
+@pytest.fixture
+def target(engine_url):
+    dialect, url = engine_url
+    schema = f"d_{secrets.token_hex(4)}"
+    yield dialect, url, schema
+    drop_schema(dialect, url, schema)
+
+
+def units_for(dialect: str, schema: str, queues: list[dict]) -> list[Unit]:
+    catalog = parse_catalog({"schema": schema, "queues": queues})
+    return [u for f in render_catalog(catalog, dialect) for u in f.units]
+
+
+def run_deploy(dialect: str, url: str, schema: str, units: list[Unit], **kwargs):
+    conn = connect(url, autocommit=dialect == "postgres")
+    try:
+        return deploy(conn, dialect_for(dialect), schema, units, **kwargs)
+    finally:
+        conn.close()
+
+
+def history(dialect: str, url: str, schema: str) -> list[dict]:
+    conn = connect(url, autocommit=True)
+    try:
+        return dialect_for(dialect).read_history(conn, schema)
+    finally:
+        conn.close()
+
+
+def test_second_deploy_applies_nothing(target) -> None:
+    dialect, url, schema = target
+    units = units_for(dialect, schema, QUEUES)
+    first = run_deploy(dialect, url, schema, units)
+    assert [name for name, _ in first.applied] == [u.name for u in units]
+    second = run_deploy(dialect, url, schema, units)
+    assert second.applied == []
+    assert len(history(dialect, url, schema)) == len(units)
+
+
+def test_changed_unit_is_the_only_one_reapplied(target) -> None:
+    dialect, url, schema = target
+    units = units_for(dialect, schema, QUEUES)
+    run_deploy(dialect, url, schema, units)
+    changed_name = f"{schema}.orders_dequeue"
+    edited = [replace(u, body=u.body.replace("batch_size must be", "batch_size has to be"))
+              if u.name == changed_name else u for u in units]
+    assert sum(a.body != b.body for a, b in zip(units, edited)) == 1
+    result = run_deploy(dialect, url, schema, edited)
+    assert [name for name, _ in result.applied] == [changed_name]
+    rows = [r for r in history(dialect, url, schema) if r["unit_name"] == changed_name]
+    assert len(rows) == 2 and rows[-1]["unit_checksum"] == next(u for u in edited if u.name == changed_name).checksum
+
+
+def test_dry_run_prints_plan_and_applies_nothing(target) -> None:
+    dialect, url, schema = target
+    units = units_for(dialect, schema, QUEUES)
+    result = run_deploy(dialect, url, schema, units, dry_run=True)
+    assert result.applied == [] and len(result.plan.changes) == len(units)
+    assert "create" in result.plan.describe()
+    conn = connect(url, autocommit=True)
+    try:
+        assert not dialect_for(dialect).history_exists(conn, schema)
+    finally:
+        conn.close()
+
+
+def test_two_deploys_at_once_serialise_and_history_is_consistent(target) -> None:
+    dialect, url, schema = target
+    units = units_for(dialect, schema, QUEUES)
+    results, errors = [], []
+
+    def worker() -> None:
+        try:
+            results.append(run_deploy(dialect, url, schema, units))
+        except Exception as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    applied = sorted(len(r.applied) for r in results)
+    assert applied == [0, len(units)]  # one did the work, the other found it done
+    names = [row["unit_name"] for row in history(dialect, url, schema)]
+    assert sorted(names) == sorted(u.name for u in units)  # every unit recorded exactly once
+
+
+def test_kind_change_with_messages_is_refused_and_messages_stay(target) -> None:
+    dialect, url, schema = target
+    run_deploy(dialect, url, schema, units_for(dialect, schema, QUEUES))
+    catalog = parse_catalog({"schema": schema, "queues": QUEUES})
+    conn = connect(url, autocommit=True)
+    try:
+        client = QueueClient.for_catalog(conn, dialect, catalog, "events")
+        ids = [client.enqueue({"n": n})["id"] for n in range(3)]
+    finally:
+        conn.close()
+
+    changed = [{"name": "events", "kind": "lifo"}, QUEUES[1]]
+    with pytest.raises(DeployRefused) as refused:
+        run_deploy(dialect, url, schema, units_for(dialect, schema, changed))
+    message = str(refused.value)
+    assert "queue 'events'" in message and "3 message(s)" in message and "never drops or rebuilds" in message
+
+    conn = connect(url, autocommit=True)
+    try:
+        client = QueueClient.for_catalog(conn, dialect, catalog, "events")
+        assert sorted(row["id"] for row in client.dequeue(batch_size=10)) == sorted(ids)
+    finally:
+        conn.close()
+    # Nothing of the refused deploy was applied, not even its unchanged-looking code units.
+    assert all(row["unit_name"] != f"{schema}.events" or row["unit_checksum"]
+               for row in history(dialect, url, schema))
+    assert len(history(dialect, url, schema)) == len(units_for(dialect, schema, QUEUES))
+
+
+def test_status_reports_drift_when_an_object_is_changed_by_hand(target) -> None:
+    dialect, url, schema = target
+    units = units_for(dialect, schema, QUEUES)
+    run_deploy(dialect, url, schema, units)
+    conn = connect(url, autocommit=True)
+    try:
+        rows = status(conn, dialect_for(dialect), schema, units)
+        assert {row.state for row in rows} <= {"ok", "ok (no single object to check)"}, rows
+        if dialect == "postgres":
+            conn.execute(f'CREATE OR REPLACE FUNCTION "{schema}"."events_stats"() RETURNS TABLE (ready bigint, '
+                         'delayed bigint, in_flight bigint, dead bigint, oldest_ready_age_seconds double precision, '
+                         'estimated boolean) LANGUAGE sql AS $$ SELECT 0::bigint, 0::bigint, 0::bigint, 0::bigint, '
+                         '0::double precision, false $$')
+        else:
+            cursor = conn.cursor()
+            cursor.execute(f"CREATE OR ALTER PROCEDURE [{schema}].[events_stats] AS SELECT 0 AS ready;")
+            cursor.close()
+        rows = {row.unit_name: row.state for row in status(conn, dialect_for(dialect), schema, units)}
+    finally:
+        conn.close()
+    assert rows[f"{schema}.events_stats"] == "drift"
+    assert all(state.startswith("ok") for name, state in rows.items() if name != f"{schema}.events_stats")
+
+
+def test_reserved_words_as_queue_names_are_quoted(target) -> None:
+    dialect, url, schema = target
+    queues = [{"name": "order", "kind": "fifo"}, {"name": "select", "kind": "heap", "payload": "text"}]
+    run_deploy(dialect, url, schema, units_for(dialect, schema, queues))
+    catalog = parse_catalog({"schema": schema, "queues": queues})
+    conn = connect(url, autocommit=True)
+    try:
+        for name, payload in (("order", {"a": 1}), ("select", "plain text")):
+            client = QueueClient.for_catalog(conn, dialect, catalog, name)
+            new_id = client.enqueue(payload)["id"]
+            assert [(row["id"], row["payload"]) for row in client.dequeue()] == [(new_id, payload)]
+    finally:
+        conn.close()
+
+
+def test_postgres_signature_change_replaces_the_function(pg_url: str) -> None:
+    schema = f"d_{secrets.token_hex(4)}"
+    try:
+        run_deploy("postgres", pg_url, schema, units_for("postgres", schema, [{"name": "q", "kind": "heap"}]))
+        # Turning dedupe on adds a parameter: CREATE OR REPLACE alone would leave an overload behind.
+        widened = [u for u in units_for("postgres", schema, [{"name": "q", "kind": "heap", "options": {"dedupe": True}}])
+                   if u.type == "code"]
+        run_deploy("postgres", pg_url, schema, widened)
+        conn = connect(pg_url)
+        try:
+            signatures = conn.execute(
+                "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = %s AND p.proname = 'q_enqueue'", (schema,)).fetchall()
+        finally:
+            conn.close()
+        assert len(signatures) == 1 and "text" in signatures[0][0]
+    finally:
+        drop_schema("postgres", pg_url, schema)
+
+
+def test_postgres_hand_run_script_deploys_and_is_recorded(pg_url: str, tmp_path: Path) -> None:
+    schema = f"d_{secrets.token_hex(4)}"
+    units = units_for("postgres", schema, QUEUES)
+    script = tmp_path / "deploy.sql"
+    script.write_text(postgres_script(schema, units, "test"))
+    try:
+        for _ in range(2):  # re-runnable
+            result = subprocess.run(["psql", pg_url, "-q", "-f", str(script)], capture_output=True, text=True)
+            assert result.returncode == 0, result.stderr
+        assert run_deploy("postgres", pg_url, schema, units).applied == []  # the tool sees it as deployed
+        conn = connect(pg_url)
+        try:
+            rows = status(conn, dialect_for("postgres"), schema, units)
+        finally:
+            conn.close()
+        assert all(row.state.startswith("ok") for row in rows), rows
+        changed = units_for("postgres", schema, [{"name": "events", "kind": "lifo"}, QUEUES[1]])
+        script.write_text(postgres_script(schema, changed, "test"))
+        result = subprocess.run(["psql", pg_url, "-q", "-f", str(script)], capture_output=True, text=True)
+        assert result.returncode != 0 and "never drops or rebuilds" in result.stderr
+    finally:
+        drop_schema("postgres", pg_url, schema)
+
+
+def test_postgres_roles_grant_verbs_not_tables(pg_url: str) -> None:
+    schema = f"d_{secrets.token_hex(4)}"
+    login = f"app_{secrets.token_hex(4)}"
+    run_deploy("postgres", pg_url, schema, units_for("postgres", schema, QUEUES))
+    conn = connect(pg_url)
+    try:
+        conn.execute(f'CREATE ROLE "{login}" NOLOGIN IN ROLE "{schema}_producer"')
+        conn.execute(f'SET ROLE "{login}"')
+        catalog = parse_catalog({"schema": schema, "queues": QUEUES})
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "events")
+        assert client.enqueue({"a": 1})["duplicate"] is False
+        import psycopg
+
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            client.dequeue()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f'SELECT * FROM "{schema}"."events"')
+        conn.execute("RESET ROLE")
+    finally:
+        conn.execute("RESET ROLE")
+        conn.close()
+        drop_schema("postgres", pg_url, schema)
+        c2 = connect(pg_url)
+        c2.execute(f'DROP ROLE IF EXISTS "{login}"')
+        c2.close()

@@ -12,18 +12,23 @@ What ``run_tsqlt`` does, in order:
 2. Checks the server can run tSQLt at all. tSQLt needs SQLCLR, which Azure SQL Database, Azure
    SQL Edge and Azure Synapse do not have (``SERVERPROPERTY('EngineEdition')`` 5, 9, 6 and 11);
    Azure SQL Managed Instance (8) and SQL Server itself (2, 3, 4) are fine.
-3. Optionally runs tSQLt's ``PrepareServer.sql`` (from the tSQLt release zip). It enables
+3. Resets the session's SET options to the SSMS/sqlcmd defaults tSQLt is written for. Above
+   all ``XACT_ABORT OFF``: tSQLt runs each test in a transaction and rolls back to a savepoint
+   afterwards, which a transaction doomed by XACT_ABORT ON cannot do (tSQLt issue #92), so a
+   session left with XACT_ABORT ON (the deploy connection sets it) would turn failures into
+   rollback errors.
+4. Optionally runs tSQLt's ``PrepareServer.sql`` (from the tSQLt release zip). It enables
    ``clr enabled`` and installs the certificate/asymmetric-key login that lets the tSQLt assembly
    load while ``clr strict security`` stays on (the default since SQL Server 2017). It needs
    sysadmin and only has to run once per server; the runner never reconfigures the server by
    itself. The alternative, turning ``clr strict security`` off, lowers the security of the whole
    instance and is not what this tool recommends.
-4. Installs tSQLt by running ``tSQLt.class.sql`` batch by batch (the installer drops and
+5. Installs tSQLt by running ``tSQLt.class.sql`` batch by batch (the installer drops and
    recreates tSQLt, so it is safe to run again).
-5. Runs each test class script batch by batch, then ``EXEC tSQLt.RunAll``. With tSQLt's default
+6. Runs each test class script batch by batch, then ``EXEC tSQLt.RunAll``. With tSQLt's default
    result formatter RunAll ends with a severity-16 error when any test failed; that error is
    expected and kept, and the results are read from ``tSQLt.TestResult`` regardless.
-6. Writes a JUnit XML report if asked and returns a ``TsqltResult``.
+7. Writes a JUnit XML report if asked and returns a ``TsqltResult``.
 
 pyodbc notes: a batch's later statements only run while the client reads its results, and an
 error raised after the first result (e.g. after PRINT output) only surfaces on
@@ -64,6 +69,12 @@ SELECT (SELECT CAST(value_in_use AS int) FROM sys.configurations
          WHERE name = N'clr enabled') AS clr_enabled,
        (SELECT CAST(value_in_use AS int) FROM sys.configurations
          WHERE name = N'clr strict security') AS clr_strict_security;"""
+# The SSMS defaults; see the module docstring for why XACT_ABORT must be OFF.
+SESSION_SQL = (
+    "SET XACT_ABORT OFF; SET IMPLICIT_TRANSACTIONS OFF; SET ANSI_NULLS ON; "
+    "SET QUOTED_IDENTIFIER ON; SET ANSI_PADDING ON; SET ANSI_WARNINGS ON; SET ARITHABORT ON; "
+    "SET CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF;"
+)
 VERSION_SQL = "SELECT Version FROM tSQLt.Info();"
 RUN_ALL_SQL = "EXEC tSQLt.RunAll;"
 RESULTS_SQL = (
@@ -437,6 +448,7 @@ def run_tsqlt(
 
     session = _Session(connection)
     _check_can_host_tsqlt(session)
+    session.run_script("session settings", [Batch(SESSION_SQL, 1, 1)])
     if prepare_server_script:
         session.run_script("PrepareServer.sql", prepare_batches)
     clr = _clr_settings(session)
@@ -491,15 +503,18 @@ def _add_testcase(suite: ET.Element, test: TsqltTestResult) -> None:
     element.text = _xml_text(message)
 
 
+def _set_counts(element: ET.Element, tests: Sequence[TsqltTestResult]) -> None:
+    element.set("tests", str(len(tests)))
+    element.set("failures", str(sum(t.outcome == "failed" for t in tests)))
+    element.set("errors", str(sum(t.outcome == "error" for t in tests)))
+    element.set("skipped", str(sum(t.outcome == "skipped" for t in tests)))
+    element.set("time", _seconds(sum(t.duration_seconds for t in tests)))
+
+
 def _suite_element(parent: ET.Element, name: str, tests: list[TsqltTestResult]) -> ET.Element:
+    suite = ET.SubElement(parent, "testsuite", name=_xml_text(name))
+    _set_counts(suite, tests)
     starts = [t.start_time for t in tests if t.start_time is not None]
-    suite = ET.SubElement(
-        parent, "testsuite", name=_xml_text(name), tests=str(len(tests)),
-        failures=str(sum(t.outcome == "failed" for t in tests)),
-        errors=str(sum(t.outcome == "error" for t in tests)),
-        skipped=str(sum(t.outcome == "skipped" for t in tests)),
-        time=_seconds(sum(t.duration_seconds for t in tests)),
-    )
     if starts:
         suite.set("timestamp", min(starts).isoformat(timespec="seconds"))
     for test in tests:
@@ -521,12 +536,7 @@ def write_junit(result: TsqltResult, path: Path) -> None:
         by_class.setdefault(name, []).extend(not_run)
     for name, tests in by_class.items():
         _suite_element(root, name, tests)
-    all_tests = [t for tests in by_class.values() for t in tests]
-    root.set("tests", str(len(all_tests)))
-    root.set("failures", str(sum(t.outcome == "failed" for t in all_tests)))
-    root.set("errors", str(sum(t.outcome == "error" for t in all_tests)))
-    root.set("skipped", str(sum(t.outcome == "skipped" for t in all_tests)))
-    root.set("time", _seconds(sum(t.duration_seconds for t in all_tests)))
+    _set_counts(root, [t for tests in by_class.values() for t in tests])
     ET.indent(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

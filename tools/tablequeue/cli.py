@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a DBA gets one line, not a traceback
         if os.environ.get("TABLEQUEUE_DEBUG"):
             raise
-        print(f"tablequeue: {type(exc).__name__}: {exc}", file=sys.stderr)
+        one_line = " ".join(str(exc).split())
+        print(f"tablequeue: {type(exc).__name__}: {one_line}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -1,0 +1,63 @@
+"""The command line as a CI pipeline or a DBA uses it: exit codes and what it prints."""
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import drop_schema
+
+
+def tablequeue(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tablequeue", *args], capture_output=True, text=True, timeout=300)
+
+
+def write_catalog(path: Path, schema: str, kind: str) -> Path:
+    path.write_text(yaml.safe_dump({"schema": schema, "queues": [
+        {"name": "events", "kind": kind}, {"name": "orders", "kind": "fifo", "options": {"dedupe": True}}]}))
+    return path
+
+
+def test_deploy_dry_run_status_and_refusal(pg_url: str, tmp_path: Path) -> None:
+    schema = f"c_{secrets.token_hex(4)}"
+    catalog = str(write_catalog(tmp_path / "catalog.yml", schema, "heap"))
+    try:
+        dry = tablequeue("deploy", "--catalog", catalog, "--url", pg_url, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "dry run, nothing applied" in dry.stdout and f"create    storage {schema}.events" in dry.stdout
+        assert "***" in dry.stdout and pg_url.split(":")[2].split("@")[0] not in dry.stdout  # password masked
+
+        first = tablequeue("deploy", "--catalog", catalog, "--url", pg_url)
+        assert first.returncode == 0, first.stderr
+        assert "[1/" in first.stdout and "0 unchanged" in first.stdout
+        second = tablequeue("deploy", "--catalog", catalog, "--url", pg_url)
+        assert second.returncode == 0 and "0 unit(s) applied" in second.stdout
+
+        state = tablequeue("status", "--url", pg_url, "--catalog", catalog)
+        assert state.returncode == 0, state.stdout + state.stderr
+        assert f"{schema}.events_dequeue" in state.stdout and "drift" not in state.stdout
+
+        changed = str(write_catalog(tmp_path / "changed.yml", schema, "pending"))
+        refused = tablequeue("deploy", "--catalog", changed, "--url", pg_url)
+        assert refused.returncode == 3
+        assert "refused, nothing was applied" in refused.stderr and "queue 'events'" in refused.stderr
+        pending = tablequeue("status", "--url", pg_url, "--catalog", changed)
+        assert "catalog differs (deploy pending)" in pending.stdout
+    finally:
+        drop_schema("postgres", pg_url, schema)
+
+
+def test_unreachable_database_is_one_line_exit_1(tmp_path: Path) -> None:
+    catalog = str(write_catalog(tmp_path / "catalog.yml", "queue", "heap"))
+    result = tablequeue("deploy", "--catalog", catalog, "--url", "postgresql://nobody:pw@127.0.0.1:1/none")
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "pw@" not in result.stderr
+
+
+def test_tsqlt_without_sql_server_reports_what_did_not_run() -> None:
+    result = tablequeue("test-tsql", "--if-configured")
+    assert result.returncode == 0
+    assert "did NOT run" in result.stdout and "TABLEQUEUE_MSSQL_URL" in result.stdout

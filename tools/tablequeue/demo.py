@@ -1,0 +1,182 @@
+"""`make demo`: deploy the example catalog to a throwaway PostgreSQL and run every queue.
+
+For each queue: producer processes enqueue (with a share of repeated dedupe keys where dedupe is on),
+consumer processes drain it through the contract, and the summary checks what came out against what
+went in: duplicates rejected, messages delivered twice, messages lost.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from .catalog import Catalog, Queue, load_catalog
+from .client import QueueClient
+from .deploy import deploy
+from .embedded import postgres_url
+from .engines import connect, dialect_for, parse_url
+from .render import render_catalog
+
+PRODUCERS, CONSUMERS, BATCH = 2, 2, 50
+
+
+def _produce(url: str, catalog: Catalog, queue: Queue, producer: int, count: int, out: Any) -> None:
+    conn = connect(url, autocommit=True)
+    client = QueueClient.for_catalog(conn, "postgres", catalog, queue.name)
+    duplicates = 0
+    now = datetime.now(timezone.utc)
+    for start in range(0, count, BATCH):
+        items = []
+        for n in range(start, min(start + BATCH, count)):
+            item: dict[str, Any] = {"payload": _payload(queue, producer, n)}
+            if queue.options.get("dedupe"):
+                # Every tenth message repeats the key of the one before: the queue must reject it.
+                key_n = n - 1 if n % 10 == 9 else n
+                item["dedupe_key"] = f"p{producer}-{key_n}"
+            if queue.kind in ("pending", "work"):
+                item["due_at"] = now + timedelta(milliseconds=(n % 5) * 100)
+            if queue.options.get("client_ids"):
+                import uuid
+
+                item["id"] = uuid.uuid4()
+                item["enqueued_at"] = now
+            items.append(item)
+        duplicates += sum(1 for row in client.enqueue_batch(items) if row["duplicate"])
+    conn.close()
+    out.put(("produced", count, duplicates))
+
+
+def _payload(queue: Queue, producer: int, n: int) -> Any:
+    body = {"producer": producer, "n": n}
+    if queue.payload == "json":
+        return body
+    if queue.payload == "text":
+        return f"producer {producer} message {n}"
+    return f"{producer}:{n}".encode()
+
+
+def _consume(url: str, catalog: Catalog, queue: Queue, consumer: int, deadline: float, out: Any) -> None:
+    conn = connect(url, autocommit=False)
+    client = QueueClient.for_catalog(conn, "postgres", catalog, queue.name)
+    worker = f"demo-{os.getpid()}"
+    seen: list[Any] = []
+    idle_since = last_message = time.monotonic()
+    while time.monotonic() < deadline:
+        if queue.kind == "work":
+            rows = client.dequeue(batch_size=BATCH, worker=worker, lease_seconds=30)
+            conn.commit()
+            for row in rows:
+                if client.complete(row["id"], worker):
+                    seen.append(row["id"])
+                conn.commit()
+        else:
+            rows = client.dequeue(batch_size=BATCH)
+            conn.commit()
+            seen.extend(row["id"] for row in rows)
+        if rows:
+            idle_since = last_message = time.monotonic()
+        elif time.monotonic() - idle_since > 2.0:
+            break
+        else:
+            time.sleep(0.05)
+    conn.close()
+    out.put(("consumed", seen, last_message))
+
+
+def _reset(url: str, catalog: Catalog, queue: Queue) -> None:
+    conn = connect(url, autocommit=True)
+    QueueClient.for_catalog(conn, "postgres", catalog, queue.name).purge()
+    conn.close()
+
+
+def run_queue(url: str, catalog: Catalog, queue: Queue, messages: int) -> dict:
+    _reset(url, catalog, queue)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    started = time.monotonic()
+    per_producer = messages // PRODUCERS
+    processes = [ctx.Process(target=_produce, args=(url, catalog, queue, p, per_producer, out))
+                 for p in range(PRODUCERS)]
+    deadline = time.monotonic() + 120
+    processes += [ctx.Process(target=_consume, args=(url, catalog, queue, c, deadline, out))
+                  for c in range(CONSUMERS)]
+    for process in processes:
+        process.start()
+    produced = duplicates = 0
+    consumed: Counter = Counter()
+    finished = started
+    for _ in processes:
+        message = out.get(timeout=180)
+        if message[0] == "produced":
+            produced += message[1]
+            duplicates += message[2]
+        else:
+            consumed.update(message[1])
+            finished = max(finished, message[2])
+    for process in processes:
+        process.join(timeout=30)
+    seconds = finished - started  # to the last message handed out, not the consumers' idle wait
+    accepted = produced - duplicates
+    return {"queue": queue.name, "kind": queue.kind + (" strict" if queue.options.get("strict") else ""),
+            "enqueued": accepted, "duplicates": duplicates, "dequeued": len(consumed),
+            "twice": sum(1 for c in consumed.values() if c > 1), "lost": accepted - len(consumed),
+            "seconds": seconds}
+
+
+def print_summary(rows: list[dict]) -> None:
+    header = f"{'queue':<12} {'kind':<12} {'enqueued':>9} {'dupes':>6} {'dequeued':>9} {'twice':>6} {'lost':>5} {'time s':>7} {'msg/s':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        rate = r["dequeued"] / r["seconds"] if r["seconds"] else 0
+        print(f"{r['queue']:<12} {r['kind']:<12} {r['enqueued']:>9} {r['duplicates']:>6} {r['dequeued']:>9} "
+              f"{r['twice']:>6} {r['lost']:>5} {r['seconds']:>7.1f} {rate:>8.0f}")
+
+
+def run_demo(catalog_path: str, messages: int, spark: bool) -> int:
+    catalog = load_catalog(catalog_path)
+    with postgres_url() as url:
+        where = "TABLEQUEUE_PG_URL" if os.environ.get("TABLEQUEUE_PG_URL") else "a throwaway PostgreSQL"
+        print(f"deploying {catalog_path} to {where} ({parse_url(url).describe()})")
+        units = [u for f in render_catalog(catalog, "postgres") for u in f.units]
+        conn = connect(url, autocommit=True)
+        try:
+            result = deploy(conn, dialect_for("postgres"), catalog.schema, units)
+        finally:
+            conn.close()
+        print(f"{len(result.applied)} unit(s) applied; running {PRODUCERS} producers and {CONSUMERS} consumers "
+              f"with {messages} messages per queue")
+        rows = []
+        for queue in catalog.queues:
+            rows.append(run_queue(url, catalog, queue, messages))
+            print(f"  {queue.name}: done in {rows[-1]['seconds']:.1f}s")
+        print()
+        print_summary(rows)
+        failed = [r for r in rows if r["lost"] or r["twice"]]
+        if spark:
+            failed_spark = _spark_demo(url, catalog)
+            if failed_spark:
+                return 1
+        return 1 if failed else 0
+
+
+def _spark_demo(url: str, catalog: Catalog) -> bool:
+    try:
+        from pipelines.demo import run_spark_demo
+    except ImportError as exc:
+        print(f"spark demo not run: {exc}")
+        return True
+    work = next((q for q in catalog.queues if q.kind == "work" and q.options.get("dedupe")), None)
+    if work is None:
+        print("spark demo not run: the catalog has no work queue with dedupe: true")
+        return True
+    print()
+    print(f"PySpark: enqueue -> drain -> report on queue {work.name}")
+    summary = run_spark_demo(url, catalog, work.name, 20000)
+    for key, value in summary.items():
+        print(f"  {key}: {value}")
+    return False

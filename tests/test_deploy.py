@@ -247,3 +247,29 @@ def test_postgres_roles_grant_verbs_not_tables(pg_url: str) -> None:
         c2 = connect(pg_url)
         c2.execute(f'DROP ROLE IF EXISTS "{login}"')
         c2.close()
+
+
+def test_upgrade_while_messages_wait_and_a_consumer_is_mid_transaction(target) -> None:
+    dialect, url, schema = target
+    units = units_for(dialect, schema, QUEUES)
+    run_deploy(dialect, url, schema, units)
+    catalog = parse_catalog({"schema": schema, "queues": QUEUES})
+    producer = connect(url, autocommit=True)
+    consumer = connect(url, autocommit=False)
+    try:
+        client = QueueClient.for_catalog(producer, dialect, catalog, "orders")
+        ids = [row["id"] for row in client.enqueue_batch([{"payload": {"n": n}} for n in range(20)])]
+        held = QueueClient.for_catalog(consumer, dialect, catalog, "orders").dequeue(batch_size=5)
+        # The next release changes every code unit of the queue (storage stays as it is).
+        upgraded = [replace(u, body=u.body.replace("must not be NULL", "must never be NULL")
+                            .replace("must be between 1 and 1000", "must lie between 1 and 1000"))
+                    if u.type == "code" else u for u in units]
+        applied = run_deploy(dialect, url, schema, upgraded).applied
+        assert applied and all(not name.endswith(("_deploy_history", ".orders", ".events")) for name, _ in applied)
+        consumer.commit()
+        rest = client.dequeue(batch_size=100)
+        assert sorted([r["id"] for r in held] + [r["id"] for r in rest]) == sorted(ids)
+        assert [r["id"] for r in rest] == sorted(ids)[5:]  # FIFO order survives the upgrade
+    finally:
+        producer.close()
+        consumer.close()

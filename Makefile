@@ -38,10 +38,16 @@ golden: setup
 	$(BIN)/tablequeue render --catalog $(CATALOG) --dialect postgres --out $(GOLDEN_SQL)/postgres >/dev/null
 	$(BIN)/tablequeue render --catalog $(CATALOG) --tsqlt --out $(GOLDEN_TSQLT) >/dev/null
 
-# Lints the golden files; test_golden.py proves they are exactly what the templates render.
+# The golden files (test_render.py proves they are what the templates render) and the option
+# matrix (every kind with every option on at least once): zero unparsable sections, zero violations.
+MATRIX := tests/fixtures/option_matrix.yml
 lint: setup
-	$(BIN)/sqlfluff lint --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT)
-	$(BIN)/sqlfluff lint --dialect postgres $(GOLDEN_SQL)/postgres
+	rm -rf build/lint
+	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect mssql --out build/lint/mssql >/dev/null
+	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect postgres --out build/lint/postgres >/dev/null
+	$(BIN)/tablequeue render --catalog $(MATRIX) --tsqlt --out build/lint/tsqlt >/dev/null
+	$(BIN)/sqlfluff lint --processes 2 --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt
+	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres
 
 test: setup lint
 	$(BIN)/python -m pytest

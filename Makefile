@@ -49,9 +49,11 @@ lint: setup
 	$(BIN)/sqlfluff lint --processes 2 --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt
 	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres
 
+# tSQLt first (it runs only when SQL Server is configured and says so otherwise), pytest last so
+# its summary closes the run.
 test: setup lint
+	$(BIN)/tablequeue test-tsql --if-configured --catalog $(CATALOG) --junit build/tsqlt-junit.xml
 	$(BIN)/python -m pytest
-	$(BIN)/tablequeue test-tsql --if-configured --catalog $(CATALOG)
 
 bench: setup
 	$(BIN)/pip install --quiet -e '.[test,spark,bench]'

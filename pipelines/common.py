@@ -1,0 +1,344 @@
+"""Helpers shared by the pipelines: the SparkSession, the queue a job targets, JDBC options, logging.
+
+Nothing here holds global state except the logging handler the first call installs; everything a
+Spark task needs travels in a QueueTarget (plain, picklable values), so the same closures run in a
+local[*] session and on a cluster.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import decimal
+import importlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tablequeue.catalog import Catalog, Queue, load_catalog
+from tablequeue.client import QueueClient
+from tablequeue.engines import connect, mssql_connection_string, parse_url
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")   # Debian: libpostgresql-jdbc-java
+LOGGER_NAME = "tablequeue.pipelines"
+
+# Sane defaults for a laptop or a 2-core CI machine; a cluster's spark-submit settings win.
+LOCAL_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.driver.memory": "1g",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.adaptive.enabled": "true",
+    # Queue work is I/O-bound on the database: no speculative duplicates of a consumer task.
+    "spark.speculation": "false",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+}
+
+
+class PipelineError(RuntimeError):
+    """A job that must not run as asked (wrong queue kind, missing option, bad argument)."""
+
+
+def log() -> logging.Logger:
+    """The pipelines' logger; installs a stderr handler once per process (driver or Python worker)."""
+    logger = logging.getLogger(LOGGER_NAME)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("TABLEQUEUE_PIPELINES_LOG", "INFO"))
+        logger.propagate = False
+    return logger
+
+
+# -- the SparkSession ---------------------------------------------------------------------------
+def under_spark_submit() -> bool:
+    """True when spark-submit (or pyspark shell) started this process: it owns master and config."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def build_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None,
+                  ship_code: bool | None = None) -> Any:
+    """A SparkSession for the pipelines.
+
+    Started with plain `python`: master `master` (default local[*]) and LOCAL_DEFAULTS. Started by
+    spark-submit: its master and settings stand, only `conf` is added. The PostgreSQL JDBC driver
+    from /usr/share/java/postgresql.jar is added to spark.jars when present. Executors get this
+    package and tablequeue: through PYTHONPATH in local mode, through addPyFile on a cluster.
+    """
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    local = not under_spark_submit()
+    settings: dict[str, str] = {}
+    if local:
+        master = master or os.environ.get("TABLEQUEUE_SPARK_MASTER", "local[*]")
+        builder = builder.master(master)
+        settings.update(LOCAL_DEFAULTS)
+        # Python workers must be this interpreter (the venv with psycopg and tablequeue), and must
+        # find this repository's packages; both are read when the JVM starts its Python workers.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    if POSTGRES_JDBC_JAR.exists():
+        settings["spark.jars"] = str(POSTGRES_JDBC_JAR)
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if local and master and "spark.jars" in settings:
+        existing = spark.sparkContext.getConf().get("spark.jars", "")
+        if str(POSTGRES_JDBC_JAR) not in existing:
+            log().warning("a SparkSession already existed without %s; JDBC reads may not find the "
+                          "PostgreSQL driver", POSTGRES_JDBC_JAR)
+    if ship_code if ship_code is not None else not spark.sparkContext.master.startswith("local"):
+        add_code_to_executors(spark)
+    return spark
+
+
+def add_code_to_executors(spark: Any) -> list[str]:
+    """Zip the pure-Python packages `pipelines` and `tablequeue` and addPyFile them, so a cluster's
+    executors import the same code as the driver. Third-party modules (psycopg, pyodbc, PyYAML,
+    Jinja2) must be installed on the nodes or shipped as a packed environment (docs/pipelines.md)."""
+    import tablequeue
+
+    shipped = []
+    folder = Path(tempfile.mkdtemp(prefix="tablequeue-pyfiles-"))
+    for package_dir in (Path(__file__).resolve().parent, Path(tablequeue.__file__).resolve().parent):
+        archive = folder / f"{package_dir.name}.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted(package_dir.rglob("*.py")):
+                zf.write(path, path.relative_to(package_dir.parent))
+        spark.sparkContext.addPyFile(str(archive))
+        shipped.append(str(archive))
+    return shipped
+
+
+@contextlib.contextmanager
+def progress_monitor(spark: Any, label: str, interval_seconds: float = 10.0) -> Iterator[None]:
+    """Log the task progress of the running job every interval (driver side) until the block ends."""
+    tracker = spark.sparkContext.statusTracker()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval_seconds):
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    log().info("%s: stage %s: %s/%s tasks done, %s running, %s failed", label, stage_id,
+                               info.numCompletedTasks, info.numTasks, info.numActiveTasks,
+                               info.numFailedTasks)
+
+    thread = threading.Thread(target=watch, name=f"progress-{label}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+
+
+# -- the queue a job targets ----------------------------------------------------------------------
+def resolve_catalog(catalog: Catalog | str | os.PathLike) -> Catalog:
+    return catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
+
+
+@dataclass(frozen=True)
+class QueueTarget:
+    """Everything a Spark task needs to reach one queue: shipped to executors by pickling."""
+    url: str
+    dialect: str
+    schema: str
+    queue: Queue
+
+    @classmethod
+    def of(cls, url: str, catalog: Catalog | str | os.PathLike, queue: str) -> "QueueTarget":
+        resolved = resolve_catalog(catalog)
+        try:
+            spec = resolved.queue(queue)
+        except KeyError as exc:
+            raise PipelineError(str(exc.args[0])) from None
+        return cls(url, parse_url(url).dialect, resolved.schema, spec)
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.queue.name}"
+
+    def table(self, suffix: str) -> str:
+        """Quoted name of one of the queue's tables (suffix '_history' or '_dead')."""
+        name = f"{self.queue.name}{suffix}"
+        return f'"{self.schema}"."{name}"' if self.dialect == "postgres" else f"[{self.schema}].[{name}]"
+
+    def describe(self) -> str:
+        return f"queue {self.name} ({self.queue.kind}) on {parse_url(self.url).describe()}"
+
+    def require_kind(self, *kinds: str) -> None:
+        if self.queue.kind not in kinds:
+            raise PipelineError(f"{self.name} is a '{self.queue.kind}' queue; this job needs a queue of kind "
+                                f"{' or '.join(repr(k) for k in kinds)}")
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[QueueClient]:
+        """One autocommit connection and a QueueClient on it, closed (and rolled back) on exit."""
+        conn = connect(self.url, autocommit=True)
+        try:
+            yield QueueClient(conn, self.dialect, self.schema, self.queue)
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+@contextlib.contextmanager
+def transaction(client: QueueClient) -> Iterator[None]:
+    """One explicit transaction on the client's autocommit connection: commit on success, roll back
+    on an exception (and, when the process dies, the server rolls back as the connection drops)."""
+    conn = client.conn
+    if client.dialect == "postgres":
+        with conn.transaction():
+            yield
+        return
+    conn.autocommit = False
+    try:
+        yield
+        conn.commit()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            conn.autocommit = True
+
+
+def load_callable(dotted: str | Callable) -> Callable:
+    """'package.module:function' (or 'package.module.function') -> the function."""
+    if callable(dotted):
+        return dotted
+    module_name, sep, attr = dotted.partition(":")
+    if not sep:
+        module_name, _, attr = dotted.rpartition(".")
+    if not module_name or not attr:
+        raise PipelineError(f"{dotted!r} is not a dotted path to a function (package.module:function)")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineError(f"cannot import {module_name!r} for {dotted!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise PipelineError(f"{module_name!r} has no attribute {attr!r} (from {dotted!r})")
+        target = getattr(target, part)
+    if not callable(target):
+        raise PipelineError(f"{dotted!r} is not callable")
+    return target
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+def json_default(value: Any) -> Any:
+    """How Spark row values that JSON lacks are written: stable, so hashes of rows are stable."""
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if hasattr(value, "asDict"):
+        return value.asDict(recursive=True)
+    return str(value)
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace: the same row gives the same text in every run and on every node."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=json_default, allow_nan=False)
+
+
+# -- JDBC ---------------------------------------------------------------------------------------
+def jdbc_options(url: str) -> dict[str, str]:
+    """The Spark JDBC options (url, user, password, driver) for a tablequeue database URL.
+
+    postgresql://user:pw@host:port/db?sslmode=require -> jdbc:postgresql://host:port/db?sslmode=require
+    mssql+pyodbc://user:pw@host:port/db?Encrypt=yes    -> jdbc:sqlserver://host:port;databaseName=db;encrypt=true
+    (Microsoft's JDBC driver, mssql-jdbc, must be on spark.jars; see docs/pipelines.md.)
+    """
+    target = parse_url(url)
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    options: dict[str, str] = {}
+    if parts.username:
+        options["user"] = unquote(parts.username)
+    if parts.password is not None:
+        options["password"] = unquote(parts.password)
+    host = parts.hostname or "localhost"
+    database = unquote(parts.path.strip("/"))
+    if target.dialect == "postgres":
+        port = f":{parts.port}" if parts.port else ""
+        jdbc = f"jdbc:postgresql://{host}{port}/{database}"
+        passthrough = {k: v for k, v in query.items() if k in ("sslmode", "sslrootcert", "options",
+                                                                "ApplicationName", "application_name")}
+        if passthrough:
+            jdbc += "?" + "&".join(f"{k}={v}" for k, v in passthrough.items())
+        options.update(url=jdbc, driver="org.postgresql.Driver")
+        return options
+    if "odbc_connect" in query:
+        fields = dict(item.split("=", 1) for item in mssql_connection_string(url).split(";") if "=" in item)
+        server = fields.get("SERVER", "localhost").replace(",", ":")
+        database = fields.get("DATABASE", "")
+        options.update({k: v for k, v in (("user", fields.get("UID")),
+                                          ("password", (fields.get("PWD") or "").strip("{}"))) if v})
+    else:
+        server = f"{host}:{parts.port}" if parts.port else host
+    lowered = {k.lower(): v for k, v in query.items()}
+    props = [f"databaseName={database}"] if database else []
+    encrypt = lowered.get("encrypt")
+    if encrypt is not None:
+        props.append(f"encrypt={'true' if encrypt.lower() in ('yes', 'true', 'mandatory') else 'false'}")
+    trust = lowered.get("trustservercertificate")
+    if trust is not None:
+        props.append(f"trustServerCertificate={'true' if trust.lower() in ('yes', 'true') else 'false'}")
+    if "user" not in options:
+        props.append("integratedSecurity=true")
+    options.update(url=f"jdbc:sqlserver://{server};" + ";".join(props),
+                   driver="com.microsoft.sqlserver.jdbc.SQLServerDriver")
+    return options
+
+
+# -- files under a job's output --------------------------------------------------------------------
+def filesystem(path: str) -> tuple[Any, str]:
+    """(pyarrow filesystem, path within it) for a local path or a URI (file://, hdfs://, s3://, ...)."""
+    from pyarrow import fs
+
+    if "://" in path:
+        return fs.FileSystem.from_uri(path)
+    return fs.LocalFileSystem(), os.path.abspath(path)
+
+
+def remove_tree(path: str) -> None:
+    filesystem_, inner = filesystem(path)
+    from pyarrow import fs
+
+    if filesystem_.get_file_info(inner).type != fs.FileType.NotFound:
+        if isinstance(filesystem_, fs.LocalFileSystem):
+            shutil.rmtree(inner, ignore_errors=True)
+        else:
+            filesystem_.delete_dir(inner)
+
+
+def elapsed_since(started: float) -> float:
+    return round(time.monotonic() - started, 3)

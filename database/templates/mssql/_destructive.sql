@@ -3,58 +3,73 @@
   hands out, in the caller's transaction. The including template sets:
     claim_order  'none' | 'oldest' | 'newest' | 'due'
     strict       true only for strict FIFO (consumers serialise: no READPAST)
+  docs/queue-kinds.md explains the storage, index and locking choices; keep it in step.
 -#}
 {% import '_macros.sql' as m with context %}
 {% set has_due = claim_order == 'due' %}
 {% set dedupe = opt.dedupe %}
 {% set t = names.obj() %}
-{% set key_columns = 'due_at, id' if has_due else 'id' %}
+{% set items = names.obj("_items") %}
 {% set claim_hints = 'ROWLOCK, UPDLOCK, READCOMMITTEDLOCK' if strict else 'ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK' %}
+{#- Dedupe keys compare byte for byte, as text does on PostgreSQL (a case-insensitive database
+    collation would make 'A' and 'a' the same key). Trailing spaces still compare equal on SQL Server. -#}
+{% set key_type = 'nvarchar(200) COLLATE Latin1_General_100_BIN2' %}
+{% if has_due %}
+{% set claim_order_sql = 'm.due_at, m.id' %}
+{% elif claim_order == 'newest' %}
+{% set claim_order_sql = 'm.id DESC' %}
+{% else %}
+{% set claim_order_sql = 'm.id' %}
+{% endif %}
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
 {{ m.unit(names.plain(), 'storage') }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
-BEGIN
-    CREATE TABLE {{ t }} (
-        id bigint IDENTITY (1, 1) NOT NULL,
-        enqueued_at datetime2(7) NOT NULL
+    BEGIN
+        CREATE TABLE {{ t }} (
+            id bigint IDENTITY (1, 1) NOT NULL,
+            enqueued_at datetime2(7) NOT NULL
             CONSTRAINT {{ names.index('df', 'enqueued_at') }} DEFAULT (SYSUTCDATETIME()),
 {% if has_due %}
-        due_at datetime2(7) NOT NULL,
+            due_at datetime2(7) NOT NULL,
 {% endif %}
 {% if dedupe %}
-        dedupe_key nvarchar(200) NULL,
+            dedupe_key {{ key_type }} NULL, -- noqa: CP02
 {% endif %}
-        payload {{ payload_type }} NOT NULL,
+            payload {{ payload_type }} NOT NULL,
 {% if is_json %}
-        CONSTRAINT {{ names.index('ck', 'payload_json') }} CHECK (ISJSON(payload) = 1),
+            CONSTRAINT {{ names.index('ck', 'payload_json') }} CHECK (ISJSON(payload) = 1),
 {% endif %}
-        -- The clustered key is the dequeue order, so a claim is a seek to one end of the index.
-        CONSTRAINT {{ names.index('pk') }} PRIMARY KEY CLUSTERED ({{ key_columns }})
-    );
+            -- The clustered key is the claim's ORDER BY, so a claim is a seek to one end of it. A heap
+            -- is clustered too: a real heap keeps its emptied pages and every claim scans them.
+            CONSTRAINT {{ names.index('pk') }} PRIMARY KEY CLUSTERED ({{ 'due_at, id' if has_due else 'id' }})
+        );
 {% if dedupe %}
-    -- Filtered, so messages without a key cost nothing; IGNORE_DUP_KEY is not allowed on a
-    -- filtered index, so enqueue checks under a key-range lock and reports the duplicate itself.
-    CREATE UNIQUE NONCLUSTERED INDEX {{ names.index('ux', 'dedupe') }}
-    ON {{ t }} (dedupe_key)
-    WHERE dedupe_key IS NOT NULL;
+
+        -- Filtered: messages without a key cost nothing. IGNORE_DUP_KEY is not allowed on a filtered
+        -- index, and would hide the existing id anyway: enqueue locks the key and reports it itself.
+        CREATE UNIQUE NONCLUSTERED INDEX {{ names.index('ux', 'dedupe') }}
+            ON {{ t }} (dedupe_key)
+            WHERE dedupe_key IS NOT NULL;
 {% endif %}
-END;
+    END;
 GO
 
-IF TYPE_ID(N'{{ names.obj("_items") }}') IS NULL
-BEGIN
-    CREATE TYPE {{ names.obj("_items") }} AS TABLE (
-        ordinal int NOT NULL PRIMARY KEY,
-        payload {{ payload_type }} NULL,
+IF TYPE_ID(N'{{ items }}') IS NULL
+    BEGIN
+        -- dedupe_key is wider than the table's, so that an over-long key reaches the procedure's
+        -- check (and its error number) instead of failing in the driver.
+        CREATE TYPE {{ items }} AS TABLE (
+            ordinal int NOT NULL PRIMARY KEY,
+            payload {{ payload_type }} NULL,
 {% if has_due %}
-        due_at datetime2(7) NULL,
+            due_at datetime2(7) NULL,
 {% endif %}
-        dedupe_key nvarchar(200) NULL
-    );
-END;
+            dedupe_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL -- noqa: CP02
+        );
+    END;
 GO
 
 {{ m.unit(names.plain('_enqueue'), 'code') }}
@@ -63,117 +78,53 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
 {% if has_due %}
     @due_at datetime2(7) = NULL,
 {% endif %}
-    @dedupe_key nvarchar(200) = NULL
+    @dedupe_key nvarchar(MAX) = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
+    -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 {{ m.check_payload('enqueue') }}
-{% if has_due %}
-    DECLARE @effective_due_at datetime2(7) = COALESCE(@due_at, SYSUTCDATETIME());
-{% endif %}
 {% if dedupe %}
-{{ m.check_dedupe_key('enqueue') }}
+    IF DATALENGTH(@dedupe_key) > 400
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: dedupe_key is over 200 characters.', 1;
+        END;
 
-    IF @dedupe_key IS NOT NULL
-    BEGIN
-        -- UPDLOCK + HOLDLOCK lock the key (or the gap where it would go) until the insert is done,
-        -- so two racing callers cannot both miss the existing row.
-        DECLARE @started_transaction bit = 0;
-        DECLARE @existing_id bigint;
-        BEGIN TRY
-            IF @@TRANCOUNT = 0
+    -- A variable takes the database collation; compared with the column, the column's BIN2 wins.
+    DECLARE @key nvarchar(200) = @dedupe_key;
+    DECLARE @id bigint;
+    DECLARE @duplicate bit = 0;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        IF @key IS NOT NULL AND @@TRANCOUNT = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
 
-            SELECT @existing_id = m.id
-            FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
-            WHERE m.dedupe_key = @dedupe_key;
-
-            IF @existing_id IS NULL
+        IF @key IS NOT NULL
             BEGIN
-                INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
-                VALUES ({% if has_due %}@effective_due_at, {% endif %}@dedupe_key, @payload);
+                -- UPDLOCK + HOLDLOCK keep the key, or the gap where it would go, locked until the
+                -- transaction ends: a racing caller with the same key waits here, then finds this row.
+                SELECT @id = m.id
+                FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
+                WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
             END;
 
-            IF @started_transaction = 1 COMMIT TRANSACTION;
-        END TRY
-        BEGIN CATCH
-            IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-            THROW;
-        END CATCH;
-
-        SELECT
-            COALESCE(@existing_id, CONVERT(bigint, SCOPE_IDENTITY())) AS id,
-            CONVERT(bit, CASE WHEN @existing_id IS NULL THEN 0 ELSE 1 END) AS duplicate;
-        RETURN;
-    END;
-{% endif %}
-
-    INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}payload)
-    OUTPUT inserted.id, CONVERT(bit, 0) AS duplicate
-    VALUES ({% if has_due %}@effective_due_at, {% endif %}@payload);
-END;
-GO
-
-{{ m.grant('enqueue') }}
-GO
-
-{{ m.unit(names.plain('_enqueue_batch'), 'code') }}
-CREATE OR ALTER PROCEDURE {{ names.verb('enqueue_batch') }}
-    @items {{ names.obj("_items") }} READONLY
-AS
-BEGIN
-    SET NOCOUNT ON;
-    SET XACT_ABORT ON;
-
-    DECLARE @bad_ordinal int = (
-        SELECT MIN(i.ordinal)
-        FROM @items AS i
-        WHERE i.payload IS NULL{% if is_json %} OR ISJSON(i.payload) = 0{% endif %}
-
-    );
-    IF @bad_ordinal IS NOT NULL
-    BEGIN
-{{ m.throw('invalid_payload', "CONCAT(N'" ~ names.plain('_enqueue_batch') ~ ": item ', @bad_ordinal, N' has a NULL" ~ (" or invalid JSON" if is_json else "") ~ " payload.')") }}
-    END;
-
-    DECLARE @new_ids TABLE (id bigint NOT NULL PRIMARY KEY);
-{% if dedupe %}
-    DECLARE @existing TABLE (dedupe_key nvarchar(200) NOT NULL PRIMARY KEY, id bigint NOT NULL);
-    DECLARE @started_transaction bit = 0;
-    BEGIN TRY
-        IF @@TRANCOUNT = 0
-        BEGIN
-            BEGIN TRANSACTION;
-            SET @started_transaction = 1;
-        END;
-
-        -- Lock every key of the batch (present or not) before inserting; see enqueue.
-        INSERT INTO @existing (dedupe_key, id)
-        SELECT m.dedupe_key, m.id
-        FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
-        WHERE m.dedupe_key IN (SELECT i.dedupe_key FROM @items AS i);
-
-        -- Identity values follow the ORDER BY of an INSERT ... SELECT, which is what maps ids
-        -- back to ordinals below.
-        INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
-        OUTPUT inserted.id INTO @new_ids (id)
-        SELECT {% if has_due %}COALESCE(i.due_at, SYSUTCDATETIME()), {% endif %}i.dedupe_key, i.payload
-        FROM @items AS i
-        WHERE
-            i.dedupe_key IS NULL
-            OR (
-                NOT EXISTS (SELECT 1 / 0 FROM @existing AS e WHERE e.dedupe_key = i.dedupe_key)
-                AND NOT EXISTS (
-                    SELECT 1 / 0 FROM @items AS earlier
-                    WHERE earlier.dedupe_key = i.dedupe_key AND earlier.ordinal < i.ordinal
-                )
-            )
-        ORDER BY i.ordinal;
+        IF @id IS NULL
+            BEGIN
+                INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
+                VALUES ({% if has_due %}COALESCE(@due_at, SYSUTCDATETIME()), {% endif %}@key, @payload);
+                SET @id = CONVERT(bigint, SCOPE_IDENTITY());
+            END;
+        ELSE
+            BEGIN
+                SET @duplicate = 1;
+            END;
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY
@@ -182,64 +133,199 @@ BEGIN
         THROW;
     END CATCH;
 
-    WITH inserted_items AS (
+    SELECT
+        @id AS id,
+        @duplicate AS duplicate;
+{% else %}
+    IF @dedupe_key IS NOT NULL
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: dedupe_key needs option dedupe.', 1;
+        END;
+
+    INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}payload)
+    VALUES ({% if has_due %}COALESCE(@due_at, SYSUTCDATETIME()), {% endif %}@payload);
+
+    SELECT
+        CONVERT(bigint, SCOPE_IDENTITY()) AS id,
+        CONVERT(bit, 0) AS duplicate;
+{% endif %}
+END;
+GO
+
+{{ m.grant('enqueue') }}
+GO
+
+{{ m.unit(names.plain('_enqueue_batch'), 'code') }}
+CREATE OR ALTER PROCEDURE {{ names.verb('enqueue_batch') }}
+    @items {{ items }} READONLY
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @bad_payload int = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE i.payload IS NULL{% if is_json %} OR ISJSON(i.payload) = 0{% endif %}
+
+    );
+    IF @bad_payload IS NOT NULL
+        BEGIN
+{{ m.throw('invalid_payload', ["N'" ~ names.plain('_enqueue_batch') ~ ": item '", "@bad_payload",
+                               "N' has a NULL" ~ (" or invalid JSON" if is_json else "") ~ " payload.'"]) }}
+        END;
+
+    DECLARE @bad_key int = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+{% if dedupe %}
+        WHERE DATALENGTH(i.dedupe_key) > 400
+{% else %}
+        WHERE i.dedupe_key IS NOT NULL
+{% endif %}
+    );
+    IF @bad_key IS NOT NULL
+        BEGIN
+            DECLARE @key_message nvarchar(2048) = CONCAT(
+                N'{{ names.plain("_enqueue_batch") }}: item ',
+                @bad_key,
+{% if dedupe %}
+                N' has a dedupe_key longer than 200 characters.'
+{% else %}
+                N' has a dedupe_key, but the queue has no dedupe option.'
+{% endif %}
+            );
+            THROW {{ errors.invalid_argument }}, @key_message, 1;
+        END;
+
+    -- The items that become rows, in ordinal order.
+    DECLARE @candidates TABLE (ordinal int NOT NULL PRIMARY KEY, position int NOT NULL UNIQUE);
+    DECLARE @new_ids TABLE (id bigint NOT NULL PRIMARY KEY);
+{% if dedupe %}
+    DECLARE @keys TABLE (dedupe_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @existing TABLE (
+        dedupe_key {{ key_type }} NOT NULL PRIMARY KEY, -- noqa: CP02
+        id bigint NOT NULL
+    );
+    DECLARE @started_transaction bit = 0;
+
+    INSERT INTO @keys (dedupe_key)
+    SELECT DISTINCT i.dedupe_key
+    FROM @items AS i
+    WHERE i.dedupe_key IS NOT NULL;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- Lock every key of the batch, present or not (see enqueue), walking the keys in index order:
+        -- two batches that share keys then wait for each other instead of deadlocking.
+        INSERT INTO @existing (dedupe_key, id)
+        SELECT
+            m.dedupe_key,
+            m.id
+        FROM @keys AS k
+        INNER JOIN {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
+            ON k.dedupe_key = m.dedupe_key AND m.dedupe_key IS NOT NULL
+        OPTION (LOOP JOIN, FORCE ORDER);
+
+        -- Every item without a key, and the first item of each key that is not in the queue yet.
+        INSERT INTO @candidates (ordinal, position)
         SELECT
             i.ordinal,
-            i.dedupe_key,
             ROW_NUMBER() OVER (ORDER BY i.ordinal) AS position
         FROM @items AS i
         WHERE
             i.dedupe_key IS NULL
             OR (
-                NOT EXISTS (SELECT 1 / 0 FROM @existing AS e WHERE e.dedupe_key = i.dedupe_key)
+                NOT EXISTS (
+                    SELECT 1 / 0
+                    FROM @existing AS e
+                    WHERE e.dedupe_key = i.dedupe_key
+                )
                 AND NOT EXISTS (
-                    SELECT 1 / 0 FROM @items AS earlier
+                    SELECT 1 / 0
+                    FROM @items AS earlier
                     WHERE earlier.dedupe_key = i.dedupe_key AND earlier.ordinal < i.ordinal
                 )
-            )
-    ),
+            );
 
-    numbered_ids AS (
+        -- Identity values are assigned in the ORDER BY of an INSERT ... SELECT: the n-th new id
+        -- belongs to the n-th candidate, which is how ids are mapped back to ordinals below.
+        INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
+        OUTPUT INSERTED.id INTO @new_ids (id)
+        SELECT
+{% if has_due %}
+            COALESCE(i.due_at, SYSUTCDATETIME()) AS due_at,
+{% endif %}
+            i.dedupe_key,
+            i.payload
+        FROM @items AS i
+        INNER JOIN @candidates AS c ON i.ordinal = c.ordinal
+        ORDER BY c.position;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    WITH numbered_ids AS (
         SELECT
             n.id,
             ROW_NUMBER() OVER (ORDER BY n.id) AS position
         FROM @new_ids AS n
     ),
 
-    inserted_map AS (
+    inserted_items AS (
         SELECT
-            ii.ordinal,
-            ii.dedupe_key,
+            i.ordinal,
+            i.dedupe_key,
             ni.id
-        FROM inserted_items AS ii
-        INNER JOIN numbered_ids AS ni ON ni.position = ii.position
+        FROM @items AS i
+        INNER JOIN @candidates AS c ON i.ordinal = c.ordinal
+        INNER JOIN numbered_ids AS ni ON c.position = ni.position
     )
 
+    -- A later item with the key of an earlier one gets the earlier one's id.
     SELECT
         i.ordinal,
         COALESCE(own.id, e.id, first_in_batch.id) AS id,
         CONVERT(bit, CASE WHEN own.id IS NULL THEN 1 ELSE 0 END) AS duplicate
     FROM @items AS i
-    LEFT JOIN inserted_map AS own ON own.ordinal = i.ordinal
-    LEFT JOIN @existing AS e ON e.dedupe_key = i.dedupe_key
-    LEFT JOIN inserted_map AS first_in_batch ON first_in_batch.dedupe_key = i.dedupe_key
+    LEFT JOIN inserted_items AS own ON i.ordinal = own.ordinal
+    LEFT JOIN @existing AS e ON i.dedupe_key = e.dedupe_key
+    LEFT JOIN inserted_items AS first_in_batch ON i.dedupe_key = first_in_batch.dedupe_key
     ORDER BY i.ordinal;
 {% else %}
+    INSERT INTO @candidates (ordinal, position)
+    SELECT
+        i.ordinal,
+        ROW_NUMBER() OVER (ORDER BY i.ordinal) AS position
+    FROM @items AS i;
+
+    -- Identity values are assigned in the ORDER BY of an INSERT ... SELECT: the n-th new id
+    -- belongs to the n-th item, which is how ids are mapped back to ordinals below.
     INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}payload)
-    OUTPUT inserted.id INTO @new_ids (id)
-    SELECT {% if has_due %}COALESCE(i.due_at, SYSUTCDATETIME()), {% endif %}i.payload
+    OUTPUT INSERTED.id INTO @new_ids (id)
+{% if has_due %}
+    SELECT
+        COALESCE(i.due_at, SYSUTCDATETIME()) AS due_at,
+        i.payload
+{% else %}
+    SELECT i.payload
+{% endif %}
     FROM @items AS i
-    ORDER BY i.ordinal;
+    INNER JOIN @candidates AS c ON i.ordinal = c.ordinal
+    ORDER BY c.position;
 
-    -- Identity values follow the ORDER BY of an INSERT ... SELECT: the n-th id is the n-th item.
-    WITH numbered_items AS (
-        SELECT
-            i.ordinal,
-            ROW_NUMBER() OVER (ORDER BY i.ordinal) AS position
-        FROM @items AS i
-    ),
-
-    numbered_ids AS (
+    WITH numbered_ids AS (
         SELECT
             n.id,
             ROW_NUMBER() OVER (ORDER BY n.id) AS position
@@ -247,17 +333,17 @@ BEGIN
     )
 
     SELECT
-        ni.ordinal,
-        nid.id,
+        c.ordinal,
+        ni.id,
         CONVERT(bit, 0) AS duplicate
-    FROM numbered_items AS ni
-    INNER JOIN numbered_ids AS nid ON nid.position = ni.position
-    ORDER BY ni.ordinal;
+    FROM @candidates AS c
+    INNER JOIN numbered_ids AS ni ON c.position = ni.position
+    ORDER BY c.ordinal;
 {% endif %}
 END;
 GO
 
-GRANT EXECUTE ON TYPE::{{ names.obj("_items") }} TO {{ names.role('enqueue_batch') }};
+GRANT EXECUTE ON TYPE::{{ items }} TO {{ names.role('enqueue_batch') }};
 GO
 
 {{ m.grant('enqueue_batch') }}
@@ -270,16 +356,12 @@ AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
+    -- The claim's hints are refused (skipping locked rows) or lock differently under SERIALIZABLE
+    -- and SNAPSHOT: READ COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 {{ m.check_batch_size('dequeue') }}
 
-{% if claim_order == 'none' %}
-    -- A heap promises no order: DELETE TOP takes whatever unlocked rows the clustered index
-    -- offers first. READCOMMITTEDLOCK keeps READPAST meaningful under READ_COMMITTED_SNAPSHOT.
-    DELETE TOP (@batch_size)
-    FROM {{ t }} WITH ({{ claim_hints }})
-    OUTPUT deleted.id, deleted.payload, deleted.enqueued_at;
-{% else %}
     DECLARE @claimed TABLE (
         id bigint NOT NULL PRIMARY KEY,
         payload {{ payload_type }} NOT NULL,
@@ -288,12 +370,23 @@ BEGIN
 {% endif %}
         enqueued_at datetime2(7) NOT NULL
     );
+
+{% if claim_order == 'none' %}
+    -- A heap promises no order: DELETE TOP takes the first unlocked rows the clustered index
+    -- offers, with no sort. READCOMMITTEDLOCK keeps the hints locking under READ_COMMITTED_SNAPSHOT.
+    DELETE TOP (@batch_size)
+    FROM {{ t }} WITH ({{ claim_hints }})
+    OUTPUT DELETED.id, DELETED.payload, DELETED.enqueued_at
+    INTO @claimed (id, payload, enqueued_at);
+{% else %}
 {% if strict %}
-
-    -- Strict order: no READPAST, so a consumer waits behind the row another consumer holds
-    -- until that transaction commits (row gone) or rolls back (row handed out again, in order).
+    -- Strict order: locked rows are not skipped. A consumer waits on the first row another one holds
+    -- until that transaction ends: committed, the row is gone and the scan moves on; rolled back,
+    -- this consumer gets it, in order. It also waits on an uncommitted enqueue with a lower id.
+{% else %}
+    -- READPAST skips rows other consumers hold; READCOMMITTEDLOCK keeps the hints locking under
+    -- READ_COMMITTED_SNAPSHOT; the clustered key is the ORDER BY, so there is no sort.
 {% endif %}
-
     WITH next_messages AS (
         SELECT TOP (@batch_size)
             m.id,
@@ -305,17 +398,14 @@ BEGIN
         FROM {{ t }} AS m WITH ({{ claim_hints }})
 {% if has_due %}
         WHERE m.due_at <= SYSUTCDATETIME()
-        ORDER BY m.due_at, m.id
-{% elif claim_order == 'newest' %}
-        ORDER BY m.id DESC
-{% else %}
-        ORDER BY m.id
 {% endif %}
+        ORDER BY {{ claim_order_sql }}
     )
 
     DELETE FROM next_messages
-    OUTPUT deleted.id, deleted.payload, {% if has_due %}deleted.due_at, {% endif %}deleted.enqueued_at
+    OUTPUT DELETED.id, DELETED.payload, {% if has_due %}DELETED.due_at, {% endif %}DELETED.enqueued_at
     INTO @claimed (id, payload, {% if has_due %}due_at, {% endif %}enqueued_at);
+{% endif %}
 
     SELECT
         c.id,
@@ -324,14 +414,7 @@ BEGIN
         c.due_at{% endif %}
 
     FROM @claimed AS c
-{% if has_due %}
-    ORDER BY c.due_at, c.id;
-{% elif claim_order == 'newest' %}
-    ORDER BY c.id DESC;
-{% else %}
-    ORDER BY c.id;
-{% endif %}
-{% endif %}
+    ORDER BY {{ claim_order_sql | replace('m.', 'c.') }};
 END;
 GO
 
@@ -342,14 +425,16 @@ GO
 -- EXECUTE AS OWNER: the estimate reads sys.partitions, whose rows a caller holding only the admin
 -- role could not see. The procedure only reads.
 CREATE OR ALTER PROCEDURE {{ names.verb('stats') }}
-WITH EXECUTE AS OWNER
+    WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Counting stops at exact_limit rows; past that the row count comes from the catalog, so a
-    -- deep queue never costs a full scan (NServiceBus.SqlServer #481).
+    -- Counting stops at exact_limit rows; past that the row count of the catalog views stands in,
+    -- so a deep queue never costs a full scan (NServiceBus.SqlServer #481). READPAST: rows that
+    -- consumers hold right now are not counted, and stats never waits for them.
     DECLARE @exact_limit bigint = 10000;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @estimated bit = 0;
@@ -375,25 +460,25 @@ BEGIN
 {% else %}
     DECLARE @delayed bigint = 0;
 {% endif %}
-    DECLARE @total_estimate bigint = (
-        SELECT SUM(p.rows)
-        FROM sys.partitions AS p
-        WHERE p.object_id = OBJECT_ID(N'{{ t }}') AND p.index_id IN (0, 1)
-    );
 
     IF @ready > @exact_limit{% if has_due %} OR @delayed > @exact_limit{% endif %}
 
-    BEGIN
-        SET @estimated = 1;
+        BEGIN
+            DECLARE @total_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'{{ t }}') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
 {% if has_due %}
-        IF @ready > @exact_limit
-            SET @ready = IIF(@total_estimate - @delayed > @ready, @total_estimate - @delayed, @ready);
-        ELSE
-            SET @delayed = IIF(@total_estimate - @ready > @delayed, @total_estimate - @ready, @delayed);
+            IF @ready > @exact_limit
+                SET @ready = IIF(@total_estimate - @delayed > @ready, @total_estimate - @delayed, @ready);
+            ELSE
+                SET @delayed = IIF(@total_estimate - @ready > @delayed, @total_estimate - @ready, @delayed);
 {% else %}
-        SET @ready = IIF(@total_estimate > @ready, @total_estimate, @ready);
+            SET @ready = IIF(@total_estimate > @ready, @total_estimate, @ready);
 {% endif %}
-    END;
+        END;
 
     DECLARE @oldest_ready datetime2(7) = (
         SELECT TOP (1) m.{{ 'due_at' if has_due else 'enqueued_at' }}
@@ -428,30 +513,32 @@ AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Small chunks stay under the 5,000-lock escalation threshold, READPAST leaves rows that a
-    -- consumer holds, and the id bound stops a purge from chasing a producer forever.
+    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
+    -- READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue cannot
+    -- deadlock); the id bound stops a purge from chasing producers forever.
     DECLARE @last_id bigint = (SELECT MAX(m.id) FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK));
     DECLARE @purged bigint = 0;
     DECLARE @deleted int = 1;
 
     WHILE @deleted > 0
-    BEGIN
-        IF @older_than IS NULL
         BEGIN
-            DELETE TOP (4000)
-            FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-            WHERE id <= @last_id;
+            IF @older_than IS NULL
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE id <= @last_id;
+                END;
+            ELSE
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE id <= @last_id AND enqueued_at < @older_than;
+                END;
+            SET @deleted = @@ROWCOUNT;
+            SET @purged += @deleted;
         END;
-        ELSE
-        BEGIN
-            DELETE TOP (4000)
-            FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-            WHERE id <= @last_id AND enqueued_at < @older_than;
-        END;
-        SET @deleted = @@ROWCOUNT;
-        SET @purged += @deleted;
-    END;
 
     SELECT @purged AS purged;
 END;

@@ -3,6 +3,7 @@
   hands out, in the caller's transaction. The including template sets:
     claim_order  'none' | 'oldest' | 'newest' | 'due'
     strict       true only for strict FIFO (consumers serialise on an advisory lock)
+  docs/queue-kinds.md explains the storage, index and locking choices; keep it in step.
 -#}
 {% import '_macros.sql' as m with context %}
 {% set has_due = claim_order == 'due' %}
@@ -27,7 +28,19 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
     dedupe_key text CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200),
 {% endif %}
     payload {{ payload_type }} NOT NULL,
+{% if is_json %}
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
+    CONSTRAINT {{ names.index('ck', 'payload_json') }} CHECK (jsonb_typeof(payload) IN ('object', 'array')),
+{% endif %}
     CONSTRAINT {{ names.index('pk') }} PRIMARY KEY (id)
+)
+-- A queue's table is mostly dead rows: vacuum after a fixed number of them rather than a fraction
+-- of the (small) live count, so index scans from the head do not wade through dead entries.
+WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
 );
 {% if has_due %}
 
@@ -57,10 +70,15 @@ DECLARE
     new_id bigint;
 BEGIN
 {{ m.check_payload('enqueue') }}
+{% if is_json %}
+    IF jsonb_typeof({{ fn }}_enqueue.payload) NOT IN ('object', 'array') THEN
+{{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}
+    END IF;
+{% endif %}
 {% if dedupe %}
 {{ m.check_dedupe_key('enqueue') }}
-    -- ON CONFLICT waits for a racing insert of the same key; if that row is gone again by the time
-    -- we look it up (dequeued), try the insert once more.
+    -- ON CONFLICT waits for a racing insert of the same key and then does nothing; the row is looked
+    -- up in a new statement, which sees it. If it is gone again by then (dequeued), insert again.
     LOOP
         INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
         VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.dedupe_key, {{ fn }}_enqueue.payload)
@@ -77,6 +95,9 @@ BEGIN
         END IF;
     END LOOP;
 {% else %}
+    IF {{ fn }}_enqueue.dedupe_key IS NOT NULL THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_enqueue') ~ ": dedupe_key needs option dedupe.'") }}
+    END IF;
     INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}payload)
     VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.payload)
     RETURNING m.id INTO new_id;
@@ -90,11 +111,11 @@ $function$;
 {{ m.unit(names.plain('_enqueue_batch'), 'code') }}
 -- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
 CREATE OR REPLACE FUNCTION {{ names.verb('enqueue_batch') }}(
-    payloads {{ payload_type }} [],
+    payloads {{ payload_type }}[],
 {% if has_due %}
-    due_ats timestamptz [] DEFAULT NULL,
+    due_ats timestamptz[] DEFAULT NULL,
 {% endif %}
-    dedupe_keys text [] DEFAULT NULL
+    dedupe_keys text[] DEFAULT NULL
 )
 RETURNS TABLE (ordinal integer, id bigint, duplicate boolean)
 {{ m.definer() }}
@@ -102,9 +123,12 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
-    new_ids bigint [];
-    inserted_ids bigint [];
+    new_ids bigint[];
     bad_ordinal integer;
+{% if dedupe %}
+    result_ids bigint[];
+    retry_ordinals integer[];
+{% endif %}
 BEGIN
 {% for array in (['due_ats', 'dedupe_keys'] if has_due else ['dedupe_keys']) %}
     IF {{ array }} IS NOT NULL AND cardinality({{ array }}) <> item_count THEN
@@ -113,48 +137,95 @@ BEGIN
 {% endfor %}
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
-    WHERE u.payload IS NULL;
+    WHERE u.payload IS NULL{% if is_json %} OR jsonb_typeof(u.payload) NOT IN ('object', 'array'){% endif %};
     IF bad_ordinal IS NOT NULL THEN
-{{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL payload.', bad_ordinal)") }}
+{{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
     END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+{% if dedupe %}
+    WHERE length(u.dedupe_key) > 200;
+    IF bad_ordinal IS NOT NULL THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key over 200 characters.', bad_ordinal)") }}
+    END IF;
+{% else %}
+    WHERE u.dedupe_key IS NOT NULL;
+    IF bad_ordinal IS NOT NULL THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key, which needs option dedupe.', bad_ordinal)") }}
+    END IF;
+{% endif %}
 
-    -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted.
+    -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted,
+    -- and a batch is dequeued in item order.
     new_ids := ARRAY(SELECT nextval('{{ names.obj("_id_seq") }}') FROM generate_series(1, item_count));
+{% if dedupe %}
 
-    WITH inserted AS (
-        INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}{% if dedupe %}dedupe_key, {% endif %}payload)
+    -- Every item without a key, and the first item of each key, is offered for insertion; a key
+    -- already in the queue (or inserted meanwhile by a racing transaction, which ON CONFLICT waits
+    -- for) is left alone. The loop runs again only for a key whose row was dequeued in between.
+    LOOP
+        INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}dedupe_key, payload)
         OVERRIDING SYSTEM VALUE
         SELECT
             u.new_id,
 {% if has_due %}
             coalesce(u.due_at, clock_timestamp()),
 {% endif %}
-{% if dedupe %}
             u.dedupe_key,
-{% endif %}
             u.payload
-        FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}{% if dedupe %}, dedupe_keys{% endif %}) AS u (new_id, payload{% if has_due %}, due_at{% endif %}{% if dedupe %}, dedupe_key{% endif %})
-{% if dedupe %}
-        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-{% endif %}
-        RETURNING m.id
-    )
+        FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}, dedupe_keys) WITH ORDINALITY
+            AS u (new_id, payload{% if has_due %}, due_at{% endif %}, dedupe_key, ordinal)
+        WHERE
+            CASE
+                WHEN retry_ordinals IS NOT NULL THEN u.ordinal = ANY(retry_ordinals)
+                ELSE u.dedupe_key IS NULL OR NOT EXISTS (
+                    SELECT FROM unnest(dedupe_keys) WITH ORDINALITY AS earlier (dedupe_key, ordinal)
+                    WHERE earlier.dedupe_key = u.dedupe_key AND earlier.ordinal < u.ordinal
+                )
+            END
+        ORDER BY u.ordinal
+        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING;
 
-    SELECT array_agg(i.id) INTO inserted_ids FROM inserted AS i;
+        -- A new statement sees what racing transactions committed while this one waited on them.
+        SELECT array_agg(
+            CASE WHEN u.dedupe_key IS NULL THEN u.new_id ELSE (
+                SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = u.dedupe_key
+            ) END
+            ORDER BY u.ordinal
+        )
+        INTO result_ids
+        FROM unnest(new_ids, dedupe_keys) WITH ORDINALITY AS u (new_id, dedupe_key, ordinal);
 
-{% if dedupe %}
-    -- A new statement sees keys that racing transactions committed while we waited on them.
+        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
+
+        SELECT array_agg(min_ordinal) INTO retry_ordinals
+        FROM (
+            SELECT min(u.ordinal) AS min_ordinal
+            FROM unnest(result_ids, dedupe_keys) WITH ORDINALITY AS u (result_id, dedupe_key, ordinal)
+            WHERE u.result_id IS NULL
+            GROUP BY u.dedupe_key
+        ) AS vanished;
+    END LOOP;
+
     RETURN QUERY
     SELECT
         u.ordinal::integer,
-        CASE WHEN u.new_id = ANY(inserted_ids) THEN u.new_id ELSE existing.id END,
-        NOT (u.new_id = ANY(coalesce(inserted_ids, '{}')))
-    FROM unnest(new_ids, dedupe_keys) WITH ORDINALITY AS u (new_id, dedupe_key, ordinal)
-    LEFT JOIN LATERAL (
-        SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = u.dedupe_key
-    ) AS existing ON TRUE
+        u.result_id,
+        u.result_id <> u.new_id
+    FROM unnest(new_ids, result_ids) WITH ORDINALITY AS u (new_id, result_id, ordinal)
     ORDER BY u.ordinal;
 {% else %}
+
+    INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}payload)
+    OVERRIDING SYSTEM VALUE
+    SELECT
+        u.new_id,
+{% if has_due %}
+        coalesce(u.due_at, clock_timestamp()),
+{% endif %}
+        u.payload
+    FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}) AS u (new_id, payload{% if has_due %}, due_at{% endif %});
+
     RETURN QUERY
     SELECT u.ordinal::integer, u.new_id, false
     FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
@@ -171,14 +242,19 @@ RETURNS TABLE (id bigint, payload {{ payload_type }}, enqueued_at timestamptz{% 
 {{ m.definer() }}
 AS $function$
 #variable_conflict use_column
+{% if has_due %}
+DECLARE
+    -- A variable, not clock_timestamp() in the WHERE: a volatile function cannot bound an index
+    -- scan, and the claim would read every not-yet-due row before finding out none is due.
+    now_utc timestamptz := clock_timestamp();
+{% endif %}
 BEGIN
 {{ m.check_batch_size('dequeue') }}
 {% if strict %}
     -- Strict FIFO: one consumer at a time until its transaction ends. FOR UPDATE without SKIP
     -- LOCKED is not enough: after waiting on a row that was then deleted, LIMIT returns nothing.
     PERFORM pg_advisory_xact_lock(hashtextextended('tablequeue:{{ names.plain() }}', 0));
-{% endif %}
-{% if claim_order == 'none' %}
+{% elif claim_order == 'none' %}
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
 {% endif %}
@@ -187,7 +263,7 @@ BEGIN
         SELECT m.id
         FROM {{ t }} AS m
 {% if has_due %}
-        WHERE m.due_at <= clock_timestamp()
+        WHERE m.due_at <= now_utc
 {% endif %}
         ORDER BY {{ claim_order_sql }}
         LIMIT batch_size
@@ -299,18 +375,31 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
-    -- SKIP LOCKED leaves the rows a consumer is dequeuing right now.
-    WITH doomed AS (
-        SELECT m.id FROM {{ t }} AS m
-        WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
-        FOR UPDATE SKIP LOCKED
-    ),
+    -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    IF {{ fn }}_purge.older_than IS NULL THEN
+        WITH doomed AS (
+            SELECT m.id FROM {{ t }} AS m
+            FOR UPDATE SKIP LOCKED
+        ),
 
-    deleted AS (
-        DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
-    )
+        deleted AS (
+            DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
 
-    SELECT count(*) INTO purged_count FROM deleted;
+        SELECT count(*) INTO purged_count FROM deleted;
+    ELSE
+        WITH doomed AS (
+            SELECT m.id FROM {{ t }} AS m
+            WHERE m.enqueued_at < {{ fn }}_purge.older_than
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
+
+        SELECT count(*) INTO purged_count FROM deleted;
+    END IF;
     RETURN QUERY SELECT purged_count;
 END;
 $function$;

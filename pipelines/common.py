@@ -97,6 +97,9 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if POSTGRES_JDBC_JAR.exists():
         settings["spark.jars"] = str(POSTGRES_JDBC_JAR)
+    # Parquet timestamps as UTC-adjusted microseconds (not the legacy INT96), so that pyarrow,
+    # pandas and other engines read the output's times as the instants they are.
+    settings["spark.sql.parquet.outputTimestampType"] = "TIMESTAMP_MICROS"
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # `spark-submit pipelines/enqueue_job.py` without
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (PipelineError, QueueTarget, build_session, canonical_json,  # noqa: E402
-                              elapsed_since, log, progress_monitor)
+                              elapsed_since, load_callable, log, progress_monitor)
 
 FORMATS = ("parquet", "csv", "json")
 MAX_DEDUPE_KEY = 200   # the templates' CHECK (length(dedupe_key) <= 200)
@@ -98,8 +98,10 @@ def _payload_for(target: QueueTarget, payload: dict[str, Any]) -> Any:
 
 
 def enqueue_partition(target: QueueTarget, rows: Iterable[Any], columns: Mapping[str, str] | None,
-                      dedupe_column: str | None, batch_size: int, log_every: int) -> dict[str, Any]:
-    """Run on an executor: enqueue one partition's rows in batches over one connection."""
+                      dedupe_column: str | None, batch_size: int, log_every: int,
+                      probe: str | None = None, probe_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run on an executor: enqueue one partition's rows in batches over one connection (each batch
+    its own transaction). probe (a dotted path, see pipelines.faults) is called after each batch."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -109,6 +111,7 @@ def enqueue_partition(target: QueueTarget, rows: Iterable[Any], columns: Mapping
     counts = {"partition": partition, "attempt": attempt, "rows": 0, "enqueued": 0, "duplicates": 0,
               "batches": 0}
     next_log = log_every
+    on_batch = load_callable(probe) if probe else None
     with target.client() as client:
         batch: list[dict[str, Any]] = []
 
@@ -120,6 +123,9 @@ def enqueue_partition(target: QueueTarget, rows: Iterable[Any], columns: Mapping
             counts["rows"] += len(results)
             counts["batches"] += 1
             batch.clear()
+            if on_batch is not None:
+                on_batch("enqueued", {"partition": partition, "attempt": attempt, "batch": counts["batches"],
+                                      "completed_in_batch": len(results)}, **dict(probe_args or {}))
 
         for spark_row in rows:
             row = spark_row.asDict(recursive=True)
@@ -145,6 +151,7 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
                 columns: str | Sequence[str] | Mapping[str, str] | None = None,
                 dedupe_column: str | None = None, batch_size: int = 1000, partitions: int | None = None,
                 read_options: Mapping[str, str] | None = None, log_every: int = 10_000,
+                probe: str | None = None, probe_args: Mapping[str, Any] | None = None,
                 quiet: bool = False) -> dict[str, Any]:
     """Enqueue every row of `source` (a path, or a DataFrame) into `queue`; return the counts.
 
@@ -161,6 +168,8 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
     if not 1 <= batch_size <= 1000:
         raise PipelineError(f"batch_size must be between 1 and 1000, got {batch_size}")
     mapping = parse_columns(columns)
+    if probe:
+        load_callable(probe)
     frame = source if hasattr(source, "rdd") else read_dataset(spark, str(source), fmt, read_options)
     missing = [c for c in list(mapping or {}) + ([dedupe_column] if dedupe_column else [])
                if c not in frame.columns]
@@ -171,7 +180,7 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
     started = time.monotonic()
 
     def task(_: int, rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        yield enqueue_partition(target, rows, mapping, dedupe_column, batch_size, log_every)
+        yield enqueue_partition(target, rows, mapping, dedupe_column, batch_size, log_every, probe, probe_args)
 
     with progress_monitor(spark, f"enqueue {target.name}"):
         # Counts come back as the partitions' results, so only the successful attempt of each task

@@ -1,0 +1,37 @@
+"""Fault injection for the drain job: crash a Spark task at a chosen point of its first attempt.
+
+The drain job calls its probe (--probe pipelines.faults:crash_first_attempt) at these events:
+  staged     a batch's results are written to staging, nothing of it is completed yet
+  completed  one complete() returned, inside the batch's open transaction (rolled back by a crash)
+  committed  the batch's completes are committed, its marker file is not written yet
+  marked     the batch's marker file is written
+The enqueue job calls it with "enqueued" after each enqueue_batch call (committed on its own).
+The tests use it to show that a task Spark retries after a crash leaves no duplicate and loses
+nothing; an operator can use it the same way to rehearse a failure.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+EVENTS = ("staged", "completed", "committed", "marked", "enqueued")
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised (how='raise') to fail the Spark task the way an unexpected error would."""
+
+
+def crash_first_attempt(event: str, info: Mapping[str, Any], *, at: str = "staged", partition: int = 0,
+                        batch: int = 2, after_completes: int = 1, how: str = "exit") -> None:
+    """Crash attempt 0 of task `partition` at event `at` of its batch number `batch` (1-based);
+    for at='completed', after `after_completes` completes of that batch. how='exit' kills the Python
+    worker (os._exit: no cleanup, the database sees the connection drop); how='raise' raises."""
+    if at not in EVENTS:
+        raise ValueError(f"unknown event {at!r} (expected one of {EVENTS})")
+    if event != at or info["attempt"] != 0 or info["partition"] != partition or info["batch"] != batch:
+        return
+    if at == "completed" and info["completed_in_batch"] < after_completes:
+        return
+    if how == "exit":
+        os._exit(17)
+    raise SimulatedCrash(f"simulated crash of task {partition} attempt 0 at {at} of batch {batch}")

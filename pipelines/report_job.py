@@ -1,0 +1,255 @@
+"""Report on a work queue from its history and dead-letter tables, read over JDBC.
+
+Figures (written as Parquet under <output>/, and drawn in <output>/report.png):
+  throughput   per minute: messages completed (by finished time) and dead-lettered (by death time)
+  latency      wait (enqueued -> started) and processing (started -> finished) in seconds:
+               exact p50, p95, p99 (linear interpolation between the closest ranks), mean, max, count
+  workers      per worker: completed, retried (completed after more than one attempt), dead,
+               failure_rate = dead / (completed + dead), retry_rate = retried / completed
+
+    python -m pipelines.report_job --url postgresql://... --catalog database/queues.yml \
+        --queue emails --output /data/emails-report
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `spark-submit pipelines/report_job.py` without --py-files
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.common import (PipelineError, QueueTarget, build_session, elapsed_since,  # noqa: E402
+                              filesystem, jdbc_options, log)
+
+PERCENTILES = (0.5, 0.95, 0.99)
+# The column each figure needs, first name found wins: the history and dead-letter tables are the
+# work template's; these are the names it uses, and the report fails clearly if one is missing.
+HISTORY_COLUMNS = {
+    "id": ("id",),
+    "enqueued_at": ("enqueued_at",),
+    "started_at": ("started_at", "started"),
+    "finished_at": ("finished_at", "completed_at", "finished"),
+    "worker": ("worker",),
+    "attempts": ("attempts",),
+}
+DEAD_COLUMNS = {
+    "id": ("id",),
+    "dead_at": ("dead_at", "died_at"),
+    "worker": ("last_worker", "worker"),
+    "attempts": ("attempts",),
+}
+
+
+def read_table(spark: Any, url: str, table: str, fetch_size: int = 10_000) -> Any:
+    """One table over JDBC (the PostgreSQL driver: spark.jars=/usr/share/java/postgresql.jar)."""
+    reader = spark.read.format("jdbc").option("dbtable", table).option("fetchsize", str(fetch_size))
+    for key, value in jdbc_options(url).items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def pick_columns(frame: Any, wanted: dict[str, tuple[str, ...]], table: str,
+                 optional: tuple[str, ...] = ()) -> Any:
+    """Select and rename the columns a figure needs; a missing required one is an error."""
+    from pyspark.sql import functions as F
+
+    present = {c.lower(): c for c in frame.columns}
+    selected = []
+    for name, candidates in wanted.items():
+        found = next((present[c] for c in candidates if c in present), None)
+        if found is None:
+            if name in optional:
+                selected.append(F.lit(None).alias(name))
+                continue
+            raise PipelineError(f"{table} has no column {' or '.join(candidates)} (columns: {frame.columns})")
+        selected.append(F.col(found).alias(name))
+    return frame.select(*selected)
+
+
+def seconds_between(start: str, end: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return (F.unix_micros(F.col(end)) - F.unix_micros(F.col(start))) / F.lit(1_000_000.0)
+
+
+def compute(history: Any, dead: Any) -> dict[str, Any]:
+    """The report's DataFrames from the two tables (already narrowed by pick_columns)."""
+    from pyspark.sql import functions as F
+
+    completed_per_minute = (history.groupBy(F.date_trunc("minute", "finished_at").alias("minute"))
+                            .agg(F.count("*").alias("completed")))
+    dead_per_minute = (dead.groupBy(F.date_trunc("minute", "dead_at").alias("minute"))
+                       .agg(F.count("*").alias("dead")))
+    throughput = (completed_per_minute.join(dead_per_minute, "minute", "full_outer")
+                  .select("minute", F.coalesce("completed", F.lit(0)).cast("long").alias("completed"),
+                          F.coalesce("dead", F.lit(0)).cast("long").alias("dead"))
+                  .withColumn("completed_per_second", F.col("completed") / F.lit(60.0))
+                  .orderBy("minute"))
+
+    timed = history.select(seconds_between("enqueued_at", "started_at").alias("wait"),
+                           seconds_between("started_at", "finished_at").alias("processing"))
+    latency = None
+    for metric in ("wait", "processing"):
+        row = timed.agg(F.lit(metric).alias("metric"), F.count(metric).alias("count"),
+                        F.mean(metric).alias("mean"), F.max(metric).alias("max"),
+                        F.percentile(metric, list(PERCENTILES)).alias("q"))
+        row = row.select("metric", "count", "mean", "max",
+                         *[F.col("q")[i].alias(f"p{int(p * 100)}") for i, p in enumerate(PERCENTILES)])
+        latency = row if latency is None else latency.unionByName(row)
+
+    completed_by_worker = history.groupBy("worker").agg(
+        F.count("*").alias("completed"),
+        F.sum(F.when(F.col("attempts") > 1, 1).otherwise(0)).alias("retried"),
+        F.sum("attempts").alias("completed_attempts"))
+    dead_by_worker = dead.groupBy("worker").agg(F.count("*").alias("dead"))
+    workers = (completed_by_worker.join(dead_by_worker, "worker", "full_outer")
+               .select(F.coalesce("worker", F.lit("(unknown)")).alias("worker"),
+                       *[F.coalesce(c, F.lit(0)).cast("long").alias(c)
+                         for c in ("completed", "retried", "dead", "completed_attempts")])
+               .withColumn("failure_rate", F.when(F.col("completed") + F.col("dead") > 0,
+                                                  F.col("dead") / (F.col("completed") + F.col("dead"))))
+               .withColumn("retry_rate", F.when(F.col("completed") > 0, F.col("retried") / F.col("completed")))
+               .orderBy("worker"))
+    return {"throughput": throughput, "latency": latency, "workers": workers}
+
+
+def draw_chart(path: str, title: str, throughput: list[dict], latency: list[dict], workers: list[dict]) -> str:
+    """Three panels: throughput per minute, latency percentiles, failure and retry rate per worker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 11), constrained_layout=True)
+    figure.suptitle(title)
+    # One bar per minute on a plain axis: a date axis with one or two bars stretches them across it.
+    minutes = [row["minute"].strftime("%H:%M") if row["minute"] else "?" for row in throughput]
+    step = max(1, len(minutes) // 15)
+    positions = list(range(len(minutes)))
+    completed = [row["completed"] for row in throughput]
+    top.bar(positions, completed, label="completed")
+    top.bar(positions, [row["dead"] for row in throughput], bottom=completed, label="dead", color="tab:red")
+    top.set_xticks(positions[::step], minutes[::step])
+    top.set_title("throughput per minute (UTC)")
+    top.set_ylabel("messages")
+    top.legend()
+    if not minutes:
+        top.text(0.5, 0.5, "no completed or dead messages", ha="center", transform=top.transAxes)
+
+    labels = [f"p{int(p * 100)}" for p in PERCENTILES]
+    width = 0.38
+    for offset, row in zip((-width / 2, width / 2), latency):
+        values = [row[label] or 0.0 for label in labels]
+        bars = middle.bar([i + offset for i in range(len(labels))], values, width, label=row["metric"])
+        middle.bar_label(bars, fmt="%.3g", fontsize=8)
+    middle.set_xticks(range(len(labels)), labels)
+    middle.set_ylabel("seconds")
+    middle.set_title("wait (enqueued -> started) and processing (started -> finished)")
+    middle.legend()
+
+    names = [row["worker"] for row in workers]
+    positions = range(len(names))
+    highest = max([row["failure_rate"] or 0.0 for row in workers] + [row["retry_rate"] or 0.0 for row in workers]
+                  + [0.0])
+    bottom.bar([i - width / 2 for i in positions], [row["failure_rate"] or 0.0 for row in workers], width,
+               label="failure rate (dead / finished)", color="tab:red")
+    bottom.bar([i + width / 2 for i in positions], [row["retry_rate"] or 0.0 for row in workers], width,
+               label="retry rate (retried / completed)", color="tab:orange")
+    bottom.set_xticks(list(positions), names, rotation=20, ha="right", fontsize=7)
+    bottom.set_ylim(0, min(1.0, max(0.05, highest * 1.25)))
+    bottom.set_ylabel("share")
+    bottom.set_title("per worker")
+    bottom.legend()
+
+    filesystem_, inner = filesystem(path)
+    filesystem_.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+    with filesystem_.open_output_stream(inner) as stream:
+        figure.savefig(stream, format="png", dpi=110)
+    plt.close(figure)
+    return path
+
+
+def run_report(spark: Any, url: str, catalog: Any, queue: str, output: str, *, since: Any = None,
+               quiet: bool = False) -> dict[str, Any]:
+    """Read S.Q_history and S.Q_dead, write the figures to <output>/ and the chart to
+    <output>/report.png; return the figures and paths, and print the chart's path."""
+    from pyspark.sql import functions as F
+
+    target = QueueTarget.of(url, catalog, queue)
+    target.require_kind("work")
+    if not target.queue.options.get("history"):
+        raise PipelineError(f"{target.name} keeps no history (options: history: false): the report reads "
+                            f"completed messages from {target.name}_history")
+    started = time.monotonic()
+    history_table, dead_table = target.table("_history"), target.table("_dead")
+    history = pick_columns(read_table(spark, url, history_table), HISTORY_COLUMNS, history_table)
+    dead = pick_columns(read_table(spark, url, dead_table), DEAD_COLUMNS, dead_table, optional=("worker",))
+    if since is not None:
+        history = history.filter(F.col("finished_at") >= F.lit(since))
+        dead = dead.filter(F.col("dead_at") >= F.lit(since))
+    history, dead = history.cache(), dead.cache()
+    frames = compute(history, dead)
+    base = output.rstrip("/")
+    for name, frame in frames.items():
+        frame.coalesce(1).write.mode("overwrite").parquet(f"{base}/{name}")
+    throughput = [row.asDict() for row in frames["throughput"].collect()]
+    latency = [row.asDict() for row in frames["latency"].collect()]
+    workers = [row.asDict() for row in frames["workers"].collect()]
+    chart = draw_chart(f"{base}/report.png", f"{target.name}: {sum(r['completed'] for r in throughput)} "
+                       f"completed, {sum(r['dead'] for r in throughput)} dead", throughput, latency, workers)
+    history.unpersist()
+    dead.unpersist()
+    summary = {
+        "queue": target.name,
+        "completed": sum(r["completed"] for r in throughput),
+        "dead": sum(r["dead"] for r in throughput),
+        "throughput": throughput,
+        "latency": {row["metric"]: row for row in latency},
+        "workers": workers,
+        "parquet": {name: f"{base}/{name}" for name in frames},
+        "chart": chart,
+        "seconds": elapsed_since(started),
+    }
+    log().info("report %s: %s completed, %s dead over %s minute(s); chart %s", target.name,
+               summary["completed"], summary["dead"], len(throughput), chart)
+    if not quiet:
+        print(f"report chart: {chart}", flush=True)
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pipelines.report_job", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="postgresql://... or mssql+pyodbc://...")
+    parser.add_argument("--catalog", required=True)
+    parser.add_argument("--queue", required=True, help="a work queue with history: true")
+    parser.add_argument("--output", required=True, help="folder for the Parquet figures and report.png")
+    parser.add_argument("--since", help="only messages finished (or dead) at or after this UTC timestamp")
+    parser.add_argument("--master", help="Spark master when run with python (default local[*])")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    spark = build_session("tablequeue-report", master=args.master)
+    try:
+        summary = run_report(spark, args.url, args.catalog, args.queue, args.output, since=args.since,
+                             quiet=True)
+    except PipelineError as exc:
+        print(f"report_job: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    for metric, row in summary["latency"].items():
+        print(f"{metric:<10} p50 {row['p50']}  p95 {row['p95']}  p99 {row['p99']}  (n={row['count']})")
+    for row in summary["workers"]:
+        print(f"{row['worker']}: {row['completed']} completed, {row['retried']} retried, {row['dead']} dead, "
+              f"failure rate {row['failure_rate']}, retry rate {row['retry_rate']}")
+    print(f"report chart: {summary['chart']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

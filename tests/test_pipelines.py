@@ -1,0 +1,367 @@
+"""The PySpark pipelines against the throwaway PostgreSQL: enqueue, drain, report, demo.
+
+One local SparkSession for the module, master local[2,4]: two cores, and a failed task is retried
+up to 4 times, so a crash injected into a task's first attempt is retried the way a cluster would.
+The queue state is checked through the database (the contract's history and dead-letter tables, and
+the queue table for depth), the figures of the report against plain Python over the same rows.
+"""
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import shutil
+from collections import Counter, defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
+if shutil.which("java") is None:
+    pytest.skip("no Java runtime: PySpark needs one (make setup installs openjdk-17-jre-headless)",
+                allow_module_level=True)
+
+import pyarrow.parquet as pq  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from pipelines.common import PipelineError, build_session, jdbc_options  # noqa: E402
+from pipelines.demo import run_spark_demo  # noqa: E402
+from pipelines.drain_job import run_drain  # noqa: E402
+from pipelines.enqueue_job import run_enqueue  # noqa: E402
+from pipelines.report_job import run_report  # noqa: E402
+from tablequeue.catalog import Catalog, load_catalog, parse_catalog  # noqa: E402
+from tablequeue.deploy import deploy  # noqa: E402
+from tablequeue.engines import connect, dialect_for  # noqa: E402
+from tablequeue.render import render_catalog  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TRANSFORM = "pipelines.transforms:uppercase_name_or_fail"
+CRASH = "pipelines.faults:crash_first_attempt"
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = build_session("tablequeue-tests", master="local[2,4]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def pg(pg_url: str) -> Iterator["Postgres"]:
+    db = Postgres(pg_url)
+    yield db
+    db.drop_all()
+
+
+class Postgres:
+    """Deploys queues into fresh schemas (as tests/conftest.py's deploy_queues does) and reads
+    tables back with psycopg, independently of Spark."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.schemas: list[str] = []
+
+    def deploy(self, *queues: dict, schema: str | None = None) -> Catalog:
+        schema = schema or f"p_{secrets.token_hex(4)}"
+        catalog = parse_catalog({"schema": schema, "queues": list(queues)}, f"<pipelines test {schema}>")
+        units = [u for f in render_catalog(catalog, "postgres") for u in f.units]
+        conn = connect(self.url, autocommit=True)
+        try:
+            deploy(conn, dialect_for("postgres"), schema, units)
+        finally:
+            conn.close()
+        self.schemas.append(schema)
+        return catalog
+
+    def rows(self, sql: str, *params: Any) -> list[dict]:
+        conn = connect(self.url, autocommit=True)
+        try:
+            cursor = conn.execute(sql, params or None)
+            names = [c.name for c in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+        finally:
+            conn.close()
+
+    def scalar(self, sql: str, *params: Any) -> Any:
+        return next(iter(self.rows(sql, *params)[0].values()))
+
+    def drop_all(self) -> None:
+        conn = connect(self.url, autocommit=True)
+        try:
+            for schema in self.schemas:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                for role in ("producer", "consumer", "admin"):
+                    conn.execute(f'DROP ROLE IF EXISTS "{schema}_{role}"')
+        finally:
+            conn.close()
+
+
+def work_queue(name: str = "jobs", **options: Any) -> dict:
+    return {"name": name, "kind": "work", "payload": "json",
+            "options": {"max_attempts": 3, "lease_seconds": 30, "dedupe": True, "history": True, **options}}
+
+
+def customers(spark: Any, path: Path, rows: int, files: int, poison_every: int = 0, flaky_every: int = 0) -> str:
+    """A Parquet dataset of `rows` customers in `files` files; every poison_every-th is refused by
+    the test transform on every attempt, every flaky_every-th on its first attempt only."""
+    poison = (F.col("id") % poison_every == 0) if poison_every else F.lit(False)
+    flaky = (F.col("id") % flaky_every == 1) if flaky_every else F.lit(False)
+    (spark.range(0, rows, 1, files)
+     .select("id", F.concat(F.lit("customer "), F.col("id").cast("string")).alias("name"),
+             (F.col("id") % 1000 / F.lit(10.0)).alias("amount"), poison.alias("poison"), flaky.alias("flaky"))
+     .write.mode("overwrite").parquet(str(path)))
+    return str(path)
+
+
+def table(catalog: Catalog, name: str, suffix: str = "") -> str:
+    return f'"{catalog.schema}"."{name}{suffix}"'
+
+
+# -- enqueue ---------------------------------------------------------------------------------------
+def test_enqueue_100k_rows_twice_leaves_100k_messages(spark, pg, tmp_path):
+    catalog = pg.deploy(work_queue("bulk"))
+    dataset = customers(spark, tmp_path / "customers", 100_000, files=8)
+
+    first = run_enqueue(spark, pg.url, catalog, "bulk", dataset, partitions=8, batch_size=1000)
+    assert (first["rows"], first["enqueued"], first["duplicates"]) == (100_000, 100_000, 0)
+    assert len(first["partitions"]) == 8 and all(p["rows"] > 0 for p in first["partitions"])
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'bulk')}") == 100_000
+
+    second = run_enqueue(spark, pg.url, catalog, "bulk", dataset, partitions=8, batch_size=1000)
+    assert (second["rows"], second["enqueued"], second["duplicates"]) == (100_000, 0, 100_000)
+    depth = pg.rows(f"SELECT count(*) AS n, count(DISTINCT dedupe_key) AS keys, "
+                    f"count(DISTINCT payload->>'id') AS ids FROM {table(catalog, 'bulk')}")[0]
+    assert depth == {"n": 100_000, "keys": 100_000, "ids": 100_000}
+    # The payload is the row's JSON, every column.
+    sample = pg.scalar(f"SELECT payload FROM {table(catalog, 'bulk')} WHERE payload->>'id' = '4242'")
+    assert sample == {"id": 4242, "name": "customer 4242", "amount": 24.2, "poison": False, "flaky": False}
+
+
+def test_enqueue_column_mapping_and_dedupe_column(spark, pg, tmp_path):
+    catalog = pg.deploy(work_queue("mapped"))
+    dataset = customers(spark, tmp_path / "mapped", 500, files=2)
+    summary = run_enqueue(spark, pg.url, catalog, "mapped", dataset, columns="id,name:customer_name",
+                          dedupe_column="id")
+    assert summary["enqueued"] == 500
+    rows = pg.rows(f"SELECT dedupe_key, payload FROM {table(catalog, 'mapped')} ORDER BY id")
+    assert {r["dedupe_key"] for r in rows} == {str(i) for i in range(500)}
+    assert all(set(r["payload"]) == {"id", "customer_name"} for r in rows)
+    assert all(r["payload"]["customer_name"] == f"customer {r['payload']['id']}" for r in rows)
+    # A CSV of the same rows with the same dedupe column: all duplicates.
+    csv = tmp_path / "mapped.csv"
+    spark.read.parquet(dataset).write.option("header", "true").csv(str(csv))
+    again = run_enqueue(spark, pg.url, catalog, "mapped", str(csv), fmt="csv", columns="id,name:customer_name",
+                        dedupe_column="id")
+    assert (again["enqueued"], again["duplicates"]) == (0, 500)
+
+
+def test_enqueue_task_retried_by_spark_enqueues_nothing_twice(spark, pg, tmp_path):
+    catalog = pg.deploy(work_queue("retried"))
+    dataset = customers(spark, tmp_path / "retried", 20_000, files=4)
+    # Attempt 0 of partition 1 dies after its 2nd batch of 1000 was committed; Spark runs it again.
+    summary = run_enqueue(spark, pg.url, catalog, "retried", dataset, partitions=4, batch_size=1000,
+                          probe=CRASH, probe_args={"at": "enqueued", "partition": 1, "batch": 2})
+    assert summary["retried_partitions"] == [1]
+    assert summary["rows"] == 20_000
+    # The retry re-sent the 2,000 rows the dead attempt had committed: they came back as duplicates.
+    assert (summary["enqueued"], summary["duplicates"]) == (18_000, 2_000)
+    assert pg.scalar(f"SELECT count(DISTINCT payload->>'id') FROM {table(catalog, 'retried')}") == 20_000
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'retried')}") == 20_000
+
+
+def test_enqueue_refuses_a_queue_without_dedupe(spark, pg, tmp_path):
+    catalog = parse_catalog({"schema": "nodedupe", "queues": [
+        {"name": "plain", "kind": "work", "payload": "json", "options": {"history": True}}]})
+    with pytest.raises(PipelineError, match=r"nodedupe\.plain has dedupe: false.*dedupe: true"):
+        run_enqueue(spark, pg.url, catalog, "plain", str(tmp_path / "never-read"))
+
+
+# -- drain -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def drained(spark, pg, tmp_path_factory) -> dict:
+    """5,000 messages, every 50th poison (dead after 3 attempts), every 10th flaky (completed on
+    its 2nd attempt), drained by 2 tasks; shared by the drain and the report tests."""
+    catalog = pg.deploy(work_queue("emails"))
+    folder = tmp_path_factory.mktemp("drain")
+    dataset = customers(spark, folder / "input", 5_000, files=4, poison_every=50, flaky_every=10)
+    enqueued = run_enqueue(spark, pg.url, catalog, "emails", dataset)
+    started = datetime.now(timezone.utc)
+    summary = run_drain(spark, pg.url, catalog, "emails", TRANSFORM, str(folder / "output"), tasks=2,
+                        batch_size=100, lease_seconds=30, time_budget_seconds=240)
+    return {"catalog": catalog, "enqueued": enqueued, "summary": summary, "folder": folder, "started": started}
+
+
+def output_rows(path: str) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+def test_drain_leaves_one_output_row_per_completed_message(drained, pg):
+    catalog, summary = drained["catalog"], drained["summary"]
+    assert drained["enqueued"]["enqueued"] == 5_000
+    history = pg.rows(f"SELECT id, worker, attempts FROM {table(catalog, 'emails', '_history')}")
+    dead = pg.rows(f"SELECT id, payload, attempts, last_error FROM {table(catalog, 'emails', '_dead')}")
+    output = output_rows(summary["output"])
+
+    # Nothing lost: every message is completed or dead; the queue is empty.
+    assert len(history) + len(dead) == 5_000
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'emails')}") == 0
+    assert len(dead) == 100 and all(d["payload"]["poison"] for d in dead)
+    assert all(d["attempts"] == 3 and "PoisonMessage" in d["last_error"] for d in dead)
+    # Exactly one output row per completed message, and only for completed ones.
+    ids = Counter(row["id"] for row in output)
+    assert len(output) == len(ids) == len(history) == summary["completed"] == 4_900
+    assert set(ids) == {h["id"] for h in history}
+    assert all(h["worker"].startswith(summary["worker_prefix"]) for h in history)
+    # The transform's result is what was written; flaky messages took two attempts.
+    for row in output:
+        result = json.loads(row["result"])
+        assert result["name"] == f"CUSTOMER {result['id']}"
+        assert row["attempts"] == (2 if result["flaky"] else 1)
+    assert summary["dead"] == 100 and summary["retrying"] == 500 + 2 * 100
+
+
+@pytest.mark.parametrize("crash_at", ["staged", "completed", "committed"])
+def test_drain_task_killed_and_retried_by_spark_leaves_no_duplicate(spark, pg, tmp_path, crash_at):
+    """Attempt 0 of task 0 is killed (os._exit: the Python worker dies, the database sees the
+    connection drop) in its 2nd batch: after writing results but before completing them; after 20
+    of 50 completes (rolled back); or after the completes committed but before their marker."""
+    catalog = pg.deploy(work_queue("crashy"))
+    dataset = customers(spark, tmp_path / "input", 1_000, files=2)
+    run_enqueue(spark, pg.url, catalog, "crashy", dataset)
+    summary = run_drain(spark, pg.url, catalog, "crashy", "pipelines.transforms:uppercase_name",
+                        str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
+                        time_budget_seconds=180, probe=CRASH,
+                        probe_args={"at": crash_at, "partition": 0, "batch": 2, "after_completes": 20})
+    assert summary["retried_tasks"] == [0], "the crash did not happen: the test proves nothing"
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'crashy', '_history')}")
+    output = output_rows(summary["output"])
+    assert len(history) == 1_000
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'crashy', '_dead')}") == 0
+    assert len(output) == len({row["id"] for row in output}) == 1_000
+    assert {row["id"] for row in output} == {h["id"] for h in history}
+    if crash_at == "committed":
+        # The batch completed by the killed attempt has no marker: its rows are confirmed in history.
+        assert summary["confirmed_from_history"] == 50
+    else:
+        # The killed attempt's results were staged but never completed: the retry did them again.
+        assert summary["staged_rows"] >= 1_050
+        assert summary["confirmed_from_history"] == 0
+
+
+def test_drain_without_history_reports_what_it_cannot_confirm(spark, pg, tmp_path):
+    """Without a history table, a batch completed just before a crash, whose marker was never
+    written, cannot be told apart from one that was not: it is left out and counted, not guessed."""
+    catalog = pg.deploy(work_queue("nohist", history=False))
+    run_enqueue(spark, pg.url, catalog, "nohist", customers(spark, tmp_path / "input", 300, files=1))
+    summary = run_drain(spark, pg.url, catalog, "nohist", "pipelines.transforms:uppercase_name",
+                        str(tmp_path / "output"), tasks=1, batch_size=50, lease_seconds=30,
+                        time_budget_seconds=120, probe=CRASH, probe_args={"at": "committed", "batch": 2})
+    assert summary["retried_tasks"] == [0]
+    assert summary["unconfirmed"] == 50
+    output = output_rows(summary["output"])
+    assert len(output) == len({row["id"] for row in output}) == 250
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'nohist')}") == 0
+
+
+def test_drain_refuses_a_destructive_queue(spark, pg, tmp_path):
+    catalog = parse_catalog({"schema": "destructive", "queues": [{"name": "h", "kind": "heap"}]})
+    with pytest.raises(PipelineError, match="'heap' queue; this job needs a queue of kind 'work'"):
+        run_drain(spark, pg.url, catalog, "h", TRANSFORM, str(tmp_path / "out"))
+
+
+# -- report ----------------------------------------------------------------------------------------
+def exact_percentile(values: list[float], fraction: float) -> float:
+    """Linear interpolation between the closest ranks (what Spark's exact percentile computes)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * fraction
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def test_report_figures_match_an_independent_computation(spark, pg, drained, capsys):
+    catalog = drained["catalog"]
+    out = drained["folder"] / "report"
+    # The drain took seconds: spread its history over four minutes (and the dead letters over
+    # three) so that the per-minute grouping has something to group.
+    for suffix, columns, spread in (("_history", ("enqueued_at", "started_at", "finished_at"), 4),
+                                    ("_dead", ("enqueued_at", "dead_at"), 3)):
+        shifts = ", ".join(f"{c} = {c} - (id % {spread}) * interval '1 minute'" for c in columns)
+        pg.rows(f"UPDATE {table(catalog, 'emails', suffix)} SET {shifts} RETURNING 1")
+    report = run_report(spark, pg.url, catalog, "emails", str(out))
+    history = pg.rows(f"SELECT enqueued_at, started_at, finished_at, worker, attempts "
+                      f"FROM {table(catalog, 'emails', '_history')}")
+    dead = pg.rows(f"SELECT dead_at, last_worker FROM {table(catalog, 'emails', '_dead')}")
+    assert len(history) == 4_900 and len(dead) == 100
+
+    # Per-minute throughput, from the Parquet the report wrote.
+    minute = lambda t: t.astimezone(timezone.utc).replace(second=0, microsecond=0)  # noqa: E731
+    expected_completed, expected_dead = Counter(minute(h["finished_at"]) for h in history), \
+        Counter(minute(d["dead_at"]) for d in dead)
+    written = pq.read_table(out / "throughput").to_pylist()
+    assert {r["minute"]: r["completed"] for r in written if r["completed"]} == dict(expected_completed)
+    assert {r["minute"]: r["dead"] for r in written if r["dead"]} == dict(expected_dead)
+    assert report["completed"] == 4_900 and report["dead"] == 100
+    assert len(written) >= 4
+
+    # Wait and processing percentiles.
+    waits = [(h["started_at"] - h["enqueued_at"]).total_seconds() for h in history]
+    processing = [(h["finished_at"] - h["started_at"]).total_seconds() for h in history]
+    latency = {r["metric"]: r for r in pq.read_table(out / "latency").to_pylist()}
+    for metric, values in (("wait", waits), ("processing", processing)):
+        assert latency[metric]["count"] == len(values)
+        for fraction in (0.5, 0.95, 0.99):
+            key = f"p{int(fraction * 100)}"
+            assert latency[metric][key] == pytest.approx(exact_percentile(values, fraction), abs=1e-6), (metric, key)
+            assert report["latency"][metric][key] == pytest.approx(exact_percentile(values, fraction), abs=1e-6)
+        assert latency[metric]["max"] == pytest.approx(max(values), abs=1e-6)
+
+    # Failure and retry rates per worker.
+    per_worker: dict[str, dict[str, int]] = defaultdict(lambda: {"completed": 0, "retried": 0, "dead": 0})
+    for h in history:
+        per_worker[h["worker"]]["completed"] += 1
+        per_worker[h["worker"]]["retried"] += h["attempts"] > 1
+    for d in dead:
+        per_worker[d["last_worker"]]["dead"] += 1
+    workers = {r["worker"]: r for r in pq.read_table(out / "workers").to_pylist()}
+    assert set(workers) == set(per_worker) and len(workers) == 2
+    for name, counts in per_worker.items():
+        row = workers[name]
+        assert (row["completed"], row["retried"], row["dead"]) == (counts["completed"], counts["retried"],
+                                                                   counts["dead"])
+        assert row["failure_rate"] == pytest.approx(counts["dead"] / (counts["completed"] + counts["dead"]))
+        assert row["retry_rate"] == pytest.approx(counts["retried"] / counts["completed"])
+    assert sum(r["retried"] for r in workers.values()) == 500
+
+    # The chart: a real PNG, and its path printed.
+    chart = Path(report["chart"])
+    assert chart == out / "report.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 20_000
+    assert f"report chart: {chart}" in capsys.readouterr().out
+
+
+def test_jdbc_options_for_both_engines():
+    pg = jdbc_options("postgresql://ada:s%40cret@127.0.0.1:5433/queues?sslmode=require")
+    assert pg == {"user": "ada", "password": "s@cret", "url": "jdbc:postgresql://127.0.0.1:5433/queues?sslmode=require",
+                  "driver": "org.postgresql.Driver"}
+    ms = jdbc_options("mssql+pyodbc://sa:pw@db.example:1433/queues?driver=ODBC+Driver+18+for+SQL+Server"
+                      "&Encrypt=yes&TrustServerCertificate=yes")
+    assert ms["url"] == "jdbc:sqlserver://db.example:1433;databaseName=queues;encrypt=true;trustServerCertificate=true"
+    assert ms["driver"] == "com.microsoft.sqlserver.jdbc.SQLServerDriver" and ms["user"] == "sa"
+
+
+# -- the demo ----------------------------------------------------------------------------------------
+def test_spark_demo_on_the_example_catalog(spark, pg, tmp_path):
+    example = load_catalog(REPO / "database" / "queues.yml")
+    work = next(q for q in example.queues if q.kind == "work" and q.options["dedupe"] and q.options["history"])
+    catalog = pg.deploy({"name": work.name, "kind": "work", "payload": work.payload, "options": dict(
+        (k, v) for k, v in work.options.items() if v is not None and k != "history_retention_days")})
+    summary = run_spark_demo(pg.url, catalog, work.name, 2_000, workdir=str(tmp_path), spark=spark)
+    assert summary["rows"] == summary["enqueued"] == 2_000
+    assert summary["completed"] + summary["dead"] == 2_000 and summary["dead"] > 0
+    history = pg.scalar(f"SELECT count(*) FROM {table(catalog, work.name, '_history')}")
+    assert history == summary["completed"]
+    assert Path(summary["chart"]).is_file()
+    assert len(output_rows(summary["output"])) == summary["completed"]

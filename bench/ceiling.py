@@ -1,0 +1,182 @@
+"""The ceiling: the raw SQL statement shapes the functions run, driven by pgbench (a C client), next
+to the same work through the functions, also driven by pgbench: same server, same run, same clients.
+
+The raw dequeue shape of a destructive kind is taken from the rendered function itself (its
+RETURN QUERY statement), so it follows the template; the work kind's raw cycle is the claim UPDATE
+and the complete DELETE written out by hand from work.sql (see WORK_RAW). Each pair runs twice in
+the order raw, functions, functions, raw and the two runs of each are averaged.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tablequeue.render import render_queue
+
+from .cells import percentile
+from .env import PAYLOAD, Env, count, fill_columns, set_depth
+
+
+@dataclass
+class Shape:
+    name: str            # e.g. fifo dequeue batch 1
+    queue: str
+    op: str              # enqueue | dequeue | cycle
+    batch: int
+    raw: str             # pgbench script
+    fn: str              # pgbench script
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def rendered_unit(env: Env, queue: str, verb: str) -> str:
+    rendered = render_queue(env.catalog, env.queue(queue), "postgres")
+    for unit in rendered.units:
+        if unit.name == f"{env.schema}.{queue}_{verb}":
+            return unit.body
+    raise KeyError(f"{queue}_{verb} not rendered")
+
+
+def raw_destructive_dequeue(env: Env, queue: str) -> str:
+    """The dequeue function's RETURN QUERY statement, with batch_size as a pgbench variable."""
+    body = rendered_unit(env, queue, "dequeue")
+    match = re.search(r"RETURN QUERY\s*(WITH\b.*?);\s*END;", body, re.S)
+    if not match:
+        raise RuntimeError(f"bench: cannot find the claim statement in {queue}_dequeue")
+    statement = re.sub(r"\bbatch_size\b", ":batch", match.group(1))
+    # A plpgsql variable holding clock_timestamp() at the call's start is, for a one-statement
+    # transaction, what now() is: a value known when the statement starts (so it bounds the index).
+    statement = re.sub(r"\bnow_utc\b", "now()", statement)
+    # pgbench reads one SQL command per line unless it ends in ';' -- flatten to one line.
+    return " ".join(line.strip() for line in statement.splitlines() if line.strip()) + ";\n"
+
+
+def raw_enqueue(env: Env, queue: str) -> str:
+    with env.conn() as conn:
+        cols = fill_columns(conn, env.schema, queue)
+    names = ", ".join(f'"{c}"' for c, _ in cols)
+    values = ", ".join(_literal(PAYLOAD) + "::jsonb" if c == "payload" else "clock_timestamp()"
+                       for c, _ in cols)
+    return f"INSERT INTO {env.table(queue)} AS m ({names}) VALUES ({values}) RETURNING m.id;\n"
+
+
+def fn_call(env: Env, queue: str, verb: str, args: str) -> str:
+    return f'SELECT * FROM "{env.schema}"."{queue}_{verb}"({args});\n'
+
+
+def destructive_shapes(env: Env, queue: str, batches: tuple[int, ...]) -> list[Shape]:
+    kind = env.queue(queue).kind
+    shapes = [Shape(f"{kind} enqueue", queue, "enqueue", 1, raw_enqueue(env, queue),
+                    fn_call(env, queue, "enqueue", f"payload => {_literal(PAYLOAD)}::jsonb"))]
+    for b in batches:
+        head = f"\\set batch {b}\n"
+        shapes.append(Shape(f"{kind} dequeue batch {b}", queue, "dequeue", b,
+                            head + raw_destructive_dequeue(env, queue),
+                            head + fn_call(env, queue, "dequeue", "batch_size => :batch")))
+    return shapes
+
+
+def work_shapes(env: Env, queue: str) -> list[Shape]:
+    from .work_raw import work_minimal_cycle, work_raw_cycle
+
+    shapes = [Shape("work enqueue", queue, "enqueue", 1, raw_enqueue(env, queue),
+                    fn_call(env, queue, "enqueue", f"payload => {_literal(PAYLOAD)}::jsonb"))]
+    raw = work_raw_cycle(env, queue)
+    if raw is not None:
+        worker = "('pgbench-' || :client_id::text)"
+        fn = (f'SELECT id FROM "{env.schema}"."{queue}_dequeue"(batch_size => 1, worker => {worker}, '
+              f"lease_seconds => 300) \\gset\n"
+              f'SELECT * FROM "{env.schema}"."{queue}_complete"(id => :id, worker => {worker});\n')
+        shapes.append(Shape("work cycle batch 1 (dequeue + complete)", queue, "cycle", 1, raw, fn))
+        shapes.append(Shape("work cycle batch 1, minimal raw (one claim UPDATE + one DELETE)", queue, "cycle", 1,
+                            work_minimal_cycle(env, queue), fn))
+    return shapes
+
+
+def run_pgbench(url: str, script: str, clients: int, seconds: float, workdir: Path) -> dict:
+    path = workdir / "script.sql"
+    path.write_text(script)
+    for old in glob.glob(str(workdir / "log*")):
+        os.unlink(old)
+    cmd = ["pgbench", "-n", "-M", "prepared", "-f", str(path), "-c", str(clients),
+           "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(max(1, round(seconds))),
+           "-l", "--log-prefix", str(workdir / "log"), url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+    out = proc.stdout + proc.stderr
+    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+    failed = re.search(r"number of failed transactions: (\d+)", out)
+    lat = []
+    for log in glob.glob(str(workdir / "log*")):
+        with open(log) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2].isdigit():
+                    lat.append(int(parts[2]) / 1000.0)  # microseconds -> ms
+    if proc.returncode != 0 or not tps:
+        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{' '.join(cmd)}\n{out[-3000:]}\n{script}")
+    return {"tps": float(tps.group(1)), "failed": int(failed.group(1)) if failed else 0,
+            "p50_ms": percentile(lat, 0.5), "p99_ms": percentile(lat, 0.99), "transactions": len(lat)}
+
+
+def measure(env: Env, shape: Shape, variant: str, clients: int, seconds: float, depth: int,
+            workdir: Path) -> dict:
+    script = shape.raw if variant == "raw" else shape.fn
+    set_depth(env, shape.queue, depth)
+    with env.conn() as conn:
+        before = count(conn, env.table(shape.queue))
+        before_id = conn.execute(f"SELECT coalesce(max(id), 0) FROM {env.table(shape.queue)}").fetchone()[0]
+    result = run_pgbench(env.url, script, clients, seconds, workdir)
+    with env.conn() as conn:
+        after = count(conn, env.table(shape.queue))
+        if shape.op == "enqueue":
+            conn.execute(f"DELETE FROM {env.table(shape.queue)} WHERE id > %s", (before_id,))
+    moved = after - before if shape.op == "enqueue" else before - after
+    result.update(messages=moved, messages_per_s=moved / max(1, round(seconds)),
+                  drained=(after == 0 and shape.op != "enqueue"), variant=variant)
+    return result
+
+
+def run(env: Env, kinds: list[str], clients: int, seconds: float, batches: tuple[int, ...],
+        rounds: int, log: callable) -> list[dict]:
+    workdir = Path(tempfile.mkdtemp(prefix="tq-pgbench-"))
+    os.chmod(workdir, 0o755)
+    shapes: list[Shape] = []
+    for kind in kinds:
+        queue = f"q_{kind}"
+        shapes += work_shapes(env, queue) if kind == "work" else destructive_shapes(env, queue, batches)
+    results = []
+    try:
+        for shape in shapes:
+            # Deep enough that the run never empties the queue (checked: `drained`).
+            depth = 0 if shape.op == "enqueue" else int(min(1_500_000, 25_000 * shape.batch * seconds))
+            runs = {"raw": [], "fn": []}
+            order = ["raw", "fn", "fn", "raw"] * rounds
+            for variant in order[: 2 * rounds]:
+                runs[variant].append(measure(env, shape, variant, clients, seconds, depth, workdir))
+            entry = {"shape": shape.name, "queue": shape.queue, "op": shape.op, "batch": shape.batch,
+                     "clients": clients, "seconds": seconds, "depth": depth,
+                     "raw_script": shape.raw, "fn_script": shape.fn}
+            for variant, rs in runs.items():
+                entry[variant] = {
+                    "messages_per_s": sum(r["messages_per_s"] for r in rs) / len(rs),
+                    "tps": sum(r["tps"] for r in rs) / len(rs),
+                    "p50_ms": sum(r["p50_ms"] or 0 for r in rs) / len(rs),
+                    "p99_ms": sum(r["p99_ms"] or 0 for r in rs) / len(rs),
+                    "failed": sum(r["failed"] for r in rs), "drained": any(r["drained"] for r in rs),
+                    "runs": rs}
+            entry["ratio"] = (entry["fn"]["messages_per_s"] / entry["raw"]["messages_per_s"]
+                              if entry["raw"]["messages_per_s"] else None)
+            log(f"  ceiling {shape.name}: raw {entry['raw']['messages_per_s']:.0f}/s, "
+                f"functions {entry['fn']['messages_per_s']:.0f}/s, ratio {entry['ratio']:.2f}")
+            results.append(entry)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results

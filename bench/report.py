@@ -1,0 +1,561 @@
+"""results.json -> docs/BENCHMARKS.md and docs/bench/*.png (matplotlib, Agg).
+
+Everything numeric in the report comes from the one run recorded in results.json; the analysis
+prose that explains the numbers lives in bench/notes.md and is included verbatim.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+NOTES = Path(__file__).with_name("notes.md")
+TARGET_SHAPE = {"processes": 4, "batch": 1}
+KIND_ORDER = ("heap", "fifo", "lifo", "pending", "work")
+
+
+# -- checks and targets -----------------------------------------------------------------------------
+def failed_checks(results: dict) -> list[str]:
+    failures = []
+    for part in ("matrix", "depth"):
+        for c in results.get(part) or []:
+            if not c["check"]["ok"]:
+                failures.append(f"{part} {c['kind']} {c['op']} p={c['processes']} b={c['batch']} d={c['depth']}: "
+                                f"{c['check']}")
+    for v in results.get("vacuum") or []:
+        for c in v["clean"] + v["held"] + [v["clean_timeline"], v["held_timeline"]]:
+            if not c["check"]["ok"]:
+                failures.append(f"vacuum {c['kind']} p={c['processes']} b={c['batch']}: {c['check']}")
+    for row in (results.get("peer") or {}).get("rows", []):
+        for who in ["pgqueuer", *results["peer"]["queues"]]:
+            if not row[who]["check"]["ok"]:
+                failures.append(f"peer {who} batch {row['batch']}: {row[who]['check']}")
+    for e in results.get("ceiling") or []:
+        for variant in ("raw", "fn"):
+            if e[variant]["drained"] or e[variant]["failed"]:
+                failures.append(f"ceiling {e['shape']} {variant}: drained={e[variant]['drained']} "
+                                f"failed={e[variant]['failed']}")
+    return failures
+
+
+def _find(cells: list[dict], **kw: Any) -> dict | None:
+    for c in cells:
+        if all(c.get(k) == v for k, v in kw.items()):
+            return c
+    return None
+
+
+def headline_kind(results: dict) -> str:
+    return "work" if "work" in results["kinds"] else ("fifo" if "fifo" in results["kinds"] else results["kinds"][0])
+
+
+def targets(results: dict) -> list[dict]:
+    kind = headline_kind(results)
+    out = []
+    peer = results.get("peer")
+    if peer:
+        q = peer["queues"][0]
+        row = next((r for r in peer["rows"] if r["batch"] == 1), None)
+        if row:
+            ratio = row[f"{q}_ratio_dequeue_ack"]
+            out.append({"target": "work cycle vs PgQueuer dequeue+ack, batch 1, 4 consumers", "want": ">= 2.00x",
+                        "shape": f"{q} ({row[q]['dequeue_ack']['throughput']:.0f}/s) vs PgQueuer "
+                                 f"({row['pgqueuer']['dequeue_ack']['throughput']:.0f}/s), {row['messages']} msgs",
+                        "value": ratio, "met": ratio >= 2.0, "gap": ratio / 2.0 - 1})
+    ceiling = results.get("ceiling")
+    if ceiling:
+        pick = next((e for e in ceiling if e["op"] == "cycle"), None) or \
+            next((e for e in ceiling if e["queue"] == f"q_{kind}" and e["op"] == "dequeue" and e["batch"] == 1), None)
+        if pick:
+            out.append({"target": "functions vs raw SQL ceiling (pgbench), same shape", "want": ">= 0.90",
+                        "shape": f"{pick['shape']}, {pick['clients']} clients: functions "
+                                 f"{pick['fn']['messages_per_s']:.0f}/s, raw {pick['raw']['messages_per_s']:.0f}/s",
+                        "value": pick["ratio"], "met": pick["ratio"] >= 0.9, "gap": pick["ratio"] / 0.9 - 1})
+    depth = results.get("depth")
+    if depth:
+        depths = sorted({c["depth"] for c in depth})
+        lo, hi = depths[0], depths[-1]
+        a = _find(depth, kind=kind, op="dequeue", depth=lo, **TARGET_SHAPE)
+        b = _find(depth, kind=kind, op="dequeue", depth=hi, **TARGET_SHAPE)
+        if a and b:
+            ratio = b["throughput"] / a["throughput"]
+            out.append({"target": f"dequeue at {hi:,} waiting vs at {lo:,}", "want": ">= 0.90",
+                        "shape": f"{kind}, batch 1, 4 consumers: {b['throughput']:.0f}/s vs {a['throughput']:.0f}/s",
+                        "value": ratio, "met": ratio >= 0.9, "gap": ratio / 0.9 - 1})
+    vac = results.get("vacuum")
+    if vac:
+        v = next((x for x in vac if x["kind"] == kind), None)
+        if v:
+            ratio = v["timeline_ratio"]
+            out.append({"target": "dequeue with vacuum held back vs clean", "want": ">= 0.80",
+                        "shape": f"{kind}, batch {v['held_timeline']['batch']}, {v['held_timeline']['processes']} "
+                                 f"consumers, {v['held_timeline']['seconds']:.0f}s each: held "
+                                 f"{v['held_timeline']['throughput']:.0f}/s vs clean "
+                                 f"{v['clean_timeline']['throughput']:.0f}/s",
+                        "value": ratio, "met": ratio >= 0.8, "gap": ratio / 0.8 - 1})
+    return out
+
+
+# -- plots ------------------------------------------------------------------------------------------
+def _kinds(results: dict) -> list[str]:
+    return [k for k in KIND_ORDER if k in results["kinds"]]
+
+
+def plot_matrix(results: dict, op: str, path: Path) -> None:
+    kinds = _kinds(results)
+    cells = [c for c in results["matrix"] if c["op"] == op]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds), 3.4), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for b in sorted({c["batch"] for c in cells}):
+            pts = sorted((c["processes"], c["throughput"]) for c in cells if c["kind"] == kind and c["batch"] == b)
+            ax.plot([p for p, _ in pts], [t for _, t in pts], marker="o", label=f"batch {b}")
+        ax.set_title(kind)
+        ax.set_xlabel("processes")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted({c["processes"] for c in cells}))
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("messages/s")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"{op}: throughput by processes and batch size (depth {results['plan']['matrix_depth']:,})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_latency(results: dict, path: Path) -> None:
+    kinds = _kinds(results)
+    cells = [c for c in results["matrix"] if c["op"] == "dequeue"]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds), 3.4), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for i, b in enumerate(sorted({c["batch"] for c in cells})):
+            pts = sorted((c["processes"], c["p50_ms"], c["p99_ms"]) for c in cells
+                         if c["kind"] == kind and c["batch"] == b)
+            color = f"C{i}"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color, label=f"p50 batch {b}")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], marker="x", ls="--", color=color, label=f"p99 batch {b}")
+        ax.set_title(kind)
+        ax.set_xlabel("consumers")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted({c["processes"] for c in cells}))
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("ms per dequeue call (cycle)")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("dequeue latency per call: p50 (solid), p99 (dashed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_depth(results: dict, path: Path) -> None:
+    kinds = _kinds(results)
+    cells = results["depth"]
+    procs = sorted({c["processes"] for c in cells})
+    fig, axes = plt.subplots(2, len(kinds), figsize=(3.2 * len(kinds), 6.2), sharey="row", squeeze=False)
+    for row, op in enumerate(("dequeue", "enqueue")):
+        for ax, kind in zip(axes[row], kinds):
+            for i, b in enumerate(sorted({c["batch"] for c in cells})):
+                for j, p in enumerate(procs):
+                    pts = sorted((c["depth"], c["throughput"]) for c in cells
+                                 if c["kind"] == kind and c["op"] == op and c["batch"] == b and c["processes"] == p)
+                    ax.plot([d for d, _ in pts], [t for _, t in pts], marker="o", color=f"C{i}",
+                            ls="-" if j == len(procs) - 1 else ":", label=f"batch {b}, {p} proc")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"{kind} {op}")
+            ax.set_xlabel("messages waiting")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[row][0].set_ylabel("messages/s")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("throughput by queue depth")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_vacuum(results: dict, path: Path) -> None:
+    vac = results["vacuum"]
+    fig, axes = plt.subplots(1, len(vac), figsize=(3.4 * len(vac), 3.6), squeeze=False)
+    for ax, v in zip(axes[0], vac):
+        clean, held = v["clean_timeline"]["timeline"], v["held_timeline"]["timeline"]
+        ax.plot(range(len(clean)), clean, label="clean", color="C0")
+        ax.plot(range(len(held)), held, label="snapshot held", color="C3")
+        ax.set_title(v["kind"])
+        ax.set_xlabel("second of the run")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        samples = v.get("dead_samples") or []
+        if samples:
+            ax2 = ax.twinx()
+            ax2.plot([s[0] for s in samples], [s[1] or 0 for s in samples], color="grey", ls=":", label="n_dead_tup")
+            ax2.set_ylim(bottom=0)
+            ax2.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("messages/s")
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    shape = results["plan"]["vacuum_timeline_shape"]
+    fig.suptitle(f"dequeue throughput per second, {shape[0]} consumers, batch {shape[1]}: clean vs a REPEATABLE "
+                 f"READ snapshot held (grey dotted: n_dead_tup, right axis)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ceiling(results: dict, path: Path) -> None:
+    rows = results["ceiling"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["raw"]["messages_per_s"] for r in rows], width=0.4, label="raw SQL (pgbench)")
+    ax.bar([x + 0.2 for x in xs], [r["fn"]["messages_per_s"] for r in rows], width=0.4, label="functions (pgbench)")
+    for x, r in zip(xs, rows):
+        ax.text(x, max(r["raw"]["messages_per_s"], r["fn"]["messages_per_s"]) * 1.02, f"{r['ratio']:.2f}",
+                ha="center", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["shape"].replace(" (dequeue + complete)", "") for r in rows], rotation=35, ha="right",
+                       fontsize=8)
+    ax.set_ylabel("messages/s")
+    ax.set_title(f"ceiling: functions / raw SQL, pgbench -M prepared -c {rows[0]['clients']} (ratio on top)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_peer(results: dict, path: Path) -> None:
+    peer = results["peer"]
+    rows = peer["rows"]
+    who = ["pgqueuer", *peer["queues"]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), squeeze=False)
+    for ax, metric, title in ((axes[0][0], "enqueue", "enqueue"), (axes[0][1], "dequeue_ack", "dequeue + ack")):
+        width = 0.8 / len(who)
+        for i, w in enumerate(who):
+            ax.bar([j + (i - (len(who) - 1) / 2) * width for j in range(len(rows))],
+                   [r[w][metric]["throughput"] for r in rows], width=width,
+                   label="PgQueuer" if w == "pgqueuer" else f"tablequeue {w}")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([f"batch {r['batch']}\n{r['messages']:,} msgs" for r in rows], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"{title}, {rows[0]['processes']} processes")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    axes[0][0].set_ylabel("messages/s")
+    axes[0][1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- markdown -----------------------------------------------------------------------------------------
+def _f(x: float | None, digits: int = 0) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def _ms(x: float | None) -> str:
+    return "–" if x is None else (f"{x:.2f}" if x < 10 else f"{x:.1f}")
+
+
+def matrix_table(cells: list[dict], op: str) -> list[str]:
+    kinds = [k for k in KIND_ORDER if any(c["kind"] == k for c in cells)]
+    procs = sorted({c["processes"] for c in cells})
+    batches = sorted({c["batch"] for c in cells})
+    lines = ["| kind | batch | " + " | ".join(f"{p} proc: msg/s (p50 / p99 ms)" for p in procs) + " |",
+             "|---|---:|" + "---:|" * len(procs)]
+    for kind in kinds:
+        for b in batches:
+            row = [kind, str(b)]
+            for p in procs:
+                c = _find(cells, kind=kind, op=op, processes=p, batch=b)
+                row.append(f"{_f(c['throughput'])} ({_ms(c['p50_ms'])} / {_ms(c['p99_ms'])})" if c else "–")
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def depth_table(cells: list[dict], op: str) -> list[str]:
+    kinds = [k for k in KIND_ORDER if any(c["kind"] == k for c in cells)]
+    depths = sorted({c["depth"] for c in cells})
+    shapes = sorted({(c["processes"], c["batch"]) for c in cells})
+    lines = ["| kind | processes | batch | " + " | ".join(f"{d:,} waiting: msg/s (p50 / p99 ms)" for d in depths)
+             + f" | {depths[-1]:,} / {depths[0]:,} |", "|---|---:|---:|" + "---:|" * (len(depths) + 1)]
+    for kind in kinds:
+        for p, b in shapes:
+            row = [kind, str(p), str(b)]
+            found = [_find(cells, kind=kind, op=op, processes=p, batch=b, depth=d) for d in depths]
+            for c in found:
+                row.append(f"{_f(c['throughput'])} ({_ms(c['p50_ms'])} / {_ms(c['p99_ms'])})" if c else "–")
+            row.append(f"{found[-1]['throughput'] / found[0]['throughput']:.2f}" if found[0] and found[-1] else "–")
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def write_report(results: dict, out_root: Path) -> Path:
+    bench_dir = out_root / "bench"
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    images = []
+    if results.get("matrix"):
+        for op in ("dequeue", "enqueue"):
+            plot_matrix(results, op, bench_dir / f"matrix_{op}.png")
+            images.append(f"matrix_{op}.png")
+        plot_latency(results, bench_dir / "matrix_latency.png")
+    if results.get("depth"):
+        plot_depth(results, bench_dir / "depth.png")
+    if results.get("vacuum"):
+        plot_vacuum(results, bench_dir / "vacuum.png")
+    if results.get("ceiling"):
+        plot_ceiling(results, bench_dir / "ceiling.png")
+    if results.get("peer"):
+        plot_peer(results, bench_dir / "peer.png")
+
+    facts = results.get("facts", {})
+    plan = results["plan"]
+    L: list[str] = []
+    w = L.append
+    w("# Benchmarks (PostgreSQL)")
+    w("")
+    w("Measured, never asserted: these numbers come from one run of the harness in `bench/`; no test fails "
+      "because something was slow. Re-run them on your own hardware before relying on them.")
+    w("")
+    w("## Reproduce")
+    w("")
+    w("```sh")
+    w("make bench        # installs the bench extra (pgqueuer==1.6.0, matplotlib), then:")
+    w(".venv/bin/python -m bench.run" + (" --quick" if results.get("quick") else ""))
+    w("```")
+    w("")
+    w(f"This file was written by: `{results['command']}`. `--quick` runs a reduced matrix in a couple of "
+      "minutes (into `build/bench-quick/`); `--parts` and `--kinds` select pieces. Results: "
+      "[`docs/bench/results.json`](bench/results.json); plots: `docs/bench/*.png`. Everything runs against the "
+      "embedded throwaway cluster (`tablequeue.embedded.start_embedded`), or `TABLEQUEUE_PG_URL` when set.")
+    w("")
+    w("## The run")
+    w("")
+    w(f"- Started {results.get('started_at')}, took {results.get('total_seconds', 0) / 60:.1f} minutes "
+      + "(" + ", ".join(f"{k} {v / 60:.1f} min" for k, v in (results.get("part_seconds") or {}).items()) + ").")
+    w(f"- Machine: {facts.get('nproc')} CPUs ({facts.get('cpu_model', '?')}), {facts.get('mem_total', '?')} RAM, "
+      f"{facts.get('platform', '')}; Python {facts.get('python')}, psycopg {facts.get('psycopg')}, "
+      f"pgqueuer {facts.get('pgqueuer')}, {facts.get('pgbench')}.")
+    w(f"- Load average at start {tuple(round(x, 2) for x in facts.get('loadavg_start', ()))}, at end "
+      f"{tuple(round(x, 2) for x in facts.get('loadavg_end', ()))}. **The 2 cores were shared**: the server, "
+      "every benchmark process and, during this run, other engineers' test suites all ran on them, so "
+      "absolute numbers are noisy and low; compare ratios taken within the run.")
+    w(f"- PostgreSQL: {facts.get('postgres_version')} ({'embedded throwaway cluster' if facts.get('embedded') else 'TABLEQUEUE_PG_URL'}).")
+    settings = facts.get("settings_non_default") or {}
+    if settings:
+        w("- Server settings that differ from the defaults (as the embedded cluster starts it): "
+          + ", ".join(f"`{k}={v}`" for k, v in sorted(settings.items())
+                      if k not in ("config_file", "data_directory", "hba_file", "ident_file", "unix_socket_directories",
+                                   "port", "listen_addresses", "lc_messages", "lc_monetary", "lc_numeric", "lc_time",
+                                   "log_timezone", "default_text_search_config", "dynamic_shared_memory_type"))
+          + ". Note `fsync=off`, `synchronous_commit=off`, `full_page_writes=off`: commits cost no disk flush, "
+            "so these figures are CPU-bound upper limits, not what a durable production server does.")
+    w(f"- Autovacuum on with default naptime ({(facts.get('settings') or {}).get('autovacuum_naptime', '?')}); "
+      "the queue tables carry the per-table autovacuum settings the templates give them.")
+    w("")
+    w("## Targets")
+    w("")
+    w("Ratios are taken within this one run. A miss says by how much; the reasons are in *Analysis*.")
+    w("")
+    w("| target | wanted | measured | shape | result |")
+    w("|---|---:|---:|---|---|")
+    for t in targets(results):
+        verdict = "met" if t["met"] else f"**missed by {abs(t['gap']) * 100:.0f}%**"
+        w(f"| {t['target']} | {t['want']} | {t['value']:.2f} | {t['shape']} | {verdict} |")
+    if results.get("kinds") and "work" not in results["kinds"]:
+        w("")
+        w("*The work kind's PostgreSQL template did not exist when this run started, so the targets use the "
+          "`fifo` kind's dequeue (destructive: one statement per message) in its place.*")
+    w("")
+    w("## Method")
+    w("")
+    w(f"- Queues: one per kind (`heap`, `fifo`, `lifo`, `pending`, `work`; JSON payload of {len(_payload())} bytes), "
+      "deployed by the deploy tool into a fresh schema, exactly as the tests do. Callers use only the functions, "
+      "through `tablequeue.client.QueueClient` (psycopg 3, one connection per process, server-side prepared "
+      "statements after five calls).")
+    w("- A *process* is a separate OS process with its own connection; cells fork them, let each warm up (5 "
+      "calls), release them together through a barrier and let them run for the cell's duration "
+      f"({plan['matrix_seconds']}s in the matrix, {plan['depth_seconds']}s per depth cell, "
+      f"{plan['vacuum_seconds']}s per vacuum cell, {plan['vacuum_timeline_seconds']}s per vacuum timeline).")
+    w("- **Enqueue**: batch 1 calls `enqueue`; batch 10/100 call `enqueue_batch` with that many items. Each call is "
+      "its own transaction (autocommit). Latency is per call.")
+    w("- **Dequeue**, destructive kinds: `dequeue(batch_size)` then `COMMIT` is one cycle (the delete happens in "
+      "the caller's transaction). **work**: `dequeue(batch_size, worker, lease_seconds)` then `complete(id, worker)` "
+      "for every message is one cycle (the contract has no batch complete). Latency is per cycle.")
+    w(f"- **Depth** is held constant: after each cycle the consumer puts back as many messages as it took, with an "
+      "untimed raw `INSERT ... SELECT ... FROM generate_series(1, n)` into the queue table. Throughput is, per "
+      "process, messages / (run time − refill time), summed over processes; with no refill that is messages / wall "
+      f"time. The matrix runs at {plan['matrix_depth']:,} waiting. Deep queues are preloaded the same set-based way "
+      "(`INSERT ... SELECT generate_series`, in chunks of 250,000), then `VACUUM (ANALYZE)`.")
+    w("- Every cell starts from a `VACUUM`ed table at its depth and checks its counts afterwards: rows before + "
+      "refilled − dequeued = rows after, every id handed out once, no lost lease; enqueue cells count the rows "
+      "added and remove them again. The run exits non-zero if any check fails "
+      f"({'none failed' if not failed_checks(results) else str(len(failed_checks(results))) + ' FAILED'} in this run).")
+    w("")
+    if results.get("matrix"):
+        w("## Throughput and latency by processes and batch size")
+        w("")
+        w(f"Depth {plan['matrix_depth']:,}, {plan['matrix_seconds']}s per cell. Cells: messages/s (p50 / p99 "
+          "latency per call in ms).")
+        w("")
+        w("### Dequeue (work: dequeue + complete)")
+        w("")
+        L.extend(matrix_table(results["matrix"], "dequeue"))
+        w("")
+        w("![dequeue throughput](bench/matrix_dequeue.png)")
+        w("")
+        w("![dequeue latency](bench/matrix_latency.png)")
+        w("")
+        w("### Enqueue")
+        w("")
+        L.extend(matrix_table(results["matrix"], "enqueue"))
+        w("")
+        w("![enqueue throughput](bench/matrix_enqueue.png)")
+        w("")
+    if results.get("depth"):
+        w("## Queue depth")
+        w("")
+        w(f"The same figures with {', '.join(f'{d:,}' for d in plan['depths'])} messages waiting "
+          f"({plan['depth_seconds']}s per cell; depth held constant by the untimed refill; the last column is the "
+          "deepest over the shallowest).")
+        w("")
+        w("### Dequeue")
+        w("")
+        L.extend(depth_table(results["depth"], "dequeue"))
+        w("")
+        w("### Enqueue")
+        w("")
+        L.extend(depth_table(results["depth"], "enqueue"))
+        w("")
+        loads = {}
+        for c in results["depth"]:
+            loads[(c["kind"], c["depth"])] = c.get("load_seconds", 0)
+        w("Preload time (seconds, set-based insert of the difference plus `VACUUM (ANALYZE)`): "
+          + ", ".join(f"{k} {d:,}: {s:.1f}" for (k, d), s in sorted(loads.items())) + ".")
+        w("")
+        w("![depth](bench/depth.png)")
+        w("")
+        ex = results.get("depth_explain") or []
+        if ex:
+            w("Profile of the claim inside `dequeue` (auto_explain, ANALYZE + BUFFERS, the 7th call of a session, "
+              "rolled back), per depth:")
+            w("")
+            w("| kind | depth | statement ms | whole call ms | buffers of each statement |")
+            w("|---|---:|---:|---:|---|")
+            for e in ex:
+                w(f"| {e['kind']} | {e['label']} | {', '.join(f'{x:.3f}' for x in e.get('statement_ms', []))} | "
+                  f"{_f(e.get('call_ms'), 3)} | {'; '.join(e.get('statement_buffers', [])) or e.get('error', '')} |")
+            w("")
+    if results.get("vacuum"):
+        w("## Vacuum held back")
+        w("")
+        shape = plan["vacuum_timeline_shape"]
+        w(f"Per kind: the clean figures, then another session runs `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT ...` "
+          f"(its snapshot taken) and keeps that transaction open while the same figures are measured again "
+          f"(depth {plan['matrix_depth']:,}). The timeline rows are {plan['vacuum_timeline_seconds']:.0f}s runs with "
+          f"{shape[0]} consumers at batch {shape[1]}, clean and then held; the held cells follow the held timeline, "
+          "so they run with even more dead tuples. Dead tuples: `pg_stat_user_tables.n_dead_tup` and pgstattuple's "
+          "exact `dead_tuple_count` at the end of the held phase, and after the holder ended and `VACUUM` ran.")
+        w("")
+        w("| kind | shape | clean msg/s (p50 / p99 ms) | held msg/s (p50 / p99 ms) | held / clean |")
+        w("|---|---|---:|---:|---:|")
+        for v in results["vacuum"]:
+            pairs = [("timeline", v["clean_timeline"], v["held_timeline"])] + \
+                    [("cell", c, h) for c, h in zip(v["clean"], v["held"])]
+            for label, c, h in pairs:
+                w(f"| {v['kind']} | {label}: {c['processes']} proc, batch {c['batch']} | {_f(c['throughput'])} "
+                  f"({_ms(c['p50_ms'])} / {_ms(c['p99_ms'])}) | {_f(h['throughput'])} ({_ms(h['p50_ms'])} / "
+                  f"{_ms(h['p99_ms'])}) | {h['throughput'] / c['throughput']:.2f} |")
+        w("")
+        w("| kind | snapshot held (s) | n_dead_tup at end | pgstattuple dead at end | table bytes at end | "
+          "dead after release + VACUUM | claim buffers clean → held |")
+        w("|---|---:|---:|---:|---:|---:|---|")
+        for v in results["vacuum"]:
+            d, a = v.get("dead_end", {}), v.get("dead_after_vacuum", {})
+            bc = "; ".join((v.get("explain_clean") or {}).get("statement_buffers", []))
+            bh = "; ".join((v.get("explain_held") or {}).get("statement_buffers", []))
+            w(f"| {v['kind']} | {v.get('held_seconds', 0):.0f} | {_f(d.get('n_dead_tup'))} | "
+              f"{_f(d.get('pgstattuple_dead'))} | {_f(d.get('table_bytes'))} | {_f(a.get('pgstattuple_dead'))} | "
+              f"{bc} → {bh} |")
+        w("")
+        w("![vacuum](bench/vacuum.png)")
+        w("")
+    if results.get("ceiling"):
+        rows = results["ceiling"]
+        w("## The ceiling: raw SQL vs the functions, both driven by pgbench")
+        w("")
+        w(f"`pgbench -n -M prepared -c {rows[0]['clients']} -j {min(rows[0]['clients'], facts.get('nproc') or 2)} "
+          f"-T {round(rows[0]['seconds'])} -f <script>` on the same server in the same run; each pair ran "
+          f"{plan['ceiling_rounds']}× in the order raw, functions, functions, raw (averaged). Messages/s are counted "
+          "from the table (rows removed or added), not from pgbench's tps. Dequeue runs start from a preloaded "
+          "queue deep enough never to drain (checked). The raw destructive claim is the function's own "
+          "`RETURN QUERY` statement, cut out of the rendered SQL.")
+        w("")
+        w("| shape | raw msg/s (p50 / p99 ms) | functions msg/s (p50 / p99 ms) | functions / raw |")
+        w("|---|---:|---:|---:|")
+        for r in rows:
+            w(f"| {r['shape']} | {_f(r['raw']['messages_per_s'])} ({_ms(r['raw']['p50_ms'])} / "
+              f"{_ms(r['raw']['p99_ms'])}) | {_f(r['fn']['messages_per_s'])} ({_ms(r['fn']['p50_ms'])} / "
+              f"{_ms(r['fn']['p99_ms'])}) | {r['ratio']:.2f} |")
+        w("")
+        w("![ceiling](bench/ceiling.png)")
+        w("")
+        w("<details><summary>pgbench scripts</summary>")
+        w("")
+        for r in rows:
+            w(f"**{r['shape']}**, raw:")
+            w("```sql")
+            w(r["raw_script"].rstrip())
+            w("```")
+            w("functions:")
+            w("```sql")
+            w(r["fn_script"].rstrip())
+            w("```")
+        w("</details>")
+        w("")
+    if results.get("peer"):
+        peer = results["peer"]
+        w("## A peer: PgQueuer")
+        w("")
+        w(f"PgQueuer {facts.get('pgqueuer')} in its own database on the same server, installed by its own "
+          "`Queries.install()` (durable tables, its NOTIFY trigger, its log table), driven through its `Queries` API "
+          f"from {peer['rows'][0]['processes']} processes with psycopg 3 (its async psycopg driver): enqueue with "
+          "`Queries.enqueue` (lists for a batch), then dequeue with `Queries.dequeue(batch_size, ...)` and ack the "
+          "batch with one `Queries.log_jobs(..., 'successful')`. tablequeue does the same count through "
+          "`enqueue`/`enqueue_batch`, then `dequeue` + one `complete` per message. Same message count, same "
+          "processes, same batch size; throughput = messages / wall time from a common start to the last process.")
+        w("")
+        cols = ["pgqueuer", *peer["queues"]]
+        w("| batch | messages | " + " | ".join(f"{c} enqueue msg/s" for c in cols) + " | "
+          + " | ".join(f"{c} dequeue+ack msg/s (p50 / p99 ms)" for c in cols) + " | "
+          + " | ".join(f"{q} / PgQueuer (enqueue, dequeue+ack)" for q in peer["queues"]) + " |")
+        w("|---:|---:|" + "---:|" * (2 * len(cols) + len(peer["queues"])))
+        for r in peer["rows"]:
+            w(f"| {r['batch']} | {r['messages']:,} | "
+              + " | ".join(_f(r[c]["enqueue"]["throughput"]) for c in cols) + " | "
+              + " | ".join(f"{_f(r[c]['dequeue_ack']['throughput'])} ({_ms(r[c]['dequeue_ack']['p50_ms'])} / "
+                           f"{_ms(r[c]['dequeue_ack']['p99_ms'])})" for c in cols) + " | "
+              + " | ".join(f"{r[q + '_ratio_enqueue']:.2f}x, {r[q + '_ratio_dequeue_ack']:.2f}x" for q in peer["queues"])
+              + " |")
+        w("")
+        w("![peer](bench/peer.png)")
+        w("")
+    if NOTES.exists():
+        w(NOTES.read_text().rstrip())
+        w("")
+    path = out_root / "BENCHMARKS.md"
+    path.write_text("\n".join(L) + "\n")
+    return path
+
+
+def _payload() -> str:
+    from .env import PAYLOAD
+
+    return PAYLOAD
+
+
+if __name__ == "__main__":  # re-render the report from a results.json: python -m bench.report <results.json> <out>
+    data = json.loads(Path(sys.argv[1]).read_text())
+    print(write_report(data, Path(sys.argv[2]) if len(sys.argv) > 2 else Path("docs")))

@@ -1,0 +1,209 @@
+"""Entry point: `python -m bench.run` (what `make bench` runs). See docs/BENCHMARKS.md.
+
+    python -m bench.run                 # the full run: docs/BENCHMARKS.md, docs/bench/*.png, results.json
+    python -m bench.run --quick         # a reduced matrix in a couple of minutes (to build/bench-quick)
+    python -m bench.run --quick --parts matrix,peer --kinds fifo,work --out /tmp/b
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import ceiling, peer, vacuum
+from .cells import cell
+from .profile import explain_claim
+from .env import REPO, available_kinds, deploy_env, machine_facts, queue_entries, server, set_depth
+
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "peer")
+
+
+@dataclass
+class Plan:
+    matrix_processes: tuple[int, ...] = (1, 2, 4, 8)
+    matrix_batches: tuple[int, ...] = (1, 10, 100)
+    matrix_depth: int = 1_000
+    matrix_seconds: float = 2.0
+    depths: tuple[int, ...] = (1_000, 100_000, 1_000_000)
+    depth_processes: tuple[int, ...] = (1, 4)
+    depth_batches: tuple[int, ...] = (1, 10, 100)
+    depth_seconds: float = 1.5
+    vacuum_shapes: tuple[tuple[int, int], ...] = ((1, 1), (4, 1), (4, 10), (4, 100))
+    vacuum_seconds: float = 2.0
+    vacuum_timeline_seconds: float = 15.0
+    vacuum_timeline_shape: tuple[int, int] = (4, 1)
+    ceiling_clients: int = 4
+    ceiling_seconds: float = 4.0
+    ceiling_batches: tuple[int, ...] = (1, 10)
+    ceiling_rounds: int = 2
+    peer_processes: int = 4
+    peer_batches: tuple[int, ...] = (1, 10, 100)
+    peer_messages: dict = field(default_factory=lambda: {1: 12_000, 10: 40_000, 100: 100_000})
+
+
+def quick_plan() -> Plan:
+    return Plan(matrix_processes=(1, 4), matrix_batches=(1, 10), matrix_seconds=0.5,
+                depths=(1_000, 20_000), depth_processes=(4,), depth_batches=(10,), depth_seconds=0.5,
+                vacuum_shapes=((4, 1),), vacuum_seconds=0.5, vacuum_timeline_seconds=2.0,
+                ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
+                peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000})
+
+
+def _log(message: str) -> None:
+    print(time.strftime("%H:%M:%S"), message, flush=True)
+
+
+def run_matrix(env, kinds, plan: Plan, log) -> list[dict]:
+    out = []
+    for kind in kinds:
+        name = f"q_{kind}"
+        for op in ("enqueue", "dequeue"):
+            for p in plan.matrix_processes:
+                for b in plan.matrix_batches:
+                    r = cell(env, name, op, p, b, plan.matrix_depth, plan.matrix_seconds)
+                    out.append(r)
+                    log(f"  matrix {kind:8} {op:8} processes={p} batch={b:<3} {r['throughput']:9.0f} msg/s "
+                        f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms{'' if r['check']['ok'] else '  CHECK FAILED'}")
+    return out
+
+
+def run_depth(env, kinds, plan: Plan, log) -> tuple[list[dict], list[dict]]:
+    out, explains = [], []
+    for kind in kinds:
+        name = f"q_{kind}"
+        for depth in plan.depths:
+            t0 = time.monotonic()
+            set_depth(env, name, depth)  # preload: one set-based INSERT ... SELECT generate_series
+            load = time.monotonic() - t0
+            log(f"  depth {kind}: {depth} messages loaded in {load:.1f}s")
+            for op in ("enqueue", "dequeue"):
+                for p in plan.depth_processes:
+                    for b in plan.depth_batches:
+                        r = cell(env, name, op, p, b, depth, plan.depth_seconds)
+                        r["load_seconds"] = load
+                        out.append(r)
+                        log(f"  depth {kind:8} {depth:>9} {op:8} processes={p} batch={b:<3} "
+                            f"{r['throughput']:9.0f} msg/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms"
+                            f"{'' if r['check']['ok'] else '  CHECK FAILED'}")
+            set_depth(env, name, depth)
+            explains.append(explain_claim(env, name, 1, f"depth {depth}"))
+        with env.conn() as conn:  # back to an empty table for the next parts
+            conn.execute(f"TRUNCATE {env.table(name)}")
+    return out, explains
+
+
+def run_vacuum(env, kinds, plan: Plan, log) -> list[dict]:
+    return [vacuum.run_kind(env, kind, list(plan.vacuum_shapes), plan.matrix_depth, plan.vacuum_seconds,
+                            plan.vacuum_timeline_seconds, plan.vacuum_timeline_shape, log) for kind in kinds]
+
+
+def run_ceiling(env, kinds, plan: Plan, log) -> list[dict]:
+    return ceiling.run(env, kinds, plan.ceiling_clients, plan.ceiling_seconds, plan.ceiling_batches,
+                       plan.ceiling_rounds, log)
+
+
+def run_peer(env, kinds, plan: Plan, log, admin_url: str) -> dict:
+    queues = [q for q in ("q_work", "q_work_history") if q.removeprefix("q_").split("_")[0] in kinds
+              and any(x.name == q for x in env.catalog.queues)]
+    if not queues:  # no work kind yet: compare the closest destructive shape, and say so
+        queues = ["q_fifo"] if "fifo" in kinds else [f"q_{kinds[0]}"]
+    pgq_url = peer.pgq_database(admin_url)
+    try:
+        rows = peer.run(env, pgq_url, queues, plan.peer_processes, plan.peer_batches, plan.peer_messages, log)
+    finally:
+        peer.drop_pgq_database(admin_url, pgq_url)
+    return {"queues": queues, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="reduced matrix, tiny sizes (a couple of minutes)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
+    parser.add_argument("--kinds", default="", help="comma list of kinds (default: every kind with a template)")
+    parser.add_argument("--out", default="", help="output folder (default: docs/ for a full run, "
+                                                   "build/bench-quick for --quick)")
+    parser.add_argument("--seconds", type=float, default=0, help="override every per-cell duration")
+    parser.add_argument("--no-report", action="store_true", help="results.json only: no plots, no markdown")
+    args = parser.parse_args(argv)
+
+    plan = quick_plan() if args.quick else Plan()
+    if args.seconds:
+        plan.matrix_seconds = plan.depth_seconds = plan.vacuum_seconds = args.seconds
+        plan.vacuum_timeline_seconds = max(args.seconds, 1.0)
+        plan.ceiling_seconds = max(1.0, args.seconds)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or available_kinds()
+    missing = [k for k in kinds if k not in available_kinds()]
+    if missing:
+        parser.error(f"no PostgreSQL template for kind(s): {', '.join(missing)}")
+    out_root = Path(args.out) if args.out else (REPO / "build" / "bench-quick" if args.quick else REPO / "docs")
+    bench_dir = out_root / "bench"
+    bench_dir.mkdir(parents=True, exist_ok=True)
+
+    started = time.monotonic()
+    command = "make bench  (= .venv/bin/python -m bench.run" + (" " + " ".join(argv or sys.argv[1:])).rstrip() + ")"
+    results: dict = {"command": command, "quick": args.quick, "parts": parts, "kinds": kinds,
+                     "plan": asdict(plan), "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    with server() as srv:
+        _log(f"server: {'embedded throwaway cluster' if srv['embedded'] else 'TABLEQUEUE_PG_URL'}")
+        env = deploy_env(srv["url"], queue_entries(kinds, extra_work_history="peer" in parts))
+        results["facts"] = machine_facts(srv["url"])
+        results["facts"]["embedded"] = srv["embedded"]
+        results["schema"] = env.schema
+        try:
+            for part in parts:
+                t0 = time.monotonic()
+                _log(f"part {part}")
+                if part == "matrix":
+                    results["matrix"] = run_matrix(env, kinds, plan, _log)
+                elif part == "depth":
+                    results["depth"], results["depth_explain"] = run_depth(env, kinds, plan, _log)
+                elif part == "vacuum":
+                    results["vacuum"] = run_vacuum(env, kinds, plan, _log)
+                elif part == "ceiling":
+                    results["ceiling"] = run_ceiling(env, kinds, plan, _log)
+                elif part == "peer":
+                    results["peer"] = run_peer(env, kinds, plan, _log, srv["url"])
+                results.setdefault("part_seconds", {})[part] = time.monotonic() - t0
+                _log(f"part {part} done in {time.monotonic() - t0:.0f}s")
+        finally:
+            env.drop()
+        results["facts"]["loadavg_end"] = os.getloadavg()
+    results["total_seconds"] = time.monotonic() - started
+    (bench_dir / "results.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
+    _log(f"results: {bench_dir / 'results.json'} ({results['total_seconds']:.0f}s)")
+    if not args.no_report:
+        from .report import write_report
+
+        path = write_report(results, out_root)
+        _log(f"report: {path}")
+    return 0 if all_checks_ok(results) else 1
+
+
+def all_checks_ok(results: dict) -> bool:
+    from .report import failed_checks
+
+    failures = failed_checks(results)
+    for f in failures:
+        print("CHECK FAILED:", f, file=sys.stderr)
+    return not failures
+
+
+def _json_default(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The benchmark harness's quick path on tiny sizes: behaviour only, never timing.
+
+It must produce results for every kind and its counts must add up (nothing lost, nothing handed
+out twice). How fast anything was is not asserted anywhere.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tablequeue.render import TEMPLATE_ROOT
+
+pytest.importorskip("matplotlib")
+
+
+def test_quick_matrix_runs_every_kind_and_loses_nothing(pg_url: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import run
+    from bench.env import KINDS
+
+    monkeypatch.setenv("TABLEQUEUE_PG_URL", pg_url)  # the session's cluster: no second server
+    code = run.main(["--quick", "--parts", "matrix", "--seconds", "0.3", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+
+    kinds = [k for k in KINDS if (TEMPLATE_ROOT / "postgres" / f"{k}.sql").exists()]
+    assert results["kinds"] == kinds
+    cells = results["matrix"]
+    for kind in kinds:
+        for op in ("enqueue", "dequeue"):
+            mine = [c for c in cells if c["kind"] == kind and c["op"] == op]
+            assert mine, f"no {op} results for {kind}"
+            for c in mine:
+                assert c["messages"] > 0 and c["calls"] > 0
+                check = c["check"]
+                assert check["ok"], check
+                if op == "enqueue":
+                    assert check["produced"] == check["rows_added"] == check["distinct_ids"]
+                else:
+                    assert check["before"] + check["refilled"] - check["dequeued"] == check["after"]
+                    assert check["distinct_ids"] == check["dequeued"]
+    assert code == 0
+    assert (tmp_path / "BENCHMARKS.md").exists()
+    assert (tmp_path / "bench" / "matrix_dequeue.png").stat().st_size > 0

@@ -328,7 +328,9 @@ def filesystem(path: str) -> tuple[Any, str]:
     from pyarrow import fs
 
     if "://" in path:
-        return fs.FileSystem.from_uri(path)
+        scheme, rest = path.split("://", 1)
+        # Spark's Hadoop connectors say s3a:// where Arrow says s3://: the same bucket and key.
+        return fs.FileSystem.from_uri(("s3://" + rest) if scheme in ("s3a", "s3n") else path)
     return fs.LocalFileSystem(), os.path.abspath(path)
 
 

@@ -257,7 +257,7 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, wo
     results_dir, markers_dir = f"{staging}/results", f"{staging}/markers"
     summary: dict[str, Any] = {"output": final_path, "staged_rows": 0, "completed": 0, "unconfirmed": 0,
                                "confirmed_from_history": 0, "dead": 0, "retrying": 0, "lease_lost": 0}
-    markers = spark.read.parquet(markers_dir) if _exists(markers_dir) else None
+    markers = spark.read.parquet(markers_dir).cache() if _exists(markers_dir) else None
     if markers is not None:
         for row in markers.groupBy("outcome").agg(F.count("*").alias("n")).collect():
             if row["outcome"] in ("dead", "retrying", "lease_lost"):
@@ -267,7 +267,7 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, wo
         empty = spark.createDataFrame([], _spark_schema(results_schema)).select(*OUTPUT_COLUMNS)
         empty.write.mode("overwrite").parquet(final_path)
         return summary
-    staged = spark.read.parquet(results_dir)
+    staged = spark.read.parquet(results_dir).cache()
     summary["staged_rows"] = staged.count()
     keys = ["id", "part", "attempt", "batch"]
     if markers is not None:
@@ -297,6 +297,9 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, wo
              .select(*OUTPUT_COLUMNS))
     final.write.mode("overwrite").parquet(final_path)
     summary["completed"] = spark.read.parquet(final_path).count()
+    staged.unpersist()
+    if markers is not None:
+        markers.unpersist()
     return summary
 
 

@@ -12,7 +12,7 @@ nothing; an operator can use it the same way to rehearse a failure.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 EVENTS = ("staged", "completed", "committed", "marked", "enqueued")
 
@@ -26,12 +26,33 @@ def crash_first_attempt(event: str, info: Mapping[str, Any], *, at: str = "stage
     """Crash attempt 0 of task `partition` at event `at` of its batch number `batch` (1-based);
     for at='completed', after `after_completes` completes of that batch. how='exit' kills the Python
     worker (os._exit: no cleanup, the database sees the connection drop); how='raise' raises."""
-    if at not in EVENTS:
-        raise ValueError(f"unknown event {at!r} (expected one of {EVENTS})")
-    if event != at or info["attempt"] != 0 or info["partition"] != partition or info["batch"] != batch:
-        return
-    if at == "completed" and info["completed_in_batch"] < after_completes:
-        return
-    if how == "exit":
-        os._exit(17)
-    raise SimulatedCrash(f"simulated crash of task {partition} attempt 0 at {at} of batch {batch}")
+    crash_plan(event, info, plan=[{"at": at, "partition": partition, "batch": batch, "attempt": 0,
+                                   "after_completes": after_completes}], how=how)
+
+
+def crash_plan(event: str, info: Mapping[str, Any], *, plan: Sequence[Mapping[str, Any]],
+               how: str = "exit") -> None:
+    """Crash at every point of the plan: a list of {at, partition, batch, attempt, after_completes};
+    e.g. attempt 0 at one point, then its retry (attempt 1) at another."""
+    for step in plan:
+        at = step.get("at", "staged")
+        if at not in EVENTS:
+            raise ValueError(f"unknown event {at!r} (expected one of {EVENTS})")
+        if (event != at or info["attempt"] != step.get("attempt", 0)
+                or info["partition"] != step.get("partition", 0) or info["batch"] != step.get("batch", 1)):
+            continue
+        if at == "completed" and info["completed_in_batch"] < step.get("after_completes", 1):
+            continue
+        if how == "exit":
+            os._exit(17)
+        raise SimulatedCrash(f"simulated crash of task {info['partition']} attempt {info['attempt']} "
+                             f"at {at} of batch {info['batch']}")
+
+
+def first_attempt_only(payload: Mapping[str, Any], message: Mapping[str, Any]) -> Any:
+    """A transform that works on a message's first attempt only (a downstream that went away):
+    a message whose first attempt crashed after its result was staged ends in the dead-letter table,
+    and its staged result must not reach the output."""
+    if int(message.get("attempts") or 1) > 1:
+        raise RuntimeError(f"downstream gone: attempt {message.get('attempts')} of message {message.get('id')}")
+    return {"id": payload.get("id") if isinstance(payload, Mapping) else None, "ok": True}

@@ -251,6 +251,43 @@ def test_drain_task_killed_and_retried_by_spark_leaves_no_duplicate(spark, pg, t
         assert summary["confirmed_from_history"] == 0
 
 
+def test_drain_result_staged_for_a_message_that_later_dies_is_not_output(spark, pg, tmp_path):
+    """Attempt 0 of task 0 dies after staging its 2nd batch; the transform works only on a message's
+    first attempt, so those 50 messages fail on every later attempt and end dead. Their staged
+    results were never completed: none of them may reach the output."""
+    catalog = pg.deploy(work_queue("doomed"))
+    run_enqueue(spark, pg.url, catalog, "doomed", customers(spark, tmp_path / "input", 600, files=2))
+    summary = run_drain(spark, pg.url, catalog, "doomed", "pipelines.faults:first_attempt_only",
+                        str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
+                        time_budget_seconds=180, probe=CRASH, probe_args={"at": "staged", "batch": 2})
+    assert summary["retried_tasks"] == [0]
+    dead = {d["id"] for d in pg.rows(f"SELECT id FROM {table(catalog, 'doomed', '_dead')}")}
+    history = {h["id"] for h in pg.rows(f"SELECT id FROM {table(catalog, 'doomed', '_history')}")}
+    assert len(dead) == 50 and len(history) == 550
+    output = output_rows(summary["output"])
+    assert len(output) == 550 and {row["id"] for row in output} == history
+    assert summary["staged_rows"] == 600
+
+
+def test_drain_task_killed_twice_keeps_one_row_per_message(spark, pg, tmp_path):
+    """Attempt 0 of task 0 dies after staging its 2nd batch; attempt 1 takes those 50 messages back
+    (its own leases), stages them again, commits their completes and dies before the marker. Both
+    attempts' rows for those ids are unmarked and confirmed in history: one of each pair is kept."""
+    catalog = pg.deploy(work_queue("twice"))
+    run_enqueue(spark, pg.url, catalog, "twice", customers(spark, tmp_path / "input", 600, files=2))
+    summary = run_drain(spark, pg.url, catalog, "twice", "pipelines.transforms:uppercase_name",
+                        str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
+                        time_budget_seconds=180, probe="pipelines.faults:crash_plan",
+                        probe_args={"plan": [{"at": "staged", "attempt": 0, "batch": 2},
+                                             {"at": "committed", "attempt": 1, "batch": 1}]})
+    assert [(t["partition"], t["attempt"]) for t in summary["tasks"]] == [(0, 2), (1, 0)]
+    assert summary["confirmed_from_history"] == 50
+    output = output_rows(summary["output"])
+    assert len(output) == len({row["id"] for row in output}) == 600
+    assert {row["id"] for row in output} == {h["id"] for h in pg.rows(
+        f"SELECT id FROM {table(catalog, 'twice', '_history')}")}
+
+
 def test_drain_without_history_reports_what_it_cannot_confirm(spark, pg, tmp_path):
     """Without a history table, a batch completed just before a crash, whose marker was never
     written, cannot be told apart from one that was not: it is left out and counted, not guessed."""

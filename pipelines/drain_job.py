@@ -19,6 +19,7 @@ import json
 import secrets
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -104,6 +105,11 @@ def _aware(value: Any) -> Any:
     return value
 
 
+def _key(value: Any) -> Any:
+    """Message ids as the output stores them: bigint as is, client-supplied GUIDs as text."""
+    return str(value) if isinstance(value, uuid.UUID) else value
+
+
 def _takes_message(function: Callable) -> bool:
     try:
         parameters = [p for p in inspect.signature(function).parameters.values()
@@ -160,10 +166,10 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                     outcome = client.fail(message["id"], worker, _error_text(exc), config.retry_after_seconds)
                     # retrying | dead | lost (the lease had expired: another worker may have it)
                     outcome = outcome if outcome in ("retrying", "dead") else "lease_lost"
-                    outcomes.append({"id": message["id"], "outcome": outcome, "batch": batch})
+                    outcomes.append({"id": _key(message["id"]), "outcome": outcome, "batch": batch})
                     counts[outcome] += 1
                     continue
-                staged.append({"id": message["id"], "result": result,
+                staged.append({"id": _key(message["id"]), "result": result,
                                "enqueued_at": _aware(message.get("enqueued_at")),
                                "attempts": message.get("attempts"), "worker": worker,
                                "processed_at": datetime.now(timezone.utc), "batch": batch})

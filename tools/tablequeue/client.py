@@ -142,3 +142,33 @@ class QueueClient:
 
     def purge(self, older_than: datetime | None = None) -> int:
         return int(self.call("purge", {"older_than": self._time(older_than)})[0]["purged"])
+
+    # -- work kind: dead letters, history, the in-database worker ---------------------------
+    def dead_list(self, after_id: Any = None, limit: int = 100) -> list[dict]:
+        """One page of the dead-letter table in id order; pass the last id as after_id for the next.
+        (The parameter is page_size in SQL: `limit` is reserved in PostgreSQL.)"""
+        return self.call("dead_list", {"after_id": after_id, "page_size": limit})
+
+    def dead_requeue(self, id: Any) -> bool:
+        """Back to the queue under the same id, visible now, attempts reset (not_found if absent)."""
+        return bool(self.call("dead_requeue", {"id": id})[0]["requeued"])
+
+    def dead_delete(self, id: Any) -> bool:
+        return bool(self.call("dead_delete", {"id": id})[0]["deleted"])
+
+    def history_purge(self, older_than: datetime | None = None) -> int:
+        """Delete history finished before older_than (default: history_retention_days ago)."""
+        return int(self.call("history_purge", {"older_than": self._time(older_than)})[0]["purged"])
+
+    def process(self, time_budget_seconds: int | None = None) -> dict:
+        """Run the in-database worker until the queue has nothing ready or the budget ends; it
+        commits once per message, so the connection must be in autocommit mode (no open
+        transaction). Returns processed, completed, failed."""
+        if self.dialect == "postgres":
+            params = {} if time_budget_seconds is None else {"time_budget_seconds": time_budget_seconds}
+            args = ", ".join(f"{k} => %({k})s" for k in params)
+            cursor = self.conn.execute(f"CALL {self._routine('process')}({args})", params)
+            columns = [c.name for c in cursor.description or []]
+            row = dict(zip(columns, cursor.fetchone()))
+            return {k: row[k] for k in ("processed", "completed", "failed")}
+        return self.call("process", {"time_budget_seconds": time_budget_seconds})[0]

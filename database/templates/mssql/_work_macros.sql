@@ -1,0 +1,352 @@
+{#-
+  T-SQL fragments of the work kind that more than one procedure runs: argument checks, the claim
+  (dequeue and the in-database worker), complete, fail and the move to the dead-letter table. They
+  are macros, not procedure calls, because a called procedure's SELECT would reach the caller of
+  S.Q_process as a result set (and INSERT ... EXEC cannot nest).
+  Imported "with context" by work.sql, which sets: t, dead_t, history_t, id_type, tie, has_priority,
+  dedupe, client_ids, history, max_attempts, key_type.
+  Indentation: a macro renders at procedure-body level (4 spaces); callers nest it with indent().
+-#}
+
+{#- Raise a contract error. Every procedure that throws declares @error_message nvarchar(2048) once,
+    after SET NOCOUNT / XACT_ABORT: a DECLARE per THROW would declare the name twice in one
+    procedure, which SQL Server refuses when it creates the procedure (Msg 134). -#}
+{% macro throw(error, message) %}
+{% if message is string %}
+            SET @error_message = {{ message }};
+{% else %}
+            SET @error_message = CONCAT(
+                {{ message | join(',\n                ') }}
+            );
+{% endif %}
+            THROW {{ errors[error] }}, @error_message, 1;
+{%- endmacro %}
+
+{% macro check_batch_size(verb) %}
+    IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": batch_size must be between 1 and 1000, got '",
+                              "COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL')", "N'.'"]) }}
+        END;
+{%- endmacro %}
+
+{% macro check_worker(verb) %}
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+{{ throw('invalid_argument', "N'" ~ names.plain('_' ~ verb) ~ ": worker must be a name of 1 to 200 characters.'") }}
+        END;
+{%- endmacro %}
+
+{% macro check_lease(verb) %}
+    IF @lease_seconds IS NULL OR @lease_seconds NOT BETWEEN 1 AND 604800
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": lease_seconds must be between 1 and 604800, got '",
+                              "COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL')", "N'.'"]) }}
+        END;
+{%- endmacro %}
+
+{#- Columns a message keeps when it moves to the dead-letter table, in this order. -#}
+{% set dead_cols = ['id', 'enqueued_at', 'due_at'] + (['priority'] if has_priority else []) + (['dedupe_key'] if dedupe else []) + ['attempts', 'last_error', 'last_worker', 'dead_at', 'payload'] %}
+{% macro dead_columns() %}
+id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts,
+last_error, last_worker, dead_at, payload
+{%- endmacro %}
+
+{#- The rows a claim hands out; `own` and `previous_visible_at` keep the claim order for the result. -#}
+{% macro claimed_table() %}
+    DECLARE @claimed TABLE (
+        id {{ id_type }} NOT NULL PRIMARY KEY,
+{% if client_ids %}
+        seq bigint NOT NULL,
+{% endif %}
+        own bit NOT NULL,
+{% if has_priority %}
+        priority int NOT NULL,
+{% endif %}
+        previous_visible_at datetime2(7) NOT NULL,
+        previous_worker nvarchar(200) NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        payload {{ payload_type }} NOT NULL
+    );
+{%- endmacro %}
+
+{#- With client ids, a dead-letter copy of the same id may exist (the id was enqueued again): the
+    message goes through @buried so that the older copy can be replaced, queue table first. -#}
+{% macro buried_table() %}
+{% if client_ids %}
+    DECLARE @buried TABLE (
+        id {{ id_type }} NOT NULL PRIMARY KEY,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+{% if has_priority %}
+        priority int NOT NULL,
+{% endif %}
+{% if dedupe %}
+        dedupe_key {{ key_type }} NULL, -- noqa: CP02
+{% endif %}
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL,
+        payload {{ payload_type }} NOT NULL
+    );
+{% endif %}
+    DECLARE @buried_count int = 0;
+{%- endmacro %}
+
+{#- Move queue rows to the dead-letter table: queue table, then dead table (the fixed lock order).
+    Runs inside a transaction. from_sql is the FROM ... WHERE that picks the rows of `m`; the *_sql
+    arguments are OUTPUT expressions. Sets @buried_count. -#}
+{% macro bury(from_sql, attempts_sql, error_sql, worker_sql) %}
+    DELETE m
+    OUTPUT
+        DELETED.id,
+        DELETED.enqueued_at,
+        DELETED.due_at,
+{% if has_priority %}
+        DELETED.priority,
+{% endif %}
+{% if dedupe %}
+        DELETED.dedupe_key,
+{% endif %}
+        {{ attempts_sql }},
+        {{ error_sql }},
+        {{ worker_sql }},
+        @now,
+        DELETED.payload
+{% if client_ids %}
+    INTO
+        @buried (
+            {{ dead_columns() | indent(12) }}
+        )
+{% else %}
+    INTO
+        {{ dead_t }} (
+            {{ dead_columns() | indent(12) }}
+        )
+{% endif %}
+    {{ from_sql | indent(4) }};
+    SET @buried_count = @@ROWCOUNT;
+{%- if client_ids %}
+
+
+    IF @buried_count > 0
+        BEGIN
+            DELETE d
+            FROM {{ dead_t }} AS d
+            INNER JOIN @buried AS b ON d.id = b.id;
+
+            INSERT INTO {{ dead_t }} (
+                {{ dead_columns() | indent(16) }}
+            )
+            SELECT
+                {{ dead_cols | join(',\n                ') }}
+            FROM @buried;
+
+            DELETE FROM @buried;
+        END;
+{%- endif %}
+{%- endmacro %}
+
+{#- One claim statement: lease up to top_sql rows matching where_sql to @worker, in claim order. -#}
+{% macro claim_statement(cte, top_sql, where_sql, own) %}
+    WITH {{ cte }} AS (
+        SELECT TOP ({{ top_sql }})
+            m.id,
+{% if client_ids %}
+            m.seq,
+{% endif %}
+{% if has_priority %}
+            m.priority,
+{% endif %}
+            m.enqueued_at,
+            m.due_at,
+            m.visible_at,
+            m.attempts,
+            m.leased_by,
+            m.leased_at,
+            m.payload
+        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+        WHERE {{ where_sql }}
+        ORDER BY m.visible_at, m.{{ tie }}
+    )
+
+    UPDATE {{ cte }}
+    SET
+        attempts = attempts + 1,
+        visible_at = @lease_until,
+        leased_by = @worker,
+        leased_at = @now
+    OUTPUT
+        INSERTED.id,
+{% if client_ids %}
+        INSERTED.seq,
+{% endif %}
+        {{ 1 if own else 0 }},
+{% if has_priority %}
+        INSERTED.priority,
+{% endif %}
+        DELETED.visible_at,
+        DELETED.leased_by,
+        INSERTED.enqueued_at,
+        INSERTED.due_at,
+        INSERTED.attempts,
+        INSERTED.payload
+    INTO @claimed (
+        id, {{ 'seq, ' if client_ids }}own, {{ 'priority, ' if has_priority }}previous_visible_at, previous_worker,
+        enqueued_at, due_at, attempts, payload
+    );
+{%- endmacro %}
+
+{#- Claimed rows whose lease had already expired max_attempts times: the claim would be one attempt
+    too many, so they go to the dead-letter table ('lease expired') instead of to the worker. -#}
+{% macro bury_exhausted() %}
+    IF (SELECT MAX(c.attempts) FROM @claimed AS c) > {{ max_attempts }}
+        BEGIN
+{{ bury("FROM " ~ t ~ " AS m\nINNER JOIN @claimed AS c ON m.id = c.id\nWHERE c.attempts > " ~ max_attempts,
+        "c.attempts - 1", "N'lease expired'", "c.previous_worker") | indent(8, first=true) }}
+
+            DELETE FROM @claimed
+            WHERE attempts > {{ max_attempts }};
+        END;
+{%- endmacro %}
+
+{#- The next priority level below @priority (or the highest, first) among rows the claim could take.
+    It reads with the claim's hints: the one row it lands on, the head of a level, is usually the
+    row the claim then takes; otherwise it stays locked only until the claim's transaction ends. -#}
+{% macro next_level(below) %}
+    SET @priority = (
+        SELECT TOP (1) m.priority
+        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+{% if below %}
+        WHERE m.priority < @priority
+{% endif %}
+        ORDER BY m.priority DESC
+    );
+{%- endmacro %}
+
+{#- The claim: expects @batch_size, @worker, @lease_seconds (validated) and @claimed, declares @now.
+    Opens a transaction when the caller has none, so that the lease and any move to the
+    dead-letter table are one unit. Two claim statements, never an OR (DESIGN.md §4):
+      1. the worker's own unfinished messages (leased, even unexpired: a restarted worker),
+         on ix_<queue>_lease;
+      2. anyone's visible messages (visible_at <= now: new, due, retried or lease expired),
+         on ix_<queue>_claim{% if has_priority %}, one priority level at a time{% endif %}. -#}
+{% macro claim() %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
+    DECLARE @remaining int = @batch_size;
+    DECLARE @claimed_now int = 0;
+{% if has_priority %}
+    DECLARE @priority int;
+{% endif %}
+    DECLARE @started_transaction bit = 0;
+{{ buried_table() }}
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
+        -- so that the optimizer can match it whatever @worker is.
+{{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true) | indent(4, first=true) }}
+
+{{ bury_exhausted() | indent(4, first=true) }}
+
+        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- the batch: claim again until the batch is full or nothing visible is left.
+        WHILE @remaining > 0
+            BEGIN
+{% if has_priority %}
+                -- A loose index scan: one seek per priority level present, each claim an equality
+                -- and range seek on (priority DESC, visible_at, {{ tie }}). A single ORDER BY
+                -- priority DESC would read past every delayed or leased row of the higher levels
+                -- on each claim, and the whole index whenever nothing is ready.
+                SET @claimed_now = 0;
+{{ next_level(false) | indent(12, first=true) }}
+                WHILE @priority IS NOT NULL AND @claimed_now < @remaining
+                    BEGIN
+{{ claim_statement('next_messages', '@remaining - @claimed_now', 'm.priority = @priority AND m.visible_at <= @now', false) | indent(20, first=true) }}
+                        SET @claimed_now = @claimed_now + @@ROWCOUNT;
+{{ next_level(true) | indent(20, first=true) }}
+                    END;
+{% else %}
+{{ claim_statement('next_messages', '@remaining', 'm.visible_at <= @now', false) | indent(12, first=true) }}
+                SET @claimed_now = @@ROWCOUNT;
+{% endif %}
+
+                IF @claimed_now = 0 BREAK;
+
+                SET @buried_count = 0;
+{{ bury_exhausted() | indent(12, first=true) }}
+
+                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                IF @buried_count = 0 BREAK;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+{%- endmacro %}
+
+{#- Complete: delete the row if, and only if, worker_sql holds a live lease on it; with history the
+    same statement writes the history row (queue table, then history table). Expects @now. The
+    caller reads @@ROWCOUNT right after. -#}
+{% macro complete_statement(id_sql, worker_sql) %}
+    DELETE FROM {{ t }}
+{% if history %}
+    OUTPUT
+        DELETED.id,
+        DELETED.enqueued_at,
+        DELETED.due_at,
+{% if has_priority %}
+        DELETED.priority,
+{% endif %}
+        DELETED.leased_at,
+        @now,
+        DELETED.leased_by,
+        DELETED.attempts,
+        DELETED.payload
+    INTO
+        {{ history_t }} (
+            id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_at, worker, attempts, payload
+        )
+{% endif %}
+    WHERE id = {{ id_sql }} AND leased_by = {{ worker_sql }} AND visible_at > @now;
+{%- endmacro %}
+
+{#- Fail: with attempts left, release the lease and make the message visible again after the retry
+    delay; on the last attempt, move it to the dead-letter table. Only the holder of a live lease
+    changes anything. Expects @now, @outcome varchar(8) and the buried_table() declarations; runs
+    inside a transaction. -#}
+{% macro fail_statements(id_sql, worker_sql, error_sql, retry_sql) %}
+    UPDATE {{ t }}
+    SET
+        leased_by = NULL,
+        visible_at = DATEADD(SECOND, {{ retry_sql }}, @now),
+        last_error = {{ error_sql }}
+    WHERE
+        id = {{ id_sql }} AND leased_by = {{ worker_sql }} AND visible_at > @now
+        AND attempts < {{ max_attempts }};
+
+    IF @@ROWCOUNT = 1
+        BEGIN
+            SET @outcome = 'retrying';
+        END;
+    ELSE
+        BEGIN
+{{ bury("FROM " ~ t ~ " AS m\nWHERE m.id = " ~ id_sql ~ " AND m.leased_by = " ~ worker_sql ~ " AND m.visible_at > @now",
+        "DELETED.attempts", error_sql, "DELETED.leased_by") | indent(8, first=true) }}
+            SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
+        END;
+{%- endmacro %}

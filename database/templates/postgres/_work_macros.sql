@@ -1,0 +1,135 @@
+{#-
+  PL/pgSQL fragments of the work kind used by more than one function: argument checks, the claim
+  statement and the move to the dead-letter table. Imported "with context" by work.sql, which sets:
+  t, dead_t, fn, tie, has_priority, dedupe, client_ids, max_attempts.
+-#}
+{% import '_macros.sql' as m with context %}
+
+{% macro check_worker(verb) %}
+    IF {{ fn }}_{{ verb }}.worker IS NULL OR length({{ fn }}_{{ verb }}.worker) NOT BETWEEN 1 AND 200 THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": worker must be a name of 1 to 200 characters.'") }}
+    END IF;
+{%- endmacro %}
+
+{% macro check_lease(verb, variable) %}
+    IF {{ variable }} NOT BETWEEN 1 AND 604800 THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": lease_seconds must be between 1 and 604800, got %s.', " ~ variable ~ ")") }}
+    END IF;
+{%- endmacro %}
+
+{#- The planner's own row estimate of a table: tuples per page from the last ANALYZE times pages now. -#}
+{% macro row_estimate(table) -%}
+(
+            SELECT CASE
+                WHEN c.reltuples > 0 AND c.relpages > 0
+                    THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+                ELSE 0
+            END
+            FROM pg_class AS c
+            WHERE c.oid = '{{ table }}'::regclass
+        )
+{%- endmacro %}
+
+{#- INSERT the rows of CTE `gone` (deleted queue rows) into the dead-letter table. With client ids an
+    older dead-letter copy of the same id (the id was enqueued again) is replaced. -#}
+{% macro dead_insert(attempts_sql, error_sql, worker_sql) %}
+        INSERT INTO {{ dead_t }} (
+            id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}attempts, last_error, last_worker, dead_at, payload
+        )
+        SELECT
+            g.id,
+            g.enqueued_at,
+            g.due_at,
+{% if has_priority %}
+            g.priority,
+{% endif %}
+{% if dedupe %}
+            g.dedupe_key,
+{% endif %}
+            {{ attempts_sql }},
+            {{ error_sql }},
+            {{ worker_sql }},
+            now_utc,
+            g.payload
+        FROM gone AS g
+{% if client_ids %}
+        ON CONFLICT (id) DO UPDATE SET
+            enqueued_at = excluded.enqueued_at,
+            due_at = excluded.due_at,
+{% if has_priority %}
+            priority = excluded.priority,
+{% endif %}
+{% if dedupe %}
+            dedupe_key = excluded.dedupe_key,
+{% endif %}
+            attempts = excluded.attempts,
+            last_error = excluded.last_error,
+            last_worker = excluded.last_worker,
+            dead_at = excluded.dead_at,
+            payload = excluded.payload
+{% endif %}
+        RETURNING 1
+{%- endmacro %}
+
+{#- Move the queue rows matching where_sql to the dead-letter table (queue table, then dead table:
+    the fixed lock order) and count them into count_var. -#}
+{% macro bury(where_sql, attempts_sql, error_sql, worker_sql, count_var) %}
+    WITH gone AS (
+        DELETE FROM {{ t }} AS m
+        WHERE {{ where_sql }}
+        RETURNING m.*
+    ),
+
+    buried AS (
+{{ dead_insert(attempts_sql, error_sql, worker_sql) }}
+    )
+
+    SELECT count(*) INTO {{ count_var }} FROM buried;
+{%- endmacro %}
+
+{#- One claim statement: lock up to limit_sql visible rows matching where_sql in claim order
+    (SKIP LOCKED), lease those with attempts left to the worker, and move those whose lease had
+    already expired max_attempts times to the dead-letter table ('lease expired'). Sets ids_var to
+    the leased ids in claim order (NULL for none) and buried_var to the number moved. -#}
+{% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count') %}
+    WITH next_messages AS (
+        SELECT
+            m.id,
+            m.{{ tie }} AS tie,
+            m.visible_at,
+            m.attempts
+        FROM {{ t }} AS m
+        WHERE {{ where_sql }}
+        ORDER BY m.visible_at, m.{{ tie }}
+        LIMIT {{ limit_sql }}
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    leased AS (
+        UPDATE {{ t }} AS m
+        SET
+            attempts = m.attempts + 1,
+            visible_at = lease_until,
+            leased_by = {{ fn }}_dequeue.worker,
+            leased_at = now_utc
+        FROM next_messages AS n
+        WHERE m.id = n.id AND n.attempts < {{ max_attempts }}
+        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+    ),
+
+    gone AS (
+        DELETE FROM {{ t }} AS m
+        USING next_messages AS n
+        WHERE m.id = n.id AND n.attempts >= {{ max_attempts }}
+        RETURNING m.*
+    ),
+
+    buried AS (
+{{ dead_insert('g.attempts', "'lease expired'", 'g.leased_by') }}
+    )
+
+    SELECT
+        (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+        (SELECT count(*) FROM buried)
+    INTO {{ ids_var }}, {{ buried_var }};
+{%- endmacro %}

@@ -1,0 +1,974 @@
+{#-
+  The work kind: a reliable, lease-based queue (at-least-once). See docs/work-queue.md.
+  A dequeue leases rows to a worker and counts an attempt; complete / fail / extend_lease need the
+  live lease; a lease that expires makes the message visible again; max_attempts ends in S.Q_dead.
+-#}
+{% set t = names.obj() %}
+{% set dead_t = names.obj('_dead') %}
+{% set history_t = names.obj('_history') %}
+{% set fn = queue.name %}
+{% set client_ids = opt.client_ids %}
+{% set id_type = 'uuid' if client_ids else 'bigint' %}
+{% set tie = 'seq' if client_ids else 'id' %}
+{% set has_priority = opt.priority %}
+{% set dedupe = opt.dedupe %}
+{% set history = opt.history %}
+{% set max_attempts = opt.max_attempts %}
+{% set lease_seconds = opt.lease_seconds %}
+{% set handler = opt.handler %}
+{% import '_macros.sql' as m with context %}
+{% import '_work_macros.sql' as w with context %}
+{{ m.unit(names.plain(), 'storage') }}
+-- Every claim, fail and extend rewrites the row (never a HOT update: visible_at is indexed), so the
+-- table gets free space on each page for the new version and vacuums early.
+CREATE TABLE IF NOT EXISTS {{ t }} (
+{% if client_ids %}
+    -- Client-supplied (Pintér); seq is the claim order's tie-breaker.
+    id uuid NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ names.obj('_id_seq') }}),
+{% else %}
+    id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ names.obj('_id_seq') }}),
+{% endif %}
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The scheduled start, as enqueued (returned by dequeue).
+    due_at timestamptz NOT NULL,
+    -- When the message may next be claimed: due_at, then the lease expiry while leased, then the
+    -- retry time after a fail.
+    visible_at timestamptz NOT NULL,
+{% if has_priority %}
+    priority integer NOT NULL DEFAULT 0,
+{% endif %}
+    attempts integer NOT NULL DEFAULT 0,
+    leased_by text,
+    leased_at timestamptz,
+    last_error text,
+{% if dedupe %}
+    dedupe_key text CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200),
+{% endif %}
+    payload {{ payload_type }} NOT NULL,
+{% if is_json %}
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
+    CONSTRAINT {{ names.index('ck', 'payload_json') }} CHECK (jsonb_typeof(payload) IN ('object', 'array')),
+{% endif %}
+    CONSTRAINT {{ names.index('pk') }} PRIMARY KEY (id)
+)
+WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05);
+
+-- The claim's exact WHERE and ORDER BY{% if has_priority %} (one priority level per range scan){% endif %}.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'claim') }}
+ON {{ t }} ({% if has_priority %}priority DESC, {% endif %}visible_at, {{ tie }});
+
+-- A worker's own messages (the restart path) and the in-flight count; only leased rows.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease') }}
+ON {{ t }} (leased_by, visible_at, {{ tie }})
+WHERE leased_by IS NOT NULL;
+{% if dedupe %}
+
+CREATE UNIQUE INDEX IF NOT EXISTS {{ names.index('ux', 'dedupe') }}
+ON {{ t }} (dedupe_key)
+WHERE dedupe_key IS NOT NULL;
+{% endif %}
+{% if client_ids %}
+
+-- enqueue's result row. A function cannot have a parameter and a result column of the same name
+-- (both are parameters to PostgreSQL), and the contract names both `id`: the result is this type.
+DO $type$
+BEGIN
+    IF to_regtype('{{ names.obj("_enqueue_result") }}') IS NULL THEN
+        CREATE TYPE {{ names.obj("_enqueue_result") }} AS (id uuid, duplicate boolean);
+    END IF;
+END
+$type$;
+{% endif %}
+
+{{ m.unit(names.plain('_dead'), 'storage') }}
+-- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
+CREATE TABLE IF NOT EXISTS {{ dead_t }} (
+    id {{ id_type }} NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    due_at timestamptz NOT NULL,
+{% if has_priority %}
+    priority integer NOT NULL,
+{% endif %}
+{% if dedupe %}
+    dedupe_key text,
+{% endif %}
+    attempts integer NOT NULL,
+    last_error text,
+    last_worker text,
+    dead_at timestamptz NOT NULL,
+    payload {{ payload_type }} NOT NULL,
+    CONSTRAINT {{ names.index('pk', 'dead') }} PRIMARY KEY (id)
+);
+{% if history %}
+
+{{ m.unit(names.plain('_history'), 'storage') }}
+-- Completed messages; history_purge deletes by finish time.
+CREATE TABLE IF NOT EXISTS {{ history_t }} (
+    history_id bigint GENERATED ALWAYS AS IDENTITY,
+    id {{ id_type }} NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    due_at timestamptz NOT NULL,
+{% if has_priority %}
+    priority integer NOT NULL,
+{% endif %}
+    started_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL,
+    duration_ms bigint NOT NULL,
+    worker text NOT NULL,
+    attempts integer NOT NULL,
+    payload {{ payload_type }} NOT NULL,
+    CONSTRAINT {{ names.index('pk', 'history') }} PRIMARY KEY (history_id)
+);
+
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_finished') }} ON {{ history_t }} (finished_at);
+
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_id') }} ON {{ history_t }} (id);
+{% endif %}
+
+{{ m.unit(names.plain('_enqueue'), 'code') }}
+CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
+    payload {{ payload_type }},
+    due_at timestamptz DEFAULT NULL,
+    dedupe_key text DEFAULT NULL{% if has_priority or client_ids %},{% endif %}
+
+{% if has_priority %}
+    priority integer DEFAULT NULL{% if client_ids %},{% endif %}
+
+{% endif %}
+{% if client_ids %}
+    id uuid DEFAULT NULL,
+    enqueued_at timestamptz DEFAULT NULL
+{% endif %}
+)
+{% if client_ids %}
+RETURNS SETOF {{ names.obj("_enqueue_result") }}
+{% else %}
+RETURNS TABLE (id bigint, duplicate boolean)
+{% endif %}
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    new_id {{ id_type }};
+BEGIN
+{{ m.check_payload('enqueue') }}
+{% if is_json %}
+    IF jsonb_typeof({{ fn }}_enqueue.payload) NOT IN ('object', 'array') THEN
+{{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}
+    END IF;
+{% endif %}
+{% if dedupe %}
+{{ m.check_dedupe_key('enqueue') }}
+{% else %}
+    IF {{ fn }}_enqueue.dedupe_key IS NOT NULL THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_enqueue') ~ ": dedupe_key needs option dedupe.'") }}
+    END IF;
+{% endif %}
+{% set columns = ('id, ' if client_ids else '') ~ 'enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ 'payload' %}
+{% set values = ('coalesce(' ~ fn ~ '_enqueue.id, gen_random_uuid()), coalesce(' ~ fn ~ '_enqueue.enqueued_at, now_utc), ' if client_ids else 'now_utc, ') ~ 'coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), ' ~ ('coalesce(' ~ fn ~ '_enqueue.priority, 0), ' if has_priority else '') ~ (fn ~ '_enqueue.dedupe_key, ' if dedupe else '') ~ fn ~ '_enqueue.payload' %}
+{% if dedupe or client_ids %}
+    -- ON CONFLICT waits for a racing insert of the same key{% if client_ids %} or id{% endif %}; if that row is gone again by the
+    -- time we look it up (completed), try the insert once more.
+    LOOP
+        INSERT INTO {{ t }} AS m ({{ columns }})
+        VALUES ({{ values }})
+        ON CONFLICT DO NOTHING
+        RETURNING m.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, false;
+            RETURN;
+        END IF;
+{% if dedupe %}
+        SELECT m.id INTO new_id FROM {{ t }} AS m WHERE m.dedupe_key = {{ fn }}_enqueue.dedupe_key;
+{% endif %}
+{% if client_ids %}
+        IF new_id IS NULL THEN
+            SELECT m.id INTO new_id FROM {{ t }} AS m WHERE m.id = {{ fn }}_enqueue.id;
+        END IF;
+{% endif %}
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, true;
+            RETURN;
+        END IF;
+    END LOOP;
+{% else %}
+    INSERT INTO {{ t }} AS m ({{ columns }})
+    VALUES ({{ values }})
+    RETURNING m.id INTO new_id;
+    RETURN QUERY SELECT new_id, false;
+{% endif %}
+END;
+$function$;
+
+{{ m.grant('enqueue') }}
+
+{{ m.unit(names.plain('_enqueue_batch'), 'code') }}
+-- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
+-- The arrays an option does not use must be NULL (the same contract as the SQL Server TVP).
+CREATE OR REPLACE FUNCTION {{ names.verb('enqueue_batch') }}(
+    payloads {{ payload_type }}[],
+    due_ats timestamptz[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL,
+    priorities integer[] DEFAULT NULL,
+    ids uuid[] DEFAULT NULL,
+    enqueued_ats timestamptz[] DEFAULT NULL
+)
+RETURNS TABLE (ordinal integer, id {{ id_type }}, duplicate boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    item_count integer := coalesce(cardinality(payloads), 0);
+    now_utc timestamptz := clock_timestamp();
+    new_ids {{ id_type }}[];
+    inserted_ids {{ id_type }}[] := '{}';
+    step_ids {{ id_type }}[];
+    bad_ordinal integer;
+{% if dedupe or client_ids %}
+    result_ids {{ id_type }}[];
+    retry_ordinals integer[];
+    own_flags boolean[];
+{% endif %}
+BEGIN
+{% for array in ('due_ats', 'dedupe_keys', 'priorities', 'ids', 'enqueued_ats') %}
+    IF {{ array }} IS NOT NULL AND cardinality({{ array }}) <> item_count THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " has %s elements but payloads has %s.', cardinality(" ~ array ~ "), item_count)") }}
+    END IF;
+{% endfor %}
+{% for array, enabled, option in (('priorities', has_priority, 'priority'), ('ids', client_ids, 'client_ids'), ('enqueued_ats', client_ids, 'client_ids')) %}
+{% if not enabled %}
+    IF EXISTS (SELECT FROM unnest({{ array }}) AS u (v) WHERE u.v IS NOT NULL) THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " needs option " ~ option ~ ".'") }}
+    END IF;
+{% endif %}
+{% endfor %}
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+    WHERE u.payload IS NULL{% if is_json %} OR jsonb_typeof(u.payload) NOT IN ('object', 'array'){% endif %};
+    IF bad_ordinal IS NOT NULL THEN
+{{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+{% if dedupe %}
+    WHERE length(u.dedupe_key) > 200;
+    IF bad_ordinal IS NOT NULL THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key over 200 characters.', bad_ordinal)") }}
+    END IF;
+{% else %}
+    WHERE u.dedupe_key IS NOT NULL;
+    IF bad_ordinal IS NOT NULL THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key, which needs option dedupe.', bad_ordinal)") }}
+    END IF;
+{% endif %}
+
+    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.
+{% if client_ids %}
+    new_ids := ARRAY(
+        SELECT coalesce(u.given_id, gen_random_uuid())
+        FROM generate_series(1, item_count) AS g (position)
+        LEFT JOIN unnest(ids) WITH ORDINALITY AS u (given_id, position) ON g.position = u.position
+        ORDER BY g.position
+    );
+{% else %}
+    new_ids := ARRAY(SELECT nextval('{{ names.obj("_id_seq") }}') FROM generate_series(1, item_count));
+{% endif %}
+
+{% if dedupe or client_ids %}
+    -- Every item is offered; ON CONFLICT skips one whose key{% if client_ids %} or id{% endif %} is queued already (waiting for
+    -- a racing insert of it first) or belongs to an earlier item. The loop runs again only for an
+    -- item whose duplicate was completed between the insert and the look-up below.
+    LOOP
+{% endif %}
+{% filter indent(4 if (dedupe or client_ids) else 0, first=true) %}
+    WITH items AS (
+        SELECT
+            u.new_id,
+            u.payload,
+            u.position,
+            d.due_at,
+            k.dedupe_key,
+            p.priority,
+            e.enqueued_at
+        FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+        LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+        LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
+        LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+{% if dedupe or client_ids %}
+        WHERE retry_ordinals IS NULL OR u.position = ANY(retry_ordinals)
+{% endif %}
+    ),
+
+    inserted AS (
+        INSERT INTO {{ t }} AS m (
+            id, enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}payload
+        )
+{% if not client_ids %}
+        OVERRIDING SYSTEM VALUE
+{% endif %}
+        SELECT
+            i.new_id,
+            {{ 'coalesce(i.enqueued_at, now_utc)' if client_ids else 'now_utc' }},
+            coalesce(i.due_at, now_utc),
+            coalesce(i.due_at, now_utc),
+{% if has_priority %}
+            coalesce(i.priority, 0),
+{% endif %}
+{% if dedupe %}
+            i.dedupe_key,
+{% endif %}
+            i.payload
+        FROM items AS i
+        ORDER BY i.position
+{% if dedupe or client_ids %}
+        ON CONFLICT DO NOTHING
+{% endif %}
+        RETURNING m.id
+    )
+
+    SELECT array_agg(i.id) INTO step_ids FROM inserted AS i;
+    inserted_ids := inserted_ids || coalesce(step_ids, '{}');
+{% if dedupe or client_ids %}
+
+    -- A new statement sees what racing transactions committed while this one waited on them.
+{% set own_sql = "u.new_id = ANY(inserted_ids)" ~ (" AND NOT EXISTS (\n            SELECT FROM unnest(new_ids) WITH ORDINALITY AS earlier (new_id, position)\n            WHERE earlier.new_id = u.new_id AND earlier.position < u.position\n        )" if client_ids else "") %}
+    SELECT
+        array_agg(
+            CASE
+                WHEN {{ own_sql | indent(8) }} THEN u.new_id
+{% if dedupe %}
+                WHEN k.dedupe_key IS NOT NULL AND EXISTS (SELECT FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key)
+                    THEN (SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key)
+{% endif %}
+{% if client_ids %}
+                -- The client id is queued already (or was given twice in this batch).
+                WHEN EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = u.new_id) THEN u.new_id
+{% endif %}
+            END
+            ORDER BY u.position
+        ),
+        array_agg({{ own_sql | indent(4) }} ORDER BY u.position)
+    INTO result_ids, own_flags
+    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+    LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
+{% endif %}
+{% endfilter %}
+{% if dedupe or client_ids %}
+        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
+        retry_ordinals := ARRAY(
+            SELECT u.position
+            FROM unnest(result_ids) WITH ORDINALITY AS u (result_id, position)
+            WHERE u.result_id IS NULL
+        );
+    END LOOP;
+
+    RETURN QUERY
+    SELECT
+        u.position::integer,
+        u.result_id,
+        NOT u.own
+    FROM unnest(result_ids, own_flags) WITH ORDINALITY AS u (result_id, own, position)
+    ORDER BY u.position;
+{% else %}
+
+    RETURN QUERY
+    SELECT u.position::integer, u.new_id, false
+    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+    ORDER BY u.position;
+{% endif %}
+END;
+$function$;
+
+{{ m.grant('enqueue_batch') }}
+
+{{ m.unit(names.plain('_dequeue'), 'code') }}
+-- A dequeue by worker W first takes back W's own unfinished messages: W declares, by asking, that
+-- it holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- Claimed rows whose lease had already expired max_attempts times go to the dead-letter table
+-- ('lease expired') instead of to the worker: the claim would be one attempt too many.
+CREATE OR REPLACE FUNCTION {{ names.verb('dequeue') }}(
+    batch_size integer DEFAULT 1,
+    worker text DEFAULT NULL,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (id {{ id_type }}, payload {{ payload_type }}, enqueued_at timestamptz, due_at timestamptz, attempts integer)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    effective_lease integer := coalesce({{ fn }}_dequeue.lease_seconds, {{ lease_seconds }});
+    lease_until timestamptz;
+    claimed_ids {{ id_type }}[] := '{}';
+    step_ids {{ id_type }}[];
+    buried_count bigint;
+    remaining integer;
+{% if has_priority %}
+    current_level integer;
+    level_ids {{ id_type }}[];
+    level_buried bigint;
+{% endif %}
+BEGIN
+{{ m.check_batch_size('dequeue') }}
+{{ w.check_worker('dequeue') }}
+{{ w.check_lease('dequeue', 'effective_lease') }}
+    lease_until := now_utc + make_interval(secs => effective_lease);
+
+    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease.
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker", "batch_size") }}
+    claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    remaining := batch_size - cardinality(claimed_ids);
+
+    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_{{ queue.name }}_claim.
+    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
+    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    WHILE remaining > 0 LOOP
+{% if has_priority %}
+        -- A loose index scan: one range scan per priority level present. A single ORDER BY
+        -- priority DESC would read past every delayed or leased row of the higher levels on each
+        -- claim, and the whole index when nothing is ready.
+        step_ids := '{}';
+        buried_count := 0;
+        current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
+        WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
+{{ w.claim_statement("m.priority = current_level AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8) }}
+            step_ids := step_ids || coalesce(level_ids, '{}');
+            buried_count := buried_count + level_buried;
+            current_level := (
+                SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+            );
+        END LOOP;
+{% else %}
+{{ w.claim_statement("m.visible_at <= now_utc", "remaining") | indent(4) }}
+{% endif %}
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        remaining := batch_size - cardinality(claimed_ids);
+        EXIT WHEN buried_count = 0;
+    END LOOP;
+
+    -- In claim order: the array keeps it.
+    RETURN QUERY
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
+    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
+    INNER JOIN {{ t }} AS m ON c.id = m.id
+    ORDER BY c.position;
+END;
+$function$;
+
+{{ m.grant('dequeue') }}
+
+{{ m.unit(names.plain('_complete'), 'code') }}
+-- Only the holder of a live lease: a late complete after the lease moved on changes nothing.
+CREATE OR REPLACE FUNCTION {{ names.verb('complete') }}(id {{ id_type }}, worker text)
+RETURNS TABLE (completed boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    done_count bigint;
+BEGIN
+{{ w.check_worker('complete') }}
+{% if history %}
+    -- One statement: queue table, then history table (the fixed lock order).
+    WITH done AS (
+        DELETE FROM {{ t }} AS m
+        WHERE m.id = {{ fn }}_complete.id AND m.leased_by = {{ fn }}_complete.worker AND m.visible_at > now_utc
+        RETURNING m.id, m.enqueued_at, m.due_at, {% if has_priority %}m.priority, {% endif %}m.leased_at, m.leased_by, m.attempts, m.payload
+    ),
+
+    kept AS (
+        INSERT INTO {{ history_t }} (
+            id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}started_at, finished_at, duration_ms, worker, attempts, payload
+        )
+        SELECT
+            d.id,
+            d.enqueued_at,
+            d.due_at,
+{% if has_priority %}
+            d.priority,
+{% endif %}
+            d.leased_at,
+            now_utc,
+            (extract(EPOCH FROM now_utc - d.leased_at) * 1000)::bigint,
+            d.leased_by,
+            d.attempts,
+            d.payload
+        FROM done AS d
+        RETURNING 1
+    )
+
+    SELECT count(*) INTO done_count FROM kept;
+{% else %}
+    DELETE FROM {{ t }} AS m
+    WHERE m.id = {{ fn }}_complete.id AND m.leased_by = {{ fn }}_complete.worker AND m.visible_at > now_utc;
+    GET DIAGNOSTICS done_count = ROW_COUNT;
+{% endif %}
+    RETURN QUERY SELECT done_count > 0;
+END;
+$function$;
+
+{{ m.grant('complete') }}
+
+{{ m.unit(names.plain('_fail'), 'code') }}
+-- With attempts left: release the lease, visible again after retry_after_seconds. On the last
+-- attempt: to the dead-letter table with the error. outcome: retrying | dead | lost (the caller's
+-- lease had expired or moved on: nothing changed).
+CREATE OR REPLACE FUNCTION {{ names.verb('fail') }}(
+    id {{ id_type }},
+    worker text,
+    error text DEFAULT NULL,
+    retry_after_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (outcome text)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    retry_after integer := coalesce({{ fn }}_fail.retry_after_seconds, 0);
+    changed bigint;
+BEGIN
+{{ w.check_worker('fail') }}
+    IF retry_after NOT BETWEEN 0 AND 2592000 THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_fail') ~ ": retry_after_seconds must be between 0 and 2592000, got %s.', retry_after)") }}
+    END IF;
+
+    UPDATE {{ t }} AS m
+    SET
+        leased_by = NULL,
+        visible_at = now_utc + make_interval(secs => retry_after),
+        last_error = left({{ fn }}_fail.error, 4000)
+    WHERE
+        m.id = {{ fn }}_fail.id AND m.leased_by = {{ fn }}_fail.worker AND m.visible_at > now_utc
+        AND m.attempts < {{ max_attempts }};
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed > 0 THEN
+        RETURN QUERY SELECT 'retrying'::text;
+        RETURN;
+    END IF;
+
+{{ w.bury("m.id = " ~ fn ~ "_fail.id AND m.leased_by = " ~ fn ~ "_fail.worker AND m.visible_at > now_utc", "g.attempts", "left(" ~ fn ~ "_fail.error, 4000)", "g.leased_by", "changed") }}
+    RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+END;
+$function$;
+
+{{ m.grant('fail') }}
+
+{{ m.unit(names.plain('_extend_lease'), 'code') }}
+-- The new lease runs from now; an expired lease cannot be revived (another worker may have it).
+CREATE OR REPLACE FUNCTION {{ names.verb('extend_lease') }}(
+    id {{ id_type }},
+    worker text,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (extended boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    effective_lease integer := coalesce({{ fn }}_extend_lease.lease_seconds, {{ lease_seconds }});
+    changed bigint;
+BEGIN
+{{ w.check_worker('extend_lease') }}
+{{ w.check_lease('extend_lease', 'effective_lease') }}
+    UPDATE {{ t }} AS m
+    SET visible_at = now_utc + make_interval(secs => effective_lease)
+    WHERE m.id = {{ fn }}_extend_lease.id AND m.leased_by = {{ fn }}_extend_lease.worker AND m.visible_at > now_utc;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN QUERY SELECT changed > 0;
+END;
+$function$;
+
+{{ m.grant('extend_lease') }}
+
+{{ m.unit(names.plain('_stats'), 'code') }}
+-- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
+-- delayed: not yet due and not leased; in_flight: under a live lease; dead: in S.Q_dead.
+CREATE OR REPLACE FUNCTION {{ names.verb('stats') }}()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Every count stops at exact_limit rows and reads only an index range that the count matches;
+    -- past the limit the planner's row estimate stands in, so a deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint := 0;
+    delayed_count bigint := 0;
+    in_flight_count bigint;
+    dead_count bigint;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+{% if has_priority %}
+    current_level integer;
+    level_oldest timestamptz;
+{% endif %}
+BEGIN
+{% if has_priority %}
+    -- One priority level at a time, as the claim reads the index.
+    current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
+    WHILE current_level IS NOT NULL AND ready_count <= exact_limit AND delayed_count <= exact_limit LOOP
+        ready_count := ready_count + (SELECT count(*) FROM (
+            SELECT 1 FROM {{ t }} AS m
+            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            LIMIT exact_limit + 1 - ready_count
+        ) AS counted);
+        delayed_count := delayed_count + (SELECT count(*) FROM (
+            SELECT 1 FROM {{ t }} AS m
+            WHERE m.priority = current_level AND m.visible_at > now_utc AND m.leased_by IS NULL
+            LIMIT exact_limit + 1 - delayed_count
+        ) AS counted);
+        level_oldest := (
+            SELECT m.visible_at FROM {{ t }} AS m
+            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            ORDER BY m.visible_at, m.{{ tie }}
+            LIMIT 1
+        );
+        oldest_ready := least(oldest_ready, level_oldest);
+        current_level := (SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1);
+    END LOOP;
+{% else %}
+    SELECT count(*) INTO ready_count FROM (
+        SELECT 1 FROM {{ t }} AS m WHERE m.visible_at <= now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    -- The range past now also holds the in-flight rows: few, as many as leases held.
+    SELECT count(*) INTO delayed_count FROM (
+        SELECT 1 FROM {{ t }} AS m WHERE m.visible_at > now_utc AND m.leased_by IS NULL LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT m.visible_at INTO oldest_ready
+    FROM {{ t }} AS m
+    WHERE m.visible_at <= now_utc
+    ORDER BY m.visible_at, m.{{ tie }}
+    LIMIT 1;
+{% endif %}
+    SELECT count(*) INTO in_flight_count FROM (
+        SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT count(*) INTO dead_count FROM (
+        SELECT 1 FROM {{ dead_t }} AS d LIMIT exact_limit + 1
+    ) AS counted;
+
+    IF ready_count > exact_limit OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+        is_estimate := true;
+        total_estimate := {{ w.row_estimate(t) }};
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
+        ELSIF delayed_count > exact_limit THEN
+            delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);
+        ELSE
+            in_flight_count := greatest(in_flight_count, total_estimate - ready_count - delayed_count);
+        END IF;
+    END IF;
+    IF dead_count > exact_limit THEN
+        is_estimate := true;
+        dead_count := greatest(dead_count, {{ w.row_estimate(dead_t) }});
+    END IF;
+
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        in_flight_count,
+        dead_count,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+{{ m.grant('stats') }}
+
+{{ m.unit(names.plain('_purge'), 'code') }}
+-- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
+-- table is emptied with dead_delete / dead_requeue, the history with history_purge.
+CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+    -- SKIP LOCKED leaves the rows a claim holds right now.
+    WITH doomed AS (
+        SELECT m.id FROM {{ t }} AS m
+        WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    deleted AS (
+        DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+    )
+
+    SELECT count(*) INTO purged_count FROM deleted;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+{{ m.grant('purge') }}
+
+{{ m.unit(names.plain('_dead_list'), 'code') }}
+-- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
+-- `limit`: a reserved word in PostgreSQL would need quoting at every call.)
+CREATE OR REPLACE FUNCTION {{ names.verb('dead_list') }}(
+    after_id {{ id_type }} DEFAULT NULL,
+    page_size integer DEFAULT 100
+)
+RETURNS TABLE (
+    id {{ id_type }},
+    payload {{ payload_type }},
+    enqueued_at timestamptz,
+    due_at timestamptz,
+{% if has_priority %}
+    priority integer,
+{% endif %}
+{% if dedupe %}
+    dedupe_key text,
+{% endif %}
+    attempts integer,
+    last_error text,
+    last_worker text,
+    dead_at timestamptz
+)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+BEGIN
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1000 THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_dead_list') ~ ": page_size must be between 1 and 1000, got %s.', coalesce(page_size::text, 'NULL'))") }}
+    END IF;
+    RETURN QUERY
+    SELECT
+        d.id,
+        d.payload,
+        d.enqueued_at,
+        d.due_at,
+{% if has_priority %}
+        d.priority,
+{% endif %}
+{% if dedupe %}
+        d.dedupe_key,
+{% endif %}
+        d.attempts,
+        d.last_error,
+        d.last_worker,
+        d.dead_at
+    FROM {{ dead_t }} AS d
+    WHERE {{ fn }}_dead_list.after_id IS NULL OR d.id > {{ fn }}_dead_list.after_id
+    ORDER BY d.id
+    LIMIT page_size;
+END;
+$function$;
+
+{{ m.grant('dead_list') }}
+
+{{ m.unit(names.plain('_dead_requeue'), 'code') }}
+-- Back to the queue under the same id, visible now, attempts reset; the last error stays on the
+-- row for reference.
+CREATE OR REPLACE FUNCTION {{ names.verb('dead_requeue') }}(id {{ id_type }})
+RETURNS TABLE (requeued boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    moved bigint;
+BEGIN
+{% if client_ids %}
+    -- The same client id may have been enqueued again.
+    PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_dead_requeue.id FOR UPDATE;
+    IF FOUND THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_dead_requeue') ~ ": a message with id %s is in the queue already.', " ~ fn ~ "_dead_requeue.id)") }}
+    END IF;
+{% endif %}
+    -- Queue table first, then dead table (the fixed lock order): insert the copy, then delete.
+    -- The delete decides: a concurrent requeue or delete that got there first rolls this back.
+    INSERT INTO {{ t }} AS m (
+        id, enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}attempts, last_error, payload
+    )
+{% if not client_ids %}
+    OVERRIDING SYSTEM VALUE
+{% endif %}
+    SELECT
+        d.id,
+        d.enqueued_at,
+        d.due_at,
+        now_utc,
+{% if has_priority %}
+        d.priority,
+{% endif %}
+{% if dedupe %}
+        -- The key may have been enqueued again since: then the message comes back without it
+        -- rather than not at all (requeue is a deliberate admin action on this one message).
+        CASE WHEN NOT EXISTS (SELECT FROM {{ t }} AS k WHERE k.dedupe_key = d.dedupe_key) THEN d.dedupe_key END,
+{% endif %}
+        0,
+        d.last_error,
+        d.payload
+    FROM {{ dead_t }} AS d
+    WHERE d.id = {{ fn }}_dead_requeue.id;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved > 0 THEN
+        DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id;
+        GET DIAGNOSTICS moved = ROW_COUNT;
+    END IF;
+    IF moved = 0 THEN
+{{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") }}
+    END IF;
+    RETURN QUERY SELECT true;
+END;
+$function$;
+
+{{ m.grant('dead_requeue') }}
+
+{{ m.unit(names.plain('_dead_delete'), 'code') }}
+CREATE OR REPLACE FUNCTION {{ names.verb('dead_delete') }}(id {{ id_type }})
+RETURNS TABLE (deleted boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    removed bigint;
+BEGIN
+    DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_delete.id;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF removed = 0 THEN
+{{ m.throw('not_found', "format('" ~ names.plain('_dead_delete') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_delete.id)") }}
+    END IF;
+    RETURN QUERY SELECT true;
+END;
+$function$;
+
+{{ m.grant('dead_delete') }}
+{% if history %}
+
+{{ m.unit(names.plain('_history_purge'), 'code') }}
+CREATE OR REPLACE FUNCTION {{ names.verb('history_purge') }}(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Default retention: history_retention_days ({{ opt.history_retention_days }}) days.
+    cutoff timestamptz := coalesce(
+        {{ fn }}_history_purge.older_than, clock_timestamp() - make_interval(days => {{ opt.history_retention_days }})
+    );
+    purged_count bigint;
+BEGIN
+    DELETE FROM {{ history_t }} AS h WHERE h.finished_at < cutoff;
+    GET DIAGNOSTICS purged_count = ROW_COUNT;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+{{ m.grant('history_purge') }}
+{% endif %}
+{% if handler %}
+{% set handler_parts = handler.split('.') if '.' in handler else [schema, handler] %}
+
+{{ m.unit(names.plain('_process'), 'code') }}
+-- The in-database worker (Darling's loop): claim one message and COMMIT (the attempt and the lease
+-- are durable before the handler runs, so a session that dies mid-message still counts it), CALL
+-- the handler, complete in the same transaction as the handler's own writes, COMMIT; or, when the
+-- handler raises, roll its writes back and record its error with fail. Safe to run from many
+-- sessions at once (each is its own worker, 'process:<backend pid>').
+--
+-- Unlike every function here it has no definer rights and no pinned search_path: PostgreSQL refuses
+-- COMMIT in a procedure that has either (SQLSTATE 2D000). Nothing is lost by it: the procedure
+-- touches no table itself; it calls the definer functions dequeue / complete / fail, so its
+-- caller needs EXECUTE on those (S_consumer) and on the handler. It runs with the caller's rights,
+-- so the caller's search_path can only mislead the caller; the routines it calls are
+-- schema-qualified all the same.
+CREATE OR REPLACE PROCEDURE {{ names.verb('process') }}(
+    time_budget_seconds integer DEFAULT 60,
+    INOUT processed bigint DEFAULT NULL,
+    INOUT completed bigint DEFAULT NULL,
+    INOUT failed bigint DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+#variable_conflict use_column
+DECLARE
+    worker_name text := 'process:' || pg_catalog.pg_backend_pid()::text;
+    deadline timestamptz;
+    message record;
+    lease_kept boolean;
+    lease_lost boolean;
+    outcome_text text;
+    error_text text;
+BEGIN
+    -- It commits once per message, so it must not run inside a caller's transaction. A caller that
+    -- has written something is refused here; a transaction block with nothing written yet is
+    -- refused by PostgreSQL itself at the COMMIT below (2D000), before anything has been done:
+    -- PL/pgSQL cannot ask whether its CALL is atomic.
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+{{ m.throw('in_transaction', "'" ~ names.plain('_process') ~ ": commits once per message and cannot run inside an open transaction.'") }}
+    END IF;
+    IF time_budget_seconds IS NULL OR time_budget_seconds NOT BETWEEN 1 AND 86400 THEN
+{{ m.throw('invalid_argument', "pg_catalog.format('" ~ names.plain('_process') ~ ": time_budget_seconds must be between 1 and 86400, got %s.', coalesce(time_budget_seconds::text, 'NULL'))") }}
+    END IF;
+    COMMIT;
+
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_proc AS p
+        INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
+        WHERE n.nspname = '{{ handler_parts[0] }}' AND p.proname = '{{ handler_parts[1] }}' AND p.prokind = 'p'
+    ) THEN
+{{ m.throw('no_handler', "'" ~ names.plain('_process') ~ ": handler procedure " ~ handler_parts[0] ~ "." ~ handler_parts[1] ~ " does not exist.'") }}
+    END IF;
+
+    processed := 0;
+    completed := 0;
+    failed := 0;
+    deadline := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => time_budget_seconds);
+    WHILE pg_catalog.clock_timestamp() < deadline LOOP
+        SELECT d.id, d.payload INTO message
+        FROM {{ names.verb('dequeue') }}(batch_size => 1, worker => worker_name) AS d;
+        EXIT WHEN NOT FOUND;
+        COMMIT;
+        processed := processed + 1;
+        lease_lost := false;
+
+        BEGIN
+            EXECUTE pg_catalog.format('CALL %I.%I($1, $2)', '{{ handler_parts[0] }}', '{{ handler_parts[1] }}')
+            USING message.id, message.payload;
+            SELECT c.completed INTO lease_kept
+            FROM {{ names.verb('complete') }}(id => message.id, worker => worker_name) AS c;
+            IF NOT lease_kept THEN
+                -- The lease expired under the handler and may be another worker's now: undo the
+                -- handler's writes (this block's subtransaction), the message runs again elsewhere.
+                lease_lost := true;
+                RAISE EXCEPTION 'lease lost';
+            END IF;
+            completed := completed + 1;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT lease_lost THEN
+                GET STACKED DIAGNOSTICS error_text = MESSAGE_TEXT;
+                SELECT f.outcome INTO outcome_text
+                FROM {{ names.verb('fail') }}(
+                    id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
+                ) AS f;
+                IF outcome_text <> 'lost' THEN
+                    failed := failed + 1;
+                END IF;
+            END IF;
+        END;
+        COMMIT;
+    END LOOP;
+END;
+$procedure$;
+
+{{ m.grant('process', 'PROCEDURE') }}
+{% endif %}

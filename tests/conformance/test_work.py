@@ -1,0 +1,617 @@
+"""Conformance: the work kind (lease-based, at-least-once) through the public contract.
+
+Engine-agnostic: every test runs once per configured engine (PostgreSQL always, SQL Server when
+TABLEQUEUE_MSSQL_URL is set) and talks to the queue through tablequeue.client, i.e. the procedures
+and functions of DESIGN.md §3 and docs/work-queue.md. The only direct table reads are of the
+history table, which no verb lists (an operator reads it), and they are marked as such.
+
+Times: leases of 1-2 seconds and short sleeps; "now" comes from the server (a message's due_at
+when enqueued without one), never from the client's clock.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tablequeue.catalog import parse_catalog
+from tablequeue.client import QueueClient
+from tablequeue.errors import QUEUE_ERRORS
+
+UTC = timezone.utc
+LOCK_TIMEOUT_SECONDS = 20
+SAMPLES: dict[str, Any] = {
+    "json": {"n": 1, "text": "grüße ✓", "list": [1, 2, {"x": None}]},
+    "text": "grüße ✓ – text",
+    "binary": bytes(range(256)),
+}
+
+
+def work(name: str = "q", payload: str = "json", **options: Any) -> dict[str, Any]:
+    return {"name": name, "kind": "work", "payload": payload, "options": options}
+
+
+CLOCK_QUEUE = parse_catalog({"queues": [work("clock")]}).queue("clock")
+
+
+# --- engine-neutral helpers (as in test_destructive.py) ------------------------------------------
+
+def error_code(exc: BaseException) -> str | None:
+    """psycopg's SQLSTATE, or the SQL Server error number pyodbc puts in the message."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate:
+        return str(sqlstate)
+    text = " ".join(str(arg) for arg in getattr(exc, "args", ())) or str(exc)
+    numbers = re.findall(r"\((\d{3,6})\)\s*\(SQL\w+\)", text) or re.findall(r"\((\d{3,6})\)", text)
+    return numbers[-1] if numbers else None
+
+
+@contextmanager
+def raises_queue_error(client: QueueClient, key: str) -> Iterator[None]:
+    expected = QUEUE_ERRORS[key].postgres if client.dialect == "postgres" else str(QUEUE_ERRORS[key].mssql)
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - any driver's error class
+        assert error_code(exc) == expected, f"expected {key} ({expected}), got {error_code(exc)}: {exc}"
+        if not getattr(client.conn, "autocommit", True):
+            client.conn.rollback()
+    else:
+        pytest.fail(f"expected {key} ({expected}); the call succeeded")
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def payload_of(client: QueueClient, value: Any) -> Any:
+    if client.queue.payload == "json" and isinstance(value, str):
+        return json.loads(value)
+    if client.queue.payload == "binary" and value is not None:
+        return bytes(value)
+    return value
+
+
+def ids(rows: list[dict]) -> list[Any]:
+    return [row["id"] for row in rows]
+
+
+def counts(client: QueueClient) -> tuple[int, int, int, int]:
+    stats = client.stats()
+    assert not stats["estimated"]
+    return stats["ready"], stats["delayed"], stats["in_flight"], stats["dead"]
+
+
+@dataclass
+class Env:
+    deployed: Any
+    connections: list[Any] = field(default_factory=list)
+
+    @property
+    def dialect(self) -> str:
+        return self.deployed.dialect
+
+    def client(self, name: str = "q", autocommit: bool = True) -> QueueClient:
+        conn = self.deployed.connect(autocommit=autocommit)
+        self.connections.append(conn)
+        if self.dialect == "postgres":
+            conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+        else:
+            conn.execute(f"SET LOCK_TIMEOUT {LOCK_TIMEOUT_SECONDS * 1000}")
+        if not autocommit:
+            conn.commit()
+        return self.deployed.client(name, conn)
+
+    def table_rows(self, table_suffix: str, columns: str, queue: str = "q") -> list[dict]:
+        """Direct read of one of the queue's tables (an operator's view; no verb lists history)."""
+        schema = self.deployed.catalog.schema
+        name = f"{queue}{table_suffix}"
+        conn = self.connections[0] if self.connections else self.client(queue).conn
+        if self.dialect == "postgres":
+            cursor = conn.execute(f'SELECT {columns} FROM "{schema}"."{name}"')
+            names = [c.name for c in cursor.description]
+        else:
+            cursor = conn.cursor()
+            cursor.execute(f"SELECT {columns} FROM [{schema}].[{name}]")
+            names = [c[0] for c in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    def close(self) -> None:
+        for conn in self.connections:
+            try:
+                if not getattr(conn, "autocommit", True):
+                    conn.rollback()
+                conn.close()
+            except Exception:  # noqa: BLE001 - best effort, the schema is dropped next
+                pass
+
+
+@pytest.fixture
+def deploy(deploy_queues: Callable[..., Any]) -> Iterator[Callable[..., Env]]:
+    envs: list[Env] = []
+
+    def _deploy(*queues: dict[str, Any]) -> Env:
+        env = Env(deploy_queues(*queues, CLOCK))
+        envs.append(env)
+        return env
+
+    yield _deploy
+    for env in envs:
+        env.close()
+
+
+CLOCK = work("clock")
+
+
+def server_now(client: QueueClient) -> datetime:
+    """The server's UTC clock: a message enqueued without due_at is due at the server's now. Read
+    through a queue of its own ("clock", deployed with every test queue), so it takes nothing."""
+    clock = QueueClient(client.conn, client.dialect, client.schema, CLOCK_QUEUE)
+    probe = clock.enqueue({"probe": True})
+    got = clock.dequeue(worker="clock")
+    assert ids(got) == [probe["id"]] and clock.complete(probe["id"], "clock")
+    return as_utc(got[0]["due_at"])
+
+
+# --- enqueue, dequeue, complete ------------------------------------------------------------------
+
+@pytest.mark.parametrize("payload", ["json", "text", "binary"])
+def test_a_message_is_leased_once_with_its_payload_attempts_and_times(deploy, payload) -> None:
+    client = deploy(work(payload=payload)).client()
+    sent = client.enqueue(SAMPLES[payload])
+    assert sent["duplicate"] in (False, 0)
+
+    got = client.dequeue(worker="a")
+    assert ids(got) == [sent["id"]]
+    message = got[0]
+    assert payload_of(client, message["payload"]) == SAMPLES[payload]
+    assert message["attempts"] == 1
+    # Enqueued without due_at: due when enqueued.
+    assert abs(as_utc(message["due_at"]) - as_utc(message["enqueued_at"])) < timedelta(seconds=1)
+    assert client.dequeue(worker="b") == []
+    assert client.complete(sent["id"], "a") is True
+    assert client.dequeue(worker="b") == []
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_dequeue_hands_out_messages_in_visible_order_up_to_batch_size(deploy) -> None:
+    client = deploy(work()).client()
+    now = server_now(client)
+    dues = [now - timedelta(minutes=m) for m in (1, 5, 3, 4, 2)]
+    sent = ids([client.enqueue({"i": i}, due_at=due) for i, due in enumerate(dues)])
+    expected = [i for _, i in sorted(zip(dues, sent))]
+
+    first = client.dequeue(batch_size=2, worker="a")
+    rest = client.dequeue(batch_size=10, worker="b")
+
+    assert ids(first) == expected[:2]
+    assert ids(rest) == expected[2:]
+    assert client.dequeue(batch_size=10, worker="c") == []
+
+
+@pytest.mark.parametrize("arguments", [
+    {"batch_size": 0, "worker": "w"}, {"batch_size": 1001, "worker": "w"},
+    {"worker": None}, {"worker": ""}, {"worker": "w" * 201},
+    {"worker": "w", "lease_seconds": 0}, {"worker": "w", "lease_seconds": 604801},
+], ids=["batch0", "batch1001", "no-worker", "empty-worker", "long-worker", "lease0", "lease-too-long"])
+def test_dequeue_arguments_out_of_range_are_invalid_argument(deploy, arguments) -> None:
+    client = deploy(work()).client()
+    client.enqueue({"x": 1})
+    with raises_queue_error(client, "invalid_argument"):
+        client.call("dequeue", arguments, required=("worker",))
+    assert counts(client) == (1, 0, 0, 0)
+
+
+def test_a_null_payload_and_json_that_is_not_an_object_are_invalid_payload(deploy) -> None:
+    client = deploy(work()).client()
+    with raises_queue_error(client, "invalid_payload"):
+        client.enqueue(None)
+    with raises_queue_error(client, "invalid_payload"):
+        client.enqueue("42")
+    with raises_queue_error(client, "invalid_payload"):
+        client.enqueue_batch([{"payload": {"a": 1}}, {"payload": None}])
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_complete_by_anyone_but_the_holder_changes_nothing(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a")
+
+    assert client.complete(sent["id"], "b") is False
+    assert client.fail(sent["id"], "b", "not mine") == "lost"
+    assert client.extend_lease(sent["id"], "b", 60) is False
+    assert counts(client) == (0, 0, 1, 0)
+    assert client.complete(sent["id"], "a") is True
+    assert client.complete(sent["id"], "a") is False  # completed once
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_complete_fail_and_extend_need_a_worker(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a")
+    for verb, params in (("complete", {}), ("fail", {"error": "e"}), ("extend_lease", {})):
+        with raises_queue_error(client, "invalid_argument"):
+            client.call(verb, {"id": sent["id"], "worker": None, **params}, required=("worker",))
+    assert client.complete(sent["id"], "a") is True
+
+
+# --- scheduled start -----------------------------------------------------------------------------
+
+def test_nothing_is_handed_out_before_its_due_at(deploy) -> None:
+    client = deploy(work()).client()
+    now = server_now(client)
+    due = now + timedelta(seconds=2)
+    later = client.enqueue({"when": "later"}, due_at=due)
+    batch = client.enqueue_batch([{"payload": {"when": "batch"}, "due_at": due},
+                                  {"payload": {"when": "now"}}])
+
+    got = client.dequeue(batch_size=10, worker="a")
+    assert ids(got) == [batch[1]["id"]]
+    assert client.complete(batch[1]["id"], "a")
+    assert counts(client) == (0, 2, 0, 0)
+    stats = client.stats()
+    assert stats["oldest_ready_age_seconds"] is None
+
+    while server_now(client) < due:
+        assert client.dequeue(batch_size=10, worker="a") == []
+        time.sleep(0.2)
+    got = client.dequeue(batch_size=10, worker="a")
+    assert sorted(ids(got), key=str) == sorted([later["id"], batch[0]["id"]], key=str)
+    for message in got:
+        assert abs(as_utc(message["due_at"]) - due) < timedelta(milliseconds=1)
+    assert counts(client) == (0, 0, 2, 0)
+
+
+# --- leases --------------------------------------------------------------------------------------
+
+def test_an_expired_lease_makes_the_message_visible_again_as_a_new_attempt(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})
+    assert client.dequeue(worker="a", lease_seconds=1)[0]["attempts"] == 1
+    assert counts(client) == (0, 0, 1, 0)
+
+    time.sleep(1.2)
+    assert counts(client) == (1, 0, 0, 0)
+    assert client.stats()["oldest_ready_age_seconds"] > 0
+    again = client.dequeue(worker="b", lease_seconds=30)
+    assert ids(again) == [sent["id"]] and again[0]["attempts"] == 2
+    assert counts(client) == (0, 0, 1, 0)
+
+
+def test_a_stale_complete_after_the_lease_moved_on_returns_false_and_keeps_the_message(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a", lease_seconds=1)
+    time.sleep(1.2)
+    assert ids(client.dequeue(worker="b", lease_seconds=30)) == [sent["id"]]
+
+    # a comes back late: nothing it does counts.
+    assert client.complete(sent["id"], "a") is False
+    assert client.fail(sent["id"], "a", "late") == "lost"
+    assert client.extend_lease(sent["id"], "a", 60) is False
+    assert counts(client) == (0, 0, 1, 0)
+    assert client.complete(sent["id"], "b") is True
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_an_expired_lease_cannot_be_completed_even_before_anyone_else_took_it(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a", lease_seconds=1)
+    time.sleep(1.2)
+    assert client.complete(sent["id"], "a") is False
+    assert client.extend_lease(sent["id"], "a", 30) is False
+    assert counts(client) == (1, 0, 0, 0)
+
+
+def test_extend_lease_keeps_the_message_from_other_workers(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a", lease_seconds=1)
+    assert client.extend_lease(sent["id"], "a", 5) is True
+    time.sleep(1.3)
+    assert client.dequeue(worker="b") == []
+    assert counts(client) == (0, 0, 1, 0)
+    assert client.complete(sent["id"], "a") is True
+
+
+def test_a_restarted_worker_gets_its_own_leased_messages_back_before_anyone_elses(deploy) -> None:
+    client = deploy(work()).client()
+    now = server_now(client)
+    # Visible long ago: anyone's claim would take these first.
+    old = ids([client.enqueue({"i": i}, due_at=now - timedelta(hours=1)) for i in range(2)])
+    mine = ids([client.enqueue({"i": i}) for i in range(2, 4)])
+    # Worker a takes the two oldest, then c takes the other two ...
+    assert ids(client.dequeue(batch_size=2, worker="a", lease_seconds=60)) == old
+    assert ids(client.dequeue(batch_size=2, worker="c", lease_seconds=1)) == mine
+    time.sleep(1.2)
+    # ... c's lease expired (those two are visible, and older than anything a holds would be),
+    # yet a, restarting under its name, gets its own unexpired messages first.
+    assert counts(client) == (2, 0, 2, 0)
+    again = client.dequeue(batch_size=3, worker="a", lease_seconds=60)
+    assert ids(again)[:2] == old
+    assert [m["attempts"] for m in again[:2]] == [2, 2]
+    assert ids(again)[2:] == mine[:1]
+    # Another worker never gets a's leased messages.
+    assert ids(client.dequeue(batch_size=10, worker="b")) == mine[1:]
+    assert counts(client) == (0, 0, 4, 0)
+
+
+def test_a_rolled_back_dequeue_leases_nothing_and_counts_no_attempt(deploy) -> None:
+    env = deploy(work())
+    producer = env.client()
+    sent = producer.enqueue({"x": 1})
+    consumer = env.client(autocommit=False)
+    assert ids(consumer.dequeue(worker="a")) == [sent["id"]]
+    consumer.conn.rollback()
+    again = producer.dequeue(worker="b")
+    assert ids(again) == [sent["id"]] and again[0]["attempts"] == 1
+
+
+# --- fail, max_attempts and the dead-letter table ------------------------------------------------
+
+def test_fail_retries_after_the_delay_and_the_last_attempt_goes_to_dead(deploy) -> None:
+    client = deploy(work(max_attempts=2)).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a")
+
+    assert client.fail(sent["id"], "a", "first error", retry_after_seconds=1) == "retrying"
+    assert counts(client) == (0, 1, 0, 0)
+    assert client.dequeue(worker="a") == []
+    time.sleep(1.2)
+    assert counts(client) == (1, 0, 0, 0)
+    second = client.dequeue(worker="b")
+    assert ids(second) == [sent["id"]] and second[0]["attempts"] == 2
+
+    assert client.fail(sent["id"], "b", "second error") == "dead"
+    assert counts(client) == (0, 0, 0, 1)
+    assert client.dequeue(worker="a") == []
+    dead = client.dead_list()
+    assert len(dead) == 1
+    row = dead[0]
+    assert row["id"] == sent["id"]
+    assert row["attempts"] == 2
+    assert row["last_error"] == "second error"
+    assert row["last_worker"] == "b"
+    assert payload_of(client, row["payload"]) == {"x": 1}
+
+
+def test_fail_without_a_delay_makes_the_message_visible_at_once(deploy) -> None:
+    client = deploy(work(max_attempts=3)).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a")
+    assert client.fail(sent["id"], "a", "boom") == "retrying"
+    # fail releases the lease: not the worker's "own" message any more, anyone may take it.
+    assert ids(client.dequeue(worker="b")) == [sent["id"]]
+
+
+def test_retry_after_seconds_out_of_range_is_invalid_argument(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a")
+    with raises_queue_error(client, "invalid_argument"):
+        client.fail(sent["id"], "a", "e", retry_after_seconds=-1)
+    assert counts(client) == (0, 0, 1, 0)
+
+
+def test_a_lease_that_expires_max_attempts_times_ends_dead_and_frees_its_place_in_the_batch(deploy) -> None:
+    client = deploy(work(max_attempts=2)).client()
+    now = server_now(client)
+    doomed = client.enqueue({"doomed": True}, due_at=now - timedelta(minutes=1))
+    client.dequeue(worker="a", lease_seconds=1)
+    time.sleep(1.2)
+    assert client.dequeue(worker="b", lease_seconds=1)[0]["attempts"] == 2
+    # Visible just after the second lease expires: the claim meets the doomed message first.
+    other = client.enqueue({"other": True}, due_at=server_now(client) + timedelta(seconds=1.1))
+    time.sleep(1.3)
+
+    # The claim that would be a third attempt moves it to dead, and the batch of one is still
+    # filled with the next visible message.
+    got = client.dequeue(batch_size=1, worker="c")
+    assert ids(got) == [other["id"]]
+    dead = client.dead_list()
+    assert ids(dead) == [doomed["id"]]
+    assert dead[0]["attempts"] == 2
+    assert dead[0]["last_error"] == "lease expired"
+    assert dead[0]["last_worker"] == "b"
+    assert counts(client) == (0, 0, 1, 1)
+
+
+def test_a_restarted_worker_whose_own_message_used_every_attempt_sends_it_to_dead(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a", lease_seconds=60)
+    assert client.dequeue(worker="a") == []  # a restarts: its one attempt is used up
+    assert ids(client.dead_list()) == [sent["id"]]
+    assert client.dead_list()[0]["last_error"] == "lease expired"
+
+
+def test_dead_requeue_puts_the_message_back_with_attempts_reset(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a")
+    assert client.fail(sent["id"], "a", "boom") == "dead"
+
+    assert client.dead_requeue(sent["id"]) is True
+    assert client.dead_list() == []
+    assert counts(client) == (1, 0, 0, 0)
+    again = client.dequeue(worker="b")
+    assert ids(again) == [sent["id"]] and again[0]["attempts"] == 1
+    assert payload_of(client, again[0]["payload"]) == {"x": 1}
+    assert client.complete(sent["id"], "b") is True
+
+
+def test_dead_delete_removes_the_message_and_unknown_ids_are_not_found(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
+    sent = client.enqueue({"x": 1})
+    client.dequeue(worker="a")
+    client.fail(sent["id"], "a", "boom")
+
+    assert client.dead_delete(sent["id"]) is True
+    assert counts(client) == (0, 0, 0, 0)
+    with raises_queue_error(client, "not_found"):
+        client.dead_delete(sent["id"])
+    with raises_queue_error(client, "not_found"):
+        client.dead_requeue(sent["id"])
+
+
+def test_dead_list_pages_in_id_order(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
+    sent = ids(client.enqueue_batch({"payload": {"i": i}} for i in range(5)))
+    for message in client.dequeue(batch_size=5, worker="a"):
+        assert client.fail(message["id"], "a", f"error {message['id']}") == "dead"
+
+    pages, after = [], None
+    while True:
+        page = client.dead_list(after_id=after, limit=2)
+        if not page:
+            break
+        assert len(page) <= 2
+        pages.append(ids(page))
+        after = page[-1]["id"]
+    assert pages == [sent[0:2], sent[2:4], sent[4:5]]
+    with raises_queue_error(client, "invalid_argument"):
+        client.dead_list(limit=0)
+
+
+# --- options -------------------------------------------------------------------------------------
+
+def test_dedupe_reports_the_queued_message_until_it_is_completed(deploy) -> None:
+    client = deploy(work(dedupe=True)).client()
+    first = client.enqueue({"n": 1}, dedupe_key="k")
+    again = client.enqueue({"n": 2}, dedupe_key="k")
+    assert again == {"id": first["id"], "duplicate": again["duplicate"]} and again["duplicate"]
+
+    batch = client.enqueue_batch([{"payload": {"n": 3}, "dedupe_key": "k"},
+                                  {"payload": {"n": 4}, "dedupe_key": "new"},
+                                  {"payload": {"n": 5}, "dedupe_key": "new"},
+                                  {"payload": {"n": 6}}])
+    assert [bool(r["duplicate"]) for r in batch] == [True, False, True, False]
+    assert batch[0]["id"] == first["id"] and batch[2]["id"] == batch[1]["id"]
+
+    # Leased is still queued: still a duplicate.
+    client.dequeue(batch_size=10, worker="a")
+    assert client.enqueue({"n": 7}, dedupe_key="k")["duplicate"]
+    assert client.complete(first["id"], "a")
+    fresh = client.enqueue({"n": 8}, dedupe_key="k")
+    assert not fresh["duplicate"] and fresh["id"] != first["id"]
+
+
+def test_a_dedupe_key_needs_option_dedupe(deploy) -> None:
+    client = deploy(work()).client()
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue({"x": 1}, dedupe_key="k")
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue_batch([{"payload": {"x": 1}, "dedupe_key": "k"}])
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_priority_hands_out_higher_levels_first_then_visible_order(deploy) -> None:
+    client = deploy(work(priority=True)).client()
+    now = server_now(client)
+    low_old = client.enqueue({"p": 0}, due_at=now - timedelta(minutes=5))
+    high = client.enqueue({"p": 5}, priority=5)
+    mid = client.enqueue_batch([{"payload": {"p": 1}, "priority": 1},
+                                {"payload": {"p": 1}, "priority": 1, "due_at": now - timedelta(minutes=1)}])
+    # A delayed message at the top level must not hide the ready ones below it.
+    client.enqueue({"p": 9}, priority=9, due_at=now + timedelta(hours=1))
+
+    got = client.dequeue(batch_size=10, worker="a")
+    assert ids(got) == [high["id"], mid[1]["id"], mid[0]["id"], low_old["id"]]
+    assert counts(client) == (0, 1, 4, 0)
+
+
+def test_priorities_and_client_ids_need_their_options(deploy) -> None:
+    client = deploy(work()).client()
+    for item in ({"priority": 1}, {"id": uuid.uuid4()}, {"enqueued_at": datetime.now(UTC)}):
+        with raises_queue_error(client, "invalid_argument"):
+            client.enqueue_batch([{"payload": {"x": 1}, **item}])
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_client_ids_and_times_are_kept_and_an_id_enqueued_twice_is_a_duplicate(deploy) -> None:
+    client = deploy(work(client_ids=True)).client()
+    given = uuid.uuid4()
+    created = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
+    first = client.enqueue({"n": 1}, id=given, enqueued_at=created)
+    assert first["id"] == given and not first["duplicate"]
+    again = client.enqueue({"n": 2}, id=given)
+    assert again["id"] == given and again["duplicate"]
+    generated = client.enqueue({"n": 3})
+    assert isinstance(generated["id"], uuid.UUID) and generated["id"] != given
+
+    other = uuid.uuid4()
+    batch = client.enqueue_batch([{"payload": {"n": 4}, "id": other},
+                                  {"payload": {"n": 5}, "id": given},
+                                  {"payload": {"n": 6}, "id": other},
+                                  {"payload": {"n": 7}}])
+    assert [r["id"] for r in batch[:3]] == [other, given, other]
+    assert [bool(r["duplicate"]) for r in batch] == [False, True, True, False]
+
+    got = {m["id"]: m for m in client.dequeue(batch_size=10, worker="a")}
+    assert set(got) == {given, generated["id"], other, batch[3]["id"]}
+    assert as_utc(got[given]["enqueued_at"]) == created
+    assert payload_of(client, got[given]["payload"]) == {"n": 1}
+
+
+def test_history_keeps_completed_messages_and_history_purge_removes_old_ones(deploy) -> None:
+    env = deploy(work(history=True, history_retention_days=7))
+    client = env.client()
+    sent = client.enqueue({"x": 1})
+    failed_once = client.enqueue({"x": 2})
+    client.dequeue(batch_size=2, worker="a")
+    assert client.fail(failed_once["id"], "a", "boom") == "retrying"
+    client.dequeue(worker="b")
+    time.sleep(0.05)
+    assert client.complete(sent["id"], "a") and client.complete(failed_once["id"], "b")
+    assert client.complete(sent["id"], "a") is False
+
+    # No verb lists the history: read the table as an operator would.
+    rows = {r["id"]: r for r in env.table_rows(
+        "_history", "id, enqueued_at, started_at, finished_at, duration_ms, worker, attempts")}
+    assert set(rows) == {sent["id"], failed_once["id"]}
+    assert rows[sent["id"]]["worker"] == "a" and rows[sent["id"]]["attempts"] == 1
+    assert rows[failed_once["id"]]["worker"] == "b" and rows[failed_once["id"]]["attempts"] == 2
+    for row in rows.values():
+        assert as_utc(row["enqueued_at"]) <= as_utc(row["started_at"]) <= as_utc(row["finished_at"])
+        assert row["duration_ms"] >= 0
+    assert rows[sent["id"]]["duration_ms"] >= 40
+
+    assert client.history_purge() == 0  # default retention: 7 days
+    assert client.history_purge(older_than=server_now(client) + timedelta(seconds=1)) == 2
+    assert env.table_rows("_history", "id") == []
+
+
+def test_purge_removes_queued_messages_older_than_the_cutoff(deploy) -> None:
+    client = deploy(work()).client()
+    client.enqueue({"x": 1})
+    cutoff = server_now(client)
+    time.sleep(0.05)
+    newer = client.enqueue({"x": 2})
+    assert client.purge(older_than=cutoff) == 1
+    assert ids(client.dequeue(batch_size=10, worker="a")) == [newer["id"]]
+    assert client.purge() == 1
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_stats_counts_each_state_once(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
+    now = server_now(client)
+    client.enqueue_batch([{"payload": {"i": i}} for i in range(3)])
+    client.enqueue_batch([{"payload": {"i": i}, "due_at": now + timedelta(hours=1)} for i in range(2)])
+    assert counts(client) == (3, 2, 0, 0)
+    leased = client.dequeue(batch_size=2, worker="a")
+    assert counts(client) == (1, 2, 2, 0)
+    client.fail(leased[0]["id"], "a", "boom")
+    assert counts(client) == (1, 2, 1, 1)
+    assert client.stats()["oldest_ready_age_seconds"] >= 0

@@ -162,7 +162,10 @@ BEGIN
 
     -- Every item without a key, and the first item of each key, is offered for insertion; a key
     -- already in the queue (or inserted meanwhile by a racing transaction, which ON CONFLICT waits
-    -- for) is left alone. The loop runs again only for a key whose row was dequeued in between.
+    -- for) is left alone. Rows go in in key order: two batches that share keys then wait for each
+    -- other instead of deadlocking (each would hold a key the other waits for). The ids were
+    -- drawn in item order above, so the dequeue order is still the item order. The loop runs
+    -- again only for a key whose row was dequeued between the insert and the look-up.
     LOOP
         INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}dedupe_key, payload)
         OVERRIDING SYSTEM VALUE
@@ -183,7 +186,7 @@ BEGIN
                     WHERE earlier.dedupe_key = u.dedupe_key AND earlier.ordinal < u.ordinal
                 )
             END
-        ORDER BY u.ordinal
+        ORDER BY u.dedupe_key, u.ordinal
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING;
 
         -- A new statement sees what racing transactions committed while this one waited on them.
@@ -251,8 +254,10 @@ DECLARE
 BEGIN
 {{ m.check_batch_size('dequeue') }}
 {% if strict %}
-    -- Strict FIFO: one consumer at a time until its transaction ends. FOR UPDATE without SKIP
-    -- LOCKED is not enough: after waiting on a row that was then deleted, LIMIT returns nothing.
+    -- Strict FIFO: one consumer at a time until its transaction ends, so hand-outs commit in
+    -- order and a rolled-back batch is handed out again first. Waiting on row locks alone (FOR
+    -- UPDATE without SKIP LOCKED) would also order them with this plan, but would make the order
+    -- depend on how the plan combines LIMIT with row locks; the lock states the rule.
     PERFORM pg_advisory_xact_lock(hashtextextended('tablequeue:{{ names.plain() }}', 0));
 {% elif claim_order == 'none' %}
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a

@@ -31,11 +31,19 @@ def available_kinds() -> list[str]:
     return [k for k in KINDS if (TEMPLATE_ROOT / "postgres" / f"{k}.sql").exists()]
 
 
-def queue_entries(kinds: list[str], extra_work_history: bool = False) -> list[dict]:
+PROPOSAL_KINDS = ("fifo", "work")
+
+
+def queue_entries(kinds: list[str], extra_work_history: bool = False, proposals: bool = False) -> list[dict]:
+    """One queue per kind (q_<kind>); q_work_history (history: true) for the peer comparison;
+    q_<kind>_prop, whose functions bench/proposals.py replaces with proposed versions."""
     entries = [{"name": f"q_{kind}", "kind": kind, "payload": "json"} for kind in kinds]
     if "work" in kinds and extra_work_history:
         entries.append({"name": "q_work_history", "kind": "work", "payload": "json",
                         "options": {"history": True}})
+    if proposals:
+        entries += [{"name": f"q_{kind}_prop", "kind": kind, "payload": "json"}
+                    for kind in PROPOSAL_KINDS if kind in kinds]
     return entries
 
 

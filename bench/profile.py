@@ -54,3 +54,41 @@ def explain_claim(env: Env, queue: str, batch: int, label: str) -> dict[str, Any
     out["statement_buffers"] = [m.group(1) if (m := re.search(r"Buffers: ([^\n]+)", n)) else ""
                                 for n in inner]
     return out
+
+
+def planning_vs_execution(env: Env, kinds: list[str], depth: int = 1_000, repeats: int = 7) -> list[dict]:
+    """Planning and execution time of each claim statement (EXPLAIN ANALYZE, SUMMARY; literal
+    arguments, so a custom plan, as PL/pgSQL makes on every call for `LIMIT batch_size`). Median of
+    `repeats`, each in a rolled-back transaction."""
+    from statistics import median
+
+    from .ceiling import raw_destructive_dequeue
+    from .env import set_depth
+    from .work_raw import work_raw_cycle
+
+    out = []
+    for kind in kinds:
+        queue = f"q_{kind}"
+        if kind == "work":
+            script = work_raw_cycle(env, queue)
+            if script is None:
+                continue
+            lines = [x for x in script.splitlines() if x.startswith("WITH")]
+            statements = {"own-messages claim": lines[0], "visible claim": lines[1]}
+        else:
+            statements = {"claim": raw_destructive_dequeue(env, queue)}
+        set_depth(env, queue, depth)
+        for label, sql in statements.items():
+            sql = (sql.replace(":batch", "1").replace(":client_id::text", "'1'")
+                   .replace(" \\gset p_", "").strip().rstrip(";"))
+            planning, execution = [], []
+            with psycopg.connect(env.url, autocommit=True) as conn:
+                for _ in range(repeats):
+                    conn.execute("BEGIN")
+                    text = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS, SUMMARY) " + sql))
+                    conn.execute("ROLLBACK")
+                    planning.append(float(re.search(r"Planning Time: ([\d.]+) ms", text).group(1)))
+                    execution.append(float(re.search(r"Execution Time: ([\d.]+) ms", text).group(1)))
+            out.append({"kind": kind, "statement": label, "depth": depth, "planning_ms": median(planning),
+                        "execution_ms": median(execution)})
+    return out

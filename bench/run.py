@@ -14,12 +14,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ceiling, peer, vacuum
+from . import ceiling, peer, proposals, vacuum
 from .cells import cell
 from .profile import explain_claim
 from .env import REPO, available_kinds, deploy_env, machine_facts, queue_entries, server, set_depth
 
-PARTS = ("matrix", "depth", "vacuum", "ceiling", "peer")
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "proposals", "peer")
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Plan:
     vacuum_timeline_seconds: float = 15.0
     vacuum_timeline_shape: tuple[int, int] = (4, 1)
     ceiling_clients: int = 4
-    ceiling_seconds: float = 4.0
+    ceiling_seconds: float = 3.0
     ceiling_batches: tuple[int, ...] = (1, 10)
     ceiling_rounds: int = 2
     peer_processes: int = 4
@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                      "plan": asdict(plan), "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     with server() as srv:
         _log(f"server: {'embedded throwaway cluster' if srv['embedded'] else 'TABLEQUEUE_PG_URL'}")
-        env = deploy_env(srv["url"], queue_entries(kinds, extra_work_history="peer" in parts))
+        env = deploy_env(srv["url"], queue_entries(kinds, extra_work_history="peer" in parts,
+                                                   proposals="proposals" in parts))
         results["facts"] = machine_facts(srv["url"])
         results["facts"]["embedded"] = srv["embedded"]
         results["schema"] = env.schema
@@ -170,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
                     results["vacuum"] = run_vacuum(env, kinds, plan, _log)
                 elif part == "ceiling":
                     results["ceiling"] = run_ceiling(env, kinds, plan, _log)
+                    from .profile import planning_vs_execution
+
+                    results["planning"] = planning_vs_execution(env, kinds)
+                elif part == "proposals":
+                    results["proposals"] = proposals.run(env, kinds, plan.ceiling_clients, plan.ceiling_seconds,
+                                                         plan.ceiling_rounds, plan.matrix_seconds, _log)
                 elif part == "peer":
                     results["peer"] = run_peer(env, kinds, plan, _log, srv["url"])
                 results.setdefault("part_seconds", {})[part] = time.monotonic() - t0

@@ -221,8 +221,9 @@ def test_a_null_payload_and_json_that_is_not_an_object_are_invalid_payload(deplo
     assert counts(client) == (0, 0, 0, 0)
 
 
-def test_complete_by_anyone_but_the_holder_changes_nothing(deploy) -> None:
-    client = deploy(work()).client()
+@pytest.mark.parametrize("history", [False, True], ids=["plain", "history"])
+def test_complete_by_anyone_but_the_holder_changes_nothing(deploy, history) -> None:
+    client = deploy(work(history=history)).client()
     sent = client.enqueue({"x": 1})
     client.dequeue(worker="a")
 
@@ -288,8 +289,9 @@ def test_an_expired_lease_makes_the_message_visible_again_as_a_new_attempt(deplo
     assert counts(client) == (0, 0, 1, 0)
 
 
-def test_a_stale_complete_after_the_lease_moved_on_returns_false_and_keeps_the_message(deploy) -> None:
-    client = deploy(work()).client()
+@pytest.mark.parametrize("history", [False, True], ids=["plain", "history"])
+def test_a_stale_complete_after_the_lease_moved_on_returns_false_and_keeps_the_message(deploy, history) -> None:
+    client = deploy(work(history=history)).client()
     sent = client.enqueue({"x": 1})
     client.dequeue(worker="a", lease_seconds=1)
     time.sleep(1.2)
@@ -304,8 +306,9 @@ def test_a_stale_complete_after_the_lease_moved_on_returns_false_and_keeps_the_m
     assert counts(client) == (0, 0, 0, 0)
 
 
-def test_an_expired_lease_cannot_be_completed_even_before_anyone_else_took_it(deploy) -> None:
-    client = deploy(work()).client()
+@pytest.mark.parametrize("history", [False, True], ids=["plain", "history"])
+def test_an_expired_lease_cannot_be_completed_even_before_anyone_else_took_it(deploy, history) -> None:
+    client = deploy(work(history=history)).client()
     sent = client.enqueue({"x": 1})
     client.dequeue(worker="a", lease_seconds=1)
     time.sleep(1.2)

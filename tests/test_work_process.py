@@ -1,0 +1,234 @@
+"""The in-database worker S.Q_process of the work kind (Darling's loop), on every configured engine.
+
+The handler is a procedure created here: it writes a row to a table of its own and raises for
+messages marked to fail, so the tests see both what the worker did to the queue (through the
+contract) and what the handler's own writes became (kept only when the message completed).
+"""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+from typing import Any, Callable
+
+import pytest
+
+from tablequeue.errors import QUEUE_ERRORS
+
+MESSAGES = 3000
+SESSIONS = 3
+MAX_ATTEMPTS = 2
+
+
+def error_code(exc: BaseException) -> str | None:
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate:
+        return str(sqlstate)
+    text = " ".join(str(arg) for arg in getattr(exc, "args", ())) or str(exc)
+    numbers = re.findall(r"\((\d{3,6})\)\s*\(SQL\w+\)", text) or re.findall(r"\((\d{3,6})\)", text)
+    return numbers[-1] if numbers else None
+
+
+def code_of(dialect: str, key: str) -> str:
+    return QUEUE_ERRORS[key].postgres if dialect == "postgres" else str(QUEUE_ERRORS[key].mssql)
+
+
+def run(conn: Any, dialect: str, sql: str) -> list[tuple]:
+    if dialect == "postgres":
+        cursor = conn.execute(sql)
+        return cursor.fetchall() if cursor.description else []
+    cursor = conn.cursor()
+    cursor.execute(sql)
+    rows = cursor.fetchall() if cursor.description else []
+    while cursor.nextset():
+        pass
+    cursor.close()
+    return rows
+
+
+def create_handler(deployed: Any, sleep_seconds: float = 0.0) -> None:
+    """<schema>.work_handler(id, payload): records the message in <schema>.handled, then raises
+    'handler refused message <n>' when the payload says fail."""
+    schema = deployed.catalog.schema
+    conn = deployed.connect(autocommit=True)
+    try:
+        if deployed.dialect == "postgres":
+            run(conn, "postgres", f'CREATE TABLE "{schema}".handled (message_id bigint NOT NULL, n integer NOT NULL)')
+            run(conn, "postgres", f"""
+                CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb)
+                LANGUAGE plpgsql AS $handler$
+                BEGIN
+                    INSERT INTO "{schema}".handled (message_id, n) VALUES (id, (payload ->> 'n')::integer);
+                    PERFORM pg_sleep({sleep_seconds});
+                    IF (payload ->> 'fail')::boolean THEN
+                        RAISE EXCEPTION 'handler refused message %', payload ->> 'n';
+                    END IF;
+                END
+                $handler$""")
+        else:
+            run(conn, "mssql", f"CREATE TABLE [{schema}].handled (message_id bigint NOT NULL, n int NOT NULL)")
+            delay = f"00:00:{sleep_seconds:06.3f}"
+            run(conn, "mssql", f"""
+                CREATE PROCEDURE [{schema}].work_handler @id bigint, @payload nvarchar(max)
+                AS
+                BEGIN
+                    SET NOCOUNT ON;
+                    INSERT INTO [{schema}].handled (message_id, n) VALUES (@id, JSON_VALUE(@payload, '$.n'));
+                    IF {1 if sleep_seconds else 0} = 1 WAITFOR DELAY '{delay}';
+                    IF JSON_VALUE(@payload, '$.fail') = 'true'
+                    BEGIN
+                        DECLARE @message nvarchar(200) = CONCAT(N'handler refused message ', JSON_VALUE(@payload, '$.n'));
+                        THROW 50001, @message, 1;
+                    END;
+                END""")
+    finally:
+        conn.close()
+
+
+def deploy_with_handler(deploy_queues: Callable[..., Any], sleep_seconds: float = 0.0, handler: bool = True,
+                        **options: Any) -> Any:
+    schema = f"t_{secrets.token_hex(4)}"
+    queue = {"name": "jobs", "kind": "work", "payload": "json",
+             "options": {"handler": f"{schema}.work_handler", "history": True, **options}}
+    deployed = deploy_queues(queue, schema=schema)
+    if handler:
+        create_handler(deployed, sleep_seconds)
+    return deployed
+
+
+def counts(client: Any) -> tuple[int, int, int, int]:
+    stats = client.stats()
+    return stats["ready"], stats["delayed"], stats["in_flight"], stats["dead"]
+
+
+def test_three_sessions_process_every_message_once_and_failures_end_dead_with_the_handler_error(
+        deploy_queues) -> None:
+    deployed = deploy_with_handler(deploy_queues, max_attempts=MAX_ATTEMPTS, lease_seconds=60)
+    conn = deployed.connect(autocommit=True)
+    client = deployed.client("jobs", conn)
+    failing = {n for n in range(MESSAGES) if n % 10 == 3}
+    for start in range(0, MESSAGES, 1000):
+        client.enqueue_batch({"payload": {"n": n, "fail": n in failing}} for n in range(start, start + 1000))
+    assert counts(client) == (MESSAGES, 0, 0, 0)
+
+    results: list[dict] = []
+    errors: list[BaseException] = []
+
+    def session() -> None:
+        own = deployed.connect(autocommit=True)
+        try:
+            results.append(deployed.client("jobs", own).process(time_budget_seconds=240))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=session) for _ in range(SESSIONS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert len(results) == SESSIONS
+    assert all(r["processed"] > 0 for r in results), results
+
+    # Every session did a share of the work, and together exactly what the queue needed.
+    completed = MESSAGES - len(failing)
+    assert sum(r["completed"] for r in results) == completed
+    assert sum(r["failed"] for r in results) == len(failing) * MAX_ATTEMPTS
+    assert sum(r["processed"] for r in results) == completed + len(failing) * MAX_ATTEMPTS
+    assert counts(client) == (0, 0, 0, len(failing))
+
+    # The handler's writes: one per completed message, none of a failed attempt (rolled back).
+    schema = deployed.catalog.schema
+    table = f'"{schema}".handled' if deployed.dialect == "postgres" else f"[{schema}].handled"
+    handled = run(conn, deployed.dialect, f"SELECT n FROM {table}")
+    assert len(handled) == completed
+    assert {row[0] for row in handled} == set(range(MESSAGES)) - failing
+
+    # History: each completed message exactly once.
+    history = f'"{schema}".jobs_history' if deployed.dialect == "postgres" else f"[{schema}].jobs_history"
+    kept = run(conn, deployed.dialect, f"SELECT id, attempts, worker FROM {history}")
+    assert len(kept) == completed and len({row[0] for row in kept}) == completed
+    assert {row[1] for row in kept} == {1}
+    assert all(row[2].startswith("process:") for row in kept)
+
+    # The failing ones: dead after max_attempts with the handler's own error text.
+    dead, after = [], None
+    while page := client.dead_list(after_id=after, limit=1000):
+        dead.extend(page)
+        after = page[-1]["id"]
+    assert len(dead) == len(failing)
+    for row in dead:
+        n = json.loads(row["payload"])["n"] if isinstance(row["payload"], str) else row["payload"]["n"]
+        assert n in failing
+        assert row["attempts"] == MAX_ATTEMPTS
+        assert f"handler refused message {n}" in row["last_error"]
+    conn.close()
+
+
+def test_a_lease_lost_under_the_handler_undoes_its_writes_and_counts_toward_max_attempts(deploy_queues) -> None:
+    deployed = deploy_with_handler(deploy_queues, sleep_seconds=1.5, max_attempts=2, lease_seconds=1)
+    conn = deployed.connect(autocommit=True)
+    client = deployed.client("jobs", conn)
+    sent = client.enqueue({"n": 1})
+
+    result = client.process(time_budget_seconds=30)
+
+    # Two attempts outlived their lease (complete refused, the handler's row rolled back); the
+    # third claim would exceed max_attempts and buries the message instead.
+    assert result == {"processed": 2, "completed": 0, "failed": 0}
+    schema = deployed.catalog.schema
+    table = f'"{schema}".handled' if deployed.dialect == "postgres" else f"[{schema}].handled"
+    assert run(conn, deployed.dialect, f"SELECT n FROM {table}") == []
+    dead = client.dead_list()
+    assert [row["id"] for row in dead] == [sent["id"]]
+    assert dead[0]["last_error"] == "lease expired" and dead[0]["attempts"] == 2
+    conn.close()
+
+
+def test_the_time_budget_ends_the_run_between_messages(deploy_queues) -> None:
+    deployed = deploy_with_handler(deploy_queues, sleep_seconds=0.4, lease_seconds=60)
+    conn = deployed.connect(autocommit=True)
+    client = deployed.client("jobs", conn)
+    client.enqueue_batch({"payload": {"n": n}} for n in range(20))
+
+    result = client.process(time_budget_seconds=1)
+
+    assert 1 <= result["processed"] <= 5
+    assert result["completed"] == result["processed"] and result["failed"] == 0
+    assert counts(client) == (20 - result["completed"], 0, 0, 0)
+    conn.close()
+
+
+def test_process_refuses_to_run_inside_an_open_transaction(deploy_queues) -> None:
+    deployed = deploy_with_handler(deploy_queues)
+    conn = deployed.connect(autocommit=False)
+    client = deployed.client("jobs", conn)
+    client.enqueue({"n": 1})  # the caller's own uncommitted write
+    with pytest.raises(Exception) as raised:
+        client.process(time_budget_seconds=5)
+    assert error_code(raised.value) == code_of(deployed.dialect, "in_transaction")
+    conn.rollback()
+    if deployed.dialect == "postgres":
+        # A transaction block with nothing written yet: PL/pgSQL cannot tell, and PostgreSQL
+        # itself refuses the procedure's first COMMIT (2D000) before anything was done.
+        with pytest.raises(Exception) as raised:
+            client.process(time_budget_seconds=5)
+        assert error_code(raised.value) in {"2D000", code_of("postgres", "in_transaction")}
+        conn.rollback()
+    assert counts(deployed.client("jobs", deployed.connect(autocommit=True))) == (0, 0, 0, 0)
+    conn.close()
+
+
+def test_process_without_its_handler_procedure_is_no_handler(deploy_queues) -> None:
+    deployed = deploy_with_handler(deploy_queues, handler=False)
+    conn = deployed.connect(autocommit=True)
+    client = deployed.client("jobs", conn)
+    client.enqueue({"n": 1})
+    with pytest.raises(Exception) as raised:
+        client.process(time_budget_seconds=5)
+    assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
+    assert counts(client) == (1, 0, 0, 0)
+    conn.close()

@@ -21,8 +21,8 @@ from typing import Any
 if __package__ in (None, ""):  # `spark-submit pipelines/report_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, build_session, elapsed_since,  # noqa: E402
-                              filesystem, jdbc_options, log)
+from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, build_session,  # noqa: E402
+                              elapsed_since, filesystem, jdbc_options, log)
 
 PERCENTILES = (0.5, 0.95, 0.99)
 # The column each figure needs, first name found wins: the history and dead-letter tables are the
@@ -45,10 +45,19 @@ DEAD_COLUMNS = {
 
 def read_table(spark: Any, url: str, table: str, fetch_size: int = 10_000) -> Any:
     """One table over JDBC (the PostgreSQL driver: spark.jars=/usr/share/java/postgresql.jar)."""
+    options = jdbc_options(url)
     reader = spark.read.format("jdbc").option("dbtable", table).option("fetchsize", str(fetch_size))
-    for key, value in jdbc_options(url).items():
+    for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load()
+    try:
+        return reader.load()
+    except Exception as exc:
+        if "ClassNotFoundException" in str(exc):
+            raise PipelineError(
+                f"the JDBC driver {options['driver']} is not on Spark's classpath: with spark-submit pass "
+                f"--jars {POSTGRES_JDBC_JAR if 'postgresql' in options['driver'] else 'mssql-jdbc-<version>.jar'}"
+                f" (see docs/pipelines.md)") from None
+        raise
 
 
 def pick_columns(frame: Any, wanted: dict[str, tuple[str, ...]], table: str,

@@ -518,7 +518,10 @@ BEGIN
     -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
     -- READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue cannot
     -- deadlock); the id bound stops a purge from chasing producers forever.
-    DECLARE @last_id bigint = (SELECT MAX(m.id) FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK));
+    DECLARE @last_id bigint = (
+        SELECT MAX(m.id)
+        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+    );
     DECLARE @purged bigint = 0;
     DECLARE @deleted int = 1;
 
@@ -529,14 +532,15 @@ BEGIN
                     DELETE TOP (4000)
                     FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
                     WHERE id <= @last_id;
+                    SET @deleted = @@ROWCOUNT;
                 END;
             ELSE
                 BEGIN
                     DELETE TOP (4000)
                     FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
                     WHERE id <= @last_id AND enqueued_at < @older_than;
+                    SET @deleted = @@ROWCOUNT;
                 END;
-            SET @deleted = @@ROWCOUNT;
             SET @purged += @deleted;
         END;
 

@@ -1,0 +1,886 @@
+{#-
+  tSQLt test class for one queue of a destructive kind (heap, fifo, lifo, pending), rendered per queue
+  by render.render_tsqlt. The including template sets, as the kind's production template does:
+    claim_order  'none' | 'oldest' | 'newest' | 'due'
+    strict       true only for strict FIFO
+  Every test fakes the queue table (tSQLt.FakeTable: no constraints, no indexes, nullable columns;
+  @Identity = 1 and @Defaults = 1 where the procedure relies on the identity or on enqueued_at's
+  default), runs one verb, and compares #Actual with #Expected. tSQLt runs each test in a
+  transaction that it rolls back, so nothing a test does survives it. An expected THROW dooms that
+  transaction (the procedures run with XACT_ABORT ON): tSQLt rolls it back completely and still
+  reports the test by its ExpectException, so nothing may follow the Act in such a test.
+-#}
+{% set has_due = claim_order == 'due' %}
+{% set dedupe = opt.dedupe %}
+{% set t = names.obj() %}
+{% set cls = test_class %}
+{% set items = names.obj('_items') %}
+{% set table_name = names.obj() %}
+{#- A payload literal of the queue's type; n tells messages apart. -#}
+{% macro sample(n) -%}
+{% if queue.payload == 'json' %}N'{"n": {{ n }}}'{% elif queue.payload == 'text' %}N'message {{ n }}'{% else %}0x{{ '%02X' % n }}{% endif %}
+{%- endmacro %}
+{#- Rows straight into the faked table: id, age in seconds before @now, due in seconds after @now, key, n. -#}
+{% macro insert_messages(rows) %}
+    INSERT INTO {{ t }} (id, enqueued_at, {% if has_due %}due_at, {% endif %}{% if dedupe %}dedupe_key, {% endif %}payload)
+    VALUES
+{% for r in rows %}
+    ({{ r.id }}, DATEADD(SECOND, -{{ r.age }}, @now), {% if has_due %}DATEADD(SECOND, {{ r.due }}, @now), {% endif %}{% if dedupe %}{{ ("N'" ~ r.key ~ "'") if r.key else 'NULL' }}, {% endif %}{{ sample(r.n) }}){{ ';' if loop.last else ',' }}
+{% endfor %}
+{%- endmacro %}
+{#- The dequeue result set (id, payload, enqueued_at[, due_at]) in the order it came, as #Actual. -#}
+{% macro dequeue_into_actual(batch_size) %}
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL{% if has_due %},
+        due_at datetime2(7) NOT NULL{% endif %}
+
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at{% if has_due %}, due_at{% endif %})
+    EXEC {{ names.verb('dequeue') }} @batch_size = {{ batch_size }};
+{%- endmacro %}
+{#- #Expected for dequeue_into_actual: (position, id, age, due, n) of the rows it must return. -#}
+{% macro expect_dequeued(rows) %}
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id bigint NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL{% if has_due %},
+        due_at datetime2(7) NOT NULL{% endif %}
+
+    );
+{% if rows %}
+    INSERT INTO #Expected (position, id, payload, enqueued_at{% if has_due %}, due_at{% endif %})
+    VALUES
+{% for r in rows %}
+    ({{ loop.index }}, {{ r.id }}, {{ sample(r.n) }}, DATEADD(SECOND, -{{ r.age }}, @now){% if has_due %}, DATEADD(SECOND, {{ r.due }}, @now){% endif %}){{ ';' if loop.last else ',' }}
+{% endfor %}
+{% endif %}
+{%- endmacro %}
+{#- The ids left in the faked table, against the ids expected there. -#}
+{% macro assert_remaining(remaining_ids) %}
+    SELECT m.id
+    INTO #Remaining
+    FROM {{ t }} AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+{% if remaining_ids %}
+    INSERT INTO #ExpectedRemaining (id) VALUES ({{ remaining_ids | join('), (') }});
+{% endif %}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+{%- endmacro %}
+{#- Three ready messages with distinct ids, ages and (pending) due times, used by the order tests. -#}
+{% set three = [
+    {'id': 11, 'age': 30, 'due': -10, 'key': 'k11', 'n': 1},
+    {'id': 12, 'age': 20, 'due': -30, 'key': 'k12', 'n': 2},
+    {'id': 13, 'age': 10, 'due': -20, 'key': 'k13', 'n': 3},
+] %}
+{% if has_due %}
+{% set first_two = [three[1], three[2]] %}
+{% set left_over = [three[0].id] %}
+{% elif claim_order == 'newest' %}
+{% set first_two = [three[2], three[1]] %}
+{% set left_over = [three[0].id] %}
+{% else %}
+{% set first_two = [three[0], three[1]] %}
+{% set left_over = [three[2].id] %}
+{% endif %}
+-- noqa: disable=CP02, RF05
+-- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
+-- sentence in brackets ([test enqueue ...]), as tSQLt documents: sqlfluff's identifier casing (CP02)
+-- and special-character (RF05) rules cannot hold for them. Every other rule applies.
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+EXEC tSQLt.NewTestClass 'test_{{ schema }}_{{ queue.name }}';
+GO
+
+-- enqueue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test enqueue stores the message and returns its new id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }};
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM {{ t }} AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload) VALUES (1, {{ sample(1) }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue stamps enqueued_at with the UTC time]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }};
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    DECLARE @stamped int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.enqueued_at BETWEEN @before AND @after
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stamped, @Message = N'enqueued_at is not SYSUTCDATETIME()';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a NULL payload with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = NULL;
+END;
+GO
+{% if is_json %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses invalid JSON with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = N'{"unterminated": ';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a JSON scalar with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = N'42';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test the table itself refuses invalid JSON]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC tSQLt.ApplyConstraint
+        @TableName = N'{{ table_name }}',
+        @ConstraintName = N'{{ 'ck_' ~ queue.name ~ '_payload_json' }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+
+    -- Act
+    INSERT INTO {{ t }} (id, payload) VALUES (1, N'not json');
+END;
+GO
+{% endif %}
+{% if dedupe %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue of a queued dedupe_key returns that id, duplicate]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
+    VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'order-42', {{ sample(1) }});
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(2) }}, @dedupe_key = N'order-42';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_remaining([1]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue with a new dedupe_key stores it]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
+    VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'order-41', {{ sample(1) }});
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(2) }}, @dedupe_key = N'order-42';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (2, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.dedupe_key
+    INTO #Stored
+    FROM {{ t }} AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.dedupe_key
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, dedupe_key) VALUES (1, N'order-41'), (2, N'order-42');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue compares dedupe keys exactly, case included]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
+    VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'order-42', {{ sample(1) }});
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(2) }}, @dedupe_key = N'ORDER-42';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (2, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue without a dedupe_key is never a duplicate]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }};
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @dedupe_key = NULL;
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 0), (2, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a dedupe_key over 200 characters with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @dedupe_key = @long_key;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue takes a dedupe_key of exactly 200 characters]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @key nvarchar(MAX) = REPLICATE(N'k', 200);
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @dedupe_key = @key;
+
+    -- Assert
+    DECLARE @stored nvarchar(MAX) = (SELECT m.dedupe_key FROM {{ t }} AS m);
+    EXEC tSQLt.AssertEqualsString @Expected = @key, @Actual = @stored;
+END;
+GO
+{% else %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a dedupe_key without option dedupe]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @dedupe_key = N'k';
+END;
+GO
+{% endif %}
+{% if has_due %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue keeps the given due_at]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @due_at = @due;
+
+    -- Assert
+    DECLARE @stored datetime2(7) = (SELECT m.due_at FROM {{ t }} AS m);
+    EXEC tSQLt.AssertEquals @Expected = @due, @Actual = @stored;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue without due_at makes the message due now in UTC]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }};
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    DECLARE @due_now int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.due_at BETWEEN @before AND @after
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @due_now, @Message = N'due_at is not SYSUTCDATETIME()';
+END;
+GO
+{% endif %}
+
+-- enqueue_batch -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch gives one row per item, ids in item order]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
+    INSERT INTO @items (ordinal, payload) VALUES (3, {{ sample(3) }}), (1, {{ sample(1) }}), (2, {{ sample(2) }});
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert
+    CREATE TABLE #Expected (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate) VALUES (1, 1, 0), (2, 2, 0), (3, 3, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM {{ t }} AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload) VALUES (1, {{ sample(1) }}), (2, {{ sample(2) }}), (3, {{ sample(3) }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch with no items returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ table_name }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses a NULL payload item with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload) VALUES (1, {{ sample(1) }}), (2, NULL);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }}, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+{% if is_json %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses an invalid JSON item with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload) VALUES (1, {{ sample(1) }}), (2, N'{"unterminated": ');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }}, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+{% endif %}
+{% if dedupe %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch reports duplicates with the kept id]
+AS
+BEGIN
+    -- Assemble: key a is queued (id 1); the batch repeats a, brings b twice, c once, and two without a key.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
+    VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'a', {{ sample(9) }});
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, dedupe_key)
+    VALUES
+    (1, {{ sample(1) }}, N'a'),
+    (2, {{ sample(2) }}, N'b'),
+    (3, {{ sample(3) }}, N'b'),
+    (4, {{ sample(4) }}, NULL),
+    (5, {{ sample(5) }}, N'c'),
+    (6, {{ sample(6) }}, N'a'),
+    (7, {{ sample(7) }}, NULL);
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert: new rows get ids 2.. in item order; a duplicate carries the id that was kept.
+    CREATE TABLE #Expected (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate)
+    VALUES (1, 1, 1), (2, 2, 0), (3, 2, 1), (4, 3, 0), (5, 4, 0), (6, 1, 1), (7, 5, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.dedupe_key,
+        m.payload
+    INTO #Stored
+    FROM {{ t }} AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.dedupe_key,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, dedupe_key, payload)
+    VALUES
+    (1, N'a', {{ sample(9) }}),
+    (2, N'b', {{ sample(2) }}),
+    (3, NULL, {{ sample(4) }}),
+    (4, N'c', {{ sample(5) }}),
+    (5, NULL, {{ sample(7) }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses a key over 200 characters with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, dedupe_key)
+    VALUES (1, {{ sample(1) }}, N'a'), (2, {{ sample(2) }}, REPLICATE(N'k', 201));
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+{% else %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses a dedupe_key without option dedupe]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, {{ sample(1) }}, NULL), (2, {{ sample(2) }}, N'k');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+{% endif %}
+{% if has_due %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch takes the due_at of each item or now]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @due datetime2(7) = DATEADD(HOUR, 2, SYSUTCDATETIME());
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, due_at) VALUES (1, {{ sample(1) }}, @due), (2, {{ sample(2) }}, NULL);
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Ignored (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    SELECT
+        m.id,
+        CASE WHEN m.due_at = @due THEN N'given' WHEN m.due_at BETWEEN @before AND @after THEN N'now' END AS due
+    INTO #Actual
+    FROM {{ t }} AS m;
+
+    CREATE TABLE #Expected (id bigint NOT NULL, due nvarchar(5) NULL);
+    INSERT INTO #Expected (id, due) VALUES (1, N'given'), (2, N'now');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% endif %}
+
+-- dequeue -----------------------------------------------------------------------------------------
+{% if claim_order == 'none' %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue hands out batch_size messages and deletes them]
+AS
+BEGIN
+    -- Assemble: a heap promises no order, only that what is handed out is gone.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages(three) }}
+{{ dequeue_into_actual(2) }}
+
+    -- Assert
+    DECLARE @handed_out int = (SELECT COUNT(*) FROM #Actual);
+    EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @handed_out;
+    DECLARE @still_there int = (
+        SELECT COUNT(*)
+        FROM #Actual AS a
+        INNER JOIN {{ t }} AS m ON a.id = m.id
+    );
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @still_there, @Message = N'a handed-out message is still queued';
+    DECLARE @left int = (SELECT COUNT(*) FROM {{ t }});
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @left;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue returns the message as it was stored]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages([three[0]]) }}
+{{ dequeue_into_actual(10) }}
+
+    -- Assert
+{{ expect_dequeued([three[0]]) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% else %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue hands out batch_size messages, {{ {'oldest': 'oldest', 'newest': 'newest', 'due': 'earliest due'}[claim_order] }} first]
+AS
+BEGIN
+    -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages(three) }}
+{{ dequeue_into_actual(2) }}
+
+    -- Assert
+{{ expect_dequeued(first_two) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_remaining(left_over) }}
+END;
+GO
+{% endif %}
+{% if has_due %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue hands out nothing that is not due yet]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages([{'id': 21, 'age': 5, 'due': 3600, 'key': 'k21', 'n': 1}, {'id': 22, 'age': 5, 'due': -1, 'key': 'k22', 'n': 2}]) }}
+{{ dequeue_into_actual(10) }}
+
+    -- Assert
+{{ expect_dequeued([{'id': 22, 'age': 5, 'due': -1, 'n': 2}]) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_remaining([21]) }}
+END;
+GO
+{% endif %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue on an empty queue returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+{{ dequeue_into_actual(1) }}
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue takes at most 1000 messages at once]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    INSERT INTO {{ t }} (id, enqueued_at, {% if has_due %}due_at, {% endif %}payload)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
+        SYSUTCDATETIME() AS enqueued_at,
+{% if has_due %}
+        SYSUTCDATETIME() AS due_at,
+{% endif %}
+        {{ sample(1) }} AS payload
+    FROM sys.all_columns AS c;
+{{ dequeue_into_actual(1000) }}
+
+    -- Assert
+    DECLARE @handed_out int = (SELECT COUNT(*) FROM #Actual);
+    EXEC tSQLt.AssertEquals @Expected = 1000, @Actual = @handed_out;
+END;
+GO
+{% for bad, label in [('0', '0'), ('1001', '1001'), ('NULL', 'NULL')] %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue refuses batch_size {{ label }} with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('dequeue') }} @batch_size = {{ bad }};
+END;
+GO
+{% endfor %}
+
+-- stats -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test stats of an empty queue are zero with no age]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    CREATE TABLE #Actual (
+        ready bigint NULL,
+        delayed bigint NULL,
+        in_flight bigint NULL,
+        dead bigint NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC {{ names.verb('stats') }};
+
+    -- Assert
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.oldest_ready_age_seconds,
+        a.estimated
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    VALUES (0, 0, 0, 0, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test stats count {% if has_due %}due and delayed, age the oldest from due_at{% else %}ready messages, age the oldest from enqueued_at{% endif %}]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{% if has_due %}
+{{ insert_messages([
+    {'id': 31, 'age': 10, 'due': -90, 'key': 'k31', 'n': 1},
+    {'id': 32, 'age': 500, 'due': -5, 'key': 'k32', 'n': 2},
+    {'id': 33, 'age': 900, 'due': 600, 'key': 'k33', 'n': 3},
+]) }}
+{% else %}
+{{ insert_messages([
+    {'id': 31, 'age': 90, 'due': 0, 'key': 'k31', 'n': 1},
+    {'id': 32, 'age': 60, 'due': 0, 'key': 'k32', 'n': 2},
+    {'id': 33, 'age': 5, 'due': 0, 'key': 'k33', 'n': 3},
+]) }}
+{% endif %}
+    CREATE TABLE #Stats (
+        ready bigint NULL,
+        delayed bigint NULL,
+        in_flight bigint NULL,
+        dead bigint NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC {{ names.verb('stats') }};
+
+    -- Assert: the age is 90 seconds plus however long the test took to get here.
+    SELECT
+        s.ready,
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CASE
+            WHEN s.oldest_ready_age_seconds >= 90 AND s.oldest_ready_age_seconds < 150 THEN 1 ELSE 0
+        END AS age_is_90_seconds
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.age_is_90_seconds
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, estimated, age_is_90_seconds)
+    VALUES ({{ '2, 1' if has_due else '3, 0' }}, 0, 0, 0, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- purge -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test purge without older_than removes and counts every message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages(three) }}
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }};
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (3);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ table_name }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge removes only messages enqueued before older_than]
+AS
+BEGIN
+    -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages(three) }}
+    DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -15, @now);
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }} @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_remaining([13]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge of an empty queue purges nothing]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }};
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO

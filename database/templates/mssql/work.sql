@@ -374,6 +374,17 @@ BEGIN
                 AND ({{ 'e.dedupe_key = s.dedupe_key' if dedupe }}{{ ' OR ' if dedupe and client_ids }}{{ 'e.new_id = s.new_id' if client_ids }})
         )
     FROM @staged AS s;
+
+    -- Point every duplicate at the first item of its chain (a key shared with one item, a client
+    -- id with another), so that each one resolves to an id that is inserted or queued already.
+    WHILE @@ROWCOUNT > 0
+        BEGIN
+            UPDATE s
+            SET s.first_ordinal = f.first_ordinal
+            FROM @staged AS s
+            INNER JOIN @staged AS f ON s.first_ordinal = f.ordinal
+            WHERE f.first_ordinal IS NOT NULL;
+        END;
 {% endif %}
 {% if dedupe %}
 
@@ -509,9 +520,11 @@ GO
 {{ m.unit(names.plain('_dequeue'), 'code') }}
 -- A dequeue by worker W first takes back W's own unfinished messages: by asking, W declares that it
 -- holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- @worker is one character wider than leased_by, so that an over-long name reaches the check
+-- (invalid_argument) instead of being cut to 200 characters silently.
 CREATE OR ALTER PROCEDURE {{ names.verb('dequeue') }}
     @batch_size int = 1,
-    @worker nvarchar(200) = NULL,
+    @worker nvarchar(201) = NULL,
     @lease_seconds int = NULL
 AS
 BEGIN
@@ -549,7 +562,7 @@ GO
 -- Only the holder of a live lease: a late complete, after the lease moved on, changes nothing.
 CREATE OR ALTER PROCEDURE {{ names.verb('complete') }}
     @id {{ id_type }},
-    @worker nvarchar(200)
+    @worker nvarchar(201)
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -573,7 +586,7 @@ GO
 -- outcome: retrying | dead | lost (the caller's lease had expired or moved on: nothing changed).
 CREATE OR ALTER PROCEDURE {{ names.verb('fail') }}
     @id {{ id_type }},
-    @worker nvarchar(200),
+    @worker nvarchar(201),
     @error nvarchar(4000) = NULL,
     @retry_after_seconds int = NULL
 AS
@@ -622,7 +635,7 @@ GO
 -- The new lease runs from now. An expired lease cannot be revived: another worker may hold it.
 CREATE OR ALTER PROCEDURE {{ names.verb('extend_lease') }}
     @id {{ id_type }},
-    @worker nvarchar(200),
+    @worker nvarchar(201),
     @lease_seconds int = NULL
 AS
 BEGIN

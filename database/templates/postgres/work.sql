@@ -19,8 +19,7 @@
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
 {{ m.unit(names.plain(), 'storage') }}
--- Every claim, fail and extend rewrites the row (never a HOT update: visible_at is indexed), so the
--- table gets free space on each page for the new version and vacuums early.
+-- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
 CREATE TABLE IF NOT EXISTS {{ t }} (
 {% if client_ids %}
     -- Client-supplied (Pintér); seq is the claim order's tie-breaker.
@@ -52,7 +51,16 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
 {% endif %}
     CONSTRAINT {{ names.index('pk') }} PRIMARY KEY (id)
 )
-WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05);
+-- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a
+-- fixed number of changed rows rather than a fraction of a (small, or huge) live count, so index
+-- scans from the head do not wade through dead entries (as the destructive kinds).
+WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
 
 -- The claim's exact WHERE and ORDER BY{% if has_priority %} (one priority level per range scan){% endif %}.
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'claim') }}

@@ -1,0 +1,1180 @@
+{#-
+  tSQLt test class for one queue of the work kind, rendered per queue by render.render_tsqlt (the
+  option set decides which tests exist). Every test fakes the tables it touches (tSQLt.FakeTable: no
+  constraints, no indexes, nullable columns; @Identity = 1 and @Defaults = 1 where the procedure
+  relies on the identity or a default), puts rows in place relative to @now, runs one verb and
+  compares #Actual with #Expected. tSQLt runs each test in a transaction that it rolls back, so the
+  procedures never open their own here (they only do when @@TRANCOUNT = 0). An expected THROW
+  dooms that transaction (the procedures run with XACT_ABORT ON): tSQLt rolls it back completely
+  and still reports the test by its ExpectException, so nothing may follow the Act in such a test.
+  S.Q_process refuses any open transaction, so its loop is covered by tests/test_work_process.py
+  against a real SQL Server (TABLEQUEUE_MSSQL_URL); here it is tested for that refusal.
+-#}
+{% set cls = test_class %}
+{% set t = names.obj() %}
+{% set dead_t = names.obj('_dead') %}
+{% set history_t = names.obj('_history') %}
+{% set items = names.obj('_items') %}
+{% set client_ids = opt.client_ids %}
+{% set id_type = 'uniqueidentifier' if client_ids else 'bigint' %}
+{% set has_priority = opt.priority %}
+{% set dedupe = opt.dedupe %}
+{% set history = opt.history %}
+{% set max_attempts = opt.max_attempts %}
+{#- A payload literal of the queue's type; n tells messages apart. -#}
+{% macro sample(n) -%}
+{% if queue.payload == 'json' %}N'{"n": {{ n }}}'{% elif queue.payload == 'text' %}N'message {{ n }}'{% else %}0x{{ '%02X' % n }}{% endif %}
+{%- endmacro %}
+{#- Message n's id: n itself, or a GUID that sorts by n (SQL Server orders uniqueidentifier by its
+    last group first). -#}
+{% macro mid(n) -%}
+{% if client_ids %}'00000000-0000-0000-0000-{{ '%012d' % n }}'{% else %}{{ n }}{% endif %}
+{%- endmacro %}
+{#- One message straight into the faked queue table (faked without @Identity: ids are given).
+    visible: seconds from @now to visible_at; leased_by: the lease holder or none. -#}
+{% macro insert_message(n, visible=-60, leased_by=none, attempts=0, priority=0, key=none) %}
+    INSERT INTO {{ t }} (
+        id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}attempts, leased_by, leased_at,
+        {{ 'dedupe_key, ' if dedupe }}payload
+    )
+    VALUES (
+        {{ mid(n) }}, {{ (n ~ ', ') if client_ids }}DATEADD(SECOND, -3600, @now), DATEADD(SECOND, {{ visible if not leased_by else -600 }}, @now),
+        DATEADD(SECOND, {{ visible }}, @now), {{ (priority ~ ', ') if has_priority }}{{ attempts }},
+        {{ ("N'" ~ leased_by ~ "'") if leased_by else 'NULL' }}, {{ 'DATEADD(SECOND, -10, @now)' if leased_by else 'NULL' }},
+        {{ (("N'" ~ key ~ "'") if key else 'NULL') ~ ', ' if dedupe }}{{ sample(n) }}
+    );
+{%- endmacro %}
+{#- One message straight into the faked dead-letter table. -#}
+{% macro insert_dead(n, error='boom') %}
+    INSERT INTO {{ dead_t }} (
+        id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        {{ mid(n) }}, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), {{ '0, ' if has_priority }}{{ max_attempts }},
+        N'{{ error }}', N'w', DATEADD(SECOND, -60, @now), {{ sample(n) }}
+    );
+{%- endmacro %}
+{#- dequeue's result set, in the order it came, as #Actual (position, id, attempts). -#}
+{% macro dequeue_into_actual(batch_size, worker, lease_seconds='NULL') %}
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id {{ id_type }} NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC {{ names.verb('dequeue') }}
+        @batch_size = {{ batch_size }},
+        @worker = N'{{ worker }}',
+        @lease_seconds = {{ lease_seconds }};
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+{%- endmacro %}
+{#- #Expected for dequeue_into_actual: (n, attempts) in the order they must come. -#}
+{% macro expect_dequeued(rows) %}
+    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, attempts int NOT NULL);
+{% if rows %}
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+{% for n, attempts in rows %}
+    ({{ loop.index }}, {{ mid(n) }}, {{ attempts }}){{ ';' if loop.last else ',' }}
+{% endfor %}
+{% endif %}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{%- endmacro %}
+{#- The queue's rows (id, attempts, leased_by, is the message visible now) against the expected ones. -#}
+{% macro assert_queue(rows) %}
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM {{ t }} AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id {{ id_type }} NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+{% if rows %}
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+{% for n, attempts, worker, visible in rows %}
+    ({{ mid(n) }}, {{ attempts }}, {{ ("N'" ~ worker ~ "'") if worker else 'NULL' }}, {{ 1 if visible else 0 }}){{ ';' if loop.last else ',' }}
+{% endfor %}
+{% endif %}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+{%- endmacro %}
+{#- The dead-letter table's rows (id, attempts, last_error, last_worker) against the expected ones. -#}
+{% macro assert_dead(rows) %}
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM {{ dead_t }} AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id {{ id_type }} NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+{% if rows %}
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+{% for n, attempts, error, worker in rows %}
+    ({{ mid(n) }}, {{ attempts }}, N'{{ error }}', N'{{ worker }}'){{ ';' if loop.last else ',' }}
+{% endfor %}
+{% endif %}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+{%- endmacro %}
+-- noqa: disable=CP02, RF05
+-- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
+-- sentence in brackets ([test enqueue ...]), as tSQLt documents: sqlfluff's identifier casing (CP02)
+-- and special-character (RF05) rules cannot hold for them. Every other rule applies.
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+EXEC tSQLt.NewTestClass 'test_{{ schema }}_{{ queue.name }}';
+GO
+
+-- enqueue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test enqueue stores a message due now, no attempt, and returns its id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Returned (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Returned (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }};
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    SELECT
+        m.id,
+        m.payload,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.due_at = m.visible_at AND m.visible_at BETWEEN @before AND @after, 1, 0)) AS due_now
+    INTO #Actual
+    FROM {{ t }} AS m;
+
+    SELECT TOP (0)
+        a.id,
+        a.payload,
+        a.attempts,
+        a.leased_by,
+        a.due_now
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, payload, attempts, leased_by, due_now)
+    SELECT
+        r.id,
+        {{ sample(1) }} AS payload,
+        0 AS attempts,
+        NULL AS leased_by,
+        1 AS due_now
+    FROM #Returned AS r
+    WHERE r.duplicate = 0;
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue with due_at schedules the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
+    CREATE TABLE #Ignored (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @due_at = @due;
+
+    -- Assert
+    DECLARE @scheduled int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.due_at = @due AND m.visible_at = @due
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @scheduled, @Message = N'due_at / visible_at not kept';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a NULL payload with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = NULL;
+END;
+GO
+{% if is_json %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses invalid JSON with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = N'{"unterminated": ';
+END;
+GO
+{% endif %}
+{% if dedupe %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue of a queued dedupe_key returns the queued id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, leased_by='w', visible=60, attempts=1, key='order-42') }}
+    CREATE TABLE #Actual (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(2) }}, @dedupe_key = N'order-42';
+
+    -- Assert: a leased message is still queued, so still a duplicate; nothing new was stored.
+    CREATE TABLE #Expected (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES ({{ mid(1) }}, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 1, 'w', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a dedupe_key over 200 characters]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @dedupe_key = @long_key;
+END;
+GO
+{% else %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a dedupe_key without option dedupe]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @dedupe_key = N'k';
+END;
+GO
+{% endif %}
+{% if has_priority %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue stores the priority, 0 by default]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    CREATE TABLE #Ignored (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @priority = 7;
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(2) }};
+
+    -- Assert
+    SELECT m.priority
+    INTO #Actual
+    FROM {{ t }} AS m;
+
+    CREATE TABLE #Expected (priority int NULL);
+    INSERT INTO #Expected (priority) VALUES (7), (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% endif %}
+{% if client_ids %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue keeps the client id and created time]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @created datetime2(7) = '2024-05-01T12:30:15.1234567';
+    CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }}
+        @payload = {{ sample(1) }},
+        @id = {{ mid(5) }},
+        @enqueued_at = @created;
+
+    -- Assert
+    CREATE TABLE #Expected (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES ({{ mid(5) }}, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @stored datetime2(7) = (SELECT m.enqueued_at FROM {{ t }} AS m);
+    EXEC tSQLt.AssertEquals @Expected = @created, @Actual = @stored;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue of a queued client id is a duplicate]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(5) }}
+    CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC {{ names.verb('enqueue') }}
+        @payload = {{ sample(6) }},
+        @id = {{ mid(5) }};
+
+    -- Assert
+    CREATE TABLE #Expected (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES ({{ mid(5) }}, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(5, 0, none, true)]) }}
+END;
+GO
+{% endif %}
+
+-- enqueue_batch -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch returns a row per item in item order]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
+    INSERT INTO @items (ordinal, payload{{ ', id' if client_ids }})
+    VALUES
+    (3, {{ sample(3) }}{{ (', ' ~ mid(3)) if client_ids }}),
+    (1, {{ sample(1) }}{{ (', ' ~ mid(1)) if client_ids }}),
+    (2, {{ sample(2) }}{{ (', ' ~ mid(2)) if client_ids }});
+    CREATE TABLE #Actual (ordinal int NOT NULL, id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert: new ids follow the item order.
+    CREATE TABLE #Expected (ordinal int NOT NULL, id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate)
+    VALUES
+    (1, {{ mid(1) }}, 0),
+    (2, {{ mid(2) }}, 0),
+    (3, {{ mid(3) }}, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM {{ t }} AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload)
+    VALUES
+    ({{ mid(1) }}, {{ sample(1) }}),
+    ({{ mid(2) }}, {{ sample(2) }}),
+    ({{ mid(3) }}, {{ sample(3) }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses a NULL payload with 51002, naming it]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload) VALUES (1, {{ sample(1) }}), (2, NULL);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }}, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+{% if dedupe %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch reports queued and in-batch duplicates]
+AS
+BEGIN
+    -- Assemble: key a is queued as message 1; the batch repeats a, brings b twice and one without a key.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO {{ t }} ({{ 'id, ' if client_ids }}due_at, visible_at, attempts, dedupe_key, payload)
+    VALUES ({{ (mid(1) ~ ', ') if client_ids }}@now, @now, 0, N'a', {{ sample(9) }});
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, dedupe_key{{ ', id' if client_ids }})
+    VALUES
+    (1, {{ sample(1) }}, N'a'{{ (', ' ~ mid(11)) if client_ids }}),
+    (2, {{ sample(2) }}, N'b'{{ (', ' ~ mid(2)) if client_ids }}),
+    (3, {{ sample(3) }}, N'b'{{ (', ' ~ mid(13)) if client_ids }}),
+    (4, {{ sample(4) }}, NULL{{ (', ' ~ mid(3)) if client_ids }});
+    CREATE TABLE #Actual (ordinal int NOT NULL, id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert: new rows get ids 2 and 3 in item order; a duplicate carries the id that was kept.
+    CREATE TABLE #Expected (ordinal int NOT NULL, id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate)
+    VALUES
+    (1, {{ mid(1) }}, 1),
+    (2, {{ mid(2) }}, 0),
+    (3, {{ mid(2) }}, 1),
+    (4, {{ mid(3) }}, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% endif %}
+{% for column, option, value in (('dedupe_key', 'dedupe', "N'k'"), ('priority', 'priority', '1'), ('id', 'client_ids', 'NEWID()'), ('enqueued_at', 'client_ids', 'SYSUTCDATETIME()')) if not opt[option] %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses {{ column }} without option {{ option }}]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, {{ column }}) VALUES (1, {{ sample(1) }}, {{ value }});
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+{% endfor %}
+
+-- dequeue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test dequeue leases visible messages in order, one attempt each]
+AS
+BEGIN
+    -- Assemble: ids and visible times disagree, so only the visible order passes.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-10) }}
+{{ insert_message(2, visible=-30) }}
+{{ insert_message(3, visible=-20) }}
+{{ dequeue_into_actual(2, 'w', 600) }}
+
+    -- Assert
+{{ expect_dequeued([(2, 1), (3, 1)]) }}
+{{ assert_queue([(1, 0, none, true), (2, 1, 'w', false), (3, 1, 'w', false)]) }}
+    DECLARE @lease_ends int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.leased_by = N'w' AND m.visible_at > DATEADD(SECOND, 590, @now) AND m.leased_at >= @now
+    );
+    EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @lease_ends, @Message = N'lease not from now';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue skips messages not yet due and live leases]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=3600) }}
+{{ insert_message(2, visible=60, leased_by='other', attempts=1) }}
+{{ dequeue_into_actual(10, 'w') }}
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+{{ assert_queue([(1, 0, none, false), (2, 1, 'other', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue gives a worker its own leased messages first]
+AS
+BEGIN
+    -- Assemble: message 1 is visible and older than anything, yet w gets its own leased 2 first.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-3000) }}
+{{ insert_message(2, visible=60, leased_by='w', attempts=1) }}
+{{ dequeue_into_actual(2, 'w', 600) }}
+
+    -- Assert
+{{ expect_dequeued([(2, 2), (1, 1)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue takes an expired lease as the next attempt]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-5, leased_by='crashed', attempts=1) }}
+{{ dequeue_into_actual(1, 'w') }}
+
+    -- Assert
+{{ expect_dequeued([(1, 2)]) }}
+{{ assert_queue([(1, 2, 'w', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue buries a message out of attempts and fills the batch]
+AS
+BEGIN
+    -- Assemble: message 1 used its {{ max_attempts }} attempts and its last lease expired; 2 is ready.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-20, leased_by='crashed', attempts=max_attempts) }}
+{{ insert_message(2, visible=-10) }}
+{{ dequeue_into_actual(1, 'w') }}
+
+    -- Assert
+{{ expect_dequeued([(2, 1)]) }}
+{{ assert_dead([(1, max_attempts, 'lease expired', 'crashed')]) }}
+{{ assert_queue([(2, 1, 'w', false)]) }}
+END;
+GO
+{% if has_priority %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue hands out higher priorities first]
+AS
+BEGIN
+    -- Assemble: a delayed message at the top level must not hide the ready ones below it.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-50, priority=0) }}
+{{ insert_message(2, visible=-10, priority=5) }}
+{{ insert_message(3, visible=-30, priority=1) }}
+{{ insert_message(4, visible=-40, priority=1) }}
+{{ insert_message(5, visible=3600, priority=9) }}
+{{ dequeue_into_actual(10, 'w') }}
+
+    -- Assert
+{{ expect_dequeued([(2, 1), (4, 1), (3, 1), (1, 1)]) }}
+END;
+GO
+{% endif %}
+{% for arguments, label in (("@batch_size = 0, @worker = N'w'", 'batch_size 0'), ("@batch_size = 1001, @worker = N'w'", 'batch_size 1001'), ('@batch_size = 1, @worker = NULL', 'a NULL worker'), ("@batch_size = 1, @worker = N'w', @lease_seconds = 0", 'lease_seconds 0')) %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue refuses {{ label }} with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('dequeue') }} {{ arguments }};
+END;
+GO
+{% endfor %}
+
+-- complete ----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test complete by the lease holder removes the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=2) }}
+{{ insert_message(2) }}
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(2, 0, none, true)]) }}
+{% if history %}
+
+    SELECT
+        h.id,
+        h.worker,
+        h.attempts,
+        CONVERT(bit, IIF(h.started_at = DATEADD(SECOND, -10, @now) AND h.finished_at >= @now, 1, 0)) AS times_kept,
+        CONVERT(bit, IIF(h.duration_ms >= 10000, 1, 0)) AS duration_kept
+    INTO #History
+    FROM {{ history_t }} AS h;
+
+    SELECT TOP (0)
+        h.id,
+        h.worker,
+        h.attempts,
+        h.times_kept,
+        h.duration_kept
+    INTO #ExpectedHistory
+    FROM #History AS h;
+
+    INSERT INTO #ExpectedHistory (id, worker, attempts, times_kept, duration_kept)
+    VALUES ({{ mid(1) }}, N'w', 2, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHistory', @Actual = N'#History';
+{% endif %}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete by another worker returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1) }}
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'late';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 1, 'w', false)]) }}
+{% if history %}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ history_t }}';
+{% endif %}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete after the lease expired returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-1, leased_by='w', attempts=1) }}
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 1, 'w', true)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete refuses a NULL worker with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = NULL;
+END;
+GO
+
+-- fail --------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test fail with attempts left retries after the delay]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts - 1) }}
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('retrying');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, max_attempts - 1, none, false)]) }}
+    DECLARE @retry_kept int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.last_error = N'timeout' AND m.visible_at > DATEADD(SECOND, 290, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @retry_kept, @Message = N'error or retry time not kept';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test fail on the last attempt moves the message to dead]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts) }}
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'poison';
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('dead');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_dead([(1, max_attempts, 'poison', 'w')]) }}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ t }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test fail without the live lease is lost]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts) }}
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'late',
+        @error = N'x';
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('lost');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, max_attempts, 'w', false)]) }}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test fail refuses a negative retry_after_seconds with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'x',
+        @retry_after_seconds = -1;
+END;
+GO
+
+-- extend_lease ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test extend_lease by the holder runs from now]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=5, leased_by='w', attempts=1) }}
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @extended int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.visible_at > DATEADD(SECOND, 590, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @extended;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test extend_lease of an expired lease returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-5, leased_by='w', attempts=1) }}
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 1, 'w', true)]) }}
+END;
+GO
+
+-- stats -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test stats counts ready, delayed, in_flight and dead]
+AS
+BEGIN
+    -- Assemble: 1 and 2 ready (2's lease expired), 3 delayed, 4 and 5 in flight, 6 dead.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-120) }}
+{{ insert_message(2, visible=-5, leased_by='crashed', attempts=1) }}
+{{ insert_message(3, visible=3600) }}
+{{ insert_message(4, visible=60, leased_by='w', attempts=1) }}
+{{ insert_message(5, visible=60, leased_by='w', attempts=1) }}
+{{ insert_dead(6) }}
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC {{ names.verb('stats') }};
+
+    -- Assert
+    SELECT
+        s.ready,
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 119 AND 180, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, estimated, age_of_the_oldest)
+    VALUES (2, 1, 2, 1, 0, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- purge -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test purge with older_than removes only older messages]
+AS
+BEGIN
+    -- Assemble: every test message is enqueued an hour ago; 9 is newer.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1) }}
+{{ insert_message(2, visible=60, leased_by='w', attempts=1) }}
+    INSERT INTO {{ t }} (id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}attempts, payload)
+    VALUES ({{ mid(9) }}, {{ '9, ' if client_ids }}@now, @now, @now, {{ '0, ' if has_priority }}0, {{ sample(9) }});
+    DECLARE @cutoff datetime2(7) = DATEADD(MINUTE, -1, @now);
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }} @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(9, 0, none, true)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge without older_than removes every message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1) }}
+{{ insert_message(2, visible=3600) }}
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }};
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ t }}';
+END;
+GO
+
+-- dead-letter handling ----------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test dead_list pages by id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_dead(3) }}
+{{ insert_dead(1) }}
+{{ insert_dead(2) }}
+    DECLARE @after {{ id_type }} = {{ mid(1) }};
+    CREATE TABLE #Page (
+        id {{ id_type }} NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+{% if has_priority %}
+        priority int NOT NULL,
+{% endif %}
+{% if dedupe %}
+        dedupe_key nvarchar(200) NULL,
+{% endif %}
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL
+    );
+
+    -- Act: the page after message 1, one message long.
+    INSERT INTO #Page
+    EXEC {{ names.verb('dead_list') }} @after_id = @after, @page_size = 1;
+
+    -- Assert
+    SELECT
+        p.id,
+        p.attempts,
+        p.last_error
+    INTO #Actual
+    FROM #Page AS p;
+
+    SELECT TOP (0)
+        a.id,
+        a.attempts,
+        a.last_error
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, attempts, last_error) VALUES ({{ mid(2) }}, {{ max_attempts }}, N'boom');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dead_list refuses page_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('dead_list') }} @page_size = 0;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dead_requeue puts the message back with attempts reset]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_dead(7, 'poison') }}
+    CREATE TABLE #Actual (requeued bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (requeued)
+    EXEC {{ names.verb('dead_requeue') }} @id = {{ mid(7) }};
+
+    -- Assert
+    CREATE TABLE #Expected (requeued bit NOT NULL);
+    INSERT INTO #Expected (requeued) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(7, 0, none, true)]) }}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dead_requeue of an unknown id fails with 51004]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.not_found }};
+
+    -- Act
+    EXEC {{ names.verb('dead_requeue') }} @id = {{ mid(7) }};
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dead_delete removes the dead-letter message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_dead(7) }}
+{{ insert_dead(8) }}
+    CREATE TABLE #Ignored (deleted bit NOT NULL); -- noqa: RF04
+
+    -- Act
+    INSERT INTO #Ignored
+    EXEC {{ names.verb('dead_delete') }} @id = {{ mid(7) }};
+
+    -- Assert
+{{ assert_dead([(8, max_attempts, 'boom', 'w')]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dead_delete of an unknown id fails with 51004]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.not_found }};
+
+    -- Act
+    EXEC {{ names.verb('dead_delete') }} @id = {{ mid(7) }};
+END;
+GO
+{% if history %}
+
+-- history -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test history_purge removes history older than the cutoff]
+AS
+BEGIN
+    -- Assemble: finished {{ opt.history_retention_days + 1 }} days ago, 1 day ago and now.
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO {{ history_t }} (
+        id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_at, worker, attempts, payload
+    )
+    VALUES
+    ({{ mid(1) }}, @now, @now, {{ '0, ' if has_priority }}@now, DATEADD(DAY, -{{ opt.history_retention_days + 1 }}, @now), N'w', 1, {{ sample(1) }}),
+    ({{ mid(2) }}, @now, @now, {{ '0, ' if has_priority }}@now, DATEADD(DAY, -1, @now), N'w', 1, {{ sample(2) }}),
+    ({{ mid(3) }}, @now, @now, {{ '0, ' if has_priority }}@now, @now, N'w', 1, {{ sample(3) }});
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+    DECLARE @cutoff datetime2(7) = DATEADD(HOUR, -1, @now);
+
+    -- Act: the retention default, then an explicit cutoff.
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('history_purge') }};
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('history_purge') }} @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (1), (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @left {{ id_type }} = (SELECT h.id FROM {{ history_t }} AS h);
+    DECLARE @kept {{ id_type }} = {{ mid(3) }};
+    EXEC tSQLt.AssertEquals @Expected = @kept, @Actual = @left;
+END;
+GO
+{% endif %}
+{% if opt.handler %}
+
+-- process -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test process refuses an open transaction with 51003]
+AS
+BEGIN
+    -- Assemble: tSQLt runs every test in a transaction, which is exactly the caller's transaction
+    -- process must refuse (it commits once per message).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.in_transaction }};
+
+    -- Act
+    EXEC {{ names.verb('process') }} @time_budget_seconds = 1;
+END;
+GO
+{% endif %}

@@ -34,10 +34,14 @@ def available_kinds() -> list[str]:
 PROPOSAL_KINDS = ("fifo", "work")
 
 
-def queue_entries(kinds: list[str], extra_work_history: bool = False, proposals: bool = False) -> list[dict]:
+def queue_entries(kinds: list[str], extra_work_history: bool = False, proposals: bool = False,
+                  deep: bool = False) -> list[dict]:
     """One queue per kind (q_<kind>); q_work_history (history: true) for the peer comparison;
-    q_<kind>_prop, whose functions bench/proposals.py replaces with proposed versions."""
+    q_<kind>_prop, whose functions bench/proposals.py replaces with proposed versions; q_<kind>_deep,
+    a twin held at the deepest depth so the depth target can alternate shallow and deep cells."""
     entries = [{"name": f"q_{kind}", "kind": kind, "payload": "json"} for kind in kinds]
+    if deep:
+        entries += [{"name": f"q_{kind}_deep", "kind": kind, "payload": "json"} for kind in kinds]
     if "work" in kinds and extra_work_history:
         entries.append({"name": "q_work_history", "kind": "work", "payload": "json",
                         "options": {"history": True}})
@@ -69,6 +73,7 @@ class Env:
     schema: str
     catalog: Catalog
     facts: dict = field(default_factory=dict)
+    parts_done: tuple = ()
 
     def conn(self, autocommit: bool = True) -> psycopg.Connection:
         return connect(self.url, autocommit=autocommit)

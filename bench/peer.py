@@ -14,6 +14,7 @@ Throughput is M / wall time from the common start (a barrier) to the last proces
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import traceback
 import uuid
@@ -162,25 +163,111 @@ def tablequeue_pair(env: Env, name: str, processes: int, batch: int, messages: i
                       and left == 0 and lost == 0}}
 
 
+def _mean_pair(pairs: list[dict]) -> dict:
+    """Average of repeated pairs: throughputs and latencies averaged, checks all kept."""
+    out = {"runs": pairs, "check": {"ok": all(p["check"]["ok"] for p in pairs),
+                                    "runs": [p["check"] for p in pairs]}}
+    for metric in ("enqueue", "dequeue_ack"):
+        out[metric] = {k: sum(p[metric][k] for p in pairs) / len(pairs)
+                       for k in ("throughput", "p50_ms", "p99_ms", "seconds", "messages")}
+    return out
+
+
 def run(env: Env, pgq_url: str, queues: list[str], processes: int, batches: tuple[int, ...],
-        messages_for: dict[int, int], log: callable) -> list[dict]:
+        messages_for: dict[int, int], log: callable, rounds_for: dict | None = None) -> list[dict]:
     out = []
     for batch in batches:
         m = messages_for[batch]
-        # Alternate who goes first so neither side always runs on a warmer or a busier machine.
-        order = ["pgqueuer", *queues] if batch % 2 else [*queues, "pgqueuer"]
-        row: dict[str, Any] = {"processes": processes, "batch": batch, "messages": m}
-        for who in order:
-            row[who] = pgqueuer_pair(pgq_url, processes, batch, m) if who == "pgqueuer" else \
-                tablequeue_pair(env, who, processes, batch, m)
+        rounds = (rounds_for or {}).get(batch, 1)
+        row: dict[str, Any] = {"processes": processes, "batch": batch, "messages": m, "rounds": rounds}
+        pairs: dict[str, list] = {who: [] for who in ["pgqueuer", *queues]}
+        for r in range(rounds):
+            # Alternate who goes first so neither side always runs on a warmer or a busier machine.
+            order = ["pgqueuer", *queues] if (batch + r) % 2 else [*queues, "pgqueuer"]
+            for who in order:
+                pairs[who].append(pgqueuer_pair(pgq_url, processes, batch, m) if who == "pgqueuer" else
+                                  tablequeue_pair(env, who, processes, batch, m))
+        for who, ps in pairs.items():
+            row[who] = _mean_pair(ps)
         for q in queues:
             row[f"{q}_ratio_enqueue"] = row[q]["enqueue"]["throughput"] / row["pgqueuer"]["enqueue"]["throughput"]
             row[f"{q}_ratio_dequeue_ack"] = (row[q]["dequeue_ack"]["throughput"]
                                              / row["pgqueuer"]["dequeue_ack"]["throughput"])
-        log(f"  peer batch {batch}, {processes} processes, {m} messages: PgQueuer enqueue "
+        log(f"  peer batch {batch}, {processes} processes, {m} messages, {rounds} round(s): PgQueuer enqueue "
             f"{row['pgqueuer']['enqueue']['throughput']:.0f}/s, dequeue+ack "
             f"{row['pgqueuer']['dequeue_ack']['throughput']:.0f}/s; "
             + "; ".join(f"{q} enqueue {row[q]['enqueue']['throughput']:.0f}/s, cycle "
                         f"{row[q]['dequeue_ack']['throughput']:.0f}/s" for q in queues))
         out.append(row)
+    return out
+
+
+# -- the same comparison without the Python clients: both sides' SQL driven by pgbench ----------------
+def _pgbench_sql(sql: str, params: dict[int, str]) -> str:
+    lines = []
+    for line in sql.splitlines():
+        line = line.split("--", 1)[0].strip()
+        if line:
+            lines.append(line)
+    flat = " ".join(lines)
+    return re.sub(r"\$(\d+)\b", lambda m: params[int(m.group(1))], flat)
+
+
+def pgqueuer_cycle_script() -> str:
+    """PgQueuer's own dequeue and log_jobs statements (from its query builder), batch 1."""
+    from pgqueuer.adapters.persistence import qb
+
+    builder = qb.QueryQueueBuilder()
+    query = builder.build_dequeue_query(batch_size=1, entrypoints=[ENTRYPOINT], concurrency_limits=[0],
+                                        queue_manager_id=uuid.UUID(int=0), global_concurrency_limit=None,
+                                        heartbeat_timeout=timedelta(seconds=300))
+    dequeue = _pgbench_sql(query.sql, {1: ":batch", 2: "'{" + ENTRYPOINT + "}'",
+                                       3: "'00000000-0000-0000-0000-000000000000'::uuid", 4: "'300 seconds'"})
+    log = _pgbench_sql(builder.build_log_job_query(), {1: "ARRAY[:p_id]", 2: "'{successful}'", 3: "'{NULL}'"})
+    return "\\set batch 1\n" + dequeue.rstrip().rstrip(";") + " \\gset p_\n" + log.rstrip().rstrip(";") + ";\n"
+
+
+def pgbench_cycle(env: Env, pgq_url: str, queues: list[str], clients: int, seconds: float, rounds: int,
+                  log: callable) -> dict:
+    """Batch-1 dequeue + ack through pgbench: PgQueuer's SQL vs tablequeue's work functions."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .ceiling import Shape, measure, run_pgbench
+    from .proposals import _work_fn_script
+
+    workdir = Path(tempfile.mkdtemp(prefix="tq-peer-"))
+    os.chmod(workdir, 0o755)
+    depth = int(25_000 * seconds)
+    script = pgqueuer_cycle_script()
+    runs: dict[str, list] = {"pgqueuer": [], **{q: [] for q in queues}}
+    try:
+        for r in range(rounds):
+            order = ["pgqueuer", *queues] if r % 2 == 0 else [*reversed(queues), "pgqueuer"]
+            for who in order:
+                if who == "pgqueuer":
+                    with psycopg.connect(pgq_url, autocommit=True) as conn:
+                        conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+                        conn.execute("INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
+                                     "SELECT 0, %s, %s, 'queued' FROM generate_series(1, %s)",
+                                     (ENTRYPOINT, PAYLOAD.encode(), depth))
+                        conn.execute("VACUUM ANALYZE pgqueuer")
+                    before = _pgq_queued(pgq_url)
+                    result = run_pgbench(pgq_url, script, clients, seconds, workdir)
+                    done = before - _pgq_queued(pgq_url)
+                    runs[who].append({"messages_per_s": done / max(1, round(seconds)), "p50_ms": result["p50_ms"],
+                                      "p99_ms": result["p99_ms"], "failed": result["failed"]})
+                else:
+                    s = _work_fn_script(env, who)
+                    m = measure(env, Shape(who, who, "cycle", 1, s, s), "fn", clients, seconds, depth, workdir)
+                    runs[who].append({k: m[k] for k in ("messages_per_s", "p50_ms", "p99_ms", "failed")})
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    mean = {who: sum(x["messages_per_s"] for x in rs) / len(rs) for who, rs in runs.items()}
+    out = {"clients": clients, "seconds": seconds, "rounds": rounds, "script_pgqueuer": script, "runs": runs,
+           "throughput": mean, "ratios": {q: mean[q] / mean["pgqueuer"] for q in queues if mean["pgqueuer"]}}
+    log("  peer via pgbench, batch 1: PgQueuer SQL " + f"{mean['pgqueuer']:.0f}/s; "
+        + "; ".join(f"{q} {mean[q]:.0f}/s ({out['ratios'][q]:.2f}x)" for q in queues))
     return out

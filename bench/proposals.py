@@ -13,9 +13,6 @@ P1 "batch-1 claim": when batch_size (work: the remaining count) is 1, run the sa
 P2 "own-messages probe" (work): run the claim of the worker's own messages only when
    `EXISTS (... WHERE leased_by = worker)`: the probe is a one-line statement whose plan is cached;
    the four-CTE claim it guards is re-planned on every call.
-P3 "one-statement enqueue": `RETURN QUERY INSERT ... RETURNING m.id, false` instead of
-   `INSERT ... RETURNING m.id INTO new_id; RETURN QUERY SELECT new_id, false` (no dedupe): one
-   executor run per call instead of two.
 """
 from __future__ import annotations
 
@@ -63,17 +60,8 @@ def work_probe(body: str, table: str, fn: str) -> str:
     return body.replace(stmt, guard + stmt + "\n    END IF;")
 
 
-def enqueue_one_statement(body: str) -> str:
-    m = re.search(r"(    INSERT INTO .*?RETURNING m\.id INTO new_id;\s*RETURN QUERY SELECT new_id, false;)", body, re.S)
-    if not m or "LOOP" in m.group(1):
-        raise RuntimeError("bench: enqueue insert not found for proposal P3")
-    stmt = m.group(1)
-    one = re.sub(r"RETURNING m\.id INTO new_id;\s*RETURN QUERY SELECT new_id, false;", "RETURNING m.id, false;", stmt)
-    return body.replace(stmt, one.replace("    INSERT INTO", "    RETURN QUERY INSERT INTO", 1))
-
-
 def install(env: Env, kind: str) -> dict[str, tuple[list[str], str]]:
-    """Replace q_<kind>_prop's dequeue and enqueue with the proposed versions."""
+    """Replace q_<kind>_prop's dequeue with the proposed version."""
     name = prop_name(kind)
     out = {}
     body = rendered_unit(env, name, "dequeue").split("\nREVOKE ALL")[0]
@@ -81,7 +69,6 @@ def install(env: Env, kind: str) -> dict[str, tuple[list[str], str]]:
         out["dequeue"] = (["P1", "P2"], work_batch1(work_probe(body, env.table(name), name)))
     else:
         out["dequeue"] = (["P1"], destructive_batch1(body))
-    out["enqueue"] = (["P3"], enqueue_one_statement(rendered_unit(env, name, "enqueue").split("\nREVOKE ALL")[0]))
     with env.conn() as conn:
         for _, sql in out.values():
             conn.execute(sql)
@@ -100,10 +87,6 @@ def run(env: Env, kinds: list[str], clients: int, seconds: float, rounds: int, c
     import shutil
     import tempfile
 
-    from .ceiling import raw_enqueue
-    from .ceiling import _literal
-    from .env import PAYLOAD
-
     workdir = Path(tempfile.mkdtemp(prefix="tq-prop-"))
     os.chmod(workdir, 0o755)
     out = []
@@ -115,11 +98,7 @@ def run(env: Env, kinds: list[str], clients: int, seconds: float, rounds: int, c
             installed = install(env, kind)
             base = f"q_{kind}"
             for verb, (proposals, sql) in installed.items():
-                if verb == "enqueue":
-                    args = f"payload => {_literal(PAYLOAD)}::jsonb"
-                    current, proposed = fn_call(env, base, "enqueue", args), fn_call(env, name, "enqueue", args)
-                    raw, op, depth = raw_enqueue(env, base), "enqueue", 0
-                elif kind == "work":
+                if kind == "work":
                     current, proposed = _work_fn_script(env, base), _work_fn_script(env, name)
                     raw, op, depth = work_minimal_cycle(env, base), "cycle", int(25_000 * seconds)
                 else:

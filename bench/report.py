@@ -32,6 +32,11 @@ def failed_checks(results: dict) -> list[str]:
         for c in v["clean"] + v["held"] + [v["clean_timeline"], v["held_timeline"]]:
             if not c["check"]["ok"]:
                 failures.append(f"vacuum {c['kind']} p={c['processes']} b={c['batch']}: {c['check']}")
+    for e in results.get("depth_pairs") or []:
+        for rs in e["runs"].values():
+            for r in rs:
+                if not r["check"]["ok"]:
+                    failures.append(f"depth pair {e['kind']}: {r['check']}")
     for row in (results.get("peer") or {}).get("rows", []):
         for who in ["pgqueuer", *results["peer"]["queues"]]:
             if not row[who]["check"]["ok"]:
@@ -72,6 +77,12 @@ def targets(results: dict) -> list[dict]:
                                      f"{row['pgqueuer']['dequeue_ack']['throughput']:.0f}/s ({row['messages']:,} msgs)",
                             "value": ratio, "met": ratio >= 2.0, "gap": ratio / 2.0 - 1,
                             "headline": q == f"q_{kind}"})
+        via = peer.get("pgbench")
+        for q, ratio in ((via or {}).get("ratios") or {}).items():
+            out.append({"target": "the same, both sides' SQL driven by pgbench (no Python client)",
+                        "want": ">= 2.00x",
+                        "shape": f"{q} {via['throughput'][q]:.0f}/s vs PgQueuer SQL {via['throughput']['pgqueuer']:.0f}/s",
+                        "value": ratio, "met": ratio >= 2.0, "gap": ratio / 2.0 - 1, "headline": False})
     for e in results.get("ceiling") or []:
         if e["batch"] != 1 or e["ratio"] is None:
             continue
@@ -79,8 +90,17 @@ def targets(results: dict) -> list[dict]:
                     "shape": f"{e['shape']}, {e['clients']} clients: {e['fn']['messages_per_s']:.0f}/s vs "
                              f"{e['raw']['messages_per_s']:.0f}/s",
                     "value": e["ratio"], "met": e["ratio"] >= 0.9, "gap": e["ratio"] / 0.9 - 1,
-                    "headline": e["queue"] == f"q_{kind}" and e["op"] != "enqueue" and "minimal" not in e["shape"]})
-    depth = results.get("depth")
+                    "headline": e["queue"] == f"q_{kind}" and e["op"] != "enqueue"})
+    pairs = results.get("depth_pairs")
+    depth = None if pairs else results.get("depth")
+    for e in pairs or []:
+        lo, hi = e["shallow"], e["deep"]
+        out.append({"target": f"dequeue at {hi:,} waiting / at {lo:,} (batch {e['batch']}, {e['processes']} "
+                              f"consumers, alternating twin queues)",
+                    "want": ">= 0.90",
+                    "shape": f"{e['kind']}: {_tp(e, hi):.0f}/s vs {_tp(e, lo):.0f}/s",
+                    "value": e["ratio"], "met": e["ratio"] >= 0.9, "gap": e["ratio"] / 0.9 - 1,
+                    "headline": e["kind"] == kind})
     if depth:
         depths = sorted({c["depth"] for c in depth})
         lo, hi = depths[0], depths[-1]
@@ -101,6 +121,16 @@ def targets(results: dict) -> list[dict]:
                     "shape": f"{v['kind']}: {h['throughput']:.0f}/s vs {v['clean_timeline']['throughput']:.0f}/s",
                     "value": ratio, "met": ratio >= 0.8, "gap": ratio / 0.8 - 1, "headline": v["kind"] == kind})
     return out
+
+
+def _tp(entry: dict, depth: int) -> float:
+    """A depth pair's mean throughput (JSON turns the int keys into strings)."""
+    t = entry["throughput"]
+    return t[depth] if depth in t else t[str(depth)]
+
+
+def _runs(runs: list[dict]) -> str:
+    return ", ".join(f"{r['throughput']:.0f}" for r in runs)
 
 
 # -- plots ------------------------------------------------------------------------------------------
@@ -441,12 +471,27 @@ def write_report(results: dict, out_root: Path) -> Path:
         w("")
         w("![depth](bench/depth.png)")
         w("")
+        if results.get("depth_pairs"):
+            w("The depth target's shape measured once more, alternating between two identical queues held at the "
+              "shallowest and the deepest depth (shallow, deep, deep, shallow, repeated), so that the noise of the "
+              "shared machine falls on both alike:")
+            w("")
+            w("| kind | consumers | batch | shallow msg/s (runs) | deep msg/s (runs) | deep / shallow |")
+            w("|---|---:|---:|---:|---:|---:|")
+            for e in results["depth_pairs"]:
+                lo, hi = e["shallow"], e["deep"]
+                runs = e["runs"]
+                rl = runs[str(lo)] if str(lo) in runs else runs[lo]
+                rh = runs[str(hi)] if str(hi) in runs else runs[hi]
+                w(f"| {e['kind']} | {e['processes']} | {e['batch']} | {_tp(e, lo):,.0f} "
+                  f"({_runs(rl)}) | {_tp(e, hi):,.0f} ({_runs(rh)}) | {e['ratio']:.2f} |")
+            w("")
         ex = results.get("depth_explain") or []
         if ex:
             w("Profile of the claim inside `dequeue` (auto_explain, ANALYZE + BUFFERS, the 7th call of a session, "
               "rolled back), per depth:")
             w("")
-            w("| kind | depth | statement ms | whole call ms | buffers of each statement |")
+            w("| kind | depth | statement ms | whole call ms (inflated by auto_explain's own logging) | buffers of each statement |")
             w("|---|---:|---:|---:|---|")
             for e in ex:
                 w(f"| {e['kind']} | {e['label']} | {', '.join(f'{x:.3f}' for x in e.get('statement_ms', []))} | "
@@ -578,6 +623,29 @@ def write_report(results: dict, out_root: Path) -> Path:
         w("")
         w("![peer](bench/peer.png)")
         w("")
+        via = peer.get("pgbench")
+        if via:
+            w(f"The batch-1 cycle once more without either Python client: PgQueuer's own dequeue and `log_jobs` SQL "
+              f"(taken from its query builder, see below) and tablequeue's `dequeue` + `complete` calls, both driven by "
+              f"`pgbench -M prepared -c {via['clients']}` for {via['seconds']:.0f}s, {via['rounds']} runs each "
+              "(alternating), each from a freshly loaded queue; messages/s counted from the tables.")
+            w("")
+            w("| queue | msg/s (runs) | p50 / p99 ms | / PgQueuer |")
+            w("|---|---:|---:|---:|")
+            for who, rs in via["runs"].items():
+                ratio = via["ratios"].get(who)
+                listed = ", ".join(f"{r['messages_per_s']:.0f}" for r in rs)
+                w(f"| {who} | {via['throughput'][who]:,.0f} ({listed}) | "
+                  f"{sum(r['p50_ms'] or 0 for r in rs) / len(rs):.2f} / {sum(r['p99_ms'] or 0 for r in rs) / len(rs):.2f} | "
+                  f"{'–' if ratio is None else f'{ratio:.2f}x'} |")
+            w("")
+            w("<details><summary>PgQueuer's cycle as a pgbench script</summary>")
+            w("")
+            w("```sql")
+            w(via["script_pgqueuer"].rstrip())
+            w("```")
+            w("</details>")
+            w("")
     if NOTES.exists():
         w(NOTES.read_text().rstrip())
         w("")

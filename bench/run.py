@@ -32,6 +32,8 @@ class Plan:
     depth_processes: tuple[int, ...] = (1, 4)
     depth_batches: tuple[int, ...] = (1, 10, 100)
     depth_seconds: float = 1.5
+    depth_pair_shape: tuple[int, int] = (4, 1)
+    depth_pair_rounds: int = 2
     vacuum_shapes: tuple[tuple[int, int], ...] = ((1, 1), (4, 1), (4, 10), (4, 100))
     vacuum_seconds: float = 2.0
     vacuum_timeline_seconds: float = 15.0
@@ -43,11 +45,13 @@ class Plan:
     peer_processes: int = 4
     peer_batches: tuple[int, ...] = (1, 10, 100)
     peer_messages: dict = field(default_factory=lambda: {1: 12_000, 10: 40_000, 100: 100_000})
+    peer_rounds: dict = field(default_factory=lambda: {1: 2})
 
 
 def quick_plan() -> Plan:
     return Plan(matrix_processes=(1, 4), matrix_batches=(1, 10), matrix_seconds=0.5,
                 depths=(1_000, 20_000), depth_processes=(4,), depth_batches=(10,), depth_seconds=0.5,
+                depth_pair_rounds=1,
                 vacuum_shapes=((4, 1),), vacuum_seconds=0.5, vacuum_timeline_seconds=2.0,
                 ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
                 peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000})
@@ -96,6 +100,31 @@ def run_depth(env, kinds, plan: Plan, log) -> tuple[list[dict], list[dict]]:
     return out, explains
 
 
+def run_depth_pairs(env, kinds, plan: Plan, log) -> list[dict]:
+    """The depth target's shape, measured alternately on two identical queues, one held at the
+    shallowest depth and one at the deepest, so that a noisy machine hits both alike."""
+    out = []
+    lo, hi = plan.depths[0], plan.depths[-1]
+    p, b = plan.depth_pair_shape
+    for kind in kinds:
+        shallow, deep = f"q_{kind}", f"q_{kind}_deep"
+        set_depth(env, deep, hi)
+        runs: dict[int, list] = {lo: [], hi: []}
+        for _ in range(plan.depth_pair_rounds):
+            for depth, name in ((lo, shallow), (hi, deep), (hi, deep), (lo, shallow)):
+                r = cell(env, name, "dequeue", p, b, depth, plan.depth_seconds)
+                runs[depth].append({k: r[k] for k in ("throughput", "p50_ms", "p99_ms", "check")})
+        mean = {d: sum(r["throughput"] for r in rs) / len(rs) for d, rs in runs.items()}
+        entry = {"kind": kind, "processes": p, "batch": b, "shallow": lo, "deep": hi, "runs": runs,
+                 "throughput": mean, "ratio": mean[hi] / mean[lo] if mean[lo] else None}
+        log(f"  depth pairs {kind}: {lo:,} waiting {mean[lo]:.0f}/s, {hi:,} waiting {mean[hi]:.0f}/s, "
+            f"ratio {entry['ratio']:.2f}")
+        out.append(entry)
+        with env.conn() as conn:
+            conn.execute(f"TRUNCATE {env.table(deep)}, {env.table(shallow)}")
+    return out
+
+
 def run_vacuum(env, kinds, plan: Plan, log) -> list[dict]:
     return [vacuum.run_kind(env, kind, list(plan.vacuum_shapes), plan.matrix_depth, plan.vacuum_seconds,
                             plan.vacuum_timeline_seconds, plan.vacuum_timeline_shape, log) for kind in kinds]
@@ -107,16 +136,21 @@ def run_ceiling(env, kinds, plan: Plan, log) -> list[dict]:
 
 
 def run_peer(env, kinds, plan: Plan, log, admin_url: str) -> dict:
-    queues = [q for q in ("q_work", "q_work_history") if q.removeprefix("q_").split("_")[0] in kinds
+    # q_work_prop carries the proposed dequeue (installed by the proposals part, which runs first).
+    proposed = ("q_work_prop",) if "proposals" in env.parts_done else ()
+    queues = [q for q in ("q_work", "q_work_history", *proposed) if "work" in kinds
               and any(x.name == q for x in env.catalog.queues)]
     if not queues:  # no work kind yet: compare the closest destructive shape, and say so
         queues = ["q_fifo"] if "fifo" in kinds else [f"q_{kinds[0]}"]
     pgq_url = peer.pgq_database(admin_url)
     try:
-        rows = peer.run(env, pgq_url, queues, plan.peer_processes, plan.peer_batches, plan.peer_messages, log)
+        rows = peer.run(env, pgq_url, queues, plan.peer_processes, plan.peer_batches, plan.peer_messages, log,
+                        plan.peer_rounds)
+        via_pgbench = peer.pgbench_cycle(env, pgq_url, queues, plan.ceiling_clients, plan.ceiling_seconds,
+                                         plan.ceiling_rounds, log) if "work" in kinds else None
     finally:
         peer.drop_pgq_database(admin_url, pgq_url)
-    return {"queues": queues, "rows": rows}
+    return {"queues": queues, "rows": rows, "pgbench": via_pgbench}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     with server() as srv:
         _log(f"server: {'embedded throwaway cluster' if srv['embedded'] else 'TABLEQUEUE_PG_URL'}")
         env = deploy_env(srv["url"], queue_entries(kinds, extra_work_history="peer" in parts,
-                                                   proposals="proposals" in parts))
+                                                   proposals="proposals" in parts, deep="depth" in parts))
         results["facts"] = machine_facts(srv["url"])
         results["facts"]["embedded"] = srv["embedded"]
         results["schema"] = env.schema
@@ -167,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     results["matrix"] = run_matrix(env, kinds, plan, _log)
                 elif part == "depth":
                     results["depth"], results["depth_explain"] = run_depth(env, kinds, plan, _log)
+                    results["depth_pairs"] = run_depth_pairs(env, kinds, plan, _log)
                 elif part == "vacuum":
                     results["vacuum"] = run_vacuum(env, kinds, plan, _log)
                 elif part == "ceiling":
@@ -180,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif part == "peer":
                     results["peer"] = run_peer(env, kinds, plan, _log, srv["url"])
                 results.setdefault("part_seconds", {})[part] = time.monotonic() - t0
+                env.parts_done = (*env.parts_done, part)
                 _log(f"part {part} done in {time.monotonic() - t0:.0f}s")
         finally:
             env.drop()

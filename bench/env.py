@@ -219,6 +219,14 @@ def machine_facts(url: str) -> dict:
                                   "('default', 'override', 'client', 'session') ORDER BY name").fetchall()
         facts["settings_non_default"] = dict(nondefault)
     try:
+        facts["git_head"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=REPO).stdout.strip()
+        facts["templates_dirty"] = bool(subprocess.run(
+            ["git", "status", "--porcelain", "database/templates/postgres"], capture_output=True, text=True,
+            cwd=REPO).stdout.strip())
+    except OSError:
+        pass
+    try:
         facts["pgbench"] = subprocess.run(["pgbench", "--version"], capture_output=True, text=True).stdout.strip()
     except OSError:
         facts["pgbench"] = None

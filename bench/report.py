@@ -373,6 +373,8 @@ def write_report(results: dict, out_root: Path) -> Path:
       f"{tuple(round(x, 2) for x in facts.get('loadavg_end', ()))}. **The 2 cores were shared**: the server, "
       "every benchmark process and, during this run, other engineers' test suites all ran on them, so "
       "absolute numbers are noisy and low; compare ratios taken within the run.")
+    w(f"- Code: commit `{facts.get('git_head', '?')}`; the PostgreSQL templates were "
+      f"{'**modified in the working tree**' if facts.get('templates_dirty') else 'as committed'} when the run started.")
     w(f"- PostgreSQL: {facts.get('postgres_version')} ({'embedded throwaway cluster' if facts.get('embedded') else 'TABLEQUEUE_PG_URL'}).")
     settings = facts.get("settings_non_default") or {}
     if settings:

@@ -128,24 +128,34 @@ def test_chaos_every_message_ends_in_history_once_or_dead_after_max_attempts(dep
     for name in names:
         start(name, 0)
     victims = rng.sample(names, 2)
+    # A kill comes at a random time, or at the latest when the backlog falls below a random floor,
+    # so that on a fast machine it still lands while there is work to be in the middle of.
     kill_at = sorted(rng.uniform(3, 12) for _ in victims)
+    kill_floor = sorted((rng.randrange(3000, 9000) for _ in victims), reverse=True)
     started = time.monotonic()
     killed: list[str] = []
+    kill_times: list[float] = []
+    ready = MESSAGES
 
     try:
         while True:
             elapsed = time.monotonic() - started
             assert elapsed < RUN_LIMIT_SECONDS, "the chaos run did not finish"
-            if len(killed) < len(victims) and elapsed >= kill_at[len(killed)]:
+            if len(killed) < len(victims):
+                ready = client.stats()["ready"]
+            due = len(killed) < len(victims) and (
+                elapsed >= kill_at[len(killed)] or ready <= kill_floor[len(killed)])
+            if due:
                 victim = workers[f"{victims[len(killed)]}.0"]
                 # Mid-message: only while it holds at least two leased messages it has not finished.
                 if victim["holding"].value >= 2:
                     os.kill(victim["process"].pid, signal.SIGKILL)
                     victim["process"].join(10)
                     killed.append(victim["name"])
+                    kill_times.append(round(elapsed, 1))
                     if len(killed) == 1:
                         start(victim["name"], 1)  # comes back under the same worker name
-            if len(killed) == len(victims) and elapsed > kill_at[-1]:
+            if len(killed) == len(victims):
                 stats = client.stats()
                 if (stats["ready"], stats["delayed"], stats["in_flight"]) == (0, 0, 0):
                     break
@@ -191,9 +201,8 @@ def test_chaos_every_message_ends_in_history_once_or_dead_after_max_attempts(dep
         leased = {e[1] for e in log if e[0] == "D"}
         finished = {e[1] for e in log if e[0] in "CF"}
         assert leased - finished, f"{name} was not holding unfinished messages when killed"
-    retried_after_kill = [row for row in history if row[1] > 1]
-    assert retried_after_kill
+    assert any(row[1] > 1 for row in history), "no message was completed on a later attempt"
     print(f"\nchaos: {MESSAGES} messages, {len(history)} completed, {len(dead)} dead, "
-          f"{lost_leases} late completes refused, killed {killed} at {[round(k, 1) for k in kill_at]}s, "
+          f"{lost_leases} late completes refused, killed {killed} at {kill_times}s, "
           f"{time.monotonic() - started:.0f}s")
     conn.close()

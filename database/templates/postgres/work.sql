@@ -442,7 +442,7 @@ BEGIN
         buried_count := 0;
         current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
         WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
-{{ w.claim_statement("m.priority = current_level AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8) }}
+{{ w.claim_statement("m.priority = current_level AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8, first=true) }}
             step_ids := step_ids || coalesce(level_ids, '{}');
             buried_count := buried_count + level_buried;
             current_level := (
@@ -450,7 +450,7 @@ BEGIN
             );
         END LOOP;
 {% else %}
-{{ w.claim_statement("m.visible_at <= now_utc", "remaining") | indent(4) }}
+{{ w.claim_statement("m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
 {% endif %}
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
         remaining := batch_size - cardinality(claimed_ids);

@@ -95,8 +95,8 @@ def work_shapes(env: Env, queue: str) -> list[Shape]:
         fn = (f'SELECT id FROM "{env.schema}"."{queue}_dequeue"(batch_size => 1, worker => {worker}, '
               f"lease_seconds => 300) \\gset\n"
               f'SELECT * FROM "{env.schema}"."{queue}_complete"(id => :id, worker => {worker});\n')
-        shapes.append(Shape("work cycle batch 1 (dequeue + complete)", queue, "cycle", 1, raw, fn))
-        shapes.append(Shape("work cycle batch 1, minimal raw (one claim UPDATE + one DELETE)", queue, "cycle", 1,
+        shapes.append(Shape("work cycle batch 1 (same statements)", queue, "cycle", 1, raw, fn))
+        shapes.append(Shape("work cycle batch 1 (minimal raw: one claim UPDATE + one DELETE)", queue, "cycle", 1,
                             work_minimal_cycle(env, queue), fn))
     return shapes
 

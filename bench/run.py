@@ -32,8 +32,8 @@ class Plan:
     depth_processes: tuple[int, ...] = (1, 4)
     depth_batches: tuple[int, ...] = (1, 10, 100)
     depth_seconds: float = 1.5
-    depth_pair_shape: tuple[int, int] = (4, 1)
-    depth_pair_rounds: int = 2
+    # (op, processes, batch, rounds): the depth target's shape twice, the others once.
+    depth_pairs: tuple = (("dequeue", 4, 1, 2), ("enqueue", 4, 1, 1), ("enqueue", 4, 100, 1))
     vacuum_shapes: tuple[tuple[int, int], ...] = ((1, 1), (4, 1), (4, 10), (4, 100))
     vacuum_seconds: float = 2.0
     vacuum_timeline_seconds: float = 15.0
@@ -51,7 +51,7 @@ class Plan:
 def quick_plan() -> Plan:
     return Plan(matrix_processes=(1, 4), matrix_batches=(1, 10), matrix_seconds=0.5,
                 depths=(1_000, 20_000), depth_processes=(4,), depth_batches=(10,), depth_seconds=0.5,
-                depth_pair_rounds=1,
+                depth_pairs=(("dequeue", 4, 1, 1),),
                 vacuum_shapes=((4, 1),), vacuum_seconds=0.5, vacuum_timeline_seconds=2.0,
                 ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
                 peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000})
@@ -101,25 +101,25 @@ def run_depth(env, kinds, plan: Plan, log) -> tuple[list[dict], list[dict]]:
 
 
 def run_depth_pairs(env, kinds, plan: Plan, log) -> list[dict]:
-    """The depth target's shape, measured alternately on two identical queues, one held at the
-    shallowest depth and one at the deepest, so that a noisy machine hits both alike."""
+    """Chosen shapes measured alternately on two identical queues, one held at the shallowest depth
+    and one at the deepest, so that a noisy machine hits both alike."""
     out = []
     lo, hi = plan.depths[0], plan.depths[-1]
-    p, b = plan.depth_pair_shape
     for kind in kinds:
         shallow, deep = f"q_{kind}", f"q_{kind}_deep"
         set_depth(env, deep, hi)
-        runs: dict[int, list] = {lo: [], hi: []}
-        for _ in range(plan.depth_pair_rounds):
-            for depth, name in ((lo, shallow), (hi, deep), (hi, deep), (lo, shallow)):
-                r = cell(env, name, "dequeue", p, b, depth, plan.depth_seconds)
-                runs[depth].append({k: r[k] for k in ("throughput", "p50_ms", "p99_ms", "check")})
-        mean = {d: sum(r["throughput"] for r in rs) / len(rs) for d, rs in runs.items()}
-        entry = {"kind": kind, "processes": p, "batch": b, "shallow": lo, "deep": hi, "runs": runs,
-                 "throughput": mean, "ratio": mean[hi] / mean[lo] if mean[lo] else None}
-        log(f"  depth pairs {kind}: {lo:,} waiting {mean[lo]:.0f}/s, {hi:,} waiting {mean[hi]:.0f}/s, "
-            f"ratio {entry['ratio']:.2f}")
-        out.append(entry)
+        for op, p, b, rounds in plan.depth_pairs:
+            runs: dict[int, list] = {lo: [], hi: []}
+            for _ in range(rounds):
+                for depth, name in ((lo, shallow), (hi, deep), (hi, deep), (lo, shallow)):
+                    r = cell(env, name, op, p, b, depth, plan.depth_seconds)
+                    runs[depth].append({k: r[k] for k in ("throughput", "p50_ms", "p99_ms", "check")})
+            mean = {d: sum(r["throughput"] for r in rs) / len(rs) for d, rs in runs.items()}
+            entry = {"kind": kind, "op": op, "processes": p, "batch": b, "shallow": lo, "deep": hi, "runs": runs,
+                     "throughput": mean, "ratio": mean[hi] / mean[lo] if mean[lo] else None}
+            log(f"  depth pairs {kind} {op} processes={p} batch={b}: {lo:,} waiting {mean[lo]:.0f}/s, "
+                f"{hi:,} waiting {mean[hi]:.0f}/s, ratio {entry['ratio']:.2f}")
+            out.append(entry)
         with env.conn() as conn:
             conn.execute(f"TRUNCATE {env.table(deep)}, {env.table(shallow)}")
     return out

@@ -122,8 +122,8 @@ def test_postgres_functions_are_pinned_definers_revoked_from_public(catalog_path
                 # tables only through the definer functions (docs/work-queue.md).
                 code = _mask_pg(unit.body)
                 assert "SECURITY DEFINER" not in code and "SET search_path" not in code, unit.name
-                assert re.search(r"REVOKE ALL ON PROCEDURE .* FROM PUBLIC;", unit.body), unit.name
+                assert re.search(r"REVOKE ALL ON PROCEDURE .* FROM public;", unit.body), unit.name
                 continue
             assert "SECURITY DEFINER" in unit.body, unit.name
             assert "SET search_path = pg_catalog, pg_temp" in unit.body, unit.name
-            assert re.search(r"REVOKE ALL ON (FUNCTION|PROCEDURE) .* FROM PUBLIC;", unit.body), unit.name
+            assert re.search(r"REVOKE ALL ON (FUNCTION|PROCEDURE) .* FROM public;", unit.body), unit.name

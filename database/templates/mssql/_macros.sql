@@ -12,16 +12,17 @@
 GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
 {%- endmacro %}
 
-{#- message: one nvarchar SQL expression, or a list of expressions to CONCAT (two or more). -#}
+{#- message: an nvarchar literal (thrown as it is), or a list of expressions to CONCAT (two or
+    more), which needs @error_message: use that form at most once per procedure. -#}
 {% macro throw(error, message) %}
 {% if message is string %}
-            DECLARE @error_message nvarchar(2048) = {{ message }};
+            THROW {{ errors[error] }}, {{ message }}, 1;
 {% else %}
             DECLARE @error_message nvarchar(2048) = CONCAT(
                 {{ message | join(',\n                ') }}
             );
-{% endif %}
             THROW {{ errors[error] }}, @error_message, 1;
+{% endif %}
 {%- endmacro %}
 
 {% macro check_batch_size(verb) %}

@@ -10,7 +10,7 @@
 
 {#- Functions are granted by name only: the deploy tool drops stale overloads, so the name is unique. -#}
 {% macro grant(verb, routine='FUNCTION') %}
-REVOKE ALL ON {{ routine }} {{ names.verb(verb) }} FROM PUBLIC;
+REVOKE ALL ON {{ routine }} {{ names.verb(verb) }} FROM public;
 GRANT EXECUTE ON {{ routine }} {{ names.verb(verb) }} TO {{ names.role(verb) }};
 {%- endmacro %}
 

@@ -1,0 +1,56 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: mssql/_framework.sql | dialect: mssql | kind: framework | schema: queue
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+-- tablequeue:unit queue.tablequeue_deploy_history storage
+
+IF SCHEMA_ID(N'queue') IS NULL
+    BEGIN
+        -- CREATE SCHEMA must be alone in its batch; the name is a validated, quoted catalog identifier.
+        EXEC (N'CREATE SCHEMA [queue] AUTHORIZATION [dbo];');
+    END;
+GO
+
+IF OBJECT_ID(N'[queue].[tablequeue_deploy_history]', N'U') IS NULL
+    BEGIN
+        CREATE TABLE [queue].[tablequeue_deploy_history] (
+            history_id bigint IDENTITY (1, 1) NOT NULL,
+            unit_name nvarchar(256) NOT NULL,
+            unit_type varchar(16) NOT NULL,
+            queue_name nvarchar(128) NULL,
+            tool_version varchar(32) NOT NULL,
+            unit_checksum char(64) NOT NULL,
+            object_checksum varchar(64) NULL,
+            applied_at datetime2(3) NOT NULL
+            CONSTRAINT df_tablequeue_deploy_history_applied_at DEFAULT (SYSUTCDATETIME()),
+            applied_by nvarchar(128) NOT NULL
+            CONSTRAINT df_tablequeue_deploy_history_applied_by DEFAULT (ORIGINAL_LOGIN()),
+            duration_ms int NOT NULL,
+            CONSTRAINT pk_tablequeue_deploy_history PRIMARY KEY CLUSTERED (history_id)
+        );
+
+        CREATE INDEX ix_tablequeue_deploy_history_unit ON [queue].[tablequeue_deploy_history] (unit_name, history_id);
+    END;
+GO
+
+-- tablequeue:unit queue.tablequeue_roles code
+
+IF DATABASE_PRINCIPAL_ID(N'queue_producer') IS NULL
+    BEGIN
+        CREATE ROLE [queue_producer] AUTHORIZATION [dbo];
+    END;
+GO
+
+IF DATABASE_PRINCIPAL_ID(N'queue_consumer') IS NULL
+    BEGIN
+        CREATE ROLE [queue_consumer] AUTHORIZATION [dbo];
+    END;
+GO
+
+IF DATABASE_PRINCIPAL_ID(N'queue_admin') IS NULL
+    BEGIN
+        CREATE ROLE [queue_admin] AUTHORIZATION [dbo];
+    END;
+GO

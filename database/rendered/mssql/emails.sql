@@ -1,0 +1,1170 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: mssql/work.sql | dialect: mssql | kind: work | queue: queue.emails
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+-- tablequeue:unit queue.emails storage
+-- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+
+IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL
+    BEGIN
+        CREATE TABLE [queue].[emails] (
+            id bigint IDENTITY (1, 1) NOT NULL,
+            enqueued_at datetime2(7) NOT NULL
+            CONSTRAINT [df_emails_enqueued_at] DEFAULT (SYSUTCDATETIME()),
+            -- The scheduled start as enqueued (dequeue returns it).
+            due_at datetime2(7) NOT NULL,
+            -- When the message may next be claimed: due_at, then the lease's expiry while leased,
+            -- then the retry time after a fail.
+            visible_at datetime2(7) NOT NULL,
+            attempts int NOT NULL
+            CONSTRAINT [df_emails_attempts] DEFAULT (0),
+            leased_by nvarchar(200) NULL,
+            leased_at datetime2(7) NULL,
+            last_error nvarchar(4000) NULL,
+            dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
+            payload nvarchar(MAX) NOT NULL,
+            CONSTRAINT [ck_emails_payload_json] CHECK (ISJSON(payload) = 1),
+            -- Clustered on the immutable id: a claim, fail or extend updates the row in place (only
+            -- the narrow claim index moves), complete is a clustered seek, and deleted rows leave
+            -- no emptied heap pages behind.
+            CONSTRAINT [pk_emails] PRIMARY KEY CLUSTERED (id)
+        );
+
+        -- The claim's exact WHERE and ORDER BY.
+        CREATE NONCLUSTERED INDEX [ix_emails_claim]
+            ON [queue].[emails] (visible_at, id);
+
+        -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
+        CREATE NONCLUSTERED INDEX [ix_emails_lease]
+            ON [queue].[emails] (leased_by, visible_at, id)
+            WHERE leased_by IS NOT NULL;
+
+        -- Filtered: messages without a key cost nothing. IGNORE_DUP_KEY is not allowed on a filtered
+        -- index, and would hide the existing id anyway: enqueue locks the key and reports it itself.
+        CREATE UNIQUE NONCLUSTERED INDEX [ux_emails_dedupe]
+            ON [queue].[emails] (dedupe_key)
+            WHERE dedupe_key IS NOT NULL;
+
+        -- Appending to an ever-increasing key latches the last page; past ~8 concurrent producers
+        -- that is the bottleneck (NServiceBus.SqlServer #624). SQL Server 2019+ and Azure can queue
+        -- the waiters fairly; 2017 cannot, hence the guard (a literal: nothing is concatenated).
+        IF CONVERT(int, SERVERPROPERTY('ProductMajorVersion')) >= 15 OR SERVERPROPERTY('EngineEdition') IN (5, 8)
+            BEGIN
+                EXEC (N'ALTER INDEX [pk_emails] ON [queue].[emails] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);'); -- noqa: LT05
+            END;
+    END;
+GO
+
+-- One shape whatever the options; columns an option does not use must be NULL (enqueue_batch
+-- checks). dedupe_key is wider than the table's so that an over-long key reaches the procedure's
+-- check (and its error number) instead of failing in the driver.
+IF TYPE_ID(N'[queue].[emails_items]') IS NULL
+    BEGIN
+        CREATE TYPE [queue].[emails_items] AS TABLE (
+            ordinal int NOT NULL PRIMARY KEY,
+            payload nvarchar(MAX) NULL,
+            due_at datetime2(7) NULL,
+            dedupe_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
+            priority int NULL,
+            id uniqueidentifier NULL,
+            enqueued_at datetime2(7) NULL
+        );
+    END;
+GO
+
+-- tablequeue:unit queue.emails_dead storage
+-- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+
+IF OBJECT_ID(N'[queue].[emails_dead]', N'U') IS NULL
+    BEGIN
+        -- Messages that used up max_attempts: a last fail, or a lease that expired once too often.
+        -- Few inserts, paged reads by id (dead_list): clustered on id.
+        CREATE TABLE [queue].[emails_dead] (
+            id bigint NOT NULL,
+            enqueued_at datetime2(7) NOT NULL,
+            due_at datetime2(7) NOT NULL,
+            dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
+            attempts int NOT NULL,
+            last_error nvarchar(4000) NULL,
+            last_worker nvarchar(200) NULL,
+            dead_at datetime2(7) NOT NULL,
+            payload nvarchar(MAX) NOT NULL,
+            CONSTRAINT [pk_emails_dead] PRIMARY KEY CLUSTERED (id)
+        );
+    END;
+GO
+
+-- tablequeue:unit queue.emails_history storage
+-- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+
+IF OBJECT_ID(N'[queue].[emails_history]', N'U') IS NULL
+    BEGIN
+        -- Completed messages. Clustered on the finish time: inserts append, and history_purge
+        -- deletes a range at the start of the clustered index.
+        CREATE TABLE [queue].[emails_history] (
+            history_id bigint IDENTITY (1, 1) NOT NULL,
+            id bigint NOT NULL,
+            enqueued_at datetime2(7) NOT NULL,
+            due_at datetime2(7) NOT NULL,
+            started_at datetime2(7) NOT NULL,
+            finished_at datetime2(7) NOT NULL,
+            duration_ms AS DATEDIFF_BIG(MILLISECOND, started_at, finished_at),
+            worker nvarchar(200) NOT NULL,
+            attempts int NOT NULL,
+            payload nvarchar(MAX) NOT NULL,
+            CONSTRAINT [pk_emails_history] PRIMARY KEY CLUSTERED (finished_at, history_id)
+        );
+
+        CREATE NONCLUSTERED INDEX [ix_emails_history_id]
+            ON [queue].[emails_history] (id);
+    END;
+GO
+
+-- tablequeue:unit queue.emails_enqueue code
+
+CREATE OR ALTER PROCEDURE [queue].[emails_enqueue]
+    @payload nvarchar(MAX),
+    @due_at datetime2(7) = NULL,
+    @dedupe_key nvarchar(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @payload IS NULL OR ISJSON(@payload) = 0
+        BEGIN
+            SET @error_message = N'queue.emails_enqueue: payload must not be NULL and must be valid JSON.';
+            THROW 51002, @error_message, 1;
+        END;
+    IF DATALENGTH(@dedupe_key) > 400
+        BEGIN
+            SET @error_message = N'queue.emails_enqueue: dedupe_key is over 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @effective_due_at datetime2(7) = COALESCE(@due_at, @now);
+    -- A variable takes the database collation; compared with the column, the column's BIN2 wins.
+    DECLARE @key nvarchar(200) = @dedupe_key;
+    DECLARE @existing_id bigint;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0 AND (@key IS NOT NULL)
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- UPDLOCK + HOLDLOCK keep the key, or the gap where it would go, locked until the
+        -- transaction ends: a racing caller with the same key waits here, then finds this row.
+        IF @key IS NOT NULL
+            BEGIN
+                SELECT @existing_id = m.id
+                FROM [queue].[emails] AS m WITH (UPDLOCK, HOLDLOCK)
+                WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
+            END;
+
+        IF @existing_id IS NULL
+            BEGIN
+                INSERT INTO [queue].[emails] (
+                    enqueued_at, due_at, visible_at, dedupe_key, payload
+                )
+                VALUES (
+                    @now,
+                    @effective_due_at,
+                    @effective_due_at,
+                    @key,
+                    @payload
+                );
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        COALESCE(@existing_id, CONVERT(bigint, SCOPE_IDENTITY())) AS id,
+        CONVERT(bit, IIF(@existing_id IS NULL, 0, 1)) AS duplicate;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_enqueue] TO [queue_producer];
+GO
+
+-- tablequeue:unit queue.emails_enqueue_batch code
+
+CREATE OR ALTER PROCEDURE [queue].[emails_enqueue_batch]
+    @items [queue].[emails_items] READONLY
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    DECLARE @bad_ordinal int = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE i.payload IS NULL OR ISJSON(i.payload) = 0
+    );
+    IF @bad_ordinal IS NOT NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_enqueue_batch: item ',
+                @bad_ordinal,
+                N' has a NULL or invalid JSON payload.'
+            );
+            THROW 51002, @error_message, 1;
+        END;
+
+    SET @bad_ordinal = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE DATALENGTH(i.dedupe_key) > 400
+    );
+    IF @bad_ordinal IS NOT NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_enqueue_batch: item ',
+                @bad_ordinal,
+                N' has a dedupe_key over 200 characters.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    IF (SELECT COUNT(i.priority) FROM @items AS i) > 0
+        BEGIN
+            SET @error_message = N'queue.emails_enqueue_batch: priority needs option priority.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    IF (SELECT COUNT(i.id) FROM @items AS i) > 0
+        BEGIN
+            SET @error_message = N'queue.emails_enqueue_batch: id needs option client_ids.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    IF (SELECT COUNT(i.enqueued_at) FROM @items AS i) > 0
+        BEGIN
+            SET @error_message = N'queue.emails_enqueue_batch: enqueued_at needs option client_ids.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    -- One row per item: the id it gets, or the queued message it duplicates.
+    DECLARE @staged TABLE (
+        ordinal int NOT NULL PRIMARY KEY,
+        dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
+        first_ordinal int NULL,
+        existing_id bigint NULL,
+        assigned_id bigint NULL
+    );
+    DECLARE @keys TABLE (dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @existing_keys TABLE (
+        dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, -- noqa: CP02
+        id bigint NOT NULL
+    );
+    DECLARE @new_ids TABLE (id bigint NOT NULL PRIMARY KEY);
+    DECLARE @started_transaction bit = 0;
+
+    INSERT INTO @staged (ordinal, dedupe_key)
+    SELECT
+        i.ordinal,
+        i.dedupe_key
+    FROM @items AS i;
+
+    -- A later item with the key of an earlier one duplicates that one.
+    UPDATE s
+    SET
+        s.first_ordinal = (
+            SELECT MIN(e.ordinal)
+            FROM @staged AS e
+            WHERE
+                e.ordinal < s.ordinal
+                AND (e.dedupe_key = s.dedupe_key)
+        )
+    FROM @staged AS s;
+
+    -- Point every duplicate at the first item of its chain (a key shared with one item, a client
+    -- id with another), so that each one resolves to an id that is inserted or queued already.
+    WHILE @@ROWCOUNT > 0
+        BEGIN
+            UPDATE s
+            SET s.first_ordinal = f.first_ordinal
+            FROM @staged AS s
+            INNER JOIN @staged AS f ON s.first_ordinal = f.ordinal
+            WHERE f.first_ordinal IS NOT NULL;
+        END;
+
+    INSERT INTO @keys (dedupe_key)
+    SELECT DISTINCT s.dedupe_key
+    FROM @staged AS s
+    WHERE s.dedupe_key IS NOT NULL;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- Lock every key of the batch, present or not (see enqueue), walking the keys in index order:
+        -- two batches that share keys then wait for each other instead of deadlocking.
+        INSERT INTO @existing_keys (dedupe_key, id)
+        SELECT
+            m.dedupe_key,
+            m.id
+        FROM @keys AS k
+        INNER JOIN [queue].[emails] AS m WITH (UPDLOCK, HOLDLOCK)
+            ON k.dedupe_key = m.dedupe_key AND m.dedupe_key IS NOT NULL
+        OPTION (LOOP JOIN, FORCE ORDER);
+
+        UPDATE s
+        SET s.existing_id = e.id
+        FROM @staged AS s
+        INNER JOIN @existing_keys AS e ON s.dedupe_key = e.dedupe_key;
+
+        INSERT INTO [queue].[emails] (
+            enqueued_at, due_at, visible_at, dedupe_key, payload
+        )
+        OUTPUT INSERTED.id INTO @new_ids (id)
+        SELECT
+            @now AS enqueued_at,
+            COALESCE(i.due_at, @now) AS due_at,
+            COALESCE(i.due_at, @now) AS visible_at,
+            s.dedupe_key,
+            i.payload
+        FROM @staged AS s
+        INNER JOIN @items AS i ON s.ordinal = i.ordinal
+        WHERE s.existing_id IS NULL AND s.first_ordinal IS NULL
+        ORDER BY s.ordinal;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- Identity values are assigned in the ORDER BY of an INSERT ... SELECT: the n-th new id
+    -- belongs to the n-th inserted item.
+    WITH numbered_items AS (
+        SELECT
+            s.ordinal,
+            ROW_NUMBER() OVER (ORDER BY s.ordinal) AS position
+        FROM @staged AS s
+        WHERE s.existing_id IS NULL AND s.first_ordinal IS NULL
+    ),
+
+    numbered_ids AS (
+        SELECT
+            n.id,
+            ROW_NUMBER() OVER (ORDER BY n.id) AS position
+        FROM @new_ids AS n
+    )
+
+    UPDATE s
+    SET s.assigned_id = nid.id
+    FROM @staged AS s
+    INNER JOIN numbered_items AS ni ON s.ordinal = ni.ordinal
+    INNER JOIN numbered_ids AS nid ON ni.position = nid.position;
+
+    SELECT
+        s.ordinal,
+        COALESCE(s.assigned_id, s.existing_id, f.assigned_id, f.existing_id) AS id,
+        CONVERT(bit, IIF(s.assigned_id IS NULL, 1, 0)) AS duplicate
+    FROM @staged AS s
+    LEFT JOIN @staged AS f ON s.first_ordinal = f.ordinal
+    ORDER BY s.ordinal;
+END;
+GO
+
+GRANT EXECUTE ON TYPE::[queue].[emails_items] TO [queue_producer];
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_enqueue_batch] TO [queue_producer];
+GO
+
+-- tablequeue:unit queue.emails_dequeue code
+
+-- A dequeue by worker W first takes back W's own unfinished messages: by asking, W declares that it
+-- holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- @worker is one character wider than leased_by, so that an over-long name reaches the check
+-- (invalid_argument) instead of being cut to 200 characters silently.
+CREATE OR ALTER PROCEDURE [queue].[emails_dequeue]
+    @batch_size int = 1,
+    @worker nvarchar(201) = NULL,
+    @lease_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
+    -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_dequeue: batch_size must be between 1 and 1000, got ',
+                COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.emails_dequeue: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET @lease_seconds = COALESCE(@lease_seconds, 600);
+    IF @lease_seconds IS NULL OR @lease_seconds NOT BETWEEN 1 AND 604800
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_dequeue: lease_seconds must be between 1 and 604800, got ',
+                COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @claimed TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        own bit NOT NULL,
+        previous_visible_at datetime2(7) NOT NULL,
+        previous_worker nvarchar(200) NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        payload nvarchar(MAX) NOT NULL
+    );
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
+    DECLARE @remaining int = @batch_size;
+    DECLARE @claimed_now int = 0;
+    DECLARE @started_transaction bit = 0;
+    DECLARE @buried_count int = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
+        -- so that the optimizer can match it whatever @worker is.
+        WITH own_messages AS (
+            SELECT TOP (@remaining)
+                m.id,
+                m.enqueued_at,
+                m.due_at,
+                m.visible_at,
+                m.attempts,
+                m.leased_by,
+                m.leased_at,
+                m.payload
+            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+            WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
+            ORDER BY m.visible_at, m.id
+        )
+
+        UPDATE own_messages
+        SET
+            attempts = attempts + 1,
+            visible_at = @lease_until,
+            leased_by = @worker,
+            leased_at = @now
+        OUTPUT
+            INSERTED.id,
+            1,
+            DELETED.visible_at,
+            DELETED.leased_by,
+            INSERTED.enqueued_at,
+            INSERTED.due_at,
+            INSERTED.attempts,
+            INSERTED.payload
+        INTO @claimed (
+            id, own, previous_visible_at, previous_worker,
+            enqueued_at, due_at, attempts, payload
+        );
+
+        IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 3
+            BEGIN
+                DELETE m
+                OUTPUT
+                    DELETED.id,
+                    DELETED.enqueued_at,
+                    DELETED.due_at,
+                    DELETED.dedupe_key,
+                    c.attempts - 1,
+                    N'lease expired',
+                    c.previous_worker,
+                    @now,
+                    DELETED.payload
+                INTO
+                    [queue].[emails_dead] (
+                        id, enqueued_at, due_at, dedupe_key, attempts,
+                        last_error, last_worker, dead_at, payload
+                    )
+                FROM [queue].[emails] AS m
+                INNER JOIN @claimed AS c ON m.id = c.id
+                WHERE c.attempts > 3;
+                SET @buried_count = @@ROWCOUNT;
+
+                DELETE FROM @claimed
+                WHERE attempts > 3;
+            END;
+
+        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- the batch: claim again until the batch is full or nothing visible is left.
+        WHILE @remaining > 0
+            BEGIN
+                WITH next_messages AS (
+                    SELECT TOP (@remaining)
+                        m.id,
+                        m.enqueued_at,
+                        m.due_at,
+                        m.visible_at,
+                        m.attempts,
+                        m.leased_by,
+                        m.leased_at,
+                        m.payload
+                    FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                    WHERE m.visible_at <= @now
+                    ORDER BY m.visible_at, m.id
+                )
+
+                UPDATE next_messages
+                SET
+                    attempts = attempts + 1,
+                    visible_at = @lease_until,
+                    leased_by = @worker,
+                    leased_at = @now
+                OUTPUT
+                    INSERTED.id,
+                    0,
+                    DELETED.visible_at,
+                    DELETED.leased_by,
+                    INSERTED.enqueued_at,
+                    INSERTED.due_at,
+                    INSERTED.attempts,
+                    INSERTED.payload
+                INTO @claimed (
+                    id, own, previous_visible_at, previous_worker,
+                    enqueued_at, due_at, attempts, payload
+                );
+                SET @claimed_now = @@ROWCOUNT;
+
+                IF @claimed_now = 0 BREAK;
+
+                SET @buried_count = 0;
+                IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 3
+                    BEGIN
+                        DELETE m
+                        OUTPUT
+                            DELETED.id,
+                            DELETED.enqueued_at,
+                            DELETED.due_at,
+                            DELETED.dedupe_key,
+                            c.attempts - 1,
+                            N'lease expired',
+                            c.previous_worker,
+                            @now,
+                            DELETED.payload
+                        INTO
+                            [queue].[emails_dead] (
+                                id, enqueued_at, due_at, dedupe_key, attempts,
+                                last_error, last_worker, dead_at, payload
+                            )
+                        FROM [queue].[emails] AS m
+                        INNER JOIN @claimed AS c ON m.id = c.id
+                        WHERE c.attempts > 3;
+                        SET @buried_count = @@ROWCOUNT;
+
+                        DELETE FROM @claimed
+                        WHERE attempts > 3;
+                    END;
+
+                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                IF @buried_count = 0 BREAK;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        c.id,
+        c.payload,
+        c.enqueued_at,
+        c.due_at,
+        c.attempts
+    FROM @claimed AS c
+    ORDER BY c.own DESC, c.previous_visible_at ASC, c.id ASC;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_dequeue] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_complete code
+
+-- Only the holder of a live lease: a late complete, after the lease moved on, changes nothing.
+CREATE OR ALTER PROCEDURE [queue].[emails_complete]
+    @id bigint,
+    @worker nvarchar(201)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.emails_complete: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DELETE FROM [queue].[emails]
+    OUTPUT
+        DELETED.id,
+        DELETED.enqueued_at,
+        DELETED.due_at,
+        DELETED.leased_at,
+        @now,
+        DELETED.leased_by,
+        DELETED.attempts,
+        DELETED.payload
+    INTO
+        [queue].[emails_history] (
+            id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
+        )
+    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+
+    SELECT CONVERT(bit, @@ROWCOUNT) AS completed;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_complete] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_fail code
+
+-- outcome: retrying | dead | lost (the caller's lease had expired or moved on: nothing changed).
+CREATE OR ALTER PROCEDURE [queue].[emails_fail]
+    @id bigint,
+    @worker nvarchar(201),
+    @error nvarchar(4000) = NULL,
+    @retry_after_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.emails_fail: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
+    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_fail: retry_after_seconds must be between 0 and 2592000, got ',
+                @retry_after_seconds,
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @outcome varchar(8);
+    DECLARE @buried_count int = 0;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        UPDATE [queue].[emails]
+        SET
+            leased_by = NULL,
+            visible_at = DATEADD(SECOND, @retry_after_seconds, @now),
+            last_error = @error
+        WHERE
+            id = @id AND leased_by = @worker AND visible_at > @now
+            AND attempts < 3;
+
+        IF @@ROWCOUNT = 1
+            BEGIN
+                SET @outcome = 'retrying';
+            END;
+        ELSE
+            BEGIN
+                DELETE m
+                OUTPUT
+                    DELETED.id,
+                    DELETED.enqueued_at,
+                    DELETED.due_at,
+                    DELETED.dedupe_key,
+                    DELETED.attempts,
+                    @error,
+                    DELETED.leased_by,
+                    @now,
+                    DELETED.payload
+                INTO
+                    [queue].[emails_dead] (
+                        id, enqueued_at, due_at, dedupe_key, attempts,
+                        last_error, last_worker, dead_at, payload
+                    )
+                FROM [queue].[emails] AS m
+                WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now;
+                SET @buried_count = @@ROWCOUNT;
+                SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @outcome AS outcome;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_fail] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_extend_lease code
+
+-- The new lease runs from now. An expired lease cannot be revived: another worker may hold it.
+CREATE OR ALTER PROCEDURE [queue].[emails_extend_lease]
+    @id bigint,
+    @worker nvarchar(201),
+    @lease_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.emails_extend_lease: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET @lease_seconds = COALESCE(@lease_seconds, 600);
+    IF @lease_seconds IS NULL OR @lease_seconds NOT BETWEEN 1 AND 604800
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_extend_lease: lease_seconds must be between 1 and 604800, got ',
+                COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    UPDATE [queue].[emails]
+    SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
+    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+
+    SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_extend_lease] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_stats code
+
+-- EXECUTE AS OWNER: the estimate reads sys.partitions, whose rows a caller holding only the admin
+-- role could not see. The procedure only reads.
+CREATE OR ALTER PROCEDURE [queue].[emails_stats]
+    WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Every count stops at exact_limit rows and reads an index range that the count matches; past
+    -- the limit the catalog's row count stands in (NServiceBus.SqlServer #481). READPAST: rows a
+    -- claim holds right now are not counted, and stats never waits for them.
+    -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
+    -- delayed: not yet due and not leased; in_flight: under a live lease.
+    DECLARE @exact_limit bigint = 10000;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @estimated bit = 0;
+    DECLARE @ready bigint = 0;
+    DECLARE @delayed bigint = 0;
+    DECLARE @oldest_ready datetime2(7);
+    SET @ready = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.id
+            FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+            WHERE m.visible_at <= @now
+        ) AS counted
+    );
+    -- The range after now also holds the in-flight rows: as many as there are leases.
+    SET @delayed = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.id
+            FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+            WHERE m.visible_at > @now AND m.leased_by IS NULL
+        ) AS counted
+    );
+    SET @oldest_ready = (
+        SELECT TOP (1) m.visible_at
+        FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE m.visible_at <= @now
+        ORDER BY m.visible_at ASC, m.id ASC
+    );
+    DECLARE @in_flight bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.id
+            FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+            WHERE m.leased_by IS NOT NULL AND m.visible_at > @now
+        ) AS counted
+    );
+    DECLARE @dead bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) d.id
+            FROM [queue].[emails_dead] AS d WITH (READPAST, READCOMMITTEDLOCK)
+        ) AS counted
+    );
+
+    IF @ready > @exact_limit OR @delayed > @exact_limit OR @in_flight > @exact_limit
+        BEGIN
+            DECLARE @total_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'[queue].[emails]') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
+            -- The catalog's total less the exact counts is the estimate of the one over the limit.
+            IF @ready > @exact_limit AND @total_estimate - @delayed - @in_flight > @ready
+                SET @ready = @total_estimate - @delayed - @in_flight;
+            ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
+                SET @delayed = @total_estimate - @ready - @in_flight;
+            ELSE IF @in_flight > @exact_limit AND @total_estimate - @ready - @delayed > @in_flight
+                SET @in_flight = @total_estimate - @ready - @delayed;
+        END;
+    IF @dead > @exact_limit
+        BEGIN
+            DECLARE @dead_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'[queue].[emails_dead]') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
+            SET @dead = IIF(@dead_estimate > @dead, @dead_estimate, @dead);
+        END;
+
+    SELECT
+        @ready AS ready,
+        @delayed AS delayed,
+        @in_flight AS in_flight,
+        @dead AS dead,
+        CONVERT(float, DATEDIFF_BIG(MICROSECOND, @oldest_ready, @now)) / 1000000.0 AS oldest_ready_age_seconds,
+        @estimated AS estimated;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_stats] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.emails_purge code
+
+-- Removes queued messages, leased ones too (their complete then reports false). The dead-letter
+-- table is emptied with dead_delete / dead_requeue, the history with history_purge.
+CREATE OR ALTER PROCEDURE [queue].[emails_purge]
+    @older_than datetime2(7) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
+    -- READPAST leaves the rows a claim holds right now (and never waits, so purge and dequeue
+    -- cannot deadlock); the bound stops a purge from chasing producers forever.
+    DECLARE @last bigint = (SELECT MAX(m.id) FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK));
+    DECLARE @purged bigint = 0;
+    DECLARE @deleted int = 1;
+
+    WHILE @deleted > 0
+        BEGIN
+            IF @older_than IS NULL
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM [queue].[emails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE id <= @last;
+                END;
+            ELSE
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM [queue].[emails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE id <= @last AND enqueued_at < @older_than;
+                END;
+            SET @deleted = @@ROWCOUNT;
+            SET @purged = @purged + @deleted;
+        END;
+
+    SELECT @purged AS purged;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_purge] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.emails_dead_list code
+
+-- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
+-- `limit`: PostgreSQL reserves that word, and the parameter names are the same in both dialects.)
+CREATE OR ALTER PROCEDURE [queue].[emails_dead_list]
+    @after_id bigint = NULL,
+    @page_size int = 100
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @page_size IS NULL OR @page_size NOT BETWEEN 1 AND 1000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_dead_list: page_size must be between 1 and 1000, got ',
+                COALESCE(CONVERT(nvarchar(12), @page_size), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    IF @after_id IS NULL
+        BEGIN
+            SELECT TOP (@page_size)
+                d.id,
+                d.payload,
+                d.enqueued_at,
+                d.due_at,
+                d.dedupe_key,
+                d.attempts,
+                d.last_error,
+                d.last_worker,
+                d.dead_at
+            FROM [queue].[emails_dead] AS d
+            ORDER BY d.id ASC;
+        END;
+    ELSE
+        BEGIN
+            SELECT TOP (@page_size)
+                d.id,
+                d.payload,
+                d.enqueued_at,
+                d.due_at,
+                d.dedupe_key,
+                d.attempts,
+                d.last_error,
+                d.last_worker,
+                d.dead_at
+            FROM [queue].[emails_dead] AS d
+            WHERE d.id > @after_id
+            ORDER BY d.id ASC;
+        END;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_dead_list] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.emails_dead_requeue code
+
+-- Back to the queue under the same id, visible now, attempts reset; the last error stays on the
+-- row for reference.
+-- EXECUTE AS OWNER: keeping the id takes SET IDENTITY_INSERT, which needs ALTER on the table.
+CREATE OR ALTER PROCEDURE [queue].[emails_dead_requeue]
+    @id bigint
+    WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @moved int = 0;
+    DECLARE @key nvarchar(200);
+    DECLARE @key_holder bigint;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- The key may have been enqueued again since: the message then comes back without it rather
+        -- than not at all (requeue is an operator's deliberate action on this one message).
+        SET @key = (
+            SELECT d.dedupe_key
+            FROM [queue].[emails_dead] AS d
+            WHERE d.id = @id
+        );
+        IF @key IS NOT NULL
+            BEGIN
+                SELECT @key_holder = m.id
+                FROM [queue].[emails] AS m WITH (UPDLOCK, HOLDLOCK)
+                WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
+            END;
+
+        SET IDENTITY_INSERT [queue].[emails] ON;
+
+        -- Queue table, then dead table (the fixed lock order): insert the copy, then delete.
+        INSERT INTO [queue].[emails] (
+            id, enqueued_at, due_at, visible_at, dedupe_key, attempts, last_error, payload
+        )
+        SELECT
+            d.id,
+            d.enqueued_at,
+            d.due_at,
+            @now AS visible_at,
+            IIF(@key_holder IS NULL, d.dedupe_key, NULL) AS dedupe_key,
+            0 AS attempts,
+            d.last_error,
+            d.payload
+        FROM [queue].[emails_dead] AS d
+        WHERE d.id = @id;
+        SET @moved = @@ROWCOUNT;
+
+        SET IDENTITY_INSERT [queue].[emails] OFF;
+
+        IF @moved = 1
+            BEGIN
+                DELETE FROM [queue].[emails_dead]
+                WHERE id = @id;
+                -- 0: a concurrent requeue or delete got there first.
+                SET @moved = @@ROWCOUNT;
+            END;
+
+        IF @moved = 0
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.emails_dead_requeue: no dead-letter message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N'.'
+                );
+                THROW 51004, @error_message, 1;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        SET IDENTITY_INSERT [queue].[emails] OFF;
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT CONVERT(bit, 1) AS requeued;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_dead_requeue] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.emails_dead_delete code
+
+CREATE OR ALTER PROCEDURE [queue].[emails_dead_delete]
+    @id bigint
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    DELETE FROM [queue].[emails_dead]
+    WHERE id = @id;
+
+    IF @@ROWCOUNT = 0
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_dead_delete: no dead-letter message with id ',
+                CONVERT(nvarchar(36), @id),
+                N'.'
+            );
+            THROW 51004, @error_message, 1;
+        END;
+
+    SELECT CONVERT(bit, 1) AS deleted; -- noqa: RF04
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_dead_delete] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.emails_history_purge code
+
+CREATE OR ALTER PROCEDURE [queue].[emails_history_purge]
+    @older_than datetime2(7) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Default: the retention of option history_retention_days (30).
+    SET @older_than = COALESCE(@older_than, DATEADD(DAY, -30, SYSUTCDATETIME()));
+    DECLARE @purged bigint = 0;
+    DECLARE @deleted int = 1;
+
+    -- A range at the start of the clustered index, in chunks below the lock-escalation threshold.
+    WHILE @deleted > 0
+        BEGIN
+            DELETE TOP (4000)
+            FROM [queue].[emails_history] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE finished_at < @older_than;
+            SET @deleted = @@ROWCOUNT;
+            SET @purged = @purged + @deleted;
+        END;
+
+    SELECT @purged AS purged;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_history_purge] TO [queue_admin];
+GO

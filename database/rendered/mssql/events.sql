@@ -1,0 +1,305 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: mssql/heap.sql | dialect: mssql | kind: heap | queue: queue.events
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+-- tablequeue:unit queue.events storage
+-- queue queue.events: kind heap, created once and never rebuilt by the deploy tool
+
+IF OBJECT_ID(N'[queue].[events]', N'U') IS NULL
+    BEGIN
+        CREATE TABLE [queue].[events] (
+            id bigint IDENTITY (1, 1) NOT NULL,
+            enqueued_at datetime2(7) NOT NULL
+            CONSTRAINT [df_events_enqueued_at] DEFAULT (SYSUTCDATETIME()),
+            payload nvarchar(MAX) NOT NULL,
+            CONSTRAINT [ck_events_payload_json] CHECK (ISJSON(payload) = 1),
+            -- The clustered key is the claim's ORDER BY, so a claim is a seek to one end of it. A heap
+            -- is clustered too: a real heap keeps its emptied pages and every claim scans them.
+            CONSTRAINT [pk_events] PRIMARY KEY CLUSTERED (id)
+        );
+    END;
+GO
+
+IF TYPE_ID(N'[queue].[events_items]') IS NULL
+    BEGIN
+        -- dedupe_key is wider than the table's, so that an over-long key reaches the procedure's
+        -- check (and its error number) instead of failing in the driver.
+        CREATE TYPE [queue].[events_items] AS TABLE (
+            ordinal int NOT NULL PRIMARY KEY,
+            payload nvarchar(MAX) NULL,
+            dedupe_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL -- noqa: CP02
+        );
+    END;
+GO
+
+-- tablequeue:unit queue.events_enqueue code
+
+CREATE OR ALTER PROCEDURE [queue].[events_enqueue]
+    @payload nvarchar(MAX),
+    @dedupe_key nvarchar(MAX) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @payload IS NULL OR ISJSON(@payload) = 0
+        BEGIN
+            THROW 51002, N'queue.events_enqueue: payload must not be NULL and must be valid JSON.', 1;
+
+        END;
+    IF @dedupe_key IS NOT NULL
+        BEGIN
+            THROW 51001, N'queue.events_enqueue: dedupe_key needs option dedupe.', 1;
+        END;
+
+    INSERT INTO [queue].[events] (payload)
+    VALUES (@payload);
+
+    SELECT
+        CONVERT(bigint, SCOPE_IDENTITY()) AS id,
+        CONVERT(bit, 0) AS duplicate;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[events_enqueue] TO [queue_producer];
+GO
+
+-- tablequeue:unit queue.events_enqueue_batch code
+
+CREATE OR ALTER PROCEDURE [queue].[events_enqueue_batch]
+    @items [queue].[events_items] READONLY
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    DECLARE @bad_payload int = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE i.payload IS NULL OR ISJSON(i.payload) = 0
+    );
+    IF @bad_payload IS NOT NULL
+        BEGIN
+            DECLARE @error_message nvarchar(2048) = CONCAT(
+                N'queue.events_enqueue_batch: item ',
+                @bad_payload,
+                N' has a NULL or invalid JSON payload.'
+            );
+            THROW 51002, @error_message, 1;
+
+        END;
+
+    DECLARE @bad_key int = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE i.dedupe_key IS NOT NULL
+    );
+    IF @bad_key IS NOT NULL
+        BEGIN
+            DECLARE @key_message nvarchar(2048) = CONCAT(
+                N'queue.events_enqueue_batch: item ',
+                @bad_key,
+                N' has a dedupe_key, but the queue has no dedupe option.'
+            );
+            THROW 51001, @key_message, 1;
+        END;
+
+    -- The items that become rows, in ordinal order.
+    DECLARE @candidates TABLE (ordinal int NOT NULL PRIMARY KEY, position int NOT NULL UNIQUE);
+    DECLARE @new_ids TABLE (id bigint NOT NULL PRIMARY KEY);
+    INSERT INTO @candidates (ordinal, position)
+    SELECT
+        i.ordinal,
+        ROW_NUMBER() OVER (ORDER BY i.ordinal) AS position
+    FROM @items AS i;
+
+    -- Identity values are assigned in the ORDER BY of an INSERT ... SELECT: the n-th new id
+    -- belongs to the n-th item, which is how ids are mapped back to ordinals below.
+    INSERT INTO [queue].[events] (payload)
+    OUTPUT INSERTED.id INTO @new_ids (id)
+    SELECT i.payload
+    FROM @items AS i
+    INNER JOIN @candidates AS c ON i.ordinal = c.ordinal
+    ORDER BY c.position;
+
+    WITH numbered_ids AS (
+        SELECT
+            n.id,
+            ROW_NUMBER() OVER (ORDER BY n.id) AS position
+        FROM @new_ids AS n
+    )
+
+    SELECT
+        c.ordinal,
+        ni.id,
+        CONVERT(bit, 0) AS duplicate
+    FROM @candidates AS c
+    INNER JOIN numbered_ids AS ni ON c.position = ni.position
+    ORDER BY c.ordinal;
+END;
+GO
+
+GRANT EXECUTE ON TYPE::[queue].[events_items] TO [queue_producer];
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[events_enqueue_batch] TO [queue_producer];
+GO
+
+-- tablequeue:unit queue.events_dequeue code
+
+CREATE OR ALTER PROCEDURE [queue].[events_dequeue]
+    @batch_size int = 1
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- The claim's hints are refused (skipping locked rows) or lock differently under SERIALIZABLE
+    -- and SNAPSHOT: READ COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
+        BEGIN
+            DECLARE @error_message nvarchar(2048) = CONCAT(
+                N'queue.events_dequeue: batch_size must be between 1 and 1000, got ',
+                COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+
+        END;
+
+    DECLARE @claimed TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL
+    );
+
+    -- A heap promises no order: DELETE TOP takes the first unlocked rows the clustered index
+    -- offers, with no sort. READCOMMITTEDLOCK keeps the hints locking under READ_COMMITTED_SNAPSHOT.
+    DELETE TOP (@batch_size)
+    FROM [queue].[events] WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+    OUTPUT DELETED.id, DELETED.payload, DELETED.enqueued_at
+    INTO @claimed (id, payload, enqueued_at);
+
+    SELECT
+        c.id,
+        c.payload,
+        c.enqueued_at
+    FROM @claimed AS c
+    ORDER BY c.id;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[events_dequeue] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.events_stats code
+
+-- EXECUTE AS OWNER: the estimate reads sys.partitions, whose rows a caller holding only the admin
+-- role could not see. The procedure only reads.
+CREATE OR ALTER PROCEDURE [queue].[events_stats]
+    WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Counting stops at exact_limit rows; past that the row count of the catalog views stands in,
+    -- so a deep queue never costs a full scan (NServiceBus.SqlServer #481). READPAST: rows that
+    -- consumers hold right now are not counted, and stats never waits for them.
+    DECLARE @exact_limit bigint = 10000;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @estimated bit = 0;
+    DECLARE @ready bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.id
+            FROM [queue].[events] AS m WITH (READPAST, READCOMMITTEDLOCK)
+        ) AS counted
+    );
+    DECLARE @delayed bigint = 0;
+
+    IF @ready > @exact_limit
+        BEGIN
+            DECLARE @total_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'[queue].[events]') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
+            SET @ready = IIF(@total_estimate > @ready, @total_estimate, @ready);
+        END;
+
+    DECLARE @oldest_ready datetime2(7) = (
+        SELECT TOP (1) m.enqueued_at
+        FROM [queue].[events] AS m WITH (READPAST, READCOMMITTEDLOCK)
+        ORDER BY m.id
+    );
+
+    -- A destructive dequeue deletes in the consumer's own transaction: nothing is ever "in flight"
+    -- outside it, and nothing is dead.
+    SELECT
+        @ready AS ready,
+        @delayed AS delayed,
+        CONVERT(bigint, 0) AS in_flight,
+        CONVERT(bigint, 0) AS dead,
+        CONVERT(float, DATEDIFF_BIG(MICROSECOND, @oldest_ready, @now)) / 1000000.0 AS oldest_ready_age_seconds,
+        @estimated AS estimated;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[events_stats] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.events_purge code
+
+CREATE OR ALTER PROCEDURE [queue].[events_purge]
+    @older_than datetime2(7) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
+    -- READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue cannot
+    -- deadlock); the id bound stops a purge from chasing producers forever.
+    DECLARE @last_id bigint = (
+        SELECT MAX(m.id)
+        FROM [queue].[events] AS m WITH (READPAST, READCOMMITTEDLOCK)
+    );
+    DECLARE @purged bigint = 0;
+    DECLARE @deleted int = 1;
+
+    WHILE @deleted > 0
+        BEGIN
+            IF @older_than IS NULL
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM [queue].[events] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE id <= @last_id;
+                    SET @deleted = @@ROWCOUNT;
+                END;
+            ELSE
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM [queue].[events] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE id <= @last_id AND enqueued_at < @older_than;
+                    SET @deleted = @@ROWCOUNT;
+                END;
+            SET @purged += @deleted;
+        END;
+
+    SELECT @purged AS purged;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[events_purge] TO [queue_admin];
+GO

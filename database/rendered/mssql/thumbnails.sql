@@ -1,0 +1,1610 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: mssql/work.sql | dialect: mssql | kind: work | queue: queue.thumbnails
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+-- tablequeue:unit queue.thumbnails storage
+-- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+
+IF OBJECT_ID(N'[queue].[thumbnails]', N'U') IS NULL
+    BEGIN
+        CREATE TABLE [queue].[thumbnails] (
+            -- Client-supplied GUIDs (Pintér) are random: clustered on them, inserts would split
+            -- pages all over the table. seq keeps inserts appending and breaks claim-order ties.
+            id uniqueidentifier NOT NULL,
+            seq bigint IDENTITY (1, 1) NOT NULL,
+            enqueued_at datetime2(7) NOT NULL
+            CONSTRAINT [df_thumbnails_enqueued_at] DEFAULT (SYSUTCDATETIME()),
+            -- The scheduled start as enqueued (dequeue returns it).
+            due_at datetime2(7) NOT NULL,
+            -- When the message may next be claimed: due_at, then the lease's expiry while leased,
+            -- then the retry time after a fail.
+            visible_at datetime2(7) NOT NULL,
+            priority int NOT NULL
+            CONSTRAINT [df_thumbnails_priority] DEFAULT (0),
+            attempts int NOT NULL
+            CONSTRAINT [df_thumbnails_attempts] DEFAULT (0),
+            leased_by nvarchar(200) NULL,
+            leased_at datetime2(7) NULL,
+            last_error nvarchar(4000) NULL,
+            payload nvarchar(MAX) NOT NULL,
+            CONSTRAINT [ck_thumbnails_payload_json] CHECK (ISJSON(payload) = 1),
+            CONSTRAINT [pk_thumbnails] PRIMARY KEY NONCLUSTERED (id)
+        );
+
+        CREATE UNIQUE CLUSTERED INDEX [ux_thumbnails_seq]
+            ON [queue].[thumbnails] (seq);
+
+        -- The claim's exact WHERE and ORDER BY, one priority level per seek.
+        CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+            ON [queue].[thumbnails] (priority DESC, visible_at, seq);
+
+        -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
+        CREATE NONCLUSTERED INDEX [ix_thumbnails_lease]
+            ON [queue].[thumbnails] (leased_by, visible_at, seq)
+            WHERE leased_by IS NOT NULL;
+
+        -- Appending to an ever-increasing key latches the last page; past ~8 concurrent producers
+        -- that is the bottleneck (NServiceBus.SqlServer #624). SQL Server 2019+ and Azure can queue
+        -- the waiters fairly; 2017 cannot, hence the guard (a literal: nothing is concatenated).
+        IF CONVERT(int, SERVERPROPERTY('ProductMajorVersion')) >= 15 OR SERVERPROPERTY('EngineEdition') IN (5, 8)
+            BEGIN
+                EXEC (N'ALTER INDEX [ux_thumbnails_seq] ON [queue].[thumbnails] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);'); -- noqa: LT05
+            END;
+    END;
+GO
+
+-- One shape whatever the options; columns an option does not use must be NULL (enqueue_batch
+-- checks). dedupe_key is wider than the table's so that an over-long key reaches the procedure's
+-- check (and its error number) instead of failing in the driver.
+IF TYPE_ID(N'[queue].[thumbnails_items]') IS NULL
+    BEGIN
+        CREATE TYPE [queue].[thumbnails_items] AS TABLE (
+            ordinal int NOT NULL PRIMARY KEY,
+            payload nvarchar(MAX) NULL,
+            due_at datetime2(7) NULL,
+            dedupe_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
+            priority int NULL,
+            id uniqueidentifier NULL,
+            enqueued_at datetime2(7) NULL
+        );
+    END;
+GO
+
+-- tablequeue:unit queue.thumbnails_dead storage
+-- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+
+IF OBJECT_ID(N'[queue].[thumbnails_dead]', N'U') IS NULL
+    BEGIN
+        -- Messages that used up max_attempts: a last fail, or a lease that expired once too often.
+        -- Few inserts, paged reads by id (dead_list): clustered on id.
+        CREATE TABLE [queue].[thumbnails_dead] (
+            id uniqueidentifier NOT NULL,
+            enqueued_at datetime2(7) NOT NULL,
+            due_at datetime2(7) NOT NULL,
+            priority int NOT NULL,
+            attempts int NOT NULL,
+            last_error nvarchar(4000) NULL,
+            last_worker nvarchar(200) NULL,
+            dead_at datetime2(7) NOT NULL,
+            payload nvarchar(MAX) NOT NULL,
+            CONSTRAINT [pk_thumbnails_dead] PRIMARY KEY CLUSTERED (id)
+        );
+    END;
+GO
+
+-- tablequeue:unit queue.thumbnails_enqueue code
+
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_enqueue]
+    @payload nvarchar(MAX),
+    @due_at datetime2(7) = NULL,
+    @dedupe_key nvarchar(MAX) = NULL,
+    @priority int = NULL,
+    @id uniqueidentifier = NULL,
+    @enqueued_at datetime2(7) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @payload IS NULL OR ISJSON(@payload) = 0
+        BEGIN
+            SET @error_message = N'queue.thumbnails_enqueue: payload must not be NULL and must be valid JSON.';
+            THROW 51002, @error_message, 1;
+        END;
+    IF @dedupe_key IS NOT NULL
+        BEGIN
+            SET @error_message = N'queue.thumbnails_enqueue: dedupe_key needs option dedupe.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @effective_due_at datetime2(7) = COALESCE(@due_at, @now);
+    DECLARE @new_id uniqueidentifier = COALESCE(@id, NEWID());
+    DECLARE @existing_id uniqueidentifier;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0 AND (@id IS NOT NULL)
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- A client id that is queued already: the same message enqueued again.
+        IF @existing_id IS NULL AND @id IS NOT NULL
+            BEGIN
+                SELECT @existing_id = m.id
+                FROM [queue].[thumbnails] AS m WITH (UPDLOCK, HOLDLOCK)
+                WHERE m.id = @id;
+            END;
+
+        IF @existing_id IS NULL
+            BEGIN
+                INSERT INTO [queue].[thumbnails] (
+                    id, enqueued_at, due_at, visible_at, priority, payload
+                )
+                VALUES (
+                    @new_id, COALESCE(@enqueued_at, @now),
+                    @effective_due_at,
+                    @effective_due_at,
+                    COALESCE(@priority, 0),
+                    @payload
+                );
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        COALESCE(@existing_id, @new_id) AS id,
+        CONVERT(bit, IIF(@existing_id IS NULL, 0, 1)) AS duplicate;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_enqueue] TO [queue_producer];
+GO
+
+-- tablequeue:unit queue.thumbnails_enqueue_batch code
+
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_enqueue_batch]
+    @items [queue].[thumbnails_items] READONLY
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    DECLARE @bad_ordinal int = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE i.payload IS NULL OR ISJSON(i.payload) = 0
+    );
+    IF @bad_ordinal IS NOT NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_enqueue_batch: item ',
+                @bad_ordinal,
+                N' has a NULL or invalid JSON payload.'
+            );
+            THROW 51002, @error_message, 1;
+        END;
+
+    IF (SELECT COUNT(i.dedupe_key) FROM @items AS i) > 0
+        BEGIN
+            SET @error_message = N'queue.thumbnails_enqueue_batch: dedupe_key needs option dedupe.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    -- One row per item: the id it gets, or the queued message it duplicates.
+    DECLARE @staged TABLE (
+        ordinal int NOT NULL PRIMARY KEY,
+        new_id uniqueidentifier NOT NULL,
+        first_ordinal int NULL,
+        existing_id uniqueidentifier NULL,
+        assigned_id uniqueidentifier NULL
+    );
+    DECLARE @given_ids TABLE (id uniqueidentifier NOT NULL PRIMARY KEY);
+    DECLARE @started_transaction bit = 0;
+
+    INSERT INTO @staged (ordinal, new_id)
+    SELECT
+        i.ordinal,
+        COALESCE(i.id, NEWID()) AS new_id
+    FROM @items AS i;
+
+    -- A later item with the key or the client id of an earlier one duplicates that one.
+    UPDATE s
+    SET
+        s.first_ordinal = (
+            SELECT MIN(e.ordinal)
+            FROM @staged AS e
+            WHERE
+                e.ordinal < s.ordinal
+                AND (e.new_id = s.new_id)
+        )
+    FROM @staged AS s;
+
+    -- Point every duplicate at the first item of its chain (a key shared with one item, a client
+    -- id with another), so that each one resolves to an id that is inserted or queued already.
+    WHILE @@ROWCOUNT > 0
+        BEGIN
+            UPDATE s
+            SET s.first_ordinal = f.first_ordinal
+            FROM @staged AS s
+            INNER JOIN @staged AS f ON s.first_ordinal = f.ordinal
+            WHERE f.first_ordinal IS NOT NULL;
+        END;
+
+    INSERT INTO @given_ids (id)
+    SELECT DISTINCT s.new_id
+    FROM @staged AS s
+    INNER JOIN @items AS i ON s.ordinal = i.ordinal
+    WHERE i.id IS NOT NULL;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- Client ids that are queued already, locked in id order as the keys are.
+        UPDATE s
+        SET s.existing_id = m.id
+        FROM @given_ids AS g
+        INNER JOIN [queue].[thumbnails] AS m WITH (UPDLOCK, HOLDLOCK) ON g.id = m.id
+        INNER JOIN @staged AS s ON g.id = s.new_id
+        WHERE s.existing_id IS NULL
+        OPTION (LOOP JOIN, FORCE ORDER);
+
+        INSERT INTO [queue].[thumbnails] (
+            id, enqueued_at, due_at, visible_at, priority, payload
+        )
+        SELECT
+            s.new_id,
+            COALESCE(i.enqueued_at, @now) AS enqueued_at,
+            COALESCE(i.due_at, @now) AS due_at,
+            COALESCE(i.due_at, @now) AS visible_at,
+            COALESCE(i.priority, 0) AS priority,
+            i.payload
+        FROM @staged AS s
+        INNER JOIN @items AS i ON s.ordinal = i.ordinal
+        WHERE s.existing_id IS NULL AND s.first_ordinal IS NULL
+        ORDER BY s.ordinal;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    UPDATE @staged
+    SET assigned_id = new_id
+    WHERE existing_id IS NULL AND first_ordinal IS NULL;
+
+    SELECT
+        s.ordinal,
+        COALESCE(s.assigned_id, s.existing_id, f.assigned_id, f.existing_id) AS id,
+        CONVERT(bit, IIF(s.assigned_id IS NULL, 1, 0)) AS duplicate
+    FROM @staged AS s
+    LEFT JOIN @staged AS f ON s.first_ordinal = f.ordinal
+    ORDER BY s.ordinal;
+END;
+GO
+
+GRANT EXECUTE ON TYPE::[queue].[thumbnails_items] TO [queue_producer];
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_enqueue_batch] TO [queue_producer];
+GO
+
+-- tablequeue:unit queue.thumbnails_dequeue code
+
+-- A dequeue by worker W first takes back W's own unfinished messages: by asking, W declares that it
+-- holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- @worker is one character wider than leased_by, so that an over-long name reaches the check
+-- (invalid_argument) instead of being cut to 200 characters silently.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_dequeue]
+    @batch_size int = 1,
+    @worker nvarchar(201) = NULL,
+    @lease_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
+    -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_dequeue: batch_size must be between 1 and 1000, got ',
+                COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.thumbnails_dequeue: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET @lease_seconds = COALESCE(@lease_seconds, 120);
+    IF @lease_seconds IS NULL OR @lease_seconds NOT BETWEEN 1 AND 604800
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_dequeue: lease_seconds must be between 1 and 604800, got ',
+                COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @claimed TABLE (
+        id uniqueidentifier NOT NULL PRIMARY KEY,
+        seq bigint NOT NULL,
+        own bit NOT NULL,
+        priority int NOT NULL,
+        previous_visible_at datetime2(7) NOT NULL,
+        previous_worker nvarchar(200) NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        payload nvarchar(MAX) NOT NULL
+    );
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
+    DECLARE @remaining int = @batch_size;
+    DECLARE @claimed_now int = 0;
+    DECLARE @priority int;
+    DECLARE @started_transaction bit = 0;
+    DECLARE @buried TABLE (
+        id uniqueidentifier NOT NULL PRIMARY KEY,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        priority int NOT NULL,
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL,
+        payload nvarchar(MAX) NOT NULL
+    );
+    DECLARE @buried_count int = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
+        -- so that the optimizer can match it whatever @worker is.
+        WITH own_messages AS (
+            SELECT TOP (@remaining)
+                m.id,
+                m.seq,
+                m.priority,
+                m.enqueued_at,
+                m.due_at,
+                m.visible_at,
+                m.attempts,
+                m.leased_by,
+                m.leased_at,
+                m.payload
+            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+            WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
+            ORDER BY m.visible_at, m.seq
+        )
+
+        UPDATE own_messages
+        SET
+            attempts = attempts + 1,
+            visible_at = @lease_until,
+            leased_by = @worker,
+            leased_at = @now
+        OUTPUT
+            INSERTED.id,
+            INSERTED.seq,
+            1,
+            INSERTED.priority,
+            DELETED.visible_at,
+            DELETED.leased_by,
+            INSERTED.enqueued_at,
+            INSERTED.due_at,
+            INSERTED.attempts,
+            INSERTED.payload
+        INTO @claimed (
+            id, seq, own, priority, previous_visible_at, previous_worker,
+            enqueued_at, due_at, attempts, payload
+        );
+
+        IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
+            BEGIN
+                DELETE m
+                OUTPUT
+                    DELETED.id,
+                    DELETED.enqueued_at,
+                    DELETED.due_at,
+                    DELETED.priority,
+                    c.attempts - 1,
+                    N'lease expired',
+                    c.previous_worker,
+                    @now,
+                    DELETED.payload
+                INTO
+                    @buried (
+                        id, enqueued_at, due_at, priority, attempts,
+                        last_error, last_worker, dead_at, payload
+                    )
+                FROM [queue].[thumbnails] AS m
+                INNER JOIN @claimed AS c ON m.id = c.id
+                WHERE c.attempts > 4;
+                SET @buried_count = @@ROWCOUNT;
+
+                IF @buried_count > 0
+                    BEGIN
+                        DELETE d
+                        FROM [queue].[thumbnails_dead] AS d
+                        INNER JOIN @buried AS b ON d.id = b.id;
+
+                        INSERT INTO [queue].[thumbnails_dead] (
+                            id, enqueued_at, due_at, priority, attempts,
+                            last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            id,
+                            enqueued_at,
+                            due_at,
+                            priority,
+                            attempts,
+                            last_error,
+                            last_worker,
+                            dead_at,
+                            payload
+                        FROM @buried;
+
+                        DELETE FROM @buried;
+                    END;
+
+                DELETE FROM @claimed
+                WHERE attempts > 4;
+            END;
+
+        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- the batch: claim again until the batch is full or nothing visible is left.
+        WHILE @remaining > 0
+            BEGIN
+                -- A loose index scan: one seek per priority level present, each claim an equality
+                -- and range seek on (priority DESC, visible_at, seq). A single ORDER BY
+                -- priority DESC would read past every delayed or leased row of the higher levels
+                -- on each claim, and the whole index whenever nothing is ready.
+                SET @claimed_now = 0;
+                SET @priority = (
+                    SELECT TOP (1) m.priority
+                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                    ORDER BY m.priority DESC
+                );
+                WHILE @priority IS NOT NULL AND @claimed_now < @remaining
+                    BEGIN
+                        WITH next_messages AS (
+                            SELECT TOP (@remaining - @claimed_now)
+                                m.id,
+                                m.seq,
+                                m.priority,
+                                m.enqueued_at,
+                                m.due_at,
+                                m.visible_at,
+                                m.attempts,
+                                m.leased_by,
+                                m.leased_at,
+                                m.payload
+                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                            WHERE m.priority = @priority AND m.visible_at <= @now
+                            ORDER BY m.visible_at, m.seq
+                        )
+
+                        UPDATE next_messages
+                        SET
+                            attempts = attempts + 1,
+                            visible_at = @lease_until,
+                            leased_by = @worker,
+                            leased_at = @now
+                        OUTPUT
+                            INSERTED.id,
+                            INSERTED.seq,
+                            0,
+                            INSERTED.priority,
+                            DELETED.visible_at,
+                            DELETED.leased_by,
+                            INSERTED.enqueued_at,
+                            INSERTED.due_at,
+                            INSERTED.attempts,
+                            INSERTED.payload
+                        INTO @claimed (
+                            id, seq, own, priority, previous_visible_at, previous_worker,
+                            enqueued_at, due_at, attempts, payload
+                        );
+                        SET @claimed_now = @claimed_now + @@ROWCOUNT;
+                        SET @priority = (
+                            SELECT TOP (1) m.priority
+                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                            WHERE m.priority < @priority
+                            ORDER BY m.priority DESC
+                        );
+                    END;
+
+                IF @claimed_now = 0 BREAK;
+
+                SET @buried_count = 0;
+                IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
+                    BEGIN
+                        DELETE m
+                        OUTPUT
+                            DELETED.id,
+                            DELETED.enqueued_at,
+                            DELETED.due_at,
+                            DELETED.priority,
+                            c.attempts - 1,
+                            N'lease expired',
+                            c.previous_worker,
+                            @now,
+                            DELETED.payload
+                        INTO
+                            @buried (
+                                id, enqueued_at, due_at, priority, attempts,
+                                last_error, last_worker, dead_at, payload
+                            )
+                        FROM [queue].[thumbnails] AS m
+                        INNER JOIN @claimed AS c ON m.id = c.id
+                        WHERE c.attempts > 4;
+                        SET @buried_count = @@ROWCOUNT;
+
+                        IF @buried_count > 0
+                            BEGIN
+                                DELETE d
+                                FROM [queue].[thumbnails_dead] AS d
+                                INNER JOIN @buried AS b ON d.id = b.id;
+
+                                INSERT INTO [queue].[thumbnails_dead] (
+                                    id, enqueued_at, due_at, priority, attempts,
+                                    last_error, last_worker, dead_at, payload
+                                )
+                                SELECT
+                                    id,
+                                    enqueued_at,
+                                    due_at,
+                                    priority,
+                                    attempts,
+                                    last_error,
+                                    last_worker,
+                                    dead_at,
+                                    payload
+                                FROM @buried;
+
+                                DELETE FROM @buried;
+                            END;
+
+                        DELETE FROM @claimed
+                        WHERE attempts > 4;
+                    END;
+
+                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                IF @buried_count = 0 BREAK;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        c.id,
+        c.payload,
+        c.enqueued_at,
+        c.due_at,
+        c.attempts
+    FROM @claimed AS c
+    ORDER BY c.own DESC, c.priority DESC, c.previous_visible_at ASC, c.seq ASC;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_dequeue] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.thumbnails_complete code
+
+-- Only the holder of a live lease: a late complete, after the lease moved on, changes nothing.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_complete]
+    @id uniqueidentifier,
+    @worker nvarchar(201)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.thumbnails_complete: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DELETE FROM [queue].[thumbnails]
+    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+
+    SELECT CONVERT(bit, @@ROWCOUNT) AS completed;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_complete] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.thumbnails_fail code
+
+-- outcome: retrying | dead | lost (the caller's lease had expired or moved on: nothing changed).
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_fail]
+    @id uniqueidentifier,
+    @worker nvarchar(201),
+    @error nvarchar(4000) = NULL,
+    @retry_after_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.thumbnails_fail: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
+    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_fail: retry_after_seconds must be between 0 and 2592000, got ',
+                @retry_after_seconds,
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @outcome varchar(8);
+    DECLARE @buried TABLE (
+        id uniqueidentifier NOT NULL PRIMARY KEY,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        priority int NOT NULL,
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL,
+        payload nvarchar(MAX) NOT NULL
+    );
+    DECLARE @buried_count int = 0;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        UPDATE [queue].[thumbnails]
+        SET
+            leased_by = NULL,
+            visible_at = DATEADD(SECOND, @retry_after_seconds, @now),
+            last_error = @error
+        WHERE
+            id = @id AND leased_by = @worker AND visible_at > @now
+            AND attempts < 4;
+
+        IF @@ROWCOUNT = 1
+            BEGIN
+                SET @outcome = 'retrying';
+            END;
+        ELSE
+            BEGIN
+                DELETE m
+                OUTPUT
+                    DELETED.id,
+                    DELETED.enqueued_at,
+                    DELETED.due_at,
+                    DELETED.priority,
+                    DELETED.attempts,
+                    @error,
+                    DELETED.leased_by,
+                    @now,
+                    DELETED.payload
+                INTO
+                    @buried (
+                        id, enqueued_at, due_at, priority, attempts,
+                        last_error, last_worker, dead_at, payload
+                    )
+                FROM [queue].[thumbnails] AS m
+                WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now;
+                SET @buried_count = @@ROWCOUNT;
+
+                IF @buried_count > 0
+                    BEGIN
+                        DELETE d
+                        FROM [queue].[thumbnails_dead] AS d
+                        INNER JOIN @buried AS b ON d.id = b.id;
+
+                        INSERT INTO [queue].[thumbnails_dead] (
+                            id, enqueued_at, due_at, priority, attempts,
+                            last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            id,
+                            enqueued_at,
+                            due_at,
+                            priority,
+                            attempts,
+                            last_error,
+                            last_worker,
+                            dead_at,
+                            payload
+                        FROM @buried;
+
+                        DELETE FROM @buried;
+                    END;
+                SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @outcome AS outcome;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_fail] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.thumbnails_extend_lease code
+
+-- The new lease runs from now. An expired lease cannot be revived: another worker may hold it.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_extend_lease]
+    @id uniqueidentifier,
+    @worker nvarchar(201),
+    @lease_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = N'queue.thumbnails_extend_lease: worker must be a name of 1 to 200 characters.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET @lease_seconds = COALESCE(@lease_seconds, 120);
+    IF @lease_seconds IS NULL OR @lease_seconds NOT BETWEEN 1 AND 604800
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_extend_lease: lease_seconds must be between 1 and 604800, got ',
+                COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    UPDATE [queue].[thumbnails]
+    SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
+    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+
+    SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_extend_lease] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.thumbnails_stats code
+
+-- EXECUTE AS OWNER: the estimate reads sys.partitions, whose rows a caller holding only the admin
+-- role could not see. The procedure only reads.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_stats]
+    WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Every count stops at exact_limit rows and reads an index range that the count matches; past
+    -- the limit the catalog's row count stands in (NServiceBus.SqlServer #481). READPAST: rows a
+    -- claim holds right now are not counted, and stats never waits for them.
+    -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
+    -- delayed: not yet due and not leased; in_flight: under a live lease.
+    DECLARE @exact_limit bigint = 10000;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @estimated bit = 0;
+    DECLARE @ready bigint = 0;
+    DECLARE @delayed bigint = 0;
+    DECLARE @oldest_ready datetime2(7);
+    DECLARE @level_oldest datetime2(7);
+    DECLARE @priority int = (
+        SELECT TOP (1) m.priority
+        FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+        ORDER BY m.priority DESC
+    );
+
+    -- One priority level at a time, as the claim reads the index.
+    WHILE @priority IS NOT NULL AND @ready <= @exact_limit AND @delayed <= @exact_limit
+        BEGIN
+            SET @ready = @ready + (
+                SELECT COUNT_BIG(*)
+                FROM (
+                    SELECT TOP (@exact_limit + 1 - @ready) m.seq
+                    FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+                    WHERE m.priority = @priority AND m.visible_at <= @now
+                ) AS counted
+            );
+            SET @delayed = @delayed + (
+                SELECT COUNT_BIG(*)
+                FROM (
+                    SELECT TOP (@exact_limit + 1 - @delayed) m.seq
+                    FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+                    WHERE m.priority = @priority AND m.visible_at > @now AND m.leased_by IS NULL
+                ) AS counted
+            );
+            SET @level_oldest = (
+                SELECT TOP (1) m.visible_at
+                FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+                WHERE m.priority = @priority AND m.visible_at <= @now
+                ORDER BY m.visible_at ASC, m.seq ASC
+            );
+            IF @oldest_ready IS NULL OR @level_oldest < @oldest_ready SET @oldest_ready = @level_oldest;
+            SET @priority = (
+                SELECT TOP (1) m.priority
+                FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+                WHERE m.priority < @priority
+                ORDER BY m.priority DESC
+            );
+        END;
+    DECLARE @in_flight bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.seq
+            FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+            WHERE m.leased_by IS NOT NULL AND m.visible_at > @now
+        ) AS counted
+    );
+    DECLARE @dead bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) d.id
+            FROM [queue].[thumbnails_dead] AS d WITH (READPAST, READCOMMITTEDLOCK)
+        ) AS counted
+    );
+
+    IF @ready > @exact_limit OR @delayed > @exact_limit OR @in_flight > @exact_limit
+        BEGIN
+            DECLARE @total_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'[queue].[thumbnails]') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
+            -- The catalog's total less the exact counts is the estimate of the one over the limit.
+            IF @ready > @exact_limit AND @total_estimate - @delayed - @in_flight > @ready
+                SET @ready = @total_estimate - @delayed - @in_flight;
+            ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
+                SET @delayed = @total_estimate - @ready - @in_flight;
+            ELSE IF @in_flight > @exact_limit AND @total_estimate - @ready - @delayed > @in_flight
+                SET @in_flight = @total_estimate - @ready - @delayed;
+        END;
+    IF @dead > @exact_limit
+        BEGIN
+            DECLARE @dead_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'[queue].[thumbnails_dead]') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
+            SET @dead = IIF(@dead_estimate > @dead, @dead_estimate, @dead);
+        END;
+
+    SELECT
+        @ready AS ready,
+        @delayed AS delayed,
+        @in_flight AS in_flight,
+        @dead AS dead,
+        CONVERT(float, DATEDIFF_BIG(MICROSECOND, @oldest_ready, @now)) / 1000000.0 AS oldest_ready_age_seconds,
+        @estimated AS estimated;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_stats] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.thumbnails_purge code
+
+-- Removes queued messages, leased ones too (their complete then reports false). The dead-letter
+-- table is emptied with dead_delete / dead_requeue, the history with history_purge.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_purge]
+    @older_than datetime2(7) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
+    -- READPAST leaves the rows a claim holds right now (and never waits, so purge and dequeue
+    -- cannot deadlock); the bound stops a purge from chasing producers forever.
+    DECLARE @last bigint = (SELECT MAX(m.seq) FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK));
+    DECLARE @purged bigint = 0;
+    DECLARE @deleted int = 1;
+
+    WHILE @deleted > 0
+        BEGIN
+            IF @older_than IS NULL
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM [queue].[thumbnails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE seq <= @last;
+                END;
+            ELSE
+                BEGIN
+                    DELETE TOP (4000)
+                    FROM [queue].[thumbnails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE seq <= @last AND enqueued_at < @older_than;
+                END;
+            SET @deleted = @@ROWCOUNT;
+            SET @purged = @purged + @deleted;
+        END;
+
+    SELECT @purged AS purged;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_purge] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.thumbnails_dead_list code
+
+-- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
+-- `limit`: PostgreSQL reserves that word, and the parameter names are the same in both dialects.)
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_list]
+    @after_id uniqueidentifier = NULL,
+    @page_size int = 100
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @page_size IS NULL OR @page_size NOT BETWEEN 1 AND 1000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_dead_list: page_size must be between 1 and 1000, got ',
+                COALESCE(CONVERT(nvarchar(12), @page_size), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    IF @after_id IS NULL
+        BEGIN
+            SELECT TOP (@page_size)
+                d.id,
+                d.payload,
+                d.enqueued_at,
+                d.due_at,
+                d.priority,
+                d.attempts,
+                d.last_error,
+                d.last_worker,
+                d.dead_at
+            FROM [queue].[thumbnails_dead] AS d
+            ORDER BY d.id ASC;
+        END;
+    ELSE
+        BEGIN
+            SELECT TOP (@page_size)
+                d.id,
+                d.payload,
+                d.enqueued_at,
+                d.due_at,
+                d.priority,
+                d.attempts,
+                d.last_error,
+                d.last_worker,
+                d.dead_at
+            FROM [queue].[thumbnails_dead] AS d
+            WHERE d.id > @after_id
+            ORDER BY d.id ASC;
+        END;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_dead_list] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.thumbnails_dead_requeue code
+
+-- Back to the queue under the same id, visible now, attempts reset; the last error stays on the
+-- row for reference.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_requeue]
+    @id uniqueidentifier
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @moved int = 0;
+    DECLARE @taken_id uniqueidentifier;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        IF @@TRANCOUNT = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
+        SELECT @taken_id = m.id
+        FROM [queue].[thumbnails] AS m WITH (UPDLOCK, HOLDLOCK)
+        WHERE m.id = @id;
+        IF @taken_id IS NOT NULL
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.thumbnails_dead_requeue: a message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N' is queued already.'
+                );
+                THROW 51001, @error_message, 1;
+            END;
+
+        -- Queue table, then dead table (the fixed lock order): insert the copy, then delete.
+        INSERT INTO [queue].[thumbnails] (
+            id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload
+        )
+        SELECT
+            d.id,
+            d.enqueued_at,
+            d.due_at,
+            @now AS visible_at,
+            d.priority,
+            0 AS attempts,
+            d.last_error,
+            d.payload
+        FROM [queue].[thumbnails_dead] AS d
+        WHERE d.id = @id;
+        SET @moved = @@ROWCOUNT;
+
+        IF @moved = 1
+            BEGIN
+                DELETE FROM [queue].[thumbnails_dead]
+                WHERE id = @id;
+                -- 0: a concurrent requeue or delete got there first.
+                SET @moved = @@ROWCOUNT;
+            END;
+
+        IF @moved = 0
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.thumbnails_dead_requeue: no dead-letter message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N'.'
+                );
+                THROW 51004, @error_message, 1;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT CONVERT(bit, 1) AS requeued;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_dead_requeue] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.thumbnails_dead_delete code
+
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_delete]
+    @id uniqueidentifier
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    DELETE FROM [queue].[thumbnails_dead]
+    WHERE id = @id;
+
+    IF @@ROWCOUNT = 0
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_dead_delete: no dead-letter message with id ',
+                CONVERT(nvarchar(36), @id),
+                N'.'
+            );
+            THROW 51004, @error_message, 1;
+        END;
+
+    SELECT CONVERT(bit, 1) AS deleted; -- noqa: RF04
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_dead_delete] TO [queue_admin];
+GO
+
+-- tablequeue:unit queue.thumbnails_process code
+
+-- The in-database worker (Darling's loop): claim one message and commit (the attempt and the lease
+-- are durable before the handler runs, so a session that dies mid-message still counts it), run
+-- the handler, complete in the same transaction as the handler's own writes, commit; or, when the
+-- handler raises, roll its writes back and record its error with fail. Safe to run from many
+-- sessions (SQL Agent jobs) at once: each is its own worker, 'process:<session id>'.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_process]
+    @time_budget_seconds int = 60
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    -- It commits once per message, so it must not run inside a caller's transaction.
+    IF @@TRANCOUNT > 0
+        BEGIN
+            SET @error_message = N'queue.thumbnails_process: cannot run inside an open transaction.';
+            THROW 51003, @error_message, 1;
+        END;
+    IF @time_budget_seconds IS NULL OR @time_budget_seconds NOT BETWEEN 1 AND 86400
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_process: time_budget_seconds must be between 1 and 86400, got ',
+                COALESCE(CONVERT(nvarchar(12), @time_budget_seconds), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+
+    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
+    -- building any SQL text.
+    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'queue') + N'.' + QUOTENAME(N'make_thumbnail');
+    IF OBJECT_ID(@handler_name, N'P') IS NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_process: handler procedure ',
+                @handler_name,
+                N' does not exist.'
+            );
+            THROW 51005, @error_message, 1;
+        END;
+
+    DECLARE @batch_size int = 1;
+    DECLARE @worker nvarchar(200) = CONCAT(N'process:', @@SPID);
+    DECLARE @lease_seconds int = 120;
+    DECLARE @deadline datetime2(7) = DATEADD(SECOND, @time_budget_seconds, SYSUTCDATETIME());
+    DECLARE @processed bigint = 0;
+    DECLARE @completed bigint = 0;
+    DECLARE @failed bigint = 0;
+    DECLARE @id uniqueidentifier;
+    DECLARE @payload nvarchar(MAX);
+    DECLARE @error nvarchar(4000);
+    DECLARE @outcome varchar(8);
+    DECLARE @claimed TABLE (
+        id uniqueidentifier NOT NULL PRIMARY KEY,
+        seq bigint NOT NULL,
+        own bit NOT NULL,
+        priority int NOT NULL,
+        previous_visible_at datetime2(7) NOT NULL,
+        previous_worker nvarchar(200) NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        payload nvarchar(MAX) NOT NULL
+    );
+
+    WHILE SYSUTCDATETIME() < @deadline
+        BEGIN
+            -- The claim's DECLAREs that carry a value run again on every pass; @claimed is emptied here.
+            DELETE FROM @claimed;
+            DECLARE @now datetime2(7) = SYSUTCDATETIME();
+            DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
+            DECLARE @remaining int = @batch_size;
+            DECLARE @claimed_now int = 0;
+            DECLARE @priority int;
+            DECLARE @started_transaction bit = 0;
+            DECLARE @buried TABLE (
+                id uniqueidentifier NOT NULL PRIMARY KEY,
+                enqueued_at datetime2(7) NOT NULL,
+                due_at datetime2(7) NOT NULL,
+                priority int NOT NULL,
+                attempts int NOT NULL,
+                last_error nvarchar(4000) NULL,
+                last_worker nvarchar(200) NULL,
+                dead_at datetime2(7) NOT NULL,
+                payload nvarchar(MAX) NOT NULL
+            );
+            DECLARE @buried_count int = 0;
+
+            BEGIN TRY
+                IF @@TRANCOUNT = 0
+                    BEGIN
+                        BEGIN TRANSACTION;
+                        SET @started_transaction = 1;
+                    END;
+
+                -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
+                -- so that the optimizer can match it whatever @worker is.
+                WITH own_messages AS (
+                    SELECT TOP (@remaining)
+                        m.id,
+                        m.seq,
+                        m.priority,
+                        m.enqueued_at,
+                        m.due_at,
+                        m.visible_at,
+                        m.attempts,
+                        m.leased_by,
+                        m.leased_at,
+                        m.payload
+                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                    WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
+                    ORDER BY m.visible_at, m.seq
+                )
+
+                UPDATE own_messages
+                SET
+                    attempts = attempts + 1,
+                    visible_at = @lease_until,
+                    leased_by = @worker,
+                    leased_at = @now
+                OUTPUT
+                    INSERTED.id,
+                    INSERTED.seq,
+                    1,
+                    INSERTED.priority,
+                    DELETED.visible_at,
+                    DELETED.leased_by,
+                    INSERTED.enqueued_at,
+                    INSERTED.due_at,
+                    INSERTED.attempts,
+                    INSERTED.payload
+                INTO @claimed (
+                    id, seq, own, priority, previous_visible_at, previous_worker,
+                    enqueued_at, due_at, attempts, payload
+                );
+
+                IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
+                    BEGIN
+                        DELETE m
+                        OUTPUT
+                            DELETED.id,
+                            DELETED.enqueued_at,
+                            DELETED.due_at,
+                            DELETED.priority,
+                            c.attempts - 1,
+                            N'lease expired',
+                            c.previous_worker,
+                            @now,
+                            DELETED.payload
+                        INTO
+                            @buried (
+                                id, enqueued_at, due_at, priority, attempts,
+                                last_error, last_worker, dead_at, payload
+                            )
+                        FROM [queue].[thumbnails] AS m
+                        INNER JOIN @claimed AS c ON m.id = c.id
+                        WHERE c.attempts > 4;
+                        SET @buried_count = @@ROWCOUNT;
+
+                        IF @buried_count > 0
+                            BEGIN
+                                DELETE d
+                                FROM [queue].[thumbnails_dead] AS d
+                                INNER JOIN @buried AS b ON d.id = b.id;
+
+                                INSERT INTO [queue].[thumbnails_dead] (
+                                    id, enqueued_at, due_at, priority, attempts,
+                                    last_error, last_worker, dead_at, payload
+                                )
+                                SELECT
+                                    id,
+                                    enqueued_at,
+                                    due_at,
+                                    priority,
+                                    attempts,
+                                    last_error,
+                                    last_worker,
+                                    dead_at,
+                                    payload
+                                FROM @buried;
+
+                                DELETE FROM @buried;
+                            END;
+
+                        DELETE FROM @claimed
+                        WHERE attempts > 4;
+                    END;
+
+                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+                -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+                -- the batch: claim again until the batch is full or nothing visible is left.
+                WHILE @remaining > 0
+                    BEGIN
+                        -- A loose index scan: one seek per priority level present, each claim an equality
+                        -- and range seek on (priority DESC, visible_at, seq). A single ORDER BY
+                        -- priority DESC would read past every delayed or leased row of the higher levels
+                        -- on each claim, and the whole index whenever nothing is ready.
+                        SET @claimed_now = 0;
+                        SET @priority = (
+                            SELECT TOP (1) m.priority
+                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                            ORDER BY m.priority DESC
+                        );
+                        WHILE @priority IS NOT NULL AND @claimed_now < @remaining
+                            BEGIN
+                                WITH next_messages AS (
+                                    SELECT TOP (@remaining - @claimed_now)
+                                        m.id,
+                                        m.seq,
+                                        m.priority,
+                                        m.enqueued_at,
+                                        m.due_at,
+                                        m.visible_at,
+                                        m.attempts,
+                                        m.leased_by,
+                                        m.leased_at,
+                                        m.payload
+                                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                                    WHERE m.priority = @priority AND m.visible_at <= @now
+                                    ORDER BY m.visible_at, m.seq
+                                )
+
+                                UPDATE next_messages
+                                SET
+                                    attempts = attempts + 1,
+                                    visible_at = @lease_until,
+                                    leased_by = @worker,
+                                    leased_at = @now
+                                OUTPUT
+                                    INSERTED.id,
+                                    INSERTED.seq,
+                                    0,
+                                    INSERTED.priority,
+                                    DELETED.visible_at,
+                                    DELETED.leased_by,
+                                    INSERTED.enqueued_at,
+                                    INSERTED.due_at,
+                                    INSERTED.attempts,
+                                    INSERTED.payload
+                                INTO @claimed (
+                                    id, seq, own, priority, previous_visible_at, previous_worker,
+                                    enqueued_at, due_at, attempts, payload
+                                );
+                                SET @claimed_now = @claimed_now + @@ROWCOUNT;
+                                SET @priority = (
+                                    SELECT TOP (1) m.priority
+                                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                                    WHERE m.priority < @priority
+                                    ORDER BY m.priority DESC
+                                );
+                            END;
+
+                        IF @claimed_now = 0 BREAK;
+
+                        SET @buried_count = 0;
+                        IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
+                            BEGIN
+                                DELETE m
+                                OUTPUT
+                                    DELETED.id,
+                                    DELETED.enqueued_at,
+                                    DELETED.due_at,
+                                    DELETED.priority,
+                                    c.attempts - 1,
+                                    N'lease expired',
+                                    c.previous_worker,
+                                    @now,
+                                    DELETED.payload
+                                INTO
+                                    @buried (
+                                        id, enqueued_at, due_at, priority, attempts,
+                                        last_error, last_worker, dead_at, payload
+                                    )
+                                FROM [queue].[thumbnails] AS m
+                                INNER JOIN @claimed AS c ON m.id = c.id
+                                WHERE c.attempts > 4;
+                                SET @buried_count = @@ROWCOUNT;
+
+                                IF @buried_count > 0
+                                    BEGIN
+                                        DELETE d
+                                        FROM [queue].[thumbnails_dead] AS d
+                                        INNER JOIN @buried AS b ON d.id = b.id;
+
+                                        INSERT INTO [queue].[thumbnails_dead] (
+                                            id, enqueued_at, due_at, priority, attempts,
+                                            last_error, last_worker, dead_at, payload
+                                        )
+                                        SELECT
+                                            id,
+                                            enqueued_at,
+                                            due_at,
+                                            priority,
+                                            attempts,
+                                            last_error,
+                                            last_worker,
+                                            dead_at,
+                                            payload
+                                        FROM @buried;
+
+                                        DELETE FROM @buried;
+                                    END;
+
+                                DELETE FROM @claimed
+                                WHERE attempts > 4;
+                            END;
+
+                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                        IF @buried_count = 0 BREAK;
+                    END;
+
+                IF @started_transaction = 1 COMMIT TRANSACTION;
+            END TRY
+            BEGIN CATCH
+                IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                THROW;
+            END CATCH;
+
+            SET @id = NULL;
+            SELECT
+                @id = c.id,
+                @payload = c.payload
+            FROM @claimed AS c;
+            IF @id IS NULL BREAK;
+            SET @processed = @processed + 1;
+
+            BEGIN TRY
+                BEGIN TRANSACTION;
+
+                EXEC @handler_name @id = @id, @payload = @payload;
+
+                SET @now = SYSUTCDATETIME();
+                DELETE FROM [queue].[thumbnails]
+                WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+                IF @@ROWCOUNT = 1
+                    BEGIN
+                        COMMIT TRANSACTION;
+                        SET @completed = @completed + 1;
+                    END;
+                ELSE
+                    BEGIN
+                        -- The lease expired under the handler and may be another worker's now: undo
+                        -- the handler's writes; the message runs again elsewhere.
+                        ROLLBACK TRANSACTION;
+                    END;
+            END TRY
+            BEGIN CATCH
+                SET @error = LEFT(ERROR_MESSAGE(), 4000);
+                IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+
+                SET @now = SYSUTCDATETIME();
+                BEGIN TRANSACTION;
+                UPDATE [queue].[thumbnails]
+                SET
+                    leased_by = NULL,
+                    visible_at = DATEADD(SECOND, 0, @now),
+                    last_error = @error
+                WHERE
+                    id = @id AND leased_by = @worker AND visible_at > @now
+                    AND attempts < 4;
+
+                IF @@ROWCOUNT = 1
+                    BEGIN
+                        SET @outcome = 'retrying';
+                    END;
+                ELSE
+                    BEGIN
+                        DELETE m
+                        OUTPUT
+                            DELETED.id,
+                            DELETED.enqueued_at,
+                            DELETED.due_at,
+                            DELETED.priority,
+                            DELETED.attempts,
+                            @error,
+                            DELETED.leased_by,
+                            @now,
+                            DELETED.payload
+                        INTO
+                            @buried (
+                                id, enqueued_at, due_at, priority, attempts,
+                                last_error, last_worker, dead_at, payload
+                            )
+                        FROM [queue].[thumbnails] AS m
+                        WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now;
+                        SET @buried_count = @@ROWCOUNT;
+
+                        IF @buried_count > 0
+                            BEGIN
+                                DELETE d
+                                FROM [queue].[thumbnails_dead] AS d
+                                INNER JOIN @buried AS b ON d.id = b.id;
+
+                                INSERT INTO [queue].[thumbnails_dead] (
+                                    id, enqueued_at, due_at, priority, attempts,
+                                    last_error, last_worker, dead_at, payload
+                                )
+                                SELECT
+                                    id,
+                                    enqueued_at,
+                                    due_at,
+                                    priority,
+                                    attempts,
+                                    last_error,
+                                    last_worker,
+                                    dead_at,
+                                    payload
+                                FROM @buried;
+
+                                DELETE FROM @buried;
+                            END;
+                        SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
+                    END;
+                COMMIT TRANSACTION;
+                IF @outcome <> 'lost' SET @failed = @failed + 1;
+            END CATCH;
+        END;
+
+    SELECT
+        @processed AS processed,
+        @completed AS completed,
+        @failed AS failed;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[thumbnails_process] TO [queue_admin];
+GO

@@ -1,0 +1,899 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.emails
+-- tablequeue:unit queue.emails storage
+-- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+
+-- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
+CREATE TABLE IF NOT EXISTS "queue"."emails" (
+    id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."emails_id_seq"),
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The scheduled start, as enqueued (returned by dequeue).
+    due_at timestamptz NOT NULL,
+    -- When the message may next be claimed: due_at, then the lease expiry while leased, then the
+    -- retry time after a fail.
+    visible_at timestamptz NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    leased_by text,
+    leased_at timestamptz,
+    last_error text,
+    dedupe_key text CONSTRAINT "ck_emails_dedupe_key" CHECK (length(dedupe_key) <= 200),
+    payload jsonb NOT NULL,
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
+    CONSTRAINT "ck_emails_payload_json" CHECK (jsonb_typeof(payload) IN ('object', 'array')),
+    CONSTRAINT "pk_emails" PRIMARY KEY (id)
+)
+-- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a
+-- fixed number of changed rows rather than a fraction of a (small, or huge) live count, so index
+-- scans from the head do not wade through dead entries (as the destructive kinds).
+WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
+
+-- The claim's exact WHERE and ORDER BY.
+CREATE INDEX IF NOT EXISTS "ix_emails_claim"
+ON "queue"."emails" (visible_at, id);
+
+-- A worker's own messages (the restart path) and the in-flight count; only leased rows.
+CREATE INDEX IF NOT EXISTS "ix_emails_lease"
+ON "queue"."emails" (leased_by, visible_at, id)
+WHERE leased_by IS NOT NULL;
+
+CREATE UNIQUE INDEX IF NOT EXISTS "ux_emails_dedupe"
+ON "queue"."emails" (dedupe_key)
+WHERE dedupe_key IS NOT NULL;
+
+-- tablequeue:unit queue.emails_dead storage
+-- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+
+-- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
+CREATE TABLE IF NOT EXISTS "queue"."emails_dead" (
+    id bigint NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    due_at timestamptz NOT NULL,
+    dedupe_key text,
+    attempts integer NOT NULL,
+    last_error text,
+    last_worker text,
+    dead_at timestamptz NOT NULL,
+    payload jsonb NOT NULL,
+    CONSTRAINT "pk_emails_dead" PRIMARY KEY (id)
+);
+
+-- tablequeue:unit queue.emails_history storage
+-- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+
+-- Completed messages; history_purge deletes by finish time.
+CREATE TABLE IF NOT EXISTS "queue"."emails_history" (
+    history_id bigint GENERATED ALWAYS AS IDENTITY,
+    id bigint NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    due_at timestamptz NOT NULL,
+    started_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL,
+    duration_ms bigint NOT NULL,
+    worker text NOT NULL,
+    attempts integer NOT NULL,
+    payload jsonb NOT NULL,
+    CONSTRAINT "pk_emails_history" PRIMARY KEY (history_id)
+);
+
+CREATE INDEX IF NOT EXISTS "ix_emails_history_finished" ON "queue"."emails_history" (finished_at);
+
+CREATE INDEX IF NOT EXISTS "ix_emails_history_id" ON "queue"."emails_history" (id);
+
+-- tablequeue:unit queue.emails_enqueue code
+
+CREATE OR REPLACE FUNCTION "queue"."emails_enqueue"(
+    payload jsonb,
+    due_at timestamptz DEFAULT NULL,
+    dedupe_key text DEFAULT NULL
+)
+RETURNS TABLE (id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    new_id bigint;
+BEGIN
+    IF payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.emails_enqueue: payload must not be NULL.';
+    END IF;
+    IF jsonb_typeof(emails_enqueue.payload) NOT IN ('object', 'array') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.emails_enqueue: payload must be a JSON object or array.';
+    END IF;
+    IF length(dedupe_key) > 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue: dedupe_key is longer than 200 characters.';
+    END IF;
+    -- ON CONFLICT waits for a racing insert of the same key; if that row is gone again by the
+    -- time we look it up (completed), try the insert once more.
+    LOOP
+        INSERT INTO "queue"."emails" AS m (enqueued_at, due_at, visible_at, dedupe_key, payload)
+        VALUES (now_utc, coalesce(emails_enqueue.due_at, now_utc), coalesce(emails_enqueue.due_at, now_utc), emails_enqueue.dedupe_key, emails_enqueue.payload)
+        ON CONFLICT DO NOTHING
+        RETURNING m.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, false;
+            RETURN;
+        END IF;
+        SELECT m.id INTO new_id FROM "queue"."emails" AS m WHERE m.dedupe_key = emails_enqueue.dedupe_key;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, true;
+            RETURN;
+        END IF;
+    END LOOP;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_enqueue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_enqueue" TO "queue_producer";
+
+-- tablequeue:unit queue.emails_enqueue_batch code
+
+-- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
+-- The arrays an option does not use must be NULL (the same contract as the SQL Server TVP).
+CREATE OR REPLACE FUNCTION "queue"."emails_enqueue_batch"(
+    payloads jsonb[],
+    due_ats timestamptz[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL,
+    priorities integer[] DEFAULT NULL,
+    ids uuid[] DEFAULT NULL,
+    enqueued_ats timestamptz[] DEFAULT NULL
+)
+RETURNS TABLE (ordinal integer, id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    item_count integer := coalesce(cardinality(payloads), 0);
+    now_utc timestamptz := clock_timestamp();
+    new_ids bigint[];
+    inserted_ids bigint[] := '{}';
+    step_ids bigint[];
+    bad_ordinal integer;
+    result_ids bigint[];
+    retry_ordinals integer[];
+    own_flags boolean[];
+BEGIN
+    IF due_ats IS NOT NULL AND cardinality(due_ats) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: due_ats has %s elements but payloads has %s.', cardinality(due_ats), item_count);
+    END IF;
+    IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
+    END IF;
+    IF priorities IS NOT NULL AND cardinality(priorities) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: priorities has %s elements but payloads has %s.', cardinality(priorities), item_count);
+    END IF;
+    IF ids IS NOT NULL AND cardinality(ids) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: ids has %s elements but payloads has %s.', cardinality(ids), item_count);
+    END IF;
+    IF enqueued_ats IS NOT NULL AND cardinality(enqueued_ats) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: enqueued_ats has %s elements but payloads has %s.', cardinality(enqueued_ats), item_count);
+    END IF;
+    IF EXISTS (SELECT FROM unnest(priorities) AS u (v) WHERE u.v IS NOT NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: priorities needs option priority.';
+    END IF;
+    IF EXISTS (SELECT FROM unnest(ids) AS u (v) WHERE u.v IS NOT NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: ids needs option client_ids.';
+    END IF;
+    IF EXISTS (SELECT FROM unnest(enqueued_ats) AS u (v) WHERE u.v IS NOT NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: enqueued_ats needs option client_ids.';
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+    WHERE u.payload IS NULL OR jsonb_typeof(u.payload) NOT IN ('object', 'array');
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.emails_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+    WHERE length(u.dedupe_key) > 200;
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: item %s has a dedupe_key over 200 characters.', bad_ordinal);
+    END IF;
+
+    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.
+    new_ids := ARRAY(SELECT nextval('"queue"."emails_id_seq"') FROM generate_series(1, item_count));
+
+    -- Every item is offered; ON CONFLICT skips one whose key is queued already (waiting for
+    -- a racing insert of it first) or belongs to an earlier item. The loop runs again only for an
+    -- item whose duplicate was completed between the insert and the look-up below.
+    LOOP
+        WITH items AS (
+            SELECT
+                u.new_id,
+                u.payload,
+                u.position,
+                d.due_at,
+                k.dedupe_key,
+                p.priority,
+                e.enqueued_at
+            FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+            LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
+            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+            LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
+            LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+            WHERE retry_ordinals IS NULL OR u.position = ANY(retry_ordinals)
+        ),
+
+        inserted AS (
+            INSERT INTO "queue"."emails" AS m (
+                id, enqueued_at, due_at, visible_at, dedupe_key, payload
+            )
+            OVERRIDING SYSTEM VALUE
+            SELECT
+                i.new_id,
+                now_utc,
+                coalesce(i.due_at, now_utc),
+                coalesce(i.due_at, now_utc),
+                i.dedupe_key,
+                i.payload
+            FROM items AS i
+            ORDER BY i.position
+            ON CONFLICT DO NOTHING
+            RETURNING m.id
+        )
+
+        SELECT array_agg(i.id) INTO step_ids FROM inserted AS i;
+        inserted_ids := inserted_ids || coalesce(step_ids, '{}');
+
+        -- A new statement sees what racing transactions committed while this one waited on them.
+        SELECT
+            array_agg(
+                CASE
+                    WHEN u.new_id = ANY(inserted_ids) THEN u.new_id
+                    WHEN k.dedupe_key IS NOT NULL AND EXISTS (SELECT FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key)
+                        THEN (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key)
+                END
+                ORDER BY u.position
+            ),
+            array_agg(u.new_id = ANY(inserted_ids) ORDER BY u.position)
+        INTO result_ids, own_flags
+        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
+        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
+        retry_ordinals := ARRAY(
+            SELECT u.position
+            FROM unnest(result_ids) WITH ORDINALITY AS u (result_id, position)
+            WHERE u.result_id IS NULL
+        );
+    END LOOP;
+
+    RETURN QUERY
+    SELECT
+        u.position::integer,
+        u.result_id,
+        NOT u.own
+    FROM unnest(result_ids, own_flags) WITH ORDINALITY AS u (result_id, own, position)
+    ORDER BY u.position;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_enqueue_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_enqueue_batch" TO "queue_producer";
+
+-- tablequeue:unit queue.emails_dequeue code
+
+-- A dequeue by worker W first takes back W's own unfinished messages: W declares, by asking, that
+-- it holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- Claimed rows whose lease had already expired max_attempts times go to the dead-letter table
+-- ('lease expired') instead of to the worker: the claim would be one attempt too many.
+CREATE OR REPLACE FUNCTION "queue"."emails_dequeue"(
+    batch_size integer DEFAULT 1,
+    worker text DEFAULT NULL,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (id bigint, payload jsonb, enqueued_at timestamptz, due_at timestamptz, attempts integer)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    effective_lease integer := coalesce(emails_dequeue.lease_seconds, 600);
+    lease_until timestamptz;
+    claimed_ids bigint[] := '{}';
+    step_ids bigint[];
+    buried_count bigint;
+    remaining integer;
+BEGIN
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    IF emails_dequeue.worker IS NULL OR length(emails_dequeue.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_dequeue: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF effective_lease NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_dequeue: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
+    END IF;
+    lease_until := now_utc + make_interval(secs => effective_lease);
+
+    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_emails_lease.
+    WITH next_messages AS (
+        SELECT
+            m.id,
+            m.id AS tie,
+            m.visible_at,
+            m.attempts
+        FROM "queue"."emails" AS m
+        WHERE m.leased_by = emails_dequeue.worker
+        ORDER BY m.visible_at, m.id
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    leased AS (
+        UPDATE "queue"."emails" AS m
+        SET
+            attempts = m.attempts + 1,
+            visible_at = lease_until,
+            leased_by = emails_dequeue.worker,
+            leased_at = now_utc
+        FROM next_messages AS n
+        WHERE m.id = n.id AND n.attempts < 3
+        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+    ),
+
+    gone AS (
+        DELETE FROM "queue"."emails" AS m
+        USING next_messages AS n
+        WHERE m.id = n.id AND n.attempts >= 3
+        RETURNING m.*
+    ),
+
+    buried AS (
+        INSERT INTO "queue"."emails_dead" (
+            id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+        )
+        SELECT
+            g.id,
+            g.enqueued_at,
+            g.due_at,
+            g.dedupe_key,
+            g.attempts,
+            'lease expired',
+            g.leased_by,
+            now_utc,
+            g.payload
+        FROM gone AS g
+        RETURNING 1
+    )
+
+    SELECT
+        (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+        (SELECT count(*) FROM buried)
+    INTO step_ids, buried_count;
+    claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    remaining := batch_size - cardinality(claimed_ids);
+
+    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_emails_claim.
+    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
+    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    WHILE remaining > 0 LOOP
+        WITH next_messages AS (
+            SELECT
+                m.id,
+                m.id AS tie,
+                m.visible_at,
+                m.attempts
+            FROM "queue"."emails" AS m
+            WHERE m.visible_at <= now_utc
+            ORDER BY m.visible_at, m.id
+            LIMIT remaining
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        leased AS (
+            UPDATE "queue"."emails" AS m
+            SET
+                attempts = m.attempts + 1,
+                visible_at = lease_until,
+                leased_by = emails_dequeue.worker,
+                leased_at = now_utc
+            FROM next_messages AS n
+            WHERE m.id = n.id AND n.attempts < 3
+            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+        ),
+
+        gone AS (
+            DELETE FROM "queue"."emails" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id AND n.attempts >= 3
+            RETURNING m.*
+        ),
+
+        buried AS (
+            INSERT INTO "queue"."emails_dead" (
+                id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+            )
+            SELECT
+                g.id,
+                g.enqueued_at,
+                g.due_at,
+                g.dedupe_key,
+                g.attempts,
+                'lease expired',
+                g.leased_by,
+                now_utc,
+                g.payload
+            FROM gone AS g
+            RETURNING 1
+        )
+
+        SELECT
+            (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+            (SELECT count(*) FROM buried)
+        INTO step_ids, buried_count;
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        remaining := batch_size - cardinality(claimed_ids);
+        EXIT WHEN buried_count = 0;
+    END LOOP;
+
+    -- In claim order: the array keeps it.
+    RETURN QUERY
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
+    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
+    INNER JOIN "queue"."emails" AS m ON c.id = m.id
+    ORDER BY c.position;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_dequeue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_dequeue" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_complete code
+
+-- Only the holder of a live lease: a late complete after the lease moved on changes nothing.
+CREATE OR REPLACE FUNCTION "queue"."emails_complete"(id bigint, worker text)
+RETURNS TABLE (completed boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    done_count bigint;
+BEGIN
+    IF emails_complete.worker IS NULL OR length(emails_complete.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_complete: worker must be a name of 1 to 200 characters.';
+    END IF;
+    -- One statement: queue table, then history table (the fixed lock order).
+    WITH done AS (
+        DELETE FROM "queue"."emails" AS m
+        WHERE m.id = emails_complete.id AND m.leased_by = emails_complete.worker AND m.visible_at > now_utc
+        RETURNING m.id, m.enqueued_at, m.due_at, m.leased_at, m.leased_by, m.attempts, m.payload
+    ),
+
+    kept AS (
+        INSERT INTO "queue"."emails_history" (
+            id, enqueued_at, due_at, started_at, finished_at, duration_ms, worker, attempts, payload
+        )
+        SELECT
+            d.id,
+            d.enqueued_at,
+            d.due_at,
+            d.leased_at,
+            now_utc,
+            (extract(EPOCH FROM now_utc - d.leased_at) * 1000)::bigint,
+            d.leased_by,
+            d.attempts,
+            d.payload
+        FROM done AS d
+        RETURNING 1
+    )
+
+    SELECT count(*) INTO done_count FROM kept;
+    RETURN QUERY SELECT done_count > 0;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_complete" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_complete" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_fail code
+
+-- With attempts left: release the lease, visible again after retry_after_seconds. On the last
+-- attempt: to the dead-letter table with the error. outcome: retrying | dead | lost (the caller's
+-- lease had expired or moved on: nothing changed).
+CREATE OR REPLACE FUNCTION "queue"."emails_fail"(
+    id bigint,
+    worker text,
+    error text DEFAULT NULL,
+    retry_after_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (outcome text)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    retry_after integer := coalesce(emails_fail.retry_after_seconds, 0);
+    changed bigint;
+BEGIN
+    IF emails_fail.worker IS NULL OR length(emails_fail.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_fail: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF retry_after NOT BETWEEN 0 AND 2592000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_fail: retry_after_seconds must be between 0 and 2592000, got %s.', retry_after);
+    END IF;
+
+    UPDATE "queue"."emails" AS m
+    SET
+        leased_by = NULL,
+        visible_at = now_utc + make_interval(secs => retry_after),
+        last_error = left(emails_fail.error, 4000)
+    WHERE
+        m.id = emails_fail.id AND m.leased_by = emails_fail.worker AND m.visible_at > now_utc
+        AND m.attempts < 3;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed > 0 THEN
+        RETURN QUERY SELECT 'retrying'::text;
+        RETURN;
+    END IF;
+
+    WITH gone AS (
+        DELETE FROM "queue"."emails" AS m
+        WHERE m.id = emails_fail.id AND m.leased_by = emails_fail.worker AND m.visible_at > now_utc
+        RETURNING m.*
+    ),
+
+    buried AS (
+        INSERT INTO "queue"."emails_dead" (
+            id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+        )
+        SELECT
+            g.id,
+            g.enqueued_at,
+            g.due_at,
+            g.dedupe_key,
+            g.attempts,
+            left(emails_fail.error, 4000),
+            g.leased_by,
+            now_utc,
+            g.payload
+        FROM gone AS g
+        RETURNING 1
+    )
+
+    SELECT count(*) INTO changed FROM buried;
+    RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_fail" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_fail" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_extend_lease code
+
+-- The new lease runs from now; an expired lease cannot be revived (another worker may have it).
+CREATE OR REPLACE FUNCTION "queue"."emails_extend_lease"(
+    id bigint,
+    worker text,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (extended boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    effective_lease integer := coalesce(emails_extend_lease.lease_seconds, 600);
+    changed bigint;
+BEGIN
+    IF emails_extend_lease.worker IS NULL OR length(emails_extend_lease.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_extend_lease: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF effective_lease NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_extend_lease: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
+    END IF;
+    UPDATE "queue"."emails" AS m
+    SET visible_at = now_utc + make_interval(secs => effective_lease)
+    WHERE m.id = emails_extend_lease.id AND m.leased_by = emails_extend_lease.worker AND m.visible_at > now_utc;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN QUERY SELECT changed > 0;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_extend_lease" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_extend_lease" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_stats code
+
+-- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
+-- delayed: not yet due and not leased; in_flight: under a live lease; dead: in S.Q_dead.
+CREATE OR REPLACE FUNCTION "queue"."emails_stats"()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Every count stops at exact_limit rows and reads only an index range that the count matches;
+    -- past the limit the planner's row estimate stands in, so a deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint := 0;
+    delayed_count bigint := 0;
+    in_flight_count bigint;
+    dead_count bigint;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+BEGIN
+    SELECT count(*) INTO ready_count FROM (
+        SELECT 1 FROM "queue"."emails" AS m WHERE m.visible_at <= now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    -- The range past now also holds the in-flight rows: few, as many as leases held.
+    SELECT count(*) INTO delayed_count FROM (
+        SELECT 1 FROM "queue"."emails" AS m WHERE m.visible_at > now_utc AND m.leased_by IS NULL LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT m.visible_at INTO oldest_ready
+    FROM "queue"."emails" AS m
+    WHERE m.visible_at <= now_utc
+    ORDER BY m.visible_at, m.id
+    LIMIT 1;
+    SELECT count(*) INTO in_flight_count FROM (
+        SELECT 1 FROM "queue"."emails" AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT count(*) INTO dead_count FROM (
+        SELECT 1 FROM "queue"."emails_dead" AS d LIMIT exact_limit + 1
+    ) AS counted;
+
+    IF ready_count > exact_limit OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+        is_estimate := true;
+        total_estimate := (
+            SELECT CASE
+                WHEN c.reltuples > 0 AND c.relpages > 0
+                    THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+                ELSE 0
+            END
+            FROM pg_class AS c
+            WHERE c.oid = '"queue"."emails"'::regclass
+        );
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
+        ELSIF delayed_count > exact_limit THEN
+            delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);
+        ELSE
+            in_flight_count := greatest(in_flight_count, total_estimate - ready_count - delayed_count);
+        END IF;
+    END IF;
+    IF dead_count > exact_limit THEN
+        is_estimate := true;
+        dead_count := greatest(dead_count, (
+            SELECT CASE
+                WHEN c.reltuples > 0 AND c.relpages > 0
+                    THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+                ELSE 0
+            END
+            FROM pg_class AS c
+            WHERE c.oid = '"queue"."emails_dead"'::regclass
+        ));
+    END IF;
+
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        in_flight_count,
+        dead_count,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_stats" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_stats" TO "queue_admin";
+
+-- tablequeue:unit queue.emails_purge code
+
+-- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
+-- table is emptied with dead_delete / dead_requeue, the history with history_purge.
+CREATE OR REPLACE FUNCTION "queue"."emails_purge"(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+    -- SKIP LOCKED leaves the rows a claim holds right now.
+    WITH doomed AS (
+        SELECT m.id FROM "queue"."emails" AS m
+        WHERE emails_purge.older_than IS NULL OR m.enqueued_at < emails_purge.older_than
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    deleted AS (
+        DELETE FROM "queue"."emails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+    )
+
+    SELECT count(*) INTO purged_count FROM deleted;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_purge" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_purge" TO "queue_admin";
+
+-- tablequeue:unit queue.emails_dead_list code
+
+-- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
+-- `limit`: a reserved word in PostgreSQL would need quoting at every call.)
+CREATE OR REPLACE FUNCTION "queue"."emails_dead_list"(
+    after_id bigint DEFAULT NULL,
+    page_size integer DEFAULT 100
+)
+RETURNS TABLE (
+    id bigint,
+    payload jsonb,
+    enqueued_at timestamptz,
+    due_at timestamptz,
+    dedupe_key text,
+    attempts integer,
+    last_error text,
+    last_worker text,
+    dead_at timestamptz
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+BEGIN
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_dead_list: page_size must be between 1 and 1000, got %s.', coalesce(page_size::text, 'NULL'));
+    END IF;
+    RETURN QUERY
+    SELECT
+        d.id,
+        d.payload,
+        d.enqueued_at,
+        d.due_at,
+        d.dedupe_key,
+        d.attempts,
+        d.last_error,
+        d.last_worker,
+        d.dead_at
+    FROM "queue"."emails_dead" AS d
+    WHERE emails_dead_list.after_id IS NULL OR d.id > emails_dead_list.after_id
+    ORDER BY d.id
+    LIMIT page_size;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_dead_list" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_dead_list" TO "queue_admin";
+
+-- tablequeue:unit queue.emails_dead_requeue code
+
+-- Back to the queue under the same id, visible now, attempts reset; the last error stays on the
+-- row for reference.
+CREATE OR REPLACE FUNCTION "queue"."emails_dead_requeue"(id bigint)
+RETURNS TABLE (requeued boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    moved bigint;
+BEGIN
+    -- Queue table first, then dead table (the fixed lock order): insert the copy, then delete.
+    -- The delete decides: a concurrent requeue or delete that got there first rolls this back.
+    INSERT INTO "queue"."emails" AS m (
+        id, enqueued_at, due_at, visible_at, dedupe_key, attempts, last_error, payload
+    )
+    OVERRIDING SYSTEM VALUE
+    SELECT
+        d.id,
+        d.enqueued_at,
+        d.due_at,
+        now_utc,
+        -- The key may have been enqueued again since: then the message comes back without it
+        -- rather than not at all (requeue is a deliberate admin action on this one message).
+        CASE WHEN NOT EXISTS (SELECT FROM "queue"."emails" AS k WHERE k.dedupe_key = d.dedupe_key) THEN d.dedupe_key END,
+        0,
+        d.last_error,
+        d.payload
+    FROM "queue"."emails_dead" AS d
+    WHERE d.id = emails_dead_requeue.id;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved > 0 THEN
+        DELETE FROM "queue"."emails_dead" AS d WHERE d.id = emails_dead_requeue.id;
+        GET DIAGNOSTICS moved = ROW_COUNT;
+    END IF;
+    IF moved = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ004', MESSAGE = format('queue.emails_dead_requeue: no dead-letter message with id %s.', emails_dead_requeue.id);
+    END IF;
+    RETURN QUERY SELECT true;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_dead_requeue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_dead_requeue" TO "queue_admin";
+
+-- tablequeue:unit queue.emails_dead_delete code
+
+CREATE OR REPLACE FUNCTION "queue"."emails_dead_delete"(id bigint)
+RETURNS TABLE (deleted boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    removed bigint;
+BEGIN
+    DELETE FROM "queue"."emails_dead" AS d WHERE d.id = emails_dead_delete.id;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF removed = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ004', MESSAGE = format('queue.emails_dead_delete: no dead-letter message with id %s.', emails_dead_delete.id);
+    END IF;
+    RETURN QUERY SELECT true;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_dead_delete" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_dead_delete" TO "queue_admin";
+
+-- tablequeue:unit queue.emails_history_purge code
+
+CREATE OR REPLACE FUNCTION "queue"."emails_history_purge"(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Default retention: history_retention_days (30) days.
+    cutoff timestamptz := coalesce(
+        emails_history_purge.older_than, clock_timestamp() - make_interval(days => 30)
+    );
+    purged_count bigint;
+BEGIN
+    DELETE FROM "queue"."emails_history" AS h WHERE h.finished_at < cutoff;
+    GET DIAGNOSTICS purged_count = ROW_COUNT;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."emails_history_purge" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_history_purge" TO "queue_admin";

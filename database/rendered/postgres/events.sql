@@ -1,0 +1,268 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: postgres/heap.sql | dialect: postgres | kind: heap | queue: queue.events
+-- tablequeue:unit queue.events storage
+-- queue queue.events: kind heap, created once and never rebuilt by the deploy tool
+
+CREATE TABLE IF NOT EXISTS "queue"."events" (
+    id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."events_id_seq"),
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    payload jsonb NOT NULL,
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
+    CONSTRAINT "ck_events_payload_json" CHECK (jsonb_typeof(payload) IN ('object', 'array')),
+    CONSTRAINT "pk_events" PRIMARY KEY (id)
+)
+-- A queue's table is mostly dead rows: vacuum after a fixed number of them rather than a fraction
+-- of the (small) live count, so index scans from the head do not wade through dead entries.
+WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
+
+-- tablequeue:unit queue.events_enqueue code
+
+CREATE OR REPLACE FUNCTION "queue"."events_enqueue"(
+    payload jsonb,
+    dedupe_key text DEFAULT NULL
+)
+RETURNS TABLE (id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+BEGIN
+    IF payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.events_enqueue: payload must not be NULL.';
+    END IF;
+    IF jsonb_typeof(events_enqueue.payload) NOT IN ('object', 'array') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.events_enqueue: payload must be a JSON object or array.';
+    END IF;
+    IF events_enqueue.dedupe_key IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.events_enqueue: dedupe_key needs option dedupe.';
+    END IF;
+    INSERT INTO "queue"."events" AS m (payload)
+    VALUES (events_enqueue.payload)
+    RETURNING m.id INTO new_id;
+    RETURN QUERY SELECT new_id, false;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."events_enqueue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."events_enqueue" TO "queue_producer";
+
+-- tablequeue:unit queue.events_enqueue_batch code
+
+-- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
+CREATE OR REPLACE FUNCTION "queue"."events_enqueue_batch"(
+    payloads jsonb[],
+    dedupe_keys text[] DEFAULT NULL
+)
+RETURNS TABLE (ordinal integer, id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    item_count integer := coalesce(cardinality(payloads), 0);
+    new_ids bigint[];
+    bad_ordinal integer;
+BEGIN
+    IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+    WHERE u.payload IS NULL OR jsonb_typeof(u.payload) NOT IN ('object', 'array');
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.events_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+    WHERE u.dedupe_key IS NOT NULL;
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_enqueue_batch: item %s has a dedupe_key, which needs option dedupe.', bad_ordinal);
+    END IF;
+
+    -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted,
+    -- and a batch is dequeued in item order.
+    new_ids := ARRAY(SELECT nextval('"queue"."events_id_seq"') FROM generate_series(1, item_count));
+
+    INSERT INTO "queue"."events" AS m (id, payload)
+    OVERRIDING SYSTEM VALUE
+    SELECT
+        u.new_id,
+        u.payload
+    FROM unnest(new_ids, payloads) AS u (new_id, payload);
+
+    RETURN QUERY
+    SELECT u.ordinal::integer, u.new_id, false
+    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
+    ORDER BY u.ordinal;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."events_enqueue_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."events_enqueue_batch" TO "queue_producer";
+
+-- tablequeue:unit queue.events_dequeue code
+
+CREATE OR REPLACE FUNCTION "queue"."events_dequeue"(batch_size integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload jsonb, enqueued_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+BEGIN
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
+    -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
+    RETURN QUERY
+    WITH next_messages AS (
+        SELECT m.id
+        FROM "queue"."events" AS m
+        ORDER BY m.id
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    claimed AS (
+        DELETE FROM "queue"."events" AS m
+        USING next_messages AS n
+        WHERE m.id = n.id
+        RETURNING m.id, m.payload, m.enqueued_at
+    )
+
+    SELECT c.id, c.payload, c.enqueued_at
+    FROM claimed AS c
+    ORDER BY c.id;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."events_dequeue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."events_dequeue" TO "queue_consumer";
+
+-- tablequeue:unit queue.events_stats code
+
+CREATE OR REPLACE FUNCTION "queue"."events_stats"()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Counting stops at exact_limit rows; past that the planner's row estimate stands in, so a
+    -- deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint;
+    delayed_count bigint := 0;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+BEGIN
+    SELECT count(*) INTO ready_count FROM (
+        SELECT 1 FROM "queue"."events" AS m
+        LIMIT exact_limit + 1
+    ) AS counted;
+    IF ready_count > exact_limit OR delayed_count > exact_limit THEN
+        is_estimate := true;
+        -- The planner's own estimate: tuples per page from the last ANALYZE times current pages.
+        SELECT CASE
+            WHEN c.reltuples > 0 AND c.relpages > 0
+                THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+            ELSE 0
+        END
+        INTO total_estimate
+        FROM pg_class AS c
+        WHERE c.oid = '"queue"."events"'::regclass;
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count);
+        ELSE
+            delayed_count := greatest(delayed_count, total_estimate - ready_count);
+        END IF;
+    END IF;
+
+    SELECT m.enqueued_at INTO oldest_ready
+    FROM "queue"."events" AS m
+    ORDER BY m.id
+    LIMIT 1;
+
+    -- A destructive dequeue deletes in the consumer's own transaction: nothing is ever "in flight"
+    -- outside it, and nothing is dead.
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        0::bigint,
+        0::bigint,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."events_stats" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."events_stats" TO "queue_admin";
+
+-- tablequeue:unit queue.events_purge code
+
+CREATE OR REPLACE FUNCTION "queue"."events_purge"(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+    -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    IF events_purge.older_than IS NULL THEN
+        WITH doomed AS (
+            SELECT m.id FROM "queue"."events" AS m
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM "queue"."events" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
+
+        SELECT count(*) INTO purged_count FROM deleted;
+    ELSE
+        WITH doomed AS (
+            SELECT m.id FROM "queue"."events" AS m
+            WHERE m.enqueued_at < events_purge.older_than
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM "queue"."events" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
+
+        SELECT count(*) INTO purged_count FROM deleted;
+    END IF;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."events_purge" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."events_purge" TO "queue_admin";

@@ -1,0 +1,349 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: postgres/pending.sql | dialect: postgres | kind: pending | queue: queue.reminders
+-- tablequeue:unit queue.reminders storage
+-- queue queue.reminders: kind pending, created once and never rebuilt by the deploy tool
+
+CREATE TABLE IF NOT EXISTS "queue"."reminders" (
+    id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."reminders_id_seq"),
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    due_at timestamptz NOT NULL,
+    dedupe_key text CONSTRAINT "ck_reminders_dedupe_key" CHECK (length(dedupe_key) <= 200),
+    payload jsonb NOT NULL,
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
+    CONSTRAINT "ck_reminders_payload_json" CHECK (jsonb_typeof(payload) IN ('object', 'array')),
+    CONSTRAINT "pk_reminders" PRIMARY KEY (id)
+)
+-- A queue's table is mostly dead rows: vacuum after a fixed number of them rather than a fraction
+-- of the (small) live count, so index scans from the head do not wade through dead entries.
+WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
+
+-- The claim's exact WHERE/ORDER BY: a range scan from the earliest due row.
+CREATE INDEX IF NOT EXISTS "ix_reminders_due" ON "queue"."reminders" (due_at, id);
+
+CREATE UNIQUE INDEX IF NOT EXISTS "ux_reminders_dedupe"
+ON "queue"."reminders" (dedupe_key)
+WHERE dedupe_key IS NOT NULL;
+
+-- tablequeue:unit queue.reminders_enqueue code
+
+CREATE OR REPLACE FUNCTION "queue"."reminders_enqueue"(
+    payload jsonb,
+    due_at timestamptz DEFAULT NULL,
+    dedupe_key text DEFAULT NULL
+)
+RETURNS TABLE (id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+BEGIN
+    IF payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.reminders_enqueue: payload must not be NULL.';
+    END IF;
+    IF jsonb_typeof(reminders_enqueue.payload) NOT IN ('object', 'array') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.reminders_enqueue: payload must be a JSON object or array.';
+    END IF;
+    IF length(dedupe_key) > 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.reminders_enqueue: dedupe_key is longer than 200 characters.';
+    END IF;
+    -- ON CONFLICT waits for a racing insert of the same key and then does nothing; the row is looked
+    -- up in a new statement, which sees it. If it is gone again by then (dequeued), insert again.
+    LOOP
+        INSERT INTO "queue"."reminders" AS m (due_at, dedupe_key, payload)
+        VALUES (coalesce(reminders_enqueue.due_at, clock_timestamp()), reminders_enqueue.dedupe_key, reminders_enqueue.payload)
+        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING m.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, false;
+            RETURN;
+        END IF;
+        SELECT m.id INTO new_id FROM "queue"."reminders" AS m WHERE m.dedupe_key = reminders_enqueue.dedupe_key;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, true;
+            RETURN;
+        END IF;
+    END LOOP;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."reminders_enqueue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."reminders_enqueue" TO "queue_producer";
+
+-- tablequeue:unit queue.reminders_enqueue_batch code
+
+-- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
+CREATE OR REPLACE FUNCTION "queue"."reminders_enqueue_batch"(
+    payloads jsonb[],
+    due_ats timestamptz[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL
+)
+RETURNS TABLE (ordinal integer, id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    item_count integer := coalesce(cardinality(payloads), 0);
+    new_ids bigint[];
+    bad_ordinal integer;
+    result_ids bigint[];
+    retry_ordinals integer[];
+BEGIN
+    IF due_ats IS NOT NULL AND cardinality(due_ats) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_enqueue_batch: due_ats has %s elements but payloads has %s.', cardinality(due_ats), item_count);
+    END IF;
+    IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+    WHERE u.payload IS NULL OR jsonb_typeof(u.payload) NOT IN ('object', 'array');
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.reminders_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+    WHERE length(u.dedupe_key) > 200;
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_enqueue_batch: item %s has a dedupe_key over 200 characters.', bad_ordinal);
+    END IF;
+
+    -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted,
+    -- and a batch is dequeued in item order.
+    new_ids := ARRAY(SELECT nextval('"queue"."reminders_id_seq"') FROM generate_series(1, item_count));
+
+    -- Every item without a key, and the first item of each key, is offered for insertion; a key
+    -- already in the queue (or inserted meanwhile by a racing transaction, which ON CONFLICT waits
+    -- for) is left alone. Rows go in in key order: two batches that share keys then wait for each
+    -- other instead of deadlocking (each would hold a key the other waits for). The ids were
+    -- drawn in item order above, so the dequeue order is still the item order. The loop runs
+    -- again only for a key whose row was dequeued between the insert and the look-up.
+    LOOP
+        INSERT INTO "queue"."reminders" AS m (id, due_at, dedupe_key, payload)
+        OVERRIDING SYSTEM VALUE
+        SELECT
+            u.new_id,
+            coalesce(u.due_at, clock_timestamp()),
+            u.dedupe_key,
+            u.payload
+        FROM unnest(new_ids, payloads, due_ats, dedupe_keys) WITH ORDINALITY
+            AS u (new_id, payload, due_at, dedupe_key, ordinal)
+        WHERE
+            CASE
+                WHEN retry_ordinals IS NOT NULL THEN u.ordinal = ANY(retry_ordinals)
+                ELSE u.dedupe_key IS NULL OR NOT EXISTS (
+                    SELECT FROM unnest(dedupe_keys) WITH ORDINALITY AS earlier (dedupe_key, ordinal)
+                    WHERE earlier.dedupe_key = u.dedupe_key AND earlier.ordinal < u.ordinal
+                )
+            END
+        ORDER BY u.dedupe_key, u.ordinal
+        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING;
+
+        -- A new statement sees what racing transactions committed while this one waited on them.
+        SELECT array_agg(
+            CASE WHEN u.dedupe_key IS NULL THEN u.new_id ELSE (
+                SELECT m.id FROM "queue"."reminders" AS m WHERE m.dedupe_key = u.dedupe_key
+            ) END
+            ORDER BY u.ordinal
+        )
+        INTO result_ids
+        FROM unnest(new_ids, dedupe_keys) WITH ORDINALITY AS u (new_id, dedupe_key, ordinal);
+
+        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
+
+        SELECT array_agg(min_ordinal) INTO retry_ordinals
+        FROM (
+            SELECT min(u.ordinal) AS min_ordinal
+            FROM unnest(result_ids, dedupe_keys) WITH ORDINALITY AS u (result_id, dedupe_key, ordinal)
+            WHERE u.result_id IS NULL
+            GROUP BY u.dedupe_key
+        ) AS vanished;
+    END LOOP;
+
+    RETURN QUERY
+    SELECT
+        u.ordinal::integer,
+        u.result_id,
+        u.result_id <> u.new_id
+    FROM unnest(new_ids, result_ids) WITH ORDINALITY AS u (new_id, result_id, ordinal)
+    ORDER BY u.ordinal;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."reminders_enqueue_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."reminders_enqueue_batch" TO "queue_producer";
+
+-- tablequeue:unit queue.reminders_dequeue code
+
+CREATE OR REPLACE FUNCTION "queue"."reminders_dequeue"(batch_size integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload jsonb, enqueued_at timestamptz, due_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- A variable, not clock_timestamp() in the WHERE: a volatile function cannot bound an index
+    -- scan, and the claim would read every not-yet-due row before finding out none is due.
+    now_utc timestamptz := clock_timestamp();
+BEGIN
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    RETURN QUERY
+    WITH next_messages AS (
+        SELECT m.id
+        FROM "queue"."reminders" AS m
+        WHERE m.due_at <= now_utc
+        ORDER BY m.due_at, m.id
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    claimed AS (
+        DELETE FROM "queue"."reminders" AS m
+        USING next_messages AS n
+        WHERE m.id = n.id
+        RETURNING m.id, m.payload, m.enqueued_at, m.due_at
+    )
+
+    SELECT c.id, c.payload, c.enqueued_at, c.due_at
+    FROM claimed AS c
+    ORDER BY c.due_at, c.id;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."reminders_dequeue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."reminders_dequeue" TO "queue_consumer";
+
+-- tablequeue:unit queue.reminders_stats code
+
+CREATE OR REPLACE FUNCTION "queue"."reminders_stats"()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Counting stops at exact_limit rows; past that the planner's row estimate stands in, so a
+    -- deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint;
+    delayed_count bigint := 0;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+BEGIN
+    SELECT count(*) INTO ready_count FROM (
+        SELECT 1 FROM "queue"."reminders" AS m
+        WHERE m.due_at <= now_utc
+        LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT count(*) INTO delayed_count FROM (
+        SELECT 1 FROM "queue"."reminders" AS m WHERE m.due_at > now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    IF ready_count > exact_limit OR delayed_count > exact_limit THEN
+        is_estimate := true;
+        -- The planner's own estimate: tuples per page from the last ANALYZE times current pages.
+        SELECT CASE
+            WHEN c.reltuples > 0 AND c.relpages > 0
+                THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+            ELSE 0
+        END
+        INTO total_estimate
+        FROM pg_class AS c
+        WHERE c.oid = '"queue"."reminders"'::regclass;
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count);
+        ELSE
+            delayed_count := greatest(delayed_count, total_estimate - ready_count);
+        END IF;
+    END IF;
+
+    SELECT m.due_at INTO oldest_ready
+    FROM "queue"."reminders" AS m
+    WHERE m.due_at <= now_utc
+    ORDER BY m.due_at, m.id
+    LIMIT 1;
+
+    -- A destructive dequeue deletes in the consumer's own transaction: nothing is ever "in flight"
+    -- outside it, and nothing is dead.
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        0::bigint,
+        0::bigint,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."reminders_stats" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."reminders_stats" TO "queue_admin";
+
+-- tablequeue:unit queue.reminders_purge code
+
+CREATE OR REPLACE FUNCTION "queue"."reminders_purge"(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+    -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    IF reminders_purge.older_than IS NULL THEN
+        WITH doomed AS (
+            SELECT m.id FROM "queue"."reminders" AS m
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM "queue"."reminders" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
+
+        SELECT count(*) INTO purged_count FROM deleted;
+    ELSE
+        WITH doomed AS (
+            SELECT m.id FROM "queue"."reminders" AS m
+            WHERE m.enqueued_at < reminders_purge.older_than
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM "queue"."reminders" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
+
+        SELECT count(*) INTO purged_count FROM deleted;
+    END IF;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."reminders_purge" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."reminders_purge" TO "queue_admin";

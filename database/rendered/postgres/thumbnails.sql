@@ -1,0 +1,995 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.thumbnails
+-- tablequeue:unit queue.thumbnails storage
+-- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+
+-- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
+CREATE TABLE IF NOT EXISTS "queue"."thumbnails" (
+    -- Client-supplied (Pintér); seq is the claim order's tie-breaker.
+    id uuid NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."thumbnails_id_seq"),
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The scheduled start, as enqueued (returned by dequeue).
+    due_at timestamptz NOT NULL,
+    -- When the message may next be claimed: due_at, then the lease expiry while leased, then the
+    -- retry time after a fail.
+    visible_at timestamptz NOT NULL,
+    priority integer NOT NULL DEFAULT 0,
+    attempts integer NOT NULL DEFAULT 0,
+    leased_by text,
+    leased_at timestamptz,
+    last_error text,
+    payload jsonb NOT NULL,
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
+    CONSTRAINT "ck_thumbnails_payload_json" CHECK (jsonb_typeof(payload) IN ('object', 'array')),
+    CONSTRAINT "pk_thumbnails" PRIMARY KEY (id)
+)
+-- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a
+-- fixed number of changed rows rather than a fraction of a (small, or huge) live count, so index
+-- scans from the head do not wade through dead entries (as the destructive kinds).
+WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
+
+-- The claim's exact WHERE and ORDER BY (one priority level per range scan).
+CREATE INDEX IF NOT EXISTS "ix_thumbnails_claim"
+ON "queue"."thumbnails" (priority DESC, visible_at, seq);
+
+-- A worker's own messages (the restart path) and the in-flight count; only leased rows.
+CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease"
+ON "queue"."thumbnails" (leased_by, visible_at, seq)
+WHERE leased_by IS NOT NULL;
+
+-- enqueue's result row. A function cannot have a parameter and a result column of the same name
+-- (both are parameters to PostgreSQL), and the contract names both `id`: the result is this type.
+DO $type$
+BEGIN
+    IF to_regtype('"queue"."thumbnails_enqueue_result"') IS NULL THEN
+        CREATE TYPE "queue"."thumbnails_enqueue_result" AS (id uuid, duplicate boolean);
+    END IF;
+END
+$type$;
+
+-- tablequeue:unit queue.thumbnails_dead storage
+-- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+
+-- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
+CREATE TABLE IF NOT EXISTS "queue"."thumbnails_dead" (
+    id uuid NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    due_at timestamptz NOT NULL,
+    priority integer NOT NULL,
+    attempts integer NOT NULL,
+    last_error text,
+    last_worker text,
+    dead_at timestamptz NOT NULL,
+    payload jsonb NOT NULL,
+    CONSTRAINT "pk_thumbnails_dead" PRIMARY KEY (id)
+);
+
+-- tablequeue:unit queue.thumbnails_enqueue code
+
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_enqueue"(
+    payload jsonb,
+    due_at timestamptz DEFAULT NULL,
+    dedupe_key text DEFAULT NULL,
+    priority integer DEFAULT NULL,
+    id uuid DEFAULT NULL,
+    enqueued_at timestamptz DEFAULT NULL
+)
+RETURNS SETOF "queue"."thumbnails_enqueue_result"
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    new_id uuid;
+BEGIN
+    IF payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.thumbnails_enqueue: payload must not be NULL.';
+    END IF;
+    IF jsonb_typeof(thumbnails_enqueue.payload) NOT IN ('object', 'array') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.thumbnails_enqueue: payload must be a JSON object or array.';
+    END IF;
+    IF thumbnails_enqueue.dedupe_key IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_enqueue: dedupe_key needs option dedupe.';
+    END IF;
+    -- ON CONFLICT waits for a racing insert of the same key or id; if that row is gone again by the
+    -- time we look it up (completed), try the insert once more.
+    LOOP
+        INSERT INTO "queue"."thumbnails" AS m (id, enqueued_at, due_at, visible_at, priority, payload)
+        VALUES (coalesce(thumbnails_enqueue.id, gen_random_uuid()), coalesce(thumbnails_enqueue.enqueued_at, now_utc), coalesce(thumbnails_enqueue.due_at, now_utc), coalesce(thumbnails_enqueue.due_at, now_utc), coalesce(thumbnails_enqueue.priority, 0), thumbnails_enqueue.payload)
+        ON CONFLICT DO NOTHING
+        RETURNING m.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, false;
+            RETURN;
+        END IF;
+        IF new_id IS NULL THEN
+            SELECT m.id INTO new_id FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_enqueue.id;
+        END IF;
+        IF new_id IS NOT NULL THEN
+            RETURN QUERY SELECT new_id, true;
+            RETURN;
+        END IF;
+    END LOOP;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_enqueue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_enqueue" TO "queue_producer";
+
+-- tablequeue:unit queue.thumbnails_enqueue_batch code
+
+-- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
+-- The arrays an option does not use must be NULL (the same contract as the SQL Server TVP).
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_enqueue_batch"(
+    payloads jsonb[],
+    due_ats timestamptz[] DEFAULT NULL,
+    dedupe_keys text[] DEFAULT NULL,
+    priorities integer[] DEFAULT NULL,
+    ids uuid[] DEFAULT NULL,
+    enqueued_ats timestamptz[] DEFAULT NULL
+)
+RETURNS TABLE (ordinal integer, id uuid, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    item_count integer := coalesce(cardinality(payloads), 0);
+    now_utc timestamptz := clock_timestamp();
+    new_ids uuid[];
+    inserted_ids uuid[] := '{}';
+    step_ids uuid[];
+    bad_ordinal integer;
+    result_ids uuid[];
+    retry_ordinals integer[];
+    own_flags boolean[];
+BEGIN
+    IF due_ats IS NOT NULL AND cardinality(due_ats) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: due_ats has %s elements but payloads has %s.', cardinality(due_ats), item_count);
+    END IF;
+    IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
+    END IF;
+    IF priorities IS NOT NULL AND cardinality(priorities) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: priorities has %s elements but payloads has %s.', cardinality(priorities), item_count);
+    END IF;
+    IF ids IS NOT NULL AND cardinality(ids) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: ids has %s elements but payloads has %s.', cardinality(ids), item_count);
+    END IF;
+    IF enqueued_ats IS NOT NULL AND cardinality(enqueued_ats) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: enqueued_ats has %s elements but payloads has %s.', cardinality(enqueued_ats), item_count);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+    WHERE u.payload IS NULL OR jsonb_typeof(u.payload) NOT IN ('object', 'array');
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.thumbnails_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+    WHERE u.dedupe_key IS NOT NULL;
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: item %s has a dedupe_key, which needs option dedupe.', bad_ordinal);
+    END IF;
+
+    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.
+    new_ids := ARRAY(
+        SELECT coalesce(u.given_id, gen_random_uuid())
+        FROM generate_series(1, item_count) AS g (position)
+        LEFT JOIN unnest(ids) WITH ORDINALITY AS u (given_id, position) ON g.position = u.position
+        ORDER BY g.position
+    );
+
+    -- Every item is offered; ON CONFLICT skips one whose key or id is queued already (waiting for
+    -- a racing insert of it first) or belongs to an earlier item. The loop runs again only for an
+    -- item whose duplicate was completed between the insert and the look-up below.
+    LOOP
+        WITH items AS (
+            SELECT
+                u.new_id,
+                u.payload,
+                u.position,
+                d.due_at,
+                k.dedupe_key,
+                p.priority,
+                e.enqueued_at
+            FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+            LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
+            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+            LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
+            LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+            WHERE retry_ordinals IS NULL OR u.position = ANY(retry_ordinals)
+        ),
+
+        inserted AS (
+            INSERT INTO "queue"."thumbnails" AS m (
+                id, enqueued_at, due_at, visible_at, priority, payload
+            )
+            SELECT
+                i.new_id,
+                coalesce(i.enqueued_at, now_utc),
+                coalesce(i.due_at, now_utc),
+                coalesce(i.due_at, now_utc),
+                coalesce(i.priority, 0),
+                i.payload
+            FROM items AS i
+            ORDER BY i.position
+            ON CONFLICT DO NOTHING
+            RETURNING m.id
+        )
+
+        SELECT array_agg(i.id) INTO step_ids FROM inserted AS i;
+        inserted_ids := inserted_ids || coalesce(step_ids, '{}');
+
+        -- A new statement sees what racing transactions committed while this one waited on them.
+        SELECT
+            array_agg(
+                CASE
+                    WHEN u.new_id = ANY(inserted_ids) AND NOT EXISTS (
+                        SELECT FROM unnest(new_ids) WITH ORDINALITY AS earlier (new_id, position)
+                        WHERE earlier.new_id = u.new_id AND earlier.position < u.position
+                    ) THEN u.new_id
+                    -- The client id is queued already (or was given twice in this batch).
+                    WHEN EXISTS (SELECT FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id) THEN u.new_id
+                END
+                ORDER BY u.position
+            ),
+            array_agg(u.new_id = ANY(inserted_ids) AND NOT EXISTS (
+                    SELECT FROM unnest(new_ids) WITH ORDINALITY AS earlier (new_id, position)
+                    WHERE earlier.new_id = u.new_id AND earlier.position < u.position
+                ) ORDER BY u.position)
+        INTO result_ids, own_flags
+        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
+        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
+        retry_ordinals := ARRAY(
+            SELECT u.position
+            FROM unnest(result_ids) WITH ORDINALITY AS u (result_id, position)
+            WHERE u.result_id IS NULL
+        );
+    END LOOP;
+
+    RETURN QUERY
+    SELECT
+        u.position::integer,
+        u.result_id,
+        NOT u.own
+    FROM unnest(result_ids, own_flags) WITH ORDINALITY AS u (result_id, own, position)
+    ORDER BY u.position;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_enqueue_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_enqueue_batch" TO "queue_producer";
+
+-- tablequeue:unit queue.thumbnails_dequeue code
+
+-- A dequeue by worker W first takes back W's own unfinished messages: W declares, by asking, that
+-- it holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- Claimed rows whose lease had already expired max_attempts times go to the dead-letter table
+-- ('lease expired') instead of to the worker: the claim would be one attempt too many.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_dequeue"(
+    batch_size integer DEFAULT 1,
+    worker text DEFAULT NULL,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (id uuid, payload jsonb, enqueued_at timestamptz, due_at timestamptz, attempts integer)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    effective_lease integer := coalesce(thumbnails_dequeue.lease_seconds, 120);
+    lease_until timestamptz;
+    claimed_ids uuid[] := '{}';
+    step_ids uuid[];
+    buried_count bigint;
+    remaining integer;
+    current_level integer;
+    level_ids uuid[];
+    level_buried bigint;
+BEGIN
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    IF thumbnails_dequeue.worker IS NULL OR length(thumbnails_dequeue.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_dequeue: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF effective_lease NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_dequeue: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
+    END IF;
+    lease_until := now_utc + make_interval(secs => effective_lease);
+
+    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_thumbnails_lease.
+    WITH next_messages AS (
+        SELECT
+            m.id,
+            m.seq AS tie,
+            m.visible_at,
+            m.attempts
+        FROM "queue"."thumbnails" AS m
+        WHERE m.leased_by = thumbnails_dequeue.worker
+        ORDER BY m.visible_at, m.seq
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    leased AS (
+        UPDATE "queue"."thumbnails" AS m
+        SET
+            attempts = m.attempts + 1,
+            visible_at = lease_until,
+            leased_by = thumbnails_dequeue.worker,
+            leased_at = now_utc
+        FROM next_messages AS n
+        WHERE m.id = n.id AND n.attempts < 4
+        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+    ),
+
+    gone AS (
+        DELETE FROM "queue"."thumbnails" AS m
+        USING next_messages AS n
+        WHERE m.id = n.id AND n.attempts >= 4
+        RETURNING m.*
+    ),
+
+    buried AS (
+        INSERT INTO "queue"."thumbnails_dead" (
+            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+        )
+        SELECT
+            g.id,
+            g.enqueued_at,
+            g.due_at,
+            g.priority,
+            g.attempts,
+            'lease expired',
+            g.leased_by,
+            now_utc,
+            g.payload
+        FROM gone AS g
+        ON CONFLICT (id) DO UPDATE SET
+            enqueued_at = excluded.enqueued_at,
+            due_at = excluded.due_at,
+            priority = excluded.priority,
+            attempts = excluded.attempts,
+            last_error = excluded.last_error,
+            last_worker = excluded.last_worker,
+            dead_at = excluded.dead_at,
+            payload = excluded.payload
+        RETURNING 1
+    )
+
+    SELECT
+        (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+        (SELECT count(*) FROM buried)
+    INTO step_ids, buried_count;
+    claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    remaining := batch_size - cardinality(claimed_ids);
+
+    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_thumbnails_claim.
+    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
+    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    WHILE remaining > 0 LOOP
+        -- A loose index scan: one range scan per priority level present. A single ORDER BY
+        -- priority DESC would read past every delayed or leased row of the higher levels on each
+        -- claim, and the whole index when nothing is ready.
+        step_ids := '{}';
+        buried_count := 0;
+        current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
+        WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
+            WITH next_messages AS (
+                SELECT
+                    m.id,
+                    m.seq AS tie,
+                    m.visible_at,
+                    m.attempts
+                FROM "queue"."thumbnails" AS m
+                WHERE m.priority = current_level AND m.visible_at <= now_utc
+                ORDER BY m.visible_at, m.seq
+                LIMIT remaining - cardinality(step_ids)
+                FOR UPDATE SKIP LOCKED
+            ),
+
+            leased AS (
+                UPDATE "queue"."thumbnails" AS m
+                SET
+                    attempts = m.attempts + 1,
+                    visible_at = lease_until,
+                    leased_by = thumbnails_dequeue.worker,
+                    leased_at = now_utc
+                FROM next_messages AS n
+                WHERE m.id = n.id AND n.attempts < 4
+                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+            ),
+
+            gone AS (
+                DELETE FROM "queue"."thumbnails" AS m
+                USING next_messages AS n
+                WHERE m.id = n.id AND n.attempts >= 4
+                RETURNING m.*
+            ),
+
+            buried AS (
+                INSERT INTO "queue"."thumbnails_dead" (
+                    id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.priority,
+                    g.attempts,
+                    'lease expired',
+                    g.leased_by,
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                ON CONFLICT (id) DO UPDATE SET
+                    enqueued_at = excluded.enqueued_at,
+                    due_at = excluded.due_at,
+                    priority = excluded.priority,
+                    attempts = excluded.attempts,
+                    last_error = excluded.last_error,
+                    last_worker = excluded.last_worker,
+                    dead_at = excluded.dead_at,
+                    payload = excluded.payload
+                RETURNING 1
+            )
+
+            SELECT
+                (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+                (SELECT count(*) FROM buried)
+            INTO level_ids, level_buried;
+            step_ids := step_ids || coalesce(level_ids, '{}');
+            buried_count := buried_count + level_buried;
+            current_level := (
+                SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+            );
+        END LOOP;
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        remaining := batch_size - cardinality(claimed_ids);
+        EXIT WHEN buried_count = 0;
+    END LOOP;
+
+    -- In claim order: the array keeps it.
+    RETURN QUERY
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
+    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
+    INNER JOIN "queue"."thumbnails" AS m ON c.id = m.id
+    ORDER BY c.position;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_dequeue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dequeue" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_complete code
+
+-- Only the holder of a live lease: a late complete after the lease moved on changes nothing.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_complete"(id uuid, worker text)
+RETURNS TABLE (completed boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    done_count bigint;
+BEGIN
+    IF thumbnails_complete.worker IS NULL OR length(thumbnails_complete.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete: worker must be a name of 1 to 200 characters.';
+    END IF;
+    DELETE FROM "queue"."thumbnails" AS m
+    WHERE m.id = thumbnails_complete.id AND m.leased_by = thumbnails_complete.worker AND m.visible_at > now_utc;
+    GET DIAGNOSTICS done_count = ROW_COUNT;
+    RETURN QUERY SELECT done_count > 0;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_complete" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_complete" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_fail code
+
+-- With attempts left: release the lease, visible again after retry_after_seconds. On the last
+-- attempt: to the dead-letter table with the error. outcome: retrying | dead | lost (the caller's
+-- lease had expired or moved on: nothing changed).
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_fail"(
+    id uuid,
+    worker text,
+    error text DEFAULT NULL,
+    retry_after_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (outcome text)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    retry_after integer := coalesce(thumbnails_fail.retry_after_seconds, 0);
+    changed bigint;
+BEGIN
+    IF thumbnails_fail.worker IS NULL OR length(thumbnails_fail.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_fail: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF retry_after NOT BETWEEN 0 AND 2592000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail: retry_after_seconds must be between 0 and 2592000, got %s.', retry_after);
+    END IF;
+
+    UPDATE "queue"."thumbnails" AS m
+    SET
+        leased_by = NULL,
+        visible_at = now_utc + make_interval(secs => retry_after),
+        last_error = left(thumbnails_fail.error, 4000)
+    WHERE
+        m.id = thumbnails_fail.id AND m.leased_by = thumbnails_fail.worker AND m.visible_at > now_utc
+        AND m.attempts < 4;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed > 0 THEN
+        RETURN QUERY SELECT 'retrying'::text;
+        RETURN;
+    END IF;
+
+    WITH gone AS (
+        DELETE FROM "queue"."thumbnails" AS m
+        WHERE m.id = thumbnails_fail.id AND m.leased_by = thumbnails_fail.worker AND m.visible_at > now_utc
+        RETURNING m.*
+    ),
+
+    buried AS (
+        INSERT INTO "queue"."thumbnails_dead" (
+            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+        )
+        SELECT
+            g.id,
+            g.enqueued_at,
+            g.due_at,
+            g.priority,
+            g.attempts,
+            left(thumbnails_fail.error, 4000),
+            g.leased_by,
+            now_utc,
+            g.payload
+        FROM gone AS g
+        ON CONFLICT (id) DO UPDATE SET
+            enqueued_at = excluded.enqueued_at,
+            due_at = excluded.due_at,
+            priority = excluded.priority,
+            attempts = excluded.attempts,
+            last_error = excluded.last_error,
+            last_worker = excluded.last_worker,
+            dead_at = excluded.dead_at,
+            payload = excluded.payload
+        RETURNING 1
+    )
+
+    SELECT count(*) INTO changed FROM buried;
+    RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_fail" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_fail" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_extend_lease code
+
+-- The new lease runs from now; an expired lease cannot be revived (another worker may have it).
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_extend_lease"(
+    id uuid,
+    worker text,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (extended boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    effective_lease integer := coalesce(thumbnails_extend_lease.lease_seconds, 120);
+    changed bigint;
+BEGIN
+    IF thumbnails_extend_lease.worker IS NULL OR length(thumbnails_extend_lease.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_extend_lease: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF effective_lease NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_extend_lease: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
+    END IF;
+    UPDATE "queue"."thumbnails" AS m
+    SET visible_at = now_utc + make_interval(secs => effective_lease)
+    WHERE m.id = thumbnails_extend_lease.id AND m.leased_by = thumbnails_extend_lease.worker AND m.visible_at > now_utc;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN QUERY SELECT changed > 0;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_extend_lease" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_extend_lease" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_stats code
+
+-- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
+-- delayed: not yet due and not leased; in_flight: under a live lease; dead: in S.Q_dead.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_stats"()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Every count stops at exact_limit rows and reads only an index range that the count matches;
+    -- past the limit the planner's row estimate stands in, so a deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint := 0;
+    delayed_count bigint := 0;
+    in_flight_count bigint;
+    dead_count bigint;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+    current_level integer;
+    level_oldest timestamptz;
+BEGIN
+    -- One priority level at a time, as the claim reads the index.
+    current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
+    WHILE current_level IS NOT NULL AND ready_count <= exact_limit AND delayed_count <= exact_limit LOOP
+        ready_count := ready_count + (SELECT count(*) FROM (
+            SELECT 1 FROM "queue"."thumbnails" AS m
+            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            LIMIT exact_limit + 1 - ready_count
+        ) AS counted);
+        delayed_count := delayed_count + (SELECT count(*) FROM (
+            SELECT 1 FROM "queue"."thumbnails" AS m
+            WHERE m.priority = current_level AND m.visible_at > now_utc AND m.leased_by IS NULL
+            LIMIT exact_limit + 1 - delayed_count
+        ) AS counted);
+        level_oldest := (
+            SELECT m.visible_at FROM "queue"."thumbnails" AS m
+            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            ORDER BY m.visible_at, m.seq
+            LIMIT 1
+        );
+        oldest_ready := least(oldest_ready, level_oldest);
+        current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1);
+    END LOOP;
+    SELECT count(*) INTO in_flight_count FROM (
+        SELECT 1 FROM "queue"."thumbnails" AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT count(*) INTO dead_count FROM (
+        SELECT 1 FROM "queue"."thumbnails_dead" AS d LIMIT exact_limit + 1
+    ) AS counted;
+
+    IF ready_count > exact_limit OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+        is_estimate := true;
+        total_estimate := (
+            SELECT CASE
+                WHEN c.reltuples > 0 AND c.relpages > 0
+                    THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+                ELSE 0
+            END
+            FROM pg_class AS c
+            WHERE c.oid = '"queue"."thumbnails"'::regclass
+        );
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
+        ELSIF delayed_count > exact_limit THEN
+            delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);
+        ELSE
+            in_flight_count := greatest(in_flight_count, total_estimate - ready_count - delayed_count);
+        END IF;
+    END IF;
+    IF dead_count > exact_limit THEN
+        is_estimate := true;
+        dead_count := greatest(dead_count, (
+            SELECT CASE
+                WHEN c.reltuples > 0 AND c.relpages > 0
+                    THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+                ELSE 0
+            END
+            FROM pg_class AS c
+            WHERE c.oid = '"queue"."thumbnails_dead"'::regclass
+        ));
+    END IF;
+
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        in_flight_count,
+        dead_count,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_stats" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_stats" TO "queue_admin";
+
+-- tablequeue:unit queue.thumbnails_purge code
+
+-- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
+-- table is emptied with dead_delete / dead_requeue, the history with history_purge.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_purge"(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+    -- SKIP LOCKED leaves the rows a claim holds right now.
+    WITH doomed AS (
+        SELECT m.id FROM "queue"."thumbnails" AS m
+        WHERE thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    deleted AS (
+        DELETE FROM "queue"."thumbnails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+    )
+
+    SELECT count(*) INTO purged_count FROM deleted;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_purge" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_purge" TO "queue_admin";
+
+-- tablequeue:unit queue.thumbnails_dead_list code
+
+-- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
+-- `limit`: a reserved word in PostgreSQL would need quoting at every call.)
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_dead_list"(
+    after_id uuid DEFAULT NULL,
+    page_size integer DEFAULT 100
+)
+RETURNS TABLE (
+    id uuid,
+    payload jsonb,
+    enqueued_at timestamptz,
+    due_at timestamptz,
+    priority integer,
+    attempts integer,
+    last_error text,
+    last_worker text,
+    dead_at timestamptz
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+BEGIN
+    IF page_size IS NULL OR page_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_dead_list: page_size must be between 1 and 1000, got %s.', coalesce(page_size::text, 'NULL'));
+    END IF;
+    RETURN QUERY
+    SELECT
+        d.id,
+        d.payload,
+        d.enqueued_at,
+        d.due_at,
+        d.priority,
+        d.attempts,
+        d.last_error,
+        d.last_worker,
+        d.dead_at
+    FROM "queue"."thumbnails_dead" AS d
+    WHERE thumbnails_dead_list.after_id IS NULL OR d.id > thumbnails_dead_list.after_id
+    ORDER BY d.id
+    LIMIT page_size;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_dead_list" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dead_list" TO "queue_admin";
+
+-- tablequeue:unit queue.thumbnails_dead_requeue code
+
+-- Back to the queue under the same id, visible now, attempts reset; the last error stays on the
+-- row for reference.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_dead_requeue"(id uuid)
+RETURNS TABLE (requeued boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    moved bigint;
+BEGIN
+    -- The same client id may have been enqueued again.
+    PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_dead_requeue.id FOR UPDATE;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_dead_requeue: a message with id %s is in the queue already.', thumbnails_dead_requeue.id);
+    END IF;
+    -- Queue table first, then dead table (the fixed lock order): insert the copy, then delete.
+    -- The delete decides: a concurrent requeue or delete that got there first rolls this back.
+    INSERT INTO "queue"."thumbnails" AS m (
+        id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload
+    )
+    SELECT
+        d.id,
+        d.enqueued_at,
+        d.due_at,
+        now_utc,
+        d.priority,
+        0,
+        d.last_error,
+        d.payload
+    FROM "queue"."thumbnails_dead" AS d
+    WHERE d.id = thumbnails_dead_requeue.id;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved > 0 THEN
+        DELETE FROM "queue"."thumbnails_dead" AS d WHERE d.id = thumbnails_dead_requeue.id;
+        GET DIAGNOSTICS moved = ROW_COUNT;
+    END IF;
+    IF moved = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ004', MESSAGE = format('queue.thumbnails_dead_requeue: no dead-letter message with id %s.', thumbnails_dead_requeue.id);
+    END IF;
+    RETURN QUERY SELECT true;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_dead_requeue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dead_requeue" TO "queue_admin";
+
+-- tablequeue:unit queue.thumbnails_dead_delete code
+
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_dead_delete"(id uuid)
+RETURNS TABLE (deleted boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    removed bigint;
+BEGIN
+    DELETE FROM "queue"."thumbnails_dead" AS d WHERE d.id = thumbnails_dead_delete.id;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF removed = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ004', MESSAGE = format('queue.thumbnails_dead_delete: no dead-letter message with id %s.', thumbnails_dead_delete.id);
+    END IF;
+    RETURN QUERY SELECT true;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."thumbnails_dead_delete" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dead_delete" TO "queue_admin";
+
+-- tablequeue:unit queue.thumbnails_process code
+
+-- The in-database worker (Darling's loop): claim one message and COMMIT (the attempt and the lease
+-- are durable before the handler runs, so a session that dies mid-message still counts it), CALL
+-- the handler, complete in the same transaction as the handler's own writes, COMMIT; or, when the
+-- handler raises, roll its writes back and record its error with fail. Safe to run from many
+-- sessions at once (each is its own worker, 'process:<backend pid>').
+--
+-- Unlike every function here it has no definer rights and no pinned search_path: PostgreSQL refuses
+-- COMMIT in a procedure that has either (SQLSTATE 2D000). Nothing is lost by it: the procedure
+-- touches no table itself; it calls the definer functions dequeue / complete / fail, so its
+-- caller needs EXECUTE on those (S_consumer) and on the handler. It runs with the caller's rights,
+-- so the caller's search_path can only mislead the caller; the routines it calls are
+-- schema-qualified all the same.
+CREATE OR REPLACE PROCEDURE "queue"."thumbnails_process"(
+    time_budget_seconds integer DEFAULT 60,
+    INOUT processed bigint DEFAULT NULL,
+    INOUT completed bigint DEFAULT NULL,
+    INOUT failed bigint DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+#variable_conflict use_column
+DECLARE
+    worker_name text := 'process:' || pg_catalog.pg_backend_pid()::text;
+    deadline timestamptz;
+    message record;
+    lease_kept boolean;
+    lease_lost boolean;
+    outcome_text text;
+    error_text text;
+BEGIN
+    -- It commits once per message, so it must not run inside a caller's transaction. A caller that
+    -- has written something is refused here; a transaction block with nothing written yet is
+    -- refused by PostgreSQL itself at the COMMIT below (2D000), before anything has been done:
+    -- PL/pgSQL cannot ask whether its CALL is atomic.
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.thumbnails_process: commits once per message and cannot run inside an open transaction.';
+    END IF;
+    IF time_budget_seconds IS NULL OR time_budget_seconds NOT BETWEEN 1 AND 86400 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = pg_catalog.format('queue.thumbnails_process: time_budget_seconds must be between 1 and 86400, got %s.', coalesce(time_budget_seconds::text, 'NULL'));
+    END IF;
+    COMMIT;
+
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_proc AS p
+        INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
+        WHERE n.nspname = 'queue' AND p.proname = 'make_thumbnail' AND p.prokind = 'p'
+    ) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail does not exist.';
+    END IF;
+
+    processed := 0;
+    completed := 0;
+    failed := 0;
+    deadline := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => time_budget_seconds);
+    WHILE pg_catalog.clock_timestamp() < deadline LOOP
+        SELECT d.id, d.payload INTO message
+        FROM "queue"."thumbnails_dequeue"(batch_size => 1, worker => worker_name) AS d;
+        EXIT WHEN NOT FOUND;
+        COMMIT;
+        processed := processed + 1;
+        lease_lost := false;
+
+        BEGIN
+            EXECUTE pg_catalog.format('CALL %I.%I($1, $2)', 'queue', 'make_thumbnail')
+            USING message.id, message.payload;
+            SELECT c.completed INTO lease_kept
+            FROM "queue"."thumbnails_complete"(id => message.id, worker => worker_name) AS c;
+            IF NOT lease_kept THEN
+                -- The lease expired under the handler and may be another worker's now: undo the
+                -- handler's writes (this block's subtransaction), the message runs again elsewhere.
+                lease_lost := true;
+                RAISE EXCEPTION 'lease lost';
+            END IF;
+            completed := completed + 1;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT lease_lost THEN
+                GET STACKED DIAGNOSTICS error_text = MESSAGE_TEXT;
+                SELECT f.outcome INTO outcome_text
+                FROM "queue"."thumbnails_fail"(
+                    id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
+                ) AS f;
+                IF outcome_text <> 'lost' THEN
+                    failed := failed + 1;
+                END IF;
+            END IF;
+        END;
+        COMMIT;
+    END LOOP;
+END;
+$procedure$;
+
+REVOKE ALL ON PROCEDURE "queue"."thumbnails_process" FROM public;
+GRANT EXECUTE ON PROCEDURE "queue"."thumbnails_process" TO "queue_admin";

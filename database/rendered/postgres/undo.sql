@@ -1,0 +1,261 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: postgres/lifo.sql | dialect: postgres | kind: lifo | queue: queue.undo
+-- tablequeue:unit queue.undo storage
+-- queue queue.undo: kind lifo, created once and never rebuilt by the deploy tool
+
+CREATE TABLE IF NOT EXISTS "queue"."undo" (
+    id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."undo_id_seq"),
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    payload text NOT NULL,
+    CONSTRAINT "pk_undo" PRIMARY KEY (id)
+)
+-- A queue's table is mostly dead rows: vacuum after a fixed number of them rather than a fraction
+-- of the (small) live count, so index scans from the head do not wade through dead entries.
+WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
+
+-- tablequeue:unit queue.undo_enqueue code
+
+CREATE OR REPLACE FUNCTION "queue"."undo_enqueue"(
+    payload text,
+    dedupe_key text DEFAULT NULL
+)
+RETURNS TABLE (id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+BEGIN
+    IF payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.undo_enqueue: payload must not be NULL.';
+    END IF;
+    IF undo_enqueue.dedupe_key IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.undo_enqueue: dedupe_key needs option dedupe.';
+    END IF;
+    INSERT INTO "queue"."undo" AS m (payload)
+    VALUES (undo_enqueue.payload)
+    RETURNING m.id INTO new_id;
+    RETURN QUERY SELECT new_id, false;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."undo_enqueue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."undo_enqueue" TO "queue_producer";
+
+-- tablequeue:unit queue.undo_enqueue_batch code
+
+-- PostgreSQL has no table-valued parameters: items arrive as parallel arrays, position = ordinal.
+CREATE OR REPLACE FUNCTION "queue"."undo_enqueue_batch"(
+    payloads text[],
+    dedupe_keys text[] DEFAULT NULL
+)
+RETURNS TABLE (ordinal integer, id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    item_count integer := coalesce(cardinality(payloads), 0);
+    new_ids bigint[];
+    bad_ordinal integer;
+BEGIN
+    IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+    WHERE u.payload IS NULL;
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.undo_enqueue_batch: item %s has a NULL payload.', bad_ordinal);
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+    WHERE u.dedupe_key IS NOT NULL;
+    IF bad_ordinal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_enqueue_batch: item %s has a dedupe_key, which needs option dedupe.', bad_ordinal);
+    END IF;
+
+    -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted,
+    -- and a batch is dequeued in item order.
+    new_ids := ARRAY(SELECT nextval('"queue"."undo_id_seq"') FROM generate_series(1, item_count));
+
+    INSERT INTO "queue"."undo" AS m (id, payload)
+    OVERRIDING SYSTEM VALUE
+    SELECT
+        u.new_id,
+        u.payload
+    FROM unnest(new_ids, payloads) AS u (new_id, payload);
+
+    RETURN QUERY
+    SELECT u.ordinal::integer, u.new_id, false
+    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
+    ORDER BY u.ordinal;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."undo_enqueue_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."undo_enqueue_batch" TO "queue_producer";
+
+-- tablequeue:unit queue.undo_dequeue code
+
+CREATE OR REPLACE FUNCTION "queue"."undo_dequeue"(batch_size integer DEFAULT 1)
+RETURNS TABLE (id bigint, payload text, enqueued_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+BEGIN
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    RETURN QUERY
+    WITH next_messages AS (
+        SELECT m.id
+        FROM "queue"."undo" AS m
+        ORDER BY m.id DESC
+        LIMIT batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    claimed AS (
+        DELETE FROM "queue"."undo" AS m
+        USING next_messages AS n
+        WHERE m.id = n.id
+        RETURNING m.id, m.payload, m.enqueued_at
+    )
+
+    SELECT c.id, c.payload, c.enqueued_at
+    FROM claimed AS c
+    ORDER BY c.id DESC;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."undo_dequeue" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."undo_dequeue" TO "queue_consumer";
+
+-- tablequeue:unit queue.undo_stats code
+
+CREATE OR REPLACE FUNCTION "queue"."undo_stats"()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Counting stops at exact_limit rows; past that the planner's row estimate stands in, so a
+    -- deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint;
+    delayed_count bigint := 0;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+BEGIN
+    SELECT count(*) INTO ready_count FROM (
+        SELECT 1 FROM "queue"."undo" AS m
+        LIMIT exact_limit + 1
+    ) AS counted;
+    IF ready_count > exact_limit OR delayed_count > exact_limit THEN
+        is_estimate := true;
+        -- The planner's own estimate: tuples per page from the last ANALYZE times current pages.
+        SELECT CASE
+            WHEN c.reltuples > 0 AND c.relpages > 0
+                THEN (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::integer))::bigint
+            ELSE 0
+        END
+        INTO total_estimate
+        FROM pg_class AS c
+        WHERE c.oid = '"queue"."undo"'::regclass;
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count);
+        ELSE
+            delayed_count := greatest(delayed_count, total_estimate - ready_count);
+        END IF;
+    END IF;
+
+    SELECT m.enqueued_at INTO oldest_ready
+    FROM "queue"."undo" AS m
+    ORDER BY m.id
+    LIMIT 1;
+
+    -- A destructive dequeue deletes in the consumer's own transaction: nothing is ever "in flight"
+    -- outside it, and nothing is dead.
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        0::bigint,
+        0::bigint,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."undo_stats" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."undo_stats" TO "queue_admin";
+
+-- tablequeue:unit queue.undo_purge code
+
+CREATE OR REPLACE FUNCTION "queue"."undo_purge"(older_than timestamptz DEFAULT NULL)
+RETURNS TABLE (purged bigint)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+    -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    IF undo_purge.older_than IS NULL THEN
+        WITH doomed AS (
+            SELECT m.id FROM "queue"."undo" AS m
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM "queue"."undo" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
+
+        SELECT count(*) INTO purged_count FROM deleted;
+    ELSE
+        WITH doomed AS (
+            SELECT m.id FROM "queue"."undo" AS m
+            WHERE m.enqueued_at < undo_purge.older_than
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM "queue"."undo" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        )
+
+        SELECT count(*) INTO purged_count FROM deleted;
+    END IF;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+REVOKE ALL ON FUNCTION "queue"."undo_purge" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."undo_purge" TO "queue_admin";

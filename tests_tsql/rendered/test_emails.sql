@@ -1,0 +1,1652 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: tests_tsql/templates/test_work.sql | dialect: mssql | kind: work | queue: queue.emails
+-- noqa: disable=CP02, RF05
+-- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
+-- sentence in brackets ([test enqueue ...]), as tSQLt documents: sqlfluff's identifier casing (CP02)
+-- and special-character (RF05) rules cannot hold for them. Every other rule applies.
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+EXEC tSQLt.NewTestClass 'test_queue_emails';
+GO
+
+-- enqueue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue stores a message due now, no attempt, and returns its id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Returned (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Returned (id, duplicate)
+    EXEC [queue].[emails_enqueue] @payload = N'{"n": 1}';
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    SELECT
+        m.id,
+        m.payload,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.due_at = m.visible_at AND m.visible_at BETWEEN @before AND @after, 1, 0)) AS due_now
+    INTO #Actual
+    FROM [queue].[emails] AS m;
+
+    SELECT TOP (0)
+        a.id,
+        a.payload,
+        a.attempts,
+        a.leased_by,
+        a.due_now
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, payload, attempts, leased_by, due_now)
+    SELECT
+        r.id,
+        N'{"n": 1}' AS payload,
+        0 AS attempts,
+        NULL AS leased_by,
+        1 AS due_now
+    FROM #Returned AS r
+    WHERE r.duplicate = 0;
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue with due_at schedules the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[emails_enqueue] @payload = N'{"n": 1}', @due_at = @due;
+
+    -- Assert
+    DECLARE @scheduled int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE m.due_at = @due AND m.visible_at = @due
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @scheduled, @Message = N'due_at / visible_at not kept';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue refuses a NULL payload with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[emails_enqueue] @payload = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue refuses invalid JSON with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[emails_enqueue] @payload = N'{"unterminated": ';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue of a queued dedupe_key returns the queued id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'order-42', N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[emails_enqueue] @payload = N'{"n": 2}', @dedupe_key = N'order-42';
+
+    -- Assert: a leased message is still queued, so still a duplicate; nothing new was stored.
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue refuses a dedupe_key over 200 characters]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_enqueue] @payload = N'{"n": 1}', @dedupe_key = @long_key;
+END;
+GO
+
+-- enqueue_batch -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue_batch returns a row per item in item order]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[emails_items];
+    -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
+    INSERT INTO @items (ordinal, payload)
+    VALUES
+    (3, N'{"n": 3}'),
+    (1, N'{"n": 1}'),
+    (2, N'{"n": 2}');
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[emails_enqueue_batch] @items = @items;
+
+    -- Assert: new ids follow the item order.
+    CREATE TABLE #Expected (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate)
+    VALUES
+    (1, 1, 0),
+    (2, 2, 0),
+    (3, 3, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM [queue].[emails] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload)
+    VALUES
+    (1, N'{"n": 1}'),
+    (2, N'{"n": 2}'),
+    (3, N'{"n": 3}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue_batch refuses a NULL payload with 51002, naming it]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[emails_items];
+    INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[emails_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue_batch reports queued and in-batch duplicates]
+AS
+BEGIN
+    -- Assemble: key a is queued as message 1; the batch repeats a, brings b twice and one without a key.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (due_at, visible_at, attempts, dedupe_key, payload)
+    VALUES (@now, @now, 0, N'a', N'{"n": 9}');
+    DECLARE @items [queue].[emails_items];
+    INSERT INTO @items (ordinal, payload, dedupe_key)
+    VALUES
+    (1, N'{"n": 1}', N'a'),
+    (2, N'{"n": 2}', N'b'),
+    (3, N'{"n": 3}', N'b'),
+    (4, N'{"n": 4}', NULL);
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[emails_enqueue_batch] @items = @items;
+
+    -- Assert: new rows get ids 2 and 3 in item order; a duplicate carries the id that was kept.
+    CREATE TABLE #Expected (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate)
+    VALUES
+    (1, 1, 1),
+    (2, 2, 0),
+    (3, 2, 1),
+    (4, 3, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue_batch refuses priority without option priority]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[emails_items];
+    INSERT INTO @items (ordinal, payload, priority) VALUES (1, N'{"n": 1}', 1);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue_batch refuses id without option client_ids]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[emails_items];
+    INSERT INTO @items (ordinal, payload, id) VALUES (1, N'{"n": 1}', NEWID());
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test enqueue_batch refuses enqueued_at without option client_ids]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[emails_items];
+    INSERT INTO @items (ordinal, payload, enqueued_at) VALUES (1, N'{"n": 1}', SYSUTCDATETIME());
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_enqueue_batch] @items = @items;
+END;
+GO
+
+-- dequeue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue leases visible messages in order, one attempt each]
+AS
+BEGIN
+    -- Assemble: ids and visible times disagree, so only the visible order passes.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
+        DATEADD(SECOND, -30, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
+        DATEADD(SECOND, -20, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 3}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 2,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 2, 1),
+    (2, 3, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 0, NULL, 1),
+    (2, 1, N'w', 0),
+    (3, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @lease_ends int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE m.leased_by = N'w' AND m.visible_at > DATEADD(SECOND, 590, @now) AND m.leased_at >= @now
+    );
+    EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @lease_ends, @Message = N'lease not from now';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue skips messages not yet due and live leases]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'other', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 10,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 0, NULL, 0),
+    (2, 1, N'other', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue gives a worker its own leased messages first]
+AS
+BEGIN
+    -- Assemble: message 1 is visible and older than anything, yet w gets its own leased 2 first.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3000, @now),
+        DATEADD(SECOND, -3000, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 2,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 2, 2),
+    (2, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue takes an expired lease as the next attempt]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 1, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 2, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue buries a message out of attempts and fills the batch]
+AS
+BEGIN
+    -- Assemble: message 1 used its 3 attempts and its last lease expired; 2 is ready.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -20, @now), 3,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 2, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[emails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id bigint NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    (1, 3, N'lease expired', N'crashed');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (2, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue refuses batch_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_dequeue] @batch_size = 0, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue refuses batch_size 1001 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_dequeue] @batch_size = 1001, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue refuses a NULL worker with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue refuses lease_seconds 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 0;
+END;
+GO
+
+-- complete ----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test complete by the lease holder removes the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (2, 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+
+    SELECT
+        h.id,
+        h.worker,
+        h.attempts,
+        CONVERT(bit, IIF(h.started_at = DATEADD(SECOND, -10, @now) AND h.finished_at >= @now, 1, 0)) AS times_kept,
+        CONVERT(bit, IIF(h.duration_ms >= 10000, 1, 0)) AS duration_kept
+    INTO #History
+    FROM [queue].[emails_history] AS h;
+
+    SELECT TOP (0)
+        h.id,
+        h.worker,
+        h.attempts,
+        h.times_kept,
+        h.duration_kept
+    INTO #ExpectedHistory
+    FROM #History AS h;
+
+    INSERT INTO #ExpectedHistory (id, worker, attempts, times_kept, duration_kept)
+    VALUES (1, N'w', 2, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHistory', @Actual = N'#History';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete by another worker returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = N'late';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_history]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete after the lease expired returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -1, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete refuses a NULL worker with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = NULL;
+END;
+GO
+
+-- fail --------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test fail with attempts left retries after the delay]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC [queue].[emails_fail]
+        @id = 1,
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('retrying');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 2, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @retry_kept int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE m.last_error = N'timeout' AND m.visible_at > DATEADD(SECOND, 290, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @retry_kept, @Message = N'error or retry time not kept';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test fail on the last attempt moves the message to dead]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 3,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC [queue].[emails_fail]
+        @id = 1,
+        @worker = N'w',
+        @error = N'poison';
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('dead');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[emails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id bigint NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    (1, 3, N'poison', N'w');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test fail without the live lease is lost]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 3,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC [queue].[emails_fail]
+        @id = 1,
+        @worker = N'late',
+        @error = N'x';
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('lost');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 3, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test fail refuses a negative retry_after_seconds with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_fail]
+        @id = 1,
+        @worker = N'w',
+        @error = N'x',
+        @retry_after_seconds = -1;
+END;
+GO
+
+-- extend_lease ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test extend_lease by the holder runs from now]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 5, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @extended int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE m.visible_at > DATEADD(SECOND, 590, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @extended;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test extend_lease of an expired lease returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+-- stats -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test stats counts ready, delayed, in_flight and dead]
+AS
+BEGIN
+    -- Assemble: 1 and 2 ready (2's lease expired), 3 delayed, 4 and 5 in flight, 6 dead.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -120, @now),
+        DATEADD(SECOND, -120, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 3}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 4}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 5}'
+    );
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        6, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 6}'
+    );
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[emails_stats];
+
+    -- Assert
+    SELECT
+        s.ready,
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 119 AND 180, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, estimated, age_of_the_oldest)
+    VALUES (2, 1, 2, 1, 0, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- purge -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test purge with older_than removes only older messages]
+AS
+BEGIN
+    -- Assemble: every test message is enqueued an hour ago; 9 is newer.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (id, enqueued_at, due_at, visible_at, attempts, payload)
+    VALUES (9, @now, @now, @now, 0, N'{"n": 9}');
+    DECLARE @cutoff datetime2(7) = DATEADD(MINUTE, -1, @now);
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[emails_purge] @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (9, 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test purge without older_than removes every message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[emails_purge];
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails]';
+END;
+GO
+
+-- dead-letter handling ----------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test dead_list pages by id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 3}'
+    );
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 2}'
+    );
+    DECLARE @after bigint = 1;
+    CREATE TABLE #Page (
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        dedupe_key nvarchar(200) NULL,
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL
+    );
+
+    -- Act: the page after message 1, one message long.
+    INSERT INTO #Page
+    EXEC [queue].[emails_dead_list] @after_id = @after, @page_size = 1;
+
+    -- Assert
+    SELECT
+        p.id,
+        p.attempts,
+        p.last_error
+    INTO #Actual
+    FROM #Page AS p;
+
+    SELECT TOP (0)
+        a.id,
+        a.attempts,
+        a.last_error
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, attempts, last_error) VALUES (2, 3, N'boom');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dead_list refuses page_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_dead_list] @page_size = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dead_requeue puts the message back with attempts reset]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        7, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'poison', N'w', DATEADD(SECOND, -60, @now), N'{"n": 7}'
+    );
+    CREATE TABLE #Actual (requeued bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (requeued)
+    EXEC [queue].[emails_dead_requeue] @id = 7;
+
+    -- Assert
+    CREATE TABLE #Expected (requeued bit NOT NULL);
+    INSERT INTO #Expected (requeued) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (7, 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dead_requeue of an unknown id fails with 51004]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51004;
+
+    -- Act
+    EXEC [queue].[emails_dead_requeue] @id = 7;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dead_delete removes the dead-letter message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        7, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 7}'
+    );
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        8, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 8}'
+    );
+    CREATE TABLE #Ignored (deleted bit NOT NULL); -- noqa: RF04
+
+    -- Act
+    INSERT INTO #Ignored
+    EXEC [queue].[emails_dead_delete] @id = 7;
+
+    -- Assert
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[emails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id bigint NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    (8, 3, N'boom', N'w');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dead_delete of an unknown id fails with 51004]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51004;
+
+    -- Act
+    EXEC [queue].[emails_dead_delete] @id = 7;
+END;
+GO
+
+-- history -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test history_purge removes history older than the cutoff]
+AS
+BEGIN
+    -- Assemble: finished 31 days ago, 1 day ago and now.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails_history] (
+        id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
+    )
+    VALUES
+    (1, @now, @now, @now, DATEADD(DAY, -31, @now), N'w', 1, N'{"n": 1}'),
+    (2, @now, @now, @now, DATEADD(DAY, -1, @now), N'w', 1, N'{"n": 2}'),
+    (3, @now, @now, @now, @now, N'w', 1, N'{"n": 3}');
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+    DECLARE @cutoff datetime2(7) = DATEADD(HOUR, -1, @now);
+
+    -- Act: the retention default, then an explicit cutoff.
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[emails_history_purge];
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[emails_history_purge] @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (1), (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @left bigint = (SELECT h.id FROM [queue].[emails_history] AS h);
+    DECLARE @kept bigint = 3;
+    EXEC tSQLt.AssertEquals @Expected = @kept, @Actual = @left;
+END;
+GO

@@ -1,0 +1,534 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: tests_tsql/templates/test_fifo.sql | dialect: mssql | kind: fifo | queue: queue.ledger
+-- noqa: disable=CP02, RF05
+-- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
+-- sentence in brackets ([test enqueue ...]), as tSQLt documents: sqlfluff's identifier casing (CP02)
+-- and special-character (RF05) rules cannot hold for them. Every other rule applies.
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+EXEC tSQLt.NewTestClass 'test_queue_ledger';
+GO
+
+-- enqueue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue stores the message and returns its new id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[ledger_enqueue] @payload = N'{"n": 1}';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM [queue].[ledger] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload) VALUES (1, N'{"n": 1}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue stamps enqueued_at with the UTC time]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[ledger_enqueue] @payload = N'{"n": 1}';
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    DECLARE @stamped int = (
+        SELECT COUNT(*)
+        FROM [queue].[ledger] AS m
+        WHERE m.enqueued_at BETWEEN @before AND @after
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stamped, @Message = N'enqueued_at is not SYSUTCDATETIME()';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue refuses a NULL payload with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[ledger_enqueue] @payload = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue refuses invalid JSON with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[ledger_enqueue] @payload = N'{"unterminated": ';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue refuses a JSON scalar with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[ledger_enqueue] @payload = N'42';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test the table itself refuses invalid JSON]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC tSQLt.ApplyConstraint
+        @TableName = N'[queue].[ledger]',
+        @ConstraintName = N'ck_ledger_payload_json';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+
+    -- Act
+    INSERT INTO [queue].[ledger] (id, payload) VALUES (1, N'not json');
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue refuses a dedupe_key without option dedupe]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[ledger_enqueue] @payload = N'{"n": 1}', @dedupe_key = N'k';
+END;
+GO
+
+-- enqueue_batch -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue_batch gives one row per item, ids in item order]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[ledger_items];
+    -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
+    INSERT INTO @items (ordinal, payload) VALUES (3, N'{"n": 3}'), (1, N'{"n": 1}'), (2, N'{"n": 2}');
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[ledger_enqueue_batch] @items = @items;
+
+    -- Assert
+    CREATE TABLE #Expected (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate) VALUES (1, 1, 0), (2, 2, 0), (3, 3, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM [queue].[ledger] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload) VALUES (1, N'{"n": 1}'), (2, N'{"n": 2}'), (3, N'{"n": 3}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue_batch with no items returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[ledger_items];
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[ledger_enqueue_batch] @items = @items;
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[ledger]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue_batch refuses a NULL payload item with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[ledger_items];
+    INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[ledger_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue_batch refuses an invalid JSON item with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[ledger_items];
+    INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, N'{"unterminated": ');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[ledger_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test enqueue_batch refuses a dedupe_key without option dedupe]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[ledger_items];
+    INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, N'{"n": 1}', NULL), (2, N'{"n": 2}', N'k');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[ledger_enqueue_batch] @items = @items;
+END;
+GO
+
+-- dequeue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_ledger].[test dequeue hands out batch_size messages, oldest first]
+AS
+BEGIN
+    -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), N'{"n": 3}');
+
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at)
+    EXEC [queue].[ledger_dequeue] @batch_size = 2;
+
+    -- Assert
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL
+    );
+    INSERT INTO #Expected (position, id, payload, enqueued_at)
+    VALUES
+    (1, 11, N'{"n": 1}', DATEADD(SECOND, -30, @now)),
+    (2, 12, N'{"n": 2}', DATEADD(SECOND, -20, @now));
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[ledger] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (13);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test dequeue on an empty queue returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at)
+    EXEC [queue].[ledger_dequeue] @batch_size = 1;
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test dequeue takes at most 1000 messages at once]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
+        SYSUTCDATETIME() AS enqueued_at,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS c;
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at)
+    EXEC [queue].[ledger_dequeue] @batch_size = 1000;
+
+    -- Assert
+    DECLARE @handed_out int = (SELECT COUNT(*) FROM #Actual);
+    EXEC tSQLt.AssertEquals @Expected = 1000, @Actual = @handed_out;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test dequeue refuses batch_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[ledger_dequeue] @batch_size = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test dequeue refuses batch_size 1001 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[ledger_dequeue] @batch_size = 1001;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test dequeue refuses batch_size NULL with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[ledger_dequeue] @batch_size = NULL;
+END;
+GO
+
+-- stats -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_ledger].[test stats of an empty queue are zero with no age]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    CREATE TABLE #Actual (
+        ready bigint NULL,
+        delayed bigint NULL,
+        in_flight bigint NULL,
+        dead bigint NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[ledger_stats];
+
+    -- Assert
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.oldest_ready_age_seconds,
+        a.estimated
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    VALUES (0, 0, 0, 0, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test stats count ready messages, age the oldest from enqueued_at]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
+    VALUES
+    (31, DATEADD(SECOND, -90, @now), N'{"n": 1}'),
+    (32, DATEADD(SECOND, -60, @now), N'{"n": 2}'),
+    (33, DATEADD(SECOND, -5, @now), N'{"n": 3}');
+
+    CREATE TABLE #Stats (
+        ready bigint NULL,
+        delayed bigint NULL,
+        in_flight bigint NULL,
+        dead bigint NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[ledger_stats];
+
+    -- Assert: the age is 90 seconds plus however long the test took to get here.
+    SELECT
+        s.ready,
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CASE
+            WHEN s.oldest_ready_age_seconds >= 90 AND s.oldest_ready_age_seconds < 150 THEN 1 ELSE 0
+        END AS age_is_90_seconds
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.age_is_90_seconds
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, estimated, age_is_90_seconds)
+    VALUES (3, 0, 0, 0, 0, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- purge -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_ledger].[test purge without older_than removes and counts every message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), N'{"n": 3}');
+
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[ledger_purge];
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (3);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[ledger]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test purge removes only messages enqueued before older_than]
+AS
+BEGIN
+    -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), N'{"n": 3}');
+
+    DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -15, @now);
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[ledger_purge] @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[ledger] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (13);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test purge of an empty queue purges nothing]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[ledger_purge];
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO

@@ -1,0 +1,831 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: tests_tsql/templates/test_pending.sql | dialect: mssql | kind: pending | queue: queue.reminders
+-- noqa: disable=CP02, RF05
+-- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
+-- sentence in brackets ([test enqueue ...]), as tSQLt documents: sqlfluff's identifier casing (CP02)
+-- and special-character (RF05) rules cannot hold for them. Every other rule applies.
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+EXEC tSQLt.NewTestClass 'test_queue_reminders';
+GO
+
+-- enqueue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue stores the message and returns its new id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM [queue].[reminders] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload) VALUES (1, N'{"n": 1}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue stamps enqueued_at with the UTC time]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}';
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    DECLARE @stamped int = (
+        SELECT COUNT(*)
+        FROM [queue].[reminders] AS m
+        WHERE m.enqueued_at BETWEEN @before AND @after
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stamped, @Message = N'enqueued_at is not SYSUTCDATETIME()';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue refuses a NULL payload with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[reminders_enqueue] @payload = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue refuses invalid JSON with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[reminders_enqueue] @payload = N'{"unterminated": ';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue refuses a JSON scalar with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[reminders_enqueue] @payload = N'42';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test the table itself refuses invalid JSON]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC tSQLt.ApplyConstraint
+        @TableName = N'[queue].[reminders]',
+        @ConstraintName = N'ck_reminders_payload_json';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+
+    -- Act
+    INSERT INTO [queue].[reminders] (id, payload) VALUES (1, N'not json');
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue of a queued dedupe_key returns that id, duplicate]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
+    VALUES (SYSUTCDATETIME(), N'order-42', N'{"n": 1}');
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 2}', @dedupe_key = N'order-42';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[reminders] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue with a new dedupe_key stores it]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
+    VALUES (SYSUTCDATETIME(), N'order-41', N'{"n": 1}');
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 2}', @dedupe_key = N'order-42';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (2, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.dedupe_key
+    INTO #Stored
+    FROM [queue].[reminders] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.dedupe_key
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, dedupe_key) VALUES (1, N'order-41'), (2, N'order-42');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue compares dedupe keys exactly, case included]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
+    VALUES (SYSUTCDATETIME(), N'order-42', N'{"n": 1}');
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 2}', @dedupe_key = N'ORDER-42';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (2, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue without a dedupe_key is never a duplicate]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}';
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}', @dedupe_key = NULL;
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES (1, 0), (2, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue refuses a dedupe_key over 200 characters with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}', @dedupe_key = @long_key;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue takes a dedupe_key of exactly 200 characters]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @key nvarchar(MAX) = REPLICATE(N'k', 200);
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}', @dedupe_key = @key;
+
+    -- Assert
+    DECLARE @stored nvarchar(MAX) = (SELECT m.dedupe_key FROM [queue].[reminders] AS m);
+    EXEC tSQLt.AssertEqualsString @Expected = @key, @Actual = @stored;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue keeps the given due_at]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}', @due_at = @due;
+
+    -- Assert
+    DECLARE @stored datetime2(7) = (SELECT m.due_at FROM [queue].[reminders] AS m);
+    EXEC tSQLt.AssertEquals @Expected = @due, @Actual = @stored;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue without due_at makes the message due now in UTC]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[reminders_enqueue] @payload = N'{"n": 1}';
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    DECLARE @due_now int = (
+        SELECT COUNT(*)
+        FROM [queue].[reminders] AS m
+        WHERE m.due_at BETWEEN @before AND @after
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @due_now, @Message = N'due_at is not SYSUTCDATETIME()';
+END;
+GO
+
+-- enqueue_batch -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue_batch gives one row per item, ids in item order]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[reminders_items];
+    -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
+    INSERT INTO @items (ordinal, payload) VALUES (3, N'{"n": 3}'), (1, N'{"n": 1}'), (2, N'{"n": 2}');
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[reminders_enqueue_batch] @items = @items;
+
+    -- Assert
+    CREATE TABLE #Expected (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate) VALUES (1, 1, 0), (2, 2, 0), (3, 3, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM [queue].[reminders] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload) VALUES (1, N'{"n": 1}'), (2, N'{"n": 2}'), (3, N'{"n": 3}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue_batch with no items returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[reminders_items];
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[reminders_enqueue_batch] @items = @items;
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[reminders]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue_batch refuses a NULL payload item with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[reminders_items];
+    INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[reminders_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue_batch refuses an invalid JSON item with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[reminders_items];
+    INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, N'{"unterminated": ');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[reminders_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue_batch reports duplicates with the kept id]
+AS
+BEGIN
+    -- Assemble: key a is queued (id 1); the batch repeats a, brings b twice, c once, and two without a key.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
+    VALUES (SYSUTCDATETIME(), N'a', N'{"n": 9}');
+    DECLARE @items [queue].[reminders_items];
+    INSERT INTO @items (ordinal, payload, dedupe_key)
+    VALUES
+    (1, N'{"n": 1}', N'a'),
+    (2, N'{"n": 2}', N'b'),
+    (3, N'{"n": 3}', N'b'),
+    (4, N'{"n": 4}', NULL),
+    (5, N'{"n": 5}', N'c'),
+    (6, N'{"n": 6}', N'a'),
+    (7, N'{"n": 7}', NULL);
+    CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[reminders_enqueue_batch] @items = @items;
+
+    -- Assert: new rows get ids 2.. in item order; a duplicate carries the id that was kept.
+    CREATE TABLE #Expected (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate)
+    VALUES (1, 1, 1), (2, 2, 0), (3, 2, 1), (4, 3, 0), (5, 4, 0), (6, 1, 1), (7, 5, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.dedupe_key,
+        m.payload
+    INTO #Stored
+    FROM [queue].[reminders] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.dedupe_key,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, dedupe_key, payload)
+    VALUES
+    (1, N'a', N'{"n": 9}'),
+    (2, N'b', N'{"n": 2}'),
+    (3, NULL, N'{"n": 4}'),
+    (4, N'c', N'{"n": 5}'),
+    (5, NULL, N'{"n": 7}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue_batch refuses a key over 200 characters with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[reminders_items];
+    INSERT INTO @items (ordinal, payload, dedupe_key)
+    VALUES (1, N'{"n": 1}', N'a'), (2, N'{"n": 2}', REPLICATE(N'k', 201));
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[reminders_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test enqueue_batch takes the due_at of each item or now]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    DECLARE @due datetime2(7) = DATEADD(HOUR, 2, SYSUTCDATETIME());
+    DECLARE @items [queue].[reminders_items];
+    INSERT INTO @items (ordinal, payload, due_at) VALUES (1, N'{"n": 1}', @due), (2, N'{"n": 2}', NULL);
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Ignored (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (ordinal, id, duplicate)
+    EXEC [queue].[reminders_enqueue_batch] @items = @items;
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    SELECT
+        m.id,
+        CASE WHEN m.due_at = @due THEN N'given' WHEN m.due_at BETWEEN @before AND @after THEN N'now' END AS due
+    INTO #Actual
+    FROM [queue].[reminders] AS m;
+
+    CREATE TABLE #Expected (id bigint NOT NULL, due nvarchar(5) NULL);
+    INSERT INTO #Expected (id, due) VALUES (1, N'given'), (2, N'now');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- dequeue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_reminders].[test dequeue hands out batch_size messages, earliest due first]
+AS
+BEGIN
+    -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), DATEADD(SECOND, -10, @now), N'k11', N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), DATEADD(SECOND, -30, @now), N'k12', N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), DATEADD(SECOND, -20, @now), N'k13', N'{"n": 3}');
+
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at)
+    EXEC [queue].[reminders_dequeue] @batch_size = 2;
+
+    -- Assert
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+    INSERT INTO #Expected (position, id, payload, enqueued_at, due_at)
+    VALUES
+    (1, 12, N'{"n": 2}', DATEADD(SECOND, -20, @now), DATEADD(SECOND, -30, @now)),
+    (2, 13, N'{"n": 3}', DATEADD(SECOND, -10, @now), DATEADD(SECOND, -20, @now));
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[reminders] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (11);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test dequeue hands out nothing that is not due yet]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (21, DATEADD(SECOND, -5, @now), DATEADD(SECOND, 3600, @now), N'k21', N'{"n": 1}'),
+    (22, DATEADD(SECOND, -5, @now), DATEADD(SECOND, -1, @now), N'k22', N'{"n": 2}');
+
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at)
+    EXEC [queue].[reminders_dequeue] @batch_size = 10;
+
+    -- Assert
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+    INSERT INTO #Expected (position, id, payload, enqueued_at, due_at)
+    VALUES
+    (1, 22, N'{"n": 2}', DATEADD(SECOND, -5, @now), DATEADD(SECOND, -1, @now));
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[reminders] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (21);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test dequeue on an empty queue returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at)
+    EXEC [queue].[reminders_dequeue] @batch_size = 1;
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test dequeue takes at most 1000 messages at once]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, payload)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
+        SYSUTCDATETIME() AS enqueued_at,
+        SYSUTCDATETIME() AS due_at,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS c;
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at)
+    EXEC [queue].[reminders_dequeue] @batch_size = 1000;
+
+    -- Assert
+    DECLARE @handed_out int = (SELECT COUNT(*) FROM #Actual);
+    EXEC tSQLt.AssertEquals @Expected = 1000, @Actual = @handed_out;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test dequeue refuses batch_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[reminders_dequeue] @batch_size = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test dequeue refuses batch_size 1001 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[reminders_dequeue] @batch_size = 1001;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test dequeue refuses batch_size NULL with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[reminders_dequeue] @batch_size = NULL;
+END;
+GO
+
+-- stats -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_reminders].[test stats of an empty queue are zero with no age]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    CREATE TABLE #Actual (
+        ready bigint NULL,
+        delayed bigint NULL,
+        in_flight bigint NULL,
+        dead bigint NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[reminders_stats];
+
+    -- Assert
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.oldest_ready_age_seconds,
+        a.estimated
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    VALUES (0, 0, 0, 0, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test stats count due and delayed, age the oldest from due_at]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (31, DATEADD(SECOND, -10, @now), DATEADD(SECOND, -90, @now), N'k31', N'{"n": 1}'),
+    (32, DATEADD(SECOND, -500, @now), DATEADD(SECOND, -5, @now), N'k32', N'{"n": 2}'),
+    (33, DATEADD(SECOND, -900, @now), DATEADD(SECOND, 600, @now), N'k33', N'{"n": 3}');
+
+    CREATE TABLE #Stats (
+        ready bigint NULL,
+        delayed bigint NULL,
+        in_flight bigint NULL,
+        dead bigint NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[reminders_stats];
+
+    -- Assert: the age is 90 seconds plus however long the test took to get here.
+    SELECT
+        s.ready,
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CASE
+            WHEN s.oldest_ready_age_seconds >= 90 AND s.oldest_ready_age_seconds < 150 THEN 1 ELSE 0
+        END AS age_is_90_seconds
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.age_is_90_seconds
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, estimated, age_is_90_seconds)
+    VALUES (2, 1, 0, 0, 0, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- purge -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_reminders].[test purge without older_than removes and counts every message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), DATEADD(SECOND, -10, @now), N'k11', N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), DATEADD(SECOND, -30, @now), N'k12', N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), DATEADD(SECOND, -20, @now), N'k13', N'{"n": 3}');
+
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[reminders_purge];
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (3);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[reminders]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test purge removes only messages enqueued before older_than]
+AS
+BEGIN
+    -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), DATEADD(SECOND, -10, @now), N'k11', N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), DATEADD(SECOND, -30, @now), N'k12', N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), DATEADD(SECOND, -20, @now), N'k13', N'{"n": 3}');
+
+    DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -15, @now);
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[reminders_purge] @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[reminders] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (13);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test purge of an empty queue purges nothing]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[reminders_purge];
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO

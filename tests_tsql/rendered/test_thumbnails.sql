@@ -1,0 +1,1686 @@
+-- tablequeue 0.1.0 | generated: do not edit
+-- template: tests_tsql/templates/test_work.sql | dialect: mssql | kind: work | queue: queue.thumbnails
+-- noqa: disable=CP02, RF05
+-- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
+-- sentence in brackets ([test enqueue ...]), as tSQLt documents: sqlfluff's identifier casing (CP02)
+-- and special-character (RF05) rules cannot hold for them. Every other rule applies.
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+
+EXEC tSQLt.NewTestClass 'test_queue_thumbnails';
+GO
+
+-- enqueue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue stores a message due now, no attempt, and returns its id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    DECLARE @before datetime2(7) = SYSUTCDATETIME();
+    CREATE TABLE #Returned (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Returned (id, duplicate)
+    EXEC [queue].[thumbnails_enqueue] @payload = N'{"n": 1}';
+
+    -- Assert
+    DECLARE @after datetime2(7) = SYSUTCDATETIME();
+    SELECT
+        m.id,
+        m.payload,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.due_at = m.visible_at AND m.visible_at BETWEEN @before AND @after, 1, 0)) AS due_now
+    INTO #Actual
+    FROM [queue].[thumbnails] AS m;
+
+    SELECT TOP (0)
+        a.id,
+        a.payload,
+        a.attempts,
+        a.leased_by,
+        a.due_now
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, payload, attempts, leased_by, due_now)
+    SELECT
+        r.id,
+        N'{"n": 1}' AS payload,
+        0 AS attempts,
+        NULL AS leased_by,
+        1 AS due_now
+    FROM #Returned AS r
+    WHERE r.duplicate = 0;
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue with due_at schedules the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
+    CREATE TABLE #Ignored (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[thumbnails_enqueue] @payload = N'{"n": 1}', @due_at = @due;
+
+    -- Assert
+    DECLARE @scheduled int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE m.due_at = @due AND m.visible_at = @due
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @scheduled, @Message = N'due_at / visible_at not kept';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue refuses a NULL payload with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[thumbnails_enqueue] @payload = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue refuses invalid JSON with 51002]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
+
+    -- Act
+    EXEC [queue].[thumbnails_enqueue] @payload = N'{"unterminated": ';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue refuses a dedupe_key without option dedupe]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_enqueue] @payload = N'{"n": 1}', @dedupe_key = N'k';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue stores the priority, 0 by default]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    CREATE TABLE #Ignored (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[thumbnails_enqueue] @payload = N'{"n": 1}', @priority = 7;
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC [queue].[thumbnails_enqueue] @payload = N'{"n": 2}';
+
+    -- Assert
+    SELECT m.priority
+    INTO #Actual
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #Expected (priority int NULL);
+    INSERT INTO #Expected (priority) VALUES (7), (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue keeps the client id and created time]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    DECLARE @created datetime2(7) = '2024-05-01T12:30:15.1234567';
+    CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[thumbnails_enqueue]
+        @payload = N'{"n": 1}',
+        @id = '00000000-0000-0000-0000-000000000005',
+        @enqueued_at = @created;
+
+    -- Assert
+    CREATE TABLE #Expected (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES ('00000000-0000-0000-0000-000000000005', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @stored datetime2(7) = (SELECT m.enqueued_at FROM [queue].[thumbnails] AS m);
+    EXEC tSQLt.AssertEquals @Expected = @created, @Actual = @stored;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue of a queued client id is a duplicate]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000005', 5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 5}'
+    );
+    CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, duplicate)
+    EXEC [queue].[thumbnails_enqueue]
+        @payload = N'{"n": 6}',
+        @id = '00000000-0000-0000-0000-000000000005';
+
+    -- Assert
+    CREATE TABLE #Expected (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (id, duplicate) VALUES ('00000000-0000-0000-0000-000000000005', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000005', 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+-- enqueue_batch -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue_batch returns a row per item in item order]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[thumbnails_items];
+    -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
+    INSERT INTO @items (ordinal, payload, id)
+    VALUES
+    (3, N'{"n": 3}', '00000000-0000-0000-0000-000000000003'),
+    (1, N'{"n": 1}', '00000000-0000-0000-0000-000000000001'),
+    (2, N'{"n": 2}', '00000000-0000-0000-0000-000000000002');
+    CREATE TABLE #Actual (ordinal int NOT NULL, id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ordinal, id, duplicate)
+    EXEC [queue].[thumbnails_enqueue_batch] @items = @items;
+
+    -- Assert: new ids follow the item order.
+    CREATE TABLE #Expected (ordinal int NOT NULL, id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO #Expected (ordinal, id, duplicate)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 0),
+    (2, '00000000-0000-0000-0000-000000000002', 0),
+    (3, '00000000-0000-0000-0000-000000000003', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    SELECT
+        m.id,
+        m.payload
+    INTO #Stored
+    FROM [queue].[thumbnails] AS m;
+
+    SELECT TOP (0)
+        s.id,
+        s.payload
+    INTO #ExpectedStored
+    FROM #Stored AS s;
+
+    INSERT INTO #ExpectedStored (id, payload)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', N'{"n": 1}'),
+    ('00000000-0000-0000-0000-000000000002', N'{"n": 2}'),
+    ('00000000-0000-0000-0000-000000000003', N'{"n": 3}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedStored', @Actual = N'#Stored';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue_batch refuses a NULL payload with 51002, naming it]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[thumbnails_items];
+    INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
+
+    -- Act
+    EXEC [queue].[thumbnails_enqueue_batch] @items = @items;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test enqueue_batch refuses dedupe_key without option dedupe]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[thumbnails_items];
+    INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, N'{"n": 1}', N'k');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_enqueue_batch] @items = @items;
+END;
+GO
+
+-- dequeue -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue leases visible messages in order, one attempt each]
+AS
+BEGIN
+    -- Assemble: ids and visible times disagree, so only the visible order passes.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
+        DATEADD(SECOND, -30, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
+        DATEADD(SECOND, -20, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 3}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 2,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 1),
+    (2, '00000000-0000-0000-0000-000000000003', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 0, NULL, 1),
+    ('00000000-0000-0000-0000-000000000002', 1, N'w', 0),
+    ('00000000-0000-0000-0000-000000000003', 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @lease_ends int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE m.leased_by = N'w' AND m.visible_at > DATEADD(SECOND, 590, @now) AND m.leased_at >= @now
+    );
+    EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @lease_ends, @Message = N'lease not from now';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue skips messages not yet due and live leases]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'other', DATEADD(SECOND, -10, @now),
+        N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 10,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 0, NULL, 0),
+    ('00000000-0000-0000-0000-000000000002', 1, N'other', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue gives a worker its own leased messages first]
+AS
+BEGIN
+    -- Assemble: message 1 is visible and older than anything, yet w gets its own leased 2 first.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3000, @now),
+        DATEADD(SECOND, -3000, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 2,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 2),
+    (2, '00000000-0000-0000-0000-000000000001', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue takes an expired lease as the next attempt]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 0, 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 2, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue buries a message out of attempts and fills the batch]
+AS
+BEGIN
+    -- Assemble: message 1 used its 4 attempts and its last lease expired; 2 is ready.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -20, @now), 0, 4,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[thumbnails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 4, N'lease expired', N'crashed');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue hands out higher priorities first]
+AS
+BEGIN
+    -- Assemble: a delayed message at the top level must not hide the ready ones below it.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -50, @now),
+        DATEADD(SECOND, -50, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 5, 0,
+        NULL, NULL,
+        N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
+        DATEADD(SECOND, -30, @now), 1, 0,
+        NULL, NULL,
+        N'{"n": 3}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000004', 4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -40, @now),
+        DATEADD(SECOND, -40, @now), 1, 0,
+        NULL, NULL,
+        N'{"n": 4}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000005', 5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 9, 0,
+        NULL, NULL,
+        N'{"n": 5}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 10,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 1),
+    (2, '00000000-0000-0000-0000-000000000004', 1),
+    (3, '00000000-0000-0000-0000-000000000003', 1),
+    (4, '00000000-0000-0000-0000-000000000001', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue refuses batch_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_dequeue] @batch_size = 0, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue refuses batch_size 1001 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_dequeue] @batch_size = 1001, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue refuses a NULL worker with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue refuses lease_seconds 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 0;
+END;
+GO
+
+-- complete ----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete by the lease holder removes the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete by another worker returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'late';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete after the lease expired returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -1, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete refuses a NULL worker with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = NULL;
+END;
+GO
+
+-- fail --------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test fail with attempts left retries after the delay]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 3,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC [queue].[thumbnails_fail]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('retrying');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 3, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @retry_kept int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE m.last_error = N'timeout' AND m.visible_at > DATEADD(SECOND, 290, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @retry_kept, @Message = N'error or retry time not kept';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test fail on the last attempt moves the message to dead]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 4,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC [queue].[thumbnails_fail]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @error = N'poison';
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('dead');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[thumbnails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 4, N'poison', N'w');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test fail without the live lease is lost]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 4,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (outcome)
+    EXEC [queue].[thumbnails_fail]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'late',
+        @error = N'x';
+
+    -- Assert
+    CREATE TABLE #Expected (outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (outcome) VALUES ('lost');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 4, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test fail refuses a negative retry_after_seconds with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_fail]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @error = N'x',
+        @retry_after_seconds = -1;
+END;
+GO
+
+-- extend_lease ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test extend_lease by the holder runs from now]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 5, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @extended int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE m.visible_at > DATEADD(SECOND, 590, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @extended;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test extend_lease of an expired lease returns 0]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+-- stats -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test stats counts ready, delayed, in_flight and dead]
+AS
+BEGIN
+    -- Assemble: 1 and 2 ready (2's lease expired), 3 delayed, 4 and 5 in flight, 6 dead.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -120, @now),
+        DATEADD(SECOND, -120, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 0, 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 3}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000004', 4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 4}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000005', 5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 5}'
+    );
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000006', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 6}'
+    );
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[thumbnails_stats];
+
+    -- Assert
+    SELECT
+        s.ready,
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 119 AND 180, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, estimated, age_of_the_oldest)
+    VALUES (2, 1, 2, 1, 0, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- purge -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test purge with older_than removes only older messages]
+AS
+BEGIN
+    -- Assemble: every test message is enqueued an hour ago; 9 is newer.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (id, seq, enqueued_at, due_at, visible_at, priority, attempts, payload)
+    VALUES ('00000000-0000-0000-0000-000000000009', 9, @now, @now, @now, 0, 0, N'{"n": 9}');
+    DECLARE @cutoff datetime2(7) = DATEADD(MINUTE, -1, @now);
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[thumbnails_purge] @older_than = @cutoff;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000009', 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test purge without older_than removes every message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[thumbnails_purge];
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
+END;
+GO
+
+-- dead-letter handling ----------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_list pages by id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 3}'
+    );
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 2}'
+    );
+    DECLARE @after uniqueidentifier = '00000000-0000-0000-0000-000000000001';
+    CREATE TABLE #Page (
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        priority int NOT NULL,
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL
+    );
+
+    -- Act: the page after message 1, one message long.
+    INSERT INTO #Page
+    EXEC [queue].[thumbnails_dead_list] @after_id = @after, @page_size = 1;
+
+    -- Assert
+    SELECT
+        p.id,
+        p.attempts,
+        p.last_error
+    INTO #Actual
+    FROM #Page AS p;
+
+    SELECT TOP (0)
+        a.id,
+        a.attempts,
+        a.last_error
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, attempts, last_error) VALUES ('00000000-0000-0000-0000-000000000002', 4, N'boom');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_list refuses page_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_dead_list] @page_size = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_requeue puts the message back with attempts reset]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000007', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'poison', N'w', DATEADD(SECOND, -60, @now), N'{"n": 7}'
+    );
+    CREATE TABLE #Actual (requeued bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (requeued)
+    EXEC [queue].[thumbnails_dead_requeue] @id = '00000000-0000-0000-0000-000000000007';
+
+    -- Assert
+    CREATE TABLE #Expected (requeued bit NOT NULL);
+    INSERT INTO #Expected (requeued) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000007', 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_requeue of an unknown id fails with 51004]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51004;
+
+    -- Act
+    EXEC [queue].[thumbnails_dead_requeue] @id = '00000000-0000-0000-0000-000000000007';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_delete removes the dead-letter message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000007', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 7}'
+    );
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000008', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 8}'
+    );
+    CREATE TABLE #Ignored (deleted bit NOT NULL); -- noqa: RF04
+
+    -- Act
+    INSERT INTO #Ignored
+    EXEC [queue].[thumbnails_dead_delete] @id = '00000000-0000-0000-0000-000000000007';
+
+    -- Assert
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[thumbnails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    ('00000000-0000-0000-0000-000000000008', 4, N'boom', N'w');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_delete of an unknown id fails with 51004]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51004;
+
+    -- Act
+    EXEC [queue].[thumbnails_dead_delete] @id = '00000000-0000-0000-0000-000000000007';
+END;
+GO
+
+-- process -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process refuses an open transaction with 51003]
+AS
+BEGIN
+    -- Assemble: tSQLt runs every test in a transaction, which is exactly the caller's transaction
+    -- process must refuse (it commits once per message).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51003;
+
+    -- Act
+    EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+END;
+GO

@@ -116,6 +116,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     passed_mssql = [r for r in terminalreporter.stats.get("passed", []) if "[mssql" in r.nodeid]
     write = terminalreporter.write_line
     if os.environ.get("TABLEQUEUE_MSSQL_URL"):
-        write(f"SQL Server: {len(passed_mssql)} conformance test(s) ran and passed against TABLEQUEUE_MSSQL_URL")
+        write(f"SQL Server: {len(passed_mssql)} test(s) ran and passed against TABLEQUEUE_MSSQL_URL")
     else:
-        write(f"SQL Server: {len(not_run)} conformance test(s) did NOT run: TABLEQUEUE_MSSQL_URL is not set")
+        write(f"SQL Server: {len(not_run)} test(s) did NOT run: TABLEQUEUE_MSSQL_URL is not set")

@@ -36,4 +36,6 @@ if [ ! -e /etc/postgresql-common/createcluster.conf ] || ! grep -q "^create_main
     echo "create_main_cluster = false" | "${sudo[@]}" tee -a /etc/postgresql-common/createcluster.conf >/dev/null
 fi
 "${sudo[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# --force-confold keeps the createcluster.conf written above instead of stopping at dpkg's prompt.
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}" >/dev/null

@@ -7,12 +7,11 @@ would mean dropping or rebuilding a table that holds messages.
 """
 from __future__ import annotations
 
-import getpass
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import __version__
-from .engines import Dialect, HISTORY_TABLE
+from .engines import Dialect
 from .render import Unit
 
 CREATE, UPDATE, UNCHANGED, REFUSED = "create", "update", "unchanged", "refused"
@@ -161,9 +160,3 @@ def status(conn: Any, dialect: Dialect, schema: str, units: list[Unit] | None = 
                 rows.append(StatusRow(name, unit.type, "not deployed"))
     return rows
 
-
-def whoami() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name is not worth failing a deploy over
-        return "unknown"

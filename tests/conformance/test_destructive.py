@@ -238,6 +238,40 @@ def test_dequeue_hands_out_batch_size_messages_in_the_kind_order(deploy, variant
 
 
 @pytest.mark.parametrize("variant", ALL)
+def test_batches_of_one_hand_out_every_message_once_in_the_kind_order(deploy, variant) -> None:
+    # Batch size 1 runs its own claim statement (a literal LIMIT 1 on PostgreSQL): the same order,
+    # the same due filter, the same skip of held rows as any other batch size.
+    env = deploy(queue(variant), CLOCK)
+    client = env.client()
+    if variant == "pending":
+        now = server_now(env)
+        dues = [now - timedelta(minutes=m) for m in (1, 5, 3, 4, 2)]
+        sent = ids([client.enqueue({"i": i}, due_at=due) for i, due in enumerate(dues)])
+        expected = [i for _, i in sorted(zip(dues, sent))]
+        client.enqueue({"i": "tomorrow"}, due_at=now + timedelta(days=1))
+    else:
+        sent = ids([client.enqueue({"i": i}) for i in range(5)])
+        expected = list(reversed(sent)) if variant == "lifo" else sent
+
+    holder = env.client(autocommit=False)
+    held = holder.dequeue(batch_size=1)
+    got = list(held)
+    if variant != "fifo_strict":  # strict FIFO would wait for the holder: its own test covers that
+        while (one := client.dequeue(batch_size=1)):
+            assert len(one) == 1
+            got.extend(one)
+    holder.conn.commit()
+    got.extend(row for _ in range(len(sent)) for row in client.dequeue(batch_size=1))
+
+    assert len(held) == 1
+    if variant == "heap":
+        assert sorted(ids(got)) == sorted(sent)
+    else:
+        assert ids(got) == expected
+    assert client.dequeue(batch_size=1) == []
+
+
+@pytest.mark.parametrize("variant", ALL)
 def test_batch_size_1000_is_the_largest_batch(deploy, variant) -> None:
     client = deploy(queue(variant)).client()
     sent = client.enqueue_batch({"payload": {"i": i}} for i in range(1001))

@@ -350,6 +350,45 @@ def test_a_restarted_worker_gets_its_own_leased_messages_back_before_anyone_else
     assert counts(client) == (0, 0, 4, 0)
 
 
+def test_batches_of_one_take_own_messages_first_then_visible_order(deploy) -> None:
+    # Batch size 1 (and a batch whose last place is filled after the worker's own messages) runs
+    # the claim with a literal LIMIT 1 on PostgreSQL; the own-messages claim runs only after a probe.
+    client = deploy(work()).client()
+    now = server_now(client)
+    dues = [now - timedelta(minutes=m) for m in (1, 5, 3, 4, 2)]
+    sent = ids([client.enqueue({"i": i}, due_at=due) for i, due in enumerate(dues)])
+    expected = [i for _, i in sorted(zip(dues, sent))]
+
+    first = client.dequeue(batch_size=1, worker="a", lease_seconds=60)
+    assert ids(first) == expected[:1]
+    # a restarts: batch 1 gives its own message back (attempt 2), not the next visible one.
+    again = client.dequeue(batch_size=1, worker="a", lease_seconds=60)
+    assert ids(again) == expected[:1] and again[0]["attempts"] == 2
+    # Batch 2: the own message, then one place left for the oldest visible message.
+    both = client.dequeue(batch_size=2, worker="a", lease_seconds=60)
+    assert ids(both) == expected[:2]
+    assert [m["attempts"] for m in both] == [3, 1]
+    for position in range(2, 5):
+        assert ids(client.dequeue(batch_size=1, worker=f"w{position}")) == [expected[position]]
+    assert client.dequeue(batch_size=1, worker="z") == []
+    assert counts(client) == (0, 0, 5, 0)
+
+
+def test_a_batch_of_one_buries_an_exhausted_message_and_still_hands_out_one(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
+    now = server_now(client)
+    doomed = client.enqueue({"doomed": True}, due_at=now - timedelta(minutes=2))
+    assert ids(client.dequeue(batch_size=1, worker="a", lease_seconds=1)) == [doomed["id"]]
+    # Visible just after the lease expires: the claim meets the exhausted message first.
+    nxt = client.enqueue({"next": True}, due_at=server_now(client) + timedelta(seconds=1.1))
+    time.sleep(1.3)
+
+    got = client.dequeue(batch_size=1, worker="b")
+    assert ids(got) == [nxt["id"]]
+    assert ids(client.dead_list()) == [doomed["id"]]
+    assert counts(client) == (0, 0, 1, 1)
+
+
 def test_a_rolled_back_dequeue_leases_nothing_and_counts_no_attempt(deploy) -> None:
     env = deploy(work())
     producer = env.client()
@@ -530,6 +569,20 @@ def test_priority_hands_out_higher_levels_first_then_visible_order(deploy) -> No
     client.enqueue({"p": 9}, priority=9, due_at=now + timedelta(hours=1))
 
     got = client.dequeue(batch_size=10, worker="a")
+    assert ids(got) == [high["id"], mid[1]["id"], mid[0]["id"], low_old["id"]]
+    assert counts(client) == (0, 1, 4, 0)
+
+
+def test_batches_of_one_walk_the_priority_levels_in_order(deploy) -> None:
+    client = deploy(work(priority=True)).client()
+    now = server_now(client)
+    low_old = client.enqueue({"p": 0}, due_at=now - timedelta(minutes=5))
+    high = client.enqueue({"p": 5}, priority=5)
+    mid = client.enqueue_batch([{"payload": {"p": 1}, "priority": 1},
+                                {"payload": {"p": 1}, "priority": 1, "due_at": now - timedelta(minutes=1)}])
+    client.enqueue({"p": 9}, priority=9, due_at=now + timedelta(hours=1))
+
+    got = [row for n in range(5) for row in client.dequeue(batch_size=1, worker=f"w{n}")]
     assert ids(got) == [high["id"], mid[1]["id"], mid[0]["id"], low_old["id"]]
     assert counts(client) == (0, 1, 4, 0)
 

@@ -321,67 +321,10 @@ BEGIN
     lease_until := now_utc + make_interval(secs => effective_lease);
 
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_emails_lease.
-    WITH next_messages AS (
-        SELECT
-            m.id,
-            m.id AS tie,
-            m.visible_at,
-            m.attempts
-        FROM "queue"."emails" AS m
-        WHERE m.leased_by = emails_dequeue.worker
-        ORDER BY m.visible_at, m.id
-        LIMIT batch_size
-        FOR UPDATE SKIP LOCKED
-    ),
-
-    leased AS (
-        UPDATE "queue"."emails" AS m
-        SET
-            attempts = m.attempts + 1,
-            visible_at = lease_until,
-            leased_by = emails_dequeue.worker,
-            leased_at = now_utc
-        FROM next_messages AS n
-        WHERE m.id = n.id AND n.attempts < 3
-        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-    ),
-
-    gone AS (
-        DELETE FROM "queue"."emails" AS m
-        USING next_messages AS n
-        WHERE m.id = n.id AND n.attempts >= 3
-        RETURNING m.*
-    ),
-
-    buried AS (
-        INSERT INTO "queue"."emails_dead" (
-            id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
-        )
-        SELECT
-            g.id,
-            g.enqueued_at,
-            g.due_at,
-            g.dedupe_key,
-            g.attempts,
-            'lease expired',
-            g.leased_by,
-            now_utc,
-            g.payload
-        FROM gone AS g
-        RETURNING 1
-    )
-
-    SELECT
-        (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-        (SELECT count(*) FROM buried)
-    INTO step_ids, buried_count;
-    claimed_ids := claimed_ids || coalesce(step_ids, '{}');
-    remaining := batch_size - cardinality(claimed_ids);
-
-    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_emails_claim.
-    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
-    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
-    WHILE remaining > 0 LOOP
+    -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
+    -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
+    -- come to this worker between the probe and the claim.
+    IF EXISTS (SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker) THEN
         WITH next_messages AS (
             SELECT
                 m.id,
@@ -389,9 +332,9 @@ BEGIN
                 m.visible_at,
                 m.attempts
             FROM "queue"."emails" AS m
-            WHERE m.visible_at <= now_utc
+            WHERE m.leased_by = emails_dequeue.worker
             ORDER BY m.visible_at, m.id
-            LIMIT remaining
+            LIMIT batch_size
             FOR UPDATE SKIP LOCKED
         ),
 
@@ -436,6 +379,125 @@ BEGIN
             (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
             (SELECT count(*) FROM buried)
         INTO step_ids, buried_count;
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    END IF;
+    remaining := batch_size - cardinality(claimed_ids);
+
+    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_emails_claim.
+    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
+    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    WHILE remaining > 0 LOOP
+        IF remaining = 1 THEN
+            WITH next_messages AS (
+                SELECT
+                    m.id,
+                    m.id AS tie,
+                    m.visible_at,
+                    m.attempts
+                FROM "queue"."emails" AS m
+                WHERE m.visible_at <= now_utc
+                ORDER BY m.visible_at, m.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED
+            ),
+
+            leased AS (
+                UPDATE "queue"."emails" AS m
+                SET
+                    attempts = m.attempts + 1,
+                    visible_at = lease_until,
+                    leased_by = emails_dequeue.worker,
+                    leased_at = now_utc
+                FROM next_messages AS n
+                WHERE m.id = n.id AND n.attempts < 3
+                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+            ),
+
+            gone AS (
+                DELETE FROM "queue"."emails" AS m
+                USING next_messages AS n
+                WHERE m.id = n.id AND n.attempts >= 3
+                RETURNING m.*
+            ),
+
+            buried AS (
+                INSERT INTO "queue"."emails_dead" (
+                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.dedupe_key,
+                    g.attempts,
+                    'lease expired',
+                    g.leased_by,
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                RETURNING 1
+            )
+
+            SELECT
+                (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+                (SELECT count(*) FROM buried)
+            INTO step_ids, buried_count;
+        ELSE
+            WITH next_messages AS (
+                SELECT
+                    m.id,
+                    m.id AS tie,
+                    m.visible_at,
+                    m.attempts
+                FROM "queue"."emails" AS m
+                WHERE m.visible_at <= now_utc
+                ORDER BY m.visible_at, m.id
+                LIMIT remaining
+                FOR UPDATE SKIP LOCKED
+            ),
+
+            leased AS (
+                UPDATE "queue"."emails" AS m
+                SET
+                    attempts = m.attempts + 1,
+                    visible_at = lease_until,
+                    leased_by = emails_dequeue.worker,
+                    leased_at = now_utc
+                FROM next_messages AS n
+                WHERE m.id = n.id AND n.attempts < 3
+                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+            ),
+
+            gone AS (
+                DELETE FROM "queue"."emails" AS m
+                USING next_messages AS n
+                WHERE m.id = n.id AND n.attempts >= 3
+                RETURNING m.*
+            ),
+
+            buried AS (
+                INSERT INTO "queue"."emails_dead" (
+                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.dedupe_key,
+                    g.attempts,
+                    'lease expired',
+                    g.leased_by,
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                RETURNING 1
+            )
+
+            SELECT
+                (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+                (SELECT count(*) FROM buried)
+            INTO step_ids, buried_count;
+        END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
         remaining := batch_size - cardinality(claimed_ids);
         EXIT WHEN buried_count = 0;

@@ -127,25 +127,51 @@ BEGIN
     END IF;
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
-    RETURN QUERY
-    WITH next_messages AS (
-        SELECT m.id
-        FROM "queue"."events" AS m
-        ORDER BY m.id
-        LIMIT batch_size
-        FOR UPDATE SKIP LOCKED
-    ),
+    -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
+    -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
+    -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    IF batch_size = 1 THEN
+        RETURN QUERY
+        WITH next_messages AS (
+            SELECT m.id
+            FROM "queue"."events" AS m
+            ORDER BY m.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ),
 
-    claimed AS (
-        DELETE FROM "queue"."events" AS m
-        USING next_messages AS n
-        WHERE m.id = n.id
-        RETURNING m.id, m.payload, m.enqueued_at
-    )
+        claimed AS (
+            DELETE FROM "queue"."events" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, m.payload, m.enqueued_at
+        )
 
-    SELECT c.id, c.payload, c.enqueued_at
-    FROM claimed AS c
-    ORDER BY c.id;
+        SELECT c.id, c.payload, c.enqueued_at
+        FROM claimed AS c
+        ORDER BY c.id;
+    ELSE
+        RETURN QUERY
+        WITH next_messages AS (
+            SELECT m.id
+            FROM "queue"."events" AS m
+            ORDER BY m.id
+            LIMIT batch_size
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        claimed AS (
+            DELETE FROM "queue"."events" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, m.payload, m.enqueued_at
+        )
+
+        SELECT c.id, c.payload, c.enqueued_at
+        FROM claimed AS c
+        ORDER BY c.id;
+    END IF;
 END;
 $function$;
 

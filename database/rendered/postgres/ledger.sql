@@ -130,25 +130,51 @@ BEGIN
     -- UPDATE without SKIP LOCKED) would also order them with this plan, but would make the order
     -- depend on how the plan combines LIMIT with row locks; the lock states the rule.
     PERFORM pg_advisory_xact_lock(hashtextextended('tablequeue:queue.ledger', 0));
-    RETURN QUERY
-    WITH next_messages AS (
-        SELECT m.id
-        FROM "queue"."ledger" AS m
-        ORDER BY m.id
-        LIMIT batch_size
-        FOR UPDATE
-    ),
+    -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
+    -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
+    -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    IF batch_size = 1 THEN
+        RETURN QUERY
+        WITH next_messages AS (
+            SELECT m.id
+            FROM "queue"."ledger" AS m
+            ORDER BY m.id
+            LIMIT 1
+            FOR UPDATE
+        ),
 
-    claimed AS (
-        DELETE FROM "queue"."ledger" AS m
-        USING next_messages AS n
-        WHERE m.id = n.id
-        RETURNING m.id, m.payload, m.enqueued_at
-    )
+        claimed AS (
+            DELETE FROM "queue"."ledger" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, m.payload, m.enqueued_at
+        )
 
-    SELECT c.id, c.payload, c.enqueued_at
-    FROM claimed AS c
-    ORDER BY c.id;
+        SELECT c.id, c.payload, c.enqueued_at
+        FROM claimed AS c
+        ORDER BY c.id;
+    ELSE
+        RETURN QUERY
+        WITH next_messages AS (
+            SELECT m.id
+            FROM "queue"."ledger" AS m
+            ORDER BY m.id
+            LIMIT batch_size
+            FOR UPDATE
+        ),
+
+        claimed AS (
+            DELETE FROM "queue"."ledger" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, m.payload, m.enqueued_at
+        )
+
+        SELECT c.id, c.payload, c.enqueued_at
+        FROM claimed AS c
+        ORDER BY c.id;
+    END IF;
 END;
 $function$;
 

@@ -188,25 +188,51 @@ BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.orders_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
-    RETURN QUERY
-    WITH next_messages AS (
-        SELECT m.id
-        FROM "queue"."orders" AS m
-        ORDER BY m.id
-        LIMIT batch_size
-        FOR UPDATE SKIP LOCKED
-    ),
+    -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
+    -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
+    -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    IF batch_size = 1 THEN
+        RETURN QUERY
+        WITH next_messages AS (
+            SELECT m.id
+            FROM "queue"."orders" AS m
+            ORDER BY m.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ),
 
-    claimed AS (
-        DELETE FROM "queue"."orders" AS m
-        USING next_messages AS n
-        WHERE m.id = n.id
-        RETURNING m.id, m.payload, m.enqueued_at
-    )
+        claimed AS (
+            DELETE FROM "queue"."orders" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, m.payload, m.enqueued_at
+        )
 
-    SELECT c.id, c.payload, c.enqueued_at
-    FROM claimed AS c
-    ORDER BY c.id;
+        SELECT c.id, c.payload, c.enqueued_at
+        FROM claimed AS c
+        ORDER BY c.id;
+    ELSE
+        RETURN QUERY
+        WITH next_messages AS (
+            SELECT m.id
+            FROM "queue"."orders" AS m
+            ORDER BY m.id
+            LIMIT batch_size
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        claimed AS (
+            DELETE FROM "queue"."orders" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, m.payload, m.enqueued_at
+        )
+
+        SELECT c.id, c.payload, c.enqueued_at
+        FROM claimed AS c
+        ORDER BY c.id;
+    END IF;
 END;
 $function$;
 

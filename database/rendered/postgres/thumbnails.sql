@@ -316,70 +316,75 @@ BEGIN
     lease_until := now_utc + make_interval(secs => effective_lease);
 
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_thumbnails_lease.
-    WITH next_messages AS (
-        SELECT
-            m.id,
-            m.seq AS tie,
-            m.visible_at,
-            m.attempts
-        FROM "queue"."thumbnails" AS m
-        WHERE m.leased_by = thumbnails_dequeue.worker
-        ORDER BY m.visible_at, m.seq
-        LIMIT batch_size
-        FOR UPDATE SKIP LOCKED
-    ),
+    -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
+    -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
+    -- come to this worker between the probe and the claim.
+    IF EXISTS (SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker) THEN
+        WITH next_messages AS (
+            SELECT
+                m.id,
+                m.seq AS tie,
+                m.visible_at,
+                m.attempts
+            FROM "queue"."thumbnails" AS m
+            WHERE m.leased_by = thumbnails_dequeue.worker
+            ORDER BY m.visible_at, m.seq
+            LIMIT batch_size
+            FOR UPDATE SKIP LOCKED
+        ),
 
-    leased AS (
-        UPDATE "queue"."thumbnails" AS m
-        SET
-            attempts = m.attempts + 1,
-            visible_at = lease_until,
-            leased_by = thumbnails_dequeue.worker,
-            leased_at = now_utc
-        FROM next_messages AS n
-        WHERE m.id = n.id AND n.attempts < 4
-        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-    ),
+        leased AS (
+            UPDATE "queue"."thumbnails" AS m
+            SET
+                attempts = m.attempts + 1,
+                visible_at = lease_until,
+                leased_by = thumbnails_dequeue.worker,
+                leased_at = now_utc
+            FROM next_messages AS n
+            WHERE m.id = n.id AND n.attempts < 4
+            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+        ),
 
-    gone AS (
-        DELETE FROM "queue"."thumbnails" AS m
-        USING next_messages AS n
-        WHERE m.id = n.id AND n.attempts >= 4
-        RETURNING m.*
-    ),
+        gone AS (
+            DELETE FROM "queue"."thumbnails" AS m
+            USING next_messages AS n
+            WHERE m.id = n.id AND n.attempts >= 4
+            RETURNING m.*
+        ),
 
-    buried AS (
-        INSERT INTO "queue"."thumbnails_dead" (
-            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+        buried AS (
+            INSERT INTO "queue"."thumbnails_dead" (
+                id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+            )
+            SELECT
+                g.id,
+                g.enqueued_at,
+                g.due_at,
+                g.priority,
+                g.attempts,
+                'lease expired',
+                g.leased_by,
+                now_utc,
+                g.payload
+            FROM gone AS g
+            ON CONFLICT (id) DO UPDATE SET
+                enqueued_at = excluded.enqueued_at,
+                due_at = excluded.due_at,
+                priority = excluded.priority,
+                attempts = excluded.attempts,
+                last_error = excluded.last_error,
+                last_worker = excluded.last_worker,
+                dead_at = excluded.dead_at,
+                payload = excluded.payload
+            RETURNING 1
         )
-        SELECT
-            g.id,
-            g.enqueued_at,
-            g.due_at,
-            g.priority,
-            g.attempts,
-            'lease expired',
-            g.leased_by,
-            now_utc,
-            g.payload
-        FROM gone AS g
-        ON CONFLICT (id) DO UPDATE SET
-            enqueued_at = excluded.enqueued_at,
-            due_at = excluded.due_at,
-            priority = excluded.priority,
-            attempts = excluded.attempts,
-            last_error = excluded.last_error,
-            last_worker = excluded.last_worker,
-            dead_at = excluded.dead_at,
-            payload = excluded.payload
-        RETURNING 1
-    )
 
-    SELECT
-        (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-        (SELECT count(*) FROM buried)
-    INTO step_ids, buried_count;
-    claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        SELECT
+            (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+            (SELECT count(*) FROM buried)
+        INTO step_ids, buried_count;
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
     -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_thumbnails_claim.
@@ -393,69 +398,135 @@ BEGIN
         buried_count := 0;
         current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
         WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
-            WITH next_messages AS (
-                SELECT
-                    m.id,
-                    m.seq AS tie,
-                    m.visible_at,
-                    m.attempts
-                FROM "queue"."thumbnails" AS m
-                WHERE m.priority = current_level AND m.visible_at <= now_utc
-                ORDER BY m.visible_at, m.seq
-                LIMIT remaining - cardinality(step_ids)
-                FOR UPDATE SKIP LOCKED
-            ),
+            IF remaining - cardinality(step_ids) = 1 THEN
+                WITH next_messages AS (
+                    SELECT
+                        m.id,
+                        m.seq AS tie,
+                        m.visible_at,
+                        m.attempts
+                    FROM "queue"."thumbnails" AS m
+                    WHERE m.priority = current_level AND m.visible_at <= now_utc
+                    ORDER BY m.visible_at, m.seq
+                    LIMIT 1
+                    FOR UPDATE SKIP LOCKED
+                ),
 
-            leased AS (
-                UPDATE "queue"."thumbnails" AS m
-                SET
-                    attempts = m.attempts + 1,
-                    visible_at = lease_until,
-                    leased_by = thumbnails_dequeue.worker,
-                    leased_at = now_utc
-                FROM next_messages AS n
-                WHERE m.id = n.id AND n.attempts < 4
-                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-            ),
+                leased AS (
+                    UPDATE "queue"."thumbnails" AS m
+                    SET
+                        attempts = m.attempts + 1,
+                        visible_at = lease_until,
+                        leased_by = thumbnails_dequeue.worker,
+                        leased_at = now_utc
+                    FROM next_messages AS n
+                    WHERE m.id = n.id AND n.attempts < 4
+                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+                ),
 
-            gone AS (
-                DELETE FROM "queue"."thumbnails" AS m
-                USING next_messages AS n
-                WHERE m.id = n.id AND n.attempts >= 4
-                RETURNING m.*
-            ),
+                gone AS (
+                    DELETE FROM "queue"."thumbnails" AS m
+                    USING next_messages AS n
+                    WHERE m.id = n.id AND n.attempts >= 4
+                    RETURNING m.*
+                ),
 
-            buried AS (
-                INSERT INTO "queue"."thumbnails_dead" (
-                    id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                buried AS (
+                    INSERT INTO "queue"."thumbnails_dead" (
+                        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                    )
+                    SELECT
+                        g.id,
+                        g.enqueued_at,
+                        g.due_at,
+                        g.priority,
+                        g.attempts,
+                        'lease expired',
+                        g.leased_by,
+                        now_utc,
+                        g.payload
+                    FROM gone AS g
+                    ON CONFLICT (id) DO UPDATE SET
+                        enqueued_at = excluded.enqueued_at,
+                        due_at = excluded.due_at,
+                        priority = excluded.priority,
+                        attempts = excluded.attempts,
+                        last_error = excluded.last_error,
+                        last_worker = excluded.last_worker,
+                        dead_at = excluded.dead_at,
+                        payload = excluded.payload
+                    RETURNING 1
                 )
-                SELECT
-                    g.id,
-                    g.enqueued_at,
-                    g.due_at,
-                    g.priority,
-                    g.attempts,
-                    'lease expired',
-                    g.leased_by,
-                    now_utc,
-                    g.payload
-                FROM gone AS g
-                ON CONFLICT (id) DO UPDATE SET
-                    enqueued_at = excluded.enqueued_at,
-                    due_at = excluded.due_at,
-                    priority = excluded.priority,
-                    attempts = excluded.attempts,
-                    last_error = excluded.last_error,
-                    last_worker = excluded.last_worker,
-                    dead_at = excluded.dead_at,
-                    payload = excluded.payload
-                RETURNING 1
-            )
 
-            SELECT
-                (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-                (SELECT count(*) FROM buried)
-            INTO level_ids, level_buried;
+                SELECT
+                    (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+                    (SELECT count(*) FROM buried)
+                INTO level_ids, level_buried;
+            ELSE
+                WITH next_messages AS (
+                    SELECT
+                        m.id,
+                        m.seq AS tie,
+                        m.visible_at,
+                        m.attempts
+                    FROM "queue"."thumbnails" AS m
+                    WHERE m.priority = current_level AND m.visible_at <= now_utc
+                    ORDER BY m.visible_at, m.seq
+                    LIMIT remaining - cardinality(step_ids)
+                    FOR UPDATE SKIP LOCKED
+                ),
+
+                leased AS (
+                    UPDATE "queue"."thumbnails" AS m
+                    SET
+                        attempts = m.attempts + 1,
+                        visible_at = lease_until,
+                        leased_by = thumbnails_dequeue.worker,
+                        leased_at = now_utc
+                    FROM next_messages AS n
+                    WHERE m.id = n.id AND n.attempts < 4
+                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
+                ),
+
+                gone AS (
+                    DELETE FROM "queue"."thumbnails" AS m
+                    USING next_messages AS n
+                    WHERE m.id = n.id AND n.attempts >= 4
+                    RETURNING m.*
+                ),
+
+                buried AS (
+                    INSERT INTO "queue"."thumbnails_dead" (
+                        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                    )
+                    SELECT
+                        g.id,
+                        g.enqueued_at,
+                        g.due_at,
+                        g.priority,
+                        g.attempts,
+                        'lease expired',
+                        g.leased_by,
+                        now_utc,
+                        g.payload
+                    FROM gone AS g
+                    ON CONFLICT (id) DO UPDATE SET
+                        enqueued_at = excluded.enqueued_at,
+                        due_at = excluded.due_at,
+                        priority = excluded.priority,
+                        attempts = excluded.attempts,
+                        last_error = excluded.last_error,
+                        last_worker = excluded.last_worker,
+                        dead_at = excluded.dead_at,
+                        payload = excluded.payload
+                    RETURNING 1
+                )
+
+                SELECT
+                    (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
+                    (SELECT count(*) FROM buried)
+                INTO level_ids, level_buried;
+            END IF;
             step_ids := step_ids || coalesce(level_ids, '{}');
             buried_count := buried_count + level_buried;
             current_level := (

@@ -17,6 +17,34 @@
 {% else %}
 {% set claim_order_sql = 'm.id' %}
 {% endif %}
+{#- The dequeue's claim: lock up to limit_sql rows in claim order and delete them, returning them. -#}
+{% macro claim_statement(limit_sql) %}
+    RETURN QUERY
+    WITH next_messages AS (
+        SELECT m.id
+        FROM {{ t }} AS m
+{% if has_due %}
+        WHERE m.due_at <= now_utc
+{% endif %}
+        ORDER BY {{ claim_order_sql }}
+        LIMIT {{ limit_sql }}
+        FOR UPDATE{% if not strict %} SKIP LOCKED{% endif %}
+
+    ),
+
+    claimed AS (
+        DELETE FROM {{ t }} AS m
+        USING next_messages AS n
+        WHERE m.id = n.id
+        RETURNING m.id, m.payload, m.enqueued_at{% if has_due %}, m.due_at{% endif %}
+
+    )
+
+    SELECT c.id, c.payload, c.enqueued_at{% if has_due %}, c.due_at{% endif %}
+
+    FROM claimed AS c
+    ORDER BY {{ claim_order_sql | replace('m.', 'c.') }};
+{%- endmacro %}
 {{ m.unit(names.plain(), 'storage') }}
 CREATE TABLE IF NOT EXISTS {{ t }} (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ names.obj('_id_seq') }}),
@@ -263,31 +291,15 @@ BEGIN
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
 {% endif %}
-    RETURN QUERY
-    WITH next_messages AS (
-        SELECT m.id
-        FROM {{ t }} AS m
-{% if has_due %}
-        WHERE m.due_at <= now_utc
-{% endif %}
-        ORDER BY {{ claim_order_sql }}
-        LIMIT batch_size
-        FOR UPDATE{% if not strict %} SKIP LOCKED{% endif %}
-
-    ),
-
-    claimed AS (
-        DELETE FROM {{ t }} AS m
-        USING next_messages AS n
-        WHERE m.id = n.id
-        RETURNING m.id, m.payload, m.enqueued_at{% if has_due %}, m.due_at{% endif %}
-
-    )
-
-    SELECT c.id, c.payload, c.enqueued_at{% if has_due %}, c.due_at{% endif %}
-
-    FROM claimed AS c
-    ORDER BY {{ claim_order_sql | replace('m.', 'c.') }};
+    -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
+    -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
+    -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    IF batch_size = 1 THEN
+{{ claim_statement('1') | indent(4, first=true) }}
+    ELSE
+{{ claim_statement('batch_size') | indent(4, first=true) }}
+    END IF;
 END;
 $function$;
 

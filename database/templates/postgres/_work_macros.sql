@@ -133,3 +133,16 @@
         (SELECT count(*) FROM buried)
     INTO {{ ids_var }}, {{ buried_var }};
 {%- endmacro %}
+
+
+{#- claim_statement, with its own statement for a limit of 1. PL/pgSQL caches one plan per statement,
+    and the generic plan of a LIMIT given by a variable (costed for an unknown limit) is a sort of
+    the whole queue, so such a statement is planned again on every call; with a literal LIMIT 1 the
+    generic plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling). -#}
+{% macro claim_by_limit(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count') %}
+    IF {{ limit_sql }} = 1 THEN
+{{ claim_statement(where_sql, '1', ids_var, buried_var) | indent(4, first=true) }}
+    ELSE
+{{ claim_statement(where_sql, limit_sql, ids_var, buried_var) | indent(4, first=true) }}
+    END IF;
+{%- endmacro %}

@@ -426,8 +426,13 @@ BEGIN
     lease_until := now_utc + make_interval(secs => effective_lease);
 
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease.
-{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker", "batch_size") }}
-    claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
+    -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
+    -- come to this worker between the probe and the claim.
+    IF EXISTS (SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker) THEN
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker", "batch_size") | indent(4, first=true) }}
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
     -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_{{ queue.name }}_claim.
@@ -442,7 +447,7 @@ BEGIN
         buried_count := 0;
         current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
         WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
-{{ w.claim_statement("m.priority = current_level AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8, first=true) }}
+{{ w.claim_by_limit("m.priority = current_level AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8, first=true) }}
             step_ids := step_ids || coalesce(level_ids, '{}');
             buried_count := buried_count + level_buried;
             current_level := (
@@ -450,7 +455,7 @@ BEGIN
             );
         END LOOP;
 {% else %}
-{{ w.claim_statement("m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
+{{ w.claim_by_limit("m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
 {% endif %}
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
         remaining := batch_size - cardinality(claimed_ids);

@@ -248,6 +248,21 @@ def test_complete_fail_and_extend_need_a_worker(deploy) -> None:
 
 # --- scheduled start -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("options", [{}, {"priority": True}, {"dedupe": True}], ids=["plain", "priority", "dedupe"])
+def test_enqueue_batch_returns_one_row_per_item_with_ids_in_item_order(deploy, options) -> None:
+    client = deploy(work(**options)).client()
+    items = [{"payload": {"i": i}} for i in range(1, 6)]
+
+    rows = client.enqueue_batch(items)
+
+    assert [row["ordinal"] for row in rows] == [1, 2, 3, 4, 5]
+    assert not any(row["duplicate"] for row in rows)
+    assert ids(rows) == sorted(ids(rows)) and len(set(ids(rows))) == 5
+    got = client.dequeue(batch_size=10, worker="a")
+    assert ids(got) == ids(rows)  # same visible time: ties are broken by id, i.e. item order
+    assert [payload_of(client, m["payload"]) for m in got] == [{"i": row["ordinal"]} for row in rows]
+
+
 def test_nothing_is_handed_out_before_its_due_at(deploy) -> None:
     client = deploy(work()).client()
     now = server_now(client)

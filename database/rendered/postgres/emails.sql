@@ -157,10 +157,10 @@ AS $function$
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     now_utc timestamptz := clock_timestamp();
+    bad_ordinal integer;
     new_ids bigint[];
     inserted_ids bigint[] := '{}';
     step_ids bigint[];
-    bad_ordinal integer;
     result_ids bigint[];
     retry_ordinals integer[];
     own_flags boolean[];
@@ -180,14 +180,20 @@ BEGIN
     IF enqueued_ats IS NOT NULL AND cardinality(enqueued_ats) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: enqueued_ats has %s elements but payloads has %s.', cardinality(enqueued_ats), item_count);
     END IF;
-    IF EXISTS (SELECT FROM unnest(priorities) AS u (v) WHERE u.v IS NOT NULL) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: priorities needs option priority.';
+    IF priorities IS NOT NULL THEN
+        IF EXISTS (SELECT FROM unnest(priorities) AS u (v) WHERE u.v IS NOT NULL) THEN
+            RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: priorities needs option priority.';
+        END IF;
     END IF;
-    IF EXISTS (SELECT FROM unnest(ids) AS u (v) WHERE u.v IS NOT NULL) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: ids needs option client_ids.';
+    IF ids IS NOT NULL THEN
+        IF EXISTS (SELECT FROM unnest(ids) AS u (v) WHERE u.v IS NOT NULL) THEN
+            RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: ids needs option client_ids.';
+        END IF;
     END IF;
-    IF EXISTS (SELECT FROM unnest(enqueued_ats) AS u (v) WHERE u.v IS NOT NULL) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: enqueued_ats needs option client_ids.';
+    IF enqueued_ats IS NOT NULL THEN
+        IF EXISTS (SELECT FROM unnest(enqueued_ats) AS u (v) WHERE u.v IS NOT NULL) THEN
+            RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue_batch: enqueued_ats needs option client_ids.';
+        END IF;
     END IF;
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)

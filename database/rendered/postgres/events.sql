@@ -71,7 +71,6 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
-    new_ids bigint[];
     bad_ordinal integer;
 BEGIN
     IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
@@ -83,28 +82,30 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.events_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
     END IF;
-    SELECT min(u.ordinal) INTO bad_ordinal
-    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
-    WHERE u.dedupe_key IS NOT NULL;
-    IF bad_ordinal IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_enqueue_batch: item %s has a dedupe_key, which needs option dedupe.', bad_ordinal);
+    IF dedupe_keys IS NOT NULL THEN
+        SELECT min(u.ordinal) INTO bad_ordinal
+        FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+        WHERE u.dedupe_key IS NOT NULL;
+        IF bad_ordinal IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_enqueue_batch: item %s has a dedupe_key, which needs option dedupe.', bad_ordinal);
+        END IF;
     END IF;
 
-    -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted,
-    -- and a batch is dequeued in item order.
-    new_ids := ARRAY(SELECT nextval('"queue"."events_id_seq"') FROM generate_series(1, item_count));
-
-    INSERT INTO "queue"."events" AS m (id, payload)
-    OVERRIDING SYSTEM VALUE
-    SELECT
-        u.new_id,
-        u.payload
-    FROM unnest(new_ids, payloads) AS u (new_id, payload);
-
+    -- One statement: the rows go in in item order, so the identity gives them ids in item order
+    -- (a batch is dequeued in item order) and item n's id is the n-th smallest.
     RETURN QUERY
-    SELECT u.ordinal::integer, u.new_id, false
-    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
-    ORDER BY u.ordinal;
+    WITH inserted AS (
+        INSERT INTO "queue"."events" AS m (payload)
+        SELECT
+            u.payload
+        FROM unnest(payloads) WITH ORDINALITY AS u (payload, ordinal)
+        ORDER BY u.ordinal
+        RETURNING m.id
+    )
+
+    SELECT (row_number() OVER (ORDER BY i.id))::integer, i.id, false
+    FROM inserted AS i
+    ORDER BY i.id;
 END;
 $function$;
 

@@ -95,8 +95,8 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
-    new_ids bigint[];
     bad_ordinal integer;
+    new_ids bigint[];
     result_ids bigint[];
     retry_ordinals integer[];
 BEGIN

@@ -148,10 +148,10 @@ AS $function$
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     now_utc timestamptz := clock_timestamp();
+    bad_ordinal integer;
     new_ids uuid[];
     inserted_ids uuid[] := '{}';
     step_ids uuid[];
-    bad_ordinal integer;
     result_ids uuid[];
     retry_ordinals integer[];
     own_flags boolean[];
@@ -177,11 +177,13 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.thumbnails_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
     END IF;
-    SELECT min(u.ordinal) INTO bad_ordinal
-    FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
-    WHERE u.dedupe_key IS NOT NULL;
-    IF bad_ordinal IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: item %s has a dedupe_key, which needs option dedupe.', bad_ordinal);
+    IF dedupe_keys IS NOT NULL THEN
+        SELECT min(u.ordinal) INTO bad_ordinal
+        FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+        WHERE u.dedupe_key IS NOT NULL;
+        IF bad_ordinal IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: item %s has a dedupe_key, which needs option dedupe.', bad_ordinal);
+        END IF;
     END IF;
 
     -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.

@@ -151,9 +151,9 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
-    new_ids bigint[];
     bad_ordinal integer;
 {% if dedupe %}
+    new_ids bigint[];
     result_ids bigint[];
     retry_ordinals integer[];
 {% endif %}
@@ -169,24 +169,17 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
 {{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
     END IF;
+{% if dedupe %}
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
-{% if dedupe %}
     WHERE length(u.dedupe_key) > 200;
     IF bad_ordinal IS NOT NULL THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key over 200 characters.', bad_ordinal)") }}
     END IF;
-{% else %}
-    WHERE u.dedupe_key IS NOT NULL;
-    IF bad_ordinal IS NOT NULL THEN
-{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key, which needs option dedupe.', bad_ordinal)") }}
-    END IF;
-{% endif %}
 
     -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted,
     -- and a batch is dequeued in item order.
     new_ids := ARRAY(SELECT nextval('{{ names.obj("_id_seq") }}') FROM generate_series(1, item_count));
-{% if dedupe %}
 
     -- Every item without a key, and the first item of each key, is offered for insertion; a key
     -- already in the queue (or inserted meanwhile by a racing transaction, which ON CONFLICT waits
@@ -246,21 +239,33 @@ BEGIN
     FROM unnest(new_ids, result_ids) WITH ORDINALITY AS u (new_id, result_id, ordinal)
     ORDER BY u.ordinal;
 {% else %}
+    IF dedupe_keys IS NOT NULL THEN
+        SELECT min(u.ordinal) INTO bad_ordinal
+        FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+        WHERE u.dedupe_key IS NOT NULL;
+        IF bad_ordinal IS NOT NULL THEN
+    {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key, which needs option dedupe.', bad_ordinal)") }}
+        END IF;
+    END IF;
 
-    INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}payload)
-    OVERRIDING SYSTEM VALUE
-    SELECT
-        u.new_id,
-{% if has_due %}
-        coalesce(u.due_at, clock_timestamp()),
-{% endif %}
-        u.payload
-    FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}) AS u (new_id, payload{% if has_due %}, due_at{% endif %});
-
+    -- One statement: the rows go in in item order, so the identity gives them ids in item order
+    -- (a batch is dequeued in item order) and item n's id is the n-th smallest.
     RETURN QUERY
-    SELECT u.ordinal::integer, u.new_id, false
-    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
-    ORDER BY u.ordinal;
+    WITH inserted AS (
+        INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}payload)
+        SELECT
+{% if has_due %}
+            coalesce(u.due_at, clock_timestamp()),
+{% endif %}
+            u.payload
+        FROM unnest(payloads{% if has_due %}, due_ats{% endif %}) WITH ORDINALITY AS u (payload, {% if has_due %}due_at, {% endif %}ordinal)
+        ORDER BY u.ordinal
+        RETURNING m.id
+    )
+
+    SELECT (row_number() OVER (ORDER BY i.id))::integer, i.id, false
+    FROM inserted AS i
+    ORDER BY i.id;
 {% endif %}
 END;
 $function$;

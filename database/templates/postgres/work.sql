@@ -230,11 +230,11 @@ AS $function$
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     now_utc timestamptz := clock_timestamp();
+    bad_ordinal integer;
+{% if dedupe or client_ids %}
     new_ids {{ id_type }}[];
     inserted_ids {{ id_type }}[] := '{}';
     step_ids {{ id_type }}[];
-    bad_ordinal integer;
-{% if dedupe or client_ids %}
     result_ids {{ id_type }}[];
     retry_ordinals integer[];
     own_flags boolean[];
@@ -247,8 +247,10 @@ BEGIN
 {% endfor %}
 {% for array, enabled, option in (('priorities', has_priority, 'priority'), ('ids', client_ids, 'client_ids'), ('enqueued_ats', client_ids, 'client_ids')) %}
 {% if not enabled %}
-    IF EXISTS (SELECT FROM unnest({{ array }}) AS u (v) WHERE u.v IS NOT NULL) THEN
-{{ m.throw('invalid_argument', "'" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " needs option " ~ option ~ ".'") }}
+    IF {{ array }} IS NOT NULL THEN
+        IF EXISTS (SELECT FROM unnest({{ array }}) AS u (v) WHERE u.v IS NOT NULL) THEN
+    {{ m.throw('invalid_argument', "'" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " needs option " ~ option ~ ".'") }}
+        END IF;
     END IF;
 {% endif %}
 {% endfor %}
@@ -258,19 +260,24 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
 {{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
     END IF;
+{% if dedupe %}
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
-{% if dedupe %}
     WHERE length(u.dedupe_key) > 200;
     IF bad_ordinal IS NOT NULL THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key over 200 characters.', bad_ordinal)") }}
     END IF;
 {% else %}
-    WHERE u.dedupe_key IS NOT NULL;
-    IF bad_ordinal IS NOT NULL THEN
-{{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key, which needs option dedupe.', bad_ordinal)") }}
+    IF dedupe_keys IS NOT NULL THEN
+        SELECT min(u.ordinal) INTO bad_ordinal
+        FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+        WHERE u.dedupe_key IS NOT NULL;
+        IF bad_ordinal IS NOT NULL THEN
+    {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key, which needs option dedupe.', bad_ordinal)") }}
+        END IF;
     END IF;
 {% endif %}
+{% if dedupe or client_ids %}
 
     -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.
 {% if client_ids %}
@@ -284,13 +291,11 @@ BEGIN
     new_ids := ARRAY(SELECT nextval('{{ names.obj("_id_seq") }}') FROM generate_series(1, item_count));
 {% endif %}
 
-{% if dedupe or client_ids %}
     -- Every item is offered; ON CONFLICT skips one whose key{% if client_ids %} or id{% endif %} is queued already (waiting for
     -- a racing insert of it first) or belongs to an earlier item. The loop runs again only for an
     -- item whose duplicate was completed between the insert and the look-up below.
     LOOP
-{% endif %}
-{% filter indent(4 if (dedupe or client_ids) else 0, first=true) %}
+{% filter indent(4, first=true) %}
     WITH items AS (
         SELECT
             u.new_id,
@@ -331,15 +336,12 @@ BEGIN
             i.payload
         FROM items AS i
         ORDER BY i.position
-{% if dedupe or client_ids %}
         ON CONFLICT DO NOTHING
-{% endif %}
         RETURNING m.id
     )
 
     SELECT array_agg(i.id) INTO step_ids FROM inserted AS i;
     inserted_ids := inserted_ids || coalesce(step_ids, '{}');
-{% if dedupe or client_ids %}
 
     -- A new statement sees what racing transactions committed while this one waited on them.
 {% set own_sql = "u.new_id = ANY(inserted_ids)" ~ (" AND NOT EXISTS (\n            SELECT FROM unnest(new_ids) WITH ORDINALITY AS earlier (new_id, position)\n            WHERE earlier.new_id = u.new_id AND earlier.position < u.position\n        )" if client_ids else "") %}
@@ -362,9 +364,7 @@ BEGIN
     INTO result_ids, own_flags
     FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
     LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
-{% endif %}
 {% endfilter %}
-{% if dedupe or client_ids %}
         EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
         retry_ordinals := ARRAY(
             SELECT u.position
@@ -382,10 +382,28 @@ BEGIN
     ORDER BY u.position;
 {% else %}
 
+    -- One statement: the rows go in in item order, so the identity gives them ids in item order
+    -- and item n's id is the n-th smallest.
     RETURN QUERY
-    SELECT u.position::integer, u.new_id, false
-    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
-    ORDER BY u.position;
+    WITH inserted AS (
+        INSERT INTO {{ t }} AS m (enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}payload)
+        SELECT
+            now_utc,
+            coalesce(u.due_at, now_utc),
+            coalesce(u.due_at, now_utc),
+{% if has_priority %}
+            coalesce(u.priority, 0),
+{% endif %}
+            u.payload
+        FROM unnest(payloads, due_ats{% if has_priority %}, priorities{% endif %}) WITH ORDINALITY
+            AS u (payload, due_at, {% if has_priority %}priority, {% endif %}position)
+        ORDER BY u.position
+        RETURNING m.id
+    )
+
+    SELECT (row_number() OVER (ORDER BY i.id))::integer, i.id, false
+    FROM inserted AS i
+    ORDER BY i.id;
 {% endif %}
 END;
 $function$;

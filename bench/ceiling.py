@@ -45,13 +45,16 @@ def rendered_unit(env: Env, queue: str, verb: str) -> str:
     raise KeyError(f"{queue}_{verb} not rendered")
 
 
-def raw_destructive_dequeue(env: Env, queue: str) -> str:
-    """The dequeue function's RETURN QUERY statement, with batch_size as a pgbench variable."""
+def raw_destructive_dequeue(env: Env, queue: str, batch: int) -> str:
+    """The claim statement the dequeue function runs for this batch size (batch 1 has its own, with
+    a literal LIMIT 1), with batch_size as a pgbench variable."""
     body = rendered_unit(env, queue, "dequeue")
-    match = re.search(r"RETURN QUERY\s*(WITH\b.*?);\s*END;", body, re.S)
-    if not match:
-        raise RuntimeError(f"bench: cannot find the claim statement in {queue}_dequeue")
-    statement = re.sub(r"\bbatch_size\b", ":batch", match.group(1))
+    statements = re.findall(r"RETURN QUERY\s*(WITH\b.*?);", body, re.S)
+    literal = [s for s in statements if "LIMIT 1\n" in s]
+    variable = [s for s in statements if "LIMIT batch_size" in s]
+    if len(literal) != 1 or len(variable) != 1:
+        raise RuntimeError(f"bench: cannot find the two claim statements in {queue}_dequeue")
+    statement = re.sub(r"\bbatch_size\b", ":batch", (literal if batch == 1 else variable)[0])
     # A plpgsql variable holding clock_timestamp() at the call's start is, for a one-statement
     # transaction, what now() is: a value known when the statement starts (so it bounds the index).
     statement = re.sub(r"\bnow_utc\b", "now()", statement)
@@ -68,33 +71,50 @@ def raw_enqueue(env: Env, queue: str) -> str:
     return f"INSERT INTO {env.table(queue)} AS m ({names}) VALUES ({values}) RETURNING m.id;\n"
 
 
+def payload_array(batch: int) -> str:
+    return f"array_fill({_literal(PAYLOAD)}::jsonb, ARRAY[{batch}])"
+
+
+def raw_enqueue_batch(env: Env, queue: str, batch: int) -> str:
+    """A set-based INSERT of `batch` rows from an array: what enqueue_batch's INSERT does, bare."""
+    with env.conn() as conn:
+        cols = fill_columns(conn, env.schema, queue)
+    names = ", ".join(f'"{c}"' for c, _ in cols)
+    values = ", ".join("u.payload" if c == "payload" else "clock_timestamp()" for c, _ in cols)
+    return (f"INSERT INTO {env.table(queue)} AS m ({names}) SELECT {values} "
+            f"FROM unnest({payload_array(batch)}) AS u (payload) RETURNING m.id;\n")
+
+
+def enqueue_shapes(env: Env, queue: str, kind: str) -> list[Shape]:
+    """A one-row enqueue, and a batch of ten through enqueue_batch (what amortises the call)."""
+    return [Shape(f"{kind} enqueue", queue, "enqueue", 1, raw_enqueue(env, queue),
+                  fn_call(env, queue, "enqueue", f"payload => {_literal(PAYLOAD)}::jsonb")),
+            Shape(f"{kind} enqueue_batch of 10", queue, "enqueue", 10, raw_enqueue_batch(env, queue, 10),
+                  fn_call(env, queue, "enqueue_batch", f"payloads => {payload_array(10)}"))]
+
+
 def fn_call(env: Env, queue: str, verb: str, args: str) -> str:
     return f'SELECT * FROM "{env.schema}"."{queue}_{verb}"({args});\n'
 
 
 def destructive_shapes(env: Env, queue: str, batches: tuple[int, ...]) -> list[Shape]:
     kind = env.queue(queue).kind
-    shapes = [Shape(f"{kind} enqueue", queue, "enqueue", 1, raw_enqueue(env, queue),
-                    fn_call(env, queue, "enqueue", f"payload => {_literal(PAYLOAD)}::jsonb"))]
+    shapes = enqueue_shapes(env, queue, kind)
     for b in batches:
         head = f"\\set batch {b}\n"
         shapes.append(Shape(f"{kind} dequeue batch {b}", queue, "dequeue", b,
-                            head + raw_destructive_dequeue(env, queue),
+                            head + raw_destructive_dequeue(env, queue, b),
                             head + fn_call(env, queue, "dequeue", "batch_size => :batch")))
     return shapes
 
 
 def work_shapes(env: Env, queue: str) -> list[Shape]:
-    from .work_raw import work_minimal_cycle, work_raw_cycle
+    from .work_raw import work_fn_cycle, work_minimal_cycle, work_raw_cycle
 
-    shapes = [Shape("work enqueue", queue, "enqueue", 1, raw_enqueue(env, queue),
-                    fn_call(env, queue, "enqueue", f"payload => {_literal(PAYLOAD)}::jsonb"))]
+    shapes = enqueue_shapes(env, queue, "work")
     raw = work_raw_cycle(env, queue)
     if raw is not None:
-        worker = "('pgbench-' || :client_id::text)"
-        fn = (f'SELECT id FROM "{env.schema}"."{queue}_dequeue"(batch_size => 1, worker => {worker}, '
-              f"lease_seconds => 300) \\gset\n"
-              f'SELECT * FROM "{env.schema}"."{queue}_complete"(id => :id, worker => {worker});\n')
+        fn = work_fn_cycle(env, queue)
         shapes.append(Shape("work cycle batch 1 (same statements)", queue, "cycle", 1, raw, fn))
         shapes.append(Shape("work cycle batch 1 (minimal raw: one claim UPDATE + one DELETE)", queue, "cycle", 1,
                             work_minimal_cycle(env, queue), fn))

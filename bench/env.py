@@ -31,23 +31,16 @@ def available_kinds() -> list[str]:
     return [k for k in KINDS if (TEMPLATE_ROOT / "postgres" / f"{k}.sql").exists()]
 
 
-PROPOSAL_KINDS = ("fifo", "work")
-
-
-def queue_entries(kinds: list[str], extra_work_history: bool = False, proposals: bool = False,
-                  deep: bool = False) -> list[dict]:
+def queue_entries(kinds: list[str], extra_work_history: bool = False, deep: bool = False) -> list[dict]:
     """One queue per kind (q_<kind>); q_work_history (history: true) for the peer comparison;
-    q_<kind>_prop, whose functions bench/proposals.py replaces with proposed versions; q_<kind>_deep,
-    a twin held at the deepest depth so the depth target can alternate shallow and deep cells."""
+    q_<kind>_deep, a twin held at the deepest depth so the depth target can alternate shallow and
+    deep cells."""
     entries = [{"name": f"q_{kind}", "kind": kind, "payload": "json"} for kind in kinds]
     if deep:
         entries += [{"name": f"q_{kind}_deep", "kind": kind, "payload": "json"} for kind in kinds]
     if "work" in kinds and extra_work_history:
         entries.append({"name": "q_work_history", "kind": "work", "payload": "json",
                         "options": {"history": True}})
-    if proposals:
-        entries += [{"name": f"q_{kind}_prop", "kind": kind, "payload": "json"}
-                    for kind in PROPOSAL_KINDS if kind in kinds]
     return entries
 
 
@@ -73,7 +66,6 @@ class Env:
     schema: str
     catalog: Catalog
     facts: dict = field(default_factory=dict)
-    parts_done: tuple = ()
 
     def conn(self, autocommit: bool = True) -> psycopg.Connection:
         return connect(self.url, autocommit=autocommit)

@@ -236,7 +236,7 @@ def pgbench_cycle(env: Env, pgq_url: str, queues: list[str], clients: int, secon
     from pathlib import Path
 
     from .ceiling import Shape, measure, run_pgbench
-    from .proposals import _work_fn_script
+    from .work_raw import work_fn_cycle
 
     workdir = Path(tempfile.mkdtemp(prefix="tq-peer-"))
     os.chmod(workdir, 0o755)
@@ -260,7 +260,7 @@ def pgbench_cycle(env: Env, pgq_url: str, queues: list[str], clients: int, secon
                     runs[who].append({"messages_per_s": done / max(1, round(seconds)), "p50_ms": result["p50_ms"],
                                       "p99_ms": result["p99_ms"], "failed": result["failed"]})
                 else:
-                    s = _work_fn_script(env, who)
+                    s = work_fn_cycle(env, who)
                     m = measure(env, Shape(who, who, "cycle", 1, s, s), "fn", clients, seconds, depth, workdir)
                     runs[who].append({k: m[k] for k in ("messages_per_s", "p50_ms", "p99_ms", "failed")})
     finally:

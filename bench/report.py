@@ -548,8 +548,9 @@ def write_report(results: dict, out_root: Path) -> Path:
           f"-T {round(rows[0]['seconds'])} -f <script>` on the same server in the same run; each pair ran "
           f"{plan['ceiling_rounds']}× in the order raw, functions, functions, raw (averaged). Messages/s are counted "
           "from the table (rows removed or added), not from pgbench's tps. Dequeue runs start from a preloaded "
-          "queue deep enough never to drain (checked). The raw destructive claim is the function's own "
-          "`RETURN QUERY` statement, cut out of the rendered SQL.")
+          "queue deep enough never to drain (checked). The raw destructive claim is the statement the function "
+          "runs for that batch size (batch 1 has its own, with a literal `LIMIT 1`), cut out of the rendered SQL; "
+          "the raw side of `enqueue_batch of 10` is one set-based `INSERT ... SELECT ... FROM unnest(array)`.")
         w("")
         w("| shape | raw msg/s (p50 / p99 ms) | functions msg/s (p50 / p99 ms) | functions / raw |")
         w("|---|---:|---:|---:|")
@@ -584,26 +585,21 @@ def write_report(results: dict, out_root: Path) -> Path:
             w("```")
         w("</details>")
         w("")
-    if results.get("proposals"):
-        w("## Proposed template changes, measured")
+    if results.get("overhead"):
+        from .overhead import VARIANTS
+
+        w("## What a one-row enqueue pays for being a function")
         w("")
-        w("The templates are not changed by the benchmark. `bench/proposals.py` applies each proposal as a text "
-          "transformation of the *rendered* dequeue function to a second queue of the same kind (`q_<kind>_prop`), "
-          "then measures current and proposed side by side in this run (alternating): with pgbench next to the raw "
-          "SQL ceiling, and with the Python client at 4 consumers, batch 1. P1 and P2 are described in *Analysis*.")
+        w("The raw INSERT of the ceiling, then the same INSERT wrapped step by step until it is the queue's "
+          "`enqueue` function (`bench/overhead.py`), each driven by pgbench with "
+          f"{results['overhead'][0]['clients']} clients, alternating, in this run. msg/s, and in brackets the "
+          "ratio to the raw INSERT.")
         w("")
-        w("| kind | verb | proposal | pgbench raw msg/s | current msg/s (/ raw) | proposed msg/s (/ raw) | proposed / current, "
-          "pgbench | proposed / current, Python client | claim plan at 1,000,000 waiting (proposed) |")
-        w("|---|---|---|---:|---:|---:|---:|---:|---|")
-        for e in results["proposals"]:
-            pg, py = e["pgbench"], e["python"]
-            ex = e.get("explain_proposed") or {}
-            w(f"| {e['kind']} | {e.get('verb', 'dequeue')} | {' + '.join(e['proposals'])} | {_f(pg['raw'])} | {_f(pg['current'])} "
-              f"({e['current_vs_raw']:.2f}) | {_f(pg['proposed'])} ({e['proposed_vs_raw']:.2f}) | "
-              f"{e['proposed_vs_current']:.2f}x | {_f(py['current'])} → {_f(py['proposed'])} "
-              f"({e['python_proposed_vs_current']:.2f}x) | "
-              + (f"{', '.join(f'{x:.3f} ms' for x in ex.get('statement_ms', []))}; "
-                 f"{'; '.join(ex.get('statement_buffers', []))}" if ex else "–") + " |")
+        w("| kind | " + " | ".join(VARIANTS) + " |")
+        w("|---|" + "---:|" * len(VARIANTS))
+        for e in results["overhead"]:
+            w(f"| {e['kind']} | " + " | ".join(f"{_f(e['messages_per_s'][v])} ({e['vs_raw'][v]:.2f})"
+                                                for v in VARIANTS) + " |")
         w("")
     if results.get("peer"):
         peer = results["peer"]

@@ -14,12 +14,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ceiling, peer, proposals, vacuum
+from . import ceiling, overhead, peer, vacuum
 from .cells import cell
 from .profile import explain_claim
 from .env import REPO, available_kinds, deploy_env, machine_facts, queue_entries, server, set_depth
 
-PARTS = ("matrix", "depth", "vacuum", "ceiling", "proposals", "peer")
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer")
 
 
 @dataclass
@@ -136,9 +136,7 @@ def run_ceiling(env, kinds, plan: Plan, log) -> list[dict]:
 
 
 def run_peer(env, kinds, plan: Plan, log, admin_url: str) -> dict:
-    # q_work_prop carries the proposed dequeue (installed by the proposals part, which runs first).
-    proposed = ("q_work_prop",) if "proposals" in env.parts_done else ()
-    queues = [q for q in ("q_work", "q_work_history", *proposed) if "work" in kinds
+    queues = [q for q in ("q_work", "q_work_history") if "work" in kinds
               and any(x.name == q for x in env.catalog.queues)]
     if not queues:  # no work kind yet: compare the closest destructive shape, and say so
         queues = ["q_fifo"] if "fifo" in kinds else [f"q_{kinds[0]}"]
@@ -189,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     with server() as srv:
         _log(f"server: {'embedded throwaway cluster' if srv['embedded'] else 'TABLEQUEUE_PG_URL'}")
         env = deploy_env(srv["url"], queue_entries(kinds, extra_work_history="peer" in parts,
-                                                   proposals="proposals" in parts, deep="depth" in parts))
+                                                   deep="depth" in parts))
         results["facts"] = machine_facts(srv["url"])
         results["facts"]["embedded"] = srv["embedded"]
         results["schema"] = env.schema
@@ -209,13 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                     from .profile import planning_vs_execution
 
                     results["planning"] = planning_vs_execution(env, kinds)
-                elif part == "proposals":
-                    results["proposals"] = proposals.run(env, kinds, plan.ceiling_clients, plan.ceiling_seconds,
-                                                         plan.ceiling_rounds, plan.matrix_seconds, _log)
+                elif part == "overhead":
+                    results["overhead"] = overhead.run(env, kinds, plan.ceiling_clients, plan.ceiling_seconds,
+                                                       plan.ceiling_rounds, _log)
                 elif part == "peer":
                     results["peer"] = run_peer(env, kinds, plan, _log, srv["url"])
                 results.setdefault("part_seconds", {})[part] = time.monotonic() - t0
-                env.parts_done = (*env.parts_done, part)
                 _log(f"part {part} done in {time.monotonic() - t0:.0f}s")
         finally:
             env.drop()

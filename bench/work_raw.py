@@ -41,8 +41,9 @@ def work_raw_cycle(env, queue: str, lease: int = 300) -> str | None:  # noqa: AN
     fn = q.name
     deq = rendered_unit(env, queue, "dequeue")
     probe = re.search(r"IF EXISTS \((SELECT FROM .*?)\) THEN", deq)
-    claims = re.findall(r"(WITH next_messages AS \(.*?)\s+INTO step_ids, buried_count;", deq, re.S)
-    visible = [c for c in claims if "visible_at <= now_utc" in c and "LIMIT 1\n" in c]
+    claims = re.findall(r"(WITH next_messages AS \(.*?)\s+INTO step_ids, exhausted_ids, exhausted_workers\s+"
+                        r"(FROM leased AS l);", deq, re.S)
+    visible = [" ".join(c) for c in claims if "visible_at <= now_utc" in c[0] and "LIMIT 1\n" in c[0]]
     final = re.search(r"RETURN QUERY\s*(SELECT m\.id.*?);\s*END;", deq, re.S)
     comp = rendered_unit(env, queue, "complete")
     delete = re.search(r"(DELETE FROM .*?);\s*GET DIAGNOSTICS", comp, re.S)
@@ -53,8 +54,7 @@ def work_raw_cycle(env, queue: str, lease: int = 300) -> str | None:  # noqa: AN
         raise RuntimeError(f"bench: the statements of {queue}_dequeue/_complete are not where work_raw expects")
     own = "SELECT EXISTS (" + _flat(_subst(probe.group(1), fn, lease)) + ")"
     claim = _flat(_subst(visible[0], fn, lease))
-    claim = re.sub(r"FROM leased AS l\), \(SELECT count\(\*\) FROM buried\)$",
-                   "FROM leased AS l) AS ids, (SELECT count(*) FROM buried) AS buried", claim)
+    claim = re.sub(r"\) FILTER \(WHERE l\.attempts <= (\d+)\),", r") FILTER (WHERE l.attempts <= \1) AS ids,", claim, count=1)
     read = _flat(_subst(final.group(1), fn, lease)).replace("unnest(claimed_ids)", "unnest(:p_ids::bigint[])")
     done = _flat(_subst(delete.group(1), fn, lease))
     # dequeue's three statements run in one transaction, as inside the function; complete in its own.

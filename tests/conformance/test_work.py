@@ -461,8 +461,9 @@ def test_retry_after_seconds_out_of_range_is_invalid_argument(deploy) -> None:
     assert counts(client) == (0, 0, 1, 0)
 
 
-def test_a_lease_that_expires_max_attempts_times_ends_dead_and_frees_its_place_in_the_batch(deploy) -> None:
-    client = deploy(work(max_attempts=2)).client()
+@pytest.mark.parametrize("options", [{}, {"client_ids": True, "priority": True}], ids=["plain", "client-ids-priority"])
+def test_a_lease_that_expires_max_attempts_times_ends_dead_and_frees_its_place_in_the_batch(deploy, options) -> None:
+    client = deploy(work(max_attempts=2, **options)).client()
     now = server_now(client)
     doomed = client.enqueue({"doomed": True}, due_at=now - timedelta(minutes=1))
     client.dequeue(worker="a", lease_seconds=1)

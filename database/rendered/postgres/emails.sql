@@ -313,6 +313,8 @@ DECLARE
     claimed_ids bigint[] := '{}';
     step_ids bigint[];
     buried_count bigint;
+    exhausted_ids bigint[];
+    exhausted_workers text[];
     remaining integer;
 BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
@@ -336,7 +338,7 @@ BEGIN
                 m.id,
                 m.id AS tie,
                 m.visible_at,
-                m.attempts
+                m.leased_by
             FROM "queue"."emails" AS m
             WHERE m.leased_by = emails_dequeue.worker
             ORDER BY m.visible_at, m.id
@@ -352,39 +354,44 @@ BEGIN
                 leased_by = emails_dequeue.worker,
                 leased_at = now_utc
             FROM next_messages AS n
-            WHERE m.id = n.id AND n.attempts < 3
-            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-        ),
-
-        gone AS (
-            DELETE FROM "queue"."emails" AS m
-            USING next_messages AS n
-            WHERE m.id = n.id AND n.attempts >= 3
-            RETURNING m.*
-        ),
-
-        buried AS (
-            INSERT INTO "queue"."emails_dead" (
-                id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
-            )
-            SELECT
-                g.id,
-                g.enqueued_at,
-                g.due_at,
-                g.dedupe_key,
-                g.attempts,
-                'lease expired',
-                g.leased_by,
-                now_utc,
-                g.payload
-            FROM gone AS g
-            RETURNING 1
+            WHERE m.id = n.id
+            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
         )
 
         SELECT
-            (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-            (SELECT count(*) FROM buried)
-        INTO step_ids, buried_count;
+            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
+            array_agg(l.id) FILTER (WHERE l.attempts > 3),
+            array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+        INTO step_ids, exhausted_ids, exhausted_workers
+        FROM leased AS l;
+        buried_count := 0;
+        IF exhausted_ids IS NOT NULL THEN
+            WITH gone AS (
+                DELETE FROM "queue"."emails" AS m
+                WHERE m.id = ANY(exhausted_ids)
+                RETURNING m.*
+            ),
+
+            buried AS (
+                INSERT INTO "queue"."emails_dead" (
+                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.dedupe_key,
+                    g.attempts - 1,
+                    'lease expired',
+                    exhausted_workers[array_position(exhausted_ids, g.id)],
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                RETURNING 1
+            )
+
+            SELECT count(*) INTO buried_count FROM buried;
+        END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
@@ -399,7 +406,7 @@ BEGIN
                     m.id,
                     m.id AS tie,
                     m.visible_at,
-                    m.attempts
+                    m.leased_by
                 FROM "queue"."emails" AS m
                 WHERE m.visible_at <= now_utc
                 ORDER BY m.visible_at, m.id
@@ -415,46 +422,51 @@ BEGIN
                     leased_by = emails_dequeue.worker,
                     leased_at = now_utc
                 FROM next_messages AS n
-                WHERE m.id = n.id AND n.attempts < 3
-                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-            ),
-
-            gone AS (
-                DELETE FROM "queue"."emails" AS m
-                USING next_messages AS n
-                WHERE m.id = n.id AND n.attempts >= 3
-                RETURNING m.*
-            ),
-
-            buried AS (
-                INSERT INTO "queue"."emails_dead" (
-                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
-                )
-                SELECT
-                    g.id,
-                    g.enqueued_at,
-                    g.due_at,
-                    g.dedupe_key,
-                    g.attempts,
-                    'lease expired',
-                    g.leased_by,
-                    now_utc,
-                    g.payload
-                FROM gone AS g
-                RETURNING 1
+                WHERE m.id = n.id
+                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
             )
 
             SELECT
-                (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-                (SELECT count(*) FROM buried)
-            INTO step_ids, buried_count;
+                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
+                array_agg(l.id) FILTER (WHERE l.attempts > 3),
+                array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+            INTO step_ids, exhausted_ids, exhausted_workers
+            FROM leased AS l;
+            buried_count := 0;
+            IF exhausted_ids IS NOT NULL THEN
+                WITH gone AS (
+                    DELETE FROM "queue"."emails" AS m
+                    WHERE m.id = ANY(exhausted_ids)
+                    RETURNING m.*
+                ),
+
+                buried AS (
+                    INSERT INTO "queue"."emails_dead" (
+                        id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                    )
+                    SELECT
+                        g.id,
+                        g.enqueued_at,
+                        g.due_at,
+                        g.dedupe_key,
+                        g.attempts - 1,
+                        'lease expired',
+                        exhausted_workers[array_position(exhausted_ids, g.id)],
+                        now_utc,
+                        g.payload
+                    FROM gone AS g
+                    RETURNING 1
+                )
+
+                SELECT count(*) INTO buried_count FROM buried;
+            END IF;
         ELSE
             WITH next_messages AS (
                 SELECT
                     m.id,
                     m.id AS tie,
                     m.visible_at,
-                    m.attempts
+                    m.leased_by
                 FROM "queue"."emails" AS m
                 WHERE m.visible_at <= now_utc
                 ORDER BY m.visible_at, m.id
@@ -470,39 +482,44 @@ BEGIN
                     leased_by = emails_dequeue.worker,
                     leased_at = now_utc
                 FROM next_messages AS n
-                WHERE m.id = n.id AND n.attempts < 3
-                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-            ),
-
-            gone AS (
-                DELETE FROM "queue"."emails" AS m
-                USING next_messages AS n
-                WHERE m.id = n.id AND n.attempts >= 3
-                RETURNING m.*
-            ),
-
-            buried AS (
-                INSERT INTO "queue"."emails_dead" (
-                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
-                )
-                SELECT
-                    g.id,
-                    g.enqueued_at,
-                    g.due_at,
-                    g.dedupe_key,
-                    g.attempts,
-                    'lease expired',
-                    g.leased_by,
-                    now_utc,
-                    g.payload
-                FROM gone AS g
-                RETURNING 1
+                WHERE m.id = n.id
+                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
             )
 
             SELECT
-                (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-                (SELECT count(*) FROM buried)
-            INTO step_ids, buried_count;
+                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
+                array_agg(l.id) FILTER (WHERE l.attempts > 3),
+                array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+            INTO step_ids, exhausted_ids, exhausted_workers
+            FROM leased AS l;
+            buried_count := 0;
+            IF exhausted_ids IS NOT NULL THEN
+                WITH gone AS (
+                    DELETE FROM "queue"."emails" AS m
+                    WHERE m.id = ANY(exhausted_ids)
+                    RETURNING m.*
+                ),
+
+                buried AS (
+                    INSERT INTO "queue"."emails_dead" (
+                        id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                    )
+                    SELECT
+                        g.id,
+                        g.enqueued_at,
+                        g.due_at,
+                        g.dedupe_key,
+                        g.attempts - 1,
+                        'lease expired',
+                        exhausted_workers[array_position(exhausted_ids, g.id)],
+                        now_utc,
+                        g.payload
+                    FROM gone AS g
+                    RETURNING 1
+                )
+
+                SELECT count(*) INTO buried_count FROM buried;
+            END IF;
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
         remaining := batch_size - cardinality(claimed_ids);

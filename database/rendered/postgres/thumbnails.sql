@@ -301,6 +301,8 @@ DECLARE
     claimed_ids uuid[] := '{}';
     step_ids uuid[];
     buried_count bigint;
+    exhausted_ids uuid[];
+    exhausted_workers text[];
     remaining integer;
     current_level integer;
     level_ids uuid[];
@@ -327,7 +329,7 @@ BEGIN
                 m.id,
                 m.seq AS tie,
                 m.visible_at,
-                m.attempts
+                m.leased_by
             FROM "queue"."thumbnails" AS m
             WHERE m.leased_by = thumbnails_dequeue.worker
             ORDER BY m.visible_at, m.seq
@@ -343,48 +345,53 @@ BEGIN
                 leased_by = thumbnails_dequeue.worker,
                 leased_at = now_utc
             FROM next_messages AS n
-            WHERE m.id = n.id AND n.attempts < 4
-            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-        ),
-
-        gone AS (
-            DELETE FROM "queue"."thumbnails" AS m
-            USING next_messages AS n
-            WHERE m.id = n.id AND n.attempts >= 4
-            RETURNING m.*
-        ),
-
-        buried AS (
-            INSERT INTO "queue"."thumbnails_dead" (
-                id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
-            )
-            SELECT
-                g.id,
-                g.enqueued_at,
-                g.due_at,
-                g.priority,
-                g.attempts,
-                'lease expired',
-                g.leased_by,
-                now_utc,
-                g.payload
-            FROM gone AS g
-            ON CONFLICT (id) DO UPDATE SET
-                enqueued_at = excluded.enqueued_at,
-                due_at = excluded.due_at,
-                priority = excluded.priority,
-                attempts = excluded.attempts,
-                last_error = excluded.last_error,
-                last_worker = excluded.last_worker,
-                dead_at = excluded.dead_at,
-                payload = excluded.payload
-            RETURNING 1
+            WHERE m.id = n.id
+            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
         )
 
         SELECT
-            (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-            (SELECT count(*) FROM buried)
-        INTO step_ids, buried_count;
+            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
+            array_agg(l.id) FILTER (WHERE l.attempts > 4),
+            array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
+        INTO step_ids, exhausted_ids, exhausted_workers
+        FROM leased AS l;
+        buried_count := 0;
+        IF exhausted_ids IS NOT NULL THEN
+            WITH gone AS (
+                DELETE FROM "queue"."thumbnails" AS m
+                WHERE m.id = ANY(exhausted_ids)
+                RETURNING m.*
+            ),
+
+            buried AS (
+                INSERT INTO "queue"."thumbnails_dead" (
+                    id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.priority,
+                    g.attempts - 1,
+                    'lease expired',
+                    exhausted_workers[array_position(exhausted_ids, g.id)],
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                ON CONFLICT (id) DO UPDATE SET
+                    enqueued_at = excluded.enqueued_at,
+                    due_at = excluded.due_at,
+                    priority = excluded.priority,
+                    attempts = excluded.attempts,
+                    last_error = excluded.last_error,
+                    last_worker = excluded.last_worker,
+                    dead_at = excluded.dead_at,
+                    payload = excluded.payload
+                RETURNING 1
+            )
+
+            SELECT count(*) INTO buried_count FROM buried;
+        END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
@@ -406,7 +413,7 @@ BEGIN
                         m.id,
                         m.seq AS tie,
                         m.visible_at,
-                        m.attempts
+                        m.leased_by
                     FROM "queue"."thumbnails" AS m
                     WHERE m.priority = current_level AND m.visible_at <= now_utc
                     ORDER BY m.visible_at, m.seq
@@ -422,55 +429,60 @@ BEGIN
                         leased_by = thumbnails_dequeue.worker,
                         leased_at = now_utc
                     FROM next_messages AS n
-                    WHERE m.id = n.id AND n.attempts < 4
-                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-                ),
-
-                gone AS (
-                    DELETE FROM "queue"."thumbnails" AS m
-                    USING next_messages AS n
-                    WHERE m.id = n.id AND n.attempts >= 4
-                    RETURNING m.*
-                ),
-
-                buried AS (
-                    INSERT INTO "queue"."thumbnails_dead" (
-                        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
-                    )
-                    SELECT
-                        g.id,
-                        g.enqueued_at,
-                        g.due_at,
-                        g.priority,
-                        g.attempts,
-                        'lease expired',
-                        g.leased_by,
-                        now_utc,
-                        g.payload
-                    FROM gone AS g
-                    ON CONFLICT (id) DO UPDATE SET
-                        enqueued_at = excluded.enqueued_at,
-                        due_at = excluded.due_at,
-                        priority = excluded.priority,
-                        attempts = excluded.attempts,
-                        last_error = excluded.last_error,
-                        last_worker = excluded.last_worker,
-                        dead_at = excluded.dead_at,
-                        payload = excluded.payload
-                    RETURNING 1
+                    WHERE m.id = n.id
+                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
                 )
 
                 SELECT
-                    (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-                    (SELECT count(*) FROM buried)
-                INTO level_ids, level_buried;
+                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
+                    array_agg(l.id) FILTER (WHERE l.attempts > 4),
+                    array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
+                INTO level_ids, exhausted_ids, exhausted_workers
+                FROM leased AS l;
+                level_buried := 0;
+                IF exhausted_ids IS NOT NULL THEN
+                    WITH gone AS (
+                        DELETE FROM "queue"."thumbnails" AS m
+                        WHERE m.id = ANY(exhausted_ids)
+                        RETURNING m.*
+                    ),
+
+                    buried AS (
+                        INSERT INTO "queue"."thumbnails_dead" (
+                            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            g.id,
+                            g.enqueued_at,
+                            g.due_at,
+                            g.priority,
+                            g.attempts - 1,
+                            'lease expired',
+                            exhausted_workers[array_position(exhausted_ids, g.id)],
+                            now_utc,
+                            g.payload
+                        FROM gone AS g
+                        ON CONFLICT (id) DO UPDATE SET
+                            enqueued_at = excluded.enqueued_at,
+                            due_at = excluded.due_at,
+                            priority = excluded.priority,
+                            attempts = excluded.attempts,
+                            last_error = excluded.last_error,
+                            last_worker = excluded.last_worker,
+                            dead_at = excluded.dead_at,
+                            payload = excluded.payload
+                        RETURNING 1
+                    )
+
+                    SELECT count(*) INTO level_buried FROM buried;
+                END IF;
             ELSE
                 WITH next_messages AS (
                     SELECT
                         m.id,
                         m.seq AS tie,
                         m.visible_at,
-                        m.attempts
+                        m.leased_by
                     FROM "queue"."thumbnails" AS m
                     WHERE m.priority = current_level AND m.visible_at <= now_utc
                     ORDER BY m.visible_at, m.seq
@@ -486,48 +498,53 @@ BEGIN
                         leased_by = thumbnails_dequeue.worker,
                         leased_at = now_utc
                     FROM next_messages AS n
-                    WHERE m.id = n.id AND n.attempts < 4
-                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-                ),
-
-                gone AS (
-                    DELETE FROM "queue"."thumbnails" AS m
-                    USING next_messages AS n
-                    WHERE m.id = n.id AND n.attempts >= 4
-                    RETURNING m.*
-                ),
-
-                buried AS (
-                    INSERT INTO "queue"."thumbnails_dead" (
-                        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
-                    )
-                    SELECT
-                        g.id,
-                        g.enqueued_at,
-                        g.due_at,
-                        g.priority,
-                        g.attempts,
-                        'lease expired',
-                        g.leased_by,
-                        now_utc,
-                        g.payload
-                    FROM gone AS g
-                    ON CONFLICT (id) DO UPDATE SET
-                        enqueued_at = excluded.enqueued_at,
-                        due_at = excluded.due_at,
-                        priority = excluded.priority,
-                        attempts = excluded.attempts,
-                        last_error = excluded.last_error,
-                        last_worker = excluded.last_worker,
-                        dead_at = excluded.dead_at,
-                        payload = excluded.payload
-                    RETURNING 1
+                    WHERE m.id = n.id
+                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
                 )
 
                 SELECT
-                    (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-                    (SELECT count(*) FROM buried)
-                INTO level_ids, level_buried;
+                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
+                    array_agg(l.id) FILTER (WHERE l.attempts > 4),
+                    array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
+                INTO level_ids, exhausted_ids, exhausted_workers
+                FROM leased AS l;
+                level_buried := 0;
+                IF exhausted_ids IS NOT NULL THEN
+                    WITH gone AS (
+                        DELETE FROM "queue"."thumbnails" AS m
+                        WHERE m.id = ANY(exhausted_ids)
+                        RETURNING m.*
+                    ),
+
+                    buried AS (
+                        INSERT INTO "queue"."thumbnails_dead" (
+                            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            g.id,
+                            g.enqueued_at,
+                            g.due_at,
+                            g.priority,
+                            g.attempts - 1,
+                            'lease expired',
+                            exhausted_workers[array_position(exhausted_ids, g.id)],
+                            now_utc,
+                            g.payload
+                        FROM gone AS g
+                        ON CONFLICT (id) DO UPDATE SET
+                            enqueued_at = excluded.enqueued_at,
+                            due_at = excluded.due_at,
+                            priority = excluded.priority,
+                            attempts = excluded.attempts,
+                            last_error = excluded.last_error,
+                            last_worker = excluded.last_worker,
+                            dead_at = excluded.dead_at,
+                            payload = excluded.payload
+                        RETURNING 1
+                    )
+
+                    SELECT count(*) INTO level_buried FROM buried;
+                END IF;
             END IF;
             step_ids := step_ids || coalesce(level_ids, '{}');
             buried_count := buried_count + level_buried;

@@ -88,16 +88,20 @@
 {%- endmacro %}
 
 {#- One claim statement: lock up to limit_sql visible rows matching where_sql in claim order
-    (SKIP LOCKED), lease those with attempts left to the worker, and move those whose lease had
-    already expired max_attempts times to the dead-letter table ('lease expired'). Sets ids_var to
-    the leased ids in claim order (NULL for none) and buried_var to the number moved. -#}
+    (SKIP LOCKED) and lease them to the worker. Sets ids_var to the leased ids in claim order (NULL
+    for none) and buried_var to the number of claimed rows whose lease had already expired
+    max_attempts times: the claim would be one attempt too many, so a second statement, which runs
+    only then, moves them to the dead-letter table ('lease expired') with the attempts and the
+    worker they had. Keeping that move out of the claim keeps the claim a two-node statement that
+    never touches the dead-letter table (the SQL Server twin has the same shape). Expects the
+    variables exhausted_ids and exhausted_workers. -#}
 {% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count') %}
     WITH next_messages AS (
         SELECT
             m.id,
             m.{{ tie }} AS tie,
             m.visible_at,
-            m.attempts
+            m.leased_by
         FROM {{ t }} AS m
         WHERE {{ where_sql }}
         ORDER BY m.visible_at, m.{{ tie }}
@@ -113,27 +117,22 @@
             leased_by = {{ fn }}_dequeue.worker,
             leased_at = now_utc
         FROM next_messages AS n
-        WHERE m.id = n.id AND n.attempts < {{ max_attempts }}
-        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at
-    ),
-
-    gone AS (
-        DELETE FROM {{ t }} AS m
-        USING next_messages AS n
-        WHERE m.id = n.id AND n.attempts >= {{ max_attempts }}
-        RETURNING m.*
-    ),
-
-    buried AS (
-{{ dead_insert('g.attempts', "'lease expired'", 'g.leased_by') }}
+        WHERE m.id = n.id
+        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
     )
 
     SELECT
-        (SELECT array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FROM leased AS l),
-        (SELECT count(*) FROM buried)
-    INTO {{ ids_var }}, {{ buried_var }};
+        array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= {{ max_attempts }}),
+        array_agg(l.id) FILTER (WHERE l.attempts > {{ max_attempts }}),
+        array_agg(l.previous_worker) FILTER (WHERE l.attempts > {{ max_attempts }})
+    INTO {{ ids_var }}, exhausted_ids, exhausted_workers
+    FROM leased AS l;
+    {{ buried_var }} := 0;
+    IF exhausted_ids IS NOT NULL THEN
+{{ bury("m.id = ANY(exhausted_ids)", "g.attempts - 1", "'lease expired'",
+        "exhausted_workers[array_position(exhausted_ids, g.id)]", buried_var) | indent(4, first=true) }}
+    END IF;
 {%- endmacro %}
-
 
 {#- claim_statement, with its own statement for a limit of 1. PL/pgSQL caches one plan per statement,
     and the generic plan of a LIMIT given by a variable (costed for an unknown limit) is a sort of

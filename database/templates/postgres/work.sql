@@ -431,6 +431,8 @@ DECLARE
     claimed_ids {{ id_type }}[] := '{}';
     step_ids {{ id_type }}[];
     buried_count bigint;
+    exhausted_ids {{ id_type }}[];
+    exhausted_workers text[];
     remaining integer;
 {% if has_priority %}
     current_level integer;

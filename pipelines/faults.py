@@ -8,10 +8,17 @@ The drain job calls its probe (--probe pipelines.faults:crash_first_attempt) at 
 The enqueue job calls it with "enqueued" after each enqueue_batch call (committed on its own).
 The tests use it to show that a task Spark retries after a crash leaves no duplicate and loses
 nothing; an operator can use it the same way to rehearse a failure.
+
+Tasks share one queue, so which task gets how many batches is a race. With `hold` (a directory
+every task can reach) the race cannot make a planned crash miss its batch: every task the plan
+never crashes pauses after staging its first batch until a planned crash has happened (the crashing
+task leaves a file in `hold` just before it dies), or for at most `hold_seconds`.
 """
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 EVENTS = ("staged", "completed", "committed", "marked", "enqueued")
@@ -21,19 +28,30 @@ class SimulatedCrash(RuntimeError):
     """Raised (how='raise') to fail the Spark task the way an unexpected error would."""
 
 
+CRASHED_FILE = "crashed"
+
+
 def crash_first_attempt(event: str, info: Mapping[str, Any], *, at: str = "staged", partition: int = 0,
-                        batch: int = 2, after_completes: int = 1, how: str = "exit") -> None:
+                        batch: int = 2, after_completes: int = 1, how: str = "exit", hold: str | None = None,
+                        hold_seconds: float = 60.0) -> None:
     """Crash attempt 0 of task `partition` at event `at` of its batch number `batch` (1-based);
     for at='completed', after `after_completes` completes of that batch. how='exit' kills the Python
-    worker (os._exit: no cleanup, the database sees the connection drop); how='raise' raises."""
+    worker (os._exit: no cleanup, the database sees the connection drop); how='raise' raises.
+    hold: see the module's docstring."""
     crash_plan(event, info, plan=[{"at": at, "partition": partition, "batch": batch, "attempt": 0,
-                                   "after_completes": after_completes}], how=how)
+                                   "after_completes": after_completes}], how=how, hold=hold,
+               hold_seconds=hold_seconds)
 
 
 def crash_plan(event: str, info: Mapping[str, Any], *, plan: Sequence[Mapping[str, Any]],
-               how: str = "exit") -> None:
+               how: str = "exit", hold: str | None = None, hold_seconds: float = 60.0) -> None:
     """Crash at every point of the plan: a list of {at, partition, batch, attempt, after_completes};
-    e.g. attempt 0 at one point, then its retry (attempt 1) at another."""
+    e.g. attempt 0 at one point, then its retry (attempt 1) at another. hold: see the module's
+    docstring."""
+    if hold is not None and event == "staged" and info["batch"] == 1 \
+            and all(info["partition"] != step.get("partition", 0) for step in plan):
+        _wait_for_crash(Path(hold), hold_seconds)
+        return
     for step in plan:
         at = step.get("at", "staged")
         if at not in EVENTS:
@@ -43,10 +61,19 @@ def crash_plan(event: str, info: Mapping[str, Any], *, plan: Sequence[Mapping[st
             continue
         if at == "completed" and info["completed_in_batch"] < step.get("after_completes", 1):
             continue
+        if hold is not None:
+            Path(hold).mkdir(parents=True, exist_ok=True)
+            (Path(hold) / CRASHED_FILE).touch()
         if how == "exit":
             os._exit(17)
         raise SimulatedCrash(f"simulated crash of task {info['partition']} attempt {info['attempt']} "
                              f"at {at} of batch {info['batch']}")
+
+
+def _wait_for_crash(hold: Path, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not (hold / CRASHED_FILE).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def first_attempt_only(payload: Mapping[str, Any], message: Mapping[str, Any]) -> Any:

@@ -11,6 +11,8 @@ import json
 import math
 import secrets
 import shutil
+import threading
+import time
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +31,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pipelines.common import PipelineError, build_session, jdbc_options  # noqa: E402
 from pipelines.demo import run_spark_demo  # noqa: E402
 from pipelines.drain_job import run_drain  # noqa: E402
+from pipelines.faults import SimulatedCrash, crash_plan  # noqa: E402
 from pipelines.enqueue_job import run_enqueue  # noqa: E402
 from pipelines.report_job import run_report  # noqa: E402
 from tablequeue.catalog import Catalog, load_catalog, parse_catalog  # noqa: E402
@@ -234,7 +237,8 @@ def test_drain_task_killed_and_retried_by_spark_leaves_no_duplicate(spark, pg, t
     summary = run_drain(spark, pg.url, catalog, "crashy", "pipelines.transforms:uppercase_name",
                         str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
                         time_budget_seconds=180, probe=CRASH,
-                        probe_args={"at": crash_at, "partition": 0, "batch": 2, "after_completes": 20})
+                        probe_args={"at": crash_at, "partition": 0, "batch": 2, "after_completes": 20,
+                                    "hold": str(tmp_path / "hold")})
     assert summary["retried_tasks"] == [0], "the crash did not happen: the test proves nothing"
     history = pg.rows(f"SELECT id FROM {table(catalog, 'crashy', '_history')}")
     output = output_rows(summary["output"])
@@ -259,7 +263,8 @@ def test_drain_result_staged_for_a_message_that_later_dies_is_not_output(spark, 
     run_enqueue(spark, pg.url, catalog, "doomed", customers(spark, tmp_path / "input", 600, files=2))
     summary = run_drain(spark, pg.url, catalog, "doomed", "pipelines.faults:first_attempt_only",
                         str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
-                        time_budget_seconds=180, probe=CRASH, probe_args={"at": "staged", "batch": 2})
+                        time_budget_seconds=180, probe=CRASH,
+                        probe_args={"at": "staged", "batch": 2, "hold": str(tmp_path / "hold")})
     assert summary["retried_tasks"] == [0]
     dead = {d["id"] for d in pg.rows(f"SELECT id FROM {table(catalog, 'doomed', '_dead')}")}
     history = {h["id"] for h in pg.rows(f"SELECT id FROM {table(catalog, 'doomed', '_history')}")}
@@ -275,11 +280,14 @@ def test_drain_task_killed_twice_keeps_one_row_per_message(spark, pg, tmp_path):
     attempts' rows for those ids are unmarked and confirmed in history: one of each pair is kept."""
     catalog = pg.deploy(work_queue("twice"))
     run_enqueue(spark, pg.url, catalog, "twice", customers(spark, tmp_path / "input", 600, files=2))
+    # The lease outlasts a slow machine's task retry (seconds to tens of seconds): attempt 1 must find
+    # attempt 0's messages still leased to it, not taken over by task 1 after the lease ran out.
     summary = run_drain(spark, pg.url, catalog, "twice", "pipelines.transforms:uppercase_name",
-                        str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
+                        str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=150,
                         time_budget_seconds=180, probe="pipelines.faults:crash_plan",
                         probe_args={"plan": [{"at": "staged", "attempt": 0, "batch": 2},
-                                             {"at": "committed", "attempt": 1, "batch": 1}]})
+                                             {"at": "committed", "attempt": 1, "batch": 1}],
+                                    "hold": str(tmp_path / "hold")})
     assert [(t["partition"], t["attempt"]) for t in summary["tasks"]] == [(0, 2), (1, 0)]
     assert summary["confirmed_from_history"] == 50
     output = output_rows(summary["output"])
@@ -301,6 +309,39 @@ def test_drain_without_history_reports_what_it_cannot_confirm(spark, pg, tmp_pat
     output = output_rows(summary["output"])
     assert len(output) == len({row["id"] for row in output}) == 250
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'nohist')}") == 0
+
+
+def test_crash_plan_holds_the_other_tasks_until_the_planned_crash(tmp_path):
+    """Task 1 may not run ahead of task 0's planned crash: it waits after staging its first batch
+    until the crash has left its file, and then goes on; task 0 is never held."""
+    hold = tmp_path / "hold"
+    plan = [{"at": "staged", "partition": 0, "batch": 2}]
+    info = {"partition": 1, "attempt": 0, "batch": 1, "completed_in_batch": 0}
+    crash_plan("staged", info, plan=plan, how="raise", hold=str(hold), hold_seconds=0.3)
+    assert not (hold / "crashed").exists()           # waited the full 0.3 s: nothing had crashed
+
+    crashes: list[SimulatedCrash] = []
+
+    def task_0_reaches_its_crash() -> None:
+        try:
+            crash_plan("staged", {**info, "partition": 0, "batch": 2}, plan=plan, how="raise", hold=str(hold))
+        except SimulatedCrash as crash:
+            crashes.append(crash)
+
+    timer = threading.Timer(0.2, task_0_reaches_its_crash)
+    timer.start()
+    started = time.monotonic()
+    crash_plan("staged", info, plan=plan, how="raise", hold=str(hold), hold_seconds=30)
+    timer.join()
+    assert time.monotonic() - started < 10 and (hold / "crashed").exists() and len(crashes) == 1
+    # The crashing task never waits; the others' later batches are not held.
+    started = time.monotonic()
+    with pytest.raises(SimulatedCrash):
+        crash_plan("staged", {**info, "partition": 0, "batch": 2}, plan=plan, how="raise",
+                   hold=str(tmp_path / "elsewhere"), hold_seconds=30)
+    crash_plan("staged", {**info, "batch": 2}, plan=plan, how="raise", hold=str(tmp_path / "elsewhere"),
+               hold_seconds=30)
+    assert time.monotonic() - started < 10
 
 
 def test_drain_refuses_a_destructive_queue(spark, pg, tmp_path):

@@ -6,12 +6,14 @@ run ends with a plain count of what did not run. A skipped test is never reporte
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import psycopg
 import pytest
 
 from tablequeue.catalog import Catalog, parse_catalog
@@ -87,13 +89,80 @@ def drop_schema(dialect: str, url: str, schema: str) -> None:
         conn.close()
 
 
+class SchemaPool:
+    """PostgreSQL schemas that tests deployed with reuse=True, kept for the next test that deploys
+    the same queues: emptying the tables of a deployed schema costs a fraction of rendering,
+    deploying and dropping one, which over the conformance suite is many minutes on a 2-core machine.
+    A schema is emptied when it is taken, so nothing a failed test left behind reaches the next one;
+    a schema that cannot be emptied (a lock a failed test still holds) is dropped instead."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.free: dict[str, list[Deployed]] = {}
+        self.schemas: list[str] = []
+
+    def take(self, key: str) -> Deployed | None:
+        while self.free.get(key):
+            deployed = self.free[key].pop()
+            if self._emptied(deployed.catalog.schema):
+                return deployed
+            self.schemas.remove(deployed.catalog.schema)
+            drop_schema("postgres", self.url, deployed.catalog.schema)
+        return None
+
+    def give_back(self, key: str, deployed: Deployed) -> None:
+        if deployed.catalog.schema not in self.schemas:
+            self.schemas.append(deployed.catalog.schema)
+        self.free.setdefault(key, []).append(deployed)
+
+    def _emptied(self, schema: str) -> bool:
+        conn = connect(self.url, autocommit=True)
+        try:
+            conn.execute("SET lock_timeout = '5s'")
+            relations = conn.execute(
+                "SELECT c.relkind, format('%%I.%%I', n.nspname, c.relname) FROM pg_class AS c "
+                "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'S') "
+                "AND c.relname <> 'tablequeue_deploy_history'", (schema,)).fetchall()
+            with conn.transaction():
+                tables = [name for kind, name in relations if kind in ("r", "p")]
+                if tables:
+                    conn.execute(f"TRUNCATE {', '.join(tables)}")
+                for name in (name for kind, name in relations if kind == "S"):
+                    conn.execute(f"ALTER SEQUENCE {name} RESTART")
+            return True
+        except psycopg.errors.LockNotAvailable:
+            return False
+        finally:
+            conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_schema_pool(pg_url: str) -> Iterator[SchemaPool]:
+    pool = SchemaPool(pg_url)
+    yield pool
+    for schema in pool.schemas:
+        drop_schema("postgres", pg_url, schema)
+
+
 @pytest.fixture
-def deploy_queues(engine_url: tuple[str, str]) -> Iterator[Callable[..., Deployed]]:
-    """Deploy queues (catalog 'queues' entries) into a fresh schema of the engine under test."""
+def deploy_queues(engine_url: tuple[str, str],
+                  request: pytest.FixtureRequest) -> Iterator[Callable[..., Deployed]]:
+    """Deploy queues (catalog 'queues' entries) into a fresh schema of the engine under test.
+    reuse=True (tests that change no object of the schema): on PostgreSQL, a schema an earlier test
+    deployed with the same queues, emptied, when there is one (see SchemaPool)."""
     dialect, url = engine_url
     schemas: list[str] = []
+    borrowed: list[tuple[SchemaPool, str, Deployed]] = []
 
-    def _deploy(*queues: dict, schema: str | None = None) -> Deployed:
+    def _deploy(*queues: dict, schema: str | None = None, reuse: bool = False) -> Deployed:
+        pool = request.getfixturevalue("pg_schema_pool") if reuse and dialect == "postgres" else None
+        key = json.dumps(queues, sort_keys=True, default=str)
+        if pool is not None and schema is None:
+            reused = pool.take(key)
+            if reused is not None:
+                borrowed.append((pool, key, reused))
+                return reused
         schema = schema or f"t_{secrets.token_hex(4)}"
         catalog = parse_catalog({"schema": schema, "queues": list(queues)}, f"<test catalog {schema}>")
         units = [u for f in render_catalog(catalog, dialect) for u in f.units]
@@ -102,10 +171,16 @@ def deploy_queues(engine_url: tuple[str, str]) -> Iterator[Callable[..., Deploye
             deploy(conn, dialect_for(dialect), schema, units)
         finally:
             conn.close()
-        schemas.append(schema)
-        return Deployed(dialect, url, catalog)
+        deployed = Deployed(dialect, url, catalog)
+        if pool is not None:
+            borrowed.append((pool, key, deployed))
+        else:
+            schemas.append(schema)
+        return deployed
 
     yield _deploy
+    for pool, key, deployed in borrowed:
+        pool.give_back(key, deployed)
     for schema in schemas:
         drop_schema(dialect, url, schema)
 

@@ -6,6 +6,7 @@ text changes). A unit starts with a marker line so the deploy tool can track eac
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -110,7 +111,10 @@ class Names:
         return self.quote(name)
 
 
+@functools.lru_cache(maxsize=None)
 def _environment(dialect: str, extra_root: Path | None = None) -> jinja2.Environment:
+    """One environment per template root: it keeps the compiled templates (it recompiles a template
+    whose file changed), so rendering many catalogs in one process compiles each template once."""
     roots = [str(TEMPLATE_ROOT / dialect)]
     if extra_root is not None:
         roots.insert(0, str(extra_root))

@@ -58,8 +58,17 @@ def raw_destructive_dequeue(env: Env, queue: str, batch: int) -> str:
     # A plpgsql variable holding clock_timestamp() at the call's start is, for a one-statement
     # transaction, what now() is: a value known when the statement starts (so it bounds the index).
     statement = re.sub(r"\bnow_utc\b", "now()", statement)
+    # A hand-written claim starts at the head of the index: the function's claim position at its
+    # lowest (docs/queue-kinds.md, The claim position).
+    statement = position_at_head(statement)
     # pgbench reads one SQL command per line unless it ends in ';' -- flatten to one line.
     return " ".join(line.strip() for line in statement.splitlines() if line.strip()) + ";\n"
+
+
+def position_at_head(sql: str) -> str:
+    """The claim position's variables as the head of the index: a claim as written by hand."""
+    sql = re.sub(r"\bposition_id\b", "0", sql)
+    return re.sub(r"\b(position_time|own_since)\b", "'-infinity'::timestamptz", sql)
 
 
 def raw_enqueue(env: Env, queue: str) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from .ceiling import position_at_head, rendered_unit
+
 WORKER = "('pgbench-' || :client_id::text)"
 
 
@@ -26,21 +28,19 @@ def _subst(sql: str, fn: str, lease: int) -> str:
     sql = re.sub(r"\blease_until\b", f"(now() + make_interval(secs => {lease}))", sql)
     sql = re.sub(r"\bnow_utc\b", "now()", sql)
     sql = re.sub(r"\b(batch_size|remaining)\b", ":batch", sql)
-    return sql
+    return position_at_head(sql)
 
 
 def work_raw_cycle(env, queue: str, lease: int = 300) -> str | None:  # noqa: ANN001
     """dequeue's statements for a batch of one (the own-messages probe, the LIMIT 1 claim of visible
     messages, the read of the claimed rows) in one transaction, then complete's DELETE. After the
     probe finds nothing the function skips the own-messages claim, and so does this script."""
-    from .ceiling import rendered_unit
-
     q = env.queue(queue)
     if q.options.get("client_ids") or q.options.get("priority"):
         return None  # ids are uuids / claims loop over levels: not a one-line shape
     fn = q.name
     deq = rendered_unit(env, queue, "dequeue")
-    probe = re.search(r"IF EXISTS \((SELECT FROM .*?)\) THEN", deq)
+    probe = re.search(r"IF EXISTS \(\s*(SELECT FROM .*?)\s*\) THEN", deq, re.S)
     claims = re.findall(r"(WITH next_messages AS \(.*?)\s+INTO step_ids, exhausted_ids, exhausted_workers\s+"
                         r"(FROM leased AS l);", deq, re.S)
     visible = [" ".join(c) for c in claims if "visible_at <= now_utc" in c[0] and "LIMIT 1\n" in c[0]]

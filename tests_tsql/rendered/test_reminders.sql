@@ -572,6 +572,66 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_reminders].[test dequeue after an earlier one takes a message due before it first]
+AS
+BEGIN
+    -- Assemble: a dequeue has taken message 31; then message 33 arrives, due long before it (an
+    -- enqueue with a due time in the past). The claim order starts at its head on every call (the
+    -- PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (31, DATEADD(SECOND, -5, @now), DATEADD(SECOND, -30, @now), N'k31', N'{"n": 1}'),
+    (32, DATEADD(SECOND, -5, @now), DATEADD(SECOND, -20, @now), N'k32', N'{"n": 2}');
+
+    CREATE TABLE #Earlier (
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at)
+    EXEC [queue].[reminders_dequeue] @batch_size = 1;
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (33, DATEADD(SECOND, -1, @now), DATEADD(SECOND, -3600, @now), N'k33', N'{"n": 3}');
+
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at)
+    EXEC [queue].[reminders_dequeue] @batch_size = 1;
+
+    -- Assert
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+    INSERT INTO #Expected (position, id, payload, enqueued_at, due_at)
+    VALUES
+    (1, 33, N'{"n": 3}', DATEADD(SECOND, -1, @now), DATEADD(SECOND, -3600, @now));
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[reminders] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (32);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_reminders].[test dequeue on an empty queue returns no rows]
 AS
 BEGIN

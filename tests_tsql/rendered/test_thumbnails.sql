@@ -388,6 +388,85 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue after an earlier one takes a message visible since before it first]
+AS
+BEGIN
+    -- Assemble: a dequeue has taken message 1; then message 3 arrives, visible since long before
+    -- (an enqueue with a due time in the past). The claim order starts at its head on every call
+    -- (the PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
+        DATEADD(SECOND, -30, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
+        DATEADD(SECOND, -20, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 2}'
+    );
+    CREATE TABLE #Earlier (
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now),
+        DATEADD(SECOND, -3600, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 3}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 1,
+        @worker = N'v',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000003', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[test dequeue skips messages not yet due and live leases]
 AS
 BEGIN

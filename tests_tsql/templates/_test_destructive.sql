@@ -676,6 +676,35 @@ END;
 GO
 {% endif %}
 
+{% if has_due %}
+CREATE PROCEDURE {{ cls }}.[test dequeue after an earlier one takes a message due before it first]
+AS
+BEGIN
+    -- Assemble: a dequeue has taken message 31; then message 33 arrives, due long before it (an
+    -- enqueue with a due time in the past). The claim order starts at its head on every call (the
+    -- PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages([{'id': 31, 'age': 5, 'due': -30, 'key': 'k31', 'n': 1}, {'id': 32, 'age': 5, 'due': -20, 'key': 'k32', 'n': 2}]) }}
+    CREATE TABLE #Earlier (
+        id bigint NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL
+    );
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at)
+    EXEC {{ names.verb('dequeue') }} @batch_size = 1;
+{{ insert_messages([{'id': 33, 'age': 1, 'due': -3600, 'key': 'k33', 'n': 3}]) }}
+{{ dequeue_into_actual(1) }}
+
+    -- Assert
+{{ expect_dequeued([{'id': 33, 'age': 1, 'due': -3600, 'n': 3}]) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_remaining([32]) }}
+END;
+GO
+
+{% endif %}
 CREATE PROCEDURE {{ cls }}.[test dequeue on an empty queue returns no rows]
 AS
 BEGIN

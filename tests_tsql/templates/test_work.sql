@@ -511,6 +511,33 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE {{ cls }}.[test dequeue after an earlier one takes a message visible since before it first]
+AS
+BEGIN
+    -- Assemble: a dequeue has taken message 1; then message 3 arrives, visible since long before
+    -- (an enqueue with a due time in the past). The claim order starts at its head on every call
+    -- (the PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-30) }}
+{{ insert_message(2, visible=-20) }}
+    CREATE TABLE #Earlier (
+        id {{ id_type }} NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts)
+    EXEC {{ names.verb('dequeue') }} @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+{{ insert_message(3, visible=-3600) }}
+{{ dequeue_into_actual(1, 'v', 600) }}
+
+    -- Assert
+{{ expect_dequeued([(3, 1)]) }}
+END;
+GO
+
 CREATE PROCEDURE {{ cls }}.[test dequeue skips messages not yet due and live leases]
 AS
 BEGIN

@@ -29,7 +29,7 @@ RESERVED_PREFIX = "tablequeue"
 GENERATED_SUFFIXES = (
     "_items", "_dead", "_history", "_enqueue", "_enqueue_batch", "_dequeue", "_complete",
     "_fail", "_extend_lease", "_stats", "_purge", "_process", "_dead_list", "_dead_requeue",
-    "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due",
+    "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due", "_rewinds",
 )
 INDEX_PREFIXES = ("pk_", "ix_", "ux_", "ck_")
 
@@ -132,6 +132,12 @@ def parse_catalog(document: Any, path: str = "<catalog>") -> Catalog:
             raise CatalogError(path, queue.name, "name", "defined more than once")
         seen.add(queue.name)
         queues.append(queue)
+    for queue in queues:
+        for suffix in GENERATED_SUFFIXES:
+            if queue.name + suffix in seen:
+                raise CatalogError(path, queue.name + suffix, "name",
+                                   f"collides with an object of queue '{queue.name}' (its '{suffix}' object "
+                                   f"is named '{queue.name}{suffix}'): choose another name")
     return Catalog(path=path, schema=schema, queues=tuple(queues))
 
 

@@ -103,7 +103,8 @@ class Dialect(Protocol):
 
 HISTORY_TABLE = "tablequeue_deploy_history"
 # The fingerprint `status` compares for drift: the module text of a procedure, or the column list of a
-# table. Used by the deploy tool and by the hand-run script, so both record the same value.
+# table (or of a sequence, on PostgreSQL). Used by the deploy tool and by the hand-run script, so both
+# record the same value.
 MSSQL_OBJECT_CHECKSUM = """SELECT COALESCE(
     (SELECT CONVERT(varchar(64), HASHBYTES('SHA2_256', m.definition), 2)
      FROM sys.sql_modules AS m
@@ -129,7 +130,7 @@ def postgres_object_checksum_sql(schema_expr: str, name_expr: str) -> str:
      FROM pg_catalog.pg_attribute AS a
      JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
      JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-     WHERE n.nspname = {schema_expr} AND c.relname = {name_expr} AND c.relkind IN ('r', 'p')
+     WHERE n.nspname = {schema_expr} AND c.relname = {name_expr} AND c.relkind IN ('r', 'p', 'S')
        AND a.attnum > 0 AND NOT a.attisdropped))"""
 
 

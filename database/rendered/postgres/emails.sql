@@ -46,6 +46,12 @@ CREATE UNIQUE INDEX IF NOT EXISTS "ux_emails_dedupe"
 ON "queue"."emails" (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
 
+-- tablequeue:unit queue.emails_rewinds storage
+-- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+
+-- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
+CREATE SEQUENCE IF NOT EXISTS "queue"."emails_rewinds";
+
 -- tablequeue:unit queue.emails_dead storage
 -- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
 
@@ -108,6 +114,10 @@ BEGIN
     END IF;
     IF jsonb_typeof(emails_enqueue.payload) NOT IN ('object', 'array') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.emails_enqueue: payload must be a JSON object or array.';
+    END IF;
+    IF emails_enqueue.due_at < now_utc THEN
+        -- Already due: it sorts before the consumers' claim positions, which must start again.
+        PERFORM nextval('"queue"."emails_rewinds"');
     END IF;
     IF length(dedupe_key) > 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_enqueue: dedupe_key is longer than 200 characters.';
@@ -200,6 +210,10 @@ BEGIN
     WHERE u.payload IS NULL OR jsonb_typeof(u.payload) NOT IN ('object', 'array');
     IF bad_ordinal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.emails_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
+    END IF;
+    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < now_utc) THEN
+        -- Already due: it sorts before the consumers' claim positions, which must start again.
+        PERFORM nextval('"queue"."emails_rewinds"');
     END IF;
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
@@ -316,6 +330,16 @@ DECLARE
     exhausted_ids bigint[];
     exhausted_workers text[];
     remaining integer;
+    own_state text := current_setting('tablequeue.queue.emails.own', true);
+    own_since timestamptz := '-infinity';
+    own_held bigint;
+    own_count integer;
+    position_time timestamptz;
+    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."emails_rewinds" AS r);
+    -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
+    position_state text := current_setting('tablequeue.queue.emails', true);
+    position_expires numeric;
+    position_id bigint;
 BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
@@ -331,74 +355,112 @@ BEGIN
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_emails_lease.
     -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
-    -- come to this worker between the probe and the claim.
-    IF EXISTS (SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker) THEN
-        WITH next_messages AS (
-            SELECT
-                m.id,
-                m.id AS tie,
-                m.visible_at,
-                m.leased_by
-            FROM "queue"."emails" AS m
-            WHERE m.leased_by = emails_dequeue.worker
-            ORDER BY m.visible_at, m.id
-            LIMIT batch_size
-            FOR UPDATE SKIP LOCKED
-        ),
-
-        leased AS (
-            UPDATE "queue"."emails" AS m
-            SET
-                attempts = m.attempts + 1,
-                visible_at = lease_until,
-                leased_by = emails_dequeue.worker,
-                leased_at = now_utc
-            FROM next_messages AS n
-            WHERE m.id = n.id
-            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
-        )
-
-        SELECT
-            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
-            array_agg(l.id) FILTER (WHERE l.attempts > 3),
-            array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
-        INTO step_ids, exhausted_ids, exhausted_workers
-        FROM leased AS l;
-        buried_count := 0;
-        IF exhausted_ids IS NOT NULL THEN
-            WITH gone AS (
-                DELETE FROM "queue"."emails" AS m
-                WHERE m.id = ANY(exhausted_ids)
-                RETURNING m.*
+    -- come to this worker between the probe and the claim. Skipped while this session knows that
+    -- its worker holds nothing (the own-lease count, _work_macros.sql); a lease taken since
+    -- own_since ends after it, so the probe reads no entry of a message finished before.
+    IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_dequeue.worker THEN
+        own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+        own_held := substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint;
+    END IF;
+    IF own_held IS DISTINCT FROM 0 THEN
+        IF EXISTS (
+            SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker AND m.visible_at > own_since
+        ) THEN
+            WITH next_messages AS (
+                SELECT
+                    m.id,
+                    m.id AS tie,
+                    m.visible_at,
+                    m.leased_by
+                FROM "queue"."emails" AS m
+                WHERE m.leased_by = emails_dequeue.worker AND m.visible_at > own_since
+                ORDER BY m.visible_at, m.id
+                LIMIT batch_size
+                FOR UPDATE SKIP LOCKED
             ),
 
-            buried AS (
-                INSERT INTO "queue"."emails_dead" (
-                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
-                )
-                SELECT
-                    g.id,
-                    g.enqueued_at,
-                    g.due_at,
-                    g.dedupe_key,
-                    g.attempts - 1,
-                    'lease expired',
-                    exhausted_workers[array_position(exhausted_ids, g.id)],
-                    now_utc,
-                    g.payload
-                FROM gone AS g
-                RETURNING 1
+            leased AS (
+                UPDATE "queue"."emails" AS m
+                SET
+                    attempts = m.attempts + 1,
+                    visible_at = lease_until,
+                    leased_by = emails_dequeue.worker,
+                    leased_at = now_utc
+                FROM next_messages AS n
+                WHERE m.id = n.id
+                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
             )
 
-            SELECT count(*) INTO buried_count FROM buried;
+            SELECT
+                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
+                array_agg(l.id) FILTER (WHERE l.attempts > 3),
+                array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+            INTO step_ids, exhausted_ids, exhausted_workers
+            FROM leased AS l;
+            buried_count := 0;
+            IF exhausted_ids IS NOT NULL THEN
+                WITH gone AS (
+                    DELETE FROM "queue"."emails" AS m
+                    WHERE m.id = ANY(exhausted_ids)
+                    RETURNING m.*
+                ),
+
+                buried AS (
+                    INSERT INTO "queue"."emails_dead" (
+                        id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                    )
+                    SELECT
+                        g.id,
+                        g.enqueued_at,
+                        g.due_at,
+                        g.dedupe_key,
+                        g.attempts - 1,
+                        'lease expired',
+                        exhausted_workers[array_position(exhausted_ids, g.id)],
+                        now_utc,
+                        g.payload
+                    FROM gone AS g
+                    RETURNING 1
+                )
+
+                SELECT count(*) INTO buried_count FROM buried;
+            END IF;
+            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        ELSE
+            own_since := now_utc;
+            own_held := 0;
         END IF;
-        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
     -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_emails_claim.
     -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
     -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    -- From this session's claim position (docs/queue-kinds.md, The claim position).
+    own_count := cardinality(claimed_ids);
+    IF position_state <> '' THEN
+        position_expires := split_part(position_state, '|', 1)::numeric;
+        IF position_expires > extract(EPOCH FROM now_utc) AND split_part(position_state, '|', 2)::bigint = rewinds THEN
+            position_id := split_part(position_state, '|', 3)::bigint;
+            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+        END IF;
+    END IF;
+    IF position_id IS NULL THEN
+        position_expires := extract(EPOCH FROM now_utc) + 1;
+        position_id := 0;
+        position_time := '-infinity';
+        SELECT m.visible_at, m.id
+        INTO position_time, position_id
+        FROM "queue"."emails" AS m
+        WHERE (m.visible_at, m.id) >= (position_time, position_id)
+        ORDER BY m.visible_at, m.id
+        LIMIT 1;
+        IF position_id IS NULL OR position_time > now_utc THEN
+            position_time := now_utc;
+            position_id := 0;
+        END IF;
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+    END IF;
     WHILE remaining > 0 LOOP
         IF remaining = 1 THEN
             WITH next_messages AS (
@@ -408,7 +470,7 @@ BEGIN
                     m.visible_at,
                     m.leased_by
                 FROM "queue"."emails" AS m
-                WHERE m.visible_at <= now_utc
+                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
                 ORDER BY m.visible_at, m.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED
@@ -468,7 +530,7 @@ BEGIN
                     m.visible_at,
                     m.leased_by
                 FROM "queue"."emails" AS m
-                WHERE m.visible_at <= now_utc
+                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
                 ORDER BY m.visible_at, m.id
                 LIMIT remaining
                 FOR UPDATE SKIP LOCKED
@@ -525,6 +587,26 @@ BEGIN
         remaining := batch_size - cardinality(claimed_ids);
         EXIT WHEN buried_count = 0;
     END LOOP;
+    IF cardinality(claimed_ids) > own_count THEN
+        SELECT m.visible_at, m.id
+        INTO position_time, position_id
+        FROM "queue"."emails" AS m
+        WHERE (m.visible_at, m.id) >= (position_time, position_id)
+        ORDER BY m.visible_at, m.id
+        LIMIT 1;
+        IF position_id IS NULL OR position_time > now_utc THEN
+            position_time := now_utc;
+            position_id := 0;
+        END IF;
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+    END IF;
+
+    -- What this session hands out, its worker holds until complete or fail in this session.
+    PERFORM set_config(
+        'tablequeue.queue.emails.own',
+        to_char(own_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || (coalesce(own_held, 0) + cardinality(claimed_ids)) || '|' || emails_dequeue.worker,
+        false
+    );
 
     -- In claim order: the array keeps it.
     RETURN QUERY
@@ -552,6 +634,7 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     done_count bigint;
+    own_state text;
 BEGIN
     IF emails_complete.worker IS NULL OR length(emails_complete.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_complete: worker must be a name of 1 to 200 characters.';
@@ -582,6 +665,16 @@ BEGIN
     )
 
     SELECT count(*) INTO done_count FROM kept;
+    IF done_count > 0 THEN
+        own_state := current_setting('tablequeue.queue.emails.own', true);
+        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_complete.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
+            PERFORM set_config(
+                'tablequeue.queue.emails.own',
+                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || emails_complete.worker,
+                false
+            );
+        END IF;
+    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -611,6 +704,7 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     retry_after integer := coalesce(emails_fail.retry_after_seconds, 0);
     changed bigint;
+    own_state text;
 BEGIN
     IF emails_fail.worker IS NULL OR length(emails_fail.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_fail: worker must be a name of 1 to 200 characters.';
@@ -629,6 +723,14 @@ BEGIN
         AND m.attempts < 3;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
+        own_state := current_setting('tablequeue.queue.emails.own', true);
+        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_fail.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
+            PERFORM set_config(
+                'tablequeue.queue.emails.own',
+                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || emails_fail.worker,
+                false
+            );
+        END IF;
         RETURN QUERY SELECT 'retrying'::text;
         RETURN;
     END IF;
@@ -658,6 +760,16 @@ BEGIN
     )
 
     SELECT count(*) INTO changed FROM buried;
+    IF changed > 0 THEN
+        own_state := current_setting('tablequeue.queue.emails.own', true);
+        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_fail.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
+            PERFORM set_config(
+                'tablequeue.queue.emails.own',
+                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || emails_fail.worker,
+                false
+            );
+        END IF;
+    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;

@@ -184,10 +184,40 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $function$
 #variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    -- '<found again after, epoch seconds>|<id>' (see position_load).
+    position_state text := current_setting('tablequeue.queue.orders', true);
+    position_expires numeric;
+    position_id bigint;
 BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.orders_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
+    IF position_state <> '' THEN
+        position_expires := split_part(position_state, '|', 1)::numeric;
+        IF position_expires > extract(EPOCH FROM now_utc) THEN
+            position_id := split_part(position_state, '|', 2)::bigint;
+        END IF;
+    END IF;
+    IF position_id IS NULL THEN
+        position_expires := extract(EPOCH FROM now_utc) + 1;
+        position_id := 0;
+        SELECT m.id
+        INTO position_id
+        FROM "queue"."orders" AS m
+        WHERE m.id >= position_id
+        ORDER BY m.id
+        LIMIT 1;
+        IF position_id IS NULL THEN
+            -- Nothing visible: whatever is enqueued from now on draws a later id.
+            SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+            INTO position_id
+            FROM "queue"."orders_id_seq" AS s;
+        END IF;
+        PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
+    END IF;
+
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
@@ -197,6 +227,7 @@ BEGIN
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."orders" AS m
+            WHERE m.id >= position_id
             ORDER BY m.id
             LIMIT 1
             FOR UPDATE SKIP LOCKED
@@ -217,6 +248,7 @@ BEGIN
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."orders" AS m
+            WHERE m.id >= position_id
             ORDER BY m.id
             LIMIT batch_size
             FOR UPDATE SKIP LOCKED
@@ -232,6 +264,21 @@ BEGIN
         SELECT c.id, c.payload, c.enqueued_at
         FROM claimed AS c
         ORDER BY c.id;
+    END IF;
+    IF FOUND THEN
+        SELECT m.id
+        INTO position_id
+        FROM "queue"."orders" AS m
+        WHERE m.id >= position_id
+        ORDER BY m.id
+        LIMIT 1;
+        IF position_id IS NULL THEN
+            -- Nothing visible: whatever is enqueued from now on draws a later id.
+            SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+            INTO position_id
+            FROM "queue"."orders_id_seq" AS s;
+        END IF;
+        PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
     END IF;
 END;
 $function$;

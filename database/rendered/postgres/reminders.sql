@@ -29,6 +29,12 @@ CREATE UNIQUE INDEX IF NOT EXISTS "ux_reminders_dedupe"
 ON "queue"."reminders" (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
 
+-- tablequeue:unit queue.reminders_rewinds storage
+-- queue queue.reminders: kind pending, created once and never rebuilt by the deploy tool
+
+-- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
+CREATE SEQUENCE IF NOT EXISTS "queue"."reminders_rewinds";
+
 -- tablequeue:unit queue.reminders_enqueue code
 
 CREATE OR REPLACE FUNCTION "queue"."reminders_enqueue"(
@@ -51,6 +57,10 @@ BEGIN
     END IF;
     IF jsonb_typeof(reminders_enqueue.payload) NOT IN ('object', 'array') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.reminders_enqueue: payload must be a JSON object or array.';
+    END IF;
+    IF reminders_enqueue.due_at < clock_timestamp() THEN
+        -- Already due: it sorts before the consumers' claim positions, which must start again.
+        PERFORM nextval('"queue"."reminders_rewinds"');
     END IF;
     IF length(dedupe_key) > 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.reminders_enqueue: dedupe_key is longer than 200 characters.';
@@ -111,6 +121,10 @@ BEGIN
     WHERE u.payload IS NULL OR jsonb_typeof(u.payload) NOT IN ('object', 'array');
     IF bad_ordinal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.reminders_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
+    END IF;
+    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < clock_timestamp()) THEN
+        -- Already due: it sorts before the consumers' claim positions, which must start again.
+        PERFORM nextval('"queue"."reminders_rewinds"');
     END IF;
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
@@ -198,10 +212,40 @@ DECLARE
     -- A variable, not clock_timestamp() in the WHERE: a volatile function cannot bound an index
     -- scan, and the claim would read every not-yet-due row before finding out none is due.
     now_utc timestamptz := clock_timestamp();
+    position_time timestamptz;
+    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."reminders_rewinds" AS r);
+    -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
+    position_state text := current_setting('tablequeue.queue.reminders', true);
+    position_expires numeric;
+    position_id bigint;
 BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
+    IF position_state <> '' THEN
+        position_expires := split_part(position_state, '|', 1)::numeric;
+        IF position_expires > extract(EPOCH FROM now_utc) AND split_part(position_state, '|', 2)::bigint = rewinds THEN
+            position_id := split_part(position_state, '|', 3)::bigint;
+            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+        END IF;
+    END IF;
+    IF position_id IS NULL THEN
+        position_expires := extract(EPOCH FROM now_utc) + 1;
+        position_id := 0;
+        position_time := '-infinity';
+        SELECT m.due_at, m.id
+        INTO position_time, position_id
+        FROM "queue"."reminders" AS m
+        WHERE (m.due_at, m.id) >= (position_time, position_id)
+        ORDER BY m.due_at, m.id
+        LIMIT 1;
+        IF position_id IS NULL OR position_time > now_utc THEN
+            position_time := now_utc;
+            position_id := 0;
+        END IF;
+        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+    END IF;
+
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
@@ -211,7 +255,7 @@ BEGIN
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."reminders" AS m
-            WHERE m.due_at <= now_utc
+            WHERE (m.due_at, m.id) >= (position_time, position_id) AND m.due_at <= now_utc
             ORDER BY m.due_at, m.id
             LIMIT 1
             FOR UPDATE SKIP LOCKED
@@ -232,7 +276,7 @@ BEGIN
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."reminders" AS m
-            WHERE m.due_at <= now_utc
+            WHERE (m.due_at, m.id) >= (position_time, position_id) AND m.due_at <= now_utc
             ORDER BY m.due_at, m.id
             LIMIT batch_size
             FOR UPDATE SKIP LOCKED
@@ -248,6 +292,19 @@ BEGIN
         SELECT c.id, c.payload, c.enqueued_at, c.due_at
         FROM claimed AS c
         ORDER BY c.due_at, c.id;
+    END IF;
+    IF FOUND THEN
+        SELECT m.due_at, m.id
+        INTO position_time, position_id
+        FROM "queue"."reminders" AS m
+        WHERE (m.due_at, m.id) >= (position_time, position_id)
+        ORDER BY m.due_at, m.id
+        LIMIT 1;
+        IF position_id IS NULL OR position_time > now_utc THEN
+            position_time := now_utc;
+            position_id := 0;
+        END IF;
+        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
     END IF;
 END;
 $function$;

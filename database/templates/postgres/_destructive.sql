@@ -5,7 +5,6 @@
     strict       true only for strict FIFO (consumers serialise on an advisory lock)
   docs/queue-kinds.md explains the storage, index and locking choices; keep it in step.
 -#}
-{% import '_macros.sql' as m with context %}
 {% set has_due = claim_order == 'due' %}
 {% set dedupe = opt.dedupe %}
 {% set t = names.obj() %}
@@ -17,14 +16,20 @@
 {% else %}
 {% set claim_order_sql = 'm.id' %}
 {% endif %}
+{#- Every kind but lifo claims from a claim position (docs/queue-kinds.md): the head of its index is
+    where consumed rows leave their entries. lifo claims from the other end, where new rows land. -#}
+{% set has_position = claim_order != 'newest' %}
+{% set position_key = ['due_at', 'id'] if has_due else ['id'] %}
+{% import '_macros.sql' as m with context %}
 {#- The dequeue's claim: lock up to limit_sql rows in claim order and delete them, returning them. -#}
 {% macro claim_statement(limit_sql) %}
     RETURN QUERY
     WITH next_messages AS (
         SELECT m.id
         FROM {{ t }} AS m
-{% if has_due %}
-        WHERE m.due_at <= now_utc
+{% if has_position %}
+        WHERE {{ m.position_predicate(position_key) }}{% if has_due %} AND m.due_at <= now_utc{% endif %}
+
 {% endif %}
         ORDER BY {{ claim_order_sql }}
         LIMIT {{ limit_sql }}
@@ -81,6 +86,10 @@ CREATE UNIQUE INDEX IF NOT EXISTS {{ names.index('ux', 'dedupe') }}
 ON {{ t }} (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
 {% endif %}
+{% if has_due %}
+
+{{ m.rewinds_unit() }}
+{% endif %}
 
 {{ m.unit(names.plain('_enqueue'), 'code') }}
 CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
@@ -102,6 +111,9 @@ BEGIN
     IF jsonb_typeof({{ fn }}_enqueue.payload) NOT IN ('object', 'array') THEN
 {{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}
     END IF;
+{% endif %}
+{% if has_due %}
+{{ m.rewind_when(fn ~ "_enqueue.due_at < clock_timestamp()") }}
 {% endif %}
 {% if dedupe %}
 {{ m.check_dedupe_key('enqueue') }}
@@ -169,6 +181,9 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
 {{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
     END IF;
+{% if has_due %}
+{{ m.rewind_when("EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < clock_timestamp())") }}
+{% endif %}
 {% if dedupe %}
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
@@ -278,11 +293,14 @@ RETURNS TABLE (id bigint, payload {{ payload_type }}, enqueued_at timestamptz{% 
 {{ m.definer() }}
 AS $function$
 #variable_conflict use_column
-{% if has_due %}
+{% if has_position %}
 DECLARE
+{% if has_due %}
     -- A variable, not clock_timestamp() in the WHERE: a volatile function cannot bound an index
     -- scan, and the claim would read every not-yet-due row before finding out none is due.
+{% endif %}
     now_utc timestamptz := clock_timestamp();
+{{ m.position_declare(position_key) }}
 {% endif %}
 BEGIN
 {{ m.check_batch_size('dequeue') }}
@@ -296,6 +314,10 @@ BEGIN
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
 {% endif %}
+{% if has_position %}
+{{ m.position_load(position_key) }}
+
+{% endif %}
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
@@ -305,6 +327,11 @@ BEGIN
     ELSE
 {{ claim_statement('batch_size') | indent(4, first=true) }}
     END IF;
+{% if has_position %}
+    IF FOUND THEN
+{{ m.position_find(position_key) | indent(4, first=true) }}
+    END IF;
+{% endif %}
 END;
 $function$;
 

@@ -43,3 +43,102 @@ SET search_path = pg_catalog, pg_temp
 {{ throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": dedupe_key is longer than 200 characters.'") }}
     END IF;
 {%- endmacro %}
+
+{#- The claim position (docs/queue-kinds.md, "The claim position"): where a session's next claim
+    starts in the claim index, kept between calls in a custom setting named after the queue. -#}
+{% macro position_setting(suffix='') %}'tablequeue.{{ schema }}.{{ queue.name }}{{ suffix }}'{% endmacro %}
+
+{#- A timestamptz as text and back, exact to the microsecond whatever the session's DateStyle and
+    TimeZone (ISO input is read the same under every DateStyle). to_char writes -infinity as ''. -#}
+{% macro time_to_text(expr) %}to_char({{ expr }} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'){% endmacro %}
+{% macro text_to_time(expr) %}coalesce(nullif({{ expr }}, ''), '-infinity')::timestamp AT TIME ZONE 'UTC'{% endmacro %}
+
+{#- The claim position of a dequeue (docs/queue-kinds.md, "The claim position"). key is the claim
+    index: ['id'], or [time column, tie-breaker] (pending: due_at, id; work: visible_at, id or seq).
+    The including function declares now_utc (clock_timestamp() at its start) and t (the queue table). -#}
+{% macro position_declare(key) %}
+{% if key | length == 2 %}
+    position_time timestamptz;
+    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM {{ names.obj('_rewinds') }} AS r);
+{% endif %}
+    -- '<found again after, epoch seconds>|{% if key | length == 2 %}<rewinds>|<tie-breaker>|<time>{% else %}<id>{% endif %}' (see position_load).
+    position_state text := current_setting({{ position_setting() }}, true);
+    position_expires numeric;
+    position_id bigint;
+{%- endmacro %}
+
+{% macro position_predicate(key) -%}
+{% if key | length == 2 %}(m.{{ key[0] }}, m.{{ key[1] }}) >= (position_time, position_id){% else %}m.{{ key[0] }} >= position_id{% endif %}
+{%- endmacro %}
+
+{#- The smallest key still visible at or after the position (every row another consumer holds
+    is visible and so at or after it), stored for the session's next call. A time key is kept at
+    or before now: whatever is enqueued from now on with a due time of now or later lands after
+    it, and an enqueue with a due time already past moves the rewinds counter. -#}
+{% macro position_find(key) %}
+    SELECT {% for column in key %}m.{{ column }}{{ ', ' if not loop.last }}{% endfor %}
+
+    INTO {% if key | length == 2 %}position_time, {% endif %}position_id
+    FROM {{ t }} AS m
+    WHERE {{ position_predicate(key) }}
+    ORDER BY {% for column in key %}m.{{ column }}{{ ', ' if not loop.last }}{% endfor %}
+
+    LIMIT 1;
+{% if key | length == 2 %}
+    IF position_id IS NULL OR position_time > now_utc THEN
+        position_time := now_utc;
+        position_id := 0;
+    END IF;
+    PERFORM set_config({{ position_setting() }}, position_expires || '|' || rewinds || '|' || position_id || '|' || {{ time_to_text('position_time') }}, false);
+{%- else %}
+    IF position_id IS NULL THEN
+        -- Nothing visible: whatever is enqueued from now on draws a later id.
+        SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+        INTO position_id
+        FROM {{ names.obj('_id_seq') }} AS s;
+    END IF;
+    PERFORM set_config({{ position_setting() }}, position_expires || '|' || position_id, false);
+{%- endif %}
+{%- endmacro %}
+
+{#- Take the session's position if it is younger than a second (and, for a time key, no rewind
+    happened since), else find it from the head of the index. -#}
+{% macro position_load(key) %}
+    IF position_state <> '' THEN
+        position_expires := split_part(position_state, '|', 1)::numeric;
+{% if key | length == 2 %}
+        IF position_expires > extract(EPOCH FROM now_utc) AND split_part(position_state, '|', 2)::bigint = rewinds THEN
+            position_id := split_part(position_state, '|', 3)::bigint;
+            position_time := {{ text_to_time("split_part(position_state, '|', 4)") }};
+        END IF;
+{% else %}
+        IF position_expires > extract(EPOCH FROM now_utc) THEN
+            position_id := split_part(position_state, '|', 2)::bigint;
+        END IF;
+{% endif %}
+    END IF;
+    IF position_id IS NULL THEN
+        position_expires := extract(EPOCH FROM now_utc) + 1;
+        position_id := 0;
+{% if key | length == 2 %}
+        position_time := '-infinity';
+{% endif %}
+{{ position_find(key) | indent(4, first=true) }}
+    END IF;
+{%- endmacro %}
+
+{#- The rewinds counter of a queue with a time key: an enqueue with a due time already past sorts
+    before the positions consumers keep, so it moves the counter and they find theirs again from the
+    head. A sequence, because moving it is not transactional, never waits and leaves no dead rows. -#}
+{% macro rewinds_unit() %}
+{{ unit(names.plain('_rewinds'), 'storage') }}
+-- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
+CREATE SEQUENCE IF NOT EXISTS {{ names.obj('_rewinds') }};
+{%- endmacro %}
+
+{% macro rewind_when(condition_sql) %}
+    IF {{ condition_sql }} THEN
+        -- Already due: it sorts before the consumers' claim positions, which must start again.
+        PERFORM nextval('{{ names.obj("_rewinds") }}');
+    END IF;
+{%- endmacro %}

@@ -16,6 +16,7 @@
 {% set max_attempts = opt.max_attempts %}
 {% set lease_seconds = opt.lease_seconds %}
 {% set handler = opt.handler %}
+{% set position_key = ['visible_at', tie] %}
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
 {{ m.unit(names.plain(), 'storage') }}
@@ -88,6 +89,8 @@ BEGIN
 END
 $type$;
 {% endif %}
+
+{{ m.rewinds_unit() }}
 
 {{ m.unit(names.plain('_dead'), 'storage') }}
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
@@ -167,6 +170,7 @@ BEGIN
 {{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}
     END IF;
 {% endif %}
+{{ m.rewind_when(fn ~ "_enqueue.due_at < now_utc") }}
 {% if dedupe %}
 {{ m.check_dedupe_key('enqueue') }}
 {% else %}
@@ -260,6 +264,7 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
 {{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
     END IF;
+{{ m.rewind_when("EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < now_utc)") }}
 {% if dedupe %}
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
@@ -434,10 +439,16 @@ DECLARE
     exhausted_ids {{ id_type }}[];
     exhausted_workers text[];
     remaining integer;
+    own_state text := current_setting({{ w.own_setting() }}, true);
+    own_since timestamptz := '-infinity';
+    own_held bigint;
 {% if has_priority %}
     current_level integer;
     level_ids {{ id_type }}[];
     level_buried bigint;
+{% else %}
+    own_count integer;
+{{ m.position_declare(position_key) }}
 {% endif %}
 BEGIN
 {{ m.check_batch_size('dequeue') }}
@@ -448,16 +459,36 @@ BEGIN
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease.
     -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
-    -- come to this worker between the probe and the claim.
-    IF EXISTS (SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker) THEN
-{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker", "batch_size") | indent(4, first=true) }}
-        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    -- come to this worker between the probe and the claim. Skipped while this session knows that
+    -- its worker holds nothing (the own-lease count, _work_macros.sql); a lease taken since
+    -- own_since ends after it, so the probe reads no entry of a message finished before.
+    IF {{ w.own_worker('own_state') }} = {{ fn }}_dequeue.worker THEN
+        own_since := {{ m.text_to_time("split_part(own_state, '|', 1)") }};
+        own_held := {{ w.own_held('own_state') }};
+    END IF;
+    IF own_held IS DISTINCT FROM 0 THEN
+        IF EXISTS (
+            SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.visible_at > own_since
+        ) THEN
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.visible_at > own_since", "batch_size") | indent(8, first=true) }}
+            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        ELSE
+            own_since := now_utc;
+            own_held := 0;
+        END IF;
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
     -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_{{ queue.name }}_claim.
     -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
     -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+{% if has_priority %}
+    -- Priority levels claim from the head of each level (no claim position: docs/work-queue.md).
+{% else %}
+    -- From this session's claim position (docs/queue-kinds.md, The claim position).
+    own_count := cardinality(claimed_ids);
+{{ m.position_load(position_key) }}
+{% endif %}
     WHILE remaining > 0 LOOP
 {% if has_priority %}
         -- A loose index scan: one range scan per priority level present. A single ORDER BY
@@ -475,12 +506,24 @@ BEGIN
             );
         END LOOP;
 {% else %}
-{{ w.claim_by_limit("m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
+{{ w.claim_by_limit(m.position_predicate(position_key) ~ " AND m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
 {% endif %}
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
         remaining := batch_size - cardinality(claimed_ids);
         EXIT WHEN buried_count = 0;
     END LOOP;
+{% if not has_priority %}
+    IF cardinality(claimed_ids) > own_count THEN
+{{ m.position_find(position_key) | indent(4, first=true) }}
+    END IF;
+{% endif %}
+
+    -- What this session hands out, its worker holds until complete or fail in this session.
+    PERFORM set_config(
+        {{ w.own_setting() }},
+        {{ m.time_to_text('own_since') }} || '|' || (coalesce(own_held, 0) + cardinality(claimed_ids)) || '|' || {{ fn }}_dequeue.worker,
+        false
+    );
 
     -- In claim order: the array keeps it.
     RETURN QUERY
@@ -503,6 +546,7 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     done_count bigint;
+    own_state text;
 BEGIN
 {{ w.check_worker('complete') }}
 {% if history %}
@@ -540,6 +584,9 @@ BEGIN
     WHERE m.id = {{ fn }}_complete.id AND m.leased_by = {{ fn }}_complete.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS done_count = ROW_COUNT;
 {% endif %}
+    IF done_count > 0 THEN
+{{ w.own_release('complete') | indent(4, first=true) }}
+    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -564,6 +611,7 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     retry_after integer := coalesce({{ fn }}_fail.retry_after_seconds, 0);
     changed bigint;
+    own_state text;
 BEGIN
 {{ w.check_worker('fail') }}
     IF retry_after NOT BETWEEN 0 AND 2592000 THEN
@@ -580,11 +628,15 @@ BEGIN
         AND m.attempts < {{ max_attempts }};
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
+{{ w.own_release('fail') | indent(4, first=true) }}
         RETURN QUERY SELECT 'retrying'::text;
         RETURN;
     END IF;
 
 {{ w.bury("m.id = " ~ fn ~ "_fail.id AND m.leased_by = " ~ fn ~ "_fail.worker AND m.visible_at > now_utc", "g.attempts", "left(" ~ fn ~ "_fail.error, 4000)", "g.leased_by", "changed") }}
+    IF changed > 0 THEN
+{{ w.own_release('fail') | indent(4, first=true) }}
+    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;

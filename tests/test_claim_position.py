@@ -1,0 +1,99 @@
+"""The claim position (PostgreSQL): what it is for, checked where it shows.
+
+While any snapshot older than the consumed messages lives (a long report, pg_dump, an idle open
+transaction), vacuum may remove none of them and no scan may mark their index entries dead, so a
+claim that starts at the head of its index reads every one of them on every call. The dequeue
+functions claim from a position each session keeps instead (docs/queue-kinds.md). These tests
+hold such a snapshot, consume messages, and count the buffers the next dequeue reads (auto_explain
+on the function's own statements): a session that has been consuming reads a handful, a new
+session (which must find its position from the head once) reads them all. The behaviour a caller
+sees (order, nothing lost or handed out twice) is in tests/conformance.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import pytest
+
+from tablequeue.client import QueueClient
+
+pytestmark = pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+
+CONSUMED = 3_000
+KINDS = {
+    "heap": {"kind": "heap"},
+    "fifo": {"kind": "fifo"},
+    "fifo_strict": {"kind": "fifo", "options": {"strict": True}},
+    "pending": {"kind": "pending"},
+    "work": {"kind": "work"},
+}
+
+
+def consume(client: QueueClient, count: int) -> None:
+    """Dequeue `count` messages in batches of 10, each batch its own transaction (work: completed)."""
+    done = 0
+    while done < count:
+        rows = client.dequeue(batch_size=10, worker="w") if client.queue.kind == "work" else client.dequeue(batch_size=10)
+        assert rows, f"the queue ran dry after {done} messages"
+        if client.queue.kind == "work":
+            for row in rows:
+                assert client.complete(row["id"], "w")
+        done += len(rows)
+
+
+def buffers_of_one_dequeue(client: QueueClient) -> tuple[int, list[str]]:
+    """Shared buffers (hit + read) of every statement the next dequeue runs, and their plans."""
+    notices: list[str] = []
+    conn = client.conn
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
+                           ("auto_explain.log_buffers", "on"), ("auto_explain.log_timing", "off"),
+                           ("auto_explain.log_nested_statements", "on"), ("client_min_messages", "log")):
+        conn.execute(f"SET {setting} = {value}")
+    try:
+        rows = client.dequeue(worker="w") if client.queue.kind == "work" else client.dequeue()
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    assert len(rows) == 1
+    inner = [n for n in notices if "Query Text:" in n and "_dequeue(" not in n.split("Query Text:", 1)[1][:200]]
+    total = 0
+    for plan in inner:
+        top = re.search(r"Buffers: shared((?: \w+=\d+)+)", plan)
+        if top:
+            total += sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", top.group(1)))
+    return total, inner
+
+
+@pytest.mark.parametrize("variant", KINDS)
+def test_a_consuming_session_does_not_reread_what_it_consumed_while_an_old_snapshot_lives(
+        deploy_queues: Callable[..., Any], variant: str) -> None:
+    deployed = deploy_queues({"name": "q", "payload": "json", **KINDS[variant]})
+    producer_conn = deployed.connect()
+    producer = deployed.client("q", producer_conn)
+    for start in range(0, CONSUMED + 100, 1_000):
+        producer.enqueue_batch([{"payload": {"i": i}} for i in range(start, start + 1_000)])
+
+    holder = deployed.connect(autocommit=False)
+    consumer_conn, newcomer_conn = deployed.connect(), deployed.connect()
+    try:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pg_class").fetchone()   # the snapshot is taken now
+        for conn in (consumer_conn, newcomer_conn):
+            conn.execute("LOAD 'auto_explain'")
+        consumer = deployed.client("q", consumer_conn)
+        consume(consumer, CONSUMED)
+
+        steady, steady_plans = buffers_of_one_dequeue(consumer)
+        first, _ = buffers_of_one_dequeue(deployed.client("q", newcomer_conn))
+    finally:
+        holder.rollback()
+        for conn in (holder, consumer_conn, newcomer_conn, producer_conn):
+            conn.close()
+
+    # The new session found its position from the head, through every consumed message's entry:
+    # the held snapshot did keep them (otherwise this test would prove nothing) ...
+    assert first > CONSUMED / 10, f"a claim from the head read only {first} buffers"
+    # ... and the consuming session's claim started past them.
+    assert steady < 60, f"the next dequeue read {steady} buffers:\n" + "\n\n".join(steady_plans)

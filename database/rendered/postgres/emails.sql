@@ -330,9 +330,11 @@ DECLARE
     exhausted_ids bigint[];
     exhausted_workers text[];
     remaining integer;
+    -- '<time>|<worker>': when this session last found none of that worker's messages leased.
+    -- Every lease the worker has taken since ends later, so its own claim need not read back
+    -- past that time through the entries of the messages it has finished (docs/work-queue.md).
     own_state text := current_setting('tablequeue.queue.emails.own', true);
     own_since timestamptz := '-infinity';
-    own_held bigint;
     own_count integer;
     position_time timestamptz;
     rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."emails_rewinds" AS r);
@@ -355,81 +357,75 @@ BEGIN
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_emails_lease.
     -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
-    -- come to this worker between the probe and the claim. Skipped while this session knows that
-    -- its worker holds nothing (the own-lease count, _work_macros.sql); a lease taken since
-    -- own_since ends after it, so the probe reads no entry of a message finished before.
-    IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_dequeue.worker THEN
+    -- come to this worker between the probe and the claim.
+    IF substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
         own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
-        own_held := substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint;
     END IF;
-    IF own_held IS DISTINCT FROM 0 THEN
-        IF EXISTS (
-            SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker AND m.visible_at > own_since
-        ) THEN
-            WITH next_messages AS (
-                SELECT
-                    m.id,
-                    m.id AS tie,
-                    m.visible_at,
-                    m.leased_by
-                FROM "queue"."emails" AS m
-                WHERE m.leased_by = emails_dequeue.worker AND m.visible_at > own_since
-                ORDER BY m.visible_at, m.id
-                LIMIT batch_size
-                FOR UPDATE SKIP LOCKED
+    IF EXISTS (
+        SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker AND m.visible_at > own_since
+    ) THEN
+        WITH next_messages AS (
+            SELECT
+                m.id,
+                m.id AS tie,
+                m.visible_at,
+                m.leased_by
+            FROM "queue"."emails" AS m
+            WHERE m.leased_by = emails_dequeue.worker AND m.visible_at > own_since
+            ORDER BY m.visible_at, m.id
+            LIMIT batch_size
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        leased AS (
+            UPDATE "queue"."emails" AS m
+            SET
+                attempts = m.attempts + 1,
+                visible_at = lease_until,
+                leased_by = emails_dequeue.worker,
+                leased_at = now_utc
+            FROM next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+        )
+
+        SELECT
+            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
+            array_agg(l.id) FILTER (WHERE l.attempts > 3),
+            array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+        INTO step_ids, exhausted_ids, exhausted_workers
+        FROM leased AS l;
+        buried_count := 0;
+        IF exhausted_ids IS NOT NULL THEN
+            WITH gone AS (
+                DELETE FROM "queue"."emails" AS m
+                WHERE m.id = ANY(exhausted_ids)
+                RETURNING m.*
             ),
 
-            leased AS (
-                UPDATE "queue"."emails" AS m
-                SET
-                    attempts = m.attempts + 1,
-                    visible_at = lease_until,
-                    leased_by = emails_dequeue.worker,
-                    leased_at = now_utc
-                FROM next_messages AS n
-                WHERE m.id = n.id
-                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+            buried AS (
+                INSERT INTO "queue"."emails_dead" (
+                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.dedupe_key,
+                    g.attempts - 1,
+                    'lease expired',
+                    exhausted_workers[array_position(exhausted_ids, g.id)],
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                RETURNING 1
             )
 
-            SELECT
-                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
-                array_agg(l.id) FILTER (WHERE l.attempts > 3),
-                array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
-            INTO step_ids, exhausted_ids, exhausted_workers
-            FROM leased AS l;
-            buried_count := 0;
-            IF exhausted_ids IS NOT NULL THEN
-                WITH gone AS (
-                    DELETE FROM "queue"."emails" AS m
-                    WHERE m.id = ANY(exhausted_ids)
-                    RETURNING m.*
-                ),
-
-                buried AS (
-                    INSERT INTO "queue"."emails_dead" (
-                        id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
-                    )
-                    SELECT
-                        g.id,
-                        g.enqueued_at,
-                        g.due_at,
-                        g.dedupe_key,
-                        g.attempts - 1,
-                        'lease expired',
-                        exhausted_workers[array_position(exhausted_ids, g.id)],
-                        now_utc,
-                        g.payload
-                    FROM gone AS g
-                    RETURNING 1
-                )
-
-                SELECT count(*) INTO buried_count FROM buried;
-            END IF;
-            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
-        ELSE
-            own_since := now_utc;
-            own_held := 0;
+            SELECT count(*) INTO buried_count FROM buried;
         END IF;
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    ELSE
+        PERFORM set_config('tablequeue.queue.emails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || emails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -601,13 +597,6 @@ BEGIN
         PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
     END IF;
 
-    -- What this session hands out, its worker holds until complete or fail in this session.
-    PERFORM set_config(
-        'tablequeue.queue.emails.own',
-        to_char(own_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || (coalesce(own_held, 0) + cardinality(claimed_ids)) || '|' || emails_dequeue.worker,
-        false
-    );
-
     -- In claim order: the array keeps it.
     RETURN QUERY
     SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
@@ -634,7 +623,6 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     done_count bigint;
-    own_state text;
 BEGIN
     IF emails_complete.worker IS NULL OR length(emails_complete.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_complete: worker must be a name of 1 to 200 characters.';
@@ -665,16 +653,6 @@ BEGIN
     )
 
     SELECT count(*) INTO done_count FROM kept;
-    IF done_count > 0 THEN
-        own_state := current_setting('tablequeue.queue.emails.own', true);
-        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_complete.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
-            PERFORM set_config(
-                'tablequeue.queue.emails.own',
-                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || emails_complete.worker,
-                false
-            );
-        END IF;
-    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -704,7 +682,6 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     retry_after integer := coalesce(emails_fail.retry_after_seconds, 0);
     changed bigint;
-    own_state text;
 BEGIN
     IF emails_fail.worker IS NULL OR length(emails_fail.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_fail: worker must be a name of 1 to 200 characters.';
@@ -723,14 +700,6 @@ BEGIN
         AND m.attempts < 3;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
-        own_state := current_setting('tablequeue.queue.emails.own', true);
-        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_fail.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
-            PERFORM set_config(
-                'tablequeue.queue.emails.own',
-                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || emails_fail.worker,
-                false
-            );
-        END IF;
         RETURN QUERY SELECT 'retrying'::text;
         RETURN;
     END IF;
@@ -760,16 +729,6 @@ BEGIN
     )
 
     SELECT count(*) INTO changed FROM buried;
-    IF changed > 0 THEN
-        own_state := current_setting('tablequeue.queue.emails.own', true);
-        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = emails_fail.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
-            PERFORM set_config(
-                'tablequeue.queue.emails.own',
-                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || emails_fail.worker,
-                false
-            );
-        END IF;
-    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;

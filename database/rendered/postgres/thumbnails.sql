@@ -318,9 +318,11 @@ DECLARE
     exhausted_ids uuid[];
     exhausted_workers text[];
     remaining integer;
+    -- '<time>|<worker>': when this session last found none of that worker's messages leased.
+    -- Every lease the worker has taken since ends later, so its own claim need not read back
+    -- past that time through the entries of the messages it has finished (docs/work-queue.md).
     own_state text := current_setting('tablequeue.queue.thumbnails.own', true);
     own_since timestamptz := '-infinity';
-    own_held bigint;
     current_level integer;
     level_ids uuid[];
     level_buried bigint;
@@ -339,90 +341,84 @@ BEGIN
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_thumbnails_lease.
     -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
-    -- come to this worker between the probe and the claim. Skipped while this session knows that
-    -- its worker holds nothing (the own-lease count, _work_macros.sql); a lease taken since
-    -- own_since ends after it, so the probe reads no entry of a message finished before.
-    IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = thumbnails_dequeue.worker THEN
+    -- come to this worker between the probe and the claim.
+    IF substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
         own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
-        own_held := substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint;
     END IF;
-    IF own_held IS DISTINCT FROM 0 THEN
-        IF EXISTS (
-            SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker AND m.visible_at > own_since
-        ) THEN
-            WITH next_messages AS (
-                SELECT
-                    m.id,
-                    m.seq AS tie,
-                    m.visible_at,
-                    m.leased_by
-                FROM "queue"."thumbnails" AS m
-                WHERE m.leased_by = thumbnails_dequeue.worker AND m.visible_at > own_since
-                ORDER BY m.visible_at, m.seq
-                LIMIT batch_size
-                FOR UPDATE SKIP LOCKED
+    IF EXISTS (
+        SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker AND m.visible_at > own_since
+    ) THEN
+        WITH next_messages AS (
+            SELECT
+                m.id,
+                m.seq AS tie,
+                m.visible_at,
+                m.leased_by
+            FROM "queue"."thumbnails" AS m
+            WHERE m.leased_by = thumbnails_dequeue.worker AND m.visible_at > own_since
+            ORDER BY m.visible_at, m.seq
+            LIMIT batch_size
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        leased AS (
+            UPDATE "queue"."thumbnails" AS m
+            SET
+                attempts = m.attempts + 1,
+                visible_at = lease_until,
+                leased_by = thumbnails_dequeue.worker,
+                leased_at = now_utc
+            FROM next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+        )
+
+        SELECT
+            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
+            array_agg(l.id) FILTER (WHERE l.attempts > 4),
+            array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
+        INTO step_ids, exhausted_ids, exhausted_workers
+        FROM leased AS l;
+        buried_count := 0;
+        IF exhausted_ids IS NOT NULL THEN
+            WITH gone AS (
+                DELETE FROM "queue"."thumbnails" AS m
+                WHERE m.id = ANY(exhausted_ids)
+                RETURNING m.*
             ),
 
-            leased AS (
-                UPDATE "queue"."thumbnails" AS m
-                SET
-                    attempts = m.attempts + 1,
-                    visible_at = lease_until,
-                    leased_by = thumbnails_dequeue.worker,
-                    leased_at = now_utc
-                FROM next_messages AS n
-                WHERE m.id = n.id
-                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+            buried AS (
+                INSERT INTO "queue"."thumbnails_dead" (
+                    id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.priority,
+                    g.attempts - 1,
+                    'lease expired',
+                    exhausted_workers[array_position(exhausted_ids, g.id)],
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                ON CONFLICT (id) DO UPDATE SET
+                    enqueued_at = excluded.enqueued_at,
+                    due_at = excluded.due_at,
+                    priority = excluded.priority,
+                    attempts = excluded.attempts,
+                    last_error = excluded.last_error,
+                    last_worker = excluded.last_worker,
+                    dead_at = excluded.dead_at,
+                    payload = excluded.payload
+                RETURNING 1
             )
 
-            SELECT
-                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
-                array_agg(l.id) FILTER (WHERE l.attempts > 4),
-                array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
-            INTO step_ids, exhausted_ids, exhausted_workers
-            FROM leased AS l;
-            buried_count := 0;
-            IF exhausted_ids IS NOT NULL THEN
-                WITH gone AS (
-                    DELETE FROM "queue"."thumbnails" AS m
-                    WHERE m.id = ANY(exhausted_ids)
-                    RETURNING m.*
-                ),
-
-                buried AS (
-                    INSERT INTO "queue"."thumbnails_dead" (
-                        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
-                    )
-                    SELECT
-                        g.id,
-                        g.enqueued_at,
-                        g.due_at,
-                        g.priority,
-                        g.attempts - 1,
-                        'lease expired',
-                        exhausted_workers[array_position(exhausted_ids, g.id)],
-                        now_utc,
-                        g.payload
-                    FROM gone AS g
-                    ON CONFLICT (id) DO UPDATE SET
-                        enqueued_at = excluded.enqueued_at,
-                        due_at = excluded.due_at,
-                        priority = excluded.priority,
-                        attempts = excluded.attempts,
-                        last_error = excluded.last_error,
-                        last_worker = excluded.last_worker,
-                        dead_at = excluded.dead_at,
-                        payload = excluded.payload
-                    RETURNING 1
-                )
-
-                SELECT count(*) INTO buried_count FROM buried;
-            END IF;
-            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
-        ELSE
-            own_since := now_utc;
-            own_held := 0;
+            SELECT count(*) INTO buried_count FROM buried;
         END IF;
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    ELSE
+        PERFORM set_config('tablequeue.queue.thumbnails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || thumbnails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -588,13 +584,6 @@ BEGIN
         EXIT WHEN buried_count = 0;
     END LOOP;
 
-    -- What this session hands out, its worker holds until complete or fail in this session.
-    PERFORM set_config(
-        'tablequeue.queue.thumbnails.own',
-        to_char(own_since AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || (coalesce(own_held, 0) + cardinality(claimed_ids)) || '|' || thumbnails_dequeue.worker,
-        false
-    );
-
     -- In claim order: the array keeps it.
     RETURN QUERY
     SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
@@ -621,7 +610,6 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     done_count bigint;
-    own_state text;
 BEGIN
     IF thumbnails_complete.worker IS NULL OR length(thumbnails_complete.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete: worker must be a name of 1 to 200 characters.';
@@ -629,16 +617,6 @@ BEGIN
     DELETE FROM "queue"."thumbnails" AS m
     WHERE m.id = thumbnails_complete.id AND m.leased_by = thumbnails_complete.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS done_count = ROW_COUNT;
-    IF done_count > 0 THEN
-        own_state := current_setting('tablequeue.queue.thumbnails.own', true);
-        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = thumbnails_complete.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
-            PERFORM set_config(
-                'tablequeue.queue.thumbnails.own',
-                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || thumbnails_complete.worker,
-                false
-            );
-        END IF;
-    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -668,7 +646,6 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     retry_after integer := coalesce(thumbnails_fail.retry_after_seconds, 0);
     changed bigint;
-    own_state text;
 BEGIN
     IF thumbnails_fail.worker IS NULL OR length(thumbnails_fail.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_fail: worker must be a name of 1 to 200 characters.';
@@ -687,14 +664,6 @@ BEGIN
         AND m.attempts < 4;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
-        own_state := current_setting('tablequeue.queue.thumbnails.own', true);
-        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = thumbnails_fail.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
-            PERFORM set_config(
-                'tablequeue.queue.thumbnails.own',
-                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || thumbnails_fail.worker,
-                false
-            );
-        END IF;
         RETURN QUERY SELECT 'retrying'::text;
         RETURN;
     END IF;
@@ -733,16 +702,6 @@ BEGIN
     )
 
     SELECT count(*) INTO changed FROM buried;
-    IF changed > 0 THEN
-        own_state := current_setting('tablequeue.queue.thumbnails.own', true);
-        IF substring(own_state FROM '^[^|]*\|[0-9]+\|(.*)$') = thumbnails_fail.worker AND substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint > 0 THEN
-            PERFORM set_config(
-                'tablequeue.queue.thumbnails.own',
-                split_part(own_state, '|', 1) || '|' || (substring(own_state FROM '^[^|]*\|([0-9]+)\|')::bigint - 1) || '|' || thumbnails_fail.worker,
-                false
-            );
-        END IF;
-    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;

@@ -145,23 +145,3 @@
 {{ claim_statement(where_sql, limit_sql, ids_var, buried_var) | indent(4, first=true) }}
     END IF;
 {%- endmacro %}
-
-{#- The own-lease count of a session (docs/work-queue.md, "The claim position"): the setting holds
-    '<since>|<held>|<worker>': since when this session has known every message its worker holds,
-    and how many of those it handed out and has not finished. A dequeue with nothing held skips
-    the own-messages probe, which would otherwise read through the index entries of every message
-    the worker finished within its lease time while an old snapshot keeps them. NULL: unknown. -#}
-{% macro own_setting() %}{{ m.position_setting('.own') }}{% endmacro %}
-{% macro own_worker(state) %}substring({{ state }} FROM '^[^|]*\|[0-9]+\|(.*)$'){% endmacro %}
-{% macro own_held(state) %}substring({{ state }} FROM '^[^|]*\|([0-9]+)\|')::bigint{% endmacro %}
-
-{% macro own_release(verb) %}
-    own_state := current_setting({{ own_setting() }}, true);
-    IF {{ own_worker('own_state') }} = {{ fn }}_{{ verb }}.worker AND {{ own_held('own_state') }} > 0 THEN
-        PERFORM set_config(
-            {{ own_setting() }},
-            split_part(own_state, '|', 1) || '|' || ({{ own_held('own_state') }} - 1) || '|' || {{ fn }}_{{ verb }}.worker,
-            false
-        );
-    END IF;
-{%- endmacro %}

@@ -439,9 +439,11 @@ DECLARE
     exhausted_ids {{ id_type }}[];
     exhausted_workers text[];
     remaining integer;
-    own_state text := current_setting({{ w.own_setting() }}, true);
+    -- '<time>|<worker>': when this session last found none of that worker's messages leased.
+    -- Every lease the worker has taken since ends later, so its own claim need not read back
+    -- past that time through the entries of the messages it has finished (docs/work-queue.md).
+    own_state text := current_setting({{ m.position_setting('.own') }}, true);
     own_since timestamptz := '-infinity';
-    own_held bigint;
 {% if has_priority %}
     current_level integer;
     level_ids {{ id_type }}[];
@@ -459,23 +461,17 @@ BEGIN
     -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease.
     -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
-    -- come to this worker between the probe and the claim. Skipped while this session knows that
-    -- its worker holds nothing (the own-lease count, _work_macros.sql); a lease taken since
-    -- own_since ends after it, so the probe reads no entry of a message finished before.
-    IF {{ w.own_worker('own_state') }} = {{ fn }}_dequeue.worker THEN
+    -- come to this worker between the probe and the claim.
+    IF substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker THEN
         own_since := {{ m.text_to_time("split_part(own_state, '|', 1)") }};
-        own_held := {{ w.own_held('own_state') }};
     END IF;
-    IF own_held IS DISTINCT FROM 0 THEN
-        IF EXISTS (
-            SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.visible_at > own_since
-        ) THEN
-{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.visible_at > own_since", "batch_size") | indent(8, first=true) }}
-            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
-        ELSE
-            own_since := now_utc;
-            own_held := 0;
-        END IF;
+    IF EXISTS (
+        SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.visible_at > own_since
+    ) THEN
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.visible_at > own_since", "batch_size") | indent(4, first=true) }}
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    ELSE
+        PERFORM set_config({{ m.position_setting('.own') }}, {{ m.time_to_text('now_utc') }} || '|' || {{ fn }}_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -518,13 +514,6 @@ BEGIN
     END IF;
 {% endif %}
 
-    -- What this session hands out, its worker holds until complete or fail in this session.
-    PERFORM set_config(
-        {{ w.own_setting() }},
-        {{ m.time_to_text('own_since') }} || '|' || (coalesce(own_held, 0) + cardinality(claimed_ids)) || '|' || {{ fn }}_dequeue.worker,
-        false
-    );
-
     -- In claim order: the array keeps it.
     RETURN QUERY
     SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
@@ -546,7 +535,6 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     done_count bigint;
-    own_state text;
 BEGIN
 {{ w.check_worker('complete') }}
 {% if history %}
@@ -584,9 +572,6 @@ BEGIN
     WHERE m.id = {{ fn }}_complete.id AND m.leased_by = {{ fn }}_complete.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS done_count = ROW_COUNT;
 {% endif %}
-    IF done_count > 0 THEN
-{{ w.own_release('complete') | indent(4, first=true) }}
-    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -611,7 +596,6 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     retry_after integer := coalesce({{ fn }}_fail.retry_after_seconds, 0);
     changed bigint;
-    own_state text;
 BEGIN
 {{ w.check_worker('fail') }}
     IF retry_after NOT BETWEEN 0 AND 2592000 THEN
@@ -628,15 +612,11 @@ BEGIN
         AND m.attempts < {{ max_attempts }};
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
-{{ w.own_release('fail') | indent(4, first=true) }}
         RETURN QUERY SELECT 'retrying'::text;
         RETURN;
     END IF;
 
 {{ w.bury("m.id = " ~ fn ~ "_fail.id AND m.leased_by = " ~ fn ~ "_fail.worker AND m.visible_at > now_utc", "g.attempts", "left(" ~ fn ~ "_fail.error, 4000)", "g.leased_by", "changed") }}
-    IF changed > 0 THEN
-{{ w.own_release('fail') | indent(4, first=true) }}
-    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;

@@ -32,14 +32,14 @@ def available_kinds() -> list[str]:
 
 
 def queue_entries(kinds: list[str], extra_work_history: bool = False, deep: bool = False) -> list[dict]:
-    """One queue per kind (q_<kind>); q_work_history (history: true) for the peer comparison;
+    """One queue per kind (q_<kind>); q_work_with_history (history: true) for the peer comparison;
     q_<kind>_deep, a twin held at the deepest depth so the depth target can alternate shallow and
     deep cells."""
     entries = [{"name": f"q_{kind}", "kind": kind, "payload": "json"} for kind in kinds]
     if deep:
         entries += [{"name": f"q_{kind}_deep", "kind": kind, "payload": "json"} for kind in kinds]
     if "work" in kinds and extra_work_history:
-        entries.append({"name": "q_work_history", "kind": "work", "payload": "json",
+        entries.append({"name": "q_work_with_history", "kind": "work", "payload": "json",
                         "options": {"history": True}})
     return entries
 

@@ -136,7 +136,7 @@ def run_ceiling(env, kinds, plan: Plan, log) -> list[dict]:
 
 
 def run_peer(env, kinds, plan: Plan, log, admin_url: str) -> dict:
-    queues = [q for q in ("q_work", "q_work_history") if "work" in kinds
+    queues = [q for q in ("q_work", "q_work_with_history") if "work" in kinds
               and any(x.name == q for x in env.catalog.queues)]
     if not queues:  # no work kind yet: compare the closest destructive shape, and say so
         queues = ["q_fifo"] if "fifo" in kinds else [f"q_{kinds[0]}"]

@@ -400,7 +400,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_emails].[test dequeue after an earlier one takes a message visible before it first]
+CREATE PROCEDURE [test_queue_emails].[test a later dequeue takes an earlier-visible message first]
 AS
 BEGIN
     -- Assemble: a dequeue has taken message 1; then message 3 arrives, visible since long before

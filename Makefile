@@ -50,15 +50,17 @@ lint: setup
 	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres
 
 # tSQLt first (it runs only when SQL Server is configured and says so otherwise), pytest last so
-# its summary closes the run.
+# its summary closes the run. Two pytest workers, one test file each at a time (--dist loadfile):
+# the Spark pipelines run beside the database suites, each worker with its own throwaway server;
+# the files in conftest.py LONGEST_FIRST are handed out first (--no-loadscope-reorder keeps that order).
 test: setup lint
 	$(BIN)/tablequeue test-tsql --if-configured --catalog $(CATALOG) --junit build/tsqlt-junit.xml
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: setup
 	$(BIN)/pip install --quiet -e '.[test,spark,bench]'
 	$(BIN)/python -m bench.run
-	# The chaos run at full size (make test runs it over 20,000 messages to keep within its budget).
+	# The chaos run at full size (make test runs it over 10,000 messages to keep within its budget).
 	TABLEQUEUE_CHAOS_MESSAGES=50000 $(BIN)/python -m pytest tests/test_work_chaos.py -o timeout=3600
 
 clean:

@@ -91,9 +91,9 @@ def row_dedupe_key(row: Mapping[str, Any], dedupe_column: str | None) -> str:
 
 
 def _payload_for(target: QueueTarget, payload: dict[str, Any]) -> Any:
+    text = canonical_json(payload)   # plain JSON types (dates, decimals, bytes as json_default has them)
     if target.queue.payload == "json":
-        return json.loads(canonical_json(payload))   # plain JSON types: what the queue stores
-    text = canonical_json(payload)
+        return text                  # JSON text: the client passes it on, the queue parses it once
     return text if target.queue.payload == "text" else text.encode("utf-8")
 
 

@@ -1,6 +1,6 @@
 """Chaos run of the work kind: nothing lost, nothing completed twice, whatever the consumers do.
 
-8 consumer processes, each with its own connection, drain 20,000 messages in batches (`make test`;
+8 consumer processes, each with its own connection, drain 10,000 messages in batches (`make test`;
 `make bench` runs it again over 50,000, TABLEQUEUE_CHAOS_MESSAGES). Their handler
 fails at random for 10% of attempts (fail, retried at once); two consumers are killed with SIGKILL
 while they hold leased messages, and one of them is restarted under the same worker name. Leases
@@ -29,7 +29,7 @@ from tablequeue.client import QueueClient
 from tablequeue.engines import connect
 
 # make test keeps the run within minutes on a 2-core machine; make bench sets the heavier run.
-MESSAGES = int(os.environ.get("TABLEQUEUE_CHAOS_MESSAGES", "20000"))
+MESSAGES = int(os.environ.get("TABLEQUEUE_CHAOS_MESSAGES", "10000"))
 CONSUMERS = 8
 BATCH = 25
 FAIL_RATE = 0.10
@@ -133,7 +133,8 @@ def test_chaos_every_message_ends_in_history_once_or_dead_after_max_attempts(dep
     # A kill comes at a random time, or at the latest when the backlog falls below a random floor,
     # so that on a fast machine it still lands while there is work to be in the middle of.
     kill_at = sorted(rng.uniform(3, 12) for _ in victims)
-    kill_floor = sorted((rng.randrange(3000, 9000) for _ in victims), reverse=True)
+    kill_floor = sorted((rng.randrange(MESSAGES * 3 // 20, MESSAGES * 9 // 20) for _ in victims),
+                        reverse=True)
     started = time.monotonic()
     killed: list[str] = []
     kill_times: list[float] = []

@@ -50,12 +50,10 @@ lint: setup
 	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres
 
 # tSQLt first (it runs only when SQL Server is configured and says so otherwise), pytest last so
-# its summary closes the run. Two pytest workers, one test file each at a time (--dist loadfile):
-# the Spark pipelines run beside the database suites, each worker with its own throwaway server;
-# the files in conftest.py LONGEST_FIRST are handed out first (--no-loadscope-reorder keeps that order).
+# its summary closes the run.
 test: setup lint
 	$(BIN)/tablequeue test-tsql --if-configured --catalog $(CATALOG) --junit build/tsqlt-junit.xml
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest
 
 bench: setup
 	$(BIN)/pip install --quiet -e '.[test,spark,bench]'

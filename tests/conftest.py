@@ -195,14 +195,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     else:
         write(f"SQL Server: {len(not_run)} test(s) did NOT run: TABLEQUEUE_MSSQL_URL is not set")
 
-
-# make test runs two pytest workers, one file at a time each (--dist loadfile). These files take most
-# of the run; started first, they run beside the short ones instead of alone at the end.
-LONGEST_FIRST = ("test_pipelines.py", "test_work_chaos.py", "test_bench_smoke.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-    items.sort(key=rank)

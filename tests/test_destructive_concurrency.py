@@ -1,6 +1,6 @@
 """Concurrency of the destructive kinds on PostgreSQL: several processes, each with its own connection.
 
-- heap, lax FIFO, LIFO: 2 producer and 4 consumer processes move 20,000 messages; consumers roll
+- heap, lax FIFO, LIFO: 2 producer and 4 consumer processes move 10,000 messages; consumers roll
   back now and then and record only what they committed. Every message is committed by exactly
   one consumer and none is lost. Then one consumer alone drains a queue filled by both producers
   and must see exact FIFO (LIFO: reverse) order.
@@ -30,7 +30,7 @@ from tablequeue.engines import connect
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)]
 
-MESSAGES = 20_000
+MESSAGES = 10_000
 PRODUCERS = 2
 CONSUMERS = 4
 ROLLBACK_SHARE = 0.05

@@ -194,4 +194,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write(f"SQL Server: {len(passed_mssql)} test(s) ran and passed against TABLEQUEUE_MSSQL_URL")
     else:
         write(f"SQL Server: {len(not_run)} test(s) did NOT run: TABLEQUEUE_MSSQL_URL is not set")
-

@@ -67,8 +67,8 @@ class QueueClient:
         default applies) except those named in required, which are passed as NULL."""
         given = {k: v for k, v in params.items() if v is not None or k in required}
         if self.dialect == "postgres":
-            # Arrays go in binary: psycopg's C dumper, where the text format escapes every element
-            # in Python (most of a 1,000-row enqueue_batch's client time).
+            # Arrays go in binary (psycopg's C dumper): the text format escapes every element in
+            # Python, about a third of a 1,000-row enqueue_batch's client time.
             args = ", ".join(f"{k} => %({k})" + ("b" if isinstance(v, list) else "s")
                              + (f"::{self._pg_cast(k)}" if self._pg_cast(k) else "")
                              for k, v in given.items())

@@ -90,10 +90,10 @@ def row_dedupe_key(row: Mapping[str, Any], dedupe_column: str | None) -> str:
 
 
 def _payload_for(target: QueueTarget, payload: dict[str, Any]) -> Any:
-    text = canonical_json(payload)   # plain JSON types (dates, decimals, bytes as json_default has them)
-    if target.queue.payload == "json":
-        return text                  # JSON text: the client passes it on, the queue parses it once
-    return text if target.queue.payload == "text" else text.encode("utf-8")
+    """The row's canonical JSON (dates, decimals, bytes as json_default has them): as text for json
+    and text queues (a json queue parses it once), as UTF-8 bytes for binary ones."""
+    text = canonical_json(payload)
+    return text.encode("utf-8") if target.queue.payload == "binary" else text
 
 
 def enqueue_partition(target: QueueTarget, rows: Iterable[Any], columns: Mapping[str, str] | None,

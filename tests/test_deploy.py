@@ -198,30 +198,42 @@ def test_postgres_signature_change_replaces_the_function(pg_url: str) -> None:
         drop_schema("postgres", pg_url, schema)
 
 
-def test_postgres_upgrade_creates_a_new_storage_unit_next_to_queues_that_hold_messages(pg_url: str) -> None:
-    # Releases before the claim position had no <queue>_rewinds sequence: upgrading a deployed
-    # pending or work queue must create it (a new unit), not refuse the queue or touch its table.
+def test_postgres_upgrade_creates_new_storage_units_next_to_queues_that_hold_messages(pg_url: str) -> None:
+    # Releases before the claim position had no <queue>_rewinds sequence, and before the bounded
+    # own-messages probe no ix_<queue>_lease_start index: upgrading deployed pending and work queues
+    # must create them (new units), not refuse the queues or touch their tables.
     schema = f"d_{secrets.token_hex(4)}"
     queues = [{"name": "p", "kind": "pending"}, {"name": "w", "kind": "work"}]
     units = units_for("postgres", schema, queues)
-    new_units = [u.name for u in units if u.name.endswith("_rewinds")]
-    assert new_units == [f"{schema}.p_rewinds", f"{schema}.w_rewinds"]
+    new_units = [u.name for u in units if u.name.endswith(("_rewinds", "_lease_start"))]
+    assert new_units == [f"{schema}.p_rewinds", f"{schema}.w_rewinds", f"{schema}.ix_w_lease_start"]
     try:
         run_deploy("postgres", pg_url, schema, [u for u in units if u.name not in new_units])
         catalog = parse_catalog({"schema": schema, "queues": queues})
         conn = connect(pg_url, autocommit=True)
         try:
-            conn.execute(f'INSERT INTO "{schema}"."p" (payload, due_at) SELECT \'{{}}\'::jsonb, now() FROM generate_series(1, 5)')
+            for table, columns, values in (("p", "payload, due_at", "'{}'::jsonb, now()"),
+                                           ("w", "payload, due_at, visible_at", "'{}'::jsonb, now(), now()")):
+                conn.execute(f'INSERT INTO "{schema}"."{table}" ({columns}) '
+                             f"SELECT {values} FROM generate_series(1, 5)")
             result = run_deploy("postgres", pg_url, schema, units)
             assert [name for name, _ in result.applied] == new_units
             assert all(item.action == "create" for item in result.plan.changes)
-            got = QueueClient.for_catalog(conn, "postgres", catalog, "p").dequeue(batch_size=10)
-            assert len(got) == 5
+            for name in ("p", "w"):
+                client = QueueClient.for_catalog(conn, "postgres", catalog, name)
+                got = client.dequeue(batch_size=10, worker="a") if name == "w" else client.dequeue(batch_size=10)
+                assert len(got) == 5
             states = {row.unit_name: row.state for row in status(conn, dialect_for("postgres"), schema, units)}
-            assert states[f"{schema}.p_rewinds"] == states[f"{schema}.w_rewinds"] == "ok"
+            assert {states[name] for name in new_units} == {"ok"}
             conn.execute(f'DROP SEQUENCE "{schema}"."w_rewinds"')
+            conn.execute(f'DROP INDEX "{schema}"."ix_w_lease_start"')
+            conn.execute(f'CREATE INDEX "ix_w_lease_start" ON "{schema}"."w" (leased_by)')
             states = {row.unit_name: row.state for row in status(conn, dialect_for("postgres"), schema, units)}
             assert states[f"{schema}.w_rewinds"] == "missing"
+            assert states[f"{schema}.ix_w_lease_start"] == "drift"
+            conn.execute(f'DROP INDEX "{schema}"."ix_w_lease_start"')
+            states = {row.unit_name: row.state for row in status(conn, dialect_for("postgres"), schema, units)}
+            assert states[f"{schema}.ix_w_lease_start"] == "missing"
         finally:
             conn.close()
     finally:

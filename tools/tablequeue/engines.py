@@ -103,7 +103,7 @@ class Dialect(Protocol):
 
 HISTORY_TABLE = "tablequeue_deploy_history"
 # The fingerprint `status` compares for drift: the module text of a procedure, or the column list of a
-# table (or of a sequence, on PostgreSQL). Used by the deploy tool and by the hand-run script, so both
+# table (on PostgreSQL also of a sequence, and the definition of an index that is a unit of its own). Used by the deploy tool and by the hand-run script, so both
 # record the same value.
 MSSQL_OBJECT_CHECKSUM = """SELECT COALESCE(
     (SELECT CONVERT(varchar(64), HASHBYTES('SHA2_256', m.definition), 2)
@@ -131,7 +131,11 @@ def postgres_object_checksum_sql(schema_expr: str, name_expr: str) -> str:
      JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
      JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
      WHERE n.nspname = {schema_expr} AND c.relname = {name_expr} AND c.relkind IN ('r', 'p', 'S')
-       AND a.attnum > 0 AND NOT a.attisdropped))"""
+       AND a.attnum > 0 AND NOT a.attisdropped),
+    (SELECT md5(pg_get_indexdef(c.oid))
+     FROM pg_catalog.pg_class AS c
+     JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE n.nspname = {schema_expr} AND c.relname = {name_expr} AND c.relkind = 'i'))"""
 
 
 def _split_name(unit_name: str) -> tuple[str, str]:

@@ -107,8 +107,14 @@ class Names:
         return self.quote(f"{self.schema}_{VERB_ROLES[verb]}")
 
     def index(self, prefix: str, purpose: str = "") -> str:
-        name = f"{prefix}_{self.queue}" + (f"_{purpose}" if purpose else "")
-        return self.quote(name)
+        return self.quote(self._index_name(prefix, purpose))
+
+    def index_plain(self, prefix: str, purpose: str = "") -> str:
+        """Unquoted schema.name of an index that is a storage unit of its own."""
+        return f"{self.schema}.{self._index_name(prefix, purpose)}"
+
+    def _index_name(self, prefix: str, purpose: str) -> str:
+        return f"{prefix}_{self.queue}" + (f"_{purpose}" if purpose else "")
 
 
 @functools.lru_cache(maxsize=None)

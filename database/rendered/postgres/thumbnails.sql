@@ -60,6 +60,15 @@ $type$;
 -- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
 CREATE SEQUENCE IF NOT EXISTS "queue"."thumbnails_rewinds";
 
+-- tablequeue:unit queue.ix_thumbnails_lease_start storage
+-- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+
+-- The own-messages probe: a worker's leases taken since this session last found it holding none
+-- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
+CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease_start"
+ON "queue"."thumbnails" (leased_by, leased_at)
+WHERE leased_by IS NOT NULL;
+
 -- tablequeue:unit queue.thumbnails_dead storage
 -- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
 
@@ -319,8 +328,8 @@ DECLARE
     exhausted_workers text[];
     remaining integer;
     -- '<time>|<worker>': when this session last found none of that worker's messages leased.
-    -- Every lease the worker has taken since ends later, so its own claim need not read back
-    -- past that time through the entries of the messages it has finished (docs/work-queue.md).
+    -- Every lease the worker has taken since was taken at that time or later, so its own claim
+    -- need not read back through the entries of the messages it has finished (docs/work-queue.md).
     own_state text := current_setting('tablequeue.queue.thumbnails.own', true);
     own_since timestamptz := '-infinity';
     current_level integer;
@@ -338,15 +347,16 @@ BEGIN
     END IF;
     lease_until := now_utc + make_interval(secs => effective_lease);
 
-    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_thumbnails_lease.
+    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_thumbnails_lease_start.
     -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
-    -- come to this worker between the probe and the claim.
+    -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
+    -- very time it records.
     IF substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
         own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
     END IF;
     IF EXISTS (
-        SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker AND m.visible_at > own_since
+        SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker AND m.leased_at >= own_since
     ) THEN
         WITH next_messages AS (
             SELECT
@@ -355,7 +365,7 @@ BEGIN
                 m.visible_at,
                 m.leased_by
             FROM "queue"."thumbnails" AS m
-            WHERE m.leased_by = thumbnails_dequeue.worker AND m.visible_at > own_since
+            WHERE m.leased_by = thumbnails_dequeue.worker AND m.leased_at >= own_since
             ORDER BY m.visible_at, m.seq
             LIMIT batch_size
             FOR UPDATE SKIP LOCKED

@@ -92,6 +92,13 @@ $type$;
 
 {{ m.rewinds_unit() }}
 
+{{ m.unit(names.index_plain('ix', 'lease_start'), 'storage') }}
+-- The own-messages probe: a worker's leases taken since this session last found it holding none
+-- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease_start') }}
+ON {{ t }} (leased_by, leased_at)
+WHERE leased_by IS NOT NULL;
+
 {{ m.unit(names.plain('_dead'), 'storage') }}
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
 CREATE TABLE IF NOT EXISTS {{ dead_t }} (
@@ -440,8 +447,8 @@ DECLARE
     exhausted_workers text[];
     remaining integer;
     -- '<time>|<worker>': when this session last found none of that worker's messages leased.
-    -- Every lease the worker has taken since ends later, so its own claim need not read back
-    -- past that time through the entries of the messages it has finished (docs/work-queue.md).
+    -- Every lease the worker has taken since was taken at that time or later, so its own claim
+    -- need not read back through the entries of the messages it has finished (docs/work-queue.md).
     own_state text := current_setting({{ m.position_setting('.own') }}, true);
     own_since timestamptz := '-infinity';
 {% if has_priority %}
@@ -458,17 +465,18 @@ BEGIN
 {{ w.check_lease('dequeue', 'effective_lease') }}
     lease_until := now_utc + make_interval(secs => effective_lease);
 
-    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease.
+    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease_start.
     -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
-    -- come to this worker between the probe and the claim.
+    -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
+    -- very time it records.
     IF substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker THEN
         own_since := {{ m.text_to_time("split_part(own_state, '|', 1)") }};
     END IF;
     IF EXISTS (
-        SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.visible_at > own_since
+        SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
     ) THEN
-{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.visible_at > own_since", "batch_size") | indent(4, first=true) }}
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since", "batch_size") | indent(4, first=true) }}
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
         PERFORM set_config({{ m.position_setting('.own') }}, {{ m.time_to_text('now_utc') }} || '|' || {{ fn }}_dequeue.worker, false);

@@ -22,18 +22,22 @@ def _call(env: Env, queue: str, batch: int) -> str:
     return f"SELECT * FROM {fn}(batch_size => {batch})"
 
 
+def _explain_nested(conn: psycopg.Connection, notices: list[str], timing: bool = True) -> None:
+    """auto_explain, with buffers, of every statement the session's functions run, as notices."""
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
+                           ("auto_explain.log_buffers", "on"), ("auto_explain.log_timing", "on" if timing else "off"),
+                           ("auto_explain.log_nested_statements", "on"), ("client_min_messages", "log")):
+        conn.execute(f"SET {setting} = {value}")
+
+
 def explain_claim(env: Env, queue: str, batch: int, label: str) -> dict[str, Any]:
     notices: list[str] = []
     out: dict[str, Any] = {"queue": queue, "kind": env.queue(queue).kind, "batch": batch, "label": label}
     try:
         with psycopg.connect(env.url, autocommit=True) as conn:
-            conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-            conn.execute("LOAD 'auto_explain'")
-            for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
-                                   ("auto_explain.log_buffers", "on"), ("auto_explain.log_timing", "on"),
-                                   ("auto_explain.log_nested_statements", "on"),
-                                   ("client_min_messages", "log")):
-                conn.execute(f"SET {setting} = {value}")
+            _explain_nested(conn, notices)
             for _ in range(CALLS):
                 notices.clear()
                 conn.execute("BEGIN")
@@ -54,6 +58,54 @@ def explain_claim(env: Env, queue: str, batch: int, label: str) -> dict[str, Any
     out["statement_buffers"] = [m.group(1) if (m := re.search(r"Buffers: ([^\n]+)", n)) else ""
                                 for n in inner]
     return out
+
+
+def consuming_session_buffers(env: Env, queue: str, consume: int = 300, dequeues: int = 5) -> dict[str, Any]:
+    """The shared buffers (hit + read) one batch-of-one dequeue reads in a session that has been
+    consuming (`consume` messages, committed; work: each completed), summed over the statements the
+    function runs, the work kind's own-messages probe included. Machine-independent: under a held
+    snapshot it shows whether a claim still reads the entries of what was consumed. The least of
+    `dequeues` back-to-back calls: a session finds its claim position again from the head at least
+    once a second (docs/queue-kinds.md), which may be any one of them on a slow machine."""
+    from tablequeue.client import QueueClient
+
+    is_work = env.queue(queue).kind == "work"
+    notices: list[str] = []
+    per_dequeue: list[int] = []
+    with psycopg.connect(env.url, autocommit=True) as conn:
+        client = QueueClient.for_catalog(conn, "postgres", env.catalog, queue)
+
+        def take(batch: int) -> list[dict]:
+            rows = (client.dequeue(batch_size=batch, worker="steady", lease_seconds=LEASE_SECONDS) if is_work
+                    else client.dequeue(batch_size=batch))
+            if not rows:
+                raise RuntimeError(f"bench: {queue} ran dry in the consuming-session profile")
+            return rows
+
+        done = 0
+        while done < consume:
+            rows = take(10)
+            if is_work:
+                for row in rows:
+                    client.complete(row["id"], "steady")
+            done += len(rows)
+        _explain_nested(conn, notices, timing=False)
+        for _ in range(dequeues):
+            notices.clear()
+            rows = take(1)
+            per_dequeue.append(sum(_top_buffers(n) for n in notices if "Query Text:" in n
+                                   and not re.search(r'_dequeue"?\(', n.split("Query Text:", 1)[1][:200])))
+            if is_work:
+                conn.execute("SET auto_explain.log_min_duration = -1")
+                client.complete(rows[0]["id"], "steady")
+                conn.execute("SET auto_explain.log_min_duration = 0")
+    return {"queue": queue, "consumed": consume, "per_dequeue": per_dequeue, "least": min(per_dequeue)}
+
+
+def _top_buffers(plan: str) -> int:
+    """hit + read of a plan's first Buffers line: its top node's total."""
+    top = re.search(r"Buffers: shared((?: \w+=\d+)+)", plan)
+    return sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", top.group(1))) if top else 0
 
 
 def planning_vs_execution(env: Env, kinds: list[str], depth: int = 1_000, repeats: int = 7) -> list[dict]:

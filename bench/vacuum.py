@@ -4,7 +4,9 @@ up meanwhile (pg_stat_user_tables.n_dead_tup, and pgstattuple's exact count).
 
 Per kind: clean cells (each starts from a VACUUMed table), a clean timeline, then the holder opens
 its snapshot, then a held timeline and the held cells, then the dead tuples are read, the holder
-ends and the table is vacuumed. Clean and held cells run the same shapes in the same order.
+ends and the table is vacuumed. Clean and held cells run the same shapes in the same order. Before
+the holder opens and before it ends, the buffers a new session's and a consuming session's dequeue
+read (profile.py): the work behind the throughput, which a busy machine does not blur.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import psycopg
 
 from .cells import cell
 from .env import Env, dead_tuples, set_depth
-from .profile import explain_claim
+from .profile import consuming_session_buffers, explain_claim
 
 
 class SnapshotHolder:
@@ -72,6 +74,8 @@ def run_kind(env: Env, kind: str, shapes: list[tuple[int, int]], depth: int, sec
     out["clean_timeline"] = cell(env, name, "dequeue", tc, tb, depth, timeline_seconds)
     set_depth(env, name, depth)
     out["explain_clean"] = explain_claim(env, name, 1, "clean")
+    out["consumer_clean"] = consuming_session_buffers(env, name)
+    set_depth(env, name, depth)
     holder = SnapshotHolder(env)
     out["holder_xmin"] = holder.xmin
     try:
@@ -87,6 +91,8 @@ def run_kind(env: Env, kind: str, shapes: list[tuple[int, int]], depth: int, sec
         out["dead_samples"] = sampler.stop()
         out["dead_end"] = dead_tuples(env, name, exact=True)
         out["explain_held"] = explain_claim(env, name, 1, "held")
+        set_depth(env, name, depth)
+        out["consumer_held"] = consuming_session_buffers(env, name)
     finally:
         out["held_seconds"] = holder.close()
     with env.conn() as conn:
@@ -97,5 +103,7 @@ def run_kind(env: Env, kind: str, shapes: list[tuple[int, int]], depth: int, sec
     ct, ht = out["clean_timeline"]["throughput"], out["held_timeline"]["throughput"]
     out["timeline_ratio"] = ht / ct if ct else None
     log(f"  vacuum {kind}: clean {ct:.0f}/s, held {ht:.0f}/s (ratio {out['timeline_ratio']:.2f}), "
-        f"dead tuples at end {out['dead_end'].get('pgstattuple_dead', out['dead_end'].get('n_dead_tup'))}")
+        f"dead tuples at end {out['dead_end'].get('pgstattuple_dead', out['dead_end'].get('n_dead_tup'))}, "
+        f"a consuming session's dequeue reads {out['consumer_clean']['least']} -> {out['consumer_held']['least']} "
+        f"buffers")
     return out

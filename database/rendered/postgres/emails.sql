@@ -607,11 +607,18 @@ BEGIN
         PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
     END IF;
 
-    -- In claim order: the array keeps it.
+    -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
+    -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
+    -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
     RETURN QUERY
     SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
     FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
-    INNER JOIN "queue"."emails" AS m ON c.id = m.id
+    CROSS JOIN LATERAL (
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts
+        FROM "queue"."emails" AS q
+        WHERE q.id = c.id
+        LIMIT 1
+    ) AS m
     ORDER BY c.position;
 END;
 $function$;

@@ -522,11 +522,18 @@ BEGIN
     END IF;
 {% endif %}
 
-    -- In claim order: the array keeps it.
+    -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
+    -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
+    -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
     RETURN QUERY
     SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
     FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
-    INNER JOIN {{ t }} AS m ON c.id = m.id
+    CROSS JOIN LATERAL (
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts
+        FROM {{ t }} AS q
+        WHERE q.id = c.id
+        LIMIT 1
+    ) AS m
     ORDER BY c.position;
 END;
 $function$;

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from .env import LEASE_SECONDS, Env
+from .env import LEASE_SECONDS, PAYLOAD, Env
 
 CALLS = 7  # plpgsql switches to a generic plan after five custom ones: profile the steady state
 
@@ -100,6 +100,22 @@ def consuming_session_buffers(env: Env, queue: str, consume: int = 300, dequeues
                 client.complete(rows[0]["id"], "steady")
                 conn.execute("SET auto_explain.log_min_duration = 0")
     return {"queue": queue, "consumed": consume, "per_dequeue": per_dequeue, "least": min(per_dequeue)}
+
+
+def enqueue_batch_buffers(env: Env, queue: str, batch: int = 100) -> int:
+    """The shared buffers one `enqueue_batch` of `batch` messages reads and dirties: EXPLAIN (ANALYZE,
+    BUFFERS) of the call, whose Function Scan counts every statement run inside it. The least of
+    CALLS calls, each rolled back."""
+    call = f'SELECT * FROM "{env.schema}"."{queue}_enqueue_batch"(payloads => %s::jsonb[])'
+    totals = []
+    with psycopg.connect(env.url, autocommit=True) as conn:
+        for _ in range(CALLS):
+            conn.execute("BEGIN")
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) " + call,
+                                                          ([PAYLOAD] * batch,)))
+            conn.execute("ROLLBACK")
+            totals.append(_top_buffers(plan))
+    return min(totals)
 
 
 def _top_buffers(plan: str) -> int:

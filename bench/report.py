@@ -500,11 +500,17 @@ def write_report(results: dict, out_root: Path) -> Path:
             w("Profile of the claim inside `dequeue` (auto_explain, ANALYZE + BUFFERS, the 7th call of a session, "
               "rolled back), per depth:")
             w("")
-            w("| kind | depth | statement ms | whole call ms (inflated by auto_explain's own logging) | buffers of each statement |")
-            w("|---|---:|---:|---:|---|")
+            w("| kind | depth | statement ms | whole call ms (inflated by auto_explain's own logging) | buffers of each statement "
+              "| a consuming session's dequeue: buffers | one enqueue_batch of 100: buffers |")
+            w("|---|---:|---:|---:|---|---:|---:|")
             for e in ex:
                 w(f"| {e['kind']} | {e['label']} | {', '.join(f'{x:.3f}' for x in e.get('statement_ms', []))} | "
-                  f"{_f(e.get('call_ms'), 3)} | {'; '.join(e.get('statement_buffers', [])) or e.get('error', '')} |")
+                  f"{_f(e.get('call_ms'), 3)} | {'; '.join(e.get('statement_buffers', [])) or e.get('error', '')} | "
+                  f"{(e.get('consumer') or {}).get('least', '–')} | {e.get('enqueue_batch_100_buffers', '–')} |")
+            w("")
+            w("The last two columns count the work whatever the machine's load: every statement of a batch-of-one "
+              "dequeue in a session that has been consuming (the least of five), and of one `enqueue_batch` of 100 "
+              "messages (rolled back). A deeper queue should add about one B-tree level per index touched.")
             w("")
     if results.get("vacuum"):
         w("## Vacuum held back")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import ceiling, overhead, peer, vacuum
 from .cells import cell
-from .profile import explain_claim
+from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim
 from .env import REPO, available_kinds, deploy_env, machine_facts, queue_entries, server, set_depth
 
 PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer")
@@ -94,7 +94,10 @@ def run_depth(env, kinds, plan: Plan, log) -> tuple[list[dict], list[dict]]:
                             f"{r['throughput']:9.0f} msg/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms"
                             f"{'' if r['check']['ok'] else '  CHECK FAILED'}")
             set_depth(env, name, depth)
-            explains.append(explain_claim(env, name, 1, f"depth {depth}"))
+            profile = explain_claim(env, name, 1, f"depth {depth}")
+            profile["enqueue_batch_100_buffers"] = enqueue_batch_buffers(env, name, 100)
+            profile["consumer"] = consuming_session_buffers(env, name, consume=min(300, depth // 2))
+            explains.append(profile)
         with env.conn() as conn:  # back to an empty table for the next parts
             conn.execute(f"TRUNCATE {env.table(name)}")
     return out, explains

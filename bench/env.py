@@ -8,6 +8,7 @@ import os
 import platform
 import secrets
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -186,6 +187,37 @@ SETTINGS = ("server_version", "shared_buffers", "work_mem", "max_connections", "
             "autovacuum_vacuum_scale_factor", "autovacuum_vacuum_threshold", "checkpoint_timeout",
             "max_wal_size", "effective_cache_size", "random_page_cost", "jit", "max_locks_per_transaction",
             "default_transaction_isolation", "track_io_timing")
+
+
+def host_stall_probe(seconds: float = 5.0) -> dict:
+    """How much of `seconds` a busy pure-Python loop loses to gaps of over 20 ms, when the machine
+    does not run it. A quiet machine loses next to nothing; a starved virtual machine loses most of
+    it, and every throughput figure measured on it then measures the host."""
+    lost, longest, gaps = 0.0, 0.0, 0
+    start = last = time.perf_counter()
+    while last - start < seconds:
+        now = time.perf_counter()
+        if now - last > 0.02:
+            lost, gaps, longest = lost + (now - last), gaps + 1, max(longest, now - last)
+        last = now
+    return {"seconds": seconds, "lost_seconds": round(lost, 3), "gaps": gaps, "longest_gap_seconds": round(longest, 3)}
+
+
+def cpu_accounting() -> tuple[float, int] | None:
+    """(monotonic seconds, clock ticks the kernel has accounted to all CPUs, idle included), from
+    /proc/stat. Over an interval, ticks / (seconds * CPUs * ticks per second) is the share of wall time
+    the CPUs existed for the kernel: well below 1 when a hypervisor does not run them."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    return time.monotonic(), sum(int(f) for f in fields[:8])
+
+
+def cpu_share(start: tuple[float, int] | None, end: tuple[float, int] | None) -> float | None:
+    if not start or not end or end[0] <= start[0]:
+        return None
+    return (end[1] - start[1]) / ((end[0] - start[0]) * (os.cpu_count() or 1) * os.sysconf("SC_CLK_TCK"))
 
 
 def machine_facts(url: str) -> dict:

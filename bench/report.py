@@ -374,9 +374,20 @@ def write_report(results: dict, out_root: Path) -> Path:
       f"{facts.get('platform', '')}; Python {facts.get('python')}, psycopg {facts.get('psycopg')}, "
       f"pgqueuer {facts.get('pgqueuer')}, {facts.get('pgbench')}.")
     w(f"- Load average at start {tuple(round(x, 2) for x in facts.get('loadavg_start', ()))}, at end "
-      f"{tuple(round(x, 2) for x in facts.get('loadavg_end', ()))}. **The 2 cores were shared**: the server, "
-      "every benchmark process and, during this run, other engineers' test suites all ran on them, so "
-      "absolute numbers are noisy and low; compare ratios taken within the run.")
+      f"{tuple(round(x, 2) for x in facts.get('loadavg_end', ()))}. The server and every benchmark process share "
+      f"the {facts.get('nproc')} CPUs, so compare ratios taken within the run.")
+    host = facts.get("host")
+    if host:
+        a, b = host["stalls_start"], host["stalls_end"]
+        share = host.get("cpu_share")
+        stalling = max(a["lost_seconds"] / a["seconds"], b["lost_seconds"] / b["seconds"]) > host["stalling_above"]
+        w(f"- Host check: a busy {a['seconds']:.0f}-second Python loop lost {a['lost_seconds']:.2f}s to gaps over 20 ms "
+          f"at the start (longest {a['longest_gap_seconds']:.2f}s) and {b['lost_seconds']:.2f}s at the end"
+          + (f"; over the run the kernel accounted {share:.0%} of the CPUs' wall time" if share is not None else "")
+          + ". "
+          + ("**This host was stalling: the throughput and latency figures measure it more than tablequeue.** "
+             "The buffer counts and plans do not depend on it." if stalling else
+             "A quiet machine loses next to nothing there."))
     w(f"- Code: commit `{facts.get('git_head', '?')}`; the PostgreSQL templates were "
       f"{'**modified in the working tree**' if facts.get('templates_dirty') else 'as committed'} when the run started.")
     w(f"- PostgreSQL: {facts.get('postgres_version')} ({'embedded throwaway cluster' if facts.get('embedded') else 'TABLEQUEUE_PG_URL'}).")

@@ -17,9 +17,12 @@ from pathlib import Path
 from . import ceiling, overhead, peer, vacuum
 from .cells import cell
 from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim
-from .env import REPO, available_kinds, deploy_env, machine_facts, queue_entries, server, set_depth
+from .env import (REPO, available_kinds, cpu_accounting, cpu_share, deploy_env, host_stall_probe, machine_facts,
+                  queue_entries, server, set_depth)
 
 PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer")
+# The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
+STALLING = 0.05
 
 
 @dataclass
@@ -184,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     bench_dir.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
+    stalls_start, accounting_start = host_stall_probe(), cpu_accounting()
+    _log(f"host check: a busy loop lost {stalls_start['lost_seconds']:.2f}s of {stalls_start['seconds']:.0f}s "
+         f"to gaps over 20 ms (longest {stalls_start['longest_gap_seconds']:.2f}s)")
+    if stalls_start["lost_seconds"] > STALLING * stalls_start["seconds"]:
+        _log("WARNING: this machine is stalling: throughput and latency will measure the host; "
+             "buffer counts and plans stay valid")
     command = "make bench  (= .venv/bin/python -m bench.run" + (" " + " ".join(argv or sys.argv[1:])).rstrip() + ")"
     results: dict = {"command": command, "quick": args.quick, "parts": parts, "kinds": kinds,
                      "plan": asdict(plan), "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
@@ -220,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             env.drop()
         results["facts"]["loadavg_end"] = os.getloadavg()
+    results["facts"]["host"] = {"stalls_start": stalls_start, "stalls_end": host_stall_probe(),
+                                "cpu_share": cpu_share(accounting_start, cpu_accounting()),
+                                "stalling_above": STALLING}
     results["total_seconds"] = time.monotonic() - started
     (bench_dir / "results.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
     _log(f"results: {bench_dir / 'results.json'} ({results['total_seconds']:.0f}s)")

@@ -204,14 +204,15 @@ def host_stall_probe(seconds: float = 5.0) -> dict:
 
 
 def cpu_accounting() -> tuple[float, int] | None:
-    """(monotonic seconds, clock ticks the kernel has accounted to all CPUs, idle included), from
-    /proc/stat. Over an interval, ticks / (seconds * CPUs * ticks per second) is the share of wall time
-    the CPUs existed for the kernel: well below 1 when a hypervisor does not run them."""
+    """(monotonic seconds, clock ticks the CPUs ran for this machine, idle included and steal not),
+    from /proc/stat. Over an interval, ticks / (seconds * CPUs * ticks per second) is the share of wall
+    time the CPUs were this machine's: below 1 when a hypervisor took them, whether it reports that
+    as steal or the ticks go missing."""
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     except OSError:
         return None
-    return time.monotonic(), sum(int(f) for f in fields[:8])
+    return time.monotonic(), sum(int(f) for f in fields[:7])
 
 
 def cpu_share(start: tuple[float, int] | None, end: tuple[float, int] | None) -> float | None:

@@ -61,6 +61,14 @@ def explain_claim(env: Env, queue: str, batch: int, label: str) -> dict[str, Any
 
 
 def consuming_session_buffers(env: Env, queue: str, consume: int = 300, dequeues: int = 5) -> dict[str, Any]:
+    """See _consuming_session_buffers; an error is recorded (as explain_claim does), not raised."""
+    try:
+        return _consuming_session_buffers(env, queue, consume, dequeues)
+    except (psycopg.Error, RuntimeError) as exc:
+        return {"queue": queue, "error": str(exc)}
+
+
+def _consuming_session_buffers(env: Env, queue: str, consume: int, dequeues: int) -> dict[str, Any]:
     """The shared buffers (hit + read) one batch-of-one dequeue reads in a session that has been
     consuming (`consume` messages, committed; work: each completed), summed over the statements the
     function runs, the work kind's own-messages probe included. Machine-independent: under a held
@@ -102,19 +110,22 @@ def consuming_session_buffers(env: Env, queue: str, consume: int = 300, dequeues
     return {"queue": queue, "consumed": consume, "per_dequeue": per_dequeue, "least": min(per_dequeue)}
 
 
-def enqueue_batch_buffers(env: Env, queue: str, batch: int = 100) -> int:
-    """The shared buffers one `enqueue_batch` of `batch` messages reads and dirties: EXPLAIN (ANALYZE,
-    BUFFERS) of the call, whose Function Scan counts every statement run inside it. The least of
-    CALLS calls, each rolled back."""
+def enqueue_batch_buffers(env: Env, queue: str, batch: int = 100) -> int | str:
+    """The shared buffers (hit + read) one `enqueue_batch` of `batch` messages touches: EXPLAIN
+    (ANALYZE, BUFFERS) of the call, whose Function Scan counts every statement run inside it. The
+    least of CALLS calls, each rolled back; the error's text if the call fails."""
     call = f'SELECT * FROM "{env.schema}"."{queue}_enqueue_batch"(payloads => %s::jsonb[])'
     totals = []
-    with psycopg.connect(env.url, autocommit=True) as conn:
-        for _ in range(CALLS):
-            conn.execute("BEGIN")
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) " + call,
-                                                          ([PAYLOAD] * batch,)))
-            conn.execute("ROLLBACK")
-            totals.append(_top_buffers(plan))
+    try:
+        with psycopg.connect(env.url, autocommit=True) as conn:
+            for _ in range(CALLS):
+                conn.execute("BEGIN")
+                plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) " + call,
+                                                              ([PAYLOAD] * batch,)))
+                conn.execute("ROLLBACK")
+                totals.append(_top_buffers(plan))
+    except psycopg.Error as exc:
+        return f"error: {exc}"
     return min(totals)
 
 

@@ -552,7 +552,7 @@ def write_report(results: dict, out_root: Path) -> Path:
             d, a = v.get("dead_end", {}), v.get("dead_after_vacuum", {})
             bc = "; ".join((v.get("explain_clean") or {}).get("statement_buffers", []))
             bh = "; ".join((v.get("explain_held") or {}).get("statement_buffers", []))
-            consumer = " → ".join(str(v[k]["least"]) if v.get(k) else "–" for k in ("consumer_clean", "consumer_held"))
+            consumer = " → ".join(str((v.get(k) or {}).get("least", "–")) for k in ("consumer_clean", "consumer_held"))
             w(f"| {v['kind']} | {v.get('held_seconds', 0):.0f} | {_f(d.get('n_dead_tup'))} | "
               f"{_f(d.get('pgstattuple_dead'))} | {_f(d.get('table_bytes'))} | {_f(a.get('pgstattuple_dead'))} | "
               f"{bc} → {bh} | {consumer} |")

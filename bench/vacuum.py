@@ -104,6 +104,6 @@ def run_kind(env: Env, kind: str, shapes: list[tuple[int, int]], depth: int, sec
     out["timeline_ratio"] = ht / ct if ct else None
     log(f"  vacuum {kind}: clean {ct:.0f}/s, held {ht:.0f}/s (ratio {out['timeline_ratio']:.2f}), "
         f"dead tuples at end {out['dead_end'].get('pgstattuple_dead', out['dead_end'].get('n_dead_tup'))}, "
-        f"a consuming session's dequeue reads {out['consumer_clean']['least']} -> {out['consumer_held']['least']} "
-        f"buffers")
+        f"a consuming session's dequeue reads {out['consumer_clean'].get('least', 'error')} -> "
+        f"{out['consumer_held'].get('least', 'error')} buffers")
     return out

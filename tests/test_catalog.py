@@ -78,10 +78,12 @@ def test_bad_schema_and_duplicates_and_top_level_keys(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="field 'queues'"):
         parse_catalog({"schema": "queue", "queues": []})
     # A queue named like another queue's object would share that object's name.
-    for taken in ("a_dead", "a_dequeue", "a_rewinds"):
+    for taken in ("a_dead", "a_dequeue", "a_rewinds", "ix_a_lease_start"):
         with pytest.raises(CatalogError, match=f"queue '{taken}': field 'name': collides with an object of queue 'a'"):
             parse_catalog({"queues": [{"name": taken, "kind": "heap"}, {"name": "a", "kind": "work"}]})
     assert len(parse_catalog({"queues": [{"name": "a", "kind": "heap"}, {"name": "a_b", "kind": "heap"}]}).queues) == 2
+    # The index unit is named ix_<queue>_lease_start: <queue>_lease_start is free.
+    assert len(parse_catalog({"queues": [{"name": "a_lease_start", "kind": "heap"}, {"name": "a", "kind": "work"}]}).queues) == 2
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:

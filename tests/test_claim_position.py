@@ -60,6 +60,12 @@ def buffers_of_dequeues(client: QueueClient, count: int) -> list[tuple[int, list
             rows = client.dequeue(worker="w") if client.queue.kind == "work" else client.dequeue()
             assert len(rows) == 1
             measured.append(buffers_of(notices))
+            if client.queue.kind == "work":
+                # Finished, as in `consume`: a message left leased would be this worker's own message,
+                # claimed back first by the next dequeue, which is another path (the restart claim).
+                conn.execute("SET auto_explain.log_min_duration = -1")
+                assert client.complete(rows[0]["id"], "w")
+                conn.execute("SET auto_explain.log_min_duration = 0")
     finally:
         conn.execute("RESET client_min_messages")
         conn.execute("SET auto_explain.log_min_duration = -1")

@@ -234,6 +234,11 @@ def test_postgres_upgrade_creates_new_storage_units_next_to_queues_that_hold_mes
             conn.execute(f'DROP INDEX "{schema}"."ix_w_lease_start"')
             states = {row.unit_name: row.state for row in status(conn, dialect_for("postgres"), schema, units)}
             assert states[f"{schema}.ix_w_lease_start"] == "missing"
+            # A changed index unit is refused like a changed table, without counting "messages" in it.
+            edited = [replace(u, body=u.body.replace("(leased_by, leased_at)", "(leased_at, leased_by)"))
+                      if u.name.endswith("_lease_start") else u for u in units]
+            with pytest.raises(DeployRefused, match=f"{schema}.ix_w_lease_start is left as it is"):
+                run_deploy("postgres", pg_url, schema, edited)
         finally:
             conn.close()
     finally:

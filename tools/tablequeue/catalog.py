@@ -30,9 +30,11 @@ GENERATED_SUFFIXES = (
     "_items", "_dead", "_history", "_enqueue", "_enqueue_batch", "_dequeue", "_complete",
     "_fail", "_extend_lease", "_stats", "_purge", "_process", "_dead_list", "_dead_requeue",
     "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due", "_rewinds",
-    "_lease_start",
 )
 INDEX_PREFIXES = ("pk_", "ix_", "ux_", "ck_")
+# Indexes that are storage units of their own, named <prefix><queue><suffix> (a queue of that name
+# would take the unit's name).
+INDEX_UNITS = (("ix_", "_lease_start"),)
 
 
 @dataclass(frozen=True)
@@ -134,11 +136,12 @@ def parse_catalog(document: Any, path: str = "<catalog>") -> Catalog:
         seen.add(queue.name)
         queues.append(queue)
     for queue in queues:
-        for suffix in GENERATED_SUFFIXES:
-            if queue.name + suffix in seen:
-                raise CatalogError(path, queue.name + suffix, "name",
-                                   f"collides with an object of queue '{queue.name}' (its '{suffix}' object "
-                                   f"is named '{queue.name}{suffix}'): choose another name")
+        owned = [("", suffix) for suffix in GENERATED_SUFFIXES] + list(INDEX_UNITS)
+        for prefix, suffix in owned:
+            if prefix + queue.name + suffix in seen:
+                raise CatalogError(path, prefix + queue.name + suffix, "name",
+                                   f"collides with an object of queue '{queue.name}' (its '{prefix}{suffix}' "
+                                   f"object is named '{prefix}{queue.name}{suffix}'): choose another name")
     return Catalog(path=path, schema=schema, queues=tuple(queues))
 
 
@@ -179,7 +182,7 @@ def _check_queue_name(name: Any, label: str, path: str) -> None:
         raise CatalogError(path, label, "name",
                            f"{name!r} is not a valid queue name: lower-case letter first, then lower-case "
                            "letters, digits or '_' (^[a-z][a-z0-9_]{0,39}$)")
-    for suffix in GENERATED_SUFFIXES:
+    for suffix in GENERATED_SUFFIXES + tuple(suffix for _, suffix in INDEX_UNITS):
         for prefix in ("",) + INDEX_PREFIXES:
             generated = f"{prefix}{name}{suffix}"
             if len(generated) > POSTGRES_MAX_IDENTIFIER:

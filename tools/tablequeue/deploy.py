@@ -71,13 +71,13 @@ def make_plan(units: list[Unit], history: list[dict],
             plan.items.append(PlanItem(unit, UPDATE, "definition changed"))
         else:
             messages = count_messages(unit.name)
-            held = ("holds no messages" if messages == 0 else
-                    f"holds {messages if messages is not None else 'an unknown number of'} message(s)")
+            held = ("" if messages is None else " holds no messages and" if messages == 0 else
+                    f" holds {messages} message(s) and")
             queue = f"queue '{unit.queue}'" if unit.queue else f"'{unit.name}'"
             plan.items.append(PlanItem(unit, REFUSED, (
                 f"{queue}: its table definition changed since it was deployed (a new kind or a storage "
-                f"option such as dedupe); tablequeue never drops or rebuilds a queue table. Table "
-                f"{unit.name} {held} and is left as it is: drain it and drop it by hand, or deploy the "
+                f"option such as dedupe); tablequeue never drops or rebuilds a queue table. "
+                f"{unit.name}{held} is left as it is: drain it and drop it by hand, or deploy the "
                 f"change under a new queue name")))
     return plan
 

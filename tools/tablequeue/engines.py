@@ -98,13 +98,15 @@ class Dialect(Protocol):
     def read_history(self, conn: Any, schema: str) -> list[dict]: ...
     def apply(self, conn: Any, unit: Unit, schema: str, version: str) -> float: ...
     def object_checksum(self, conn: Any, unit_name: str) -> str | None: ...
-    def count_messages(self, conn: Any, table: str, limit: int) -> int | None: ...
+    def count_messages(self, conn: Any, table: str, limit: int) -> int | None:
+        """Up to `limit` rows of the table; None when there is no table of that name."""
+        ...
 
 
 HISTORY_TABLE = "tablequeue_deploy_history"
 # The fingerprint `status` compares for drift: the module text of a procedure, or the column list of a
-# table (on PostgreSQL also of a sequence, and the definition of an index that is a unit of its own). Used by the deploy tool and by the hand-run script, so both
-# record the same value.
+# table (on PostgreSQL also of a sequence, and the definition of an index that is a unit of its own).
+# Used by the deploy tool and by the hand-run script, so both record the same value.
 MSSQL_OBJECT_CHECKSUM = """SELECT COALESCE(
     (SELECT CONVERT(varchar(64), HASHBYTES('SHA2_256', m.definition), 2)
      FROM sys.sql_modules AS m
@@ -218,8 +220,9 @@ class PostgresDialect:
 
     def count_messages(self, conn: Any, table: str, limit: int) -> int | None:
         schema, name = _split_name(table)
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}"."{name}"',)).fetchone()[0]
-        if not exists:
+        is_table = conn.execute("SELECT coalesce((SELECT c.relkind IN ('r', 'p') FROM pg_catalog.pg_class AS c "
+                                "WHERE c.oid = to_regclass(%s)), false)", (f'"{schema}"."{name}"',)).fetchone()[0]
+        if not is_table:
             return None
         return conn.execute(f'SELECT count(*) FROM (SELECT 1 FROM "{schema}"."{name}" LIMIT %s) AS m',
                             (limit,)).fetchone()[0]

@@ -75,8 +75,9 @@ def make_plan(units: list[Unit], history: list[dict],
                     f" holds {messages} message(s) and")
             queue = f"queue '{unit.queue}'" if unit.queue else f"'{unit.name}'"
             plan.items.append(PlanItem(unit, REFUSED, (
-                f"{queue}: its table definition changed since it was deployed (a new kind or a storage "
-                f"option such as dedupe); tablequeue never drops or rebuilds a queue table. "
+                f"{queue}: the definition of its storage unit {unit.name} (a table, sequence or index) "
+                f"changed since it was deployed (a new kind or a storage option such as dedupe); tablequeue "
+                f"never drops or rebuilds a queue's storage. "
                 f"{unit.name}{held} is left as it is: drain it and drop it by hand, or deploy the "
                 f"change under a new queue name")))
     return plan

@@ -20,8 +20,8 @@ def literal(text: str | None, national: bool = False) -> str:
 
 
 def _refusal(unit: Unit) -> str:
-    return (f"{unit.name}: its table definition changed since it was deployed; tablequeue never drops "
-            "or rebuilds a queue table. Nothing after this point was applied.")
+    return (f"{unit.name}: this storage unit's definition changed since it was deployed; tablequeue never drops "
+            "or rebuilds a queue's storage. Nothing after this point was applied.")
 
 
 def mssql_script(schema: str, units: list[Unit], source: str) -> str:

@@ -70,16 +70,34 @@ def _schemas(client_ids: bool) -> tuple[Any, Any]:
     return results, markers
 
 
+STAGING_KINDS = ("results", "markers")
+
+
+def _staging_folder(base: str, kind: str, partition: int, attempt: int) -> str:
+    return f"{base}/{kind}/part={partition}/attempt={attempt}"
+
+
+def _prepare_staging(root: str, partition: int, attempt: int) -> None:
+    """Pay the task's one-time staging costs (the Parquet writer's import, the filesystem, the task
+    attempt's folders) before its first lease: on a loaded executor they take seconds to tens of
+    seconds, and a first batch that paid them could outlive its lease and be processed twice."""
+    import pyarrow.parquet  # noqa: F401
+
+    fs, base = filesystem(root)
+    for kind in STAGING_KINDS:
+        fs.create_dir(_staging_folder(base, kind, partition, attempt), recursive=True)
+
+
 def _write_atomically(rows: list[dict], schema: Any, root: str, kind: str, partition: int, attempt: int,
                       batch: int) -> None:
     """Write a Parquet file under a temporary name (ignored by Spark readers: leading '_'), then
-    rename it: a reader sees the whole file or nothing. One folder per task attempt."""
+    rename it: a reader sees the whole file or nothing. One folder per task attempt, made by
+    _prepare_staging."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     fs, base = filesystem(root)
-    folder = f"{base}/{kind}/part={partition}/attempt={attempt}"
-    fs.create_dir(folder, recursive=True)
+    folder = _staging_folder(base, kind, partition, attempt)
     final = f"{folder}/batch-{batch:06d}.parquet"
     temporary = f"{folder}/_tmp-batch-{batch:06d}-{secrets.token_hex(4)}.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary, filesystem=fs)
@@ -141,6 +159,7 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
             probe(event, {"partition": partition, "attempt": attempt, "batch": batch, "worker": worker,
                           "completed_in_batch": completed_in_batch}, **config.probe_args)
 
+    _prepare_staging(config.staging, partition, attempt)
     log().info("drain %s: task %s attempt %s starts as worker %s", target.name, partition, attempt, worker)
     with target.client() as client:
         batch = 0
@@ -217,11 +236,17 @@ def _more_to_come(client: Any) -> bool:
 
 
 # -- finalisation (driver side) ------------------------------------------------------------------------
-def _exists(path: str) -> bool:
+def _has_staged_files(path: str) -> bool:
+    """Does any task attempt's folder under path hold a finished file? Every attempt makes its
+    folders before its first lease, so an attempt that staged nothing leaves them empty."""
     from pyarrow import fs
 
     filesystem_, inner = filesystem(path)
-    return filesystem_.get_file_info(inner).type != fs.FileType.NotFound
+    if filesystem_.get_file_info(inner).type == fs.FileType.NotFound:
+        return False
+    return any(info.type == fs.FileType.File and info.base_name.endswith(".parquet")
+               and not info.base_name.startswith("_")
+               for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True)))
 
 
 def confirm_completed(target: QueueTarget, ids: list[Any], worker_prefix: str) -> set[Any] | None:
@@ -263,12 +288,12 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, wo
     results_dir, markers_dir = f"{staging}/results", f"{staging}/markers"
     summary: dict[str, Any] = {"output": final_path, "staged_rows": 0, "completed": 0, "unconfirmed": 0,
                                "confirmed_from_history": 0, "dead": 0, "retrying": 0, "lease_lost": 0}
-    markers = spark.read.parquet(markers_dir).cache() if _exists(markers_dir) else None
+    markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
     if markers is not None:
         for row in markers.groupBy("outcome").agg(F.count("*").alias("n")).collect():
             if row["outcome"] in ("dead", "retrying", "lease_lost"):
                 summary[row["outcome"]] = row["n"]
-    if not _exists(results_dir):
+    if not _has_staged_files(results_dir):
         results_schema, _ = _schemas(bool(target.queue.options.get("client_ids")))
         empty = spark.createDataFrame([], _spark_schema(results_schema)).select(*OUTPUT_COLUMNS)
         empty.write.mode("overwrite").parquet(final_path)

@@ -353,6 +353,66 @@ def test_crash_plan_holds_the_other_tasks_until_the_planned_crash(tmp_path):
     assert time.monotonic() - started < 10
 
 
+class StagingWatchingClient:
+    """A work-queue client with one batch, which records what the staging folder held when the task
+    first asked for a lease."""
+
+    def __init__(self, staging: Path) -> None:
+        self.staging, self.folders_at_first_lease, self.batches = staging, None, [[
+            {"id": 1, "payload": {"id": 1, "name": "a", "flaky": False, "poison": False}, "attempts": 1,
+             "enqueued_at": datetime.now(timezone.utc)}]]
+
+    def __enter__(self) -> "StagingWatchingClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def dequeue(self, batch_size: int, worker: str, lease_seconds: int | None) -> list[dict]:
+        if self.folders_at_first_lease is None:
+            self.folders_at_first_lease = sorted(str(p.relative_to(self.staging))
+                                                 for p in self.staging.rglob("*") if p.is_dir())
+        return self.batches.pop() if self.batches else []
+
+    def complete(self, message_id: Any, worker: str) -> bool:
+        return True
+
+    def stats(self) -> dict:
+        return {}
+
+
+def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, monkeypatch):
+    """The task's one-time costs (the Parquet writer, its folders) come before it holds a lease: on a
+    loaded machine they took longer than a 30 s lease, and the first batch was then done twice."""
+    from contextlib import nullcontext
+
+    import pipelines.drain_job as drain_job
+
+    staging = tmp_path / "staging"
+    client = StagingWatchingClient(staging)
+    target = drain_job.QueueTarget.of("postgresql://nobody@127.0.0.1:1/none",
+                                      parse_catalog({"schema": "s", "queues": [work_queue("jobs")]}), "jobs")
+    monkeypatch.setattr(drain_job.QueueTarget, "client", lambda self: client)
+    monkeypatch.setattr(drain_job, "transaction", lambda c: nullcontext())
+    monkeypatch.setattr(drain_job, "_more_to_come", lambda c: False)
+    config = drain_job.DrainConfig(run_id="r", worker_prefix="w", staging=str(staging),
+                                   transform="pipelines.transforms:uppercase_name")
+    counts = drain_job.drain_partition(target, config)
+    assert counts["completed"] == 1 and counts["stopped"] == "drained"
+    assert client.folders_at_first_lease == ["markers", "markers/part=0", "markers/part=0/attempt=0",
+                                             "results", "results/part=0", "results/part=0/attempt=0"]
+
+
+def test_drain_of_an_empty_queue_writes_an_empty_output(spark, pg, tmp_path):
+    """Both tasks find nothing: their staging folders stay empty, and the output is empty, not an error."""
+    catalog = pg.deploy(work_queue("idle"))
+    summary = run_drain(spark, pg.url, catalog, "idle", "pipelines.transforms:uppercase_name",
+                        str(tmp_path / "output"), tasks=2, batch_size=10, time_budget_seconds=60)
+    assert summary["completed"] == summary["staged_rows"] == 0
+    assert [t["stopped"] for t in summary["tasks"]] == ["drained", "drained"]
+    assert output_rows(summary["output"]) == []
+
+
 def test_drain_refuses_a_destructive_queue(spark, pg, tmp_path):
     catalog = parse_catalog({"schema": "destructive", "queues": [{"name": "h", "kind": "heap"}]})
     with pytest.raises(PipelineError, match="'heap' queue; this job needs a queue of kind 'work'"):

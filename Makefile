@@ -16,7 +16,8 @@ help:
 	@echo "make test    golden files, sqlfluff lint, pytest (PostgreSQL; SQL Server when configured), tSQLt"
 	@echo "make lint    sqlfluff on the rendered T-SQL and PostgreSQL"
 	@echo "make golden  re-render the golden files after a template change (review the diff)"
-	@echo "make bench   benchmarks (results in docs/BENCHMARKS.md), then the chaos run over 50,000 messages"
+	@echo "make bench   benchmarks (results in docs/BENCHMARKS.md), then the chaos run over 50,000 messages;"
+	@echo "             BENCH_ARGS=... passes options to python -m bench.run (--help lists them)"
 
 setup: system $(STAMP)
 
@@ -57,7 +58,7 @@ test: setup lint
 
 bench: setup
 	$(BIN)/pip install --quiet -e '.[test,spark,bench]'
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	# The chaos run at full size (make test runs it over 10,000 messages to keep within its budget).
 	TABLEQUEUE_CHAOS_MESSAGES=50000 $(BIN)/python -m pytest tests/test_work_chaos.py -o timeout=3600
 

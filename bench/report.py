@@ -364,7 +364,10 @@ def write_report(results: dict, out_root: Path) -> Path:
     w(f"This file was written by: `{results['command']}`. `--quick` runs a reduced matrix in a couple of "
       "minutes (into `build/bench-quick/`); `--parts` and `--kinds` select pieces. Results: "
       "[`docs/bench/results.json`](bench/results.json); plots: `docs/bench/*.png`. Everything runs against the "
-      "embedded throwaway cluster (`tablequeue.embedded.start_embedded`), or `TABLEQUEUE_PG_URL` when set.")
+      "embedded throwaway cluster (`tablequeue.embedded.start_embedded`), or `TABLEQUEUE_PG_URL` when set. "
+      "A full run first checks whether the host stalls (a busy loop that loses time); if it does, the run "
+      "stops before it starts and leaves this file as it is (`make bench BENCH_ARGS=--on-a-stalling-host` "
+      "publishes anyway, and says so here).")
     w("")
     w("## The run")
     w("")

@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "build/bench-quick for --quick)")
     parser.add_argument("--seconds", type=float, default=0, help="override every per-cell duration")
     parser.add_argument("--no-report", action="store_true", help="results.json only: no plots, no markdown")
+    parser.add_argument("--on-a-stalling-host", action="store_true",
+                        help="publish to docs/ even when the host check finds this machine stalling "
+                             "(without it such a run stops before it starts: docs/ keeps the last valid run)")
     args = parser.parse_args(argv)
 
     plan = quick_plan() if args.quick else Plan()
@@ -184,15 +187,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no PostgreSQL template for kind(s): {', '.join(missing)}")
     out_root = Path(args.out) if args.out else (REPO / "build" / "bench-quick" if args.quick else REPO / "docs")
     bench_dir = out_root / "bench"
-    bench_dir.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
     stalls_start, accounting_start = host_stall_probe(), cpu_accounting()
     _log(f"host check: a busy loop lost {stalls_start['lost_seconds']:.2f}s of {stalls_start['seconds']:.0f}s "
          f"to gaps over 20 ms (longest {stalls_start['longest_gap_seconds']:.2f}s)")
     if stalls_start["lost_seconds"] > STALLING * stalls_start["seconds"]:
+        publishes = out_root.resolve() == (REPO / "docs").resolve()
+        if publishes and not args.on_a_stalling_host:
+            print(f"bench: refusing to replace {out_root / 'BENCHMARKS.md'} with a measurement of this host: "
+                  f"a busy loop lost {stalls_start['lost_seconds']:.2f}s of {stalls_start['seconds']:.0f}s to "
+                  f"stalls (more than {STALLING:.0%}), so throughput and latency would measure the machine, "
+                  "not tablequeue. Run it on a quiet machine; or measure here with --out DIR (or --quick); "
+                  "or publish anyway with --on-a-stalling-host (the report then says the host was stalling).",
+                  file=sys.stderr)
+            return 2
         _log("WARNING: this machine is stalling: throughput and latency will measure the host; "
              "buffer counts and plans stay valid")
+    bench_dir.mkdir(parents=True, exist_ok=True)
     command = "make bench  (= .venv/bin/python -m bench.run" + (" " + " ".join(argv or sys.argv[1:])).rstrip() + ")"
     results: dict = {"command": command, "quick": args.quick, "parts": parts, "kinds": kinds,
                      "plan": asdict(plan), "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

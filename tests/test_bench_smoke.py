@@ -48,3 +48,40 @@ def test_quick_matrix_runs_every_kind_and_loses_nothing(pg_url: str, tmp_path: P
     assert host["cpu_share"] is None or 0 < host["cpu_share"] <= 1.1
     assert "Host check: a busy 5-second Python loop lost" in (tmp_path / "BENCHMARKS.md").read_text()
     assert (tmp_path / "bench" / "matrix_dequeue.png").stat().st_size > 0
+
+
+def stalling_probe() -> dict:
+    return {"seconds": 5.0, "lost_seconds": 3.6, "gaps": 12, "longest_gap_seconds": 0.6}
+
+
+def test_a_full_run_on_a_stalling_host_stops_before_it_starts_and_keeps_the_published_report(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from bench import run
+
+    published = run.REPO / "docs" / "BENCHMARKS.md"
+    before = published.stat().st_mtime_ns
+    monkeypatch.setattr(run, "host_stall_probe", stalling_probe)
+    monkeypatch.setattr(run, "server", lambda: pytest.fail("a refused run started a server"))
+    assert run.main([]) == 2
+    assert published.stat().st_mtime_ns == before
+    message = capsys.readouterr().err
+    assert "refusing to replace" in message and "lost 3.60s of 5s" in message and "--on-a-stalling-host" in message
+
+
+class ServerStarted(Exception):
+    pass
+
+
+def no_server():
+    raise ServerStarted
+
+
+@pytest.mark.parametrize("argv", [["--out", "{tmp}"], ["--quick", "--out", "{tmp}"], ["--on-a-stalling-host"]])
+def test_a_stalling_host_only_warns_when_the_run_is_not_published_or_is_forced(
+        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import run
+
+    monkeypatch.setattr(run, "host_stall_probe", stalling_probe)
+    monkeypatch.setattr(run, "server", no_server)
+    with pytest.raises(ServerStarted):
+        run.main([a.format(tmp=tmp_path) for a in argv])

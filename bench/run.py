@@ -23,6 +23,8 @@ from .env import (REPO, available_kinds, cpu_accounting, cpu_share, deploy_env, 
 PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer")
 # The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
 STALLING = 0.05
+# The exit code of a full run refused on a stalling host (argparse's is 2, a failed check's 1).
+REFUSED = 3
 
 
 @dataclass
@@ -168,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=0, help="override every per-cell duration")
     parser.add_argument("--no-report", action="store_true", help="results.json only: no plots, no markdown")
     parser.add_argument("--on-a-stalling-host", action="store_true",
-                        help="publish to docs/ even when the host check finds this machine stalling "
-                             "(without it such a run stops before it starts: docs/ keeps the last valid run)")
+                        help="publish to docs/ even when the host check at the start finds this machine "
+                             f"stalling (without it such a run stops before it starts, exit code {REFUSED}; "
+                             "a host that starts stalling later is flagged in the report)")
     args = parser.parse_args(argv)
 
     plan = quick_plan() if args.quick else Plan()
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                   "not tablequeue. Run it on a quiet machine; or measure here with --out DIR (or --quick); "
                   "or publish anyway with --on-a-stalling-host (the report then says the host was stalling).",
                   file=sys.stderr)
-            return 2
+            return REFUSED
         _log("WARNING: this machine is stalling: throughput and latency will measure the host; "
              "buffer counts and plans stay valid")
     bench_dir.mkdir(parents=True, exist_ok=True)

@@ -73,35 +73,31 @@ def _schemas(client_ids: bool) -> tuple[Any, Any]:
 STAGING_KINDS = ("results", "markers")
 
 
-def _staging_folder(base: str, kind: str, partition: int, attempt: int) -> str:
-    return f"{base}/{kind}/part={partition}/attempt={attempt}"
+class TaskStaging:
+    """One task attempt's staging folders, made before its first lease together with the other
+    one-time costs (the Parquet writer's import, the filesystem: on an object store a region and
+    credential lookup). On a loaded executor they take seconds to tens of seconds, and a first batch
+    that paid them could outlive its lease and be processed twice."""
 
+    def __init__(self, root: str, partition: int, attempt: int) -> None:
+        import pyarrow.parquet  # noqa: F401
 
-def _prepare_staging(root: str, partition: int, attempt: int) -> None:
-    """Pay the task's one-time staging costs (the Parquet writer's import, the filesystem, the task
-    attempt's folders) before its first lease: on a loaded executor they take seconds to tens of
-    seconds, and a first batch that paid them could outlive its lease and be processed twice."""
-    import pyarrow.parquet  # noqa: F401
+        self.fs, base = filesystem(root)
+        self.folders = {kind: f"{base}/{kind}/part={partition}/attempt={attempt}" for kind in STAGING_KINDS}
+        for folder in self.folders.values():
+            self.fs.create_dir(folder, recursive=True)
 
-    fs, base = filesystem(root)
-    for kind in STAGING_KINDS:
-        fs.create_dir(_staging_folder(base, kind, partition, attempt), recursive=True)
+    def write(self, kind: str, rows: list[dict], schema: Any, batch: int) -> None:
+        """Write a Parquet file under a temporary name (ignored by Spark readers: leading '_'), then
+        rename it: a reader sees the whole file or nothing."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-
-def _write_atomically(rows: list[dict], schema: Any, root: str, kind: str, partition: int, attempt: int,
-                      batch: int) -> None:
-    """Write a Parquet file under a temporary name (ignored by Spark readers: leading '_'), then
-    rename it: a reader sees the whole file or nothing. One folder per task attempt, made by
-    _prepare_staging."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    fs, base = filesystem(root)
-    folder = _staging_folder(base, kind, partition, attempt)
-    final = f"{folder}/batch-{batch:06d}.parquet"
-    temporary = f"{folder}/_tmp-batch-{batch:06d}-{secrets.token_hex(4)}.parquet"
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary, filesystem=fs)
-    fs.move(temporary, final)
+        folder = self.folders[kind]
+        final = f"{folder}/batch-{batch:06d}.parquet"
+        temporary = f"{folder}/_tmp-batch-{batch:06d}-{secrets.token_hex(4)}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary, filesystem=self.fs)
+        self.fs.move(temporary, final)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -159,8 +155,8 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
             probe(event, {"partition": partition, "attempt": attempt, "batch": batch, "worker": worker,
                           "completed_in_batch": completed_in_batch}, **config.probe_args)
 
-    _prepare_staging(config.staging, partition, attempt)
     log().info("drain %s: task %s attempt %s starts as worker %s", target.name, partition, attempt, worker)
+    staging = TaskStaging(config.staging, partition, attempt)
     with target.client() as client:
         batch = 0
         while time.monotonic() < deadline:
@@ -194,7 +190,7 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                                "processed_at": datetime.now(timezone.utc), "batch": batch})
             if staged:
                 # 1. results are durable before any of them is completed ...
-                _write_atomically(staged, results_schema, config.staging, "results", partition, attempt, batch)
+                staging.write("results", staged, results_schema, batch)
                 fire("staged", batch)
                 # 2. ... the batch's completes commit together (a crash rolls them all back) ...
                 done = 0
@@ -207,7 +203,7 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                         fire("completed", batch, done)
                 fire("committed", batch)
             # 3. ... and what complete() returned is recorded; the driver keeps only completed results.
-            _write_atomically(outcomes, markers_schema, config.staging, "markers", partition, attempt, batch)
+            staging.write("markers", outcomes, markers_schema, batch)
             fire("marked", batch)
             for outcome in outcomes[len(outcomes) - len(staged):]:
                 counts[outcome["outcome"]] += 1
@@ -238,7 +234,8 @@ def _more_to_come(client: Any) -> bool:
 # -- finalisation (driver side) ------------------------------------------------------------------------
 def _has_staged_files(path: str) -> bool:
     """Does any task attempt's folder under path hold a finished file? Every attempt makes its
-    folders before its first lease, so an attempt that staged nothing leaves them empty."""
+    folders before its first lease, so an attempt that staged nothing leaves them empty; a name
+    starting with '_' is a write that a dying task never finished (Spark skips those too)."""
     from pyarrow import fs
 
     filesystem_, inner = filesystem(path)

@@ -62,7 +62,7 @@ def test_a_full_run_on_a_stalling_host_stops_before_it_starts_and_keeps_the_publ
     before = published.stat().st_mtime_ns
     monkeypatch.setattr(run, "host_stall_probe", stalling_probe)
     monkeypatch.setattr(run, "server", lambda: pytest.fail("a refused run started a server"))
-    assert run.main([]) == 2
+    assert run.main([]) == run.REFUSED
     assert published.stat().st_mtime_ns == before
     message = capsys.readouterr().err
     assert "refusing to replace" in message and "lost 3.60s of 5s" in message and "--on-a-stalling-host" in message
@@ -76,12 +76,14 @@ def no_server():
     raise ServerStarted
 
 
-@pytest.mark.parametrize("argv", [["--out", "{tmp}"], ["--quick", "--out", "{tmp}"], ["--on-a-stalling-host"]])
+@pytest.mark.parametrize("argv", [["--out", "{tmp}"], ["--quick"], ["--on-a-stalling-host"]])
 def test_a_stalling_host_only_warns_when_the_run_is_not_published_or_is_forced(
-        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     from bench import run
 
+    monkeypatch.setattr(run, "REPO", tmp_path)      # --quick and the published run write under REPO
     monkeypatch.setattr(run, "host_stall_probe", stalling_probe)
     monkeypatch.setattr(run, "server", no_server)
     with pytest.raises(ServerStarted):
-        run.main([a.format(tmp=tmp_path) for a in argv])
+        run.main([a.format(tmp=tmp_path / "out") for a in argv])
+    assert "WARNING: this machine is stalling" in capsys.readouterr().out

@@ -377,9 +377,6 @@ class StagingWatchingClient:
     def complete(self, message_id: Any, worker: str) -> bool:
         return True
 
-    def stats(self) -> dict:
-        return {}
-
 
 def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, monkeypatch):
     """The task's one-time costs (the Parquet writer, its folders) come before it holds a lease: on a
@@ -403,14 +400,47 @@ def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, m
                                              "results", "results/part=0", "results/part=0/attempt=0"]
 
 
+def test_staged_files_are_only_finished_batch_files(tmp_path):
+    from pipelines.drain_job import _has_staged_files
+
+    root = tmp_path / "results"
+    assert not _has_staged_files(str(root))
+    for attempt in ("part=0/attempt=0", "part=1/attempt=0", "part=1/attempt=1"):
+        (root / attempt).mkdir(parents=True)
+    assert not _has_staged_files(str(root))                  # idle tasks' folders
+    (root / "part=1/attempt=0/_tmp-batch-000001-0a1b2c3d.parquet").write_bytes(b"PAR1")
+    assert not _has_staged_files(str(root))                  # a write its task never finished
+    (root / "part=1/attempt=1/batch-000001.parquet").write_bytes(b"PAR1")
+    assert _has_staged_files(str(root))
+
+
+def staging_folders(output: Path) -> list[str]:
+    return sorted(str(p.relative_to(output)) for p in output.glob("_staging/*/*/part=*/attempt=*"))
+
+
 def test_drain_of_an_empty_queue_writes_an_empty_output(spark, pg, tmp_path):
     """Both tasks find nothing: their staging folders stay empty, and the output is empty, not an error."""
     catalog = pg.deploy(work_queue("idle"))
     summary = run_drain(spark, pg.url, catalog, "idle", "pipelines.transforms:uppercase_name",
-                        str(tmp_path / "output"), tasks=2, batch_size=10, time_budget_seconds=60)
+                        str(tmp_path / "output"), tasks=2, batch_size=10, time_budget_seconds=60,
+                        keep_staging=True)
     assert summary["completed"] == summary["staged_rows"] == 0
     assert [t["stopped"] for t in summary["tasks"]] == ["drained", "drained"]
     assert output_rows(summary["output"]) == []
+    assert len(staging_folders(tmp_path / "output")) == 4     # results and markers of both tasks, empty
+    assert not [p for p in (tmp_path / "output").glob("_staging/**/*.parquet")]
+
+
+def test_drain_keeps_the_one_staged_result_next_to_idle_tasks_folders(spark, pg, tmp_path):
+    """One message, three tasks: two find nothing and leave empty folders beside the third's files."""
+    catalog = pg.deploy(work_queue("lonely"))
+    run_enqueue(spark, pg.url, catalog, "lonely", customers(spark, tmp_path / "input", 1, files=1))
+    summary = run_drain(spark, pg.url, catalog, "lonely", "pipelines.transforms:uppercase_name",
+                        str(tmp_path / "output"), tasks=3, batch_size=10, time_budget_seconds=60,
+                        keep_staging=True)
+    assert len(staging_folders(tmp_path / "output")) == 6
+    assert summary["completed"] == summary["staged_rows"] == 1
+    assert [json.loads(row["result"])["name"] for row in output_rows(summary["output"])] == ["CUSTOMER 0"]
 
 
 def test_drain_refuses_a_destructive_queue(spark, pg, tmp_path):

@@ -239,11 +239,9 @@ def _has_staged_files(path: str) -> bool:
     from pyarrow import fs
 
     filesystem_, inner = filesystem(path)
-    if filesystem_.get_file_info(inner).type == fs.FileType.NotFound:
-        return False
     return any(info.type == fs.FileType.File and info.base_name.endswith(".parquet")
                and not info.base_name.startswith("_")
-               for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True)))
+               for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True, allow_not_found=True)))
 
 
 def confirm_completed(target: QueueTarget, ids: list[Any], worker_prefix: str) -> set[Any] | None:

@@ -135,8 +135,8 @@ def parse_catalog(document: Any, path: str = "<catalog>") -> Catalog:
             raise CatalogError(path, queue.name, "name", "defined more than once")
         seen.add(queue.name)
         queues.append(queue)
+    owned = [("", suffix) for suffix in GENERATED_SUFFIXES] + list(INDEX_UNITS)
     for queue in queues:
-        owned = [("", suffix) for suffix in GENERATED_SUFFIXES] + list(INDEX_UNITS)
         for prefix, suffix in owned:
             if prefix + queue.name + suffix in seen:
                 raise CatalogError(path, prefix + queue.name + suffix, "name",

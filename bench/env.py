@@ -9,6 +9,7 @@ import platform
 import secrets
 import subprocess
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -59,6 +60,21 @@ def server() -> Iterator[dict]:
         yield {"url": pg.url, "embedded": True, "bindir": str(pg.bindir), "server": pg}
     finally:
         pg.stop()
+
+
+def create_database(admin_url: str, prefix: str) -> str:
+    """A new database on the same server; returns its URL (the admin URL with only the database
+    name changed, so credentials and query parameters carry over)."""
+    name = f"{prefix}_{secrets.token_hex(3)}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return urllib.parse.urlsplit(admin_url)._replace(path=f"/{name}").geturl()
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    name = urllib.parse.urlsplit(url).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @dataclass

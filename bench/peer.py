@@ -25,26 +25,16 @@ from typing import Any
 import psycopg
 
 from .cells import percentile, queue_entry
-from .env import PAYLOAD, Env, count, set_depth
+from .env import PAYLOAD, Env, count, create_database, set_depth
 from .workers import Spec, run_processes, run_spec
 
 ENTRYPOINT = "bench"
 
 
 def pgq_database(admin_url: str) -> str:
-    name = f"bench_pgqueuer_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = admin_url.rpartition("/")
-    url = f"{base}/{name}"
+    url = create_database(admin_url, "bench_pgqueuer")
     asyncio.run(_install(url))
     return url
-
-
-def drop_pgq_database(admin_url: str, url: str) -> None:
-    name = url.rpartition("/")[2]
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _install(url: str) -> None:

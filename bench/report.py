@@ -29,9 +29,12 @@ def failed_checks(results: dict) -> list[str]:
                 failures.append(f"{part} {c['kind']} {c['op']} p={c['processes']} b={c['batch']} d={c['depth']}: "
                                 f"{c['check']}")
     for v in results.get("vacuum") or []:
-        for c in v["clean"] + v["held"] + [v["clean_timeline"], v["held_timeline"]]:
+        for c in v["clean"] + v["held"]:
             if not c["check"]["ok"]:
                 failures.append(f"vacuum {c['kind']} p={c['processes']} b={c['batch']}: {c['check']}")
+        for r in v["timeline"]["runs"]:
+            if not r["check"]["ok"]:
+                failures.append(f"vacuum {v['kind']} {r['side']} slice: {r['check']}")
     for e in results.get("depth_pairs") or []:
         for rs in e["runs"].values():
             for r in rs:
@@ -116,13 +119,19 @@ def targets(results: dict) -> list[dict]:
                             "shape": f"{k}: {b['throughput']:.0f}/s vs {a['throughput']:.0f}/s",
                             "value": ratio, "met": ratio >= 0.9, "gap": ratio / 0.9 - 1, "headline": k == kind})
     for v in results.get("vacuum") or []:
-        ratio = v["timeline_ratio"]
-        h = v["held_timeline"]
-        out.append({"target": f"dequeue with vacuum held back / clean (batch {h['batch']}, {h['processes']} "
-                              f"consumers, {h['seconds']:.0f}s)", "want": ">= 0.80",
-                    "shape": f"{v['kind']}: {h['throughput']:.0f}/s vs {v['clean_timeline']['throughput']:.0f}/s",
+        t = v["timeline"]
+        ratio = t["ratio"] or 0.0
+        out.append({"target": f"dequeue with vacuum held back / clean (batch {t['batch']}, {t['processes']} "
+                              f"consumers, {t['slices']} alternating slices of {t['slice_seconds']:.1f}s a side)",
+                    "want": ">= 0.80",
+                    "shape": f"{v['kind']}: {t['throughput']['held']:.0f}/s vs {t['throughput']['clean']:.0f}/s; "
+                             f"pair ratios {_pair_ratios(t)}",
                     "value": ratio, "met": ratio >= 0.8, "gap": ratio / 0.8 - 1, "headline": v["kind"] == kind})
     return out
+
+
+def _pair_ratios(timeline: dict) -> str:
+    return ", ".join("–" if r is None else f"{r:.2f}" for r in timeline["pair_ratios"])
 
 
 def _tp(entry: dict, depth: int) -> float:
@@ -212,22 +221,26 @@ def plot_depth(results: dict, path: Path) -> None:
 
 
 def plot_vacuum(results: dict, path: Path) -> None:
+    """Per kind, each side's slices end to end (per-second throughput), and n_dead_tup after each
+    held slice, on the held side's own time axis."""
     vac = results["vacuum"]
     fig, axes = plt.subplots(1, len(vac), figsize=(3.4 * len(vac), 3.6), squeeze=False)
     for ax, v in zip(axes[0], vac):
-        clean, held = v["clean_timeline"]["timeline"], v["held_timeline"]["timeline"]
-        ax.plot(range(len(clean)), clean, label="clean", color="C0")
-        ax.plot(range(len(held)), held, label="snapshot held", color="C3")
+        runs = v["timeline"]["runs"]
+        for side, label, color in (("clean", "clean", "C0"), ("held", "snapshot held", "C3")):
+            series = [x for r in runs if r["side"] == side for x in r["timeline"]]
+            ax.plot(range(len(series)), series, label=label, color=color)
         ax.set_title(v["kind"])
-        ax.set_xlabel("second of the run")
+        ax.set_xlabel("second of each side's slices")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        samples = v.get("dead_samples") or []
-        if samples:
-            ax2 = ax.twinx()
-            ax2.plot([s[0] for s in samples], [s[1] or 0 for s in samples], color="grey", ls=":", label="n_dead_tup")
-            ax2.set_ylim(bottom=0)
-            ax2.tick_params(labelsize=7)
+        held = [r for r in runs if r["side"] == "held"]
+        ends = [sum(len(r["timeline"]) for r in held[: i + 1]) for i in range(len(held))]
+        ax2 = ax.twinx()
+        ax2.plot(ends, [r.get("n_dead_tup") or 0 for r in held], color="grey", ls=":", marker=".",
+                 label="n_dead_tup")
+        ax2.set_ylim(bottom=0)
+        ax2.tick_params(labelsize=7)
     axes[0][0].set_ylabel("messages/s")
     axes[0][0].legend(fontsize=8, loc="lower left")
     shape = results["plan"]["vacuum_timeline_shape"]
@@ -433,7 +446,8 @@ def write_report(results: dict, out_root: Path) -> Path:
     w("- A *process* is a separate OS process with its own connection; cells fork them, let each warm up (5 "
       "calls), release them together through a barrier and let them run for the cell's duration "
       f"({plan['matrix_seconds']}s in the matrix, {plan['depth_seconds']}s per depth cell, "
-      f"{plan['vacuum_seconds']}s per vacuum cell, {plan['vacuum_timeline_seconds']}s per vacuum timeline).")
+      f"{plan['vacuum_seconds']}s per vacuum cell, {plan['vacuum_timeline_seconds']}s a side per vacuum timeline, "
+      f"in {plan.get('vacuum_slices', 1)} slices).")
     w("- **Enqueue**: batch 1 calls `enqueue`; batch 10/100 call `enqueue_batch` with that many items. Each call is "
       "its own transaction (autocommit). Latency is per call.")
     w("- **Dequeue**, destructive kinds: `dequeue(batch_size)` then `COMMIT` is one cycle (the delete happens in "
@@ -530,20 +544,34 @@ def write_report(results: dict, out_root: Path) -> Path:
         w("## Vacuum held back")
         w("")
         shape = plan["vacuum_timeline_shape"]
-        w(f"Per kind: the clean figures, then another session runs `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT ...` "
-          f"(its snapshot taken) and keeps that transaction open while the same figures are measured again "
-          f"(depth {plan['matrix_depth']:,}). The timeline rows are {plan['vacuum_timeline_seconds']:.0f}s runs with "
-          f"{shape[0]} consumers at batch {shape[1]}, clean and then held; the held cells follow the held timeline, "
-          "so they run with even more dead tuples. Dead tuples: `pg_stat_user_tables.n_dead_tup` and pgstattuple's "
-          "exact `dead_tuple_count` at the end of the held phase, and after the holder ended and `VACUUM` ran.")
+        w(f"Per kind, two identical queues at depth {plan['matrix_depth']:,}: the *held* one in the benchmark's "
+          "database, where another session runs `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT ...` (its snapshot "
+          "taken) and keeps that transaction open for the whole held phase, and its *clean* twin in a second database "
+          "on the same server, which that snapshot does not hold back (since PostgreSQL 14 a snapshot holds back "
+          "vacuum only in its own database). The timeline alternates the two sides in slices (clean, held, held, "
+          f"clean, ...; {plan.get('vacuum_slices', 1)} slices of "
+          f"{plan['vacuum_timeline_seconds'] / plan.get('vacuum_slices', 1):.1f}s a side, {shape[0]} consumers at "
+          f"batch {shape[1]}), so a machine that stalls now and then stalls both sides alike; neither queue is reset "
+          "between its slices, so the held one keeps every dead tuple it made. Each neighbouring clean and held "
+          "slice is a pair, whose ratio shows how much the machine moved the figure. The cells follow, clean then "
+          "held for each shape, with even more dead tuples on the held side. Dead tuples: "
+          "`pg_stat_user_tables.n_dead_tup` and pgstattuple's exact `dead_tuple_count` at the end of the held "
+          "phase, and after the holder ended and `VACUUM` ran.")
         w("")
-        w("| kind | shape | clean msg/s (p50 / p99 ms) | held msg/s (p50 / p99 ms) | held / clean |")
+        w("| kind | timeline: clean msg/s | held msg/s | held / clean | pair ratios, in order | n_dead_tup after the "
+          "last held slice |")
+        w("|---|---:|---:|---:|---|---:|")
+        for v in results["vacuum"]:
+            t = v["timeline"]
+            last = [r for r in t["runs"] if r["side"] == "held"][-1]
+            w(f"| {v['kind']} | {_f(t['throughput']['clean'])} | {_f(t['throughput']['held'])} | "
+              f"{(t['ratio'] or 0):.2f} | {_pair_ratios(t)} | {_f(last.get('n_dead_tup'))} |")
+        w("")
+        w("| kind | cell | clean msg/s (p50 / p99 ms) | held msg/s (p50 / p99 ms) | held / clean |")
         w("|---|---|---:|---:|---:|")
         for v in results["vacuum"]:
-            pairs = [("timeline", v["clean_timeline"], v["held_timeline"])] + \
-                    [("cell", c, h) for c, h in zip(v["clean"], v["held"])]
-            for label, c, h in pairs:
-                w(f"| {v['kind']} | {label}: {c['processes']} proc, batch {c['batch']} | {_f(c['throughput'])} "
+            for c, h in zip(v["clean"], v["held"]):
+                w(f"| {v['kind']} | {c['processes']} proc, batch {c['batch']} | {_f(c['throughput'])} "
                   f"({_ms(c['p50_ms'])} / {_ms(c['p99_ms'])}) | {_f(h['throughput'])} ({_ms(h['p50_ms'])} / "
                   f"{_ms(h['p99_ms'])}) | {h['throughput'] / c['throughput']:.2f} |")
         w("")

@@ -17,8 +17,8 @@ from pathlib import Path
 from . import ceiling, overhead, peer, vacuum
 from .cells import cell
 from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim
-from .env import (REPO, available_kinds, cpu_accounting, cpu_share, deploy_env, host_stall_probe, machine_facts,
-                  queue_entries, server, set_depth)
+from .env import (REPO, available_kinds, cpu_accounting, cpu_share, create_database, deploy_env, drop_database,
+                  host_stall_probe, machine_facts, queue_entries, server, set_depth)
 
 PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer")
 # The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
@@ -41,7 +41,9 @@ class Plan:
     depth_pairs: tuple = (("dequeue", 4, 1, 2), ("enqueue", 4, 1, 1), ("enqueue", 4, 100, 1))
     vacuum_shapes: tuple[tuple[int, int], ...] = ((1, 1), (4, 1), (4, 10), (4, 100))
     vacuum_seconds: float = 2.0
+    # Per side (clean, held), in vacuum_slices alternating slices.
     vacuum_timeline_seconds: float = 15.0
+    vacuum_slices: int = 6
     vacuum_timeline_shape: tuple[int, int] = (4, 1)
     ceiling_clients: int = 4
     ceiling_seconds: float = 3.0
@@ -57,7 +59,7 @@ def quick_plan() -> Plan:
     return Plan(matrix_processes=(1, 4), matrix_batches=(1, 10), matrix_seconds=0.5,
                 depths=(1_000, 20_000), depth_processes=(4,), depth_batches=(10,), depth_seconds=0.5,
                 depth_pairs=(("dequeue", 4, 1, 1),),
-                vacuum_shapes=((4, 1),), vacuum_seconds=0.5, vacuum_timeline_seconds=2.0,
+                vacuum_shapes=((4, 1),), vacuum_seconds=0.5, vacuum_timeline_seconds=2.0, vacuum_slices=2,
                 ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
                 peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000})
 
@@ -133,9 +135,22 @@ def run_depth_pairs(env, kinds, plan: Plan, log) -> list[dict]:
     return out
 
 
-def run_vacuum(env, kinds, plan: Plan, log) -> list[dict]:
-    return [vacuum.run_kind(env, kind, list(plan.vacuum_shapes), plan.matrix_depth, plan.vacuum_seconds,
-                            plan.vacuum_timeline_seconds, plan.vacuum_timeline_shape, log) for kind in kinds]
+def run_vacuum(env, kinds, plan: Plan, log, admin_url: str) -> list[dict]:
+    """The held queues live in the benchmark's database, where the holder holds its snapshot; their
+    clean twins in a second database on the same server, which that snapshot does not hold back
+    (PostgreSQL 14 and later keep a snapshot's horizon to its own database), so clean and held
+    slices can alternate and a noisy machine hits both alike."""
+    twin_url = create_database(admin_url, "bench_clean")
+    try:
+        clean_env = deploy_env(twin_url, queue_entries(kinds))
+        try:
+            return [vacuum.run_kind(env, clean_env, kind, list(plan.vacuum_shapes), plan.matrix_depth,
+                                    plan.vacuum_seconds, plan.vacuum_timeline_seconds, plan.vacuum_slices,
+                                    plan.vacuum_timeline_shape, log) for kind in kinds]
+        finally:
+            clean_env.drop()
+    finally:
+        drop_database(admin_url, twin_url)
 
 
 def run_ceiling(env, kinds, plan: Plan, log) -> list[dict]:
@@ -155,7 +170,7 @@ def run_peer(env, kinds, plan: Plan, log, admin_url: str) -> dict:
         via_pgbench = peer.pgbench_cycle(env, pgq_url, queues, plan.ceiling_clients, plan.ceiling_seconds,
                                          plan.ceiling_rounds, log) if "work" in kinds else None
     finally:
-        peer.drop_pgq_database(admin_url, pgq_url)
+        drop_database(admin_url, pgq_url)
     return {"queues": queues, "rows": rows, "pgbench": via_pgbench}
 
 
@@ -228,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                     results["depth"], results["depth_explain"] = run_depth(env, kinds, plan, _log)
                     results["depth_pairs"] = run_depth_pairs(env, kinds, plan, _log)
                 elif part == "vacuum":
-                    results["vacuum"] = run_vacuum(env, kinds, plan, _log)
+                    results["vacuum"] = run_vacuum(env, kinds, plan, _log, srv["url"])
                 elif part == "ceiling":
                     results["ceiling"] = run_ceiling(env, kinds, plan, _log)
                     from .profile import planning_vs_execution

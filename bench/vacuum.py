@@ -2,15 +2,16 @@
 transaction open (with its snapshot taken) for the whole held phase, and the dead tuples that pile
 up meanwhile (pg_stat_user_tables.n_dead_tup, and pgstattuple's exact count).
 
-Per kind: clean cells (each starts from a VACUUMed table), a clean timeline, then the holder opens
-its snapshot, then a held timeline and the held cells, then the dead tuples are read, the holder
-ends and the table is vacuumed. Clean and held cells run the same shapes in the same order. Before
-the holder opens and before it ends, the buffers a new session's and a consuming session's dequeue
-read (profile.py): the work behind the throughput, which a busy machine does not blur.
+Per kind, two identical queues: the held one in the benchmark's database, where the holder opens
+its snapshot, and its clean twin in a second database, which the snapshot does not hold back.
+Before the holder opens, the buffers a new session's and a consuming session's dequeue read
+(profile.py). While it is open, the timeline alternates clean and held slices (clean, held, held,
+clean, ...) so that a machine that stalls now and then stalls both sides alike, and each cell shape
+runs clean and then held. Then the dead tuples and the buffers again, the holder ends and the table
+is vacuumed. Buffers are the work behind the throughput, which a busy machine does not blur.
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -39,56 +40,52 @@ class SnapshotHolder:
         return time.monotonic() - self.opened
 
 
-class DeadSampler(threading.Thread):
-    """n_dead_tup once a second (statistics are flushed by backends about once a second)."""
+def alternate(env: Env, clean_env: Env, name: str, shape: tuple[int, int], depth: int, seconds: float,
+              slices: int) -> dict:
+    """`slices` clean and `slices` held dequeue slices of seconds / slices each, in the order clean,
+    held, held, clean, ...: every neighbouring pair holds one of each side, whose held / clean is a
+    pair ratio. Neither queue is reset between its slices: the held one keeps its dead tuples."""
+    processes, batch = shape
+    order = (["clean", "held", "held", "clean"] * slices)[: 2 * slices]
+    runs = []
+    for side in order:
+        r = cell(clean_env if side == "clean" else env, name, "dequeue", processes, batch, depth,
+                 seconds / slices, prepare=False)
+        run = {k: r[k] for k in ("throughput", "p50_ms", "p99_ms", "seconds", "timeline", "check")}
+        run["side"] = side
+        if side == "held":
+            run["n_dead_tup"] = dead_tuples(env, name).get("n_dead_tup")
+        runs.append(run)
+    mean = {side: sum(r["throughput"] for r in runs if r["side"] == side) / slices for side in ("clean", "held")}
+    pair_ratios = []
+    for a, b in zip(runs[0::2], runs[1::2]):
+        held, clean = (a, b) if a["side"] == "held" else (b, a)
+        pair_ratios.append(held["throughput"] / clean["throughput"] if clean["throughput"] else None)
+    return {"processes": processes, "batch": batch, "slices": slices, "slice_seconds": seconds / slices,
+            "runs": runs, "throughput": mean, "pair_ratios": pair_ratios,
+            "ratio": mean["held"] / mean["clean"] if mean["clean"] else None}
 
-    def __init__(self, env: Env, name: str):
-        super().__init__(daemon=True)
-        self.env, self.name, self.samples = env, name, []
-        self.stop_event = threading.Event()
-        self.t0 = time.monotonic()
 
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                d = dead_tuples(self.env, self.name)
-                self.samples.append((round(time.monotonic() - self.t0, 2), d.get("n_dead_tup")))
-            except psycopg.Error:
-                pass
-            self.stop_event.wait(1.0)
-
-    def stop(self) -> list:
-        self.stop_event.set()
-        self.join(5)
-        return self.samples
-
-
-def run_kind(env: Env, kind: str, shapes: list[tuple[int, int]], depth: int, seconds: float,
-             timeline_seconds: float, timeline_shape: tuple[int, int], log: Any) -> dict:
+def run_kind(env: Env, clean_env: Env, kind: str, shapes: list[tuple[int, int]], depth: int, seconds: float,
+             timeline_seconds: float, slices: int, timeline_shape: tuple[int, int], log: Any) -> dict:
     name = f"q_{kind}"
     out: dict[str, Any] = {"kind": kind, "depth": depth, "clean": [], "held": []}
-    for c, b in shapes:
-        out["clean"].append(cell(env, name, "dequeue", c, b, depth, seconds))
-    set_depth(env, name, depth)
-    tc, tb = timeline_shape
-    out["clean_timeline"] = cell(env, name, "dequeue", tc, tb, depth, timeline_seconds)
     set_depth(env, name, depth)
     out["explain_clean"] = explain_claim(env, name, 1, "clean")
     out["consumer_clean"] = consuming_session_buffers(env, name)
     set_depth(env, name, depth)
+    set_depth(clean_env, name, depth)
     holder = SnapshotHolder(env)
     out["holder_xmin"] = holder.xmin
     try:
-        sampler = DeadSampler(env, name)
-        sampler.start()
-        out["held_timeline"] = cell(env, name, "dequeue", tc, tb, depth, timeline_seconds, prepare=False)
+        out["timeline"] = alternate(env, clean_env, name, timeline_shape, depth, timeline_seconds, slices)
         out["dead_after_timeline"] = dead_tuples(env, name, exact=True)
         for c, b in shapes:
+            out["clean"].append(cell(clean_env, name, "dequeue", c, b, depth, seconds))
             # set_depth still VACUUMs: with the snapshot held it can remove nothing new.
             result = cell(env, name, "dequeue", c, b, depth, seconds)
             result["dead"] = dead_tuples(env, name)
             out["held"].append(result)
-        out["dead_samples"] = sampler.stop()
         out["dead_end"] = dead_tuples(env, name, exact=True)
         out["explain_held"] = explain_claim(env, name, 1, "held")
         set_depth(env, name, depth)
@@ -100,9 +97,12 @@ def run_kind(env: Env, kind: str, shapes: list[tuple[int, int]], depth: int, sec
         conn.execute(f"VACUUM {env.table(name)}")
         out["vacuum_after_release_seconds"] = time.monotonic() - t0
     out["dead_after_vacuum"] = dead_tuples(env, name, exact=True)
-    ct, ht = out["clean_timeline"]["throughput"], out["held_timeline"]["throughput"]
-    out["timeline_ratio"] = ht / ct if ct else None
-    log(f"  vacuum {kind}: clean {ct:.0f}/s, held {ht:.0f}/s (ratio {out['timeline_ratio']:.2f}), "
+    with clean_env.conn() as conn:
+        conn.execute(f"TRUNCATE {clean_env.table(name)}")
+    t = out["timeline"]
+    pairs = ", ".join("-" if r is None else f"{r:.2f}" for r in t["pair_ratios"])
+    log(f"  vacuum {kind}: {t['slices']} alternating slices a side, clean {t['throughput']['clean']:.0f}/s, "
+        f"held {t['throughput']['held']:.0f}/s (ratio {t['ratio'] or 0:.2f}; pairs {pairs}), "
         f"dead tuples at end {out['dead_end'].get('pgstattuple_dead', out['dead_end'].get('n_dead_tup'))}, "
         f"a consuming session's dequeue reads {out['consumer_clean'].get('least', 'error')} -> "
         f"{out['consumer_held'].get('least', 'error')} buffers")

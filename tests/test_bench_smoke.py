@@ -87,3 +87,36 @@ def test_a_stalling_host_only_warns_when_the_run_is_not_published_or_is_forced(
     with pytest.raises(ServerStarted):
         run.main([a.format(tmp=tmp_path / "out") for a in argv])
     assert "WARNING: this machine is stalling" in capsys.readouterr().out
+
+
+def test_quick_vacuum_alternates_a_held_queue_with_its_clean_twin_and_drops_the_twin(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from bench import run
+
+    monkeypatch.setenv("TABLEQUEUE_PG_URL", pg_url)
+    code = run.main(["--quick", "--parts", "vacuum", "--kinds", "work", "--seconds", "0.3",
+                     "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+
+    assert code == 0
+    assert [v["kind"] for v in results["vacuum"]] == ["work"]
+    for v in results["vacuum"]:
+        timeline = v["timeline"]
+        assert [r["side"] for r in timeline["runs"]] == ["clean", "held", "held", "clean"]
+        assert all(r["check"]["ok"] for r in timeline["runs"]), timeline["runs"]
+        assert len(timeline["pair_ratios"]) == 2
+        held = sum(r["throughput"] for r in timeline["runs"] if r["side"] == "held") / 2
+        clean = sum(r["throughput"] for r in timeline["runs"] if r["side"] == "clean") / 2
+        assert timeline["ratio"] == pytest.approx(held / clean)
+        # The holder's snapshot kept what the held queue consumed; once it ended, VACUUM removed it.
+        assert v["dead_end"]["pgstattuple_dead"] > 0
+        assert v["dead_after_vacuum"]["pgstattuple_dead"] == 0
+        assert [c["check"]["ok"] for c in v["clean"] + v["held"]] == [True, True]
+    with psycopg.connect(pg_url) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'bench_clean%'").fetchall()
+    assert left == []
+    report = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "alternating slices" in report and "pair ratios" in report
+    assert (tmp_path / "bench" / "vacuum.png").stat().st_size > 0

@@ -130,6 +130,46 @@ def targets(results: dict) -> list[dict]:
     return out
 
 
+def target_table(rows: list[dict], w: Any) -> None:
+    w("| target | wanted | measured | shape | result |")
+    w("|---|---:|---:|---|---|")
+    for t in rows:
+        gap = abs(t["gap"]) * 100
+        verdict = "met" if t["met"] else f"**missed by {gap:.0f}%**" if gap >= 1 else f"**missed by {gap:.1f}%**"
+        name = f"**{t['target']}**" if t.get("headline") else t["target"]
+        w(f"| {name} | {t['want']} | {t['value']:.2f} | {t['shape']} | {verdict} |")
+
+
+def instruction_targets(results: dict, kind: str) -> list[dict]:
+    """Three targets again in server instructions per message (bench/instructions.py): the work
+    behind each throughput ratio, which a stalling host cannot blur. Higher is better, as for
+    throughput: each ratio is the other side's instructions over tablequeue's (the shallow queue's
+    over the deep one's)."""
+    counted = results.get("instructions")
+    if not counted:
+        return []
+    out = []
+
+    def row(target: str, want: float, shape: str, value: float | None, headline: bool) -> None:
+        if value is not None:
+            out.append({"target": target, "want": f">= {want:.2f}",
+                        "shape": shape, "value": value, "met": value >= want, "gap": value / want - 1,
+                        "headline": headline})
+
+    peer = counted.get("peer")
+    if peer:
+        row("cycle vs PgQueuer's SQL (batch 1)", 2.0, f"q_work {peer['work']['per_message']:,.0f} vs PgQueuer "
+            f"{peer['pgqueuer']['per_message']:,.0f}", peer["ratio"], True)
+    for e in counted["ceiling"]:
+        row("raw SQL / functions (same shape)", 0.9, f"{e['shape']}: functions {e['fn']['per_message'] or 0:,.0f} "
+            f"vs raw {e['raw']['per_message'] or 0:,.0f}", e["ratio"], e["kind"] == kind and e["op"] != "enqueue")
+    for e in counted["depth"]:
+        lo, hi = e["depths"][0], e["depths"][-1]
+        row(f"at {lo:,} waiting / at {hi:,} (batch 1)", 0.9, f"{e['kind']}: {e[str(hi)]['per_message'] or 0:,.0f} vs "
+            f"{e[str(lo)]['per_message'] or 0:,.0f}", e["ratio"], e["kind"] == kind)
+    return out
+
+
 def _pair_ratios(timeline: dict) -> str:
     return ", ".join("–" if r is None else f"{r:.2f}" for r in timeline["pair_ratios"])
 
@@ -380,7 +420,9 @@ def write_report(results: dict, out_root: Path) -> Path:
       "embedded throwaway cluster (`tablequeue.embedded.start_embedded`), or `TABLEQUEUE_PG_URL` when set. "
       "A full run first checks whether the host stalls (a busy loop that loses time); if it does, the run "
       "stops before it starts and leaves this file as it is (`make bench BENCH_ARGS=--on-a-stalling-host` "
-      "publishes anyway, and says so here).")
+      "publishes anyway, and says so here). The `instructions` part counts the server's instructions per "
+      "message under valgrind's callgrind on a second throwaway server (always embedded): the work behind the "
+      "target ratios, which a stalling host cannot blur.")
     w("")
     w("## The run")
     w("")
@@ -402,10 +444,13 @@ def write_report(results: dict, out_root: Path) -> Path:
           + (f"; over the run the kernel accounted {share:.0%} of the CPUs' wall time" if share is not None else "")
           + ". "
           + ("**This host was stalling: the throughput and latency figures measure it more than tablequeue.** "
-             "The buffer counts and plans do not depend on it." if stalling else
+             "The buffer counts, plans and instruction counts do not depend on it." if stalling else
              "A quiet machine loses next to nothing there."))
     w(f"- Code: commit `{facts.get('git_head', '?')}`; the PostgreSQL templates were "
       f"{'**modified in the working tree**' if facts.get('templates_dirty') else 'as committed'} when the run started.")
+    for part, error in (results.get("errors") or {}).items():
+        w(f"- **The {part} part failed**, so its section is missing: `{error.strip().splitlines()[-1]}` "
+          "(the whole traceback is in results.json).")
     w(f"- PostgreSQL: {facts.get('postgres_version')} ({'embedded throwaway cluster' if facts.get('embedded') else 'TABLEQUEUE_PG_URL'}).")
     settings = facts.get("settings_non_default") or {}
     if settings:
@@ -425,13 +470,16 @@ def write_report(results: dict, out_root: Path) -> Path:
       "kind's rows in bold (the shape the target was set for). A miss says by how much it fell short of the "
       "target (measured / wanted − 1); the reasons are in *Analysis*.")
     w("")
-    w("| target | wanted | measured | shape | result |")
-    w("|---|---:|---:|---|---|")
-    for t in targets(results):
-        gap = abs(t["gap"]) * 100
-        verdict = "met" if t["met"] else f"**missed by {gap:.0f}%**" if gap >= 1 else f"**missed by {gap:.1f}%**"
-        name = f"**{t['target']}**" if t.get("headline") else t["target"]
-        w(f"| {name} | {t['want']} | {t['value']:.2f} | {t['shape']} | {verdict} |")
+    target_table(targets(results), w)
+    counted = instruction_targets(results, headline_kind(results))
+    if counted:
+        w("")
+        w("The same comparisons in the server's instructions per message, one pgbench client, counted by callgrind "
+          "(*Server work per message*): what the throughput ratios above are made of, whatever the host did. They "
+          "count work, not waiting: a ratio here that differs from its throughput ratio says how much of that one "
+          "came from waits, round trips or the client. Held-back vacuum is not counted (see that section).")
+        w("")
+        target_table(counted, w)
     if results.get("kinds") and "work" not in results["kinds"]:
         w("")
         w("*The work kind's PostgreSQL template did not exist when this run started, so the targets use the "
@@ -707,12 +755,55 @@ def write_report(results: dict, out_root: Path) -> Path:
             w("```")
             w("</details>")
             w("")
+    if results.get("instructions"):
+        instruction_section(results["instructions"], w)
     if NOTES.exists():
         w(NOTES.read_text().rstrip())
         w("")
     path = out_root / "BENCHMARKS.md"
     path.write_text("\n".join(L) + "\n")
     return path
+
+
+def instruction_section(counted: dict, w: Any) -> None:
+    w("## Server work per message: instructions (callgrind)")
+    w("")
+    w("A second throwaway server runs every one of its processes under valgrind's callgrind, which counts the "
+      "instructions each one executes, whatever else the machine is doing. Each shape's pgbench script (one client, "
+      f"`-M prepared`) runs {counted['short']} and then {counted['long']} transactions, each time in a new "
+      "connection from the same starting state; the difference between the two runs' server instructions, over the "
+      "difference in messages moved, is the steady-state cost of one message: connection, start-up and plan-cache "
+      "warm-up cancel. It counts the server's work only (parse, plan, execute, commit, the protocol), not waiting, "
+      "memory stalls or concurrency, and pgbench is the same C client on both sides. Autovacuum is off on that "
+      "server; the queues are vacuumed where the other parts vacuum them. Held-back vacuum is not counted: under "
+      "valgrind's slowdown the claim position (which lives one second) would expire on every call behind "
+      "thousands of dead tuples, which counts valgrind, not the templates (bench/instructions.py); the buffer "
+      "counts of *Vacuum held back* are that target's machine-independent evidence.")
+    w("")
+    w("| shape | raw SQL | functions | raw / functions |")
+    w("|---|---:|---:|---:|")
+    for e in counted["ceiling"]:
+        w(f"| {e['shape']} | {_f(e['raw']['per_message'])} | {_f(e['fn']['per_message'])} | "
+          f"{_ratio(e['ratio'])} |")
+    w("")
+    peer = counted.get("peer")
+    if peer:
+        w("| batch-1 dequeue + acknowledgement | instructions per message |")
+        w("|---|---:|")
+        w(f"| PgQueuer's SQL (the pgbench script of *A peer*) | {_f(peer['pgqueuer']['per_message'])} |")
+        w(f"| q_work: `dequeue` + `complete` | {_f(peer['work']['per_message'])} |")
+        w(f"| PgQueuer / tablequeue | {_ratio(peer['ratio'])} |")
+        w("")
+    w("| kind (batch-1 dequeue; work: + complete) | " + " | ".join(f"at {d:,} waiting" for d in counted["depth"][0]["depths"])
+      + " | shallow / deep |")
+    w("|---|" + "---:|" * (len(counted["depth"][0]["depths"]) + 1))
+    for e in counted["depth"]:
+        w(f"| {e['kind']} | " + " | ".join(_f(e[str(d)]["per_message"]) for d in e["depths"]) + f" | {_ratio(e['ratio'])} |")
+    w("")
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
 
 
 def _payload() -> str:

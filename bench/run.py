@@ -11,16 +11,17 @@ import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ceiling, overhead, peer, vacuum
+from . import ceiling, instructions, overhead, peer, vacuum
 from .cells import cell
-from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim
+from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim, planning_vs_execution
 from .env import (REPO, available_kinds, cpu_accounting, cpu_share, create_database, deploy_env, drop_database,
                   host_stall_probe, machine_facts, queue_entries, server, set_depth)
 
-PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer")
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "instructions")
 # The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
 STALLING = 0.05
 # The exit code of a full run refused on a stalling host (argparse's is 2, a failed check's 1).
@@ -237,23 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             for part in parts:
                 t0 = time.monotonic()
                 _log(f"part {part}")
-                if part == "matrix":
-                    results["matrix"] = run_matrix(env, kinds, plan, _log)
-                elif part == "depth":
-                    results["depth"], results["depth_explain"] = run_depth(env, kinds, plan, _log)
-                    results["depth_pairs"] = run_depth_pairs(env, kinds, plan, _log)
-                elif part == "vacuum":
-                    results["vacuum"] = run_vacuum(env, kinds, plan, _log, srv["url"])
-                elif part == "ceiling":
-                    results["ceiling"] = run_ceiling(env, kinds, plan, _log)
-                    from .profile import planning_vs_execution
-
-                    results["planning"] = planning_vs_execution(env, kinds)
-                elif part == "overhead":
-                    results["overhead"] = overhead.run(env, kinds, plan.ceiling_clients, plan.ceiling_seconds,
-                                                       plan.ceiling_rounds, _log)
-                elif part == "peer":
-                    results["peer"] = run_peer(env, kinds, plan, _log, srv["url"])
+                try:
+                    run_part(part, results, env, kinds, plan, srv["url"])
+                except Exception:  # one part's failure must not lose the others' results
+                    results.setdefault("errors", {})[part] = traceback.format_exc()
+                    _log(f"part {part} FAILED:\n{results['errors'][part]}")
                 results.setdefault("part_seconds", {})[part] = time.monotonic() - t0
                 _log(f"part {part} done in {time.monotonic() - t0:.0f}s")
         finally:
@@ -273,10 +262,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all_checks_ok(results) else 1
 
 
+def run_part(part: str, results: dict, env, kinds: list[str], plan: Plan, admin_url: str) -> None:  # noqa: ANN001
+    if part == "matrix":
+        results["matrix"] = run_matrix(env, kinds, plan, _log)
+    elif part == "depth":
+        results["depth"], results["depth_explain"] = run_depth(env, kinds, plan, _log)
+        results["depth_pairs"] = run_depth_pairs(env, kinds, plan, _log)
+    elif part == "vacuum":
+        results["vacuum"] = run_vacuum(env, kinds, plan, _log, admin_url)
+    elif part == "ceiling":
+        results["ceiling"] = run_ceiling(env, kinds, plan, _log)
+        results["planning"] = planning_vs_execution(env, kinds)
+    elif part == "overhead":
+        results["overhead"] = overhead.run(env, kinds, plan.ceiling_clients, plan.ceiling_seconds,
+                                           plan.ceiling_rounds, _log)
+    elif part == "peer":
+        results["peer"] = run_peer(env, kinds, plan, _log, admin_url)
+    elif part == "instructions":
+        results["instructions"] = instructions.run(kinds, _log)
+
+
 def all_checks_ok(results: dict) -> bool:
     from .report import failed_checks
 
-    failures = failed_checks(results)
+    failures = failed_checks(results) + [f"part {part} failed" for part in results.get("errors") or {}]
     for f in failures:
         print("CHECK FAILED:", f, file=sys.stderr)
     return not failures

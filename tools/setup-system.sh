@@ -4,10 +4,11 @@
 #                    the tool runs its own, so nothing keeps running after tests or the demo)
 #   unixodbc tdsodbc ODBC driver manager and FreeTDS, for pyodbc -> SQL Server
 #   openjdk-17-jre-headless, libpostgresql-jdbc-java   Spark (PySpark) and its JDBC reader
+#   valgrind         the benchmark's instruction counts (callgrind runs a second throwaway server)
 #   python3-venv     only where the Python in use cannot create a virtual environment
 set -euo pipefail
 
-packages=(postgresql postgresql-contrib unixodbc tdsodbc openjdk-17-jre-headless libpostgresql-jdbc-java)
+packages=(postgresql postgresql-contrib unixodbc tdsodbc openjdk-17-jre-headless libpostgresql-jdbc-java valgrind)
 if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
     packages+=(python3-venv)
 fi

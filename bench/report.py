@@ -470,12 +470,14 @@ def write_report(results: dict, out_root: Path) -> Path:
       "kind's rows in bold (the shape the target was set for). A miss says by how much it fell short of the "
       "target (measured / wanted − 1); the reasons are in *Analysis*.")
     w("")
-    target_table(targets(results), w)
+    measured = targets(results)
+    if measured:
+        target_table(measured, w)
+        w("")
     counted = instruction_targets(results, headline_kind(results))
     if counted:
-        w("")
-        w("The same comparisons in the server's instructions per message, one pgbench client, counted by callgrind "
-          "(*Server work per message*): what the throughput ratios above are made of, whatever the host did. They "
+        w("The targets' comparisons in the server's instructions per message, one pgbench client, counted by "
+          "callgrind (*Server work per message*): what the throughput ratios are made of, whatever the host did. They "
           "count work, not waiting: a ratio here that differs from its throughput ratio says how much of that one "
           "came from waits, round trips or the client. Held-back vacuum is not counted (see that section).")
         w("")

@@ -220,20 +220,12 @@ def depth(counter: Counter, env: Env, kinds: list[str], log: Any) -> list[dict]:
 def peer(counter: Counter, env: Env, pgq_url: str, log: Any) -> dict:
     """Batch-of-one dequeue + acknowledgement: PgQueuer's SQL (its own statements) against the work
     kind's functions, both through pgbench, on the counted server."""
-    import psycopg
-
-    from .env import PAYLOAD
-    from .peer import ENTRYPOINT, _pgq_queued, pgqueuer_cycle_script
+    from .peer import _pgq_queued, load_pgqueuer, pgqueuer_cycle_script
 
     script = pgqueuer_cycle_script()
     runs = []
     for transactions in (SHORT, LONG):
-        with psycopg.connect(pgq_url, autocommit=True) as conn:
-            conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
-            conn.execute("INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
-                         "SELECT 0, %s, %s, 'queued' FROM generate_series(1, %s)",
-                         (ENTRYPOINT, PAYLOAD.encode(), DEPTHS[0]))
-            conn.execute("VACUUM ANALYZE pgqueuer")
+        load_pgqueuer(pgq_url, DEPTHS[0])
         before = _pgq_queued(pgq_url)
         instructions = counter.pgbench(pgq_url, script, transactions)
         runs.append({"transactions": transactions, "instructions": instructions,

@@ -217,6 +217,15 @@ def pgqueuer_cycle_script() -> str:
     return "\\set batch 1\n" + dequeue.rstrip().rstrip(";") + " \\gset p_\n" + log.rstrip().rstrip(";") + ";\n"
 
 
+def load_pgqueuer(pgq_url: str, depth: int) -> None:
+    """PgQueuer's queue emptied, its log too, then `depth` jobs waiting, vacuumed."""
+    with psycopg.connect(pgq_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+        conn.execute("INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
+                     "SELECT 0, %s, %s, 'queued' FROM generate_series(1, %s)", (ENTRYPOINT, PAYLOAD.encode(), depth))
+        conn.execute("VACUUM ANALYZE pgqueuer")
+
+
 def pgbench_cycle(env: Env, pgq_url: str, queues: list[str], clients: int, seconds: float, rounds: int,
                   log: callable) -> dict:
     """Batch-1 dequeue + ack through pgbench: PgQueuer's SQL vs tablequeue's work functions."""
@@ -238,12 +247,7 @@ def pgbench_cycle(env: Env, pgq_url: str, queues: list[str], clients: int, secon
             order = ["pgqueuer", *queues] if r % 2 == 0 else [*reversed(queues), "pgqueuer"]
             for who in order:
                 if who == "pgqueuer":
-                    with psycopg.connect(pgq_url, autocommit=True) as conn:
-                        conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
-                        conn.execute("INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
-                                     "SELECT 0, %s, %s, 'queued' FROM generate_series(1, %s)",
-                                     (ENTRYPOINT, PAYLOAD.encode(), depth))
-                        conn.execute("VACUUM ANALYZE pgqueuer")
+                    load_pgqueuer(pgq_url, depth)
                     before = _pgq_queued(pgq_url)
                     result = run_pgbench(pgq_url, script, clients, seconds, workdir)
                     done = before - _pgq_queued(pgq_url)

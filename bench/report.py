@@ -449,8 +449,9 @@ def write_report(results: dict, out_root: Path) -> Path:
     w(f"- Code: commit `{facts.get('git_head', '?')}`; the PostgreSQL templates were "
       f"{'**modified in the working tree**' if facts.get('templates_dirty') else 'as committed'} when the run started.")
     for part, error in (results.get("errors") or {}).items():
-        w(f"- **The {part} part failed**, so its section is missing: `{error.strip().splitlines()[-1]}` "
-          "(the whole traceback is in results.json).")
+        what = "The clean-up after the parts failed" if part == "clean-up" else \
+            f"The {part} part failed, so its section is missing"
+        w(f"- **{what}**: `{error.strip().splitlines()[-1]}` (the whole traceback is in results.json).")
     w(f"- PostgreSQL: {facts.get('postgres_version')} ({'embedded throwaway cluster' if facts.get('embedded') else 'TABLEQUEUE_PG_URL'}).")
     settings = facts.get("settings_non_default") or {}
     if settings:

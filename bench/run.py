@@ -246,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault("part_seconds", {})[part] = time.monotonic() - t0
                 _log(f"part {part} done in {time.monotonic() - t0:.0f}s")
         finally:
-            env.drop()
+            try:
+                env.drop()
+            except Exception:  # a failed clean-up must not lose the measurements
+                results.setdefault("errors", {})["clean-up"] = traceback.format_exc()
+                _log(f"clean-up FAILED:\n{results['errors']['clean-up']}")
         results["facts"]["loadavg_end"] = os.getloadavg()
     results["facts"]["host"] = {"stalls_start": stalls_start, "stalls_end": host_stall_probe(),
                                 "cpu_share": cpu_share(accounting_start, cpu_accounting()),

@@ -166,9 +166,9 @@ class EmbeddedPostgres:
         return self.url_for(name)
 
     def stop(self) -> None:
-        if self.running:
+        if self.running and self.datadir.exists():  # a cluster removed under us has nothing left to stop
             self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "-w", "stop"])
-            self.running = False
+        self.running = False
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

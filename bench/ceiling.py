@@ -46,15 +46,15 @@ def rendered_unit(env: Env, queue: str, verb: str) -> str:
 
 
 def raw_destructive_dequeue(env: Env, queue: str, batch: int) -> str:
-    """The claim statement the dequeue function runs for this batch size (batch 1 has its own, with
-    a literal LIMIT 1), with batch_size as a pgbench variable."""
+    """The claim statement the dequeue function runs (its RETURN QUERY), with a literal LIMIT 1 for
+    batch 1 (the function's own one-message statement has that literal too, and also finds its next
+    claim position and fills the OUT parameters: what a hand-written claim does not need), else
+    batch_size as a pgbench variable."""
     body = rendered_unit(env, queue, "dequeue")
     statements = re.findall(r"RETURN QUERY\s*(WITH\b.*?);", body, re.S)
-    literal = [s for s in statements if "LIMIT 1\n" in s]
-    variable = [s for s in statements if "LIMIT batch_size" in s]
-    if len(literal) != 1 or len(variable) != 1:
-        raise RuntimeError(f"bench: cannot find the two claim statements in {queue}_dequeue")
-    statement = re.sub(r"\bbatch_size\b", ":batch", (literal if batch == 1 else variable)[0])
+    if len(statements) != 1 or "LIMIT batch_size" not in statements[0]:
+        raise RuntimeError(f"bench: cannot find the claim statement in {queue}_dequeue")
+    statement = re.sub(r"\bbatch_size\b", "1" if batch == 1 else ":batch", statements[0])
     # A plpgsql variable holding clock_timestamp() at the call's start is, for a one-statement
     # transaction, what now() is: a value known when the statement starts (so it bounds the index).
     statement = re.sub(r"\bnow_utc\b", "now()", statement)

@@ -186,6 +186,8 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     now_utc timestamptz := clock_timestamp();
+    -- The first key at or after the position still visible to a one-message claim (position_seen).
+    seen_id bigint;
     -- '<found again after, epoch seconds>|<id>' (see position_load).
     position_state text := current_setting('tablequeue.queue.orders', true);
     position_expires numeric;
@@ -221,9 +223,9 @@ BEGIN
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
-    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling). It also
+    -- finds the next claim position itself, where a batch reads it again after the claim.
     IF batch_size = 1 THEN
-        RETURN QUERY
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."orders" AS m
@@ -240,9 +242,25 @@ BEGIN
             RETURNING m.id, m.payload, m.enqueued_at
         )
 
-        SELECT c.id, c.payload, c.enqueued_at
+        SELECT c.id, c.payload, c.enqueued_at, seen.id
+        INTO id, payload, enqueued_at, seen_id
         FROM claimed AS c
-        ORDER BY c.id;
+        LEFT JOIN LATERAL (
+            SELECT m.id
+            FROM "queue"."orders" AS m
+            WHERE m.id >= position_id AND m.id <= c.id
+            ORDER BY m.id
+            LIMIT 1
+        ) AS seen ON true;
+        IF FOUND THEN
+            IF seen_id <> orders_dequeue.id THEN
+                position_id := seen_id;
+            ELSE
+                position_id := orders_dequeue.id + 1;
+            END IF;
+            PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
+            RETURN NEXT;
+        END IF;
     ELSE
         RETURN QUERY
         WITH next_messages AS (
@@ -264,21 +282,21 @@ BEGIN
         SELECT c.id, c.payload, c.enqueued_at
         FROM claimed AS c
         ORDER BY c.id;
-    END IF;
-    IF FOUND THEN
-        SELECT m.id
-        INTO position_id
-        FROM "queue"."orders" AS m
-        WHERE m.id >= position_id
-        ORDER BY m.id
-        LIMIT 1;
-        IF position_id IS NULL THEN
-            -- Nothing visible: whatever is enqueued from now on draws a later id.
-            SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+        IF FOUND THEN
+            SELECT m.id
             INTO position_id
-            FROM "queue"."orders_id_seq" AS s;
+            FROM "queue"."orders" AS m
+            WHERE m.id >= position_id
+            ORDER BY m.id
+            LIMIT 1;
+            IF position_id IS NULL THEN
+                -- Nothing visible: whatever is enqueued from now on draws a later id.
+                SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+                INTO position_id
+                FROM "queue"."orders_id_seq" AS s;
+            END IF;
+            PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
         END IF;
-        PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
     END IF;
 END;
 $function$;

@@ -212,6 +212,9 @@ DECLARE
     -- A variable, not clock_timestamp() in the WHERE: a volatile function cannot bound an index
     -- scan, and the claim would read every not-yet-due row before finding out none is due.
     now_utc timestamptz := clock_timestamp();
+    -- The first key at or after the position still visible to a one-message claim (position_seen).
+    seen_time timestamptz;
+    seen_id bigint;
     position_time timestamptz;
     rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."reminders_rewinds" AS r);
     -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
@@ -249,9 +252,9 @@ BEGIN
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
-    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling). It also
+    -- finds the next claim position itself, where a batch reads it again after the claim.
     IF batch_size = 1 THEN
-        RETURN QUERY
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."reminders" AS m
@@ -268,9 +271,27 @@ BEGIN
             RETURNING m.id, m.payload, m.enqueued_at, m.due_at
         )
 
-        SELECT c.id, c.payload, c.enqueued_at, c.due_at
+        SELECT c.id, c.payload, c.enqueued_at, c.due_at, seen.due_at, seen.id
+        INTO id, payload, enqueued_at, due_at, seen_time, seen_id
         FROM claimed AS c
-        ORDER BY c.due_at, c.id;
+        LEFT JOIN LATERAL (
+            SELECT m.due_at, m.id
+            FROM "queue"."reminders" AS m
+            WHERE (m.due_at, m.id) >= (position_time, position_id) AND m.due_at <= c.due_at
+            ORDER BY m.due_at, m.id
+            LIMIT 1
+        ) AS seen ON true;
+        IF FOUND THEN
+            IF seen_id <> reminders_dequeue.id THEN
+                position_time := seen_time;
+                position_id := seen_id;
+            ELSE
+                position_time := reminders_dequeue.due_at;
+                position_id := reminders_dequeue.id + 1;
+            END IF;
+            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+            RETURN NEXT;
+        END IF;
     ELSE
         RETURN QUERY
         WITH next_messages AS (
@@ -292,19 +313,19 @@ BEGIN
         SELECT c.id, c.payload, c.enqueued_at, c.due_at
         FROM claimed AS c
         ORDER BY c.due_at, c.id;
-    END IF;
-    IF FOUND THEN
-        SELECT m.due_at, m.id
-        INTO position_time, position_id
-        FROM "queue"."reminders" AS m
-        WHERE (m.due_at, m.id) >= (position_time, position_id)
-        ORDER BY m.due_at, m.id
-        LIMIT 1;
-        IF position_id IS NULL OR position_time > now_utc THEN
-            position_time := now_utc;
-            position_id := 0;
+        IF FOUND THEN
+            SELECT m.due_at, m.id
+            INTO position_time, position_id
+            FROM "queue"."reminders" AS m
+            WHERE (m.due_at, m.id) >= (position_time, position_id)
+            ORDER BY m.due_at, m.id
+            LIMIT 1;
+            IF position_id IS NULL OR position_time > now_utc THEN
+                position_time := now_utc;
+                position_id := 0;
+            END IF;
+            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
         END IF;
-        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
     END IF;
 END;
 $function$;

@@ -124,9 +124,9 @@ BEGIN
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
-    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling). It also
+    -- finds the next claim position itself, where a batch reads it again after the claim.
     IF batch_size = 1 THEN
-        RETURN QUERY
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."undo" AS m
@@ -143,8 +143,11 @@ BEGIN
         )
 
         SELECT c.id, c.payload, c.enqueued_at
-        FROM claimed AS c
-        ORDER BY c.id DESC;
+        INTO id, payload, enqueued_at
+        FROM claimed AS c;
+        IF FOUND THEN
+            RETURN NEXT;
+        END IF;
     ELSE
         RETURN QUERY
         WITH next_messages AS (

@@ -50,6 +50,38 @@
     FROM claimed AS c
     ORDER BY {{ claim_order_sql | replace('m.', 'c.') }};
 {%- endmacro %}
+{#- The one-message claim, the hot path: the claimed row goes into the function's OUT parameters,
+    and the statement also finds where this session's next claim starts (m.position_seen). -#}
+{% macro claim_one_statement() %}
+    WITH next_messages AS (
+        SELECT m.id
+        FROM {{ t }} AS m
+{% if has_position %}
+        WHERE {{ m.position_predicate(position_key) }}{% if has_due %} AND m.due_at <= now_utc{% endif %}
+
+{% endif %}
+        ORDER BY {{ claim_order_sql }}
+        LIMIT 1
+        FOR UPDATE{% if not strict %} SKIP LOCKED{% endif %}
+
+    ),
+
+    claimed AS (
+        DELETE FROM {{ t }} AS m
+        USING next_messages AS n
+        WHERE m.id = n.id
+        RETURNING m.id, m.payload, m.enqueued_at{% if has_due %}, m.due_at{% endif %}
+
+    )
+
+    SELECT c.id, c.payload, c.enqueued_at{% if has_due %}, c.due_at{% endif %}{% if has_position %}, {% if has_due %}seen.due_at, {% endif %}seen.id{% endif %}
+
+    INTO id, payload, enqueued_at{% if has_due %}, due_at{% endif %}{% if has_position %}, {% if has_due %}seen_time, {% endif %}seen_id{% endif %}
+
+    FROM claimed AS c{% if has_position %}
+
+{{ m.position_seen(position_key, 'c') | indent(4, first=true) }}{% endif %};
+{%- endmacro %}
 {{ m.unit(names.plain(), 'storage') }}
 CREATE TABLE IF NOT EXISTS {{ t }} (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ names.obj('_id_seq') }}),
@@ -321,17 +353,24 @@ BEGIN
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
-    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling).
+    -- plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling). It also
+    -- finds the next claim position itself, where a batch reads it again after the claim.
     IF batch_size = 1 THEN
-{{ claim_statement('1') | indent(4, first=true) }}
+{{ claim_one_statement() | indent(4, first=true) }}
+        IF FOUND THEN
+{% if has_position %}
+{{ m.position_after_claim(position_key, fn ~ '_dequeue.id', fn ~ '_dequeue.due_at') | indent(8, first=true) }}
+{% endif %}
+            RETURN NEXT;
+        END IF;
     ELSE
 {{ claim_statement('batch_size') | indent(4, first=true) }}
-    END IF;
 {% if has_position %}
-    IF FOUND THEN
-{{ m.position_find(position_key) | indent(4, first=true) }}
-    END IF;
+        IF FOUND THEN
+{{ m.position_find(position_key) | indent(8, first=true) }}
+        END IF;
 {% endif %}
+    END IF;
 END;
 $function$;
 

@@ -56,7 +56,14 @@ SET search_path = pg_catalog, pg_temp
 {#- The claim position of a dequeue (docs/queue-kinds.md, "The claim position"). key is the claim
     index: ['id'], or [time column, tie-breaker] (pending: due_at, id; work: visible_at, id or seq).
     The including function declares now_utc (clock_timestamp() at its start) and t (the queue table). -#}
-{% macro position_declare(key) %}
+{% macro position_declare(key, seen=true) %}
+{% if seen %}
+    -- The first key at or after the position still visible to a one-message claim (position_seen).
+{% if key | length == 2 %}
+    seen_time timestamptz;
+{% endif %}
+    seen_id bigint;
+{% endif %}
 {% if key | length == 2 %}
     position_time timestamptz;
     rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM {{ names.obj('_rewinds') }} AS r);
@@ -89,16 +96,59 @@ SET search_path = pg_catalog, pg_temp
         position_time := now_utc;
         position_id := 0;
     END IF;
-    PERFORM set_config({{ position_setting() }}, position_expires || '|' || rewinds || '|' || position_id || '|' || {{ time_to_text('position_time') }}, false);
-{%- else %}
+{% else %}
     IF position_id IS NULL THEN
         -- Nothing visible: whatever is enqueued from now on draws a later id.
         SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
         INTO position_id
         FROM {{ names.obj('_id_seq') }} AS s;
     END IF;
+{% endif %}
+{{ position_store(key) }}
+{%- endmacro %}
+
+{% macro position_store(key) %}
+{% if key | length == 2 %}
+    PERFORM set_config({{ position_setting() }}, position_expires || '|' || rewinds || '|' || position_id || '|' || {{ time_to_text('position_time') }}, false);
+{%- else %}
     PERFORM set_config({{ position_setting() }}, position_expires || '|' || position_id, false);
 {%- endif %}
+{%- endmacro %}
+
+{#- The hot path finds its next position in the claim statement itself: a LEFT JOIN LATERAL on
+    the claimed row (alias `claimed`) reads the claim index from the position, into seen_time and
+    seen_id. It sees what the claim's snapshot sees: a row another consumer holds (the claim stepped
+    over it) and the claimed row itself (deleted by this very statement), so it stops at the claimed
+    row at the latest. Bounded on the leading column only: a row comparison stops a scan only on
+    its first column. -#}
+{% macro position_seen(key, claimed) %}
+LEFT JOIN LATERAL (
+    SELECT {% for column in key %}m.{{ column }}{{ ', ' if not loop.last }}{% endfor %}
+
+    FROM {{ t }} AS m
+    WHERE {{ position_predicate(key) }} AND m.{{ key[0] }} <= {{ claimed }}.{{ key[0] }}
+    ORDER BY {% for column in key %}m.{{ column }}{{ ', ' if not loop.last }}{% endfor %}
+
+    LIMIT 1
+) AS seen ON true
+{%- endmacro %}
+
+{#- After a one-message claim of the row with tie-breaker claimed_id_sql: a row seen before it is
+    held by another consumer and is the position; else the claimed key's successor is (nothing lies
+    between them: the tie-breaker is an integer). -#}
+{% macro position_after_claim(key, claimed_id_sql, claimed_time_sql=none) %}
+    IF seen_id <> {{ claimed_id_sql }} THEN
+{% if key | length == 2 %}
+        position_time := seen_time;
+{% endif %}
+        position_id := seen_id;
+    ELSE
+{% if key | length == 2 %}
+        position_time := {{ claimed_time_sql }};
+{% endif %}
+        position_id := {{ claimed_id_sql }} + 1;
+    END IF;
+{{ position_store(key) }}
 {%- endmacro %}
 
 {#- Take the session's position if it is younger than a second (and, for a time key, no rewind

@@ -457,7 +457,7 @@ DECLARE
     level_buried bigint;
 {% else %}
     own_count integer;
-{{ m.position_declare(position_key) }}
+{{ m.position_declare(position_key, seen=false) }}
 {% endif %}
 BEGIN
 {{ m.check_batch_size('dequeue') }}

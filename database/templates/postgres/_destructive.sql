@@ -21,9 +21,9 @@
 {% set has_position = claim_order != 'newest' %}
 {% set position_key = ['due_at', 'id'] if has_due else ['id'] %}
 {% import '_macros.sql' as m with context %}
-{#- The dequeue's claim: lock up to limit_sql rows in claim order and delete them, returning them. -#}
-{% macro claim_statement(limit_sql) %}
-    RETURN QUERY
+{#- The claim's two CTEs: lock up to limit_sql rows in claim order (next_messages) and delete them,
+    returning them (claimed). -#}
+{% macro claim_ctes(limit_sql) %}
     WITH next_messages AS (
         SELECT m.id
         FROM {{ t }} AS m
@@ -44,6 +44,11 @@
         RETURNING m.id, m.payload, m.enqueued_at{% if has_due %}, m.due_at{% endif %}
 
     )
+{%- endmacro %}
+{#- A batch's claim: the claimed rows, in claim order, to the caller. -#}
+{% macro claim_statement(limit_sql) %}
+    RETURN QUERY
+{{ claim_ctes(limit_sql) }}
 
     SELECT c.id, c.payload, c.enqueued_at{% if has_due %}, c.due_at{% endif %}
 
@@ -53,26 +58,7 @@
 {#- The one-message claim, the hot path: the claimed row goes into the function's OUT parameters,
     and the statement also finds where this session's next claim starts (m.position_seen). -#}
 {% macro claim_one_statement() %}
-    WITH next_messages AS (
-        SELECT m.id
-        FROM {{ t }} AS m
-{% if has_position %}
-        WHERE {{ m.position_predicate(position_key) }}{% if has_due %} AND m.due_at <= now_utc{% endif %}
-
-{% endif %}
-        ORDER BY {{ claim_order_sql }}
-        LIMIT 1
-        FOR UPDATE{% if not strict %} SKIP LOCKED{% endif %}
-
-    ),
-
-    claimed AS (
-        DELETE FROM {{ t }} AS m
-        USING next_messages AS n
-        WHERE m.id = n.id
-        RETURNING m.id, m.payload, m.enqueued_at{% if has_due %}, m.due_at{% endif %}
-
-    )
+{{ claim_ctes('1') }}
 
     SELECT c.id, c.payload, c.enqueued_at{% if has_due %}, c.due_at{% endif %}{% if has_position %}, {% if has_due %}seen.due_at, {% endif %}seen.id{% endif %}
 

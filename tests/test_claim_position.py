@@ -22,10 +22,11 @@ from tablequeue.client import QueueClient
 pytestmark = pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
 
 CONSUMED = 10_000
+# Strict FIFO has no claim position: one stored while a producer's lower id was still uncommitted
+# would hand out later ids before it (docs/queue-kinds.md); its claim starts at the head.
 KINDS = {
     "heap": {"kind": "heap"},
     "fifo": {"kind": "fifo"},
-    "fifo_strict": {"kind": "fifo", "options": {"strict": True}},
     "pending": {"kind": "pending"},
     "work": {"kind": "work"},
 }
@@ -120,3 +121,48 @@ def test_a_consuming_session_does_not_reread_what_it_consumed_while_an_old_snaps
     # ... and the consuming session's claim started past them (the work kind's own-messages probe
     # too: it reads only the leases taken since the worker last held nothing).
     assert steady < 60, f"the next dequeue read {steady} buffers:\n" + "\n\n".join(steady_plans)
+
+
+@pytest.mark.parametrize("variant", KINDS)
+def test_a_position_setting_that_claims_to_live_for_long_is_not_trusted(
+        deploy_queues: Callable[..., Any], variant: str) -> None:
+    # The setting is the session's own to change (SET, or a clock that went back): 0.1.0 trusted any
+    # expiry, so a position far ahead with a far-off expiry hid every message from that session.
+    deployed = deploy_queues({"name": "q", "payload": "json", **KINDS[variant]})
+    conn = deployed.connect()
+    try:
+        client = deployed.client("q", conn)
+        forged = ("4102444800|9000000" if variant in ("heap", "fifo")
+                  else "4102444800|0|9000000|2099-01-01 00:00:00.000000 AD")
+        conn.execute("SELECT set_config(%s, %s, false)", (f"tablequeue.{deployed.catalog.schema}.q", forged))
+        sent = client.enqueue({"i": 1})["id"]
+        got = client.dequeue(worker="w") if variant == "work" else client.dequeue()
+        assert [row["id"] for row in got] == [sent]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("variant", ["pending", "work"])
+def test_an_enqueue_due_at_the_transaction_start_does_not_send_consumers_back_to_the_head(
+        deploy_queues: Callable[..., Any], variant: str) -> None:
+    # now() is the transaction's start, always a little before the clock: 0.1.0 counted every
+    # `due_at => now()` as due in the past and moved the rewinds counter (every consumer then
+    # found its position again from the head). A due time over a second in the past still does.
+    deployed = deploy_queues({"name": "q", "payload": "json", "kind": variant})
+    schema = deployed.catalog.schema
+    conn = deployed.connect(autocommit=False)
+    try:
+        def rewinds() -> int:
+            return conn.execute(f'SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "{schema}".q_rewinds').fetchone()[0]
+
+        before = rewinds()
+        conn.execute("SELECT pg_sleep(0.05)")    # the transaction's start is now 50 ms behind the clock
+        for due in ("now()", "clock_timestamp()"):
+            conn.execute(f'SELECT * FROM "{schema}".q_enqueue(payload => \'{{}}\'::jsonb, due_at => {due})')
+        conn.execute(f'SELECT * FROM "{schema}".q_enqueue_batch(payloads => ARRAY[\'{{}}\'::jsonb], due_ats => ARRAY[now()])')
+        assert rewinds() == before
+        conn.execute(f"""SELECT * FROM "{schema}".q_enqueue(payload => '{{}}'::jsonb, due_at => now() - interval '5 seconds')""")
+        assert rewinds() > before
+        conn.commit()
+    finally:
+        conn.close()

@@ -8,8 +8,9 @@
   inside the dequeue's own transaction; the committed hand-outs, in commit order, are exactly the
   enqueue order.
 - dedupe: the same key from two open transactions (one waits for the other), from many
-  processes at once, and in overlapping batches taken in opposite orders (no deadlock): one
-  message per key, and every caller but one told duplicate=true with the kept id.
+  processes at once, and in overlapping batches taken in opposite orders (no deadlock, for fifo
+  and for work's dedupe keys and client ids): one message per key, and every caller but one told
+  duplicate=true with the kept id.
 
 Processes are spawned (a fresh interpreter each), so nothing of the parent's connections leaks in.
 """
@@ -20,6 +21,7 @@ import queue as queue_module
 import random
 import threading
 import time
+import uuid
 from typing import Any, Callable
 
 import pytest
@@ -143,7 +145,9 @@ def _enqueue_key_at_once(url: str, catalog_doc: dict, queue: str, worker: int, k
 
 
 def _enqueue_batches(url: str, catalog_doc: dict, queue: str, order: str, rounds: int, size: int, barrier: Any,
-                     results: Any) -> None:
+                     results: Any, by: str = "dedupe_key") -> None:
+    """Batches of the same fresh keys each round, in this worker's order; `by` names the item field
+    the key goes into: dedupe_key, or id (a client-supplied id made from the key)."""
     client = _client(url, catalog_doc, queue)
     outcomes = []
     for round_ in range(rounds):
@@ -151,10 +155,14 @@ def _enqueue_batches(url: str, catalog_doc: dict, queue: str, order: str, rounds
         keys = [f"r{round_:02d}-k{n:03d}" for n in range(size)]
         keys = {"forward": keys, "backward": keys[::-1], "interleaved": keys[::2] + keys[1::2]}[order]
         barrier.wait(timeout=BARRIER_SECONDS)
-        rows = client.enqueue_batch({"payload": {"key": key}, "dedupe_key": key} for key in keys)
+        rows = client.enqueue_batch({"payload": {"key": key}, by: _item_key(by, key)} for key in keys)
         outcomes.extend((key, row["id"], bool(row["duplicate"])) for key, row in zip(keys, rows))
     client.conn.close()
     results.put(outcomes)
+
+
+def _item_key(by: str, key: str) -> Any:
+    return uuid.uuid5(uuid.NAMESPACE_URL, key) if by == "id" else key
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -353,14 +361,20 @@ def test_many_processes_enqueueing_the_same_keys_at_once_keep_one_message_per_ke
     observer.conn.close()
 
 
-def test_overlapping_dedupe_batches_in_opposite_orders_do_not_deadlock(deploy_queues) -> None:
-    deployed, doc, name = _setup(deploy_queues, kind="fifo", options={"dedupe": True})
+@pytest.mark.parametrize(("kind", "option", "by"), [
+    ("fifo", "dedupe", "dedupe_key"),
+    ("work", "dedupe", "dedupe_key"),
+    ("work", "client_ids", "id"),
+], ids=["fifo-keys", "work-keys", "work-client-ids"])
+def test_overlapping_dedupe_batches_in_opposite_orders_do_not_deadlock(deploy_queues, kind, option, by) -> None:
+    # The work kind inserted its batches in item order until 0.2.0 and deadlocked here.
+    deployed, doc, name = _setup(deploy_queues, kind=kind, options={option: True})
     rounds, size = 20, 200
     orders = ("forward", "backward", "interleaved")
     barrier, results = CTX.Barrier(len(orders)), CTX.Queue()
     with Workers() as workers:
         for order in orders:
-            workers.start(_enqueue_batches, deployed.url, doc, name, order, rounds, size, barrier, results)
+            workers.start(_enqueue_batches, deployed.url, doc, name, order, rounds, size, barrier, results, by)
         # A deadlock victim (40P01) fails its process, and with it this test.
         outcomes = [row for rows in workers.collect(results, len(orders)) for row in rows]
         workers.join()

@@ -202,6 +202,85 @@ def test_the_time_budget_ends_the_run_between_messages(deploy_queues) -> None:
     conn.close()
 
 
+def create_blocked_handler(deployed: Any, blocked_calls: int) -> Any:
+    """<schema>.work_handler(id, payload) whose first `blocked_calls` calls hit a lock another session
+    holds and fail at once with a lock timeout (PostgreSQL 55P03, SQL Server 1222); the calls are
+    counted by a sequence, which a rollback does not undo. Returns the connection holding the lock
+    (its transaction stays open until the caller closes it)."""
+    schema = deployed.catalog.schema
+    conn = deployed.connect(autocommit=True)
+    if deployed.dialect == "postgres":
+        run(conn, "postgres", f'CREATE TABLE "{schema}".handled (message_id bigint NOT NULL, n integer NOT NULL)')
+        run(conn, "postgres", f'CREATE TABLE "{schema}".blocker (id integer PRIMARY KEY)')
+        run(conn, "postgres", f'INSERT INTO "{schema}".blocker VALUES (1)')
+        run(conn, "postgres", f'CREATE SEQUENCE "{schema}".handler_calls')
+        run(conn, "postgres", f"""
+            CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb)
+            LANGUAGE plpgsql AS $handler$
+            BEGIN
+                IF nextval('"{schema}".handler_calls') <= {blocked_calls} THEN
+                    PERFORM FROM "{schema}".blocker WHERE blocker.id = 1 FOR UPDATE NOWAIT;
+                END IF;
+                INSERT INTO "{schema}".handled (message_id, n) VALUES (id, (payload ->> 'n')::integer);
+            END
+            $handler$""")
+    else:
+        run(conn, "mssql", f"CREATE TABLE [{schema}].handled (message_id bigint NOT NULL, n int NOT NULL)")
+        run(conn, "mssql", f"CREATE TABLE [{schema}].blocker (id int PRIMARY KEY)")
+        run(conn, "mssql", f"INSERT INTO [{schema}].blocker VALUES (1)")
+        run(conn, "mssql", f"CREATE SEQUENCE [{schema}].handler_calls AS bigint START WITH 1")
+        run(conn, "mssql", f"""
+            CREATE PROCEDURE [{schema}].work_handler @id bigint, @payload nvarchar(max)
+            AS
+            BEGIN
+                SET NOCOUNT ON;
+                SET LOCK_TIMEOUT 0;
+                IF NEXT VALUE FOR [{schema}].handler_calls <= {blocked_calls}
+                    SELECT b.id FROM [{schema}].blocker AS b WITH (UPDLOCK) WHERE b.id = 1;
+                INSERT INTO [{schema}].handled (message_id, n) VALUES (@id, JSON_VALUE(@payload, '$.n'));
+            END""")
+    holder = deployed.connect(autocommit=False)
+    lock = ('SELECT id FROM "{0}".blocker FOR UPDATE' if deployed.dialect == "postgres"
+            else "SELECT id FROM [{0}].blocker WITH (UPDLOCK, HOLDLOCK)").format(schema)
+    run(holder, deployed.dialect, lock)
+    conn.close()
+    return holder
+
+
+@pytest.mark.parametrize("blocked_calls", [3, 4], ids=["retried-to-success", "retries-used-up"])
+def test_a_handler_that_times_out_on_a_lock_runs_again_without_spending_an_attempt(
+        deploy_queues, blocked_calls) -> None:
+    # 0.1.0 recorded a deadlock or lock timeout in the handler with fail, spending an attempt (and
+    # with max_attempts 1 burying the message). Now it runs again under the same lease, up to 3 times.
+    schema = f"t_{secrets.token_hex(4)}"
+    deployed = deploy_queues({"name": "jobs", "kind": "work", "payload": "json", "options": {
+        "handler": f"{schema}.work_handler", "history": True, "max_attempts": 1, "lease_seconds": 60}},
+        schema=schema)
+    holder = create_blocked_handler(deployed, blocked_calls)
+    conn = deployed.connect(autocommit=True)
+    client = deployed.client("jobs", conn)
+    sent = client.enqueue({"n": 7})
+    try:
+        result = client.process(time_budget_seconds=30)
+    finally:
+        holder.rollback()
+        holder.close()
+
+    if blocked_calls == 3:
+        assert result == {"processed": 1, "completed": 1, "failed": 0}
+        assert counts(client) == (0, 0, 0, 0)
+        history = f'"{schema}".jobs_history' if deployed.dialect == "postgres" else f"[{schema}].jobs_history"
+        assert run(conn, deployed.dialect, f"SELECT id, attempts FROM {history}") == [(sent["id"], 1)]
+    else:
+        assert result == {"processed": 1, "completed": 0, "failed": 1}
+        dead = client.dead_list()
+        assert [row["id"] for row in dead] == [sent["id"]] and dead[0]["attempts"] == 1
+        # The error number (SQLSTATE), where it was raised and the message are kept.
+        expected = "55P03" if deployed.dialect == "postgres" else "1222"
+        assert expected in dead[0]["last_error"] and "work_handler" in dead[0]["last_error"], dead[0]["last_error"]
+    conn.close()
+
+
 def test_process_refuses_to_run_inside_an_open_transaction(deploy_queues) -> None:
     deployed = deploy_with_handler(deploy_queues)
     conn = deployed.connect(autocommit=False)

@@ -274,7 +274,8 @@ def test_batches_of_one_hand_out_every_message_once_in_the_kind_order(deploy, va
 @pytest.mark.parametrize("variant", ALL)
 def test_batch_size_1000_is_the_largest_batch(deploy, variant) -> None:
     client = deploy(queue(variant)).client()
-    sent = client.enqueue_batch({"payload": {"i": i}} for i in range(1001))
+    sent = client.enqueue_batch({"payload": {"i": i}} for i in range(1000))
+    sent += client.enqueue_batch([{"payload": {"i": 1000}}])
     assert len(client.dequeue(batch_size=1000)) == 1000
     remaining = client.dequeue(batch_size=1000)
     assert len(remaining) == 1 and remaining[0]["id"] in {row["id"] for row in sent}
@@ -579,6 +580,55 @@ def test_strict_fifo_consumer_waits_for_the_holder_then_continues_in_order(deplo
     assert ids(result["rows"]) == [expected]
 
 
+def test_strict_fifo_hands_out_an_id_committed_late_before_higher_ids(deploy) -> None:
+    # 0.1.0 on PostgreSQL: a strict consumer that found nothing while id 1 was uncommitted stored a
+    # claim position past it, then handed out id 2 first and id 1 only a second later.
+    # PostgreSQL does not see the uncommitted id 1 (the first dequeue returns nothing); SQL Server's
+    # strict claim waits for it (the dequeue returns id 1 once the producer commits).
+    env = deploy(queue("fifo_strict"))
+    slow, producer, consumer = env.client(autocommit=False), env.client(), env.client()
+    first_id = slow.enqueue({"i": 1})["id"]
+    handed_out: list[Any] = []
+    waiter = threading.Thread(target=lambda: handed_out.extend(ids(consumer.dequeue())), daemon=True)
+    waiter.start()
+    waiter.join(timeout=0.5)
+    slow.conn.commit()
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    second_id = producer.enqueue({"i": 2})["id"]
+    assert first_id < second_id
+    handed_out += ids(consumer.dequeue()) + ids(consumer.dequeue())
+    assert handed_out == [first_id, second_id]
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_a_batch_of_more_than_1000_items_is_invalid_argument(deploy, variant) -> None:
+    # Past ~5,000 rows SQL Server escalates to a table lock that READPAST cannot skip; every batch
+    # of every verb is capped at 1,000 in both dialects.
+    client = deploy(queue(variant, dedupe=True)).client()
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue_batch({"payload": {"i": i}, "dedupe_key": f"k{i}"} for i in range(1001))
+    assert client.stats()["ready"] == 0
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_a_dequeue_in_a_repeatable_read_transaction_is_refused_or_reads_committed(deploy, variant) -> None:
+    # PostgreSQL cannot change the level inside a function: it refuses (a claim position found in an
+    # old snapshot could hide messages committed since). SQL Server's procedure switches to READ
+    # COMMITTED for its own statements (reset on return) and claims.
+    env = deploy(queue(variant))
+    producer, consumer = env.client(), env.client(autocommit=False)
+    sent = producer.enqueue({"i": 1})["id"]
+    consumer.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    if env.dialect == "postgres":
+        with raises_queue_error(consumer, "isolation_level"):
+            consumer.dequeue()
+        assert ids(producer.dequeue()) == [sent]
+    else:
+        assert ids(consumer.dequeue()) == [sent]
+        consumer.conn.commit()
+
+
 # --- stats ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", ALL)
@@ -632,6 +682,17 @@ def test_purge_without_older_than_removes_every_message(deploy, variant) -> None
     assert client.stats()["ready"] == 0
     assert client.dequeue(batch_size=100) == []
     assert client.purge() == 0
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_purge_takes_at_most_max_rows_oldest_first(deploy, variant) -> None:
+    client = deploy(queue(variant)).client()
+    sent = ids(client.enqueue_batch({"payload": {"i": i}} for i in range(5)))
+    assert client.purge(max_rows=2) == 2
+    assert client.purge(max_rows=2) == 2
+    assert ids(client.dequeue(batch_size=10)) == sent[4:]
+    with raises_queue_error(client, "invalid_argument"):
+        client.purge(max_rows=0)
 
 
 @pytest.mark.parametrize("variant", ALL)

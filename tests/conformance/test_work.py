@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -53,9 +54,13 @@ def error_code(exc: BaseException) -> str | None:
     return numbers[-1] if numbers else None
 
 
+def expected_error(dialect: str, key: str) -> str:
+    return QUEUE_ERRORS[key].postgres if dialect == "postgres" else str(QUEUE_ERRORS[key].mssql)
+
+
 @contextmanager
 def raises_queue_error(client: QueueClient, key: str) -> Iterator[None]:
-    expected = QUEUE_ERRORS[key].postgres if client.dialect == "postgres" else str(QUEUE_ERRORS[key].mssql)
+    expected = expected_error(client.dialect, key)
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - any driver's error class
@@ -210,6 +215,17 @@ def test_dequeue_arguments_out_of_range_are_invalid_argument(deploy, arguments) 
     assert counts(client) == (1, 0, 0, 0)
 
 
+@pytest.mark.parametrize("options", [{}, {"dedupe": True}, {"client_ids": True}], ids=["plain", "dedupe", "client-ids"])
+def test_a_batch_of_more_than_1000_items_is_invalid_argument(deploy, options) -> None:
+    # Past ~5,000 rows SQL Server escalates to a table lock that READPAST cannot skip; every batch
+    # of every verb is capped at 1,000 in both dialects.
+    client = deploy(work(**options)).client()
+    assert len(client.enqueue_batch([{"payload": {"i": i}} for i in range(1000)])) == 1000
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue_batch([{"payload": {"i": i}} for i in range(1001)])
+    assert counts(client)[0] == 1000
+
+
 def test_a_null_payload_and_json_that_is_not_an_object_are_invalid_payload(deploy) -> None:
     client = deploy(work()).client()
     with raises_queue_error(client, "invalid_payload"):
@@ -357,11 +373,12 @@ def test_a_restarted_worker_gets_its_own_leased_messages_back_before_anyone_else
     assert ids(client.dequeue(batch_size=2, worker="c", lease_seconds=1)) == mine
     time.sleep(1.2)
     # ... c's lease expired (those two are visible, and older than anything a holds would be),
-    # yet a, restarting under its name, gets its own unexpired messages first.
+    # yet a, restarting under its name, gets its own unexpired messages first, as they were: the
+    # same attempt (asking again is no new delivery).
     assert counts(client) == (2, 0, 2, 0)
     again = client.dequeue(batch_size=3, worker="a", lease_seconds=60)
     assert ids(again)[:2] == old
-    assert [m["attempts"] for m in again[:2]] == [2, 2]
+    assert [m["attempts"] for m in again[:2]] == [1, 1]
     assert ids(again)[2:] == mine[:1]
     # Another worker never gets a's leased messages.
     assert ids(client.dequeue(batch_size=10, worker="b")) == mine[1:]
@@ -379,13 +396,13 @@ def test_batches_of_one_take_own_messages_first_then_visible_order(deploy) -> No
 
     first = client.dequeue(batch_size=1, worker="a", lease_seconds=60)
     assert ids(first) == expected[:1]
-    # a restarts: batch 1 gives its own message back (attempt 2), not the next visible one.
+    # a restarts: batch 1 gives its own message back (the same attempt), not the next visible one.
     again = client.dequeue(batch_size=1, worker="a", lease_seconds=60)
-    assert ids(again) == expected[:1] and again[0]["attempts"] == 2
+    assert ids(again) == expected[:1] and again[0]["attempts"] == 1
     # Batch 2: the own message, then one place left for the oldest visible message.
     both = client.dequeue(batch_size=2, worker="a", lease_seconds=60)
     assert ids(both) == expected[:2]
-    assert [m["attempts"] for m in both] == [3, 1]
+    assert [m["attempts"] for m in both] == [1, 1]
     for position in range(2, 5):
         assert ids(client.dequeue(batch_size=1, worker=f"w{position}")) == [expected[position]]
     assert client.dequeue(batch_size=1, worker="z") == []
@@ -488,8 +505,49 @@ def test_a_worker_restarted_on_a_session_it_used_before_gets_its_own_message_fir
     other.conn.close()
 
     again = pooled.dequeue(worker="a")
-    assert ids(again) == sent[1:2] and again[0]["attempts"] == 2
+    assert ids(again) == sent[1:2] and again[0]["attempts"] == 1
     assert ids(pooled.dequeue(batch_size=10, worker="b")) == sent[2:]
+
+
+def test_asking_again_returns_a_live_lease_as_it_is_without_spending_an_attempt(deploy) -> None:
+    # 0.1.0 re-leased a worker's live leases on every dequeue and counted an attempt each time: four
+    # dequeues by one name buried a message 'lease expired' milliseconds after it was enqueued.
+    client = deploy(work(max_attempts=3)).client()
+    sent = client.enqueue({"x": 1})
+    for _ in range(5):
+        again = client.dequeue(worker="a", lease_seconds=2)
+        assert ids(again) == [sent["id"]] and again[0]["attempts"] == 1
+    assert client.dead_list() == []
+    assert counts(client) == (0, 0, 1, 0)
+    # Asking again buys no time either: the lease still ends 2 s after the first dequeue.
+    time.sleep(0.5)
+    client.dequeue(worker="a", lease_seconds=600)
+    time.sleep(1.8)
+    taken = client.dequeue(worker="b")
+    assert ids(taken) == [sent["id"]] and taken[0]["attempts"] == 2
+    assert client.complete(sent["id"], "a") is False
+    assert client.complete(sent["id"], "b") is True
+
+
+def test_a_dequeue_in_a_repeatable_read_transaction_is_refused_or_reads_committed(deploy) -> None:
+    # PostgreSQL cannot change the level inside a function: it refuses (a claim position found in
+    # an old snapshot could hide messages committed since). SQL Server's procedure switches to READ
+    # COMMITTED for its own statements (reset on return) and claims.
+    env = deploy(work())
+    producer = env.client()
+    sent = producer.enqueue({"x": 1})
+    consumer = env.client(autocommit=False)
+    if env.dialect == "postgres":
+        consumer.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with raises_queue_error(consumer, "isolation_level"):
+            consumer.dequeue(worker="a")
+    else:
+        consumer.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert ids(consumer.dequeue(worker="a")) == [sent["id"]]
+        consumer.conn.commit()
+        assert producer.complete(sent["id"], "a") is True
+        return
+    assert ids(producer.dequeue(worker="b")) == [sent["id"]]
 
 
 # --- fail, max_attempts and the dead-letter table ------------------------------------------------
@@ -562,11 +620,12 @@ def test_a_lease_that_expires_max_attempts_times_ends_dead_and_frees_its_place_i
     assert counts(client) == (0, 0, 1, 1)
 
 
-def test_a_restarted_worker_whose_own_message_used_every_attempt_sends_it_to_dead(deploy) -> None:
+def test_a_restarted_worker_whose_own_expired_lease_used_every_attempt_sends_it_to_dead(deploy) -> None:
     client = deploy(work(max_attempts=1)).client()
     sent = client.enqueue({"x": 1})
-    client.dequeue(worker="a", lease_seconds=60)
-    assert client.dequeue(worker="a") == []  # a restarts: its one attempt is used up
+    client.dequeue(worker="a", lease_seconds=1)
+    time.sleep(1.2)
+    assert client.dequeue(worker="a") == []  # a restarts after its lease expired: no attempt left
     assert ids(client.dead_list()) == [sent["id"]]
     assert client.dead_list()[0]["last_error"] == "lease expired"
 
@@ -584,6 +643,36 @@ def test_dead_requeue_puts_the_message_back_with_attempts_reset(deploy) -> None:
     assert ids(again) == [sent["id"]] and again[0]["attempts"] == 1
     assert payload_of(client, again[0]["payload"]) == {"x": 1}
     assert client.complete(sent["id"], "b") is True
+
+
+@pytest.mark.parametrize("options", [{}, {"dedupe": True}, {"client_ids": True}], ids=["plain", "dedupe", "client-ids"])
+def test_two_concurrent_requeues_of_one_dead_message_requeue_it_once(deploy, options) -> None:
+    env = deploy(work(max_attempts=1, **options))
+    client = env.client()
+    sent = client.enqueue({"x": 1}, dedupe_key="k" if options.get("dedupe") else None)
+    client.dequeue(worker="a")
+    assert client.fail(sent["id"], "a", "boom") == "dead"
+
+    first, second = env.client(autocommit=False), env.client(autocommit=False)
+    assert first.dead_requeue(sent["id"]) is True      # its transaction stays open
+    outcome: dict[str, Any] = {}
+
+    def requeue_again() -> None:
+        try:
+            outcome["result"] = second.dead_requeue(sent["id"])
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+
+    waiter = threading.Thread(target=requeue_again)
+    waiter.start()
+    time.sleep(0.5)    # the second requeue waits on the first one's lock
+    first.conn.commit()
+    waiter.join(timeout=LOCK_TIMEOUT_SECONDS + 5)
+    assert "error" in outcome, outcome
+    assert error_code(outcome["error"]) == expected_error(env.dialect, "not_found"), outcome["error"]
+    second.conn.rollback()
+    assert counts(client) == (1, 0, 0, 0)
+    assert ids(client.dequeue(worker="b")) == [sent["id"]]
 
 
 def test_dead_delete_removes_the_message_and_unknown_ids_are_not_found(deploy) -> None:
@@ -744,6 +833,26 @@ def test_history_keeps_completed_messages_and_history_purge_removes_old_ones(dep
     assert client.history_purge() == 0  # default retention: 7 days
     assert client.history_purge(older_than=server_now(client) + timedelta(seconds=1)) == 2
     assert env.table_rows("_history", "id") == []
+
+
+def test_purges_take_at_most_max_rows_oldest_first(deploy) -> None:
+    env = deploy(work(history=True))
+    client = env.client()
+    sent = ids(client.enqueue_batch([{"payload": {"i": i}} for i in range(5)]))
+    assert client.purge(max_rows=2) == 2
+    assert client.purge(max_rows=2) == 2
+    assert ids(client.dequeue(batch_size=10, worker="a")) == sent[4:]
+    assert client.complete(sent[4], "a")
+    for i in range(3):
+        done = client.enqueue({"i": i})["id"]
+        client.dequeue(worker="a")
+        assert client.complete(done, "a")
+    cutoff = server_now(client) + timedelta(seconds=1)
+    assert client.history_purge(older_than=cutoff, max_rows=3) == 3
+    assert client.history_purge(older_than=cutoff, max_rows=3) == 1
+    for verb in ("purge", "history_purge"):
+        with raises_queue_error(client, "invalid_argument"):
+            client.call(verb, {"max_rows": 0})
 
 
 def test_purge_removes_queued_messages_older_than_the_cutoff(deploy) -> None:

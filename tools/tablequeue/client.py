@@ -49,6 +49,7 @@ class QueueClient:
         return {"payload": payload, "payloads": f"{payload}[]", "due_at": "timestamptz",
                 "due_ats": "timestamptz[]", "dedupe_keys": "text[]", "priorities": "integer[]",
                 "ids": "uuid[]", "enqueued_ats": "timestamptz[]", "older_than": "timestamptz",
+                "max_rows": "integer",
                 "id": "uuid" if self.queue.options.get("client_ids") else "bigint",
                 "enqueued_at": "timestamptz"}.get(param, "")
 
@@ -143,8 +144,10 @@ class QueueClient:
     def stats(self) -> dict:
         return self.call("stats", {})[0]
 
-    def purge(self, older_than: datetime | None = None) -> int:
-        return int(self.call("purge", {"older_than": self._time(older_than)})[0]["purged"])
+    def purge(self, older_than: datetime | None = None, max_rows: int | None = None) -> int:
+        """Remove queued messages (older than older_than, when given); at most max_rows of them per
+        call, oldest first: loop until a call purges fewer, committing in between."""
+        return int(self.call("purge", {"older_than": self._time(older_than), "max_rows": max_rows})[0]["purged"])
 
     # -- work kind: dead letters, history, the in-database worker ---------------------------
     def dead_list(self, after_id: Any = None, limit: int = 100) -> list[dict]:
@@ -159,9 +162,11 @@ class QueueClient:
     def dead_delete(self, id: Any) -> bool:
         return bool(self.call("dead_delete", {"id": id})[0]["deleted"])
 
-    def history_purge(self, older_than: datetime | None = None) -> int:
-        """Delete history finished before older_than (default: history_retention_days ago)."""
-        return int(self.call("history_purge", {"older_than": self._time(older_than)})[0]["purged"])
+    def history_purge(self, older_than: datetime | None = None, max_rows: int | None = None) -> int:
+        """Delete history finished before older_than (default: history_retention_days ago), at most
+        max_rows of it per call, oldest first."""
+        return int(self.call("history_purge", {"older_than": self._time(older_than),
+                                               "max_rows": max_rows})[0]["purged"])
 
     def process(self, time_budget_seconds: int | None = None) -> dict:
         """Run the in-database worker until the queue has nothing ready or the budget ends; it

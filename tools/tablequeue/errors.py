@@ -23,4 +23,5 @@ QUEUE_ERRORS: dict[str, QueueError] = {
     "no_handler": QueueError(51005, "TQ005", "the queue has no handler procedure configured for the in-database worker"),
     "handler_failed": QueueError(51006, "TQ006", "the handler procedure raised an error (recorded with fail)"),
     "deploy_refused": QueueError(51007, "TQ007", "the hand-run deploy script found a queue table whose definition changed"),
+    "isolation_level": QueueError(51008, "TQ008", "a dequeue was called in a transaction that is not READ COMMITTED (PostgreSQL)"),
 }

@@ -124,8 +124,8 @@ BEGIN
     IF jsonb_typeof(emails_enqueue.payload) NOT IN ('object', 'array') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.emails_enqueue: payload must be a JSON object or array.';
     END IF;
-    IF emails_enqueue.due_at < now_utc THEN
-        -- Already due: it sorts before the consumers' claim positions, which must start again.
+    IF emails_enqueue.due_at < now_utc - interval '1 second' THEN
+        -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('"queue"."emails_rewinds"');
     END IF;
     IF length(dedupe_key) > 200 THEN
@@ -178,12 +178,15 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     bad_ordinal integer;
     new_ids bigint[];
-    inserted_ids bigint[] := '{}';
-    step_ids bigint[];
+    inserted_ties bigint[] := '{}';
+    step_ties bigint[];
     result_ids bigint[];
     retry_ordinals integer[];
     own_flags boolean[];
 BEGIN
+    IF item_count > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: at most 1000 items per call, got %s.', item_count);
+    END IF;
     IF due_ats IS NOT NULL AND cardinality(due_ats) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: due_ats has %s elements but payloads has %s.', cardinality(due_ats), item_count);
     END IF;
@@ -220,8 +223,8 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.emails_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
     END IF;
-    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < now_utc) THEN
-        -- Already due: it sorts before the consumers' claim positions, which must start again.
+    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < now_utc - interval '1 second') THEN
+        -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('"queue"."emails_rewinds"');
     END IF;
     SELECT min(u.ordinal) INTO bad_ordinal
@@ -231,12 +234,15 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: item %s has a dedupe_key over 200 characters.', bad_ordinal);
     END IF;
 
-    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.
+    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted,
+    -- and a batch is claimed in item order whatever order its rows go in.
     new_ids := ARRAY(SELECT nextval('"queue"."emails_id_seq"') FROM generate_series(1, item_count));
 
     -- Every item is offered; ON CONFLICT skips one whose key is queued already (waiting for
-    -- a racing insert of it first) or belongs to an earlier item. The loop runs again only for an
-    -- item whose duplicate was completed between the insert and the look-up below.
+    -- a racing insert of it first) or belongs to an earlier item. Rows go in in key order: two batches
+    -- that share keys then wait for each other instead of deadlocking (each would hold one the
+    -- other waits for). The loop runs
+    -- again only for an item whose duplicate was completed between the insert and the look-up below.
     LOOP
         WITH items AS (
             SELECT
@@ -268,27 +274,30 @@ BEGIN
                 i.dedupe_key,
                 i.payload
             FROM items AS i
-            ORDER BY i.position
+            ORDER BY i.dedupe_key, i.position
             ON CONFLICT DO NOTHING
             RETURNING m.id
         )
 
-        SELECT array_agg(i.id) INTO step_ids FROM inserted AS i;
-        inserted_ids := inserted_ids || coalesce(step_ids, '{}');
+        SELECT array_agg(i.id) INTO step_ties FROM inserted AS i;
+        inserted_ties := inserted_ties || coalesce(step_ties, '{}');
 
-        -- A new statement sees what racing transactions committed while this one waited on them.
+        -- An item is inserted when the row its own id was drawn for went in; any other is a
+        -- duplicate, looked up in a new statement, which sees what racing transactions committed while
+        -- this one waited on them.
         SELECT
             array_agg(
                 CASE
-                    WHEN u.new_id = ANY(inserted_ids) THEN u.new_id
+                    WHEN own.tie IS NOT NULL THEN u.new_id
                     WHEN k.dedupe_key IS NOT NULL AND EXISTS (SELECT FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key)
                         THEN (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key)
                 END
                 ORDER BY u.position
             ),
-            array_agg(u.new_id = ANY(inserted_ids) ORDER BY u.position)
+            array_agg(own.tie IS NOT NULL ORDER BY u.position)
         INTO result_ids, own_flags
-        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+        FROM unnest(new_ids, new_ids) WITH ORDINALITY AS u (new_id, new_tie, position)
+        LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
         EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
         retry_ordinals := ARRAY(
@@ -355,6 +364,9 @@ BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.emails_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
     IF emails_dequeue.worker IS NULL OR length(emails_dequeue.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_dequeue: worker must be a name of 1 to 200 characters.';
     END IF;
@@ -390,10 +402,13 @@ BEGIN
         leased AS (
             UPDATE "queue"."emails" AS m
             SET
-                attempts = m.attempts + 1,
-                visible_at = lease_until,
+                -- The worker's own messages come back as they are while their lease lives (the same
+                -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one
+                -- whose lease has expired is leased anew, as anyone's would be.
+                attempts = m.attempts + CASE WHEN m.visible_at <= now_utc THEN 1 ELSE 0 END,
+                visible_at = CASE WHEN m.visible_at <= now_utc THEN lease_until ELSE m.visible_at END,
                 leased_by = emails_dequeue.worker,
-                leased_at = now_utc
+                leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END
             FROM next_messages AS n
             WHERE m.id = n.id
             RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -446,7 +461,12 @@ BEGIN
     own_count := cardinality(claimed_ids);
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;
-        IF position_expires > extract(EPOCH FROM now_utc) AND split_part(position_state, '|', 2)::bigint = rewinds THEN
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
+        END IF;
+    END IF;
+    IF position_state <> '' THEN
+        IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
             position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
         END IF;
@@ -890,7 +910,7 @@ GRANT EXECUTE ON FUNCTION "queue"."emails_stats" TO "queue_admin";
 
 -- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
-CREATE OR REPLACE FUNCTION "queue"."emails_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."emails_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -901,10 +921,15 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
-    -- SKIP LOCKED leaves the rows a claim holds right now.
+    IF emails_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_purge: max_rows must be at least 1, got %s.', emails_purge.max_rows);
+    END IF;
+    -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
     WITH doomed AS (
         SELECT m.id FROM "queue"."emails" AS m
         WHERE emails_purge.older_than IS NULL OR m.enqueued_at < emails_purge.older_than
+        ORDER BY m.id
+        LIMIT emails_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ),
 
@@ -984,35 +1009,35 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     now_utc timestamptz := clock_timestamp();
+    dead_row record;
     moved bigint;
 BEGIN
-    -- Queue table first, then dead table (the fixed lock order): insert the copy, then delete.
-    -- The delete decides: a concurrent requeue or delete that got there first rolls this back.
-    INSERT INTO "queue"."emails" AS m (
-        id, enqueued_at, due_at, visible_at, dedupe_key, attempts, last_error, payload
-    )
-    OVERRIDING SYSTEM VALUE
-    SELECT
-        d.id,
-        d.enqueued_at,
-        d.due_at,
-        now_utc,
-        -- The key may have been enqueued again since: then the message comes back without it
-        -- rather than not at all (requeue is a deliberate admin action on this one message).
-        CASE WHEN NOT EXISTS (SELECT FROM "queue"."emails" AS k WHERE k.dedupe_key = d.dedupe_key) THEN d.dedupe_key END,
-        0,
-        d.last_error,
-        d.payload
-    FROM "queue"."emails_dead" AS d
-    WHERE d.id = emails_dead_requeue.id;
-    GET DIAGNOSTICS moved = ROW_COUNT;
-    IF moved > 0 THEN
-        DELETE FROM "queue"."emails_dead" AS d WHERE d.id = emails_dead_requeue.id;
-        GET DIAGNOSTICS moved = ROW_COUNT;
-    END IF;
-    IF moved = 0 THEN
+    -- The dead row, locked: a concurrent requeue or delete of the same id waits here and then finds
+    -- it gone (not_found), instead of colliding with this one's insert.
+    SELECT d.* INTO dead_row FROM "queue"."emails_dead" AS d WHERE d.id = emails_dead_requeue.id FOR UPDATE;
+    IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ004', MESSAGE = format('queue.emails_dead_requeue: no dead-letter message with id %s.', emails_dead_requeue.id);
     END IF;
+    INSERT INTO "queue"."emails" AS m (id, enqueued_at, due_at, visible_at, dedupe_key, attempts, last_error, payload)
+    OVERRIDING SYSTEM VALUE
+    VALUES (
+        dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, dead_row.dedupe_key, 0,
+        dead_row.last_error, dead_row.payload
+    )
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved = 0 THEN
+        -- The key was enqueued again since: the message comes back without it rather than not
+        -- at all (requeue is a deliberate admin action on this one message). No ON CONFLICT: whatever
+        -- collides now raises rather than losing the message.
+        INSERT INTO "queue"."emails" AS m (id, enqueued_at, due_at, visible_at, dedupe_key, attempts, last_error, payload)
+        OVERRIDING SYSTEM VALUE
+        VALUES (
+            dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, NULL, 0,
+            dead_row.last_error, dead_row.payload
+        );
+    END IF;
+    DELETE FROM "queue"."emails_dead" AS d WHERE d.id = emails_dead_requeue.id;
     RETURN QUERY SELECT true;
 END;
 $function$;
@@ -1047,7 +1072,7 @@ GRANT EXECUTE ON FUNCTION "queue"."emails_dead_delete" TO "queue_admin";
 
 -- tablequeue:unit queue.emails_history_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."emails_history_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."emails_history_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -1062,7 +1087,17 @@ DECLARE
     );
     purged_count bigint;
 BEGIN
-    DELETE FROM "queue"."emails_history" AS h WHERE h.finished_at < cutoff;
+    IF emails_history_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_history_purge: max_rows must be at least 1, got %s.', emails_history_purge.max_rows);
+    END IF;
+    -- Oldest first; LIMIT NULL is no limit.
+    DELETE FROM "queue"."emails_history" AS h
+    WHERE h.history_id IN (
+        SELECT o.history_id FROM "queue"."emails_history" AS o
+        WHERE o.finished_at < cutoff
+        ORDER BY o.finished_at
+        LIMIT emails_history_purge.max_rows
+    );
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;
 END;

@@ -73,6 +73,9 @@ DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     bad_ordinal integer;
 BEGIN
+    IF item_count > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_enqueue_batch: at most 1000 items per call, got %s.', item_count);
+    END IF;
     IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
     END IF;
@@ -134,13 +137,19 @@ BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.events_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;
-        IF position_expires > extract(EPOCH FROM now_utc) THEN
-            position_id := split_part(position_state, '|', 2)::bigint;
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
         END IF;
+    END IF;
+    IF position_state <> '' THEN
+        position_id := split_part(position_state, '|', 2)::bigint;
     END IF;
     IF position_id IS NULL THEN
         position_expires := extract(EPOCH FROM now_utc) + 1;
@@ -316,7 +325,7 @@ GRANT EXECUTE ON FUNCTION "queue"."events_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.events_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."events_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."events_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -327,10 +336,16 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
+    IF events_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_purge: max_rows must be at least 1, got %s.', events_purge.max_rows);
+    END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    -- Oldest first; LIMIT NULL is no limit.
     IF events_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."events" AS m
+            ORDER BY m.id
+            LIMIT events_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 
@@ -343,6 +358,8 @@ BEGIN
         WITH doomed AS (
             SELECT m.id FROM "queue"."events" AS m
             WHERE m.enqueued_at < events_purge.older_than
+            ORDER BY m.id
+            LIMIT events_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 

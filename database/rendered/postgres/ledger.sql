@@ -73,6 +73,9 @@ DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     bad_ordinal integer;
 BEGIN
+    IF item_count > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.ledger_enqueue_batch: at most 1000 items per call, got %s.', item_count);
+    END IF;
     IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.ledger_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
     END IF;
@@ -122,47 +125,18 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $function$
 #variable_conflict use_column
-DECLARE
-    now_utc timestamptz := clock_timestamp();
-    -- The first key at or after the position still visible to a one-message claim (position_seen).
-    seen_id bigint;
-    -- '<found again after, epoch seconds>|<id>' (see position_load).
-    position_state text := current_setting('tablequeue.queue.ledger', true);
-    position_expires numeric;
-    position_id bigint;
 BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.ledger_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.ledger_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- Strict FIFO: one consumer at a time until its transaction ends, so hand-outs commit in
     -- order and a rolled-back batch is handed out again first. Waiting on row locks alone (FOR
     -- UPDATE without SKIP LOCKED) would also order them with this plan, but would make the order
     -- depend on how the plan combines LIMIT with row locks; the lock states the rule.
     PERFORM pg_advisory_xact_lock(hashtextextended('tablequeue:queue.ledger', 0));
-    IF position_state <> '' THEN
-        position_expires := split_part(position_state, '|', 1)::numeric;
-        IF position_expires > extract(EPOCH FROM now_utc) THEN
-            position_id := split_part(position_state, '|', 2)::bigint;
-        END IF;
-    END IF;
-    IF position_id IS NULL THEN
-        position_expires := extract(EPOCH FROM now_utc) + 1;
-        position_id := 0;
-        SELECT m.id
-        INTO position_id
-        FROM "queue"."ledger" AS m
-        WHERE m.id >= position_id
-        ORDER BY m.id
-        LIMIT 1;
-        IF position_id IS NULL THEN
-            -- Nothing visible: whatever is enqueued from now on draws a later id.
-            SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
-            INTO position_id
-            FROM "queue"."ledger_id_seq" AS s;
-        END IF;
-        PERFORM set_config('tablequeue.queue.ledger', position_expires || '|' || position_id, false);
-    END IF;
-
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
     -- of the whole queue, so that statement is planned again on every call; with LIMIT 1 the generic
@@ -172,7 +146,6 @@ BEGIN
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."ledger" AS m
-            WHERE m.id >= position_id
             ORDER BY m.id
             LIMIT 1
             FOR UPDATE
@@ -185,23 +158,10 @@ BEGIN
             RETURNING m.id, m.payload, m.enqueued_at
         )
 
-        SELECT c.id, c.payload, c.enqueued_at, seen.id
-        INTO id, payload, enqueued_at, seen_id
-        FROM claimed AS c
-        LEFT JOIN LATERAL (
-            SELECT m.id
-            FROM "queue"."ledger" AS m
-            WHERE m.id >= position_id AND m.id <= c.id
-            ORDER BY m.id
-            LIMIT 1
-        ) AS seen ON true;
+        SELECT c.id, c.payload, c.enqueued_at
+        INTO id, payload, enqueued_at
+        FROM claimed AS c;
         IF FOUND THEN
-            IF seen_id <> ledger_dequeue.id THEN
-                position_id := seen_id;
-            ELSE
-                position_id := ledger_dequeue.id + 1;
-            END IF;
-            PERFORM set_config('tablequeue.queue.ledger', position_expires || '|' || position_id, false);
             RETURN NEXT;
         END IF;
     ELSE
@@ -209,7 +169,6 @@ BEGIN
         WITH next_messages AS (
             SELECT m.id
             FROM "queue"."ledger" AS m
-            WHERE m.id >= position_id
             ORDER BY m.id
             LIMIT batch_size
             FOR UPDATE
@@ -225,21 +184,6 @@ BEGIN
         SELECT c.id, c.payload, c.enqueued_at
         FROM claimed AS c
         ORDER BY c.id;
-        IF FOUND THEN
-            SELECT m.id
-            INTO position_id
-            FROM "queue"."ledger" AS m
-            WHERE m.id >= position_id
-            ORDER BY m.id
-            LIMIT 1;
-            IF position_id IS NULL THEN
-                -- Nothing visible: whatever is enqueued from now on draws a later id.
-                SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
-                INTO position_id
-                FROM "queue"."ledger_id_seq" AS s;
-            END IF;
-            PERFORM set_config('tablequeue.queue.ledger', position_expires || '|' || position_id, false);
-        END IF;
     END IF;
 END;
 $function$;
@@ -319,7 +263,7 @@ GRANT EXECUTE ON FUNCTION "queue"."ledger_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.ledger_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."ledger_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."ledger_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -330,10 +274,16 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
+    IF ledger_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.ledger_purge: max_rows must be at least 1, got %s.', ledger_purge.max_rows);
+    END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    -- Oldest first; LIMIT NULL is no limit.
     IF ledger_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."ledger" AS m
+            ORDER BY m.id
+            LIMIT ledger_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 
@@ -346,6 +296,8 @@ BEGIN
         WITH doomed AS (
             SELECT m.id FROM "queue"."ledger" AS m
             WHERE m.enqueued_at < ledger_purge.older_than
+            ORDER BY m.id
+            LIMIT ledger_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 

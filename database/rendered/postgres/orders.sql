@@ -94,6 +94,9 @@ DECLARE
     result_ids bigint[];
     retry_ordinals integer[];
 BEGIN
+    IF item_count > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.orders_enqueue_batch: at most 1000 items per call, got %s.', item_count);
+    END IF;
     IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.orders_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
     END IF;
@@ -127,15 +130,19 @@ BEGIN
             u.new_id,
             u.dedupe_key,
             u.payload
-        FROM unnest(new_ids, payloads, dedupe_keys) WITH ORDINALITY
-            AS u (new_id, payload, dedupe_key, ordinal)
+        FROM (
+            -- key_rank 1: the first item of its key (one sort, where a look-back per item was
+            -- quadratic in the batch).
+            SELECT
+                i.*,
+                row_number() OVER (PARTITION BY i.dedupe_key ORDER BY i.ordinal) AS key_rank
+            FROM unnest(new_ids, payloads, dedupe_keys) WITH ORDINALITY
+                AS i (new_id, payload, dedupe_key, ordinal)
+        ) AS u
         WHERE
             CASE
                 WHEN retry_ordinals IS NOT NULL THEN u.ordinal = ANY(retry_ordinals)
-                ELSE u.dedupe_key IS NULL OR NOT EXISTS (
-                    SELECT FROM unnest(dedupe_keys) WITH ORDINALITY AS earlier (dedupe_key, ordinal)
-                    WHERE earlier.dedupe_key = u.dedupe_key AND earlier.ordinal < u.ordinal
-                )
+                ELSE u.dedupe_key IS NULL OR u.key_rank = 1
             END
         ORDER BY u.dedupe_key, u.ordinal
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING;
@@ -196,11 +203,17 @@ BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.orders_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.orders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;
-        IF position_expires > extract(EPOCH FROM now_utc) THEN
-            position_id := split_part(position_state, '|', 2)::bigint;
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
         END IF;
+    END IF;
+    IF position_state <> '' THEN
+        position_id := split_part(position_state, '|', 2)::bigint;
     END IF;
     IF position_id IS NULL THEN
         position_expires := extract(EPOCH FROM now_utc) + 1;
@@ -376,7 +389,7 @@ GRANT EXECUTE ON FUNCTION "queue"."orders_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.orders_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."orders_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."orders_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -387,10 +400,16 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
+    IF orders_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.orders_purge: max_rows must be at least 1, got %s.', orders_purge.max_rows);
+    END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    -- Oldest first; LIMIT NULL is no limit.
     IF orders_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."orders" AS m
+            ORDER BY m.id
+            LIMIT orders_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 
@@ -403,6 +422,8 @@ BEGIN
         WITH doomed AS (
             SELECT m.id FROM "queue"."orders" AS m
             WHERE m.enqueued_at < orders_purge.older_than
+            ORDER BY m.id
+            LIMIT orders_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 

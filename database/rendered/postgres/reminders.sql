@@ -58,8 +58,8 @@ BEGIN
     IF jsonb_typeof(reminders_enqueue.payload) NOT IN ('object', 'array') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.reminders_enqueue: payload must be a JSON object or array.';
     END IF;
-    IF reminders_enqueue.due_at < clock_timestamp() THEN
-        -- Already due: it sorts before the consumers' claim positions, which must start again.
+    IF reminders_enqueue.due_at < clock_timestamp() - interval '1 second' THEN
+        -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('"queue"."reminders_rewinds"');
     END IF;
     IF length(dedupe_key) > 200 THEN
@@ -110,6 +110,9 @@ DECLARE
     result_ids bigint[];
     retry_ordinals integer[];
 BEGIN
+    IF item_count > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_enqueue_batch: at most 1000 items per call, got %s.', item_count);
+    END IF;
     IF due_ats IS NOT NULL AND cardinality(due_ats) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_enqueue_batch: due_ats has %s elements but payloads has %s.', cardinality(due_ats), item_count);
     END IF;
@@ -122,8 +125,8 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.reminders_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
     END IF;
-    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < clock_timestamp()) THEN
-        -- Already due: it sorts before the consumers' claim positions, which must start again.
+    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < clock_timestamp() - interval '1 second') THEN
+        -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('"queue"."reminders_rewinds"');
     END IF;
     SELECT min(u.ordinal) INTO bad_ordinal
@@ -151,15 +154,19 @@ BEGIN
             coalesce(u.due_at, clock_timestamp()),
             u.dedupe_key,
             u.payload
-        FROM unnest(new_ids, payloads, due_ats, dedupe_keys) WITH ORDINALITY
-            AS u (new_id, payload, due_at, dedupe_key, ordinal)
+        FROM (
+            -- key_rank 1: the first item of its key (one sort, where a look-back per item was
+            -- quadratic in the batch).
+            SELECT
+                i.*,
+                row_number() OVER (PARTITION BY i.dedupe_key ORDER BY i.ordinal) AS key_rank
+            FROM unnest(new_ids, payloads, due_ats, dedupe_keys) WITH ORDINALITY
+                AS i (new_id, payload, due_at, dedupe_key, ordinal)
+        ) AS u
         WHERE
             CASE
                 WHEN retry_ordinals IS NOT NULL THEN u.ordinal = ANY(retry_ordinals)
-                ELSE u.dedupe_key IS NULL OR NOT EXISTS (
-                    SELECT FROM unnest(dedupe_keys) WITH ORDINALITY AS earlier (dedupe_key, ordinal)
-                    WHERE earlier.dedupe_key = u.dedupe_key AND earlier.ordinal < u.ordinal
-                )
+                ELSE u.dedupe_key IS NULL OR u.key_rank = 1
             END
         ORDER BY u.dedupe_key, u.ordinal
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING;
@@ -225,9 +232,17 @@ BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.reminders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;
-        IF position_expires > extract(EPOCH FROM now_utc) AND split_part(position_state, '|', 2)::bigint = rewinds THEN
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
+        END IF;
+    END IF;
+    IF position_state <> '' THEN
+        IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
             position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
         END IF;
@@ -410,7 +425,7 @@ GRANT EXECUTE ON FUNCTION "queue"."reminders_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.reminders_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."reminders_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."reminders_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -421,10 +436,16 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
+    IF reminders_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_purge: max_rows must be at least 1, got %s.', reminders_purge.max_rows);
+    END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    -- Oldest first; LIMIT NULL is no limit.
     IF reminders_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."reminders" AS m
+            ORDER BY m.id
+            LIMIT reminders_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 
@@ -437,6 +458,8 @@ BEGIN
         WITH doomed AS (
             SELECT m.id FROM "queue"."reminders" AS m
             WHERE m.enqueued_at < reminders_purge.older_than
+            ORDER BY m.id
+            LIMIT reminders_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 

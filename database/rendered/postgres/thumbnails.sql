@@ -113,8 +113,8 @@ BEGIN
     IF jsonb_typeof(thumbnails_enqueue.payload) NOT IN ('object', 'array') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.thumbnails_enqueue: payload must be a JSON object or array.';
     END IF;
-    IF thumbnails_enqueue.due_at < now_utc THEN
-        -- Already due: it sorts before the consumers' claim positions, which must start again.
+    IF thumbnails_enqueue.due_at < now_utc - interval '1 second' THEN
+        -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('"queue"."thumbnails_rewinds"');
     END IF;
     IF thumbnails_enqueue.dedupe_key IS NOT NULL THEN
@@ -169,12 +169,17 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     bad_ordinal integer;
     new_ids uuid[];
-    inserted_ids uuid[] := '{}';
-    step_ids uuid[];
+    -- seq (the claim order's tie-breaker) drawn in item order too: rows go in in key order.
+    new_seqs bigint[];
+    inserted_ties bigint[] := '{}';
+    step_ties bigint[];
     result_ids uuid[];
     retry_ordinals integer[];
     own_flags boolean[];
 BEGIN
+    IF item_count > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: at most 1000 items per call, got %s.', item_count);
+    END IF;
     IF due_ats IS NOT NULL AND cardinality(due_ats) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: due_ats has %s elements but payloads has %s.', cardinality(due_ats), item_count);
     END IF;
@@ -196,8 +201,8 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = format('queue.thumbnails_enqueue_batch: item %s has a NULL or non-object/array JSON payload.', bad_ordinal);
     END IF;
-    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < now_utc) THEN
-        -- Already due: it sorts before the consumers' claim positions, which must start again.
+    IF EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < now_utc - interval '1 second') THEN
+        -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('"queue"."thumbnails_rewinds"');
     END IF;
     IF dedupe_keys IS NOT NULL THEN
@@ -209,21 +214,26 @@ BEGIN
         END IF;
     END IF;
 
-    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.
+    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted,
+    -- and a batch is claimed in item order whatever order its rows go in.
     new_ids := ARRAY(
         SELECT coalesce(u.given_id, gen_random_uuid())
         FROM generate_series(1, item_count) AS g (position)
         LEFT JOIN unnest(ids) WITH ORDINALITY AS u (given_id, position) ON g.position = u.position
         ORDER BY g.position
     );
+    new_seqs := ARRAY(SELECT nextval('"queue"."thumbnails_id_seq"') FROM generate_series(1, item_count));
 
     -- Every item is offered; ON CONFLICT skips one whose key or id is queued already (waiting for
-    -- a racing insert of it first) or belongs to an earlier item. The loop runs again only for an
-    -- item whose duplicate was completed between the insert and the look-up below.
+    -- a racing insert of it first) or belongs to an earlier item. Rows go in in id order: two batches
+    -- that share ids then wait for each other instead of deadlocking (each would hold one the
+    -- other waits for). The loop runs
+    -- again only for an item whose duplicate was completed between the insert and the look-up below.
     LOOP
         WITH items AS (
             SELECT
                 u.new_id,
+                s.new_seq,
                 u.payload,
                 u.position,
                 d.due_at,
@@ -231,6 +241,7 @@ BEGIN
                 p.priority,
                 e.enqueued_at
             FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+            INNER JOIN unnest(new_seqs) WITH ORDINALITY AS s (new_seq, position) ON u.position = s.position
             LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
             LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
             LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
@@ -240,43 +251,42 @@ BEGIN
 
         inserted AS (
             INSERT INTO "queue"."thumbnails" AS m (
-                id, enqueued_at, due_at, visible_at, priority, payload
+                id, seq, enqueued_at, due_at, visible_at, priority, payload
             )
+            OVERRIDING SYSTEM VALUE
             SELECT
                 i.new_id,
+                i.new_seq,
                 coalesce(i.enqueued_at, now_utc),
                 coalesce(i.due_at, now_utc),
                 coalesce(i.due_at, now_utc),
                 coalesce(i.priority, 0),
                 i.payload
             FROM items AS i
-            ORDER BY i.position
+            ORDER BY i.new_id, i.position
             ON CONFLICT DO NOTHING
-            RETURNING m.id
+            RETURNING m.seq
         )
 
-        SELECT array_agg(i.id) INTO step_ids FROM inserted AS i;
-        inserted_ids := inserted_ids || coalesce(step_ids, '{}');
+        SELECT array_agg(i.seq) INTO step_ties FROM inserted AS i;
+        inserted_ties := inserted_ties || coalesce(step_ties, '{}');
 
-        -- A new statement sees what racing transactions committed while this one waited on them.
+        -- An item is inserted when the row its own seq was drawn for went in; any other is a
+        -- duplicate, looked up in a new statement, which sees what racing transactions committed while
+        -- this one waited on them.
         SELECT
             array_agg(
                 CASE
-                    WHEN u.new_id = ANY(inserted_ids) AND NOT EXISTS (
-                        SELECT FROM unnest(new_ids) WITH ORDINALITY AS earlier (new_id, position)
-                        WHERE earlier.new_id = u.new_id AND earlier.position < u.position
-                    ) THEN u.new_id
+                    WHEN own.tie IS NOT NULL THEN u.new_id
                     -- The client id is queued already (or was given twice in this batch).
                     WHEN EXISTS (SELECT FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id) THEN u.new_id
                 END
                 ORDER BY u.position
             ),
-            array_agg(u.new_id = ANY(inserted_ids) AND NOT EXISTS (
-                    SELECT FROM unnest(new_ids) WITH ORDINALITY AS earlier (new_id, position)
-                    WHERE earlier.new_id = u.new_id AND earlier.position < u.position
-                ) ORDER BY u.position)
+            array_agg(own.tie IS NOT NULL ORDER BY u.position)
         INTO result_ids, own_flags
-        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+        FROM unnest(new_ids, new_seqs) WITH ORDINALITY AS u (new_id, new_tie, position)
+        LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
         EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
         retry_ordinals := ARRAY(
@@ -339,6 +349,9 @@ BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
     END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.thumbnails_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
     IF thumbnails_dequeue.worker IS NULL OR length(thumbnails_dequeue.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_dequeue: worker must be a name of 1 to 200 characters.';
     END IF;
@@ -374,10 +387,13 @@ BEGIN
         leased AS (
             UPDATE "queue"."thumbnails" AS m
             SET
-                attempts = m.attempts + 1,
-                visible_at = lease_until,
+                -- The worker's own messages come back as they are while their lease lives (the same
+                -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one
+                -- whose lease has expired is leased anew, as anyone's would be.
+                attempts = m.attempts + CASE WHEN m.visible_at <= now_utc THEN 1 ELSE 0 END,
+                visible_at = CASE WHEN m.visible_at <= now_utc THEN lease_until ELSE m.visible_at END,
                 leased_by = thumbnails_dequeue.worker,
-                leased_at = now_utc
+                leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END
             FROM next_messages AS n
             WHERE m.id = n.id
             RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -875,7 +891,7 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_stats" TO "queue_admin";
 
 -- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
-CREATE OR REPLACE FUNCTION "queue"."thumbnails_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -886,10 +902,15 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
-    -- SKIP LOCKED leaves the rows a claim holds right now.
+    IF thumbnails_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_purge: max_rows must be at least 1, got %s.', thumbnails_purge.max_rows);
+    END IF;
+    -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
     WITH doomed AS (
         SELECT m.id FROM "queue"."thumbnails" AS m
         WHERE thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than
+        ORDER BY m.seq
+        LIMIT thumbnails_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ),
 
@@ -969,37 +990,43 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     now_utc timestamptz := clock_timestamp();
+    dead_row record;
     moved bigint;
 BEGIN
-    -- The same client id may have been enqueued again.
+    -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
     PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_dead_requeue.id FOR UPDATE;
     IF FOUND THEN
+        IF NOT EXISTS (SELECT FROM "queue"."thumbnails_dead" AS d WHERE d.id = thumbnails_dead_requeue.id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'TQ004', MESSAGE = format('queue.thumbnails_dead_requeue: no dead-letter message with id %s.', thumbnails_dead_requeue.id);
+        END IF;
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_dead_requeue: a message with id %s is in the queue already.', thumbnails_dead_requeue.id);
     END IF;
-    -- Queue table first, then dead table (the fixed lock order): insert the copy, then delete.
-    -- The delete decides: a concurrent requeue or delete that got there first rolls this back.
-    INSERT INTO "queue"."thumbnails" AS m (
-        id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload
-    )
-    SELECT
-        d.id,
-        d.enqueued_at,
-        d.due_at,
-        now_utc,
-        d.priority,
-        0,
-        d.last_error,
-        d.payload
-    FROM "queue"."thumbnails_dead" AS d
-    WHERE d.id = thumbnails_dead_requeue.id;
-    GET DIAGNOSTICS moved = ROW_COUNT;
-    IF moved > 0 THEN
-        DELETE FROM "queue"."thumbnails_dead" AS d WHERE d.id = thumbnails_dead_requeue.id;
-        GET DIAGNOSTICS moved = ROW_COUNT;
-    END IF;
-    IF moved = 0 THEN
+    -- The dead row, locked: a concurrent requeue or delete of the same id waits here and then finds
+    -- it gone (not_found), instead of colliding with this one's insert.
+    SELECT d.* INTO dead_row FROM "queue"."thumbnails_dead" AS d WHERE d.id = thumbnails_dead_requeue.id FOR UPDATE;
+    IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ004', MESSAGE = format('queue.thumbnails_dead_requeue: no dead-letter message with id %s.', thumbnails_dead_requeue.id);
     END IF;
+    INSERT INTO "queue"."thumbnails" AS m (id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload)
+    VALUES (
+        dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, dead_row.priority, 0,
+        dead_row.last_error, dead_row.payload
+    )
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved = 0 THEN
+        IF EXISTS (SELECT FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_dead_requeue.id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_dead_requeue: a message with id %s is in the queue already.', thumbnails_dead_requeue.id);
+        END IF;
+        -- No ON CONFLICT: whatever
+        -- collides now raises rather than losing the message.
+        INSERT INTO "queue"."thumbnails" AS m (id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload)
+        VALUES (
+            dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, dead_row.priority, 0,
+            dead_row.last_error, dead_row.payload
+        );
+    END IF;
+    DELETE FROM "queue"."thumbnails_dead" AS d WHERE d.id = thumbnails_dead_requeue.id;
     RETURN QUERY SELECT true;
 END;
 $function$;
@@ -1062,7 +1089,10 @@ DECLARE
     lease_kept boolean;
     lease_lost boolean;
     outcome_text text;
+    error_state text;
     error_text text;
+    error_context text;
+    transient_retries integer;
 BEGIN
     -- It commits once per message, so it must not run inside a caller's transaction. A caller that
     -- has written something is refused here; a transaction block with nothing written yet is
@@ -1094,23 +1124,40 @@ BEGIN
         EXIT WHEN NOT FOUND;
         COMMIT;
         processed := processed + 1;
-        lease_lost := false;
+        transient_retries := 0;
 
-        BEGIN
-            EXECUTE pg_catalog.format('CALL %I.%I($1, $2)', 'queue', 'make_thumbnail')
-            USING message.id, message.payload;
-            SELECT c.completed INTO lease_kept
-            FROM "queue"."thumbnails_complete"(id => message.id, worker => worker_name) AS c;
-            IF NOT lease_kept THEN
-                -- The lease expired under the handler and may be another worker's now: undo the
-                -- handler's writes (this block's subtransaction), the message runs again elsewhere.
-                lease_lost := true;
-                RAISE EXCEPTION 'lease lost';
-            END IF;
-            completed := completed + 1;
-        EXCEPTION WHEN OTHERS THEN
-            IF NOT lease_lost THEN
-                GET STACKED DIAGNOSTICS error_text = MESSAGE_TEXT;
+        -- A deadlock, a lock timeout or a serialization failure in the handler says nothing about
+        -- the message: the handler runs again under the same lease, without spending an attempt,
+        -- up to 3 times; then, as any other error, it is recorded with fail.
+        LOOP
+            lease_lost := false;
+            BEGIN
+                EXECUTE pg_catalog.format('CALL %I.%I($1, $2)', 'queue', 'make_thumbnail')
+                USING message.id, message.payload;
+                SELECT c.completed INTO lease_kept
+                FROM "queue"."thumbnails_complete"(id => message.id, worker => worker_name) AS c;
+                IF NOT lease_kept THEN
+                    -- The lease expired under the handler and may be another worker's now: undo the
+                    -- handler's writes (this block's subtransaction), the message runs again elsewhere.
+                    lease_lost := true;
+                    RAISE EXCEPTION 'lease lost';
+                END IF;
+                completed := completed + 1;
+                EXIT;
+            EXCEPTION WHEN OTHERS THEN
+                EXIT WHEN lease_lost;
+                GET STACKED DIAGNOSTICS
+                    error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
+                IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
+                    transient_retries := transient_retries + 1;
+                    CONTINUE;
+                END IF;
+                -- The SQLSTATE, where it was raised (the innermost routine and line of the context)
+                -- and the message.
+                error_text := pg_catalog.format('SQLSTATE %s in %s: %s', error_state, coalesce(
+                    pg_catalog.substring(error_context, 'PL/pgSQL function ([^\n]*)'),
+                    pg_catalog.split_part(error_context, E'\n', 1)
+                ), error_text);
                 SELECT f.outcome INTO outcome_text
                 FROM "queue"."thumbnails_fail"(
                     id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
@@ -1118,8 +1165,9 @@ BEGIN
                 IF outcome_text <> 'lost' THEN
                     failed := failed + 1;
                 END IF;
-            END IF;
-        END;
+                EXIT;
+            END;
+        END LOOP;
         COMMIT;
     END LOOP;
 END;

@@ -68,6 +68,9 @@ DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     bad_ordinal integer;
 BEGIN
+    IF item_count > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_enqueue_batch: at most 1000 items per call, got %s.', item_count);
+    END IF;
     IF dedupe_keys IS NOT NULL AND cardinality(dedupe_keys) <> item_count THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_enqueue_batch: dedupe_keys has %s elements but payloads has %s.', cardinality(dedupe_keys), item_count);
     END IF;
@@ -120,6 +123,9 @@ AS $function$
 BEGIN
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_dequeue: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.undo_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
     -- statement, and the generic plan of `LIMIT batch_size` (costed for an unknown limit) is a sort
@@ -247,7 +253,7 @@ GRANT EXECUTE ON FUNCTION "queue"."undo_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.undo_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."undo_purge"(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."undo_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -258,10 +264,16 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
+    IF undo_purge.max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_purge: max_rows must be at least 1, got %s.', undo_purge.max_rows);
+    END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    -- Oldest first; LIMIT NULL is no limit.
     IF undo_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."undo" AS m
+            ORDER BY m.id
+            LIMIT undo_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 
@@ -274,6 +286,8 @@ BEGIN
         WITH doomed AS (
             SELECT m.id FROM "queue"."undo" AS m
             WHERE m.enqueued_at < undo_purge.older_than
+            ORDER BY m.id
+            LIMIT undo_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 

@@ -16,9 +16,11 @@
 {% else %}
 {% set claim_order_sql = 'm.id' %}
 {% endif %}
-{#- Every kind but lifo claims from a claim position (docs/queue-kinds.md): the head of its index is
-    where consumed rows leave their entries. lifo claims from the other end, where new rows land. -#}
-{% set has_position = claim_order != 'newest' %}
+{#- Every kind but lifo and strict fifo claims from a claim position (docs/queue-kinds.md): the head
+    of its index is where consumed rows leave their entries. lifo claims from the other end, where new
+    rows land. Strict fifo claims from the head: a position stored while a producer's lower id is
+    still uncommitted would hand out later ids before it. -#}
+{% set has_position = claim_order != 'newest' and not strict %}
 {% set position_key = ['due_at', 'id'] if has_due else ['id'] %}
 {% import '_macros.sql' as m with context %}
 {#- The claim's two CTEs: lock up to limit_sql rows in claim order (next_messages) and delete them,
@@ -131,7 +133,7 @@ BEGIN
     END IF;
 {% endif %}
 {% if has_due %}
-{{ m.rewind_when(fn ~ "_enqueue.due_at < clock_timestamp()") }}
+{{ m.rewind_when(fn ~ "_enqueue.due_at", "clock_timestamp()") }}
 {% endif %}
 {% if dedupe %}
 {{ m.check_dedupe_key('enqueue') }}
@@ -188,6 +190,7 @@ DECLARE
     retry_ordinals integer[];
 {% endif %}
 BEGIN
+{{ m.check_batch_items('enqueue_batch', 'item_count') }}
 {% for array in (['due_ats', 'dedupe_keys'] if has_due else ['dedupe_keys']) %}
     IF {{ array }} IS NOT NULL AND cardinality({{ array }}) <> item_count THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " has %s elements but payloads has %s.', cardinality(" ~ array ~ "), item_count)") }}
@@ -200,7 +203,7 @@ BEGIN
 {{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
     END IF;
 {% if has_due %}
-{{ m.rewind_when("EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < clock_timestamp())") }}
+{{ m.rewind_when("u.due_at", "clock_timestamp()", "unnest(due_ats) AS u (due_at)") }}
 {% endif %}
 {% if dedupe %}
     SELECT min(u.ordinal) INTO bad_ordinal
@@ -230,15 +233,19 @@ BEGIN
 {% endif %}
             u.dedupe_key,
             u.payload
-        FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}, dedupe_keys) WITH ORDINALITY
-            AS u (new_id, payload{% if has_due %}, due_at{% endif %}, dedupe_key, ordinal)
+        FROM (
+            -- key_rank 1: the first item of its key (one sort, where a look-back per item was
+            -- quadratic in the batch).
+            SELECT
+                i.*,
+                row_number() OVER (PARTITION BY i.dedupe_key ORDER BY i.ordinal) AS key_rank
+            FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}, dedupe_keys) WITH ORDINALITY
+                AS i (new_id, payload{% if has_due %}, due_at{% endif %}, dedupe_key, ordinal)
+        ) AS u
         WHERE
             CASE
                 WHEN retry_ordinals IS NOT NULL THEN u.ordinal = ANY(retry_ordinals)
-                ELSE u.dedupe_key IS NULL OR NOT EXISTS (
-                    SELECT FROM unnest(dedupe_keys) WITH ORDINALITY AS earlier (dedupe_key, ordinal)
-                    WHERE earlier.dedupe_key = u.dedupe_key AND earlier.ordinal < u.ordinal
-                )
+                ELSE u.dedupe_key IS NULL OR u.key_rank = 1
             END
         ORDER BY u.dedupe_key, u.ordinal
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING;
@@ -322,6 +329,7 @@ DECLARE
 {% endif %}
 BEGIN
 {{ m.check_batch_size('dequeue') }}
+{{ m.check_read_committed('dequeue') }}
 {% if strict %}
     -- Strict FIFO: one consumer at a time until its transaction ends, so hand-outs commit in
     -- order and a rolled-back batch is handed out again first. Waiting on row locks alone (FOR
@@ -441,7 +449,7 @@ $function$;
 {{ m.grant('stats') }}
 
 {{ m.unit(names.plain('_purge'), 'code') }}
-CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 {{ m.definer() }}
 AS $function$
@@ -449,10 +457,14 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
+{{ m.check_max_rows('purge') }}
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
+    -- Oldest first; LIMIT NULL is no limit.
     IF {{ fn }}_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM {{ t }} AS m
+            ORDER BY m.id
+            LIMIT {{ fn }}_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 
@@ -465,6 +477,8 @@ BEGIN
         WITH doomed AS (
             SELECT m.id FROM {{ t }} AS m
             WHERE m.enqueued_at < {{ fn }}_purge.older_than
+            ORDER BY m.id
+            LIMIT {{ fn }}_purge.max_rows
             FOR UPDATE SKIP LOCKED
         ),
 

@@ -32,6 +32,32 @@ SET search_path = pg_catalog, pg_temp
     END IF;
 {%- endmacro %}
 
+{#- max_rows bounds one purge call (NULL: everything matching, in one statement); a caller that
+    purges a deep queue loops until a call purges fewer than max_rows, committing in between. -#}
+{% macro check_max_rows(verb) %}
+    IF {{ fn }}_{{ verb }}.max_rows < 1 THEN
+{{ throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": max_rows must be at least 1, got %s.', " ~ fn ~ "_" ~ verb ~ ".max_rows)") }}
+    END IF;
+{%- endmacro %}
+
+{#- Batches of every verb are capped at 1,000 items (the SQL Server twin's lock-escalation bound). -#}
+{% macro check_batch_items(verb, count_sql) %}
+    IF {{ count_sql }} > 1000 THEN
+{{ throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": at most 1000 items per call, got %s.', " ~ count_sql ~ ")") }}
+    END IF;
+{%- endmacro %}
+
+{#- A claim is written for READ COMMITTED: each statement sees what committed before it, SKIP LOCKED
+    steps over what others hold, and the claim position is found in the claim's own snapshot. Under
+    REPEATABLE READ or SERIALIZABLE the snapshot is the transaction's first: a claim would fail with
+    40001 on a row changed since, and a position found there could pass ids committed since and hide
+    them from the session's later dequeues. A function cannot change the level, so it refuses. -#}
+{% macro check_read_committed(verb) %}
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+{{ throw('isolation_level', "format('" ~ names.plain('_' ~ verb) ~ ": runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')))") }}
+    END IF;
+{%- endmacro %}
+
 {% macro check_payload(verb) %}
     IF payload IS NULL THEN
 {{ throw('invalid_payload', "'" ~ names.plain('_' ~ verb) ~ ": payload must not be NULL.'") }}
@@ -152,19 +178,24 @@ LEFT JOIN LATERAL (
 {%- endmacro %}
 
 {#- Take the session's position if it is younger than a second (and, for a time key, no rewind
-    happened since), else find it from the head of the index. -#}
+    happened since), else find it from the head of the index. The setting is the session's to
+    change: an expiry more than a second ahead (set by hand, or by a clock that went back) is not
+    trusted, so no value can hide messages for longer than a second. -#}
 {% macro position_load(key) %}
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
+        END IF;
+    END IF;
+    IF position_state <> '' THEN
 {% if key | length == 2 %}
-        IF position_expires > extract(EPOCH FROM now_utc) AND split_part(position_state, '|', 2)::bigint = rewinds THEN
+        IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
             position_time := {{ text_to_time("split_part(position_state, '|', 4)") }};
         END IF;
 {% else %}
-        IF position_expires > extract(EPOCH FROM now_utc) THEN
-            position_id := split_part(position_state, '|', 2)::bigint;
-        END IF;
+        position_id := split_part(position_state, '|', 2)::bigint;
 {% endif %}
     END IF;
     IF position_id IS NULL THEN
@@ -186,9 +217,14 @@ LEFT JOIN LATERAL (
 CREATE SEQUENCE IF NOT EXISTS {{ names.obj('_rewinds') }};
 {%- endmacro %}
 
-{% macro rewind_when(condition_sql) %}
-    IF {{ condition_sql }} THEN
-        -- Already due: it sorts before the consumers' claim positions, which must start again.
+{#- due_sql: the due time of the one message, or of `u` in items_sql (a FROM clause over the batch).
+    A due time up to a second in the past does not rewind: a position lives at most a second, so such
+    a message waits at most that long, and an ordinary `due_at => now()` (the transaction's start,
+    always a little earlier than the clock) does not send every consumer back to the head. -#}
+{% macro rewind_when(due_sql, now_sql, items_sql=none) %}
+{% set late = due_sql ~ " < " ~ now_sql ~ " - interval '1 second'" %}
+    IF {{ ("EXISTS (SELECT FROM " ~ items_sql ~ " WHERE " ~ late ~ ")") if items_sql else late }} THEN
+        -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('{{ names.obj("_rewinds") }}');
     END IF;
 {%- endmacro %}

@@ -95,7 +95,7 @@
     worker they had. Keeping that move out of the claim keeps the claim a two-node statement that
     never touches the dead-letter table (the SQL Server twin has the same shape). Expects the
     variables exhausted_ids and exhausted_workers. -#}
-{% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count') %}
+{% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', own=false) %}
     WITH next_messages AS (
         SELECT
             m.id,
@@ -112,10 +112,20 @@
     leased AS (
         UPDATE {{ t }} AS m
         SET
+{% if own %}
+            -- The worker's own messages come back as they are while their lease lives (the same
+            -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one
+            -- whose lease has expired is leased anew, as anyone's would be.
+            attempts = m.attempts + CASE WHEN m.visible_at <= now_utc THEN 1 ELSE 0 END,
+            visible_at = CASE WHEN m.visible_at <= now_utc THEN lease_until ELSE m.visible_at END,
+            leased_by = {{ fn }}_dequeue.worker,
+            leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END
+{% else %}
             attempts = m.attempts + 1,
             visible_at = lease_until,
             leased_by = {{ fn }}_dequeue.worker,
             leased_at = now_utc
+{% endif %}
         FROM next_messages AS n
         WHERE m.id = n.id
         RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker

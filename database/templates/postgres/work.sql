@@ -177,7 +177,7 @@ BEGIN
 {{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}
     END IF;
 {% endif %}
-{{ m.rewind_when(fn ~ "_enqueue.due_at < now_utc") }}
+{{ m.rewind_when(fn ~ "_enqueue.due_at", "now_utc") }}
 {% if dedupe %}
 {{ m.check_dedupe_key('enqueue') }}
 {% else %}
@@ -244,13 +244,18 @@ DECLARE
     bad_ordinal integer;
 {% if dedupe or client_ids %}
     new_ids {{ id_type }}[];
-    inserted_ids {{ id_type }}[] := '{}';
-    step_ids {{ id_type }}[];
+{% if client_ids %}
+    -- seq (the claim order's tie-breaker) drawn in item order too: rows go in in key order.
+    new_seqs bigint[];
+{% endif %}
+    inserted_ties bigint[] := '{}';
+    step_ties bigint[];
     result_ids {{ id_type }}[];
     retry_ordinals integer[];
     own_flags boolean[];
 {% endif %}
 BEGIN
+{{ m.check_batch_items('enqueue_batch', 'item_count') }}
 {% for array in ('due_ats', 'dedupe_keys', 'priorities', 'ids', 'enqueued_ats') %}
     IF {{ array }} IS NOT NULL AND cardinality({{ array }}) <> item_count THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " has %s elements but payloads has %s.', cardinality(" ~ array ~ "), item_count)") }}
@@ -271,7 +276,7 @@ BEGIN
     IF bad_ordinal IS NOT NULL THEN
 {{ m.throw('invalid_payload', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a NULL" ~ (" or non-object/array JSON" if is_json else "") ~ " payload.', bad_ordinal)") }}
     END IF;
-{{ m.rewind_when("EXISTS (SELECT FROM unnest(due_ats) AS u (due_at) WHERE u.due_at < now_utc)") }}
+{{ m.rewind_when("u.due_at", "now_utc", "unnest(due_ats) AS u (due_at)") }}
 {% if dedupe %}
     SELECT min(u.ordinal) INTO bad_ordinal
     FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
@@ -291,7 +296,8 @@ BEGIN
 {% endif %}
 {% if dedupe or client_ids %}
 
-    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted.
+    -- Ids are settled in item order first, so each item knows its id whether or not it is inserted,
+    -- and a batch is claimed in item order whatever order its rows go in.
 {% if client_ids %}
     new_ids := ARRAY(
         SELECT coalesce(u.given_id, gen_random_uuid())
@@ -299,18 +305,27 @@ BEGIN
         LEFT JOIN unnest(ids) WITH ORDINALITY AS u (given_id, position) ON g.position = u.position
         ORDER BY g.position
     );
+    new_seqs := ARRAY(SELECT nextval('{{ names.obj("_id_seq") }}') FROM generate_series(1, item_count));
 {% else %}
     new_ids := ARRAY(SELECT nextval('{{ names.obj("_id_seq") }}') FROM generate_series(1, item_count));
 {% endif %}
+{% set new_ties = 'new_seqs' if client_ids else 'new_ids' %}
+{% set insert_order = (['i.dedupe_key'] if dedupe else []) + (['i.new_id'] if client_ids else []) + ['i.position'] %}
 
     -- Every item is offered; ON CONFLICT skips one whose key{% if client_ids %} or id{% endif %} is queued already (waiting for
-    -- a racing insert of it first) or belongs to an earlier item. The loop runs again only for an
-    -- item whose duplicate was completed between the insert and the look-up below.
+    -- a racing insert of it first) or belongs to an earlier item. Rows go in in {{ 'key' if dedupe else 'id' }} order: two batches
+    -- that share {{ 'keys' if dedupe else 'ids' }} then wait for each other instead of deadlocking (each would hold one the
+    -- other waits for).{% if dedupe and client_ids %} A client id given with different keys in two overlapping batches can still
+    -- deadlock (two unique indexes have no common order); PostgreSQL then ends one batch with 40P01.{% endif %} The loop runs
+    -- again only for an item whose duplicate was completed between the insert and the look-up below.
     LOOP
 {% filter indent(4, first=true) %}
     WITH items AS (
         SELECT
             u.new_id,
+{% if client_ids %}
+            s.new_seq,
+{% endif %}
             u.payload,
             u.position,
             d.due_at,
@@ -318,24 +333,26 @@ BEGIN
             p.priority,
             e.enqueued_at
         FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+{% if client_ids %}
+        INNER JOIN unnest(new_seqs) WITH ORDINALITY AS s (new_seq, position) ON u.position = s.position
+{% endif %}
         LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
         LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
         LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-{% if dedupe or client_ids %}
         WHERE retry_ordinals IS NULL OR u.position = ANY(retry_ordinals)
-{% endif %}
     ),
 
     inserted AS (
         INSERT INTO {{ t }} AS m (
-            id, enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}payload
+            id, {% if client_ids %}seq, {% endif %}enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}payload
         )
-{% if not client_ids %}
         OVERRIDING SYSTEM VALUE
-{% endif %}
         SELECT
             i.new_id,
+{% if client_ids %}
+            i.new_seq,
+{% endif %}
             {{ 'coalesce(i.enqueued_at, now_utc)' if client_ids else 'now_utc' }},
             coalesce(i.due_at, now_utc),
             coalesce(i.due_at, now_utc),
@@ -347,20 +364,21 @@ BEGIN
 {% endif %}
             i.payload
         FROM items AS i
-        ORDER BY i.position
+        ORDER BY {{ insert_order | join(', ') }}
         ON CONFLICT DO NOTHING
-        RETURNING m.id
+        RETURNING m.{{ tie }}
     )
 
-    SELECT array_agg(i.id) INTO step_ids FROM inserted AS i;
-    inserted_ids := inserted_ids || coalesce(step_ids, '{}');
+    SELECT array_agg(i.{{ tie }}) INTO step_ties FROM inserted AS i;
+    inserted_ties := inserted_ties || coalesce(step_ties, '{}');
 
-    -- A new statement sees what racing transactions committed while this one waited on them.
-{% set own_sql = "u.new_id = ANY(inserted_ids)" ~ (" AND NOT EXISTS (\n            SELECT FROM unnest(new_ids) WITH ORDINALITY AS earlier (new_id, position)\n            WHERE earlier.new_id = u.new_id AND earlier.position < u.position\n        )" if client_ids else "") %}
+    -- An item is inserted when the row its own {{ 'seq' if client_ids else 'id' }} was drawn for went in; any other is a
+    -- duplicate, looked up in a new statement, which sees what racing transactions committed while
+    -- this one waited on them.
     SELECT
         array_agg(
             CASE
-                WHEN {{ own_sql | indent(8) }} THEN u.new_id
+                WHEN own.tie IS NOT NULL THEN u.new_id
 {% if dedupe %}
                 WHEN k.dedupe_key IS NOT NULL AND EXISTS (SELECT FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key)
                     THEN (SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key)
@@ -372,9 +390,10 @@ BEGIN
             END
             ORDER BY u.position
         ),
-        array_agg({{ own_sql | indent(4) }} ORDER BY u.position)
+        array_agg(own.tie IS NOT NULL ORDER BY u.position)
     INTO result_ids, own_flags
-    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+    FROM unnest(new_ids, {{ new_ties }}) WITH ORDINALITY AS u (new_id, new_tie, position)
+    LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
     LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
 {% endfilter %}
         EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
@@ -461,6 +480,7 @@ DECLARE
 {% endif %}
 BEGIN
 {{ m.check_batch_size('dequeue') }}
+{{ m.check_read_committed('dequeue') }}
 {{ w.check_worker('dequeue') }}
 {{ w.check_lease('dequeue', 'effective_lease') }}
     lease_until := now_utc + make_interval(secs => effective_lease);
@@ -476,7 +496,7 @@ BEGIN
     IF EXISTS (
         SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
     ) THEN
-{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since", "batch_size") | indent(4, first=true) }}
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since", "batch_size", own=true) | indent(4, first=true) }}
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
         PERFORM set_config({{ m.position_setting('.own') }}, {{ m.time_to_text('now_utc') }} || '|' || {{ fn }}_dequeue.worker, false);
@@ -773,7 +793,7 @@ $function$;
 {{ m.unit(names.plain('_purge'), 'code') }}
 -- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
-CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 {{ m.definer() }}
 AS $function$
@@ -781,10 +801,13 @@ AS $function$
 DECLARE
     purged_count bigint;
 BEGIN
-    -- SKIP LOCKED leaves the rows a claim holds right now.
+{{ m.check_max_rows('purge') }}
+    -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
     WITH doomed AS (
         SELECT m.id FROM {{ t }} AS m
         WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
+        ORDER BY m.{{ tie }}
+        LIMIT {{ fn }}_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ),
 
@@ -864,49 +887,60 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     now_utc timestamptz := clock_timestamp();
+    dead_row record;
+{% if dedupe or client_ids %}
     moved bigint;
+{% endif %}
 BEGIN
 {% if client_ids %}
-    -- The same client id may have been enqueued again.
+    -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
     PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_dead_requeue.id FOR UPDATE;
     IF FOUND THEN
+        IF NOT EXISTS (SELECT FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id) THEN
+{{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") | indent(4, first=true) }}
+        END IF;
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_dead_requeue') ~ ": a message with id %s is in the queue already.', " ~ fn ~ "_dead_requeue.id)") }}
     END IF;
 {% endif %}
-    -- Queue table first, then dead table (the fixed lock order): insert the copy, then delete.
-    -- The delete decides: a concurrent requeue or delete that got there first rolls this back.
-    INSERT INTO {{ t }} AS m (
-        id, enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}attempts, last_error, payload
+    -- The dead row, locked: a concurrent requeue or delete of the same id waits here and then finds
+    -- it gone (not_found), instead of colliding with this one's insert.
+    SELECT d.* INTO dead_row FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id FOR UPDATE;
+    IF NOT FOUND THEN
+{{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") }}
+    END IF;
+{% set requeue_columns = 'id, enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ 'attempts, last_error, payload' %}
+{% macro requeue_values(key_sql) %}
+    VALUES (
+        dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, {% if has_priority %}dead_row.priority, {% endif %}{% if dedupe %}{{ key_sql }}, {% endif %}0,
+        dead_row.last_error, dead_row.payload
     )
+{%- endmacro %}
+    INSERT INTO {{ t }} AS m ({{ requeue_columns }})
 {% if not client_ids %}
     OVERRIDING SYSTEM VALUE
 {% endif %}
-    SELECT
-        d.id,
-        d.enqueued_at,
-        d.due_at,
-        now_utc,
-{% if has_priority %}
-        d.priority,
-{% endif %}
-{% if dedupe %}
-        -- The key may have been enqueued again since: then the message comes back without it
-        -- rather than not at all (requeue is a deliberate admin action on this one message).
-        CASE WHEN NOT EXISTS (SELECT FROM {{ t }} AS k WHERE k.dedupe_key = d.dedupe_key) THEN d.dedupe_key END,
-{% endif %}
-        0,
-        d.last_error,
-        d.payload
-    FROM {{ dead_t }} AS d
-    WHERE d.id = {{ fn }}_dead_requeue.id;
+{{ requeue_values('dead_row.dedupe_key') }}{% if dedupe or client_ids %}
+
+    ON CONFLICT DO NOTHING{% endif %};
+{% if dedupe or client_ids %}
     GET DIAGNOSTICS moved = ROW_COUNT;
-    IF moved > 0 THEN
-        DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id;
-        GET DIAGNOSTICS moved = ROW_COUNT;
-    END IF;
     IF moved = 0 THEN
-{{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") }}
+{% if client_ids %}
+        IF EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = {{ fn }}_dead_requeue.id) THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_dead_requeue') ~ ": a message with id %s is in the queue already.', " ~ fn ~ "_dead_requeue.id)") | indent(4, first=true) }}
+        END IF;
+{% endif %}
+        -- {% if dedupe %}The key was enqueued again since: the message comes back without it rather than not
+        -- at all (requeue is a deliberate admin action on this one message). {% endif %}No ON CONFLICT: whatever
+        -- collides now raises rather than losing the message.
+        INSERT INTO {{ t }} AS m ({{ requeue_columns }})
+{% if not client_ids %}
+        OVERRIDING SYSTEM VALUE
+{% endif %}
+{{ requeue_values('NULL') | indent(4, first=true) }};
     END IF;
+{% endif %}
+    DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id;
     RETURN QUERY SELECT true;
 END;
 $function$;
@@ -935,7 +969,7 @@ $function$;
 {% if history %}
 
 {{ m.unit(names.plain('_history_purge'), 'code') }}
-CREATE OR REPLACE FUNCTION {{ names.verb('history_purge') }}(older_than timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {{ names.verb('history_purge') }}(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
 RETURNS TABLE (purged bigint)
 {{ m.definer() }}
 AS $function$
@@ -947,7 +981,15 @@ DECLARE
     );
     purged_count bigint;
 BEGIN
-    DELETE FROM {{ history_t }} AS h WHERE h.finished_at < cutoff;
+{{ m.check_max_rows('history_purge') }}
+    -- Oldest first; LIMIT NULL is no limit.
+    DELETE FROM {{ history_t }} AS h
+    WHERE h.history_id IN (
+        SELECT o.history_id FROM {{ history_t }} AS o
+        WHERE o.finished_at < cutoff
+        ORDER BY o.finished_at
+        LIMIT {{ fn }}_history_purge.max_rows
+    );
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;
 END;
@@ -987,7 +1029,10 @@ DECLARE
     lease_kept boolean;
     lease_lost boolean;
     outcome_text text;
+    error_state text;
     error_text text;
+    error_context text;
+    transient_retries integer;
 BEGIN
     -- It commits once per message, so it must not run inside a caller's transaction. A caller that
     -- has written something is refused here; a transaction block with nothing written yet is
@@ -1019,23 +1064,40 @@ BEGIN
         EXIT WHEN NOT FOUND;
         COMMIT;
         processed := processed + 1;
-        lease_lost := false;
+        transient_retries := 0;
 
-        BEGIN
-            EXECUTE pg_catalog.format('CALL %I.%I($1, $2)', '{{ handler_parts[0] }}', '{{ handler_parts[1] }}')
-            USING message.id, message.payload;
-            SELECT c.completed INTO lease_kept
-            FROM {{ names.verb('complete') }}(id => message.id, worker => worker_name) AS c;
-            IF NOT lease_kept THEN
-                -- The lease expired under the handler and may be another worker's now: undo the
-                -- handler's writes (this block's subtransaction), the message runs again elsewhere.
-                lease_lost := true;
-                RAISE EXCEPTION 'lease lost';
-            END IF;
-            completed := completed + 1;
-        EXCEPTION WHEN OTHERS THEN
-            IF NOT lease_lost THEN
-                GET STACKED DIAGNOSTICS error_text = MESSAGE_TEXT;
+        -- A deadlock, a lock timeout or a serialization failure in the handler says nothing about
+        -- the message: the handler runs again under the same lease, without spending an attempt,
+        -- up to 3 times; then, as any other error, it is recorded with fail.
+        LOOP
+            lease_lost := false;
+            BEGIN
+                EXECUTE pg_catalog.format('CALL %I.%I($1, $2)', '{{ handler_parts[0] }}', '{{ handler_parts[1] }}')
+                USING message.id, message.payload;
+                SELECT c.completed INTO lease_kept
+                FROM {{ names.verb('complete') }}(id => message.id, worker => worker_name) AS c;
+                IF NOT lease_kept THEN
+                    -- The lease expired under the handler and may be another worker's now: undo the
+                    -- handler's writes (this block's subtransaction), the message runs again elsewhere.
+                    lease_lost := true;
+                    RAISE EXCEPTION 'lease lost';
+                END IF;
+                completed := completed + 1;
+                EXIT;
+            EXCEPTION WHEN OTHERS THEN
+                EXIT WHEN lease_lost;
+                GET STACKED DIAGNOSTICS
+                    error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
+                IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
+                    transient_retries := transient_retries + 1;
+                    CONTINUE;
+                END IF;
+                -- The SQLSTATE, where it was raised (the innermost routine and line of the context)
+                -- and the message.
+                error_text := pg_catalog.format('SQLSTATE %s in %s: %s', error_state, coalesce(
+                    pg_catalog.substring(error_context, 'PL/pgSQL function ([^\n]*)'),
+                    pg_catalog.split_part(error_context, E'\n', 1)
+                ), error_text);
                 SELECT f.outcome INTO outcome_text
                 FROM {{ names.verb('fail') }}(
                     id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
@@ -1043,8 +1105,9 @@ BEGIN
                 IF outcome_text <> 'lost' THEN
                     failed := failed + 1;
                 END IF;
-            END IF;
-        END;
+                EXIT;
+            END;
+        END LOOP;
         COMMIT;
     END LOOP;
 END;

@@ -19,7 +19,8 @@ import psycopg
 from tablequeue.catalog import Catalog, Queue, parse_catalog
 from tablequeue.deploy import deploy
 from tablequeue.engines import connect, dialect_for
-from tablequeue.render import TEMPLATE_ROOT, render_catalog
+from tablequeue.distribution import template_root
+from tablequeue.render import render_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("heap", "fifo", "lifo", "pending", "work")
@@ -30,7 +31,7 @@ LEASE_SECONDS = 300
 
 def available_kinds() -> list[str]:
     """Kinds whose PostgreSQL template exists (work is written concurrently by another engineer)."""
-    return [k for k in KINDS if (TEMPLATE_ROOT / "postgres" / f"{k}.sql").exists()]
+    return [k for k in KINDS if (template_root() / "postgres" / f"{k}.sql").exists()]
 
 
 def queue_entries(kinds: list[str], extra_work_history: bool = False, deep: bool = False) -> list[dict]:

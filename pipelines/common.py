@@ -29,7 +29,8 @@ from tablequeue.catalog import Catalog, Queue, load_catalog
 from tablequeue.client import QueueClient
 from tablequeue.engines import connect, mssql_connection_string, parse_url
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+# The folder that holds the pipelines package: the checkout, or site-packages when installed.
+PIPELINES_PARENT = Path(__file__).resolve().parents[1]
 POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")   # Debian: libpostgresql-jdbc-java
 LOGGER_NAME = "tablequeue.pipelines"
 
@@ -90,10 +91,10 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
         builder = builder.master(master)
         settings.update(LOCAL_DEFAULTS)
         # Python workers must be this interpreter (the venv with psycopg and tablequeue), and must
-        # find this repository's packages; both are read when the JVM starts its Python workers.
+        # find the pipelines package; both are read when the JVM starts its Python workers.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        paths = [str(PIPELINES_PARENT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if POSTGRES_JDBC_JAR.exists():
         settings["spark.jars"] = str(POSTGRES_JDBC_JAR)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tablequeue.render import TEMPLATE_ROOT
+from tablequeue.distribution import template_root
 
 pytest.importorskip("matplotlib")
 
@@ -24,7 +24,7 @@ def test_quick_matrix_runs_every_kind_and_loses_nothing(pg_url: str, tmp_path: P
     code = run.main(["--quick", "--parts", "matrix", "--seconds", "0.3", "--out", str(tmp_path)])
     results = json.loads((tmp_path / "bench" / "results.json").read_text())
 
-    kinds = [k for k in KINDS if (TEMPLATE_ROOT / "postgres" / f"{k}.sql").exists()]
+    kinds = [k for k in KINDS if (template_root() / "postgres" / f"{k}.sql").exists()]
     assert results["kinds"] == kinds
     cells = results["matrix"]
     for kind in kinds:

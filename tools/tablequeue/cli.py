@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 from .catalog import Catalog, CatalogError, load_catalog
+from .distribution import DistributionError, example_catalog, version
 from .render import DIALECTS, RenderError, Unit, render_catalog, render_tsqlt, write_files
 
 EXIT_ERROR, EXIT_INVALID, EXIT_REFUSED = 1, 2, 3
+EXAMPLE_CATALOG_HELP = "default: the example catalog, database/queues.yml (a copy ships in the package)"
 
 
 def _units(catalog: Catalog, dialect: str) -> list[Unit]:
@@ -106,7 +108,7 @@ def cmd_test_tsql(args: argparse.Namespace) -> int:
     from .engines import connect, dialect_for, parse_url
     from .tsqlt import count_tsqlt_tests, run_tsqlt
 
-    catalog = load_catalog(args.catalog)
+    catalog = load_catalog(args.catalog or example_catalog())
     classes = [(f.name, f.text) for f in render_tsqlt(catalog)]
     url = args.url or os.environ.get("TABLEQUEUE_MSSQL_URL")
     installer_path = args.tsqlt or os.environ.get("TABLEQUEUE_TSQLT")
@@ -143,11 +145,12 @@ def cmd_test_tsql(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args.catalog, args.messages, args.spark)
+    return run_demo(args.catalog or example_catalog(), args.messages, args.spark)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tablequeue", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="render a catalog to SQL files")
@@ -182,12 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--if-configured", action="store_true",
                    help="without a SQL Server, print how many tSQLt tests did not run and exit 0")
     p.add_argument("--prepare-server", help="path to tSQLt's PrepareServer.sql (SQL Server 2017+)")
-    p.add_argument("--catalog", default="database/queues.yml")
+    p.add_argument("--catalog", help=EXAMPLE_CATALOG_HELP)
     p.add_argument("--junit", help="write JUnit XML here")
     p.set_defaults(func=cmd_test_tsql)
 
     p = sub.add_parser("demo", help="deploy the catalog to a throwaway PostgreSQL and run every queue")
-    p.add_argument("--catalog", default="database/queues.yml")
+    p.add_argument("--catalog", help=EXAMPLE_CATALOG_HELP)
     p.add_argument("--messages", type=int, default=2000, help="messages per queue")
     p.add_argument("--spark", action="store_true", help="also run the PySpark pipeline loop")
     p.set_defaults(func=cmd_demo)
@@ -195,13 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except CatalogError as exc:
         print(f"tablequeue: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    except (RenderError, OSError) as exc:
+    except (RenderError, DistributionError, OSError) as exc:
         print(f"tablequeue: {exc}", file=sys.stderr)
         return EXIT_INVALID if isinstance(exc, RenderError) else EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - a DBA gets one line, not a traceback

@@ -137,7 +137,7 @@ def print_summary(rows: list[dict]) -> None:
               f"{r['twice']:>6} {r['lost']:>5} {r['seconds']:>7.1f} {rate:>8.0f}")
 
 
-def run_demo(catalog_path: str, messages: int, spark: bool) -> int:
+def run_demo(catalog_path: str | Path, messages: int, spark: bool) -> int:
     catalog = load_catalog(catalog_path)
     with postgres_url() as url:
         where = "TABLEQUEUE_PG_URL" if os.environ.get("TABLEQUEUE_PG_URL") else "a throwaway PostgreSQL"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import __version__
+from .distribution import version
 from .engines import Dialect
 from .render import Unit
 
@@ -107,7 +107,7 @@ def deploy(conn: Any, dialect: Dialect, schema: str, units: list[Unit], dry_run:
             return result
         total = len(plan.changes)
         for position, item in enumerate(plan.changes, start=1):
-            seconds = dialect.apply(conn, item.unit, schema, __version__)
+            seconds = dialect.apply(conn, item.unit, schema, version())
             result.applied.append((item.unit.name, seconds))
             progress(f"[{position}/{total}] {item.action} {item.unit.type} {item.unit.name} "
                      f"({seconds * 1000:.0f} ms)")

@@ -14,14 +14,11 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
 from .catalog import Catalog, Queue
+from .distribution import template_root, tsqlt_template_root, version
 from .errors import QUEUE_ERRORS
 
 DIALECTS = ("mssql", "postgres")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE_ROOT = REPO_ROOT / "database" / "templates"
-TSQLT_TEMPLATE_ROOT = REPO_ROOT / "tests_tsql" / "templates"
 FRAMEWORK = "_framework"
 UNIT_MARKER = re.compile(r"^-- tablequeue:unit (?P<name>\S+) (?P<type>storage|code)\s*$", re.MULTILINE)
 
@@ -121,7 +118,7 @@ class Names:
 def _environment(dialect: str, extra_root: Path | None = None) -> jinja2.Environment:
     """One environment per template root: it keeps the compiled templates (it recompiles a template
     whose file changed), so rendering many catalogs in one process compiles each template once."""
-    roots = [str(TEMPLATE_ROOT / dialect)]
+    roots = [str(template_root() / dialect)]
     if extra_root is not None:
         roots.insert(0, str(extra_root))
     env = jinja2.Environment(
@@ -134,12 +131,12 @@ def _environment(dialect: str, extra_root: Path | None = None) -> jinja2.Environ
     )
     env.globals["errors"] = {key: (err.mssql if dialect == "mssql" else err.postgres)
                              for key, err in QUEUE_ERRORS.items()}
-    env.globals["version"] = __version__
+    env.globals["version"] = version()
     return env
 
 
 def _header(template: str, dialect: str, kind: str, target: str) -> str:
-    return (f"-- tablequeue {__version__} | generated: do not edit\n"
+    return (f"-- tablequeue {version()} | generated: do not edit\n"
             f"-- template: {template} | dialect: {dialect} | kind: {kind} | {target}\n")
 
 
@@ -170,7 +167,7 @@ def render_queue(catalog: Catalog, queue: Queue, dialect: str) -> RenderedFile:
         body = env.get_template(template).render(**_context(dialect, catalog.schema, queue))
     except jinja2.TemplateNotFound as exc:
         raise RenderError(f"{catalog.path}: queue '{queue.name}': no {dialect} template for kind "
-                          f"'{queue.kind}' ({TEMPLATE_ROOT / dialect / template})") from exc
+                          f"'{queue.kind}' ({template_root() / dialect / template})") from exc
     except jinja2.UndefinedError as exc:
         raise RenderError(f"{dialect}/{template} for queue '{queue.name}': {exc}") from exc
     header = _header(f"{dialect}/{template}", dialect, queue.kind, f"queue: {catalog.schema}.{queue.name}")
@@ -187,11 +184,12 @@ def render_catalog(catalog: Catalog, dialect: str) -> list[RenderedFile]:
 
 def render_tsqlt(catalog: Catalog) -> list[RenderedFile]:
     """tSQLt test classes for every queue whose kind has a test template."""
-    env = _environment("mssql", TSQLT_TEMPLATE_ROOT)
+    tsqlt_root = tsqlt_template_root()
+    env = _environment("mssql", tsqlt_root)
     files = []
     for queue in catalog.queues:
         template = f"test_{queue.kind}.sql"
-        if not (TSQLT_TEMPLATE_ROOT / template).exists():
+        if not (tsqlt_root / template).exists():
             continue
         context = _context("mssql", catalog.schema, queue)
         context["test_class"] = f"[test_{catalog.schema}_{queue.name}]"

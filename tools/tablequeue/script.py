@@ -7,7 +7,7 @@ deploy_refused instead of being skipped silently.
 """
 from __future__ import annotations
 
-from . import __version__
+from .distribution import version
 from .engines import HISTORY_TABLE, MSSQL_OBJECT_CHECKSUM, postgres_object_checksum_sql
 from .errors import QUEUE_ERRORS
 from .render import Unit
@@ -26,7 +26,7 @@ def _refusal(unit: Unit) -> str:
 
 def mssql_script(schema: str, units: list[Unit], source: str) -> str:
     history = f"[{schema}].[{HISTORY_TABLE}]"
-    out = [f"-- tablequeue {__version__} deploy script for schema {schema} (rendered from {source})",
+    out = [f"-- tablequeue {version()} deploy script for schema {schema} (rendered from {source})",
            "-- Run with sqlcmd, or SSMS in SQLCMD mode: it stops at the first error.",
            ":on error exit",
            "SET ANSI_NULLS ON;", "SET QUOTED_IDENTIFIER ON;", "SET XACT_ABORT ON;", "SET NOCOUNT ON;", "GO"]
@@ -50,14 +50,14 @@ def mssql_script(schema: str, units: list[Unit], source: str) -> str:
                 f"    INSERT INTO {history}",
                 "        (unit_name, unit_type, queue_name, tool_version, unit_checksum, object_checksum, duration_ms)",
                 f"    VALUES ({literal(unit.name, True)}, {literal(unit.type)}, {literal(unit.queue, True)}, "
-                f"{literal(__version__)}, {literal(unit.checksum)}, @object_checksum, 0);",
+                f"{literal(version())}, {literal(unit.checksum)}, @object_checksum, 0);",
                 "COMMIT TRANSACTION;", "GO"]
     return "\n".join(out) + "\n"
 
 
 def postgres_script(schema: str, units: list[Unit], source: str) -> str:
     history = f'"{schema}"."{HISTORY_TABLE}"'
-    out = [f"-- tablequeue {__version__} deploy script for schema {schema} (rendered from {source})",
+    out = [f"-- tablequeue {version()} deploy script for schema {schema} (rendered from {source})",
            "-- Run with psql: it stops at the first error.", "\\set ON_ERROR_STOP on"]
     for unit in units:
         object_schema, object_name = unit.name.split(".", 1)
@@ -75,6 +75,6 @@ def postgres_script(schema: str, units: list[Unit], source: str) -> str:
                 f"INSERT INTO {history}",
                 "    (unit_name, unit_type, queue_name, tool_version, unit_checksum, object_checksum, duration_ms)",
                 f"SELECT {literal(unit.name)}, {literal(unit.type)}, {literal(unit.queue)}, "
-                f"{literal(__version__)}, {literal(unit.checksum)}, ({object_checksum}), 0",
+                f"{literal(version())}, {literal(unit.checksum)}, ({object_checksum}), 0",
                 f"WHERE {last_checksum} IS DISTINCT FROM {literal(unit.checksum)};", "COMMIT;"]
     return "\n".join(out) + "\n"

@@ -29,12 +29,23 @@ def _procedures(catalog_path: Path):
                     yield catalog, rendered, unit, batch.text, code
 
 
+DATA_ACCESS = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\[|\bBEGIN\s+TRAN", re.I)
+
+
 @pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_every_procedure_sets_nocount_and_xact_abort(catalog_path: Path) -> None:
+def test_every_procedure_sets_nocount_then_xact_abort_after_its_argument_checks(catalog_path: Path) -> None:
+    # An argument check that throws under XACT_ABORT ON dooms the caller's open transaction: the
+    # checks come first, then XACT_ABORT, then the first table access or transaction.
     for _, _, unit, _, code in _procedures(catalog_path):
         body = code.split("BEGIN", 1)[1]
-        first = [s.strip() for s in body.strip().split(";")[:2]]
-        assert first == ["SET NOCOUNT ON", "SET XACT_ABORT ON"], unit.name
+        assert body.strip().split(";")[0].strip() == "SET NOCOUNT ON", unit.name
+        xact_abort = body.find("SET XACT_ABORT ON")
+        first_access = DATA_ACCESS.search(body)
+        assert xact_abort > 0, unit.name
+        assert first_access is None or xact_abort < first_access.start(), unit.name
+        checks = body[:first_access.start()] if first_access else body
+        last_check = max((m.end() for m in re.finditer(r"\bTHROW\s+5\d{4}", checks)), default=-1)
+        assert last_check < xact_abort, unit.name
 
 
 @pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
@@ -45,11 +56,15 @@ def test_every_claim_carries_the_lock_hints(catalog_path: Path) -> None:
         queue = catalog.queue(rendered.queue)
         table = f"[{catalog.schema}].[{queue.name}]"
         hints = re.findall(re.escape(table) + r"\s+(?:AS\s+\w+\s+)?WITH\s*\(([^)]*)\)", code)
-        assert hints, f"{unit.name}: no hinted read of {table}"
+        claims = [h for h in hints if "UPDLOCK" in h.upper()]
+        assert claims, f"{unit.name}: no claim of {table}"
         for hint in hints:
             names = {h.strip().upper() for h in hint.split(",")}
-            assert {"ROWLOCK", "UPDLOCK", "READCOMMITTEDLOCK"} <= names, (unit.name, hint)
-            assert ("READPAST" in names) != bool(queue.options.get("strict")), (unit.name, hint)
+            if "UPDLOCK" in names:
+                assert {"ROWLOCK", "READCOMMITTEDLOCK"} <= names, (unit.name, hint)
+                assert ("READPAST" in names) != bool(queue.options.get("strict")), (unit.name, hint)
+            else:   # a probe (the next priority level): it keeps no lock and waits for none
+                assert names == {"READPAST", "READCOMMITTEDLOCK"}, (unit.name, hint)
         assert "NOLOCK" not in code.upper() and "SELECT *" not in code.upper()
 
 
@@ -57,12 +72,18 @@ def test_every_claim_carries_the_lock_hints(catalog_path: Path) -> None:
 def test_transactions_are_only_ended_where_the_procedure_began_them(catalog_path: Path) -> None:
     for _, _, unit, _, code in _procedures(catalog_path):
         if "_process" in unit.name:
-            continue  # the in-database worker owns its transactions by contract (it refuses an open one)
+            # The in-database worker owns its transactions by contract: it refuses to run inside a
+            # caller's transaction or in implicit-transaction mode.
+            assert "IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0" in code, unit.name
+            continue
         begins = len(re.findall(r"\bBEGIN\s+TRAN(SACTION)?\b", code, re.I))
         for statement in re.findall(r"^.*\b(?:COMMIT|ROLLBACK)\b.*$", code, re.I | re.M):
             assert "@started_transaction = 1" in statement, (unit.name, statement)
-        if begins:
-            assert "@@TRANCOUNT = 0" in code, unit.name
+        # Under IMPLICIT_TRANSACTIONS (ODBC/JDBC autocommit off) the caller owns the transaction.
+        guards = re.findall(r"IF\s+(.*?)\s+BEGIN\s+BEGIN\s+TRANSACTION", code, re.I | re.S)
+        assert len(guards) == begins, unit.name
+        for guard in guards:
+            assert "@@TRANCOUNT = 0" in guard and "(@@OPTIONS & 2) = 0" in guard, (unit.name, guard)
 
 
 @pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)

@@ -602,6 +602,22 @@ def test_strict_fifo_hands_out_an_id_committed_late_before_higher_ids(deploy) ->
 
 
 @pytest.mark.parametrize("variant", ALL)
+def test_a_manual_commit_caller_enqueues_with_keys_and_dequeues_in_its_own_transaction(deploy, variant) -> None:
+    # ODBC/JDBC with autocommit off run SQL Server sessions in IMPLICIT_TRANSACTIONS mode: a keyed
+    # enqueue's BEGIN TRANSACTION at @@TRANCOUNT = 0 opened a second level there (error 266, 0.1.0).
+    env = deploy(queue(variant, dedupe=True))
+    caller, observer = env.client(autocommit=False), env.client()
+    first = caller.enqueue({"i": 1}, dedupe_key="k1")["id"]
+    rest = ids(caller.enqueue_batch([{"payload": {"i": 2}, "dedupe_key": "k2"}, {"payload": {"i": 3}}]))
+    assert observer.stats()["ready"] == 0    # uncommitted: invisible (PostgreSQL), skipped by READPAST (SQL Server)
+    caller.conn.commit()
+    assert observer.stats()["ready"] == 3
+    assert sorted(ids(caller.dequeue(batch_size=10))) == sorted([first, *rest])
+    caller.conn.rollback()                   # the caller's decision: the messages are back
+    assert observer.stats()["ready"] == 3
+
+
+@pytest.mark.parametrize("variant", ALL)
 def test_a_batch_of_more_than_1000_items_is_invalid_argument(deploy, variant) -> None:
     # Past ~5,000 rows SQL Server escalates to a table lock that READPAST cannot skip; every batch
     # of every verb is capped at 1,000 in both dialects.

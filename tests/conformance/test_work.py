@@ -550,6 +550,67 @@ def test_a_dequeue_in_a_repeatable_read_transaction_is_refused_or_reads_committe
     assert ids(producer.dequeue(worker="b")) == [sent["id"]]
 
 
+def test_a_manual_commit_caller_runs_every_verb_in_its_own_transaction(deploy) -> None:
+    # ODBC/JDBC with autocommit off run SQL Server sessions in IMPLICIT_TRANSACTIONS mode: there a
+    # procedure's BEGIN TRANSACTION at @@TRANCOUNT = 0 would open a second level and end in error 266
+    # (0.1.0). The caller's transaction holds everything until it commits.
+    env = deploy(work(max_attempts=1, dedupe=True))
+    caller, observer = env.client(autocommit=False), env.client()
+    keyed = caller.enqueue({"x": 1}, dedupe_key="k1")["id"]
+    batch = ids(caller.enqueue_batch([{"payload": {"x": 2}, "dedupe_key": "k2"}, {"payload": {"x": 3}}]))
+    caller.conn.commit()
+    assert counts(observer) == (3, 0, 0, 0)
+
+    leased = ids(caller.dequeue(batch_size=3, worker="a"))
+    assert sorted(leased, key=str) == sorted([keyed, *batch], key=str)
+    assert caller.fail(keyed, "a", "boom") == "dead"
+    assert caller.complete(batch[0], "a") is True
+    caller.conn.commit()
+    assert counts(observer) == (0, 0, 1, 1)
+
+    assert caller.dead_requeue(keyed) is True
+    caller.conn.rollback()                  # the caller's decision, not the procedure's
+    assert counts(observer) == (0, 0, 1, 1)
+    assert caller.dead_requeue(keyed) is True
+    caller.conn.commit()
+    assert counts(observer) == (1, 0, 1, 0)
+
+
+def test_a_refused_argument_leaves_the_callers_transaction_to_the_caller(deploy) -> None:
+    # SQL Server: argument checks throw before XACT_ABORT ON, so the caller's transaction survives
+    # and can still commit what it did. PostgreSQL aborts a transaction on any error (a caller that
+    # wants to go on uses a savepoint): the engines differ here, and both are stated.
+    env = deploy(work())
+    caller, observer = env.client(autocommit=False), env.client()
+    sent = caller.enqueue({"x": 1})["id"]
+    with pytest.raises(Exception) as refused:
+        caller.dequeue(batch_size=0, worker="a")
+    assert error_code(refused.value) == expected_error(env.dialect, "invalid_argument")
+    if env.dialect == "postgres":
+        caller.conn.rollback()
+        assert counts(observer) == (0, 0, 0, 0)
+        return
+    caller.conn.commit()
+    assert ids(observer.dequeue(worker="b")) == [sent]
+
+
+@pytest.mark.parametrize("options", [{}, {"dedupe": True, "priority": True}, {"client_ids": True}],
+                         ids=["plain", "dedupe-priority", "client-ids"])
+def test_enqueue_batch_takes_items_whose_first_row_holds_nulls(deploy, options) -> None:
+    # pyodbc once took each column's SQL type from the first row of a table-valued parameter.
+    client = deploy(work(**options)).client()
+    now = server_now(client)
+    later = {"payload": {"i": 2}, "due_at": now - timedelta(minutes=1)}
+    if options.get("dedupe"):
+        later.update(dedupe_key="k", priority=3)
+    if options.get("client_ids"):
+        later.update(id=uuid.uuid4(), enqueued_at=now - timedelta(hours=1))
+    rows = client.enqueue_batch([{"payload": {"i": 1}}, later])
+    assert [row["ordinal"] for row in rows] == [1, 2] and not any(row["duplicate"] for row in rows)
+    got = client.dequeue(batch_size=10, worker="a")
+    assert sorted(payload_of(client, m["payload"])["i"] for m in got) == [1, 2]
+
+
 # --- fail, max_attempts and the dead-letter table ------------------------------------------------
 
 def test_fail_retries_after_the_delay_and_the_last_attempt_goes_to_dead(deploy) -> None:

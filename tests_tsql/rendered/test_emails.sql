@@ -228,6 +228,24 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_emails].[test enqueue_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[emails_items];
+    INSERT INTO @items (ordinal, payload)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS ordinal,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS c;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%at most 1000 items%';
+
+    -- Act
+    EXEC [queue].[emails_enqueue_batch] @items = @items;
+END;
+GO
+
 CREATE PROCEDURE [test_queue_emails].[test enqueue_batch reports queued and in-batch duplicates]
 AS
 BEGIN
@@ -601,13 +619,102 @@ BEGIN
     INTO #Actual
     FROM #Dequeued AS d;
 
+    -- Assert: 2 comes back in the attempt it is in (its lease is live).
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 2, 1),
+    (2, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue again returns a live own lease as it is]
+AS
+BEGIN
+    -- Assemble: w holds 2 with a minute left; asking three times must neither spend an attempt nor
+    -- move the lease's expiry (0.1.0 counted an attempt each time and buried it as 'lease expired').
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 3,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 2}'
+    );
+    DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[emails] AS m);
+    CREATE TABLE #Ignored (
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Ignored
+    EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+    INSERT INTO #Ignored
+    EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
     -- Assert
     CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
     INSERT INTO #Expected (position, id, attempts)
     VALUES
-    (1, 2, 2),
-    (2, 1, 1);
+    (1, 2, 3);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @expiry_after datetime2(7) = (SELECT m.visible_at FROM [queue].[emails] AS m);
+    EXEC tSQLt.AssertEquals @Expected = @expiry, @Actual = @expiry_after;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test a refused argument leaves the caller's transaction usable]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @error int;
+
+    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    BEGIN TRY
+        EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = NULL;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
 END;
 GO
 
@@ -1496,6 +1603,85 @@ BEGIN
     INSERT INTO #Expected (purged) VALUES (2);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test purge takes at most max_rows, oldest first]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, N'{"n": 3}'
+    );
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[emails_purge] @max_rows = 2;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (3, 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test purge refuses max_rows 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_purge] @max_rows = 0;
 END;
 GO
 

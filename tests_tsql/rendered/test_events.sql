@@ -188,6 +188,24 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_events].[test enqueue_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    DECLARE @items [queue].[events_items];
+    INSERT INTO @items (ordinal, payload)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS ordinal,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS c;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%at most 1000 items%';
+
+    -- Act
+    EXEC [queue].[events_enqueue_batch] @items = @items;
+END;
+GO
+
 CREATE PROCEDURE [test_queue_events].[test enqueue_batch refuses a NULL payload item with 51002]
 AS
 BEGIN
@@ -390,6 +408,28 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_events].[test a refused argument leaves the caller's transaction usable]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    DECLARE @error int;
+
+    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    BEGIN TRY
+        EXEC [queue].[events_dequeue] @batch_size = 0;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
 -- stats -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_events].[test stats of an empty queue are zero with no age]
@@ -557,5 +597,49 @@ BEGIN
     CREATE TABLE #Expected (purged bigint NOT NULL);
     INSERT INTO #Expected (purged) VALUES (0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_events].[test purge takes at most max_rows, oldest first]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[events] (id, enqueued_at, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), N'{"n": 3}');
+
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[events_purge] @max_rows = 2;
+
+    -- Assert: the first two in the clustered index's order.
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[events] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    INSERT INTO #ExpectedRemaining (id) VALUES (13);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_events].[test purge refuses max_rows 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[events_purge] @max_rows = 0;
 END;
 GO

@@ -589,13 +589,102 @@ BEGIN
     INTO #Actual
     FROM #Dequeued AS d;
 
+    -- Assert: 2 comes back in the attempt it is in (its lease is live).
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 1),
+    (2, '00000000-0000-0000-0000-000000000001', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue again returns a live own lease as it is]
+AS
+BEGIN
+    -- Assemble: w holds 2 with a minute left; asking three times must neither spend an attempt nor
+    -- move the lease's expiry (0.1.0 counted an attempt each time and buried it as 'lease expired').
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 4,
+        N'w', DATEADD(SECOND, -10, @now),
+        N'{"n": 2}'
+    );
+    DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[thumbnails] AS m);
+    CREATE TABLE #Ignored (
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Ignored
+    EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+    INSERT INTO #Ignored
+    EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
     -- Assert
     CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
     INSERT INTO #Expected (position, id, attempts)
     VALUES
-    (1, '00000000-0000-0000-0000-000000000002', 2),
-    (2, '00000000-0000-0000-0000-000000000001', 1);
+    (1, '00000000-0000-0000-0000-000000000002', 4);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @expiry_after datetime2(7) = (SELECT m.visible_at FROM [queue].[thumbnails] AS m);
+    EXEC tSQLt.AssertEquals @Expected = @expiry, @Actual = @expiry_after;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test a refused argument leaves the caller's transaction usable]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @error int;
+
+    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    BEGIN TRY
+        EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = NULL;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
 END;
 GO
 
@@ -1549,6 +1638,85 @@ BEGIN
     INSERT INTO #Expected (purged) VALUES (2);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test purge takes at most max_rows, oldest first]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        N'{"n": 3}'
+    );
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC [queue].[thumbnails_purge] @max_rows = 2;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000003', 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test purge refuses max_rows 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_purge] @max_rows = 0;
 END;
 GO
 

@@ -6,9 +6,12 @@
   Every test fakes the queue table (tSQLt.FakeTable: no constraints, no indexes, nullable columns;
   @Identity = 1 and @Defaults = 1 where the procedure relies on the identity or on enqueued_at's
   default), runs one verb, and compares #Actual with #Expected. tSQLt runs each test in a
-  transaction that it rolls back, so nothing a test does survives it. An expected THROW dooms that
-  transaction (the procedures run with XACT_ABORT ON): tSQLt rolls it back completely and still
-  reports the test by its ExpectException, so nothing may follow the Act in such a test.
+  transaction that it rolls back, so nothing a test does survives it, and a procedure never opens a
+  transaction of its own here: its path for a caller without one (@@TRANCOUNT = 0, with or without
+  IMPLICIT_TRANSACTIONS) is covered by the conformance suite against a real server. An argument
+  check throws before XACT_ABORT is set and leaves that transaction usable; any later THROW dooms
+  it: tSQLt rolls it back and still reports the test by its ExpectException, so nothing may follow
+  the Act in such a test.
 -#}
 {% set has_due = claim_order == 'due' %}
 {% set dedupe = opt.dedupe %}
@@ -452,6 +455,24 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS ordinal,
+        {{ sample(1) }} AS payload
+    FROM sys.all_columns AS c;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%at most 1000 items%';
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+
 CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses a NULL payload item with 51002]
 AS
 BEGIN
@@ -753,6 +774,28 @@ END;
 GO
 {% endfor %}
 
+CREATE PROCEDURE {{ cls }}.[test a refused argument leaves the caller's transaction usable]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @error int;
+
+    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    BEGIN TRY
+        EXEC {{ names.verb('dequeue') }} @batch_size = 0;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = {{ errors.invalid_argument }}, @Actual = @error;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
 -- stats -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test stats of an empty queue are zero with no age]
@@ -911,5 +954,38 @@ BEGIN
     CREATE TABLE #Expected (purged bigint NOT NULL);
     INSERT INTO #Expected (purged) VALUES (0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge takes at most max_rows, oldest first]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages(three) }}
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }} @max_rows = 2;
+
+    -- Assert: the first two in the clustered index's order{% if has_due %} (due_at, id){% endif %}.
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_remaining([three[0].id] if has_due else [three[2].id]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge refuses max_rows 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('purge') }} @max_rows = 0;
 END;
 GO

@@ -4,9 +4,11 @@
   constraints, no indexes, nullable columns; @Identity = 1 and @Defaults = 1 where the procedure
   relies on the identity or a default), puts rows in place relative to @now, runs one verb and
   compares #Actual with #Expected. tSQLt runs each test in a transaction that it rolls back, so the
-  procedures never open their own here (they only do when @@TRANCOUNT = 0). An expected THROW
-  dooms that transaction (the procedures run with XACT_ABORT ON): tSQLt rolls it back completely
-  and still reports the test by its ExpectException, so nothing may follow the Act in such a test.
+  procedures never open their own here (they only do when @@TRANCOUNT = 0 and the caller is not in
+  IMPLICIT_TRANSACTIONS mode: that path, and two sessions racing, are covered by the conformance
+  suite against a real server). An argument check throws before XACT_ABORT is set and leaves that
+  transaction usable; any later THROW dooms it: tSQLt rolls it back completely and still reports the
+  test by its ExpectException, so nothing may follow the Act in such a test.
   S.Q_process refuses any open transaction, so its loop is covered by tests/test_work_process.py
   against a real SQL Server (TABLEQUEUE_MSSQL_URL); here it is tested for that refusal.
 -#}
@@ -436,6 +438,24 @@ END;
 GO
 {% if dedupe %}
 
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS ordinal,
+        {{ sample(1) }} AS payload
+    FROM sys.all_columns AS c;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%at most 1000 items%';
+
+    -- Act
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+END;
+GO
+
 CREATE PROCEDURE {{ cls }}.[test enqueue_batch reports queued and in-batch duplicates]
 AS
 BEGIN
@@ -564,8 +584,63 @@ BEGIN
 {{ insert_message(2, visible=60, leased_by='w', attempts=1) }}
 {{ dequeue_into_actual(2, 'w', 600) }}
 
+    -- Assert: 2 comes back in the attempt it is in (its lease is live).
+{{ expect_dequeued([(2, 1), (1, 1)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue again returns a live own lease as it is]
+AS
+BEGIN
+    -- Assemble: w holds 2 with a minute left; asking three times must neither spend an attempt nor
+    -- move the lease's expiry (0.1.0 counted an attempt each time and buried it as 'lease expired').
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(2, visible=60, leased_by='w', attempts=max_attempts) }}
+    DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM {{ t }} AS m);
+    CREATE TABLE #Ignored (
+        id {{ id_type }} NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Ignored
+    EXEC {{ names.verb('dequeue') }} @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+    INSERT INTO #Ignored
+    EXEC {{ names.verb('dequeue') }} @batch_size = 1, @worker = N'w', @lease_seconds = 600;
+{{ dequeue_into_actual(1, 'w', 600) }}
+
     -- Assert
-{{ expect_dequeued([(2, 2), (1, 1)]) }}
+{{ expect_dequeued([(2, max_attempts)]) }}
+    DECLARE @expiry_after datetime2(7) = (SELECT m.visible_at FROM {{ t }} AS m);
+    EXEC tSQLt.AssertEquals @Expected = @expiry, @Actual = @expiry_after;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a refused argument leaves the caller's transaction usable]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @error int;
+
+    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    BEGIN TRY
+        EXEC {{ names.verb('dequeue') }} @batch_size = 1, @worker = NULL;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = {{ errors.invalid_argument }}, @Actual = @error;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
 END;
 GO
 
@@ -1018,6 +1093,41 @@ BEGIN
     INSERT INTO #Expected (purged) VALUES (2);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     EXEC tSQLt.AssertEmptyTable @TableName = N'{{ t }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge takes at most max_rows, oldest first]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1) }}
+{{ insert_message(2) }}
+{{ insert_message(3) }}
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }} @max_rows = 2;
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES (2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(3, 0, none, true)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge refuses max_rows 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('purge') }} @max_rows = 0;
 END;
 GO
 

@@ -111,6 +111,9 @@ class QueueClient:
                         values = [self._time(v) for v in values]
                     params[array] = values
             return self.call("enqueue_batch", params)
+        return self.call("enqueue_batch", {"items": self._table_value("items", self._item_rows(items))})
+
+    def _item_rows(self, items: list[Mapping[str, Any]]) -> list[tuple]:
         columns = TVP_COLUMNS[self.queue.kind]
         rows = []
         for ordinal, item in enumerate(items, start=1):
@@ -123,7 +126,15 @@ class QueueClient:
                     value = self._time(value)
                 row.append(value)
             rows.append(tuple(row))
-        return self.call("enqueue_batch", {"items": rows})
+        return rows
+
+    def _table_value(self, type_suffix: str, rows: list[tuple]) -> list:
+        """A table-valued parameter as pyodbc binds it: the type's name and schema first (the type
+        lives in the catalog schema, not dbo: without them SQL Server answers 2715), then the rows.
+        The row with the fewest NULLs goes first: older pyodbc releases take each column's SQL type
+        from the first row and cannot bind a NULL there; the ordinal column keeps the items' order."""
+        rows = sorted(rows, key=lambda row: sum(value is None for value in row))
+        return [f"{self.queue.name}_{type_suffix}", self.schema, *rows]
 
     def dequeue(self, batch_size: int = 1, worker: str | None = None,
                 lease_seconds: int | None = None) -> list[dict]:

@@ -308,8 +308,10 @@ class MssqlDialect:
         schema, name = _split_name(table)
         if self._scalar(conn, "SELECT OBJECT_ID(?, N'U')", f"[{schema}].[{name}]") is None:
             return None
+        # READCOMMITTEDLOCK: under READ_COMMITTED_SNAPSHOT (the Azure SQL default) READPAST alone is
+        # refused (error 650) and the deploy would fail instead of refusing with exit code 3.
         return self._scalar(conn, f"SELECT COUNT_BIG(*) FROM (SELECT TOP (?) 1 AS one FROM "
-                                  f"[{schema}].[{name}] WITH (READPAST)) AS m", limit)
+                                  f"[{schema}].[{name}] WITH (READPAST, READCOMMITTEDLOCK)) AS m", limit)
 
 
 def dialect_for(name: str) -> Dialect:

@@ -131,11 +131,12 @@ CREATE OR ALTER PROCEDURE [queue].[emails_enqueue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
     IF @payload IS NULL OR ISJSON(@payload) = 0
         BEGIN
             SET @error_message = N'queue.emails_enqueue: payload must not be NULL and must be valid JSON.';
@@ -146,6 +147,7 @@ BEGIN
             SET @error_message = N'queue.emails_enqueue: dedupe_key is over 200 characters.';
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @effective_due_at datetime2(7) = COALESCE(@due_at, @now);
@@ -155,7 +157,9 @@ BEGIN
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0 AND (@key IS NOT NULL)
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND (@key IS NOT NULL)
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -207,9 +211,15 @@ CREATE OR ALTER PROCEDURE [queue].[emails_enqueue_batch]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
+
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
+    IF (SELECT COUNT_BIG(*) FROM @items) > 1000
+        BEGIN
+            THROW 51001, N'queue.emails_enqueue_batch: at most 1000 items per call.', 1;
+        END;
 
     DECLARE @bad_ordinal int = (
         SELECT MIN(i.ordinal)
@@ -258,6 +268,7 @@ BEGIN
             SET @error_message = N'queue.emails_enqueue_batch: enqueued_at needs option client_ids.';
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     -- One row per item: the id it gets, or the queued message it duplicates.
@@ -311,7 +322,8 @@ BEGIN
     WHERE s.dedupe_key IS NOT NULL;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -407,12 +419,12 @@ CREATE OR ALTER PROCEDURE [queue].[emails_dequeue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
     -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
             SET @error_message = CONCAT(
@@ -437,6 +449,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @claimed TABLE (
         id bigint NOT NULL PRIMARY KEY,
@@ -457,7 +470,9 @@ BEGIN
     DECLARE @buried_count int = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -482,10 +497,14 @@ BEGIN
 
         UPDATE own_messages
         SET
-            attempts = attempts + 1,
-            visible_at = @lease_until,
+            -- The worker's own messages come back as they are while their lease lives (the same
+            -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
+            -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
+            -- row as it was before this statement.)
+            attempts = attempts + IIF(visible_at <= @now, 1, 0),
+            visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
             leased_by = @worker,
-            leased_at = @now
+            leased_at = IIF(visible_at <= @now, @now, leased_at)
         OUTPUT
             INSERTED.id,
             1,
@@ -633,7 +652,6 @@ CREATE OR ALTER PROCEDURE [queue].[emails_complete]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -642,6 +660,7 @@ BEGIN
             SET @error_message = N'queue.emails_complete: worker must be a name of 1 to 200 characters.';
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DELETE FROM [queue].[emails]
@@ -678,7 +697,6 @@ CREATE OR ALTER PROCEDURE [queue].[emails_fail]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -697,6 +715,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @outcome varchar(8);
@@ -704,7 +723,8 @@ BEGIN
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -771,7 +791,6 @@ CREATE OR ALTER PROCEDURE [queue].[emails_extend_lease]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -790,6 +809,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE [queue].[emails]
@@ -910,36 +930,55 @@ GO
 -- Removes queued messages, leased ones too (their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
 CREATE OR ALTER PROCEDURE [queue].[emails_purge]
-    @older_than datetime2(7) = NULL
+    @older_than datetime2(7) = NULL,
+    @max_rows int = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
-    -- READPAST leaves the rows a claim holds right now (and never waits, so purge and dequeue
-    -- cannot deadlock); the bound stops a purge from chasing producers forever.
+    IF @max_rows < 1
+        BEGIN
+            THROW 51001, N'queue.emails_purge: max_rows must be at least 1.', 1;
+        END;
+    SET XACT_ABORT ON;
+
+    -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
+    -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
+    -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
+    -- first, in the clustered index's order.
     DECLARE @last bigint = (SELECT MAX(m.id) FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK));
     DECLARE @purged bigint = 0;
-    DECLARE @deleted int = 1;
+    DECLARE @chunk int = 1;
 
-    WHILE @deleted > 0
+    WHILE @chunk > 0
         BEGIN
+            SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
             IF @older_than IS NULL
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM [queue].[emails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE id <= @last;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.id
+                        FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.id <= @last
+                        ORDER BY m.id
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
             ELSE
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM [queue].[emails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE id <= @last AND enqueued_at < @older_than;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.id
+                        FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.id <= @last AND m.enqueued_at < @older_than
+                        ORDER BY m.id
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
-            SET @deleted = @@ROWCOUNT;
-            SET @purged = @purged + @deleted;
+            SET @purged = @purged + @chunk;
         END;
 
     SELECT @purged AS purged;
@@ -959,7 +998,6 @@ CREATE OR ALTER PROCEDURE [queue].[emails_dead_list]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -972,6 +1010,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     IF @after_id IS NULL
         BEGIN
@@ -1026,25 +1065,29 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    DECLARE @moved int = 0;
+    DECLARE @found bit = 0;
     DECLARE @key nvarchar(200);
     DECLARE @key_holder bigint;
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
 
-        -- The key may have been enqueued again since: the message then comes back without it rather
-        -- than not at all (requeue is an operator's deliberate action on this one message).
+        -- Which key to lock in the queue table: a plain read that holds no lock after it (the dead
+        -- row is locked below, after the queue table, in the fixed lock order).
         SET @key = (
             SELECT d.dedupe_key
             FROM [queue].[emails_dead] AS d
             WHERE d.id = @id
         );
+
+        -- The key may have been enqueued again since: the message then comes back without it rather
+        -- than not at all (requeue is an operator's deliberate action on this one message).
         IF @key IS NOT NULL
             BEGIN
                 SELECT @key_holder = m.id
@@ -1052,9 +1095,25 @@ BEGIN
                 WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
             END;
 
+        -- Then the dead row, locked to the end of the transaction: a concurrent requeue or delete of
+        -- the same id waits here and then finds it gone (not_found), instead of colliding with this
+        -- one's insert (2627).
+        SELECT @found = 1
+        FROM [queue].[emails_dead] AS d WITH (UPDLOCK, HOLDLOCK)
+        WHERE d.id = @id;
+        IF @found = 0
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.emails_dead_requeue: no dead-letter message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N'.'
+                );
+                THROW 51004, @error_message, 1;
+            END;
+
         SET IDENTITY_INSERT [queue].[emails] ON;
 
-        -- Queue table, then dead table (the fixed lock order): insert the copy, then delete.
+        -- Queue table, then dead table: insert the copy, then delete.
         INSERT INTO [queue].[emails] (
             id, enqueued_at, due_at, visible_at, dedupe_key, attempts, last_error, payload
         )
@@ -1069,27 +1128,11 @@ BEGIN
             d.payload
         FROM [queue].[emails_dead] AS d
         WHERE d.id = @id;
-        SET @moved = @@ROWCOUNT;
 
         SET IDENTITY_INSERT [queue].[emails] OFF;
 
-        IF @moved = 1
-            BEGIN
-                DELETE FROM [queue].[emails_dead]
-                WHERE id = @id;
-                -- 0: a concurrent requeue or delete got there first.
-                SET @moved = @@ROWCOUNT;
-            END;
-
-        IF @moved = 0
-            BEGIN
-                SET @error_message = CONCAT(
-                    N'queue.emails_dead_requeue: no dead-letter message with id ',
-                    CONVERT(nvarchar(36), @id),
-                    N'.'
-                );
-                THROW 51004, @error_message, 1;
-            END;
+        DELETE FROM [queue].[emails_dead]
+        WHERE id = @id;
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY
@@ -1140,26 +1183,39 @@ GO
 -- tablequeue:unit queue.emails_history_purge code
 
 CREATE OR ALTER PROCEDURE [queue].[emails_history_purge]
-    @older_than datetime2(7) = NULL
+    @older_than datetime2(7) = NULL,
+    @max_rows int = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @max_rows < 1
+        BEGIN
+            THROW 51001, N'queue.emails_history_purge: max_rows must be at least 1.', 1;
+        END;
+    SET XACT_ABORT ON;
 
     -- Default: the retention of option history_retention_days (30).
     SET @older_than = COALESCE(@older_than, DATEADD(DAY, -30, SYSUTCDATETIME()));
     DECLARE @purged bigint = 0;
-    DECLARE @deleted int = 1;
+    DECLARE @chunk int = 1;
 
-    -- A range at the start of the clustered index, in chunks below the lock-escalation threshold.
-    WHILE @deleted > 0
+    -- A range at the start of the clustered index, oldest first, in chunks below the
+    -- lock-escalation threshold.
+    WHILE @chunk > 0
         BEGIN
-            DELETE TOP (4000)
-            FROM [queue].[emails_history] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-            WHERE finished_at < @older_than;
-            SET @deleted = @@ROWCOUNT;
-            SET @purged = @purged + @deleted;
+            SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
+            WITH doomed AS (
+                SELECT TOP (@chunk) h.history_id
+                FROM [queue].[emails_history] AS h WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                WHERE h.finished_at < @older_than
+                ORDER BY h.finished_at, h.history_id
+            )
+
+            DELETE FROM doomed;
+            SET @chunk = @@ROWCOUNT;
+            SET @purged = @purged + @chunk;
         END;
 
     SELECT @purged AS purged;

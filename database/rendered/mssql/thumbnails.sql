@@ -106,11 +106,12 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_enqueue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
     IF @payload IS NULL OR ISJSON(@payload) = 0
         BEGIN
             SET @error_message = N'queue.thumbnails_enqueue: payload must not be NULL and must be valid JSON.';
@@ -121,6 +122,7 @@ BEGIN
             SET @error_message = N'queue.thumbnails_enqueue: dedupe_key needs option dedupe.';
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @effective_due_at datetime2(7) = COALESCE(@due_at, @now);
@@ -129,7 +131,9 @@ BEGIN
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0 AND (@id IS NOT NULL)
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND (@id IS NOT NULL)
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -180,9 +184,15 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_enqueue_batch]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
+
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
+    IF (SELECT COUNT_BIG(*) FROM @items) > 1000
+        BEGIN
+            THROW 51001, N'queue.thumbnails_enqueue_batch: at most 1000 items per call.', 1;
+        END;
 
     DECLARE @bad_ordinal int = (
         SELECT MIN(i.ordinal)
@@ -204,6 +214,7 @@ BEGIN
             SET @error_message = N'queue.thumbnails_enqueue_batch: dedupe_key needs option dedupe.';
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     -- One row per item: the id it gets, or the queued message it duplicates.
@@ -253,7 +264,8 @@ BEGIN
     WHERE i.id IS NOT NULL;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -323,12 +335,12 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_dequeue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
     -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
             SET @error_message = CONCAT(
@@ -353,6 +365,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @claimed TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
@@ -387,7 +400,9 @@ BEGIN
     DECLARE @buried_count int = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -414,10 +429,14 @@ BEGIN
 
         UPDATE own_messages
         SET
-            attempts = attempts + 1,
-            visible_at = @lease_until,
+            -- The worker's own messages come back as they are while their lease lives (the same
+            -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
+            -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
+            -- row as it was before this statement.)
+            attempts = attempts + IIF(visible_at <= @now, 1, 0),
+            visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
             leased_by = @worker,
-            leased_at = @now
+            leased_at = IIF(visible_at <= @now, @now, leased_at)
         OUTPUT
             INSERTED.id,
             INSERTED.seq,
@@ -499,7 +518,7 @@ BEGIN
                 SET @claimed_now = 0;
                 SET @priority = (
                     SELECT TOP (1) m.priority
-                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                    FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
                     ORDER BY m.priority DESC
                 );
                 WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -545,7 +564,7 @@ BEGIN
                         SET @claimed_now = @claimed_now + @@ROWCOUNT;
                         SET @priority = (
                             SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                            FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
                             WHERE m.priority < @priority
                             ORDER BY m.priority DESC
                         );
@@ -640,7 +659,6 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_complete]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -649,6 +667,7 @@ BEGIN
             SET @error_message = N'queue.thumbnails_complete: worker must be a name of 1 to 200 characters.';
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DELETE FROM [queue].[thumbnails]
@@ -672,7 +691,6 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_fail]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -691,6 +709,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @outcome varchar(8);
@@ -709,7 +728,8 @@ BEGIN
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -801,7 +821,6 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_extend_lease]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -820,6 +839,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE [queue].[thumbnails]
@@ -957,36 +977,55 @@ GO
 -- Removes queued messages, leased ones too (their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
 CREATE OR ALTER PROCEDURE [queue].[thumbnails_purge]
-    @older_than datetime2(7) = NULL
+    @older_than datetime2(7) = NULL,
+    @max_rows int = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
-    -- READPAST leaves the rows a claim holds right now (and never waits, so purge and dequeue
-    -- cannot deadlock); the bound stops a purge from chasing producers forever.
+    IF @max_rows < 1
+        BEGIN
+            THROW 51001, N'queue.thumbnails_purge: max_rows must be at least 1.', 1;
+        END;
+    SET XACT_ABORT ON;
+
+    -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
+    -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
+    -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
+    -- first, in the clustered index's order.
     DECLARE @last bigint = (SELECT MAX(m.seq) FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK));
     DECLARE @purged bigint = 0;
-    DECLARE @deleted int = 1;
+    DECLARE @chunk int = 1;
 
-    WHILE @deleted > 0
+    WHILE @chunk > 0
         BEGIN
+            SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
             IF @older_than IS NULL
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM [queue].[thumbnails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE seq <= @last;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.seq
+                        FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.seq <= @last
+                        ORDER BY m.seq
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
             ELSE
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM [queue].[thumbnails] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE seq <= @last AND enqueued_at < @older_than;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.seq
+                        FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.seq <= @last AND m.enqueued_at < @older_than
+                        ORDER BY m.seq
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
-            SET @deleted = @@ROWCOUNT;
-            SET @purged = @purged + @deleted;
+            SET @purged = @purged + @chunk;
         END;
 
     SELECT @purged AS purged;
@@ -1006,7 +1045,6 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_list]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -1019,6 +1057,7 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     IF @after_id IS NULL
         BEGIN
@@ -1071,12 +1110,13 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    DECLARE @moved int = 0;
+    DECLARE @found bit = 0;
     DECLARE @taken_id uniqueidentifier;
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -1086,6 +1126,22 @@ BEGIN
         SELECT @taken_id = m.id
         FROM [queue].[thumbnails] AS m WITH (UPDLOCK, HOLDLOCK)
         WHERE m.id = @id;
+
+        -- Then the dead row, locked to the end of the transaction: a concurrent requeue or delete of
+        -- the same id waits here and then finds it gone (not_found), instead of colliding with this
+        -- one's insert (2627).
+        SELECT @found = 1
+        FROM [queue].[thumbnails_dead] AS d WITH (UPDLOCK, HOLDLOCK)
+        WHERE d.id = @id;
+        IF @found = 0
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.thumbnails_dead_requeue: no dead-letter message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N'.'
+                );
+                THROW 51004, @error_message, 1;
+            END;
         IF @taken_id IS NOT NULL
             BEGIN
                 SET @error_message = CONCAT(
@@ -1096,7 +1152,7 @@ BEGIN
                 THROW 51001, @error_message, 1;
             END;
 
-        -- Queue table, then dead table (the fixed lock order): insert the copy, then delete.
+        -- Queue table, then dead table: insert the copy, then delete.
         INSERT INTO [queue].[thumbnails] (
             id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload
         )
@@ -1111,25 +1167,9 @@ BEGIN
             d.payload
         FROM [queue].[thumbnails_dead] AS d
         WHERE d.id = @id;
-        SET @moved = @@ROWCOUNT;
 
-        IF @moved = 1
-            BEGIN
-                DELETE FROM [queue].[thumbnails_dead]
-                WHERE id = @id;
-                -- 0: a concurrent requeue or delete got there first.
-                SET @moved = @@ROWCOUNT;
-            END;
-
-        IF @moved = 0
-            BEGIN
-                SET @error_message = CONCAT(
-                    N'queue.thumbnails_dead_requeue: no dead-letter message with id ',
-                    CONVERT(nvarchar(36), @id),
-                    N'.'
-                );
-                THROW 51004, @error_message, 1;
-            END;
+        DELETE FROM [queue].[thumbnails_dead]
+        WHERE id = @id;
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY
@@ -1188,12 +1228,13 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_process]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- It commits once per message, so it must not run inside a caller's transaction.
-    IF @@TRANCOUNT > 0
+    -- It commits once per message, so it must not run inside a caller's transaction, nor for a
+    -- caller in implicit-transaction mode (ODBC/JDBC autocommit off), whose driver commits or rolls
+    -- back what the session did as one transaction: an error would undo earlier messages' work.
+    IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0
         BEGIN
             SET @error_message = N'queue.thumbnails_process: cannot run inside an open transaction.';
             THROW 51003, @error_message, 1;
@@ -1220,6 +1261,7 @@ BEGIN
             );
             THROW 51005, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @batch_size int = 1;
     DECLARE @worker nvarchar(200) = CONCAT(N'process:', @@SPID);
@@ -1231,6 +1273,8 @@ BEGIN
     DECLARE @id uniqueidentifier;
     DECLARE @payload nvarchar(MAX);
     DECLARE @error nvarchar(4000);
+    DECLARE @error_number int;
+    DECLARE @transient_retries int;
     DECLARE @outcome varchar(8);
     DECLARE @claimed TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
@@ -1269,7 +1313,9 @@ BEGIN
             DECLARE @buried_count int = 0;
 
             BEGIN TRY
-                IF @@TRANCOUNT = 0
+                -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+                -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+                IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
                     BEGIN
                         BEGIN TRANSACTION;
                         SET @started_transaction = 1;
@@ -1296,10 +1342,14 @@ BEGIN
 
                 UPDATE own_messages
                 SET
-                    attempts = attempts + 1,
-                    visible_at = @lease_until,
+                    -- The worker's own messages come back as they are while their lease lives (the same
+                    -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
+                    -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
+                    -- row as it was before this statement.)
+                    attempts = attempts + IIF(visible_at <= @now, 1, 0),
+                    visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
                     leased_by = @worker,
-                    leased_at = @now
+                    leased_at = IIF(visible_at <= @now, @now, leased_at)
                 OUTPUT
                     INSERTED.id,
                     INSERTED.seq,
@@ -1381,7 +1431,7 @@ BEGIN
                         SET @claimed_now = 0;
                         SET @priority = (
                             SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                            FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
                             ORDER BY m.priority DESC
                         );
                         WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -1427,7 +1477,7 @@ BEGIN
                                 SET @claimed_now = @claimed_now + @@ROWCOUNT;
                                 SET @priority = (
                                     SELECT TOP (1) m.priority
-                                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                                    FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
                                     WHERE m.priority < @priority
                                     ORDER BY m.priority DESC
                                 );
@@ -1506,97 +1556,115 @@ BEGIN
             FROM @claimed AS c;
             IF @id IS NULL BREAK;
             SET @processed = @processed + 1;
+            SET @transient_retries = 0;
 
-            BEGIN TRY
-                BEGIN TRANSACTION;
+            -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) in the handler
+            -- says nothing about the message: the handler runs again under the same lease, without
+            -- spending an attempt, up to 3 times; then, as any other error, it is recorded with fail.
+            WHILE 1 = 1
+                BEGIN
+                    BEGIN TRY
+                        BEGIN TRANSACTION;
 
-                EXEC @handler_name @id = @id, @payload = @payload;
+                        EXEC @handler_name @id = @id, @payload = @payload;
 
-                SET @now = SYSUTCDATETIME();
-                DELETE FROM [queue].[thumbnails]
-                WHERE id = @id AND leased_by = @worker AND visible_at > @now;
-                IF @@ROWCOUNT = 1
-                    BEGIN
-                        COMMIT TRANSACTION;
-                        SET @completed = @completed + 1;
-                    END;
-                ELSE
-                    BEGIN
-                        -- The lease expired under the handler and may be another worker's now: undo
-                        -- the handler's writes; the message runs again elsewhere.
-                        ROLLBACK TRANSACTION;
-                    END;
-            END TRY
-            BEGIN CATCH
-                SET @error = LEFT(ERROR_MESSAGE(), 4000);
-                IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-
-                SET @now = SYSUTCDATETIME();
-                BEGIN TRANSACTION;
-                UPDATE [queue].[thumbnails]
-                SET
-                    leased_by = NULL,
-                    visible_at = DATEADD(SECOND, 0, @now),
-                    last_error = @error
-                WHERE
-                    id = @id AND leased_by = @worker AND visible_at > @now
-                    AND attempts < 4;
-
-                IF @@ROWCOUNT = 1
-                    BEGIN
-                        SET @outcome = 'retrying';
-                    END;
-                ELSE
-                    BEGIN
-                        DELETE m
-                        OUTPUT
-                            DELETED.id,
-                            DELETED.enqueued_at,
-                            DELETED.due_at,
-                            DELETED.priority,
-                            DELETED.attempts,
-                            @error,
-                            DELETED.leased_by,
-                            @now,
-                            DELETED.payload
-                        INTO
-                            @buried (
-                                id, enqueued_at, due_at, priority, attempts,
-                                last_error, last_worker, dead_at, payload
-                            )
-                        FROM [queue].[thumbnails] AS m
-                        WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now;
-                        SET @buried_count = @@ROWCOUNT;
-
-                        IF @buried_count > 0
+                        SET @now = SYSUTCDATETIME();
+                        DELETE FROM [queue].[thumbnails]
+                        WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+                        IF @@ROWCOUNT = 1
                             BEGIN
-                                DELETE d
-                                FROM [queue].[thumbnails_dead] AS d
-                                INNER JOIN @buried AS b ON d.id = b.id;
-
-                                INSERT INTO [queue].[thumbnails_dead] (
-                                    id, enqueued_at, due_at, priority, attempts,
-                                    last_error, last_worker, dead_at, payload
-                                )
-                                SELECT
-                                    id,
-                                    enqueued_at,
-                                    due_at,
-                                    priority,
-                                    attempts,
-                                    last_error,
-                                    last_worker,
-                                    dead_at,
-                                    payload
-                                FROM @buried;
-
-                                DELETE FROM @buried;
+                                COMMIT TRANSACTION;
+                                SET @completed = @completed + 1;
                             END;
-                        SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
-                    END;
-                COMMIT TRANSACTION;
-                IF @outcome <> 'lost' SET @failed = @failed + 1;
-            END CATCH;
+                        ELSE
+                            BEGIN
+                                -- The lease expired under the handler and may be another worker's
+                                -- now: undo the handler's writes; the message runs again elsewhere.
+                                ROLLBACK TRANSACTION;
+                            END;
+                        BREAK;
+                    END TRY
+                    BEGIN CATCH
+                        SET @error_number = ERROR_NUMBER();
+                        SET @error = LEFT(CONCAT(
+                            N'error ', @error_number, N' in ', COALESCE(ERROR_PROCEDURE(), N'a batch'),
+                            N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
+                        ), 4000);
+                        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        IF @error_number IN (1205, 1222, 3960) AND @transient_retries < 3
+                            BEGIN
+                                SET @transient_retries = @transient_retries + 1;
+                                CONTINUE;
+                            END;
+
+                        SET @now = SYSUTCDATETIME();
+                        BEGIN TRANSACTION;
+                        UPDATE [queue].[thumbnails]
+                        SET
+                            leased_by = NULL,
+                            visible_at = DATEADD(SECOND, 0, @now),
+                            last_error = @error
+                        WHERE
+                            id = @id AND leased_by = @worker AND visible_at > @now
+                            AND attempts < 4;
+
+                        IF @@ROWCOUNT = 1
+                            BEGIN
+                                SET @outcome = 'retrying';
+                            END;
+                        ELSE
+                            BEGIN
+                                DELETE m
+                                OUTPUT
+                                    DELETED.id,
+                                    DELETED.enqueued_at,
+                                    DELETED.due_at,
+                                    DELETED.priority,
+                                    DELETED.attempts,
+                                    @error,
+                                    DELETED.leased_by,
+                                    @now,
+                                    DELETED.payload
+                                INTO
+                                    @buried (
+                                        id, enqueued_at, due_at, priority, attempts,
+                                        last_error, last_worker, dead_at, payload
+                                    )
+                                FROM [queue].[thumbnails] AS m
+                                WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now;
+                                SET @buried_count = @@ROWCOUNT;
+
+                                IF @buried_count > 0
+                                    BEGIN
+                                        DELETE d
+                                        FROM [queue].[thumbnails_dead] AS d
+                                        INNER JOIN @buried AS b ON d.id = b.id;
+
+                                        INSERT INTO [queue].[thumbnails_dead] (
+                                            id, enqueued_at, due_at, priority, attempts,
+                                            last_error, last_worker, dead_at, payload
+                                        )
+                                        SELECT
+                                            id,
+                                            enqueued_at,
+                                            due_at,
+                                            priority,
+                                            attempts,
+                                            last_error,
+                                            last_worker,
+                                            dead_at,
+                                            payload
+                                        FROM @buried;
+
+                                        DELETE FROM @buried;
+                                    END;
+                                SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
+                            END;
+                        COMMIT TRANSACTION;
+                        IF @outcome <> 'lost' SET @failed = @failed + 1;
+                        BREAK;
+                    END CATCH;
+                END;
         END;
 
     SELECT

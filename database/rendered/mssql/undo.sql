@@ -41,10 +41,11 @@ CREATE OR ALTER PROCEDURE [queue].[undo_enqueue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
     IF @payload IS NULL
         BEGIN
             THROW 51002, N'queue.undo_enqueue: payload must not be NULL.', 1;
@@ -54,6 +55,7 @@ BEGIN
         BEGIN
             THROW 51001, N'queue.undo_enqueue: dedupe_key needs option dedupe.', 1;
         END;
+    SET XACT_ABORT ON;
 
     INSERT INTO [queue].[undo] (payload)
     VALUES (@payload);
@@ -74,9 +76,15 @@ CREATE OR ALTER PROCEDURE [queue].[undo_enqueue_batch]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
+    IF (SELECT COUNT_BIG(*) FROM @items) > 1000
+        BEGIN
+            THROW 51001, N'queue.undo_enqueue_batch: at most 1000 items per call.', 1;
+        END;
 
     DECLARE @bad_payload int = (
         SELECT MIN(i.ordinal)
@@ -108,6 +116,7 @@ BEGIN
             );
             THROW 51001, @key_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     -- The items that become rows, in ordinal order.
     DECLARE @candidates TABLE (ordinal int NOT NULL PRIMARY KEY, position int NOT NULL UNIQUE);
@@ -157,11 +166,11 @@ CREATE OR ALTER PROCEDURE [queue].[undo_dequeue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- The claim's hints are refused (skipping locked rows) or lock differently under SERIALIZABLE
     -- and SNAPSHOT: READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
             DECLARE @error_message nvarchar(2048) = CONCAT(
@@ -172,6 +181,7 @@ BEGIN
             THROW 51001, @error_message, 1;
 
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @claimed TABLE (
         id bigint NOT NULL PRIMARY KEY,
@@ -268,40 +278,58 @@ GO
 -- tablequeue:unit queue.undo_purge code
 
 CREATE OR ALTER PROCEDURE [queue].[undo_purge]
-    @older_than datetime2(7) = NULL
+    @older_than datetime2(7) = NULL,
+    @max_rows int = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
-    -- READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue cannot
-    -- deadlock); the id bound stops a purge from chasing producers forever.
+    IF @max_rows < 1
+        BEGIN
+            THROW 51001, N'queue.undo_purge: max_rows must be at least 1.', 1;
+        END;
+    SET XACT_ABORT ON;
+
+    -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
+    -- working; READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue
+    -- cannot deadlock); the id bound stops a purge from chasing producers forever. Oldest first:
+    -- in the clustered index's order.
     DECLARE @last_id bigint = (
         SELECT MAX(m.id)
         FROM [queue].[undo] AS m WITH (READPAST, READCOMMITTEDLOCK)
     );
     DECLARE @purged bigint = 0;
-    DECLARE @deleted int = 1;
+    DECLARE @chunk int = 1;
 
-    WHILE @deleted > 0
+    WHILE @chunk > 0
         BEGIN
+            SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
             IF @older_than IS NULL
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM [queue].[undo] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE id <= @last_id;
-                    SET @deleted = @@ROWCOUNT;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.id
+                        FROM [queue].[undo] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.id <= @last_id
+                        ORDER BY m.id
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
             ELSE
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM [queue].[undo] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE id <= @last_id AND enqueued_at < @older_than;
-                    SET @deleted = @@ROWCOUNT;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.id
+                        FROM [queue].[undo] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.id <= @last_id AND m.enqueued_at < @older_than
+                        ORDER BY m.id
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
-            SET @purged += @deleted;
+            SET @purged = @purged + @chunk;
         END;
 
     SELECT @purged AS purged;

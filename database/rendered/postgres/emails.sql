@@ -910,7 +910,10 @@ GRANT EXECUTE ON FUNCTION "queue"."emails_stats" TO "queue_admin";
 
 -- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
-CREATE OR REPLACE FUNCTION "queue"."emails_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."emails_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -1072,7 +1075,10 @@ GRANT EXECUTE ON FUNCTION "queue"."emails_dead_delete" TO "queue_admin";
 
 -- tablequeue:unit queue.emails_history_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."emails_history_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."emails_history_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE

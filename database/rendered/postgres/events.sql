@@ -325,7 +325,10 @@ GRANT EXECUTE ON FUNCTION "queue"."events_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.events_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."events_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."events_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE

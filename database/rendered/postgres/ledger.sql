@@ -263,7 +263,10 @@ GRANT EXECUTE ON FUNCTION "queue"."ledger_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.ledger_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."ledger_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."ledger_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE

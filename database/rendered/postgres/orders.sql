@@ -389,7 +389,10 @@ GRANT EXECUTE ON FUNCTION "queue"."orders_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.orders_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."orders_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."orders_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE

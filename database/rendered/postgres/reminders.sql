@@ -425,7 +425,10 @@ GRANT EXECUTE ON FUNCTION "queue"."reminders_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.reminders_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."reminders_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."reminders_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE

@@ -891,7 +891,10 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_stats" TO "queue_admin";
 
 -- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
-CREATE OR REPLACE FUNCTION "queue"."thumbnails_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE

@@ -253,7 +253,10 @@ GRANT EXECUTE ON FUNCTION "queue"."undo_stats" TO "queue_admin";
 
 -- tablequeue:unit queue.undo_purge code
 
-CREATE OR REPLACE FUNCTION "queue"."undo_purge"(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION "queue"."undo_purge"(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 LANGUAGE plpgsql
 VOLATILE

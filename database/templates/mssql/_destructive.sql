@@ -82,16 +82,18 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
 {{ m.check_payload('enqueue') }}
 {% if dedupe %}
     IF DATALENGTH(@dedupe_key) > 400
         BEGIN
             THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: dedupe_key is over 200 characters.', 1;
         END;
+    SET XACT_ABORT ON;
 
     -- A variable takes the database collation; compared with the column, the column's BIN2 wins.
     DECLARE @key nvarchar(200) = @dedupe_key;
@@ -100,7 +102,9 @@ BEGIN
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @key IS NOT NULL AND @@TRANCOUNT = 0
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF @key IS NOT NULL AND @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -141,6 +145,7 @@ BEGIN
         BEGIN
             THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: dedupe_key needs option dedupe.', 1;
         END;
+    SET XACT_ABORT ON;
 
     INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}payload)
     VALUES ({% if has_due %}COALESCE(@due_at, SYSUTCDATETIME()), {% endif %}@payload);
@@ -161,9 +166,12 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue_batch') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
+{{ m.check_batch_items('enqueue_batch') }}
 
     DECLARE @bad_payload int = (
         SELECT MIN(i.ordinal)
@@ -199,6 +207,7 @@ BEGIN
             );
             THROW {{ errors.invalid_argument }}, @key_message, 1;
         END;
+    SET XACT_ABORT ON;
 
     -- The items that become rows, in ordinal order.
     DECLARE @candidates TABLE (ordinal int NOT NULL PRIMARY KEY, position int NOT NULL UNIQUE);
@@ -217,7 +226,8 @@ BEGIN
     WHERE i.dedupe_key IS NOT NULL;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -355,12 +365,13 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dequeue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- The claim's hints are refused (skipping locked rows) or lock differently under SERIALIZABLE
     -- and SNAPSHOT: READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
 {{ m.check_batch_size('dequeue') }}
+    SET XACT_ABORT ON;
 
     DECLARE @claimed TABLE (
         id bigint NOT NULL PRIMARY KEY,
@@ -508,40 +519,46 @@ GO
 
 {{ m.unit(names.plain('_purge'), 'code') }}
 CREATE OR ALTER PROCEDURE {{ names.verb('purge') }}
-    @older_than datetime2(7) = NULL
+    @older_than datetime2(7) = NULL,
+    @max_rows int = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
-    -- READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue cannot
-    -- deadlock); the id bound stops a purge from chasing producers forever.
+{{ m.check_max_rows('purge') }}
+    SET XACT_ABORT ON;
+
+    -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
+    -- working; READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue
+    -- cannot deadlock); the id bound stops a purge from chasing producers forever. Oldest first:
+    -- in the clustered index's order.
     DECLARE @last_id bigint = (
         SELECT MAX(m.id)
         FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
     );
     DECLARE @purged bigint = 0;
-    DECLARE @deleted int = 1;
+    DECLARE @chunk int = 1;
 
-    WHILE @deleted > 0
+    WHILE @chunk > 0
         BEGIN
-            IF @older_than IS NULL
+            SET @chunk = {{ m.purge_chunk_size() }};
+{% for cutoff in (false, true) %}
+            {{ 'ELSE' if cutoff else 'IF @older_than IS NULL' }}
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE id <= @last_id;
-                    SET @deleted = @@ROWCOUNT;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.id
+                        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.id <= @last_id{% if cutoff %} AND m.enqueued_at < @older_than{% endif %}
+
+                        ORDER BY {{ 'm.due_at, m.id' if has_due else 'm.id' }}
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
-            ELSE
-                BEGIN
-                    DELETE TOP (4000)
-                    FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE id <= @last_id AND enqueued_at < @older_than;
-                    SET @deleted = @@ROWCOUNT;
-                END;
-            SET @purged += @deleted;
+{% endfor %}
+            SET @purged = @purged + @chunk;
         END;
 
     SELECT @purged AS purged;

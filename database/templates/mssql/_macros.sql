@@ -33,6 +33,30 @@ GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
         END;
 {%- endmacro %}
 
+{#- Batches of every verb are capped at 1,000 items: past ~5,000 row locks on one table SQL Server
+    escalates to a table lock, which READPAST cannot skip, and every consumer would wait. -#}
+{% macro check_batch_items(verb, tvp='@items') %}
+    IF (SELECT COUNT_BIG(*) FROM {{ tvp }}) > 1000
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain('_' ~ verb) }}: at most 1000 items per call.', 1;
+        END;
+{%- endmacro %}
+
+{#- max_rows bounds one purge call (NULL: everything matching, in chunks); a caller that wants short
+    transactions loops until a call purges fewer than max_rows. -#}
+{% macro check_max_rows(verb) %}
+    IF @max_rows < 1
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain('_' ~ verb) }}: max_rows must be at least 1.', 1;
+        END;
+{%- endmacro %}
+
+{#- One chunk of a purge: at most 1,000 rows (under the lock-escalation threshold however wide the
+    rows), never more than max_rows in all. -#}
+{% macro purge_chunk_size() -%}
+IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged)
+{%- endmacro %}
+
 {#- Payload validation shared by enqueue: NULL never, and JSON queues only take valid JSON. -#}
 {% macro check_payload(verb) %}
     IF @payload IS NULL{% if is_json %} OR ISJSON(@payload) = 0{% endif %}

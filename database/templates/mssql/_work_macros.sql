@@ -175,10 +175,21 @@ last_error, last_worker, dead_at, payload
 
     UPDATE {{ cte }}
     SET
+{% if own %}
+        -- The worker's own messages come back as they are while their lease lives (the same
+        -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
+        -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
+        -- row as it was before this statement.)
+        attempts = attempts + IIF(visible_at <= @now, 1, 0),
+        visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
+        leased_by = @worker,
+        leased_at = IIF(visible_at <= @now, @now, leased_at)
+{% else %}
         attempts = attempts + 1,
         visible_at = @lease_until,
         leased_by = @worker,
         leased_at = @now
+{% endif %}
     OUTPUT
         INSERTED.id,
 {% if client_ids %}
@@ -214,12 +225,13 @@ last_error, last_worker, dead_at, payload
 {%- endmacro %}
 
 {#- The next priority level below @priority (or the highest, first) among rows the claim could take.
-    It reads with the claim's hints: the one row it lands on, the head of a level, is usually the
-    row the claim then takes; otherwise it stays locked only until the claim's transaction ends. -#}
+    A probe, not a claim: it takes no lock it keeps (an update lock would be held to the end of the
+    claim's transaction and block other workers' complete of that row); READPAST steps over rows
+    other claims hold, READCOMMITTEDLOCK keeps it from reading versions under RCSI. -#}
 {% macro next_level(below) %}
     SET @priority = (
         SELECT TOP (1) m.priority
-        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
 {% if below %}
         WHERE m.priority < @priority
 {% endif %}
@@ -230,8 +242,8 @@ last_error, last_worker, dead_at, payload
 {#- The claim: expects @batch_size, @worker, @lease_seconds (validated) and @claimed, declares @now.
     Opens a transaction when the caller has none, so that the lease and any move to the
     dead-letter table are one unit. Two claim statements, never an OR (DESIGN.md §4):
-      1. the worker's own unfinished messages (leased, even unexpired: a restarted worker),
-         on ix_<queue>_lease;
+      1. the worker's own unfinished messages (leased, even unexpired: a restarted worker; a live
+         lease comes back as it is), on ix_<queue>_lease;
       2. anyone's visible messages (visible_at <= now: new, due, retried or lease expired),
          on ix_<queue>_claim{% if has_priority %}, one priority level at a time{% endif %}. -#}
 {% macro claim() %}
@@ -246,7 +258,9 @@ last_error, last_worker, dead_at, payload
 {{ buried_table() }}
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;

@@ -190,11 +190,12 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
     IF @payload IS NULL{% if is_json %} OR ISJSON(@payload) = 0{% endif %}
 
         BEGIN
@@ -211,6 +212,7 @@ BEGIN
 {{ w.throw('invalid_argument', "N'" ~ names.plain('_enqueue') ~ ": dedupe_key needs option dedupe.'") }}
         END;
 {% endif %}
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @effective_due_at datetime2(7) = COALESCE(@due_at, @now);
@@ -226,7 +228,9 @@ BEGIN
 
     BEGIN TRY
 {% if dedupe or client_ids %}
-        IF @@TRANCOUNT = 0 AND ({{ '@key IS NOT NULL' if dedupe }}{{ ' OR ' if dedupe and client_ids }}{{ '@id IS NOT NULL' if client_ids }})
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND ({{ '@key IS NOT NULL' if dedupe }}{{ ' OR ' if dedupe and client_ids }}{{ '@id IS NOT NULL' if client_ids }})
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -295,9 +299,12 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue_batch') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
+
+    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
+    -- caller's open transaction as it was.
+{{ m.check_batch_items('enqueue_batch') }}
 
     DECLARE @bad_ordinal int = (
         SELECT MIN(i.ordinal)
@@ -328,6 +335,7 @@ BEGIN
 {{ w.throw('invalid_argument', "N'" ~ names.plain('_enqueue_batch') ~ ": " ~ column ~ " needs option " ~ option ~ ".'") }}
         END;
 {% endfor %}
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     -- One row per item: the id it gets, or the queued message it duplicates.
@@ -403,7 +411,8 @@ BEGIN
 {% endif %}
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -529,16 +538,17 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dequeue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
     -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
 {{ w.check_batch_size('dequeue') }}
 {{ w.check_worker('dequeue') }}
     SET @lease_seconds = COALESCE(@lease_seconds, {{ lease_seconds }});
 {{ w.check_lease('dequeue') }}
+    SET XACT_ABORT ON;
 
 {{ w.claimed_table() }}
 
@@ -566,11 +576,11 @@ CREATE OR ALTER PROCEDURE {{ names.verb('complete') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
 {{ w.check_worker('complete') }}
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ w.complete_statement('@id', '@worker') }}
@@ -592,7 +602,6 @@ CREATE OR ALTER PROCEDURE {{ names.verb('fail') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -602,6 +611,7 @@ BEGIN
         BEGIN
 {{ w.throw('invalid_argument', ["N'" ~ names.plain('_fail') ~ ": retry_after_seconds must be between 0 and 2592000, got '", "@retry_after_seconds", "N'.'"]) }}
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @outcome varchar(8);
@@ -609,7 +619,8 @@ BEGIN
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
@@ -640,13 +651,13 @@ CREATE OR ALTER PROCEDURE {{ names.verb('extend_lease') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
 {{ w.check_worker('extend_lease') }}
     SET @lease_seconds = COALESCE(@lease_seconds, {{ lease_seconds }});
 {{ w.check_lease('extend_lease') }}
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE {{ t }}
@@ -808,36 +819,43 @@ GO
 -- Removes queued messages, leased ones too (their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
 CREATE OR ALTER PROCEDURE {{ names.verb('purge') }}
-    @older_than datetime2(7) = NULL
+    @older_than datetime2(7) = NULL,
+    @max_rows int = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Chunks of 4,000 stay under the 5,000-lock escalation threshold, so consumers keep working;
-    -- READPAST leaves the rows a claim holds right now (and never waits, so purge and dequeue
-    -- cannot deadlock); the bound stops a purge from chasing producers forever.
+{{ m.check_max_rows('purge') }}
+    SET XACT_ABORT ON;
+
+    -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
+    -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
+    -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
+    -- first, in the clustered index's order.
     DECLARE @last bigint = (SELECT MAX(m.{{ tie }}) FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK));
     DECLARE @purged bigint = 0;
-    DECLARE @deleted int = 1;
+    DECLARE @chunk int = 1;
 
-    WHILE @deleted > 0
+    WHILE @chunk > 0
         BEGIN
-            IF @older_than IS NULL
+            SET @chunk = {{ m.purge_chunk_size() }};
+{% for cutoff in (false, true) %}
+            {{ 'ELSE' if cutoff else 'IF @older_than IS NULL' }}
                 BEGIN
-                    DELETE TOP (4000)
-                    FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE {{ tie }} <= @last;
+                    WITH doomed AS (
+                        SELECT TOP (@chunk) m.{{ tie }}
+                        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                        WHERE m.{{ tie }} <= @last{% if cutoff %} AND m.enqueued_at < @older_than{% endif %}
+
+                        ORDER BY m.{{ tie }}
+                    )
+
+                    DELETE FROM doomed;
+                    SET @chunk = @@ROWCOUNT;
                 END;
-            ELSE
-                BEGIN
-                    DELETE TOP (4000)
-                    FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                    WHERE {{ tie }} <= @last AND enqueued_at < @older_than;
-                END;
-            SET @deleted = @@ROWCOUNT;
-            SET @purged = @purged + @deleted;
+{% endfor %}
+            SET @purged = @purged + @chunk;
         END;
 
     SELECT @purged AS purged;
@@ -856,7 +874,6 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dead_list') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -864,6 +881,7 @@ BEGIN
         BEGIN
 {{ w.throw('invalid_argument', ["N'" ~ names.plain('_dead_list') ~ ": page_size must be between 1 and 1000, got '", "COALESCE(CONVERT(nvarchar(12), @page_size), N'NULL')", "N'.'"]) }}
         END;
+    SET XACT_ABORT ON;
 
 {% for paged in (false, true) %}
     {{ 'ELSE' if paged else 'IF @after_id IS NULL' }}
@@ -915,7 +933,7 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    DECLARE @moved int = 0;
+    DECLARE @found bit = 0;
 {% if client_ids %}
     DECLARE @taken_id uniqueidentifier;
 {% endif %}
@@ -926,31 +944,33 @@ BEGIN
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
-        IF @@TRANCOUNT = 0
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
+{% if dedupe %}
+
+        -- Which key to lock in the queue table: a plain read that holds no lock after it (the dead
+        -- row is locked below, after the queue table, in the fixed lock order).
+        SET @key = (
+            SELECT d.dedupe_key
+            FROM {{ dead_t }} AS d
+            WHERE d.id = @id
+        );
+{% endif %}
 {% if client_ids %}
 
         -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
         SELECT @taken_id = m.id
         FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
         WHERE m.id = @id;
-        IF @taken_id IS NOT NULL
-            BEGIN
-{{ w.throw('invalid_argument', ["N'" ~ names.plain('_dead_requeue') ~ ": a message with id '", "CONVERT(nvarchar(36), @id)", "N' is queued already.'"]) | indent(4, first=true) }}
-            END;
 {% endif %}
 {% if dedupe %}
 
         -- The key may have been enqueued again since: the message then comes back without it rather
         -- than not at all (requeue is an operator's deliberate action on this one message).
-        SET @key = (
-            SELECT d.dedupe_key
-            FROM {{ dead_t }} AS d
-            WHERE d.id = @id
-        );
         IF @key IS NOT NULL
             BEGIN
                 SELECT @key_holder = m.id
@@ -958,12 +978,29 @@ BEGIN
                 WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
             END;
 {% endif %}
+
+        -- Then the dead row, locked to the end of the transaction: a concurrent requeue or delete of
+        -- the same id waits here and then finds it gone (not_found), instead of colliding with this
+        -- one's insert (2627).
+        SELECT @found = 1
+        FROM {{ dead_t }} AS d WITH (UPDLOCK, HOLDLOCK)
+        WHERE d.id = @id;
+        IF @found = 0
+            BEGIN
+{{ w.throw('not_found', ["N'" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id '", "CONVERT(nvarchar(36), @id)", "N'.'"]) | indent(4, first=true) }}
+            END;
+{% if client_ids %}
+        IF @taken_id IS NOT NULL
+            BEGIN
+{{ w.throw('invalid_argument', ["N'" ~ names.plain('_dead_requeue') ~ ": a message with id '", "CONVERT(nvarchar(36), @id)", "N' is queued already.'"]) | indent(4, first=true) }}
+            END;
+{% endif %}
 {% if not client_ids %}
 
         SET IDENTITY_INSERT {{ t }} ON;
 {% endif %}
 
-        -- Queue table, then dead table (the fixed lock order): insert the copy, then delete.
+        -- Queue table, then dead table: insert the copy, then delete.
         INSERT INTO {{ t }} (
             id, enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts, last_error, payload
         )
@@ -983,24 +1020,13 @@ BEGIN
             d.payload
         FROM {{ dead_t }} AS d
         WHERE d.id = @id;
-        SET @moved = @@ROWCOUNT;
 {% if not client_ids %}
 
         SET IDENTITY_INSERT {{ t }} OFF;
 {% endif %}
 
-        IF @moved = 1
-            BEGIN
-                DELETE FROM {{ dead_t }}
-                WHERE id = @id;
-                -- 0: a concurrent requeue or delete got there first.
-                SET @moved = @@ROWCOUNT;
-            END;
-
-        IF @moved = 0
-            BEGIN
-{{ w.throw('not_found', ["N'" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id '", "CONVERT(nvarchar(36), @id)", "N'.'"]) | indent(4, first=true) }}
-            END;
+        DELETE FROM {{ dead_t }}
+        WHERE id = @id;
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY
@@ -1047,26 +1073,36 @@ GO
 
 {{ m.unit(names.plain('_history_purge'), 'code') }}
 CREATE OR ALTER PROCEDURE {{ names.verb('history_purge') }}
-    @older_than datetime2(7) = NULL
+    @older_than datetime2(7) = NULL,
+    @max_rows int = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+{{ m.check_max_rows('history_purge') }}
+    SET XACT_ABORT ON;
 
     -- Default: the retention of option history_retention_days ({{ opt.history_retention_days }}).
     SET @older_than = COALESCE(@older_than, DATEADD(DAY, -{{ opt.history_retention_days }}, SYSUTCDATETIME()));
     DECLARE @purged bigint = 0;
-    DECLARE @deleted int = 1;
+    DECLARE @chunk int = 1;
 
-    -- A range at the start of the clustered index, in chunks below the lock-escalation threshold.
-    WHILE @deleted > 0
+    -- A range at the start of the clustered index, oldest first, in chunks below the
+    -- lock-escalation threshold.
+    WHILE @chunk > 0
         BEGIN
-            DELETE TOP (4000)
-            FROM {{ history_t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-            WHERE finished_at < @older_than;
-            SET @deleted = @@ROWCOUNT;
-            SET @purged = @purged + @deleted;
+            SET @chunk = {{ m.purge_chunk_size() }};
+            WITH doomed AS (
+                SELECT TOP (@chunk) h.history_id
+                FROM {{ history_t }} AS h WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                WHERE h.finished_at < @older_than
+                ORDER BY h.finished_at, h.history_id
+            )
+
+            DELETE FROM doomed;
+            SET @chunk = @@ROWCOUNT;
+            SET @purged = @purged + @chunk;
         END;
 
     SELECT @purged AS purged;
@@ -1090,12 +1126,13 @@ CREATE OR ALTER PROCEDURE {{ names.verb('process') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- It commits once per message, so it must not run inside a caller's transaction.
-    IF @@TRANCOUNT > 0
+    -- It commits once per message, so it must not run inside a caller's transaction, nor for a
+    -- caller in implicit-transaction mode (ODBC/JDBC autocommit off), whose driver commits or rolls
+    -- back what the session did as one transaction: an error would undo earlier messages' work.
+    IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0
         BEGIN
 {{ w.throw('in_transaction', "N'" ~ names.plain('_process') ~ ": cannot run inside an open transaction.'") }}
         END;
@@ -1111,6 +1148,7 @@ BEGIN
         BEGIN
 {{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "@handler_name", "N' does not exist.'"]) }}
         END;
+    SET XACT_ABORT ON;
 
     DECLARE @batch_size int = 1;
     DECLARE @worker nvarchar(200) = CONCAT(N'process:', @@SPID);
@@ -1122,6 +1160,8 @@ BEGIN
     DECLARE @id {{ id_type }};
     DECLARE @payload {{ payload_type }};
     DECLARE @error nvarchar(4000);
+    DECLARE @error_number int;
+    DECLARE @transient_retries int;
     DECLARE @outcome varchar(8);
 {{ w.claimed_table() }}
 
@@ -1138,36 +1178,54 @@ BEGIN
             FROM @claimed AS c;
             IF @id IS NULL BREAK;
             SET @processed = @processed + 1;
+            SET @transient_retries = 0;
 
-            BEGIN TRY
-                BEGIN TRANSACTION;
+            -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) in the handler
+            -- says nothing about the message: the handler runs again under the same lease, without
+            -- spending an attempt, up to 3 times; then, as any other error, it is recorded with fail.
+            WHILE 1 = 1
+                BEGIN
+                    BEGIN TRY
+                        BEGIN TRANSACTION;
 
-                EXEC @handler_name @id = @id, @payload = @payload;
+                        EXEC @handler_name @id = @id, @payload = @payload;
 
-                SET @now = SYSUTCDATETIME();
-{{ w.complete_statement('@id', '@worker') | indent(12, first=true) }}
-                IF @@ROWCOUNT = 1
-                    BEGIN
+                        SET @now = SYSUTCDATETIME();
+{{ w.complete_statement('@id', '@worker') | indent(20, first=true) }}
+                        IF @@ROWCOUNT = 1
+                            BEGIN
+                                COMMIT TRANSACTION;
+                                SET @completed = @completed + 1;
+                            END;
+                        ELSE
+                            BEGIN
+                                -- The lease expired under the handler and may be another worker's
+                                -- now: undo the handler's writes; the message runs again elsewhere.
+                                ROLLBACK TRANSACTION;
+                            END;
+                        BREAK;
+                    END TRY
+                    BEGIN CATCH
+                        SET @error_number = ERROR_NUMBER();
+                        SET @error = LEFT(CONCAT(
+                            N'error ', @error_number, N' in ', COALESCE(ERROR_PROCEDURE(), N'a batch'),
+                            N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
+                        ), 4000);
+                        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        IF @error_number IN (1205, 1222, 3960) AND @transient_retries < 3
+                            BEGIN
+                                SET @transient_retries = @transient_retries + 1;
+                                CONTINUE;
+                            END;
+
+                        SET @now = SYSUTCDATETIME();
+                        BEGIN TRANSACTION;
+{{ w.fail_statements('@id', '@worker', '@error', '0') | indent(20, first=true) }}
                         COMMIT TRANSACTION;
-                        SET @completed = @completed + 1;
-                    END;
-                ELSE
-                    BEGIN
-                        -- The lease expired under the handler and may be another worker's now: undo
-                        -- the handler's writes; the message runs again elsewhere.
-                        ROLLBACK TRANSACTION;
-                    END;
-            END TRY
-            BEGIN CATCH
-                SET @error = LEFT(ERROR_MESSAGE(), 4000);
-                IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-
-                SET @now = SYSUTCDATETIME();
-                BEGIN TRANSACTION;
-{{ w.fail_statements('@id', '@worker', '@error', '0') | indent(12, first=true) }}
-                COMMIT TRANSACTION;
-                IF @outcome <> 'lost' SET @failed = @failed + 1;
-            END CATCH;
+                        IF @outcome <> 'lost' SET @failed = @failed + 1;
+                        BREAK;
+                    END CATCH;
+                END;
         END;
 
     SELECT

@@ -449,7 +449,10 @@ $function$;
 {{ m.grant('stats') }}
 
 {{ m.unit(names.plain('_purge'), 'code') }}
-CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 {{ m.definer() }}
 AS $function$

@@ -793,7 +793,10 @@ $function$;
 {{ m.unit(names.plain('_purge'), 'code') }}
 -- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
 -- table is emptied with dead_delete / dead_requeue, the history with history_purge.
-CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 {{ m.definer() }}
 AS $function$
@@ -969,7 +972,10 @@ $function$;
 {% if history %}
 
 {{ m.unit(names.plain('_history_purge'), 'code') }}
-CREATE OR REPLACE FUNCTION {{ names.verb('history_purge') }}(older_than timestamptz DEFAULT NULL, max_rows integer DEFAULT NULL)
+CREATE OR REPLACE FUNCTION {{ names.verb('history_purge') }}(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
 RETURNS TABLE (purged bigint)
 {{ m.definer() }}
 AS $function$

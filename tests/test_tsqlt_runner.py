@@ -116,7 +116,7 @@ def test_pyodbc_error_class_is_found_through_the_connections_module():
     module.Error = FakeDbError
     sys.modules["fake_driver_module"] = module
     try:
-        assert tsqlt._driver_error_class(Connection()) is FakeDbError
+        assert tsqlt.driver_error_class(Connection()) is FakeDbError
     finally:
         del sys.modules["fake_driver_module"]
 

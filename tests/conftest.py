@@ -64,27 +64,7 @@ class Deployed:
 def drop_schema(dialect: str, url: str, schema: str) -> None:
     conn = connect(url, autocommit=True)
     try:
-        if dialect == "postgres":
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            for role in ("producer", "consumer", "admin"):
-                conn.execute(f'DROP ROLE IF EXISTS "{schema}_{role}"')
-            return
-        cursor = conn.cursor()
-        # Procedures first (they reference the types), then tables, types, roles and the schema.
-        cursor.execute(
-            """
-            DECLARE @sql nvarchar(max) = N'';
-            SELECT @sql += N'DROP PROCEDURE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
-            FROM sys.procedures WHERE SCHEMA_NAME(schema_id) = ?;
-            SELECT @sql += N'DROP TABLE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
-            FROM sys.tables WHERE SCHEMA_NAME(schema_id) = ?;
-            SELECT @sql += N'DROP TYPE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
-            FROM sys.types WHERE is_user_defined = 1 AND SCHEMA_NAME(schema_id) = ?;
-            SELECT @sql += N'DROP ROLE ' + QUOTENAME(name) + N';'
-            FROM sys.database_principals WHERE type = 'R' AND name IN (? + N'_producer', ? + N'_consumer', ? + N'_admin');
-            IF SCHEMA_ID(?) IS NOT NULL SET @sql += N'DROP SCHEMA ' + QUOTENAME(?) + N';';
-            EXEC sys.sp_executesql @sql;
-            """, *([schema] * 8))
+        dialect_for(dialect).drop_schema(conn, schema)
     finally:
         conn.close()
 

@@ -1,9 +1,13 @@
 """Connection URLs: SQL Server URLs become ODBC strings without losing or leaking anything."""
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 
-from tablequeue.engines import EngineError, Target, mssql_connection_string, parse_url
+from tablequeue.engines import (
+    EngineError, Target, _odbc_fields, mssql_connection_string, parse_url, with_database,
+)
 
 
 def test_dialect_from_scheme() -> None:
@@ -39,3 +43,39 @@ def test_freetds_gets_a_tds_version_and_odbc_connect_passes_through() -> None:
 
 def test_no_user_means_integrated_security() -> None:
     assert "Trusted_Connection=yes" in mssql_connection_string("mssql+pyodbc://host/db?driver=FreeTDS")
+
+
+def odbc_fields(url: str) -> dict[str, str]:
+    return {key.upper(): value for key, value in _odbc_fields(mssql_connection_string(url))}
+
+
+def test_with_database_replaces_the_database_of_a_url() -> None:
+    url = "mssql+pyodbc://sa:p%40ss@sql.example:1433/tablequeue?driver=FreeTDS&Encrypt=yes"
+    moved = with_database(url, "master")
+    assert moved == "mssql+pyodbc://sa:p%40ss@sql.example:1433/master?driver=FreeTDS&Encrypt=yes"
+    assert odbc_fields(moved)["DATABASE"] == "master" and odbc_fields(moved)["PWD"] == "{p@ss}"
+    assert with_database("mssql+pyodbc://host?driver=FreeTDS", "scratch") == "mssql+pyodbc://host/scratch?driver=FreeTDS"
+    assert (with_database("postgresql://u:pw@h:5432/app?sslmode=require", "scratch")
+            == "postgresql://u:pw@h:5432/scratch?sslmode=require")
+
+
+def test_with_database_replaces_database_inside_odbc_connect() -> None:
+    raw = "DRIVER={ODBC Driver 18 for SQL Server};SERVER=h;Database=app;PWD={a;b}}c};Encrypt=yes"
+    moved = with_database("mssql+pyodbc:///?odbc_connect=" + quote(raw, safe=""), "tablequeue_selftest_1")
+    fields = odbc_fields(moved)
+    assert fields["DATABASE"] == "{tablequeue_selftest_1}"
+    assert "Database=app" not in mssql_connection_string(moved)
+    # a braced value keeps its ';' and escaped '}}': the password is not cut in two
+    assert "PWD={a;b}}c}" in mssql_connection_string(moved)
+    assert fields["SERVER"] == "h" and fields["ENCRYPT"] == "yes"
+
+
+def test_with_database_adds_database_to_odbc_connect_without_one() -> None:
+    raw = "DRIVER={FreeTDS};SERVER=h;UID=u;PWD=p"
+    moved = with_database("mssql+pyodbc:///?odbc_connect=" + quote(raw, safe=""), "master")
+    assert mssql_connection_string(moved) == raw + ";DATABASE={master}"
+
+
+def test_with_database_refuses_an_odbc_string_it_cannot_read() -> None:
+    with pytest.raises(EngineError, match="unterminated"):
+        with_database("mssql+pyodbc:///?odbc_connect=" + quote("SERVER=h;PWD={open", safe=""), "master")

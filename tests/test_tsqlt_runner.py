@@ -1,133 +1,20 @@
 """Unit tests for tablequeue.tsqlt with a fake DB-API connection (no SQL Server here).
 
-The fake records every batch the runner sends and answers the runner's own queries with canned
-rows. A response is a list of "result sets"; each is a _Set (rows, messages) or an exception,
-raised when the runner reaches it (on execute() for the first set, on nextset() for later ones),
-which is how pyodbc reports an error raised after PRINT output.
+The fake (tests/fake_mssql.py) records every batch the runner sends and answers the runner's own
+queries with canned rows.
 """
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from fake_mssql import PREFIX, T0, FakeConnection, FakeDbError, ResultSet, db_error, row
 from tablequeue import tsqlt
 from tablequeue.tsqlt import (
     TsqltError, TsqltResult, TsqltTestResult, count_tsqlt_tests, find_tsqlt_tests, run_tsqlt,
 )
-
-T0 = datetime(2024, 5, 1, 12, 0, 0)
-PREFIX = "[Microsoft][ODBC Driver 18 for SQL Server][SQL Server]"
-
-
-class FakeDbError(Exception):
-    """Like pyodbc.Error: args are (sqlstate, message)."""
-
-
-@dataclass
-class _Set:
-    rows: list[tuple] = field(default_factory=list)
-    messages: list[tuple[str, str]] = field(default_factory=list)
-
-
-def db_error(message: str, sqlstate: str = "42000") -> FakeDbError:
-    return FakeDbError(sqlstate, f"{PREFIX}{message} (50000) (SQLExecDirectW)")
-
-
-def row(test_class, case, result, msg=None, ms=100):
-    return (test_class, case, result, msg, T0, T0 + timedelta(milliseconds=ms))
-
-
-class FakeCursor:
-    def __init__(self, connection: FakeConnection) -> None:
-        self.connection = connection
-        self.noscan = False
-        self._sets: list = []
-        self._current = _Set()
-        self.closed = False
-
-    @property
-    def messages(self) -> list[tuple[str, str]]:
-        return self._current.messages
-
-    def execute(self, sql: str) -> FakeCursor:
-        assert self.noscan is True, "the runner must set noscan before executing script text"
-        self.connection.executed.append(sql)
-        self._sets = list(self.connection.respond(sql))
-        self._advance()
-        return self
-
-    def _advance(self) -> bool:
-        if not self._sets:
-            self._current = _Set()
-            return False
-        item = self._sets.pop(0)
-        if isinstance(item, Exception):
-            self._current = _Set()
-            raise item
-        self._current = item
-        return True
-
-    def nextset(self) -> bool | None:
-        return True if self._advance() else None
-
-    def fetchone(self):
-        return self._current.rows[0] if self._current.rows else None
-
-    def fetchall(self):
-        return list(self._current.rows)
-
-    def close(self) -> None:
-        self.closed = True
-        self.connection.closed_cursors += 1
-
-
-class FakeConnection:
-    Error = FakeDbError  # PEP 249 optional extension; pyodbc is found through its module instead
-
-    def __init__(self, *, edition=3, database="tablequeue", clr_enabled=1, clr_strict=1,
-                 results=(), run_all=None, answers=None, version="1.0.8083.3529") -> None:
-        self.autocommit = True
-        self.executed: list[str] = []
-        self.closed_cursors = 0
-        self.edition, self.database = edition, database
-        self.clr_enabled, self.clr_strict = clr_enabled, clr_strict
-        self.results = list(results)
-        self.run_all = run_all if run_all is not None else [_Set(messages=[("[01000] (0)", f"{PREFIX}ok")])]
-        self.answers = answers or {}    # text fragment -> result sets/errors for that batch
-        self.version = version
-
-    def cursor(self) -> FakeCursor:
-        return FakeCursor(self)
-
-    def respond(self, sql: str) -> list:
-        for fragment, answer in self.answers.items():
-            if fragment in sql:
-                return list(answer)
-        if sql == tsqlt.EDITION_SQL:
-            return [_Set(rows=[(self.edition, self.database)])]
-        if sql == tsqlt.CLR_SQL:
-            return [_Set(rows=[(self.clr_enabled, self.clr_strict)])]
-        if sql == tsqlt.VERSION_SQL:
-            return [_Set(rows=[(self.version,)])]
-        if sql == tsqlt.RUN_ALL_SQL:
-            return list(self.run_all)
-        if sql == tsqlt.RESULTS_SQL:
-            return [_Set(rows=list(self.results))]
-        if "sp_configure" in sql:  # PrepareServer.sql enables CLR
-            self.clr_enabled = 1
-        # a DDL batch: a rowcount "set" and a PRINT, like SQL Server with NOCOUNT OFF
-        return [_Set(), _Set(messages=[("[01000] (0)", f"{PREFIX}done")])]
-
-    def batches(self) -> list[str]:
-        """What was executed other than the runner's own queries."""
-        own = {tsqlt.EDITION_SQL, tsqlt.SESSION_SQL, tsqlt.CLR_SQL, tsqlt.VERSION_SQL, tsqlt.RUN_ALL_SQL,
-               tsqlt.RESULTS_SQL}
-        return [sql for sql in self.executed if sql not in own]
-
 
 INSTALL = """\
 IF OBJECT_ID('tSQLt.Info') IS NOT NULL EXEC ('PRINT ''old''');
@@ -206,7 +93,7 @@ def test_batches_are_split_and_sent_in_order():
 
 def test_every_result_set_is_drained_so_late_errors_surface():
     # the error comes after a rowcount and a PRINT, as pyodbc reports it: on nextset()
-    late_error = [_Set(), _Set(messages=[("[01000] (0)", "x")]), db_error("There is already a schema named 'tSQLt'.")]
+    late_error = [ResultSet(), ResultSet(messages=[("[01000] (0)", "x")]), db_error("There is already a schema named 'tSQLt'.")]
     conn = FakeConnection(answers={"CREATE SCHEMA tSQLt;": late_error})
     with pytest.raises(TsqltError) as info:
         run_tsqlt(conn, INSTALL, scripts(), None)
@@ -229,7 +116,7 @@ def test_pyodbc_error_class_is_found_through_the_connections_module():
     module.Error = FakeDbError
     sys.modules["fake_driver_module"] = module
     try:
-        assert tsqlt._driver_error_class(Connection()) is FakeDbError
+        assert tsqlt.driver_error_class(Connection()) is FakeDbError
     finally:
         del sys.modules["fake_driver_module"]
 
@@ -247,8 +134,8 @@ FAILING_ROWS = [
 
 def run_all_failing():
     return [
-        _Set(messages=[("[01000] (0)", f"{PREFIX}|No|Test Case Name|Result|")]),
-        _Set(messages=[("[01000] (0)", f"{PREFIX}[QueueTests].[test dequeue on empty queue] failed")]),
+        ResultSet(messages=[("[01000] (0)", f"{PREFIX}|No|Test Case Name|Result|")]),
+        ResultSet(messages=[("[01000] (0)", f"{PREFIX}[QueueTests].[test dequeue on empty queue] failed")]),
         db_error("Test Case Summary: 3 test case(s) executed, 1 succeeded, 0 skipped, 1 failed, 1 errored."),
     ]
 

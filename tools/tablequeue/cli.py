@@ -1,4 +1,4 @@
-"""Command line: tablequeue render | deploy | script | status | test-tsql | demo.
+"""Command line: tablequeue render | deploy | script | status | test-tsql | selftest | demo.
 
 Exit codes: 0 success; 1 a database or runtime error; 2 invalid input (catalog, arguments);
 3 deploy refused (a change that would drop or rebuild a queue table).
@@ -142,6 +142,38 @@ def cmd_test_tsql(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from .engines import parse_url
+    from .selftest import (
+        DEFAULT_CATALOG, SelftestError, SelftestInvalid, SelftestOptions, markdown_report, run_selftest,
+    )
+
+    mssql = parse_url(args.url).dialect == "mssql"
+    # The environment's tSQLt paths are for SQL Server URLs; only the options are refused for PostgreSQL.
+    installer = args.tsqlt or (os.environ.get("TABLEQUEUE_TSQLT") if mssql else None)
+    prepare = args.prepare_server or (os.environ.get("TABLEQUEUE_TSQLT_PREPARE") if mssql else None)
+    options = SelftestOptions(
+        url=args.url, catalog=Path(args.catalog) if args.catalog else DEFAULT_CATALOG,
+        tsqlt_installer=Path(installer) if installer else None,
+        prepare_server=Path(prepare) if prepare else None,
+        scratch=args.scratch, rcsi=args.rcsi, keep=args.keep,
+        junit=Path(args.junit) if args.junit else None, report=Path(args.report) if args.report else None,
+        conformance_filter=args.conformance_filter,
+    )
+    try:
+        result = run_selftest(options, progress=lambda line: print(line, flush=True))
+    except SelftestInvalid as exc:
+        print(f"tablequeue selftest: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except SelftestError as exc:
+        print(f"tablequeue selftest: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print()
+    print(markdown_report(result))
+    print(result.summary())
+    return result.exit_code
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -188,6 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", help=EXAMPLE_CATALOG_HELP)
     p.add_argument("--junit", help="write JUnit XML here")
     p.set_defaults(func=cmd_test_tsql)
+
+    p = sub.add_parser("selftest", help="on your server: scratch database, deploy, tSQLt and the conformance "
+                                        "suite, a JUnit file and a markdown report, then drop it all")
+    p.add_argument("--url", required=True, help="mssql+pyodbc://... or postgresql://...")
+    p.add_argument("--tsqlt", help="path to tSQLt.class.sql (default: $TABLEQUEUE_TSQLT; SQL Server only)")
+    p.add_argument("--prepare-server", help="path to tSQLt's PrepareServer.sql (default: $TABLEQUEUE_TSQLT_PREPARE)")
+    p.add_argument("--catalog", help="the catalog to deploy and test (default: the built-in catalog with "
+                                     "every kind and option)")
+    p.add_argument("--scratch", choices=("database", "schema"), default="database",
+                   help="create a scratch database (default), or only a scratch schema in the URL's database")
+    p.add_argument("--rcsi", choices=("on", "off", "both"),
+                   help="READ_COMMITTED_SNAPSHOT of the scratch database (default: both, one run each)")
+    p.add_argument("--keep", action="store_true", help="do not drop the scratch database or schema")
+    p.add_argument("--junit", help="write one JUnit XML file with every test of the run here")
+    p.add_argument("--report", help="write the markdown report here (it is printed too)")
+    p.add_argument("--conformance-filter", metavar="EXPR",
+                   help="run only the conformance tests matching this pytest -k expression")
+    p.set_defaults(func=cmd_selftest)
 
     p = sub.add_parser("demo", help="deploy the catalog to a throwaway PostgreSQL and run every queue")
     p.add_argument("--catalog", help=EXAMPLE_CATALOG_HELP)

@@ -9,7 +9,7 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from .gosplit import split_batches
 from .render import Unit
@@ -73,6 +73,55 @@ def mssql_connection_string(url: str) -> str:
     return ";".join(f"{k}={v}" for k, v in fields.items())
 
 
+def _odbc_fields(text: str) -> list[tuple[str, str]]:
+    """key=value pairs of an ODBC connection string, values as written ({braced} ones may hold ';')."""
+    fields: list[tuple[str, str]] = []
+    position = 0
+    while position < len(text):
+        equals = text.find("=", position)
+        if equals < 0:
+            if text[position:].strip(" ;"):
+                raise EngineError(f"cannot read the ODBC connection string near {text[position:]!r}")
+            break
+        key = text[position:equals].strip(" ;")
+        end = equals + 1
+        if text[end:end + 1] == "{":
+            end += 1
+            while True:
+                close = text.find("}", end)
+                if close < 0:
+                    raise EngineError(f"unterminated {{ in the ODBC connection string, field {key!r}")
+                if text[close + 1:close + 2] == "}":  # '}}' is an escaped brace inside the value
+                    end = close + 2
+                    continue
+                end = close + 1
+                break
+        semicolon = text.find(";", end)
+        end = len(text) if semicolon < 0 else semicolon
+        fields.append((key, text[equals + 1:end]))
+        position = end + 1
+    return fields
+
+
+def with_database(url: str, database: str) -> str:
+    """The same URL, connecting to another database of the same server.
+
+    For ?odbc_connect= the DATABASE field of the ODBC string is replaced (or added)."""
+    parts = urlsplit(url)
+    if parse_url(url).dialect == "mssql":
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        if any(key == "odbc_connect" for key, _ in query):
+            query = [(key, _odbc_with_database(value, database) if key == "odbc_connect" else value)
+                     for key, value in query]
+            return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+    return urlunsplit(parts._replace(path="/" + quote(database, safe="")))
+
+
+def _odbc_with_database(odbc: str, database: str) -> str:
+    kept = [(key, value) for key, value in _odbc_fields(odbc) if key.casefold() != "database"]
+    return ";".join(f"{key}={value}" for key, value in kept + [("DATABASE", "{" + database.replace("}", "}}") + "}")])
+
+
 def connect(url: str, autocommit: bool = True) -> Any:
     target = parse_url(url)
     if target.dialect == "postgres":
@@ -101,6 +150,9 @@ class Dialect(Protocol):
     def count_messages(self, conn: Any, table: str, limit: int) -> int | None:
         """Up to `limit` rows of the table; None when there is no table of that name."""
         ...
+    def drop_schema(self, conn: Any, schema: str) -> None:
+        """Drop a deployed schema with everything in it, and its roles (for tests and scratch copies)."""
+        ...
 
 
 HISTORY_TABLE = "tablequeue_deploy_history"
@@ -116,6 +168,19 @@ MSSQL_OBJECT_CHECKSUM = """SELECT COALESCE(
          WITHIN GROUP (ORDER BY c.column_id)), 2)
      FROM sys.columns AS c
      WHERE c.object_id = OBJECT_ID(QUOTENAME(@unit_schema) + N'.' + QUOTENAME(@unit_name), N'U')))"""
+MSSQL_DROP_SCHEMA = """
+DECLARE @sql nvarchar(max) = N'';
+SELECT @sql += N'DROP PROCEDURE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
+FROM sys.procedures WHERE SCHEMA_NAME(schema_id) = ?;
+SELECT @sql += N'DROP TABLE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
+FROM sys.tables WHERE SCHEMA_NAME(schema_id) = ?;
+SELECT @sql += N'DROP TYPE ' + QUOTENAME(SCHEMA_NAME(schema_id)) + N'.' + QUOTENAME(name) + N';'
+FROM sys.types WHERE is_user_defined = 1 AND SCHEMA_NAME(schema_id) = ?;
+SELECT @sql += N'DROP ROLE ' + QUOTENAME(name) + N';'
+FROM sys.database_principals WHERE type = 'R' AND name IN (? + N'_producer', ? + N'_consumer', ? + N'_admin');
+IF SCHEMA_ID(?) IS NOT NULL SET @sql += N'DROP SCHEMA ' + QUOTENAME(?) + N';';
+EXEC sys.sp_executesql @sql;
+"""
 HISTORY_COLUMNS = ("unit_name", "unit_type", "queue_name", "tool_version", "unit_checksum",
                    "object_checksum", "applied_at", "applied_by", "duration_ms")
 
@@ -228,6 +293,13 @@ class PostgresDialect:
                             (limit,)).fetchone()[0]
 
 
+    def drop_schema(self, conn: Any, schema: str) -> None:
+        # Roles are objects of the cluster, not of the schema: CASCADE leaves them behind.
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        for role in ("producer", "consumer", "admin"):
+            conn.execute(f'DROP ROLE IF EXISTS "{schema}_{role}"')
+
+
 class _SignatureChanged(Exception):
     pass
 
@@ -312,6 +384,16 @@ class MssqlDialect:
         # refused (error 650) and the deploy would fail instead of refusing with exit code 3.
         return self._scalar(conn, f"SELECT COUNT_BIG(*) FROM (SELECT TOP (?) 1 AS one FROM "
                                   f"[{schema}].[{name}] WITH (READPAST, READCOMMITTEDLOCK)) AS m", limit)
+
+
+    def drop_schema(self, conn: Any, schema: str) -> None:
+        # Procedures first (they reference the types), then tables, types, roles and the schema.
+        cursor = conn.cursor()
+        try:
+            cursor.execute(MSSQL_DROP_SCHEMA, *([schema] * 8))
+            conn.commit()
+        finally:
+            cursor.close()
 
 
 def dialect_for(name: str) -> Dialect:

@@ -50,7 +50,8 @@ from .gosplit import Batch, GoSplitError, mask_comments_and_strings, split_batch
 
 __all__ = [
     "TsqltError", "TsqltTestResult", "TsqltResult",
-    "run_tsqlt", "count_tsqlt_tests", "find_tsqlt_tests", "write_junit",
+    "run_tsqlt", "count_tsqlt_tests", "find_tsqlt_tests", "write_junit", "junit_element",
+    "driver_error_class", "server_message",
 ]
 
 # SERVERPROPERTY('EngineEdition') values whose engine has no SQLCLR, so no tSQLt.
@@ -239,7 +240,7 @@ def count_tsqlt_tests(test_class_scripts: Iterable[tuple[str, str]]) -> int:
 
 # --- talking to the server -------------------------------------------------------------------
 
-def _driver_error_class(connection: object) -> type[Exception]:
+def driver_error_class(connection: object) -> type[Exception]:
     """The driver's DB-API ``Error`` class: ``connection.Error`` (PEP 249 optional extension)
     or ``Error`` of the module the connection's class comes from (``pyodbc.Error``)."""
     candidates = (
@@ -256,7 +257,7 @@ def _server_text(text: str) -> str:
     return _DRIVER_PREFIX.sub("", text).strip()
 
 
-def _error_text(exc: BaseException) -> str:
+def server_message(exc: BaseException) -> str:
     """The server's message from a driver error; pyodbc's args are (sqlstate, message)."""
     args = getattr(exc, "args", ())
     if len(args) >= 2 and isinstance(args[1], str):
@@ -273,7 +274,7 @@ def _messages(cursor: object) -> list[str]:
 class _Session:
     def __init__(self, connection: _Connection) -> None:
         self.connection = connection
-        self.error_class = _driver_error_class(connection)
+        self.error_class = driver_error_class(connection)
 
     def _cursor(self) -> _Cursor:
         cursor = self.connection.cursor()
@@ -310,7 +311,7 @@ class _Session:
                 except self.error_class as exc:
                     raise TsqltError(
                         f"{script_name}: the batch starting at line {batch.line} failed: "
-                        f"{_error_text(exc)}{hint}"
+                        f"{server_message(exc)}{hint}"
                     ) from exc
 
 
@@ -318,7 +319,7 @@ def _single_row(session: _Session, sql: str, what: str) -> Sequence[Any]:
     try:
         rows = session.query(sql)
     except session.error_class as exc:
-        raise TsqltError(f"cannot read {what}: {_error_text(exc)}") from exc
+        raise TsqltError(f"cannot read {what}: {server_message(exc)}") from exc
     if not rows:
         raise TsqltError(f"cannot read {what}: the query returned no row")
     return rows[0]
@@ -381,7 +382,7 @@ def _tsqlt_version(session: _Session) -> str | None:
     try:
         rows = session.query(VERSION_SQL)
     except session.error_class as exc:
-        raise TsqltError(f"tSQLt.class.sql ran but tSQLt.Info() fails: {_error_text(exc)}") from exc
+        raise TsqltError(f"tSQLt.class.sql ran but tSQLt.Info() fails: {server_message(exc)}") from exc
     return str(rows[0][0]) if rows and rows[0][0] is not None else None
 
 
@@ -390,7 +391,7 @@ def _run_all(session: _Session) -> tuple[list[str], str | None]:
     try:
         session.execute(RUN_ALL_SQL, output)
     except session.error_class as exc:  # expected when a test failed: read the results anyway
-        return output, _error_text(exc)
+        return output, server_message(exc)
     return output, None
 
 
@@ -400,7 +401,7 @@ def _read_results(session: _Session, run_all_error: str | None) -> list[TsqltTes
     except session.error_class as exc:
         context = f" (tSQLt.RunAll had failed with: {run_all_error})" if run_all_error else ""
         raise TsqltError(
-            f"cannot read tSQLt.TestResult: {_error_text(exc)}{context}. This runner needs a "
+            f"cannot read tSQLt.TestResult: {server_message(exc)}{context}. This runner needs a "
             "tSQLt release whose TestResult table has TestStartTime and TestEndTime."
         ) from exc
     return [
@@ -523,6 +524,14 @@ def _suite_element(parent: ET.Element, name: str, tests: list[TsqltTestResult]) 
 
 
 def write_junit(result: TsqltResult, path: Path) -> None:
+    """Write junit_element(result) to path."""
+    root = junit_element(result)
+    ET.indent(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def junit_element(result: TsqltResult) -> ET.Element:
     """JUnit XML: one <testsuite> per test class, <failure>/<error>/<skipped> per outcome.
 
     Tests defined in the scripts but not run by tSQLt.RunAll are reported as errors so the
@@ -537,9 +546,7 @@ def write_junit(result: TsqltResult, path: Path) -> None:
     for name, tests in by_class.items():
         _suite_element(root, name, tests)
     _set_counts(root, [t for tests in by_class.values() for t in tests])
-    ET.indent(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    return root
 
 
 def _not_run_by_class(not_run: Sequence[tuple[str, str]]) -> dict[str, list[TsqltTestResult]]:

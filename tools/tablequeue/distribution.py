@@ -42,6 +42,11 @@ def _checkout_pyproject() -> dict | None:
     return project if project.get("name") == DISTRIBUTION else None
 
 
+def checkout_root() -> Path | None:
+    """The root of the tablequeue checkout this package runs from; None for an installed wheel."""
+    return _CHECKOUT_ROOT if _checkout_pyproject() is not None else None
+
+
 @functools.cache
 def version() -> str:
     """The tool version that rendered headers and the deploy history record."""

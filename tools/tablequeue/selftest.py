@@ -49,14 +49,14 @@ from .catalog import Catalog, load_catalog
 from .deploy import deploy
 from .engines import Target, dialect_for, parse_url, with_database
 from .engines import connect as engine_connect
-from .render import REPO_ROOT, render_catalog, render_tsqlt
+from .distribution import checkout_root
+from .render import render_catalog, render_tsqlt
 from .tsqlt import (
     CLR_SQL, NO_CLR_EDITIONS, SYSTEM_DATABASES, TsqltResult, find_tsqlt_tests, junit_element, run_tsqlt,
     server_message,
 )
 
 DEFAULT_CATALOG = Path(__file__).with_name("selftest_catalog.yml")
-CONFORMANCE_DIR = REPO_ROOT / "tests" / "conformance"
 SCRATCH_KINDS = ("database", "schema")
 RCSI_CHOICES = ("on", "off", "both")
 FAILURES_LISTED = 50
@@ -201,7 +201,7 @@ Connect = Callable[..., Any]
 
 
 def run_selftest(options: SelftestOptions, *, connect: Connect = engine_connect,
-                 conformance_dir: Path = CONFORMANCE_DIR,
+                 conformance_dir: Path | None = None,
                  progress: Callable[[str], None] = lambda line: None) -> SelftestResult:
     """Run everything, clean up, write the JUnit file and the report; see the module docstring.
 
@@ -482,7 +482,15 @@ def _tsqlt_outcome(outcome: TsqltResult, seconds: float) -> HalfRun:
 # --- conformance half ------------------------------------------------------------------------
 
 def _conformance_half(result: SelftestResult, options: SelftestOptions, mode: ModeRun,
-                      tests_dir: Path, progress: Callable[[str], None]) -> HalfRun:
+                      tests_dir: Path | None, progress: Callable[[str], None]) -> HalfRun:
+    """tests_dir: the conformance suite; None: the checkout's tests/conformance, when there is one."""
+    if tests_dir is None:
+        root = checkout_root()
+        if root is None:
+            return HalfRun("conformance", "not run", (
+                "the conformance tests come with a checkout of the tablequeue repository, not with the "
+                "installed package; run selftest from a checkout"))
+        tests_dir = root / "tests" / "conformance"
     if not tests_dir.is_dir():
         return HalfRun("conformance", "not run", (
             f"the conformance tests are not here ({tests_dir} does not exist): they come with a checkout "

@@ -96,9 +96,7 @@ class Env:
 
     def drop(self) -> None:
         with self.conn() as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
-            for role in ("producer", "consumer", "admin"):
-                conn.execute(f'DROP ROLE IF EXISTS "{self.schema}_{role}"')
+            dialect_for("postgres").drop_schema(conn, self.schema)
 
 
 def deploy_env(url: str, entries: list[dict]) -> Env:

@@ -205,8 +205,9 @@ def test_postgres_upgrade_creates_new_storage_units_next_to_queues_that_hold_mes
     schema = f"d_{secrets.token_hex(4)}"
     queues = [{"name": "p", "kind": "pending"}, {"name": "w", "kind": "work"}]
     units = units_for("postgres", schema, queues)
-    new_units = [u.name for u in units if u.name.endswith(("_rewinds", "_lease_start"))]
-    assert new_units == [f"{schema}.p_rewinds", f"{schema}.w_rewinds", f"{schema}.ix_w_lease_start"]
+    new_units = [u.name for u in units if u.name.endswith(("_rewinds", "_lease_start", "_ownership"))]
+    assert new_units == [f"{schema}.p_rewinds", f"{schema}.p_ownership", f"{schema}.w_rewinds",
+                         f"{schema}.ix_w_lease_start", f"{schema}.w_ownership"]
     try:
         run_deploy("postgres", pg_url, schema, [u for u in units if u.name not in new_units])
         catalog = parse_catalog({"schema": schema, "queues": queues})
@@ -219,12 +220,18 @@ def test_postgres_upgrade_creates_new_storage_units_next_to_queues_that_hold_mes
             result = run_deploy("postgres", pg_url, schema, units)
             assert [name for name, _ in result.applied] == new_units
             assert all(item.action == "create" for item in result.plan.changes)
+            # The sequences created after the queue tables belong to the owner role too (the
+            # ownership unit comes after every storage unit of its queue).
+            owners = dict(conn.execute(
+                "SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class AS c JOIN pg_namespace AS n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'S')", (schema,)).fetchall())
+            assert {owners[name] for name in ("p", "p_rewinds", "w", "w_rewinds")} == {f"{schema}_owner"}
             for name in ("p", "w"):
                 client = QueueClient.for_catalog(conn, "postgres", catalog, name)
                 got = client.dequeue(batch_size=10, worker="a") if name == "w" else client.dequeue(batch_size=10)
                 assert len(got) == 5
             states = {row.unit_name: row.state for row in status(conn, dialect_for("postgres"), schema, units)}
-            assert {states[name] for name in new_units} == {"ok"}
+            assert {states[name] for name in new_units} == {"ok", "ok (no single object to check)"}
             conn.execute(f'DROP SEQUENCE "{schema}"."w_rewinds"')
             conn.execute(f'DROP INDEX "{schema}"."ix_w_lease_start"')
             conn.execute(f'CREATE INDEX "ix_w_lease_start" ON "{schema}"."w" (leased_by)')
@@ -269,24 +276,48 @@ def test_postgres_hand_run_script_deploys_and_is_recorded(pg_url: str, tmp_path:
         drop_schema("postgres", pg_url, schema)
 
 
-def test_postgres_roles_grant_verbs_not_tables(pg_url: str) -> None:
+ROLE_QUEUES = [{"name": "jobs", "kind": "work", "options": {"max_attempts": 1, "history": True}}]
+# Each role's verbs (DESIGN.md §3), called on a work queue with arguments that succeed.
+ROLE_VERBS = {
+    "producer": {"enqueue": {"payload": {"a": 1}}, "enqueue_batch": {"items": [{"payload": {"a": 2}}]}},
+    "consumer": {"dequeue": {"worker": "w"}, "complete": {"id": 0, "worker": "w"},
+                 "fail": {"id": 0, "worker": "w", "error": "e"}, "extend_lease": {"id": 0, "worker": "w"}},
+    "admin": {"stats": {}, "purge": {"max_rows": 1}, "dead_list": {}, "history_purge": {}},
+}
+
+
+def call_verb(client: QueueClient, verb: str, arguments: dict) -> None:
+    if verb == "enqueue_batch":
+        client.enqueue_batch(arguments["items"])
+    elif verb == "enqueue":
+        client.enqueue(**arguments)
+    else:
+        client.call(verb, arguments)
+
+
+@pytest.mark.parametrize("role", list(ROLE_VERBS))
+def test_postgres_each_role_runs_its_verbs_and_nothing_else(pg_url: str, role: str) -> None:
+    import psycopg
+
     schema = f"d_{secrets.token_hex(4)}"
     login = f"app_{secrets.token_hex(4)}"
-    run_deploy("postgres", pg_url, schema, units_for("postgres", schema, QUEUES))
+    run_deploy("postgres", pg_url, schema, units_for("postgres", schema, ROLE_QUEUES))
+    catalog = parse_catalog({"schema": schema, "queues": ROLE_QUEUES})
     conn = connect(pg_url)
     try:
-        conn.execute(f'CREATE ROLE "{login}" NOLOGIN IN ROLE "{schema}_producer"')
+        conn.execute(f'CREATE ROLE "{login}" NOLOGIN IN ROLE "{schema}_{role}"')
         conn.execute(f'SET ROLE "{login}"')
-        catalog = parse_catalog({"schema": schema, "queues": QUEUES})
-        client = QueueClient.for_catalog(conn, "postgres", catalog, "events")
-        assert client.enqueue({"a": 1})["duplicate"] is False
-        import psycopg
-
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            client.dequeue()
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute(f'SELECT * FROM "{schema}"."events"')
-        conn.execute("RESET ROLE")
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "jobs")
+        for other, verbs in ROLE_VERBS.items():
+            for verb, arguments in verbs.items():
+                if other == role:
+                    call_verb(client, verb, arguments)
+                else:
+                    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                        call_verb(client, verb, arguments)
+        for table in ("jobs", "jobs_dead", "jobs_history"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(f'SELECT * FROM "{schema}"."{table}"')
     finally:
         conn.execute("RESET ROLE")
         conn.close()
@@ -294,6 +325,66 @@ def test_postgres_roles_grant_verbs_not_tables(pg_url: str) -> None:
         c2 = connect(pg_url)
         c2.execute(f'DROP ROLE IF EXISTS "{login}"')
         c2.close()
+
+
+def test_postgres_the_owner_role_owns_every_queue_object_and_cannot_log_in(pg_url: str) -> None:
+    # SECURITY DEFINER functions run with their owner's rights: 0.1.0 left them (and the tables) to
+    # whoever deployed, a superuser as often as not.
+    schema = f"d_{secrets.token_hex(4)}"
+    queues = QUEUES + [{"name": "jobs", "kind": "work", "options": {"history": True, "client_ids": True}},
+                       {"name": "later", "kind": "pending"}]
+    run_deploy("postgres", pg_url, schema, units_for("postgres", schema, queues))
+    conn = connect(pg_url)
+    try:
+        owners = conn.execute(
+            "SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            "AND c.relname <> 'tablequeue_deploy_history' AND c.relname NOT LIKE '%%deploy_history%%' "
+            "AND c.relkind IN ('r', 'S', 'c', 'i')", (schema,)).fetchall()
+        routines = conn.execute(
+            "SELECT p.proname, pg_get_userbyid(p.proowner) FROM pg_proc AS p "
+            "JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE n.nspname = %s", (schema,)).fetchall()
+        owner = conn.execute("SELECT rolcanlogin, rolsuper, rolcreaterole FROM pg_roles WHERE rolname = %s",
+                             (f"{schema}_owner",)).fetchone()
+    finally:
+        conn.close()
+        drop_schema("postgres", pg_url, schema)
+    assert {"events", "jobs", "jobs_dead", "jobs_history", "jobs_enqueue_result", "later_rewinds",
+            "jobs_id_seq"} <= {name for name, _ in owners}
+    assert {name: who for name, who in owners if who != f"{schema}_owner"} == {}
+    assert len(routines) > 20
+    assert {name: who for name, who in routines if who != f"{schema}_owner"} == {}
+    assert owner == (False, False, False)
+
+
+def test_postgres_roles_are_not_shared_with_another_database_unless_asked(pg_url: str) -> None:
+    # Roles belong to the cluster: the same schema name in a second database would hand its queues
+    # to the first one's role members. The deploy refuses (exit 3) before it applies anything.
+    import psycopg
+
+    schema = f"d_{secrets.token_hex(4)}"
+    other_db = f"tq_other_{secrets.token_hex(3)}"
+    other_url = pg_url.rsplit("/", 1)[0] + "/" + other_db
+    run_deploy("postgres", pg_url, schema, units_for("postgres", schema, QUEUES))
+    admin = connect(pg_url)
+    admin.execute(f'CREATE DATABASE "{other_db}"')
+    try:
+        with pytest.raises(DeployRefused, match=rf"role {schema}_admin already serves schema {schema} of database"):
+            run_deploy("postgres", other_url, schema, units_for("postgres", schema, QUEUES))
+        with psycopg.connect(other_url) as other:
+            assert other.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone()[0] is None
+        # The hand-run script has no deploy tool in front of it: the role unit refuses by itself.
+        script_units = units_for("postgres", schema, QUEUES)
+        with psycopg.connect(other_url, autocommit=True) as other:
+            with pytest.raises(psycopg.Error) as refused:
+                other.execute(script_units[0].body)
+                other.execute(script_units[1].body)
+            assert refused.value.sqlstate == "TQ007"
+        run_deploy("postgres", other_url, schema, units_for("postgres", schema, QUEUES), share_roles=True)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{other_db}" WITH (FORCE)')
+        admin.close()
+        drop_schema("postgres", pg_url, schema)
 
 
 def test_upgrade_while_messages_wait_and_a_consumer_is_mid_transaction(target) -> None:

@@ -107,9 +107,7 @@ class Postgres:
         conn = connect(self.url, autocommit=True)
         try:
             for schema in self.schemas:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-                for role in ("producer", "consumer", "admin"):
-                    conn.execute(f'DROP ROLE IF EXISTS "{schema}_{role}"')
+                dialect_for("postgres").drop_schema(conn, schema)
         finally:
             conn.close()
 

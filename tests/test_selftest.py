@@ -21,7 +21,7 @@ import pytest
 from fake_mssql import FakeConnection, ResultSet, db_error
 from tablequeue import selftest, tsqlt
 from tablequeue.catalog import load_catalog
-from tablequeue.engines import MSSQL_DROP_SCHEMA, _odbc_fields, mssql_connection_string
+from tablequeue.engines import MSSQL_DROP_SCHEMA, SCHEMA_ROLES, _odbc_fields, mssql_connection_string
 from tablequeue.selftest import SelftestError, SelftestInvalid, SelftestOptions, run_selftest
 
 MSSQL_URL = "mssql+pyodbc://sa:pw@sql.example:1433/app?driver=ODBC+Driver+18+for+SQL+Server"
@@ -553,7 +553,7 @@ def test_postgresql_keep_leaves_the_scratch_database_with_the_catalog(pg_url: st
     finally:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{scratch.database}" WITH (FORCE)')
-            for role in ("producer", "consumer", "admin"):
+            for role in SCHEMA_ROLES:
                 conn.execute(f'DROP ROLE IF EXISTS "{scratch.schema}_{role}"')
 
 

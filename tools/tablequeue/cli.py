@@ -46,7 +46,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     units = _units(catalog, target.dialect)
     try:
         result = deploy(conn, dialect_for(target.dialect), catalog.schema, units, dry_run=args.dry_run,
-                        lock_timeout_seconds=args.lock_timeout, progress=print)
+                        lock_timeout_seconds=args.lock_timeout, progress=print, share_roles=args.share_roles)
     except DeployRefused as exc:
         print(f"tablequeue deploy: refused, nothing was applied to {target.describe()}:\n{exc}",
               file=sys.stderr)
@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", required=True)
     p.add_argument("--url", required=True, help="postgresql://... or mssql+pyodbc://...")
     p.add_argument("--dry-run", action="store_true", help="print the plan, apply nothing")
+    p.add_argument("--share-roles", action="store_true",
+                   help="PostgreSQL: let the schema's roles (cluster-wide) also serve a same-named schema that "
+                        "another database of the cluster deployed; refused otherwise")
     p.add_argument("--lock-timeout", type=int, default=300, help="seconds to wait for another deploy")
     p.set_defaults(func=cmd_deploy)
 

@@ -90,11 +90,19 @@ class DeployResult:
 
 
 def deploy(conn: Any, dialect: Dialect, schema: str, units: list[Unit], dry_run: bool = False,
-           lock_timeout_seconds: int = 300, progress: Callable[[str], None] = lambda line: None
-           ) -> DeployResult:
-    """Plan and apply under the schema's deploy lock; each unit in its own transaction."""
+           lock_timeout_seconds: int = 300, progress: Callable[[str], None] = lambda line: None,
+           share_roles: bool = False) -> DeployResult:
+    """Plan and apply under the schema's deploy lock; each unit in its own transaction.
+    share_roles: let the schema's roles serve another database of the cluster too (PostgreSQL)."""
     dialect.lock(conn, schema, lock_timeout_seconds)
     try:
+        claimed = dialect.roles_serving_elsewhere(conn, schema)
+        if claimed and not share_roles:
+            raise DeployRefused("\n".join(
+                f"role {role} already serves {claim}: roles belong to the whole cluster, and its members would "
+                f"reach this database's queues too. Deploy under another schema name, or share the roles on "
+                f"purpose with --share-roles." for role, claim in claimed))
+        dialect.share_roles(conn, share_roles)
         # Read the history only once the lock is ours, so a deploy that waited sees what the
         # previous one applied and does not apply it again.
         history = dialect.read_history(conn, schema) if dialect.history_exists(conn, schema) else []

@@ -153,9 +153,17 @@ class Dialect(Protocol):
     def drop_schema(self, conn: Any, schema: str) -> None:
         """Drop a deployed schema with everything in it, and its roles (for tests and scratch copies)."""
         ...
+    def roles_serving_elsewhere(self, conn: Any, schema: str) -> list[tuple[str, str]]:
+        """(role, what it serves) for each of the schema's roles that another database claimed."""
+        ...
+    def share_roles(self, conn: Any, share: bool) -> None:
+        """Tell the framework's role unit whether this session may share roles with another database."""
+        ...
 
 
 HISTORY_TABLE = "tablequeue_deploy_history"
+# The roles every schema gets (PostgreSQL also creates <schema>_owner, which owns the queues).
+SCHEMA_ROLES = ("producer", "consumer", "admin", "owner")
 # The fingerprint `status` compares for drift: the module text of a procedure, or the column list of a
 # table (on PostgreSQL also of a sequence, and the definition of an index that is a unit of its own).
 # Used by the deploy tool and by the hand-run script, so both record the same value.
@@ -296,8 +304,21 @@ class PostgresDialect:
     def drop_schema(self, conn: Any, schema: str) -> None:
         # Roles are objects of the cluster, not of the schema: CASCADE leaves them behind.
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        for role in ("producer", "consumer", "admin"):
+        for role in SCHEMA_ROLES:
             conn.execute(f'DROP ROLE IF EXISTS "{schema}_{role}"')
+
+    def roles_serving_elsewhere(self, conn: Any, schema: str) -> list[tuple[str, str]]:
+        # The framework's role unit writes 'tablequeue: schema <s> of database <d>' on each role.
+        rows = conn.execute(
+            "SELECT r.rolname, substr(shobj_description(r.oid, 'pg_authid'), 13) FROM pg_catalog.pg_roles AS r "
+            "WHERE r.rolname = ANY(%s) AND shobj_description(r.oid, 'pg_authid') LIKE 'tablequeue: %%' "
+            "AND shobj_description(r.oid, 'pg_authid') <> format('tablequeue: schema %%s of database %%s', "
+            "%s::text, current_database()) ORDER BY r.rolname",
+            ([f"{schema}_{role}" for role in SCHEMA_ROLES], schema)).fetchall()
+        return [(row[0], row[1]) for row in rows]
+
+    def share_roles(self, conn: Any, share: bool) -> None:
+        conn.execute("SELECT set_config('tablequeue.share_roles', %s, false)", ("on" if share else "off",))
 
 
 class _SignatureChanged(Exception):
@@ -385,7 +406,6 @@ class MssqlDialect:
         return self._scalar(conn, f"SELECT COUNT_BIG(*) FROM (SELECT TOP (?) 1 AS one FROM "
                                   f"[{schema}].[{name}] WITH (READPAST, READCOMMITTEDLOCK)) AS m", limit)
 
-
     def drop_schema(self, conn: Any, schema: str) -> None:
         # Procedures first (they reference the types), then tables, types, roles and the schema.
         cursor = conn.cursor()
@@ -394,6 +414,12 @@ class MssqlDialect:
             conn.commit()
         finally:
             cursor.close()
+
+    def roles_serving_elsewhere(self, conn: Any, schema: str) -> list[tuple[str, str]]:
+        return []    # SQL Server's roles belong to one database
+
+    def share_roles(self, conn: Any, share: bool) -> None:
+        pass
 
 
 def dialect_for(name: str) -> Dialect:

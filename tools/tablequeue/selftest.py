@@ -606,12 +606,12 @@ def _drop_hint(result: SelftestResult) -> str:
     scratch = result.scratch
     if scratch.kind == "schema":
         return (f"drop schema {scratch.schema} of database {scratch.database} with what is in it "
-                f"(and the roles {scratch.schema}_producer, _consumer, _admin)")
+                f"(and the roles {scratch.schema}_producer, _consumer, _admin, _owner)")
     if result.target.dialect == "mssql":
         return (f"drop it with ALTER DATABASE {_bracket(scratch.database)} SET SINGLE_USER WITH ROLLBACK "
                 f"IMMEDIATE; DROP DATABASE {_bracket(scratch.database)};")
     return (f'drop it with DROP DATABASE "{scratch.database}" WITH (FORCE); and the roles '
-            f"{scratch.schema}_producer, _consumer, _admin")
+            f"{scratch.schema}_producer, _consumer, _admin, _owner")
 
 
 # --- JUnit and the report --------------------------------------------------------------------

@@ -100,6 +100,38 @@ CREATE INDEX IF NOT EXISTS "ix_emails_history_finished" ON "queue"."emails_histo
 
 CREATE INDEX IF NOT EXISTS "ix_emails_history_id" ON "queue"."emails_history" (id);
 
+-- tablequeue:unit queue.emails_ownership code
+
+DO $ownership$
+DECLARE
+    relation record;
+BEGIN
+    FOR relation IN
+        SELECT
+            c.relkind,
+            pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+        FROM pg_catalog.pg_class AS c
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+        WHERE
+            n.nspname = 'queue'
+            AND c.relname IN ('emails', 'emails_dead', 'emails_rewinds', 'emails_history')
+            AND c.relkind IN ('r', 'p', 'S', 'c')
+            AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
+            AND (c.relkind <> 'S' OR NOT EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+            ))
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER %s %s OWNER TO %I',
+            CASE relation.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+            relation.name,
+            'queue_owner'
+        );
+    END LOOP;
+END
+$ownership$;
+
 -- tablequeue:unit queue.emails_enqueue code
 
 CREATE OR REPLACE FUNCTION "queue"."emails_enqueue"(
@@ -151,6 +183,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_enqueue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_enqueue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_enqueue" TO "queue_producer";
 
@@ -317,6 +350,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_enqueue_batch" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_enqueue_batch" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_enqueue_batch" TO "queue_producer";
 
@@ -643,6 +677,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_dequeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_dequeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_dequeue" TO "queue_consumer";
 
@@ -694,6 +729,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_complete" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_complete" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_complete" TO "queue_consumer";
 
@@ -770,6 +806,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_fail" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_fail" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_fail" TO "queue_consumer";
 
@@ -807,6 +844,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_extend_lease" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_extend_lease" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_extend_lease" TO "queue_consumer";
 
@@ -903,6 +941,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_stats" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_stats" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_stats" TO "queue_admin";
 
@@ -945,6 +984,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_purge" TO "queue_admin";
 
@@ -995,6 +1035,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_dead_list" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_dead_list" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_dead_list" TO "queue_admin";
 
@@ -1045,6 +1086,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_dead_requeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_dead_requeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_dead_requeue" TO "queue_admin";
 
@@ -1070,6 +1112,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_dead_delete" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_dead_delete" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_dead_delete" TO "queue_admin";
 
@@ -1109,5 +1152,6 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."emails_history_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_history_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_history_purge" TO "queue_admin";

@@ -20,6 +20,38 @@ WITH (
     autovacuum_analyze_threshold = 1000
 );
 
+-- tablequeue:unit queue.events_ownership code
+
+DO $ownership$
+DECLARE
+    relation record;
+BEGIN
+    FOR relation IN
+        SELECT
+            c.relkind,
+            pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+        FROM pg_catalog.pg_class AS c
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+        WHERE
+            n.nspname = 'queue'
+            AND c.relname IN ('events')
+            AND c.relkind IN ('r', 'p', 'S', 'c')
+            AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
+            AND (c.relkind <> 'S' OR NOT EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+            ))
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER %s %s OWNER TO %I',
+            CASE relation.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+            relation.name,
+            'queue_owner'
+        );
+    END LOOP;
+END
+$ownership$;
+
 -- tablequeue:unit queue.events_enqueue code
 
 CREATE OR REPLACE FUNCTION "queue"."events_enqueue"(
@@ -52,6 +84,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."events_enqueue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."events_enqueue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."events_enqueue" TO "queue_producer";
 
@@ -112,6 +145,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."events_enqueue_batch" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."events_enqueue_batch" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."events_enqueue_batch" TO "queue_producer";
 
@@ -250,6 +284,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."events_dequeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."events_dequeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."events_dequeue" TO "queue_consumer";
 
@@ -320,6 +355,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."events_stats" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."events_stats" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."events_stats" TO "queue_admin";
 
@@ -376,5 +412,6 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."events_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."events_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."events_purge" TO "queue_admin";

@@ -25,6 +25,38 @@ CREATE UNIQUE INDEX IF NOT EXISTS "ux_orders_dedupe"
 ON "queue"."orders" (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
 
+-- tablequeue:unit queue.orders_ownership code
+
+DO $ownership$
+DECLARE
+    relation record;
+BEGIN
+    FOR relation IN
+        SELECT
+            c.relkind,
+            pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+        FROM pg_catalog.pg_class AS c
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+        WHERE
+            n.nspname = 'queue'
+            AND c.relname IN ('orders')
+            AND c.relkind IN ('r', 'p', 'S', 'c')
+            AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
+            AND (c.relkind <> 'S' OR NOT EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+            ))
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER %s %s OWNER TO %I',
+            CASE relation.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+            relation.name,
+            'queue_owner'
+        );
+    END LOOP;
+END
+$ownership$;
+
 -- tablequeue:unit queue.orders_enqueue code
 
 CREATE OR REPLACE FUNCTION "queue"."orders_enqueue"(
@@ -70,6 +102,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."orders_enqueue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."orders_enqueue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."orders_enqueue" TO "queue_producer";
 
@@ -178,6 +211,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."orders_enqueue_batch" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."orders_enqueue_batch" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."orders_enqueue_batch" TO "queue_producer";
 
@@ -314,6 +348,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."orders_dequeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."orders_dequeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."orders_dequeue" TO "queue_consumer";
 
@@ -384,6 +419,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."orders_stats" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."orders_stats" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."orders_stats" TO "queue_admin";
 
@@ -440,5 +476,6 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."orders_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."orders_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."orders_purge" TO "queue_admin";

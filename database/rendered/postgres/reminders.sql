@@ -35,6 +35,38 @@ WHERE dedupe_key IS NOT NULL;
 -- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
 CREATE SEQUENCE IF NOT EXISTS "queue"."reminders_rewinds";
 
+-- tablequeue:unit queue.reminders_ownership code
+
+DO $ownership$
+DECLARE
+    relation record;
+BEGIN
+    FOR relation IN
+        SELECT
+            c.relkind,
+            pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+        FROM pg_catalog.pg_class AS c
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+        WHERE
+            n.nspname = 'queue'
+            AND c.relname IN ('reminders', 'reminders_rewinds')
+            AND c.relkind IN ('r', 'p', 'S', 'c')
+            AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
+            AND (c.relkind <> 'S' OR NOT EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+            ))
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER %s %s OWNER TO %I',
+            CASE relation.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+            relation.name,
+            'queue_owner'
+        );
+    END LOOP;
+END
+$ownership$;
+
 -- tablequeue:unit queue.reminders_enqueue code
 
 CREATE OR REPLACE FUNCTION "queue"."reminders_enqueue"(
@@ -85,6 +117,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."reminders_enqueue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."reminders_enqueue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."reminders_enqueue" TO "queue_producer";
 
@@ -202,6 +235,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."reminders_enqueue_batch" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."reminders_enqueue_batch" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."reminders_enqueue_batch" TO "queue_producer";
 
@@ -345,6 +379,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."reminders_dequeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."reminders_dequeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."reminders_dequeue" TO "queue_consumer";
 
@@ -420,6 +455,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."reminders_stats" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."reminders_stats" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."reminders_stats" TO "queue_admin";
 
@@ -476,5 +512,6 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."reminders_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."reminders_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."reminders_purge" TO "queue_admin";

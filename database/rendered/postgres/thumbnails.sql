@@ -86,6 +86,38 @@ CREATE TABLE IF NOT EXISTS "queue"."thumbnails_dead" (
     CONSTRAINT "pk_thumbnails_dead" PRIMARY KEY (id)
 );
 
+-- tablequeue:unit queue.thumbnails_ownership code
+
+DO $ownership$
+DECLARE
+    relation record;
+BEGIN
+    FOR relation IN
+        SELECT
+            c.relkind,
+            pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+        FROM pg_catalog.pg_class AS c
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+        WHERE
+            n.nspname = 'queue'
+            AND c.relname IN ('thumbnails', 'thumbnails_dead', 'thumbnails_rewinds', 'thumbnails_enqueue_result')
+            AND c.relkind IN ('r', 'p', 'S', 'c')
+            AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
+            AND (c.relkind <> 'S' OR NOT EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+            ))
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER %s %s OWNER TO %I',
+            CASE relation.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+            relation.name,
+            'queue_owner'
+        );
+    END LOOP;
+END
+$ownership$;
+
 -- tablequeue:unit queue.thumbnails_enqueue code
 
 CREATE OR REPLACE FUNCTION "queue"."thumbnails_enqueue"(
@@ -142,6 +174,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_enqueue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_enqueue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_enqueue" TO "queue_producer";
 
@@ -306,6 +339,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_enqueue_batch" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_enqueue_batch" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_enqueue_batch" TO "queue_producer";
 
@@ -626,6 +660,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_dequeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_dequeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dequeue" TO "queue_consumer";
 
@@ -654,6 +689,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_complete" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_complete" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_complete" TO "queue_consumer";
 
@@ -739,6 +775,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_fail" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_fail" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_fail" TO "queue_consumer";
 
@@ -776,6 +813,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_extend_lease" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_extend_lease" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_extend_lease" TO "queue_consumer";
 
@@ -884,6 +922,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_stats" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_stats" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_stats" TO "queue_admin";
 
@@ -926,6 +965,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_purge" TO "queue_admin";
 
@@ -976,6 +1016,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_dead_list" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_dead_list" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dead_list" TO "queue_admin";
 
@@ -1034,6 +1075,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_dead_requeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_dead_requeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dead_requeue" TO "queue_admin";
 
@@ -1059,6 +1101,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."thumbnails_dead_delete" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_dead_delete" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dead_delete" TO "queue_admin";
 
@@ -1176,5 +1219,6 @@ BEGIN
 END;
 $procedure$;
 
+ALTER PROCEDURE "queue"."thumbnails_process" OWNER TO "queue_owner";
 REVOKE ALL ON PROCEDURE "queue"."thumbnails_process" FROM public;
 GRANT EXECUTE ON PROCEDURE "queue"."thumbnails_process" TO "queue_admin";

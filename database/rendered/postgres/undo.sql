@@ -18,6 +18,38 @@ WITH (
     autovacuum_analyze_threshold = 1000
 );
 
+-- tablequeue:unit queue.undo_ownership code
+
+DO $ownership$
+DECLARE
+    relation record;
+BEGIN
+    FOR relation IN
+        SELECT
+            c.relkind,
+            pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+        FROM pg_catalog.pg_class AS c
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+        WHERE
+            n.nspname = 'queue'
+            AND c.relname IN ('undo')
+            AND c.relkind IN ('r', 'p', 'S', 'c')
+            AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
+            AND (c.relkind <> 'S' OR NOT EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+            ))
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER %s %s OWNER TO %I',
+            CASE relation.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+            relation.name,
+            'queue_owner'
+        );
+    END LOOP;
+END
+$ownership$;
+
 -- tablequeue:unit queue.undo_enqueue code
 
 CREATE OR REPLACE FUNCTION "queue"."undo_enqueue"(
@@ -47,6 +79,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."undo_enqueue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."undo_enqueue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."undo_enqueue" TO "queue_producer";
 
@@ -107,6 +140,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."undo_enqueue_batch" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."undo_enqueue_batch" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."undo_enqueue_batch" TO "queue_producer";
 
@@ -178,6 +212,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."undo_dequeue" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."undo_dequeue" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."undo_dequeue" TO "queue_consumer";
 
@@ -248,6 +283,7 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."undo_stats" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."undo_stats" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."undo_stats" TO "queue_admin";
 
@@ -304,5 +340,6 @@ BEGIN
 END;
 $function$;
 
+ALTER FUNCTION "queue"."undo_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."undo_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."undo_purge" TO "queue_admin";

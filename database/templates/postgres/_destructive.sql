@@ -111,6 +111,8 @@ WHERE dedupe_key IS NOT NULL;
 {{ m.rewinds_unit() }}
 {% endif %}
 
+{{ m.ownership_unit(['', '_rewinds'] if has_due else ['']) }}
+
 {{ m.unit(names.plain('_enqueue'), 'code') }}
 CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
     payload {{ payload_type }},

@@ -9,9 +9,51 @@
 {%- endmacro %}
 
 {#- Functions are granted by name only: the deploy tool drops stale overloads, so the name is unique. -#}
+{#- The schema's owner role owns every routine, so a SECURITY DEFINER function runs with its rights,
+    not with the rights of whoever deployed it. -#}
 {% macro grant(verb, routine='FUNCTION') %}
+ALTER {{ routine }} {{ names.verb(verb) }} OWNER TO {{ names.quote(schema ~ '_owner') }};
 REVOKE ALL ON {{ routine }} {{ names.verb(verb) }} FROM public;
 GRANT EXECUTE ON {{ routine }} {{ names.verb(verb) }} TO {{ names.role(verb) }};
+{%- endmacro %}
+
+{#- A queue's tables, sequences and types belong to the schema's owner role (see grant). A code unit,
+    so that queues deployed before the owner role existed are handed over too; ALTER ... OWNER takes
+    an ACCESS EXCLUSIVE lock for an instant, so it runs only where the owner differs, and a lock it
+    cannot get at once within the deploy's lock_timeout fails the deploy rather than stall traffic.
+    suffixes: the queue's own relations ('' is the queue table). Identity sequences follow their
+    table; indexes too. -#}
+{% macro ownership_unit(suffixes) %}
+{{ unit(names.plain('_ownership'), 'code') }}
+DO $ownership$
+DECLARE
+    relation record;
+BEGIN
+    FOR relation IN
+        SELECT
+            c.relkind,
+            pg_catalog.format('%I.%I', n.nspname, c.relname) AS name
+        FROM pg_catalog.pg_class AS c
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
+        WHERE
+            n.nspname = '{{ schema }}'
+            AND c.relname IN ({% for suffix in suffixes %}'{{ queue.name }}{{ suffix }}'{{ ', ' if not loop.last }}{% endfor %})
+            AND c.relkind IN ('r', 'p', 'S', 'c')
+            AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = '{{ schema }}_owner')
+            AND (c.relkind <> 'S' OR NOT EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')
+            ))
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER %s %s OWNER TO %I',
+            CASE relation.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+            relation.name,
+            '{{ schema }}_owner'
+        );
+    END LOOP;
+END
+$ownership$;
 {%- endmacro %}
 
 {#- Every function runs as its owner with a pinned search_path (DESIGN.md §5). -#}

@@ -144,6 +144,8 @@ CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_finished') }} ON {{ his
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_id') }} ON {{ history_t }} (id);
 {% endif %}
 
+{{ m.ownership_unit(['', '_dead', '_rewinds'] + (['_history'] if history else []) + (['_enqueue_result'] if client_ids else [])) }}
+
 {{ m.unit(names.plain('_enqueue'), 'code') }}
 CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
     payload {{ payload_type }},

@@ -29,11 +29,12 @@ def test_script_holds_every_unit_in_its_own_transaction_with_history() -> None:
     lines = text.splitlines()  # the script's own transactions stand at column 0, procedures' are indented
     assert lines.count("BEGIN TRANSACTION;") == len(units) == lines.count("COMMIT TRANSACTION;")
     queue_storage = [u for u in units if u.type == "storage" and u.queue]
-    assert text.count("THROW 51007") == len(queue_storage)
+    assert text.count("THROW 51007") == len(queue_storage) + 1  # and a 0.1.0 deploy history stops it
     body = text.split(":on error exit", 1)[1]
     batches = split_batches(body)
-    # Each unit contributes its own batches plus BEGIN, history+COMMIT (and a guard for storage).
-    expected = sum(len(split_batches(u.body)) + 2 for u in units) + len(queue_storage) + 1
+    # Each unit contributes its own batches plus BEGIN, history+COMMIT (and a guard for storage);
+    # the script starts with its SET batch and the 0.1.0 history guard.
+    expected = sum(len(split_batches(u.body)) + 2 for u in units) + len(queue_storage) + 2
     assert len(batches) == expected
 
 

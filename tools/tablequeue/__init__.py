@@ -1,3 +1,3 @@
 """tablequeue: table-backed queues for SQL Server and PostgreSQL."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -30,6 +30,7 @@ GENERATED_SUFFIXES = (
     "_items", "_dead", "_history", "_enqueue", "_enqueue_batch", "_dequeue", "_complete",
     "_fail", "_extend_lease", "_stats", "_purge", "_process", "_dead_list", "_dead_requeue",
     "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due", "_rewinds",
+    "_enqueue_result",
 )
 INDEX_PREFIXES = ("pk_", "ix_", "ux_", "ck_")
 # Indexes that are storage units of their own, named <prefix><queue><suffix> (a queue of that name

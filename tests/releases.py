@@ -1,18 +1,24 @@
-"""Kept releases (tests/fixtures/releases/) deployed as their own tool did, and a schema's description
-for comparing an upgraded schema with a fresh install of the same catalog."""
+"""Kept releases (tests/fixtures/releases/) deployed as their own tool did, 0.1.0's call shapes, queues
+with messages in every state, and a schema's description for comparing an upgraded schema with a
+fresh install of the same catalog."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
+import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tablequeue.catalog import Catalog, parse_catalog
-from tablequeue.engines import dialect_for
+from tablequeue.catalog import Catalog, Queue, parse_catalog
+from tablequeue.deploy import DeployResult, deploy
+from tablequeue.engines import connect, dialect_for
+from tablequeue.render import render_catalog
 from tablequeue.gosplit import split_batches
 
 RELEASES = Path(__file__).resolve().parent / "fixtures" / "releases"
@@ -146,3 +152,117 @@ def describe_postgres_schema(conn: Any, schema: str) -> dict[str, Any]:
         "schema": rows("SELECT pg_get_userbyid(n.nspowner), n.nspacl::text FROM pg_namespace AS n "
                        "WHERE n.nspname = %(schema)s"),
     }
+
+
+PAYLOAD_TYPES = {"binary": "bytea", "text": "text", "json": "jsonb"}
+INTEGER_PARAMS = ("batch_size", "lease_seconds", "retry_after_seconds", "page_size", "priority",
+                  "time_budget_seconds")
+TIME_PARAMS = ("due_at", "enqueued_at", "older_than")
+
+
+class V010:
+    """A queue's verbs called as 0.1.0's callers called them: named arguments, each cast to its type."""
+
+    def __init__(self, conn: Any, schema: str, queue: Queue):
+        self.conn, self.schema, self.queue = conn, schema, queue
+        self.payload_type = PAYLOAD_TYPES[queue.payload]
+        self.id_type = "uuid" if queue.options.get("client_ids") else "bigint"
+
+    def _cast(self, name: str) -> str:
+        if name in ("payload", "payloads"):
+            return self.payload_type + ("[]" if name == "payloads" else "")
+        if name in ("id", "after_id"):
+            return self.id_type
+        if name in INTEGER_PARAMS:
+            return "integer"
+        if name in TIME_PARAMS:
+            return "timestamptz"
+        return {"due_ats": "timestamptz[]", "enqueued_ats": "timestamptz[]", "dedupe_keys": "text[]",
+                "priorities": "integer[]", "ids": "uuid[]"}.get(name, "text")
+
+    def payload(self, n: int) -> Any:
+        return {"binary": f"bytes-{n}".encode(), "text": f"text {n}", "json": json.dumps({"n": n})}[self.queue.payload]
+
+    def __call__(self, verb: str, **params: Any) -> list[dict]:
+        params = {name: value for name, value in params.items() if value is not None}   # left to their defaults
+        args = ", ".join(f"{name} => %({name})s::{self._cast(name)}" for name in params)
+        cursor = self.conn.execute(f'SELECT * FROM "{self.schema}"."{self.queue.name}_{verb}"({args})', params)
+        return [dict(zip([c.name for c in cursor.description], row)) for row in cursor.fetchall()]
+
+
+NOW = datetime.now(timezone.utc)
+LATER = NOW + timedelta(days=1)
+
+
+def populate(call: V010) -> dict[str, Any]:
+    """Messages in every state the queue's kind and options allow; returns what to look at after."""
+    queue, seen = call.queue, {}
+    options = queue.options
+    key = (lambda n: f"key-{n}") if options.get("dedupe") else (lambda n: None)
+    if queue.kind != "work":
+        due = {"due_at": NOW - timedelta(seconds=5)} if queue.kind == "pending" else {}
+        seen["ready"] = [call("enqueue", payload=call.payload(n), dedupe_key=key(n), **due)[0]["id"] for n in range(3)]
+        if queue.kind == "pending":
+            seen["not_due"] = call("enqueue", payload=call.payload(9), due_at=LATER)[0]["id"]
+        if options.get("dedupe"):
+            seen["key"] = ("key-1", seen["ready"][1])
+        return seen
+    client_id = (lambda: str(uuid.uuid4())) if options.get("client_ids") else (lambda: None)
+    priority = (lambda n: n) if options.get("priority") else (lambda n: None)
+
+    def enqueue(n: int, **extra: Any) -> Any:
+        return call("enqueue", payload=call.payload(n), dedupe_key=key(n), priority=priority(n), id=client_id(),
+                    enqueued_at=NOW - timedelta(minutes=n) if options.get("client_ids") else None, **extra)[0]["id"]
+
+    # A dead letter: failed max_attempts times while alone in the queue.
+    seen["dead"] = enqueue(1)
+    for attempt in range(options["max_attempts"]):
+        assert [row["id"] for row in call("dequeue", worker="w-dead")] == [seen["dead"]]
+        outcome = call("fail", id=seen["dead"], worker="w-dead", error=f"failure {attempt}", retry_after_seconds=0)
+    assert outcome == [{"outcome": "dead"}]
+    # Retried: failed once, waiting an hour with its error.
+    seen["retried"] = enqueue(2)
+    assert [row["id"] for row in call("dequeue", worker="w-retry")] == [seen["retried"]]
+    assert call("fail", id=seen["retried"], worker="w-retry", error="try later",
+                retry_after_seconds=3600) == [{"outcome": "retrying"}]
+    if options.get("history"):
+        seen["completed"] = enqueue(3)
+        assert [row["id"] for row in call("dequeue", worker="w-done")] == [seen["completed"]]
+        assert call("complete", id=seen["completed"], worker="w-done") == [{"completed": True}]
+    # Leased, live: the lease outlasts the test.
+    seen["leased"] = enqueue(4)
+    assert [row["id"] for row in call("dequeue", worker="w-live", lease_seconds=3600)] == [seen["leased"]]
+    seen["ready"] = [enqueue(n) for n in (5, 6)]
+    seen["delayed"] = enqueue(7, due_at=LATER)
+    if options.get("dedupe"):
+        seen["key"] = ("key-5", seen["ready"][0])
+    return seen
+
+
+def snapshot(conn: Any, schema: str) -> dict[str, Any]:
+    """Every row of every queue table, keyed by column name, and every sequence's position."""
+    tables = [row[0] for row in conn.execute(
+        "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname <> 'tablequeue_deploy_history' ORDER BY 1",
+        (schema,)).fetchall()]
+    result: dict[str, Any] = {}
+    for table in tables:
+        cursor = conn.execute(f'SELECT * FROM "{schema}"."{table}"')
+        columns = [c.name for c in cursor.description]
+        result[table] = sorted((tuple(sorted(zip(columns, row))) for row in cursor.fetchall()), key=repr)
+    for (sequence,) in conn.execute(
+            "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind = 'S' AND c.relname NOT LIKE 'tablequeue%%' ORDER BY 1",
+            (schema,)).fetchall():
+        result[sequence] = conn.execute(f'SELECT last_value, is_called FROM "{schema}"."{sequence}"').fetchone()
+    return result
+
+
+def deploy_catalog(url: str, schema: str, catalog: Catalog, **kwargs: Any) -> DeployResult:
+    """Deploy a catalog to PostgreSQL with the current tool (kwargs: deploy()'s options)."""
+    units = [u for f in render_catalog(catalog, "postgres") for u in f.units]
+    conn = connect(url)
+    try:
+        return deploy(conn, dialect_for("postgres"), schema, units, **kwargs)
+    finally:
+        conn.close()

@@ -13,10 +13,10 @@ import pytest
 from conftest import drop_schema
 from tablequeue.catalog import parse_catalog
 from tablequeue.client import QueueClient
-from tablequeue.deploy import DeployRefused, deploy, status
+from tablequeue.deploy import DeployRefused, deploy, make_plan, status
 from tablequeue.engines import connect, dialect_for
 from tablequeue.render import Unit, render_catalog
-from tablequeue.script import postgres_script
+from tablequeue.script import build_script
 
 QUEUES = [{"name": "events", "kind": "heap"}, {"name": "orders", "kind": "fifo", "options": {"dedupe": True}}]
 
@@ -40,6 +40,11 @@ def run_deploy(dialect: str, url: str, schema: str, units: list[Unit], **kwargs)
         return deploy(conn, dialect_for(dialect), schema, units, **kwargs)
     finally:
         conn.close()
+
+
+def fresh_script(schema: str, units: list[Unit]) -> str:
+    return build_script("postgres", schema, make_plan(units, []), "test", fresh=True,
+                        concurrent_sql=dialect_for("postgres").concurrent_index_sql)
 
 
 def history(dialect: str, url: str, schema: str) -> list[dict]:
@@ -253,7 +258,7 @@ def test_postgres_hand_run_script_deploys_and_is_recorded(pg_url: str, tmp_path:
     schema = f"d_{secrets.token_hex(4)}"
     units = units_for("postgres", schema, QUEUES)
     script = tmp_path / "deploy.sql"
-    script.write_text(postgres_script(schema, units, "test"))
+    script.write_text(fresh_script(schema, units))
     try:
         for _ in range(2):  # re-runnable
             result = subprocess.run(["psql", pg_url, "-q", "-f", str(script)], capture_output=True, text=True)
@@ -266,10 +271,10 @@ def test_postgres_hand_run_script_deploys_and_is_recorded(pg_url: str, tmp_path:
             conn.close()
         assert all(row.state.startswith("ok") for row in rows), rows
         changed = units_for("postgres", schema, [{"name": "events", "kind": "lifo"}, QUEUES[1]])
-        script.write_text(postgres_script(schema, changed, "test"))
+        script.write_text(fresh_script(schema, changed))
         result = subprocess.run(["psql", pg_url, "-q", "-f", str(script)], capture_output=True, text=True)
         assert result.returncode != 0 and f"{schema}.events: the deploy history records this storage unit" in result.stderr
-        assert "Nothing after this point was applied" in result.stderr
+        assert "tablequeue script --url" in result.stderr and "Nothing more was applied" in result.stderr
     finally:
         drop_schema("postgres", pg_url, schema)
 

@@ -4,13 +4,11 @@ migrations run in order and keep the rows, a type is dropped and created again w
 that uses it, each migration is recorded, and the result equals a fresh install."""
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import drop_schema
 from releases import describe_postgres_schema
 from tablequeue.catalog import parse_catalog
 from tablequeue.deploy import MIGRATE, UNCHANGED, UPDATE, DeployRefused, deploy
@@ -36,16 +34,9 @@ def deploy_root(url: str, schema: str, root: str, progress: list[str] | None = N
         conn.close()
 
 
-@pytest.fixture
-def schemas(pg_url: str):
-    names = [f"m_{secrets.token_hex(4)}", f"f_{secrets.token_hex(4)}"]
-    yield names
-    for name in names:
-        drop_schema("postgres", pg_url, name)
 
-
-def test_a_v1_queue_is_migrated_to_v3_in_order_and_keeps_its_rows(pg_url: str, schemas: list[str]) -> None:
-    schema, fresh = schemas
+def test_a_v1_queue_is_migrated_to_v3_in_order_and_keeps_its_rows(pg_url: str, pg_schemas: list[str]) -> None:
+    schema, fresh = pg_schemas
     deploy_root(pg_url, schema, "v1")
     conn = connect(pg_url)
     try:
@@ -85,8 +76,8 @@ def test_a_v1_queue_is_migrated_to_v3_in_order_and_keeps_its_rows(pg_url: str, s
         conn.close()
 
 
-def test_a_type_used_by_a_routine_tablequeue_does_not_deploy_is_refused(pg_url: str, schemas: list[str]) -> None:
-    schema = schemas[0]
+def test_a_type_used_by_a_routine_tablequeue_does_not_deploy_is_refused(pg_url: str, pg_schemas: list[str]) -> None:
+    schema = pg_schemas[0]
     deploy_root(pg_url, schema, "v1")
     conn = connect(pg_url)
     try:
@@ -101,8 +92,8 @@ def test_a_type_used_by_a_routine_tablequeue_does_not_deploy_is_refused(pg_url: 
         conn.close()
 
 
-def test_a_newer_storage_version_is_refused_not_downgraded(pg_url: str, schemas: list[str]) -> None:
-    schema = schemas[0]
+def test_a_newer_storage_version_is_refused_not_downgraded(pg_url: str, pg_schemas: list[str]) -> None:
+    schema = pg_schemas[0]
     deploy_root(pg_url, schema, "v2")
     with pytest.raises(DeployRefused, match=rf"{schema}.q is at storage v2 .* does not downgrade"):
         deploy_root(pg_url, schema, "v1")

@@ -1,7 +1,7 @@
 """Command line: tablequeue render | deploy | script | status | test-tsql | demo.
 
 Exit codes: 0 success; 1 a database or runtime error; 2 invalid input (catalog, arguments);
-3 deploy refused (a change that would drop or rebuild a queue table).
+3 deploy refused (a change no migration can make without losing messages).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _connect(url: str):
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from .deploy import DeployRefused, deploy
+    from .deploy import DeployRefused, LockPolicy, deploy
     from .engines import dialect_for
 
     catalog = load_catalog(args.catalog)
@@ -44,7 +44,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     units = _units(catalog, target.dialect)
     try:
         result = deploy(conn, dialect_for(target.dialect), catalog.schema, units, dry_run=args.dry_run,
-                        lock_timeout_seconds=args.lock_timeout, progress=print)
+                        lock_timeout_seconds=args.lock_timeout, progress=print,
+                        lock_policy=LockPolicy(args.ddl_lock_timeout, args.ddl_retry_for))
     except DeployRefused as exc:
         print(f"tablequeue deploy: refused, nothing was applied to {target.describe()}:\n{exc}",
               file=sys.stderr)
@@ -61,11 +62,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_script(args: argparse.Namespace) -> int:
-    from .script import mssql_script, postgres_script
+    from .deploy import LockPolicy, make_plan
+    from .engines import dialect_for
+    from .script import build_script
 
     catalog = load_catalog(args.catalog)
-    builder = mssql_script if args.dialect == "mssql" else postgres_script
-    text = builder(catalog.schema, _units(catalog, args.dialect), args.catalog)
+    plan = make_plan(_units(catalog, args.dialect), [], lock_policy=LockPolicy(args.ddl_lock_timeout, args.ddl_retry_for))
+    text = build_script(args.dialect, catalog.schema, plan, f"{args.catalog}, a fresh install", fresh=True,
+                        concurrent_sql=dialect_for(args.dialect).concurrent_index_sql)
     Path(args.out).write_text(text, encoding="utf-8")
     print(args.out)
     return 0
@@ -146,6 +150,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.catalog, args.messages, args.spark)
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
+def _lock_policy_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ddl-lock-timeout", type=_positive, default=2.0,
+                   help="seconds a step waits for a lock on a queue's table before it gives way to the queue's "
+                        "traffic and retries (default 2)")
+    p.add_argument("--ddl-retry-for", type=_positive, default=600.0,
+                   help="seconds a step keeps retrying, and a concurrent index build waits, before the deploy "
+                        "stops (default 600)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tablequeue", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,12 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="postgresql://... or mssql+pyodbc://...")
     p.add_argument("--dry-run", action="store_true", help="print the plan, apply nothing")
     p.add_argument("--lock-timeout", type=int, default=300, help="seconds to wait for another deploy")
+    _lock_policy_arguments(p)
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("script", help="write one script a DBA can review and run by hand")
     p.add_argument("--catalog", required=True)
     p.add_argument("--dialect", choices=DIALECTS, default="mssql")
     p.add_argument("--out", required=True)
+    _lock_policy_arguments(p)
     p.set_defaults(func=cmd_script)
 
     p = sub.add_parser("status", help="what is deployed, and drift")

@@ -92,7 +92,8 @@ class PlanItem:
         lines = [head + (f"  ({self.reason})" if self.reason else "")]
         for migration in self.migrations:
             for number, step in enumerate(migration.steps, start=1):
-                lines.append(f"            {migration.name} {number}/{len(migration.steps)} [{step.mode}] "
+                when = ", after the code units" if step.after_code else ""
+                lines.append(f"            {migration.name} {number}/{len(migration.steps)} [{step.mode}{when}] "
                              f"{step.what}; locks: {step.locks}")
         for unit in self.recreates:
             lines.append(f"            drops and recreates {unit.name} in the same transaction")
@@ -285,9 +286,11 @@ class _Planner:
                                   f"from v{version}: expected migrations/{' or '.join(migration_candidates(unit, change))}.sql")
             migrations.append(source.render(name, unit, Storage(version, tuple(shape)),
                                             Storage(version + 1, tuple(shape)), queue_shape))
-        for index, (key, value) in enumerate(wanted.shape):
-            if key not in BOOLEAN_SHAPE_KEYS or shape[index][1] == value:
-                continue
+        # Options turned on first, then off: a removal may finish after the code units (after-code
+        # steps), and nothing that the new code units need may wait behind it.
+        changed = [(index, key, value) for index, (key, value) in enumerate(wanted.shape)
+                   if key in BOOLEAN_SHAPE_KEYS and shape[index][1] != value]
+        for index, key, value in sorted(changed, key=lambda change: change[2] != "on"):
             change = f"{'add' if value == 'on' else 'drop'}_{key}"
             name = source.find(unit, change)
             if name is None:
@@ -356,6 +359,14 @@ class _DatabaseProbe:
         return self.dialect.type_dependents(self.conn, unit.name)
 
 
+def plan_against(conn: Any, dialect: Dialect, schema: str, units: list[Unit], lock_policy: LockPolicy | None = None,
+                 migrations: MigrationSource | None = None) -> Plan:
+    """The plan for a database: its deploy history and, where the planner asks, its objects."""
+    history = dialect.read_history(conn, schema) if dialect.history_exists(conn, schema) else []
+    return make_plan(units, history, _DatabaseProbe(conn, dialect), migrations or MigrationSource(dialect.name),
+                     concurrent_indexes=dialect.name == "postgres", lock_policy=lock_policy)
+
+
 class _Runner:
     """Runs steps: each transactional step with the lock policy's timeout, retried with backoff."""
 
@@ -396,8 +407,16 @@ class _Runner:
         self.transaction("record in the deploy history", [], records)
 
 
+@dataclass
+class _Deferred:
+    """An item's migrations whose after-code steps (and so whose history rows) wait for the code units."""
+    item: PlanItem
+    label: str
+    records: dict[int, Record]   # migration index -> its history row (its duration counts from its first step)
+
+
 def _apply(runner: _Runner, dialect: Dialect, conn: Any, item: PlanItem, label: str,
-           progress: Callable[[str], None]) -> None:
+           progress: Callable[[str], None]) -> _Deferred | None:
     unit = item.unit
     started = time.monotonic()
     if item.action == RECORD:
@@ -418,21 +437,49 @@ def _apply(runner: _Runner, dialect: Dialect, conn: Any, item: PlanItem, label: 
         records += [Record(code, None, None, code.checksum, started) for code in item.recreates]
         runner.transaction(label, parts, records)
         return
-    for migration in item.migrations:
-        migration_started = time.monotonic()
-        record = Record(unit, migration.after, migration.name, migration.checksum, migration_started)
-        for number, step in enumerate(migration.steps, start=1):
-            step_label = f"{label}: {migration.name} {number}/{len(migration.steps)} {step.what}"
-            last = number == len(migration.steps)
-            step_started = time.monotonic()
-            if step.mode == "concurrent":
-                runner.concurrent(step_label, step.sql)
-                if last:
-                    runner.record([record])
-            else:
-                runner.transaction(step_label, [Part(step.sql)], [record] if last else [])
-            progress(f"      {migration.name} {number}/{len(migration.steps)} {step.what} "
-                     f"({(time.monotonic() - step_started) * 1000:.0f} ms)")
+    return _before_code(runner, item, label, progress)
+
+
+def _run_step(runner: _Runner, label: str, migration: Migration, index: int, records: list[Record],
+              progress: Callable[[str], None]) -> None:
+    """One step; records go in its transaction (or right after it, when the step is concurrent)."""
+    step = migration.steps[index]
+    number = f"{index + 1}/{len(migration.steps)}"
+    started = time.monotonic()
+    if step.mode == "concurrent":
+        runner.concurrent(f"{label}: {migration.name} {number} {step.what}", step.sql)
+        if records:
+            runner.record(records)
+    else:
+        runner.transaction(f"{label}: {migration.name} {number} {step.what}", [Part(step.sql)], records)
+    progress(f"      {migration.name} {number} {step.what} ({(time.monotonic() - started) * 1000:.0f} ms)")
+
+
+def _before_code(runner: _Runner, item: PlanItem, label: str, progress: Callable[[str], None]) -> _Deferred | None:
+    """Every migration's steps that run before the code units, in order. A migration is recorded with
+    its last step; once one waits for the code units, those after it are recorded after it."""
+    deferred: dict[int, Record] = {}
+    for index, migration in enumerate(item.migrations):
+        record = Record(item.unit, migration.after, migration.name, migration.checksum, time.monotonic())
+        before = [i for i, step in enumerate(migration.steps) if not step.after_code]
+        waits = deferred or len(before) < len(migration.steps)
+        for position, step_index in enumerate(before):
+            last = position == len(before) - 1 and not waits
+            _run_step(runner, label, migration, step_index, [record] if last else [], progress)
+        if waits:
+            deferred[index] = record
+    return _Deferred(item, label, deferred) if deferred else None
+
+
+def _after_code(runner: _Runner, rest: _Deferred, progress: Callable[[str], None]) -> None:
+    for index, record in rest.records.items():
+        migration = rest.item.migrations[index]
+        after = [i for i, step in enumerate(migration.steps) if step.after_code]
+        for position, step_index in enumerate(after):
+            _run_step(runner, rest.label, migration, step_index, [record] if position == len(after) - 1 else [],
+                      progress)
+        if not after:
+            runner.record([record])
 
 
 def deploy(conn: Any, dialect: Dialect, schema: str, units: list[Unit], dry_run: bool = False,
@@ -446,23 +493,29 @@ def deploy(conn: Any, dialect: Dialect, schema: str, units: list[Unit], dry_run:
     try:
         # Read the history only once the lock is ours, so a deploy that waited sees what the
         # previous one applied and does not apply it again.
-        history = dialect.read_history(conn, schema) if dialect.history_exists(conn, schema) else []
-        plan = make_plan(units, history, _DatabaseProbe(conn, dialect), migrations or MigrationSource(dialect.name),
-                         concurrent_indexes=dialect.name == "postgres", lock_policy=policy)
+        plan = plan_against(conn, dialect, schema, units, policy, migrations)
         result = DeployResult(plan)
-        if plan.refused:
-            raise DeployRefused("\n".join(item.reason for item in plan.refused))
+        if plan.refused:   # (a queue's table and its type refuse a kind change with the same words)
+            raise DeployRefused("\n".join(dict.fromkeys(item.reason for item in plan.refused)))
         if dry_run:
             return result
         runner = _Runner(conn, dialect, schema, policy, progress)
         changes = plan.changes
+        deferred: list[_Deferred] = []
         for position, item in enumerate(changes, start=1):
             label = f"{item.action} {item.unit.type} {item.unit.name}"
             started = time.monotonic()
-            _apply(runner, dialect, conn, item, label, progress)
+            rest = _apply(runner, dialect, conn, item, label, progress)
             seconds = time.monotonic() - started
+            if rest is not None:
+                deferred.append(rest)
             result.applied.append((item.unit.name, seconds))
-            progress(f"[{position}/{len(changes)}] {label} ({seconds * 1000:.0f} ms)")
+            progress(f"[{position}/{len(changes)}] {label} ({seconds * 1000:.0f} ms)"
+                     + (": the rest after the code units" if rest is not None else ""))
+        for rest in deferred:
+            started = time.monotonic()
+            _after_code(runner, rest, progress)
+            progress(f"[after the code units] {rest.label} ({(time.monotonic() - started) * 1000:.0f} ms)")
         return result
     finally:
         dialect.unlock(conn, schema)

@@ -144,6 +144,9 @@ class Dialect(Protocol):
     def type_dependents(self, conn: Any, type_name: str) -> list[str]:
         """schema.name of every routine that uses the type."""
         ...
+    def routines(self, conn: Any, unit_name: str) -> list[str]:
+        """The signatures a replaced code unit's routines have (to drop first where needed)."""
+        ...
     def type_recreate_parts(self, conn: Any, type_unit: Unit, dependents: list[Unit]) -> list[Part]:
         """Drop the dependents and the type, create the type, create the dependents."""
         ...
@@ -202,6 +205,14 @@ def facts_from_columns(unit: Unit, columns: dict[str, str] | None, payload: str 
 
 _CONCURRENT_INDEX = re.compile(r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+\"(?P<index>[^\"]+)\""
                                r"\s+ON\s+(?:ONLY\s+)?\"(?P<schema>[^\"]+)\"\.", re.IGNORECASE)
+
+
+def created_concurrent_index(sql: str) -> tuple[str, str] | None:
+    """(schema, index) of the CREATE INDEX CONCURRENTLY in sql, if there is one."""
+    match = _CONCURRENT_INDEX.search(mask_comments_and_strings(sql))
+    return (match["schema"], match["index"]) if match else None
+
+
 _PLAIN_INDEX = re.compile(r"\bCREATE(?P<unique>\s+UNIQUE)?\s+INDEX\s+IF\s+NOT\s+EXISTS\b", re.IGNORECASE)
 
 
@@ -265,7 +276,8 @@ class PostgresDialect:
         cursor = conn.execute(f'SELECT {", ".join(columns)} FROM "{schema}"."{HISTORY_TABLE}" ORDER BY history_id')
         return _rows(columns, cursor.fetchall())
 
-    def _routines(self, conn: Any, unit_name: str) -> list[str]:
+    def routines(self, conn: Any, unit_name: str) -> list[str]:
+        """Signatures of the routines a code unit created (PostgreSQL: every overload of its name)."""
         schema, name = _split_name(unit_name)
         rows = conn.execute(
             "SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc AS p "
@@ -294,11 +306,11 @@ class PostgresDialect:
         if part.routine is None:
             conn.execute(part.sql)
             return
-        before = self._routines(conn, part.routine)
+        before = self.routines(conn, part.routine)
         try:
             with conn.transaction():  # savepoint
                 conn.execute(part.sql)
-                if len(self._routines(conn, part.routine)) > len(before):
+                if len(self.routines(conn, part.routine)) > len(before):
                     raise _SignatureChanged()
         except (_SignatureChanged, psycopg.errors.InvalidFunctionDefinition,
                 psycopg.errors.AmbiguousFunction):
@@ -330,22 +342,24 @@ class PostgresDialect:
             raise EngineError("a concurrent index build needs an autocommit connection outside any transaction")
         # A build that failed (a lock timeout, a cancel) leaves its index behind, INVALID: IF NOT EXISTS
         # would keep it, so drop it and build it again.
-        created = _CONCURRENT_INDEX.search(mask_comments_and_strings(sql))
+        created = created_concurrent_index(sql)
         conn.execute(f"SET lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
         try:
             if created is not None:
+                schema, index = created
                 invalid = conn.execute(
                     "SELECT NOT i.indisvalid FROM pg_catalog.pg_index AS i "
                     "JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid "
                     "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
-                    "WHERE n.nspname = %s AND c.relname = %s", (created["schema"], created["index"])).fetchone()
+                    "WHERE n.nspname = %s AND c.relname = %s", (schema, index)).fetchone()
                 if invalid is not None and invalid[0]:
-                    conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{created["schema"]}"."{created["index"]}"')
+                    conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{schema}"."{index}"')
             conn.execute(sql)
         except psycopg.errors.LockNotAvailable as exc:
             raise LockTimeout(str(exc).strip().splitlines()[0]) from exc
         finally:
-            conn.execute("RESET lock_timeout")
+            if not conn.closed:
+                conn.execute("RESET lock_timeout")
 
     def deployed_facts(self, conn: Any, unit: Unit) -> dict[str, str]:
         schema, name = _split_name(unit.name)
@@ -369,7 +383,7 @@ class PostgresDialect:
 
     def type_recreate_parts(self, conn: Any, type_unit: Unit, dependents: list[Unit]) -> list[Part]:
         schema, name = _split_name(type_unit.name)
-        drops = [f"DROP ROUTINE {signature};" for unit in dependents for signature in self._routines(conn, unit.name)]
+        drops = [f"DROP ROUTINE {signature};" for unit in dependents for signature in self.routines(conn, unit.name)]
         return ([Part("\n".join(drops + [f'DROP TYPE IF EXISTS "{schema}"."{name}";']))]
                 + [Part(type_unit.body)] + [Part(unit.body) for unit in dependents])
 
@@ -471,8 +485,15 @@ class MssqlDialect:
             conn.rollback()
             raise
         finally:
-            cursor.execute("SET LOCK_TIMEOUT -1;")
+            try:
+                cursor.execute("SET LOCK_TIMEOUT -1;")
+            except pyodbc.Error:
+                pass   # the connection is gone: the error that ended the step is the one to report
             cursor.close()
+
+    def routines(self, conn: Any, unit_name: str) -> list[str]:
+        """SQL Server has no overloads: CREATE OR ALTER replaces a procedure whatever its parameters."""
+        return []
 
     def run_concurrent(self, conn: Any, sql: str, lock_timeout: float) -> None:
         raise EngineError("SQL Server has no concurrent steps: its templates build indexes WITH (ONLINE = ON) "

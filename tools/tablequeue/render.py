@@ -37,9 +37,11 @@ UNIT_MARKER = re.compile(
     r"(?:-- tablequeue:shape (?P<shape>[^\r\n]*)\r?\n)?", re.MULTILINE)
 STORAGE_OBJECTS = ("table", "index", "sequence", "type")
 # A migration template's steps: each runs on its own, in a transaction with a lock timeout, or
-# (PostgreSQL, CREATE/DROP INDEX CONCURRENTLY) outside any transaction.
-STEP_MARKER = re.compile(r"^-- tablequeue:step (?P<mode>transaction|concurrent) (?P<description>[^\r\n]+)\r?\n",
-                         re.MULTILINE)
+# (PostgreSQL, CREATE/DROP INDEX CONCURRENTLY) outside any transaction; an after-code step runs
+# once the deploy has replaced the code units (it removes what the old procedures still use).
+STEP_MARKER = re.compile(r"^-- tablequeue:step (?P<mode>transaction|concurrent)(?P<after_code> after-code)? "
+                         r"(?P<what>[^\r\n]+)\r?\n"
+                         r"-- locks: (?P<locks>[^\r\n]+(?:\r?\n--  +[^\r\n]+)*)\r?\n", re.MULTILINE)
 MIGRATIONS = "migrations"
 # Kinds whose storage templates are shared (_destructive.sql) also share their migrations.
 # Catalog options that shape storage (a change is a migration); payload and kind shape it too.
@@ -338,6 +340,7 @@ class Step:
     what: str
     locks: str
     sql: str
+    after_code: bool = False
 
 
 @dataclass(frozen=True)
@@ -406,23 +409,25 @@ class MigrationSource:
         return Migration(name, f"{self.dialect}/{template}", unit.name, before, after, body, steps)
 
     def header(self, migration: Migration) -> str:
-        return _header(migration.template, self.dialect, migration.after.kind or "framework",
-                       f"unit: {migration.unit} {migration.before.describe()} -> {migration.after.describe()}")
+        return (f"-- tablequeue {__version__} | generated: do not edit\n"
+                f"-- template: {migration.template} | dialect: {self.dialect}\n"
+                f"-- unit: {migration.unit}\n"
+                f"-- from: {migration.before.describe()}\n-- to:   {migration.after.describe()}\n")
 
 
 def parse_steps(text: str, source: str) -> tuple[Step, ...]:
     matches = list(STEP_MARKER.finditer(text))
     if not matches or text[:matches[0].start()].strip():
-        raise RenderError(f"{source}: a migration is a list of steps, each starting with a "
-                          "'-- tablequeue:step transaction|concurrent <what> | locks: <what it locks>' line")
+        raise RenderError(f"{source}: a migration is a list of steps, each starting with the lines "
+                          "'-- tablequeue:step transaction|concurrent <what>' and '-- locks: <what it locks>'")
     steps = []
     for index, match in enumerate(matches):
         end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
-        what, sep, locks = match["description"].partition(" | locks: ")
-        if not sep:
-            raise RenderError(f"{source}: step {match['description']!r} does not say what it locks (' | locks: ...')")
+        locks = " ".join(line.lstrip("- ").strip() for line in match["locks"].splitlines())
         sql = text[match.end():end].strip("\n") + "\n"
-        steps.append(Step(match["mode"], what.strip(), locks.strip(), sql))
+        steps.append(Step(match["mode"], match["what"].strip(), locks, sql, match["after_code"] is not None))
+    if any(earlier.after_code and not later.after_code for earlier, later in zip(steps, steps[1:])):
+        raise RenderError(f"{source}: a step that runs before the code units follows one that runs after them")
     return tuple(steps)
 
 
@@ -435,3 +440,4 @@ def queue_of_shape(name: str, shape: dict[str, str]) -> Queue:
         if key in options and key in shape:
             options[key] = shape[key] == "on"
     return Queue(name=name, kind=kind, payload=shape.get("payload", "json"), options=options)
+

@@ -17,9 +17,30 @@
 
 {#- A migration step (migrations/*.sql): it runs on its own, in a transaction with a lock timeout
     (retried) or, mode concurrent (PostgreSQL), outside any transaction for CREATE/DROP INDEX
-    CONCURRENTLY; it says what it does and what it locks, which the deploy plan prints. -#}
-{% macro step(mode, what, locks) %}
--- tablequeue:step {{ mode }} {{ what }} | locks: {{ locks }}
+    CONCURRENTLY; it says what it does and what it locks, which the deploy plan prints. after_code:
+    it runs once the deploy has replaced the code units (a removal the old procedures still need). -#}
+{% macro step(mode, what, locks, after_code=false) %}
+-- tablequeue:step {{ mode }}{{ ' after-code' if after_code }} {{ what }}
+-- locks: {{ locks | wordwrap(100, wrapstring='\n--        ') }}
+{%- endmacro %}
+
+{#- An index built on a table that already holds messages: ONLINE where the edition has online index
+    operations (EngineEdition 3: Enterprise, Developer, Evaluation; 5: Azure SQL Database; 8: Azure
+    SQL Managed Instance); Standard and Express refuse ONLINE = ON and build it offline. statement:
+    the CREATE INDEX without its WITH clause (lines after the first indented by 4); with: other index
+    options. -#}
+{% macro create_index_online(statement, with='') %}
+IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+    BEGIN
+        {{ statement | indent(8) }}
+            WITH ({% if with %}{{ with }}, {% endif %}ONLINE = ON);
+    END;
+ELSE
+    BEGIN
+        {{ statement | indent(8) }}{% if with %}
+
+            WITH ({{ with }}){% endif %};
+    END;
 {%- endmacro %}
 
 {% macro grant(verb) %}

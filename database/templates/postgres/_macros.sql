@@ -18,9 +18,11 @@
 {#- Functions are granted by name only: the deploy tool drops stale overloads, so the name is unique. -#}
 {#- A migration step (migrations/*.sql): it runs on its own, in a transaction with a lock timeout
     (retried) or, mode concurrent (PostgreSQL), outside any transaction for CREATE/DROP INDEX
-    CONCURRENTLY; it says what it does and what it locks, which the deploy plan prints. -#}
-{% macro step(mode, what, locks) %}
--- tablequeue:step {{ mode }} {{ what }} | locks: {{ locks }}
+    CONCURRENTLY; it says what it does and what it locks, which the deploy plan prints. after_code:
+    it runs once the deploy has replaced the code units (a removal the old procedures still need). -#}
+{% macro step(mode, what, locks, after_code=false) %}
+-- tablequeue:step {{ mode }}{{ ' after-code' if after_code }} {{ what }}
+-- locks: {{ locks | wordwrap(100, wrapstring='\n--        ') }}
 {%- endmacro %}
 
 {% macro grant(verb, routine='FUNCTION') %}

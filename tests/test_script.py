@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 
+from releases import V010, deploy_catalog, deploy_v010, describe_postgres_schema, populate, release_catalog, release_units
 from tablequeue.catalog import load_catalog, parse_catalog
-from tablequeue.deploy import make_plan
+from tablequeue.deploy import UNCHANGED, make_plan
+from tablequeue.engines import connect
 from tablequeue.gosplit import split_batches
 from tablequeue.render import MigrationSource, render_catalog
 from tablequeue.script import build_script
@@ -88,3 +90,77 @@ def test_an_mssql_script_planned_against_a_database_holds_its_migrations_in_depl
     assert text.splitlines().count("BEGIN TRANSACTION;") == text.splitlines().count("COMMIT TRANSACTION;")
 
 
+
+def _psql(url: str, script: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["psql", url, "-q", "-f", str(script)], capture_output=True, text=True, timeout=300)
+
+
+def test_a_postgres_script_planned_against_the_database_migrates_as_deploy_would(
+        pg_url: str, pg_schemas: list[str], tmp_path: Path) -> None:
+    schema, fresh = pg_schemas
+    before = [{"name": "w", "kind": "work", "payload": "json", "options": {"max_attempts": 2}}]
+    after = [{**before[0], "options": {"max_attempts": 2, "dedupe": True, "priority": True, "history": True}}]
+    deploy_catalog(pg_url, schema, parse_catalog({"schema": schema, "queues": before}))
+    conn = connect(pg_url)
+    try:
+        seen = populate(V010(conn, schema, parse_catalog({"schema": schema, "queues": before}).queue("w")))
+        catalog_file = tmp_path / "catalog.yml"
+        catalog_file.write_text(f"schema: {schema}\nqueues: {after!r}\n".replace("'", '"'))
+        script = tmp_path / "upgrade.sql"
+        result = tablequeue("script", "--catalog", str(catalog_file), "--url", pg_url, "--out", str(script))
+        assert result.returncode == 0, result.stderr
+        text = script.read_text()
+        assert "planned against postgresql://" in text and "work_table_add_dedupe" in text
+        assert "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS" in text and "\\if :tablequeue_invalid_index" in text
+        run = _psql(pg_url, script)
+        assert run.returncode == 0, run.stderr
+
+        migrated = parse_catalog({"schema": schema, "queues": after})
+        assert {item.action for item in deploy_catalog(pg_url, schema, migrated).plan.items} == {UNCHANGED}
+        work = V010(conn, schema, migrated.queue("w"))
+        assert work("complete", id=seen["leased"], worker="w-live") == [{"completed": True}]
+        assert [row["id"] for row in work("dead_list")] == [seen["dead"]]
+        deploy_catalog(pg_url, fresh, parse_catalog({"schema": fresh, "queues": after}))
+        assert describe_postgres_schema(conn, schema) == describe_postgres_schema(conn, fresh)
+
+        again = _psql(pg_url, script)   # planned from a state the database has left
+        assert again.returncode != 0 and "where this script's migrations start" in again.stderr
+    finally:
+        conn.close()
+
+
+def test_a_postgres_script_planned_against_a_0_1_0_database_records_it(
+        pg_url: str, pg_schemas: list[str], tmp_path: Path) -> None:
+    schema = pg_schemas[0]
+    conn = connect(pg_url)
+    try:
+        deploy_v010(conn, "postgres", release_units("0.1.0", "postgres", "option_matrix", schema), schema)
+        catalog_file = tmp_path / "catalog.yml"
+        text = (REPO / "tests" / "fixtures" / "releases" / "0.1.0" / "option_matrix.yml").read_text()
+        catalog_file.write_text(text.replace("schema: matrix", f"schema: {schema}"))
+        static = tmp_path / "static.sql"
+        assert tablequeue("script", "--catalog", str(catalog_file), "--dialect", "postgres",
+                          "--out", str(static)).returncode == 0
+        refused = _psql(pg_url, static)
+        assert refused.returncode != 0 and "created by tablequeue 0.1.0" in refused.stderr
+
+        script = tmp_path / "upgrade.sql"
+        result = tablequeue("script", "--catalog", str(catalog_file), "--url", pg_url, "--out", str(script))
+        assert result.returncode == 0, result.stderr
+        assert "framework_tablequeue_deploy_history_v1_to_v2" in script.read_text()
+        run = _psql(pg_url, script)
+        assert run.returncode == 0, run.stderr
+        catalog = release_catalog("0.1.0", "option_matrix", schema)
+        assert {item.action for item in deploy_catalog(pg_url, schema, catalog).plan.items} == {UNCHANGED}
+    finally:
+        conn.close()
+
+
+def test_script_against_a_database_refuses_what_deploy_refuses(pg_url: str, pg_schemas: list[str], tmp_path: Path) -> None:
+    schema = pg_schemas[0]
+    deploy_catalog(pg_url, schema, parse_catalog({"schema": schema, "queues": [{"name": "a", "kind": "heap"}]}))
+    catalog_file = tmp_path / "catalog.yml"
+    catalog_file.write_text(f"schema: {schema}\nqueues:\n  - {{name: a, kind: lifo}}\n")
+    result = tablequeue("script", "--catalog", str(catalog_file), "--url", pg_url, "--out", str(tmp_path / "x.sql"))
+    assert result.returncode == 3 and "queue 'a': a kind change from heap to lifo" in result.stderr
+    assert not (tmp_path / "x.sql").exists()

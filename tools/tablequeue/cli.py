@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .catalog import Catalog, CatalogError, load_catalog
-from .render import DIALECTS, RenderError, Unit, render_catalog, render_tsqlt, write_files
+from .render import DIALECTS, RenderError, Unit, render_catalog, render_migrations, render_tsqlt, write_files
 
 EXIT_ERROR, EXIT_INVALID, EXIT_REFUSED = 1, 2, 3
 
@@ -22,7 +22,12 @@ def _units(catalog: Catalog, dialect: str) -> list[Unit]:
 
 def cmd_render(args: argparse.Namespace) -> int:
     catalog = load_catalog(args.catalog)
-    files = render_tsqlt(catalog) if args.tsqlt else render_catalog(catalog, args.dialect)
+    if args.tsqlt:
+        files = render_tsqlt(catalog)
+    elif args.migrations:
+        files = render_migrations(catalog, args.dialect)
+    else:
+        files = render_catalog(catalog, args.dialect)
     for path in write_files(files, Path(args.out)):
         print(path)
     return 0
@@ -62,14 +67,40 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_script(args: argparse.Namespace) -> int:
-    from .deploy import LockPolicy, make_plan
-    from .engines import dialect_for
+    from .deploy import LockPolicy, make_plan, plan_against
+    from .engines import dialect_for, parse_url
     from .script import build_script
 
     catalog = load_catalog(args.catalog)
-    plan = make_plan(_units(catalog, args.dialect), [], lock_policy=LockPolicy(args.ddl_lock_timeout, args.ddl_retry_for))
-    text = build_script(args.dialect, catalog.schema, plan, f"{args.catalog}, a fresh install", fresh=True,
-                        concurrent_sql=dialect_for(args.dialect).concurrent_index_sql)
+    policy = LockPolicy(args.ddl_lock_timeout, args.ddl_retry_for)
+    dialect = args.dialect or (parse_url(args.url).dialect if args.url else "mssql")
+    if args.url and parse_url(args.url).dialect != dialect:
+        print(f"tablequeue script: --dialect {dialect} does not match the database {parse_url(args.url).describe()}",
+              file=sys.stderr)
+        return EXIT_INVALID
+    units = _units(catalog, dialect)
+    engine = dialect_for(dialect)
+    type_parts, replaced = {}, {}
+    if args.url:
+        target, conn = _connect(args.url)
+        try:
+            plan = plan_against(conn, engine, catalog.schema, units, policy)
+            type_parts = {item.unit.name: engine.type_recreate_parts(conn, item.unit, list(item.recreates))
+                          for item in plan.changes if item.unit.object == "type" and item.action == "migrate"}
+            replaced = {item.unit.name: engine.routines(conn, item.unit.name)
+                        for item in plan.changes if item.unit.type == "code" and item.action == "update"}
+        finally:
+            conn.close()
+        source = f"{args.catalog}, planned against {target.describe()}"
+    else:
+        plan = make_plan(units, [], lock_policy=policy)
+        source = f"{args.catalog}, a fresh install"
+    if plan.refused:
+        reasons = dict.fromkeys(item.reason for item in plan.refused)
+        print("tablequeue script: refused, no script written:\n" + "\n".join(reasons), file=sys.stderr)
+        return EXIT_REFUSED
+    text = build_script(dialect, catalog.schema, plan, source, fresh=not args.url, type_parts=type_parts,
+                        concurrent_sql=engine.concurrent_index_sql, replaced=replaced)
     Path(args.out).write_text(text, encoding="utf-8")
     print(args.out)
     return 0
@@ -175,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dialect", choices=DIALECTS, default="mssql")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--tsqlt", action="store_true", help="render the tSQLt test classes instead")
+    p.add_argument("--migrations", action="store_true",
+                   help="render every migration the catalog's storage can take instead (for review and lint)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("deploy", help="apply what changed to a database")
@@ -187,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("script", help="write one script a DBA can review and run by hand")
     p.add_argument("--catalog", required=True)
-    p.add_argument("--dialect", choices=DIALECTS, default="mssql")
+    p.add_argument("--dialect", choices=DIALECTS, help="default: the --url's, else mssql")
+    p.add_argument("--url", help="plan against this database (read only): the script holds its migrations")
     p.add_argument("--out", required=True)
     _lock_policy_arguments(p)
     p.set_defaults(func=cmd_script)

@@ -314,10 +314,42 @@ def render_tsqlt(catalog: Catalog) -> list[RenderedFile]:
         context = _context("mssql", catalog.schema, queue)
         context["test_class"] = f"[test_{catalog.schema}_{queue.name}]"
         body = env.get_template(template).render(**context)
+        cases = _tsqlt_migration_cases(catalog, queue)
+        if cases:
+            body += env.get_template("_test_migrations.sql").render(**context, migration_cases=cases)
         header = _header(f"tests_tsql/templates/{template}", "mssql", queue.kind,
                          f"queue: {catalog.schema}.{queue.name}")
         files.append(RenderedFile(f"test_{queue.name}.sql", queue.name, header + body))
     return files
+
+
+SHAPE_COLUMNS = {"dedupe": "dedupe_key", "priority": "priority"}
+
+
+def _tsqlt_migration_cases(catalog: Catalog, queue: Queue) -> list[dict]:
+    """What _test_migrations.sql tests for a queue: each option migration of its tables, from the
+    queue's options as deployed to the option flipped (on -> off, off -> on)."""
+    from .gosplit import split_batches
+
+    source = MigrationSource("mssql")
+    cases = []
+    for unit in render_queue(catalog, queue, "mssql").units:
+        if unit.object != "table" or unit.storage is None:
+            continue
+        for key, value in unit.storage.shape:
+            if key not in SHAPE_COLUMNS:
+                continue
+            flipped = tuple((k, ("off" if v == "on" else "on") if k == key else v) for k, v in unit.storage.shape)
+            change = f"{'drop' if value == 'on' else 'add'}_{key}"
+            name = source.find(unit, change)
+            if name is None:
+                continue
+            migration = source.render(name, unit, unit.storage, Storage(unit.storage.version, flipped))
+            batches = [batch.text for step in migration.steps for batch in split_batches(step.sql)]
+            cases.append({"name": name, "role": unit.role, "table": Names("mssql", catalog.schema, unit.name.split(".", 1)[1]).obj(),
+                          "key": key, "column": SHAPE_COLUMNS[key], "adds": value == "off",
+                          "before": dict(unit.storage.shape), "batches": batches})
+    return cases
 
 
 def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
@@ -441,3 +473,43 @@ def queue_of_shape(name: str, shape: dict[str, str]) -> Queue:
             options[key] = shape[key] == "on"
     return Queue(name=name, kind=kind, payload=shape.get("payload", "json"), options=options)
 
+
+def render_migrations(catalog: Catalog, dialect: str, extra_root: Path | None = None) -> list[RenderedFile]:
+    """Every migration the catalog's storage units can take, for review and lint: each option turned
+    on (from off) and off (from on), each version step up to the one rendered, and, for a table whose
+    shape names client_ids, the empty-table rebuild. One file each: <unit>.<migration>.sql."""
+    source = MigrationSource(dialect, extra_root)
+    files = []
+    for rendered in render_catalog(catalog, dialect, extra_root):
+        queue_shapes = {}
+        for unit in rendered.units:
+            if unit.storage is not None and unit.queue is not None:
+                queue_shapes.update(dict(unit.storage.shape))
+        for unit in rendered.units:
+            if unit.storage is None or unit.object == "type":
+                continue
+            steps: list[tuple[str, Storage, Storage, dict]] = []
+            for version in range(1, unit.storage.version):
+                steps.append((f"v{version}_to_v{version + 1}", Storage(version, unit.storage.shape),
+                              Storage(version + 1, unit.storage.shape), {}))
+            for key, _ in unit.storage.shape:
+                if key not in BOOLEAN_SHAPE_KEYS:
+                    continue
+                off = tuple((k, "off" if k == key else v) for k, v in unit.storage.shape)
+                on = tuple((k, "on" if k == key else v) for k, v in unit.storage.shape)
+                version = unit.storage.version
+                if key == "client_ids":   # the table is created as rendered, from the other id type
+                    flipped = on if dict(unit.storage.shape)[key] == "off" else off
+                    steps.append(("drop_empty_table", Storage(version, flipped), unit.storage,
+                                  {"create_sql": unit.body.rstrip()}))
+                    continue
+                steps.append((f"add_{key}", Storage(version, off), Storage(version, on), {}))
+                steps.append((f"drop_{key}", Storage(version, on), Storage(version, off), {}))
+            for change, before, after, context in steps:
+                name = change if change == "drop_empty_table" else source.find(unit, change)
+                if name is None:
+                    continue
+                migration = source.render(name, unit, before, after, queue_shapes, context)
+                files.append(RenderedFile(f"{unit.name}.{name}.sql", unit.queue,
+                                          source.header(migration) + migration.body))
+    return files

@@ -22,5 +22,6 @@ QUEUE_ERRORS: dict[str, QueueError] = {
     "not_found": QueueError(51004, "TQ004", "no message with that id (dead-letter requeue/delete)"),
     "no_handler": QueueError(51005, "TQ005", "the queue has no handler procedure configured for the in-database worker"),
     "handler_failed": QueueError(51006, "TQ006", "the handler procedure raised an error (recorded with fail)"),
-    "deploy_refused": QueueError(51007, "TQ007", "the hand-run deploy script found a queue table whose definition changed"),
+    "deploy_refused": QueueError(51007, "TQ007", "the hand-run deploy script found the deploy history in another "
+                                 "state than it was made for, or a table to be created again is not empty"),
 }

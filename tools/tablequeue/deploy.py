@@ -120,7 +120,7 @@ class Plan:
         summary = (f"{len(applied)} to apply, "
                    f"{sum(1 for i in self.items if i.action == UNCHANGED)} unchanged, "
                    f"{len(self.refused)} refused")
-        if any(item.action != UNCHANGED for item in applied):
+        if applied:
             summary += f"\n{self.lock_policy.describe()}"
         return "\n".join(lines + [summary])
 

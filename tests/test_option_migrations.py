@@ -141,7 +141,7 @@ def test_client_ids_change_an_empty_queue_and_refuse_one_with_messages(pg_url: s
         with pytest.raises(DeployRefused) as refused:
             deploy_catalog(pg_url, schema, catalog(schema, with_ids))
         message = str(refused.value)
-        assert f"queue 'm': client_ids off -> on changes the id type" in message and "holds 1 message(s)" in message
+        assert "queue 'm': client_ids off -> on changes the id type" in message and "holds 1 message(s)" in message
         assert "queue 'e'" not in message   # the empty one would have been fine
 
         result = deploy_catalog(pg_url, schema, catalog(schema, [with_ids[0], queues[1]]))

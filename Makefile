@@ -39,16 +39,21 @@ golden: setup
 	$(BIN)/tablequeue render --catalog $(CATALOG) --dialect postgres --out $(GOLDEN_SQL)/postgres >/dev/null
 	$(BIN)/tablequeue render --catalog $(CATALOG) --tsqlt --out $(GOLDEN_TSQLT) >/dev/null
 
-# The golden files (test_render.py proves they are what the templates render) and the option
-# matrix (every kind with every option on at least once): zero unparsable sections, zero violations.
+# The golden files (test_render.py proves they are what the templates render), the option matrix
+# (every kind with every option on at least once) and every migration its storage can take: zero
+# unparsable sections, zero violations.
 MATRIX := tests/fixtures/option_matrix.yml
 lint: setup
 	rm -rf build/lint
 	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect mssql --out build/lint/mssql >/dev/null
 	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect postgres --out build/lint/postgres >/dev/null
 	$(BIN)/tablequeue render --catalog $(MATRIX) --tsqlt --out build/lint/tsqlt >/dev/null
-	$(BIN)/sqlfluff lint --processes 2 --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt
-	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres
+	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect mssql --migrations --out build/lint/mssql-migrations >/dev/null
+	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect postgres --migrations --out build/lint/postgres-migrations >/dev/null
+	$(BIN)/sqlfluff lint --processes 2 --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt \
+		build/lint/mssql-migrations
+	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres \
+		build/lint/postgres-migrations
 
 # tSQLt first (it runs only when SQL Server is configured and says so otherwise), pytest last so
 # its summary closes the run.

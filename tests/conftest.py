@@ -165,6 +165,16 @@ def deploy_queues(engine_url: tuple[str, str],
         drop_schema(dialect, url, schema)
 
 
+@pytest.fixture
+def pg_schemas(pg_url: str) -> Iterator[list[str]]:
+    """Two fresh PostgreSQL schema names, dropped afterwards: the schema a test upgrades, and one for a
+    fresh install of the same catalog to compare it with."""
+    names = [f"u_{secrets.token_hex(4)}", f"f_{secrets.token_hex(4)}"]
+    yield names
+    for name in names:
+        drop_schema("postgres", pg_url, name)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     skipped = terminalreporter.stats.get("skipped", [])
     not_run = [r for r in skipped if MSSQL_SKIP_REASON in str(getattr(r, "longrepr", ""))]

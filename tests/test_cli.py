@@ -61,3 +61,24 @@ def test_tsqlt_without_sql_server_reports_what_did_not_run() -> None:
     result = tablequeue("test-tsql", "--if-configured")
     assert result.returncode == 0
     assert "did NOT run" in result.stdout and "TABLEQUEUE_MSSQL_URL" in result.stdout
+
+
+def test_dry_run_shows_each_migration_step_with_what_it_locks(pg_url: str, tmp_path: Path) -> None:
+    schema = f"c_{secrets.token_hex(4)}"
+    catalog = tmp_path / "catalog.yml"
+    catalog.write_text(yaml.safe_dump({"schema": schema, "queues": [{"name": "jobs", "kind": "work"}]}))
+    try:
+        assert tablequeue("deploy", "--catalog", str(catalog), "--url", pg_url).returncode == 0
+        catalog.write_text(yaml.safe_dump({"schema": schema, "queues": [
+            {"name": "jobs", "kind": "work", "options": {"priority": True}}]}))
+        dry = tablequeue("deploy", "--catalog", str(catalog), "--url", pg_url, "--dry-run", "--ddl-lock-timeout", "3")
+        assert dry.returncode == 0, dry.stderr
+        assert f"migrate   storage {schema}.jobs  v1 (kind=work payload=json dedupe=off priority=off client_ids=off)" \
+               f" -> v1 (kind=work payload=json dedupe=off priority=on client_ids=off)" in dry.stdout
+        assert "work_table_add_priority 2/3 [concurrent] build ix_jobs_claim_new (priority leading) CONCURRENTLY; " \
+               "locks: nothing that blocks reads or writes" in dry.stdout
+        assert "a 3 s lock timeout and is retried for up to 600 s" in dry.stdout
+        bad = tablequeue("deploy", "--catalog", str(catalog), "--url", pg_url, "--ddl-lock-timeout", "0")
+        assert bad.returncode == 2 and "must be a number of seconds above 0" in bad.stderr
+    finally:
+        drop_schema("postgres", pg_url, schema)

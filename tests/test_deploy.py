@@ -13,10 +13,10 @@ import pytest
 from conftest import drop_schema
 from tablequeue.catalog import parse_catalog
 from tablequeue.client import QueueClient
-from tablequeue.deploy import DeployRefused, deploy, status
+from tablequeue.deploy import DeployRefused, deploy, make_plan, status
 from tablequeue.engines import connect, dialect_for
 from tablequeue.render import Unit, render_catalog
-from tablequeue.script import postgres_script
+from tablequeue.script import build_script
 
 QUEUES = [{"name": "events", "kind": "heap"}, {"name": "orders", "kind": "fifo", "options": {"dedupe": True}}]
 
@@ -40,6 +40,11 @@ def run_deploy(dialect: str, url: str, schema: str, units: list[Unit], **kwargs)
         return deploy(conn, dialect_for(dialect), schema, units, **kwargs)
     finally:
         conn.close()
+
+
+def fresh_script(schema: str, units: list[Unit]) -> str:
+    return build_script("postgres", schema, make_plan(units, []), "test", fresh=True,
+                        concurrent_sql=dialect_for("postgres").concurrent_index_sql)
 
 
 def history(dialect: str, url: str, schema: str) -> list[dict]:
@@ -226,6 +231,10 @@ def test_postgres_upgrade_creates_new_storage_units_next_to_queues_that_hold_mes
                 "SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class AS c JOIN pg_namespace AS n "
                 "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'S')", (schema,)).fetchall())
             assert {owners[name] for name in ("p", "p_rewinds", "w", "w_rewinds")} == {f"{schema}_owner"}
+            # An index added to a table that exists is built CONCURRENTLY (issue 16), and valid.
+            assert [item.unit.name for item in result.plan.changes if item.concurrent] == [f"{schema}.ix_w_lease_start"]
+            assert conn.execute("SELECT i.indisvalid FROM pg_index AS i WHERE i.indexrelid = %s::regclass",
+                                (f'"{schema}"."ix_w_lease_start"',)).fetchone()[0] is True
             for name in ("p", "w"):
                 client = QueueClient.for_catalog(conn, "postgres", catalog, name)
                 got = client.dequeue(batch_size=10, worker="a") if name == "w" else client.dequeue(batch_size=10)
@@ -241,11 +250,11 @@ def test_postgres_upgrade_creates_new_storage_units_next_to_queues_that_hold_mes
             conn.execute(f'DROP INDEX "{schema}"."ix_w_lease_start"')
             states = {row.unit_name: row.state for row in status(conn, dialect_for("postgres"), schema, units)}
             assert states[f"{schema}.ix_w_lease_start"] == "missing"
-            # A changed index unit is refused like a changed table, without counting "messages" in it.
-            edited = [replace(u, body=u.body.replace("(leased_by, leased_at)", "(leased_at, leased_by)"))
+            # A storage unit is its version and shape, not its text: an edit at the same version is not
+            # applied (tests/test_storage_versions.py is what stops such an edit from being released).
+            edited = [replace(u, body=u.body.replace("-- The own-messages probe", "-- The probe"))
                       if u.name.endswith("_lease_start") else u for u in units]
-            with pytest.raises(DeployRefused, match=f"{schema}.ix_w_lease_start is left as it is"):
-                run_deploy("postgres", pg_url, schema, edited)
+            assert edited != units and run_deploy("postgres", pg_url, schema, edited).applied == []
         finally:
             conn.close()
     finally:
@@ -256,7 +265,7 @@ def test_postgres_hand_run_script_deploys_and_is_recorded(pg_url: str, tmp_path:
     schema = f"d_{secrets.token_hex(4)}"
     units = units_for("postgres", schema, QUEUES)
     script = tmp_path / "deploy.sql"
-    script.write_text(postgres_script(schema, units, "test"))
+    script.write_text(fresh_script(schema, units))
     try:
         for _ in range(2):  # re-runnable
             result = subprocess.run(["psql", pg_url, "-q", "-f", str(script)], capture_output=True, text=True)
@@ -269,9 +278,10 @@ def test_postgres_hand_run_script_deploys_and_is_recorded(pg_url: str, tmp_path:
             conn.close()
         assert all(row.state.startswith("ok") for row in rows), rows
         changed = units_for("postgres", schema, [{"name": "events", "kind": "lifo"}, QUEUES[1]])
-        script.write_text(postgres_script(schema, changed, "test"))
+        script.write_text(fresh_script(schema, changed))
         result = subprocess.run(["psql", pg_url, "-q", "-f", str(script)], capture_output=True, text=True)
-        assert result.returncode != 0 and "never drops or rebuilds" in result.stderr
+        assert result.returncode != 0 and f"{schema}.events: the deploy history records this storage unit" in result.stderr
+        assert "tablequeue script --url" in result.stderr and "Nothing more was applied" in result.stderr
     finally:
         drop_schema("postgres", pg_url, schema)
 

@@ -9,7 +9,7 @@ import pytest
 from tablequeue.catalog import load_catalog, parse_catalog
 from tablequeue.deploy import CREATE, REFUSED, UNCHANGED, UPDATE, make_plan
 from tablequeue.gosplit import split_batches
-from tablequeue.render import DIALECTS, parse_units, render_catalog, render_tsqlt
+from tablequeue.render import DIALECTS, RenderError, Storage, parse_units, render_catalog, render_tsqlt
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "database" / "queues.yml"
@@ -51,7 +51,7 @@ def test_every_file_has_a_header_and_every_object_is_a_unit(dialect: str) -> Non
         if rendered.queue:
             queue = catalog.queue(rendered.queue)
             assert any(u.name == f"{catalog.schema}.{queue.name}_dequeue" for u in units)
-            assert f"kind {queue.kind}" in storage[0].body
+            assert all(u.storage.kind == queue.kind and u.storage.version >= 1 for u in storage), rendered.name
 
 
 def test_every_mssql_unit_sets_nothing_it_does_not_need_and_splits_cleanly() -> None:
@@ -95,11 +95,19 @@ def test_claims_use_the_documented_hints_and_postgres_functions_are_definers() -
 
 
 def test_parse_units_splits_on_markers_only() -> None:
-    text = ("-- header\n-- tablequeue:unit s.a storage\nCREATE TABLE a (x int);\n"
+    text = ("-- header\n-- tablequeue:unit s.a storage v2 table\n-- tablequeue:shape kind=heap dedupe=on\n"
+            "CREATE TABLE a (x int);\n"
             "-- tablequeue:unit s.a_f code\nSELECT '-- tablequeue:unit s.fake code';\n")
     units = parse_units(text, "a")
     assert [(u.name, u.type) for u in units] == [("s.a", "storage"), ("s.a_f", "code")]
+    assert units[0].storage == Storage(2, (("kind", "heap"), ("dedupe", "on"))) and units[0].object == "table"
+    assert units[0].body == "CREATE TABLE a (x int);\n" and units[1].storage is None
     assert "fake" in units[1].body
+
+
+def test_a_storage_marker_without_a_version_is_an_error() -> None:
+    with pytest.raises(RenderError, match="must declare its version and object"):
+        parse_units("-- tablequeue:unit s.a storage\nCREATE TABLE a (x int);\n", "a")
 
 
 def test_checksum_ignores_line_endings_and_trailing_blanks_only() -> None:
@@ -109,17 +117,39 @@ def test_checksum_ignores_line_endings_and_trailing_blanks_only() -> None:
     assert a.checksum == b.checksum != c.checksum
 
 
+def _row(unit, **storage) -> dict:
+    return {"unit_name": unit.name, "unit_checksum": unit.checksum, "tool_version": "0.2.0",
+            "storage_version": storage.get("version"), "storage_shape": storage.get("shape")}
+
+
 def test_planner_creates_updates_keeps_and_refuses() -> None:
-    units = parse_units("-- tablequeue:unit s.q storage\nCREATE TABLE q (x int);\n"
+    units = parse_units("-- tablequeue:unit s.q storage v1 table\n-- tablequeue:shape kind=heap payload=json\n"
+                        "CREATE TABLE q (x int);\n"
                         "-- tablequeue:unit s.q_f code\nSELECT 1;\n"
                         "-- tablequeue:unit s.q_g code\nSELECT 2;\n", "q")
-    history = [{"unit_name": "s.q", "unit_checksum": units[0].checksum},
-               {"unit_name": "s.q_f", "unit_checksum": "old"},
-               {"unit_name": "s.q_f", "unit_checksum": units[1].checksum}]  # latest row wins
+    history = [_row(units[0], version=1, shape="kind=heap payload=json"),
+               {**_row(units[1]), "unit_checksum": "old"},
+               _row(units[1])]  # latest row wins
     plan = make_plan(units, history)
     assert [i.action for i in plan.items] == [UNCHANGED, UNCHANGED, CREATE]
-    history[-1] = {"unit_name": "s.q_f", "unit_checksum": "older"}
-    history[0] = {"unit_name": "s.q", "unit_checksum": "different"}
-    plan = make_plan(units, history, lambda table: 7)
+    history[-1] = {**_row(units[1]), "unit_checksum": "older"}
+    history[0] = _row(units[0], version=1, shape="kind=fifo payload=json")
+
+    class Probe:
+        def count_messages(self, table):
+            return 7
+
+    plan = make_plan(units, history, Probe())
     assert [i.action for i in plan.items] == [REFUSED, UPDATE, CREATE]
-    assert "holds 7 message(s)" in plan.refused[0].reason and "queue 'q'" in plan.refused[0].reason
+    reason = plan.refused[0].reason
+    assert "holds 7 message(s)" in reason and "queue 'q'" in reason and "kind change from fifo to heap" in reason
+
+
+def test_a_storage_unit_is_identified_by_version_and_shape_not_by_its_text() -> None:
+    unit = parse_units("-- tablequeue:unit s.q storage v1 table\n-- tablequeue:shape kind=heap payload=json\n"
+                       "-- a comment that was edited\nCREATE TABLE q (x int);\n", "q")[0]
+    recorded = {**_row(unit, version=1, shape="kind=heap payload=json"), "unit_checksum": "of other text"}
+    assert [i.action for i in make_plan([unit], [recorded]).items] == [UNCHANGED]
+    newer = _row(unit, version=2, shape="kind=heap payload=json")
+    refused = make_plan([unit], [newer]).refused
+    assert refused and "newer than the v1" in refused[0].reason and "does not downgrade" in refused[0].reason

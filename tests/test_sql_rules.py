@@ -13,7 +13,7 @@ import pytest
 
 from tablequeue.catalog import load_catalog
 from tablequeue.gosplit import mask_comments_and_strings, split_batches
-from tablequeue.render import render_catalog
+from tablequeue.render import render_catalog, render_migrations
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOGS = [REPO / "database" / "queues.yml", REPO / "tests" / "fixtures" / "option_matrix.yml"]
@@ -148,3 +148,61 @@ def test_postgres_functions_are_pinned_definers_revoked_from_public(catalog_path
             assert "SECURITY DEFINER" in unit.body, unit.name
             assert "SET search_path = pg_catalog, pg_temp" in unit.body, unit.name
             assert re.search(r"REVOKE ALL ON (FUNCTION|PROCEDURE) .* FROM public;", unit.body), unit.name
+
+
+# -- migrations (database/templates/<dialect>/migrations/, docs/upgrades.md) ---------------------
+
+@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
+def test_migrations_quote_every_object_and_build_no_sql_from_values(catalog_path: Path) -> None:
+    catalog = load_catalog(catalog_path)
+    bare = re.compile(rf"(?<![\[\"'.\w]){re.escape(catalog.schema)}\.(?=[a-z])")
+    for dialect in ("mssql", "postgres"):
+        migrations = render_migrations(catalog, dialect)
+        assert migrations, dialect
+        for rendered in migrations:
+            code = mask_comments_and_strings(rendered.text) if dialect == "mssql" else _mask_pg(rendered.text)
+            assert [line for line in code.splitlines() if bare.search(line)] == [], (dialect, rendered.name)
+            if dialect == "mssql":   # as in the units: only a single literal may be executed
+                for match in re.finditer(r"\bEXEC(?:UTE)?\s*\(", code, re.I):
+                    assert re.match(r"N'[^']*'\s*\)", rendered.text[match.end():].lstrip()), rendered.name
+                assert "sp_executesql" not in code.lower(), rendered.name
+            else:
+                assert not re.search(r"\bEXECUTE\b|\bformat\s*\(", code, re.I), rendered.name
+
+
+# A schema change a step makes, and how it shows that running it again is harmless.
+_MSSQL_CHANGE = re.compile(r"\b(ALTER\s+TABLE|CREATE\s+(?:UNIQUE\s+)?(?:NONCLUSTERED\s+)?INDEX|DROP\s+(?:INDEX|TABLE))\b",
+                           re.I)
+_PG_CHANGES = {r"\bADD\s+COLUMN\b(?!\s+IF\s+NOT\s+EXISTS)": "ADD COLUMN without IF NOT EXISTS",
+               r"\bDROP\s+COLUMN\b(?!\s+IF\s+EXISTS)": "DROP COLUMN without IF EXISTS",
+               r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\b(?!\s+(?:CONCURRENTLY\s+)?IF\s+NOT\s+EXISTS)": "CREATE INDEX without IF NOT EXISTS",
+               r"\bDROP\s+INDEX\b(?!\s+(?:CONCURRENTLY\s+)?IF\s+EXISTS)": "DROP INDEX without IF EXISTS"}
+
+
+@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
+def test_migration_steps_can_run_again(catalog_path: Path) -> None:
+    """A step interrupted by a lock timeout or an error runs again at the next deploy: each change it
+    makes first checks that it is still to be made (an IF around it, or IF [NOT] EXISTS in it). The
+    empty-table rebuild is the exception: its drop follows the emptiness check in the same batch's
+    transaction, and its create is the unit's own re-runnable CREATE."""
+    catalog = load_catalog(catalog_path)
+    for rendered in render_migrations(catalog, "mssql"):
+        if ".drop_empty_table." in rendered.name:
+            continue
+        for batch in split_batches(rendered.text):
+            code = mask_comments_and_strings(batch.text)
+            for change in _MSSQL_CHANGE.finditer(code):
+                statement = code[change.start():change.start() + 200]
+                line_start = code.rfind("\n", 0, change.start()) + 1
+                if line_start == change.start():   # a statement of its own: it must say IF [NOT] EXISTS
+                    guarded = re.match(r"DROP\s+\w+\s+IF\s+EXISTS", statement, re.I)
+                else:   # inside a block: the top-level statement that holds it is an IF
+                    top = [line for line in code[:line_start].splitlines() if line[:1].strip()]
+                    guarded = top and re.match(r"IF\b", top[-1])
+                assert guarded, (rendered.name, statement.splitlines()[0])
+    for rendered in render_migrations(catalog, "postgres"):
+        code = _mask_pg(rendered.text)
+        for pattern, problem in _PG_CHANGES.items():
+            for match in re.finditer(pattern, code, re.I):
+                in_do_if = code.rfind("THEN", 0, match.start()) > code.rfind("DO $", 0, match.start()) >= 0
+                assert in_do_if, (rendered.name, problem)

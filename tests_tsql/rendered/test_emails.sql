@@ -1,4 +1,4 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: tests_tsql/templates/test_work.sql | dialect: mssql | kind: work | queue: queue.emails
 -- noqa: disable=CP02, RF05
 -- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
@@ -1913,5 +1913,237 @@ BEGIN
     DECLARE @left bigint = (SELECT h.id FROM [queue].[emails_history] AS h);
     DECLARE @kept bigint = 3;
     EXEC tSQLt.AssertEquals @Expected = @kept, @Actual = @left;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test work_table_drop_dedupe keeps the rows of table]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[emails] (due_at, visible_at, payload)
+    VALUES
+    (SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 1}'),
+    (SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[emails] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    DROP INDEX IF EXISTS [ux_emails_dedupe] ON [queue].[emails];
+
+    IF COL_LENGTH(N'[queue].[emails]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            ALTER TABLE [queue].[emails] DROP COLUMN dedupe_key;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[emails] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[emails]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_table_drop_dedupe: column dedupe_key is still there';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test work_table_add_priority keeps the rows of table]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[emails] (due_at, visible_at, payload)
+    VALUES
+    (SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 1}'),
+    (SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[emails] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF COL_LENGTH(N'[queue].[emails]', N'priority') IS NULL
+        BEGIN
+            ALTER TABLE [queue].[emails] ADD priority int NOT NULL
+            CONSTRAINT [df_emails_priority] DEFAULT (0);
+        END;
+
+    DECLARE @claim_first_key sysname = INDEX_COL(
+        N'[queue].[emails]',
+        INDEXPROPERTY(OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim', 'IndexID'),
+        1
+    );
+
+    IF COALESCE(@claim_first_key, N'') <> N'priority'
+        BEGIN
+            IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                BEGIN
+                    CREATE NONCLUSTERED INDEX [ix_emails_claim]
+                        ON [queue].[emails] (priority DESC, visible_at, id)
+                        WITH (DROP_EXISTING = ON, ONLINE = ON);
+                END;
+            ELSE
+                BEGIN
+                    CREATE NONCLUSTERED INDEX [ix_emails_claim]
+                        ON [queue].[emails] (priority DESC, visible_at, id)
+                        WITH (DROP_EXISTING = ON);
+                END;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[emails] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[emails]', N'priority') IS NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_table_add_priority: column priority was not added';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test work_dead_drop_dedupe keeps the rows of dead]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, dead_at, payload
+    )
+    VALUES
+    (-1, SYSUTCDATETIME(), SYSUTCDATETIME(), 1, SYSUTCDATETIME(), N'{"n": 1}'),
+    (-2, SYSUTCDATETIME(), SYSUTCDATETIME(), 1, SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[emails_dead] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF COL_LENGTH(N'[queue].[emails_dead]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            ALTER TABLE [queue].[emails_dead] DROP COLUMN dedupe_key;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[emails_dead] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[emails_dead]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_dead_drop_dedupe: column dedupe_key is still there';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test work_dead_add_priority keeps the rows of dead]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, dead_at, payload
+    )
+    VALUES
+    (-1, SYSUTCDATETIME(), SYSUTCDATETIME(), 1, SYSUTCDATETIME(), N'{"n": 1}'),
+    (-2, SYSUTCDATETIME(), SYSUTCDATETIME(), 1, SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[emails_dead] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF COL_LENGTH(N'[queue].[emails_dead]', N'priority') IS NULL
+        BEGIN
+            ALTER TABLE [queue].[emails_dead] ADD priority int NOT NULL
+            CONSTRAINT [df_emails_dead_priority] DEFAULT (0);
+
+            ALTER TABLE [queue].[emails_dead] DROP CONSTRAINT [df_emails_dead_priority];
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[emails_dead] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[emails_dead]', N'priority') IS NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_dead_add_priority: column priority was not added';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test work_history_add_priority keeps the rows of history]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[emails_history] (
+        id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
+    )
+    VALUES
+    (-1, SYSUTCDATETIME(), SYSUTCDATETIME(), SYSUTCDATETIME(), SYSUTCDATETIME(), N'w', 1, N'{"n": 1}'),
+    (-2, SYSUTCDATETIME(), SYSUTCDATETIME(), SYSUTCDATETIME(), SYSUTCDATETIME(), N'w', 1, N'{"n": 2}');
+
+    SELECT
+        r.history_id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[emails_history] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF COL_LENGTH(N'[queue].[emails_history]', N'priority') IS NULL
+        BEGIN
+            ALTER TABLE [queue].[emails_history] ADD priority int NOT NULL
+            CONSTRAINT [df_emails_history_priority] DEFAULT (0);
+
+            ALTER TABLE [queue].[emails_history] DROP CONSTRAINT [df_emails_history_priority];
+        END;
+
+    -- Assert
+    SELECT
+        r.history_id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[emails_history] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[emails_history]', N'priority') IS NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_history_add_priority: column priority was not added';
+        END;
 END;
 GO

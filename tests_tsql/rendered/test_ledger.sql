@@ -1,4 +1,4 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: tests_tsql/templates/test_fifo.sql | dialect: mssql | kind: fifo | queue: queue.ledger
 -- noqa: disable=CP02, RF05
 -- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
@@ -614,5 +614,62 @@ BEGIN
 
     -- Act
     EXEC [queue].[ledger_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test destructive_table_add_dedupe keeps the rows of table]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[ledger] (payload)
+    VALUES
+    (N'{"n": 1}'),
+    (N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[ledger] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF COL_LENGTH(N'[queue].[ledger]', N'dedupe_key') IS NULL
+        BEGIN
+            ALTER TABLE [queue].[ledger]
+            ADD dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL; -- noqa: CP02
+        END;
+
+    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[ledger]'), N'ux_ledger_dedupe', 'IndexID') IS NULL
+        BEGIN
+            IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                BEGIN
+                    CREATE UNIQUE NONCLUSTERED INDEX [ux_ledger_dedupe]
+                        ON [queue].[ledger] (dedupe_key)
+                        WHERE dedupe_key IS NOT NULL
+                        WITH (ONLINE = ON);
+                END;
+            ELSE
+                BEGIN
+                    CREATE UNIQUE NONCLUSTERED INDEX [ux_ledger_dedupe]
+                        ON [queue].[ledger] (dedupe_key)
+                        WHERE dedupe_key IS NOT NULL;
+                END;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[ledger] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[ledger]', N'dedupe_key') IS NULL
+        BEGIN
+            EXEC tSQLt.Fail N'destructive_table_add_dedupe: column dedupe_key was not added';
+        END;
 END;
 GO

@@ -1,4 +1,4 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: tests_tsql/templates/test_fifo.sql | dialect: mssql | kind: fifo | queue: queue.orders
 -- noqa: disable=CP02, RF05
 -- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
@@ -790,5 +790,46 @@ BEGIN
 
     -- Act
     EXEC [queue].[orders_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_orders].[test destructive_table_drop_dedupe keeps the rows of table]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[orders] (payload)
+    VALUES
+    (N'{"n": 1}'),
+    (N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[orders] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    DROP INDEX IF EXISTS [ux_orders_dedupe] ON [queue].[orders];
+
+    IF COL_LENGTH(N'[queue].[orders]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            ALTER TABLE [queue].[orders] DROP COLUMN dedupe_key;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[orders] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[orders]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            EXEC tSQLt.Fail N'destructive_table_drop_dedupe: column dedupe_key is still there';
+        END;
 END;
 GO

@@ -1,4 +1,4 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: tests_tsql/templates/test_pending.sql | dialect: mssql | kind: pending | queue: queue.reminders
 -- noqa: disable=CP02, RF05
 -- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
@@ -971,5 +971,46 @@ BEGIN
 
     -- Act
     EXEC [queue].[reminders_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test destructive_table_drop_dedupe keeps the rows of table]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[reminders] (due_at, payload)
+    VALUES
+    (SYSUTCDATETIME(), N'{"n": 1}'),
+    (SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[reminders] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    DROP INDEX IF EXISTS [ux_reminders_dedupe] ON [queue].[reminders];
+
+    IF COL_LENGTH(N'[queue].[reminders]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            ALTER TABLE [queue].[reminders] DROP COLUMN dedupe_key;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[reminders] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[reminders]', N'dedupe_key') IS NOT NULL
+        BEGIN
+            EXEC tSQLt.Fail N'destructive_table_drop_dedupe: column dedupe_key is still there';
+        END;
 END;
 GO

@@ -1,4 +1,4 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: tests_tsql/templates/test_work.sql | dialect: mssql | kind: work | queue: queue.thumbnails
 -- noqa: disable=CP02, RF05
 -- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
@@ -1929,5 +1929,217 @@ BEGIN
 
     -- Act
     EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test work_table_add_dedupe keeps the rows of table]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[thumbnails] (id, due_at, visible_at, payload)
+    VALUES
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 1}'),
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[thumbnails] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF COL_LENGTH(N'[queue].[thumbnails]', N'dedupe_key') IS NULL
+        BEGIN
+            ALTER TABLE [queue].[thumbnails]
+            ADD dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL; -- noqa: CP02
+        END;
+
+    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[thumbnails]'), N'ux_thumbnails_dedupe', 'IndexID') IS NULL
+        BEGIN
+            IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                BEGIN
+                    CREATE UNIQUE NONCLUSTERED INDEX [ux_thumbnails_dedupe]
+                        ON [queue].[thumbnails] (dedupe_key)
+                        WHERE dedupe_key IS NOT NULL
+                        WITH (ONLINE = ON);
+                END;
+            ELSE
+                BEGIN
+                    CREATE UNIQUE NONCLUSTERED INDEX [ux_thumbnails_dedupe]
+                        ON [queue].[thumbnails] (dedupe_key)
+                        WHERE dedupe_key IS NOT NULL;
+                END;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[thumbnails] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[thumbnails]', N'dedupe_key') IS NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_table_add_dedupe: column dedupe_key was not added';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test work_table_drop_priority keeps the rows of table]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[thumbnails] (id, due_at, visible_at, payload)
+    VALUES
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 1}'),
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[thumbnails] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    DECLARE @claim_first_key sysname = INDEX_COL(
+        N'[queue].[thumbnails]',
+        INDEXPROPERTY(OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'),
+        1
+    );
+
+    IF COALESCE(@claim_first_key, N'') = N'priority'
+        BEGIN
+            IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                BEGIN
+                    CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                        ON [queue].[thumbnails] (visible_at, seq)
+                        WITH (DROP_EXISTING = ON, ONLINE = ON);
+                END;
+            ELSE
+                BEGIN
+                    CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                        ON [queue].[thumbnails] (visible_at, seq)
+                        WITH (DROP_EXISTING = ON);
+                END;
+        END;
+
+    IF COL_LENGTH(N'[queue].[thumbnails]', N'priority') IS NOT NULL
+        BEGIN
+            ALTER TABLE [queue].[thumbnails] DROP CONSTRAINT IF EXISTS [df_thumbnails_priority];
+
+            ALTER TABLE [queue].[thumbnails] DROP COLUMN priority;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[thumbnails] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[thumbnails]', N'priority') IS NOT NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_table_drop_priority: column priority is still there';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test work_dead_add_dedupe keeps the rows of dead]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, dead_at, payload
+    )
+    VALUES
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), 0, 1, SYSUTCDATETIME(), N'{"n": 1}'),
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), 0, 1, SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[thumbnails_dead] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF COL_LENGTH(N'[queue].[thumbnails_dead]', N'dedupe_key') IS NULL
+        BEGIN
+            ALTER TABLE [queue].[thumbnails_dead]
+            ADD dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL; -- noqa: CP02
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[thumbnails_dead] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[thumbnails_dead]', N'dedupe_key') IS NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_dead_add_dedupe: column dedupe_key was not added';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test work_dead_drop_priority keeps the rows of dead]
+AS
+BEGIN
+    SET NOCOUNT ON;
+
+    -- Assemble: two rows, as the table is before the migration.
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, dead_at, payload
+    )
+    VALUES
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), 0, 1, SYSUTCDATETIME(), N'{"n": 1}'),
+    (NEWID(), SYSUTCDATETIME(), SYSUTCDATETIME(), 0, 1, SYSUTCDATETIME(), N'{"n": 2}');
+
+    SELECT
+        r.id,
+        r.payload
+    INTO #Expected
+    FROM [queue].[thumbnails_dead] AS r;
+
+    -- Act: the migration's steps, as the deploy runs them.
+    IF OBJECT_ID(N'[queue].[df_thumbnails_dead_priority]', N'D') IS NULL
+        BEGIN
+            ALTER TABLE [queue].[thumbnails_dead]
+            ADD CONSTRAINT [df_thumbnails_dead_priority] DEFAULT (0) FOR priority;
+        END;
+
+    IF COL_LENGTH(N'[queue].[thumbnails_dead]', N'priority') IS NOT NULL
+        BEGIN
+            ALTER TABLE [queue].[thumbnails_dead]
+            DROP CONSTRAINT IF EXISTS [df_thumbnails_dead_priority];
+
+            ALTER TABLE [queue].[thumbnails_dead] DROP COLUMN priority;
+        END;
+
+    -- Assert
+    SELECT
+        r.id,
+        r.payload
+    INTO #Actual
+    FROM [queue].[thumbnails_dead] AS r;
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF COL_LENGTH(N'[queue].[thumbnails_dead]', N'priority') IS NOT NULL
+        BEGIN
+            EXEC tSQLt.Fail N'work_dead_drop_priority: column priority is still there';
+        END;
 END;
 GO

@@ -1,7 +1,7 @@
 """Command line: tablequeue render | deploy | script | status | test-tsql | selftest | demo.
 
 Exit codes: 0 success; 1 a database or runtime error; 2 invalid input (catalog, arguments);
-3 deploy refused (a change that would drop or rebuild a queue table).
+3 deploy refused (a change no migration can make without losing messages).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .catalog import Catalog, CatalogError, load_catalog
 from .distribution import DistributionError, example_catalog, version
-from .render import DIALECTS, RenderError, Unit, render_catalog, render_tsqlt, write_files
+from .render import DIALECTS, RenderError, Unit, render_catalog, render_migrations, render_tsqlt, write_files
 
 EXIT_ERROR, EXIT_INVALID, EXIT_REFUSED = 1, 2, 3
 EXAMPLE_CATALOG_HELP = "default: the example catalog, database/queues.yml (a copy ships in the package)"
@@ -24,7 +24,12 @@ def _units(catalog: Catalog, dialect: str) -> list[Unit]:
 
 def cmd_render(args: argparse.Namespace) -> int:
     catalog = load_catalog(args.catalog)
-    files = render_tsqlt(catalog) if args.tsqlt else render_catalog(catalog, args.dialect)
+    if args.tsqlt:
+        files = render_tsqlt(catalog)
+    elif args.migrations:
+        files = render_migrations(catalog, args.dialect)
+    else:
+        files = render_catalog(catalog, args.dialect)
     for path in write_files(files, Path(args.out)):
         print(path)
     return 0
@@ -38,7 +43,7 @@ def _connect(url: str):
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from .deploy import DeployRefused, deploy
+    from .deploy import DeployRefused, LockPolicy, deploy
     from .engines import dialect_for
 
     catalog = load_catalog(args.catalog)
@@ -46,7 +51,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     units = _units(catalog, target.dialect)
     try:
         result = deploy(conn, dialect_for(target.dialect), catalog.schema, units, dry_run=args.dry_run,
-                        lock_timeout_seconds=args.lock_timeout, progress=print, share_roles=args.share_roles)
+                        lock_timeout_seconds=args.lock_timeout, progress=print, share_roles=args.share_roles,
+                        lock_policy=LockPolicy(args.ddl_lock_timeout, args.ddl_retry_for))
     except DeployRefused as exc:
         print(f"tablequeue deploy: refused, nothing was applied to {target.describe()}:\n{exc}",
               file=sys.stderr)
@@ -63,11 +69,40 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_script(args: argparse.Namespace) -> int:
-    from .script import mssql_script, postgres_script
+    from .deploy import LockPolicy, make_plan, plan_against
+    from .engines import dialect_for, parse_url
+    from .script import build_script
 
     catalog = load_catalog(args.catalog)
-    builder = mssql_script if args.dialect == "mssql" else postgres_script
-    text = builder(catalog.schema, _units(catalog, args.dialect), args.catalog)
+    policy = LockPolicy(args.ddl_lock_timeout, args.ddl_retry_for)
+    dialect = args.dialect or (parse_url(args.url).dialect if args.url else "mssql")
+    if args.url and parse_url(args.url).dialect != dialect:
+        print(f"tablequeue script: --dialect {dialect} does not match the database {parse_url(args.url).describe()}",
+              file=sys.stderr)
+        return EXIT_INVALID
+    units = _units(catalog, dialect)
+    engine = dialect_for(dialect)
+    type_parts, replaced = {}, {}
+    if args.url:
+        target, conn = _connect(args.url)
+        try:
+            plan = plan_against(conn, engine, catalog.schema, units, policy)
+            type_parts = {item.unit.name: engine.type_recreate_parts(conn, item.unit, list(item.recreates))
+                          for item in plan.changes if item.unit.object == "type" and item.action == "migrate"}
+            replaced = {item.unit.name: engine.routines(conn, item.unit.name)
+                        for item in plan.changes if item.unit.type == "code" and item.action == "update"}
+        finally:
+            conn.close()
+        source = f"{args.catalog}, planned against {target.describe()}"
+    else:
+        plan = make_plan(units, [], lock_policy=policy)
+        source = f"{args.catalog}, a fresh install"
+    if plan.refused:
+        reasons = dict.fromkeys(item.reason for item in plan.refused)
+        print("tablequeue script: refused, no script written:\n" + "\n".join(reasons), file=sys.stderr)
+        return EXIT_REFUSED
+    text = build_script(dialect, catalog.schema, plan, source, fresh=not args.url, type_parts=type_parts,
+                        concurrent_sql=engine.concurrent_index_sql, replaced=replaced)
     Path(args.out).write_text(text, encoding="utf-8")
     print(args.out)
     return 0
@@ -180,6 +215,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.catalog or example_catalog(), args.messages, args.spark)
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
+def _lock_policy_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ddl-lock-timeout", type=_positive, default=2.0,
+                   help="seconds a step waits for a lock on a queue's table before it gives way to the queue's "
+                        "traffic and retries (default 2)")
+    p.add_argument("--ddl-retry-for", type=_positive, default=600.0,
+                   help="seconds a step keeps retrying, and a concurrent index build waits, before the deploy "
+                        "stops (default 600)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tablequeue", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
@@ -190,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dialect", choices=DIALECTS, default="mssql")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--tsqlt", action="store_true", help="render the tSQLt test classes instead")
+    p.add_argument("--migrations", action="store_true",
+                   help="render every migration the catalog's storage can take instead (for review and lint)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("deploy", help="apply what changed to a database")
@@ -200,12 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PostgreSQL: let the schema's roles (cluster-wide) also serve a same-named schema that "
                         "another database of the cluster deployed; refused otherwise")
     p.add_argument("--lock-timeout", type=int, default=300, help="seconds to wait for another deploy")
+    _lock_policy_arguments(p)
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("script", help="write one script a DBA can review and run by hand")
     p.add_argument("--catalog", required=True)
-    p.add_argument("--dialect", choices=DIALECTS, default="mssql")
+    p.add_argument("--dialect", choices=DIALECTS, help="default: the --url's, else mssql")
+    p.add_argument("--url", help="plan against this database (read only): the script holds its migrations")
     p.add_argument("--out", required=True)
+    _lock_policy_arguments(p)
     p.set_defaults(func=cmd_script)
 
     p = sub.add_parser("status", help="what is deployed, and drift")

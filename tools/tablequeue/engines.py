@@ -1,7 +1,8 @@
 """Connections and the few dialect-specific statements the deploy tool itself needs.
 
-Everything else the tool runs is rendered SQL; this module only connects, locks, applies a unit
-and reads back what is deployed.
+Everything else the tool runs is rendered SQL; this module only connects, locks, runs a step
+(rendered SQL in a transaction with a lock timeout, or a concurrent index build) and reads back
+what is deployed.
 """
 from __future__ import annotations
 
@@ -11,12 +12,35 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
-from .gosplit import split_batches
-from .render import Unit
+from .distribution import version
+from .gosplit import mask_comments_and_strings, split_batches
+from .render import Storage, Unit
 
 
 class EngineError(RuntimeError):
     pass
+
+
+class LockTimeout(EngineError):
+    """A statement did not get its lock within the step's lock timeout; the step was rolled back."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """SQL a step runs. routine: a code unit's routine, whose stale overloads PostgreSQL drops
+    when the unit changes its signature."""
+    sql: str
+    routine: str | None = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One deploy-history row, written in the transaction of the step that completes it."""
+    unit: Unit
+    storage: Storage | None       # the storage unit's version and shape from this row on
+    migration: str | None         # the migration that made it so (None: created or replaced)
+    checksum: str                 # of what was applied
+    started: float                # time.monotonic() when its work began: the recorded duration
 
 
 @dataclass(frozen=True)
@@ -144,11 +168,36 @@ class Dialect(Protocol):
     def lock(self, conn: Any, schema: str, timeout_seconds: int) -> None: ...
     def unlock(self, conn: Any, schema: str) -> None: ...
     def history_exists(self, conn: Any, schema: str) -> bool: ...
-    def read_history(self, conn: Any, schema: str) -> list[dict]: ...
-    def apply(self, conn: Any, unit: Unit, schema: str, version: str) -> float: ...
+    def read_history(self, conn: Any, schema: str) -> list[dict]:
+        """Every row in history_id order, with every key of HISTORY_COLUMNS + STORAGE_HISTORY_COLUMNS
+        (None where a 0.1.0 history table has no such column yet)."""
+        ...
     def object_checksum(self, conn: Any, unit_name: str) -> str | None: ...
     def count_messages(self, conn: Any, table: str, limit: int) -> int | None:
         """Up to `limit` rows of the table; None when there is no table of that name."""
+        ...
+    blocker_hint: str
+    def run_transaction(self, conn: Any, schema: str, parts: list[Part], records: list[Record],
+                        lock_timeout: float) -> None:
+        """One attempt: the parts and the history rows in one transaction, every lock waited for at
+        most lock_timeout seconds; raises LockTimeout (rolled back) when one was not granted."""
+        ...
+    def run_concurrent(self, conn: Any, sql: str, lock_timeout: float) -> None:
+        """A CREATE/DROP INDEX CONCURRENTLY outside any transaction (PostgreSQL)."""
+        ...
+    def concurrent_index_sql(self, unit: Unit) -> str: ...
+    def deployed_facts(self, conn: Any, unit: Unit) -> dict[str, str]:
+        """What the deployed objects of a 0.1.0 storage unit show of its shape (kind, payload,
+        options); 'a|b' where they cannot tell a from b."""
+        ...
+    def type_dependents(self, conn: Any, type_name: str) -> list[str]:
+        """schema.name of every routine that uses the type."""
+        ...
+    def routines(self, conn: Any, unit_name: str) -> list[str]:
+        """The signatures a replaced code unit's routines have (to drop first where needed)."""
+        ...
+    def type_recreate_parts(self, conn: Any, type_unit: Unit, dependents: list[Unit]) -> list[Part]:
+        """Drop the dependents and the type, create the type, create the dependents."""
         ...
     def drop_schema(self, conn: Any, schema: str) -> None:
         """Drop a deployed schema with everything in it, and its roles (for tests and scratch copies)."""
@@ -191,6 +240,53 @@ EXEC sys.sp_executesql @sql;
 """
 HISTORY_COLUMNS = ("unit_name", "unit_type", "queue_name", "tool_version", "unit_checksum",
                    "object_checksum", "applied_at", "applied_by", "duration_ms")
+# Added by the deploy history's storage v2 (framework migration v1 -> v2); 0.1.0's table lacks them.
+STORAGE_HISTORY_COLUMNS = ("storage_version", "storage_shape", "migration")
+INSERT_COLUMNS = ("unit_name", "unit_type", "queue_name", "tool_version", "unit_checksum", "object_checksum",
+                  "duration_ms") + STORAGE_HISTORY_COLUMNS
+
+
+def _history_values(record: Record, version: str, object_checksum: str | None) -> tuple:
+    storage = record.storage
+    return (record.unit.name, record.unit.type, record.unit.queue, version, record.checksum, object_checksum,
+            int((time.monotonic() - record.started) * 1000),
+            storage.version if storage else None, (storage.shape_text or None) if storage else None,
+            record.migration)
+
+
+def _rows(columns: list[str], rows: list) -> list[dict]:
+    wanted = HISTORY_COLUMNS + STORAGE_HISTORY_COLUMNS
+    return [{key: dict(zip(columns, row)).get(key) for key in wanted} for row in rows]
+
+
+def facts_from_columns(unit: Unit, columns: dict[str, str] | None, payload: str | None) -> dict[str, str]:
+    """The shape a 0.1.0 table shows through its columns (names -> lower-case type names). payload:
+    what the payload column's type (and, on SQL Server, a JSON check) says."""
+    if unit.object != "table" or unit.queue is None or not columns:
+        return {}
+    facts = {"dedupe": "on" if "dedupe_key" in columns else "off",
+             "priority": "on" if "priority" in columns else "off",
+             "client_ids": "on" if columns.get("id") in ("uuid", "uniqueidentifier") else "off"}
+    if payload is not None:
+        facts["payload"] = payload
+    if "visible_at" in columns or unit.role in ("dead", "history"):
+        facts["kind"] = "work"
+    else:  # heap, fifo and lifo tables are identical; pending's has due_at
+        facts["kind"] = "pending" if "due_at" in columns else "heap|fifo|lifo"
+    return facts
+
+
+_CONCURRENT_INDEX = re.compile(r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+\"(?P<index>[^\"]+)\""
+                               r"\s+ON\s+(?:ONLY\s+)?\"(?P<schema>[^\"]+)\"\.", re.IGNORECASE)
+
+
+def created_concurrent_index(sql: str) -> tuple[str, str] | None:
+    """(schema, index) of the CREATE INDEX CONCURRENTLY in sql, if there is one."""
+    match = _CONCURRENT_INDEX.search(mask_comments_and_strings(sql))
+    return (match["schema"], match["index"]) if match else None
+
+
+_PLAIN_INDEX = re.compile(r"\bCREATE(?P<unique>\s+UNIQUE)?\s+INDEX\s+IF\s+NOT\s+EXISTS\b", re.IGNORECASE)
 
 
 def postgres_object_checksum_sql(schema_expr: str, name_expr: str) -> str:
@@ -243,12 +339,18 @@ class PostgresDialect:
         return conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                             (f'"{schema}"."{HISTORY_TABLE}"',)).fetchone()[0]
 
-    def read_history(self, conn: Any, schema: str) -> list[dict]:
-        cursor = conn.execute(
-            f'SELECT {", ".join(HISTORY_COLUMNS)} FROM "{schema}"."{HISTORY_TABLE}" ORDER BY history_id')
-        return [dict(zip(HISTORY_COLUMNS, row)) for row in cursor.fetchall()]
+    blocker_hint = "SELECT pid, xact_start, query FROM pg_stat_activity ORDER BY xact_start"
 
-    def _routines(self, conn: Any, unit_name: str) -> list[str]:
+    def read_history(self, conn: Any, schema: str) -> list[dict]:
+        present = {row[0] for row in conn.execute(
+            "SELECT a.attname FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = to_regclass(%s) "
+            "AND a.attnum > 0 AND NOT a.attisdropped", (f'"{schema}"."{HISTORY_TABLE}"',)).fetchall()}
+        columns = [c for c in HISTORY_COLUMNS + STORAGE_HISTORY_COLUMNS if c in present]
+        cursor = conn.execute(f'SELECT {", ".join(columns)} FROM "{schema}"."{HISTORY_TABLE}" ORDER BY history_id')
+        return _rows(columns, cursor.fetchall())
+
+    def routines(self, conn: Any, unit_name: str) -> list[str]:
+        """Signatures of the routines a code unit created (PostgreSQL: every overload of its name)."""
         schema, name = _split_name(unit_name)
         rows = conn.execute(
             "SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc AS p "
@@ -256,35 +358,107 @@ class PostgresDialect:
             "WHERE n.nspname = %s AND p.proname = %s ORDER BY p.oid", (schema, name)).fetchall()
         return [row[0] for row in rows]
 
-    def apply(self, conn: Any, unit: Unit, schema: str, version: str) -> float:
+    def run_transaction(self, conn: Any, schema: str, parts: list[Part], records: list[Record],
+                        lock_timeout: float) -> None:
         import psycopg
 
-        started = time.monotonic()
-        with conn.transaction():
-            before = self._routines(conn, unit.name) if unit.type == "code" else []
-            try:
-                with conn.transaction():  # savepoint
-                    conn.execute(unit.body)
-                    stale = before if len(self._routines(conn, unit.name)) > len(before) else []
-                    if stale:
-                        raise _SignatureChanged()
-            except (_SignatureChanged, psycopg.errors.InvalidFunctionDefinition,
-                    psycopg.errors.AmbiguousFunction):
-                # CREATE OR REPLACE cannot change a signature; it adds an overload instead. Drop
-                # the old definitions in this same transaction, then create afresh.
-                for signature in before:
-                    conn.execute(f"DROP ROUTINE {signature}")
-                conn.execute(unit.body)
-            duration = time.monotonic() - started
-            self._record(conn, unit, schema, version, duration)
-        return duration
+        try:
+            with conn.transaction():
+                # SET takes no parameters; the value is a number the tool computed.
+                conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
+                for part in parts:
+                    self._execute(conn, part)
+                for record in records:
+                    self._insert(conn, schema, record)
+        except psycopg.errors.LockNotAvailable as exc:
+            raise LockTimeout(str(exc).strip().splitlines()[0]) from exc
 
-    def _record(self, conn: Any, unit: Unit, schema: str, version: str, duration: float) -> None:
-        conn.execute(
-            f'INSERT INTO "{schema}"."{HISTORY_TABLE}" (unit_name, unit_type, queue_name, tool_version, '
-            "unit_checksum, object_checksum, duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (unit.name, unit.type, unit.queue, version, unit.checksum,
-             self.object_checksum(conn, unit.name), int(duration * 1000)))
+    def _execute(self, conn: Any, part: Part) -> None:
+        import psycopg
+
+        if part.routine is None:
+            conn.execute(part.sql)
+            return
+        before = self.routines(conn, part.routine)
+        try:
+            with conn.transaction():  # savepoint
+                conn.execute(part.sql)
+                if len(self.routines(conn, part.routine)) > len(before):
+                    raise _SignatureChanged()
+        except (_SignatureChanged, psycopg.errors.InvalidFunctionDefinition,
+                psycopg.errors.AmbiguousFunction):
+            # CREATE OR REPLACE cannot change a signature; it adds an overload instead. Drop
+            # the old definitions in this same transaction, then create afresh.
+            for signature in before:
+                conn.execute(f"DROP ROUTINE {signature}")
+            conn.execute(part.sql)
+
+    def _insert(self, conn: Any, schema: str, record: Record) -> None:
+        values = _history_values(record, version(), self.object_checksum(conn, record.unit.name))
+        conn.execute(f'INSERT INTO "{schema}"."{HISTORY_TABLE}" ({", ".join(INSERT_COLUMNS)}) '
+                     f'VALUES ({", ".join(["%s"] * len(INSERT_COLUMNS))})', values)
+
+    def concurrent_index_sql(self, unit: Unit) -> str:
+        """An index unit's one CREATE INDEX, built CONCURRENTLY (for an index added to a table that
+        already exists: a plain build would block the queue's writes for as long as it takes)."""
+        code = mask_comments_and_strings(unit.body)
+        if code.count(";") != 1 or len(_PLAIN_INDEX.findall(code)) != 1:
+            raise EngineError(f"index unit {unit.name} must be exactly one CREATE [UNIQUE] INDEX IF NOT EXISTS "
+                              "statement, so that it can be built CONCURRENTLY on an existing table")
+        return _PLAIN_INDEX.sub(lambda m: f"CREATE{m['unique'] or ''} INDEX CONCURRENTLY IF NOT EXISTS",
+                                unit.body, count=1)
+
+    def run_concurrent(self, conn: Any, sql: str, lock_timeout: float) -> None:
+        import psycopg
+
+        if not conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise EngineError("a concurrent index build needs an autocommit connection outside any transaction")
+        # A build that failed (a lock timeout, a cancel) leaves its index behind, INVALID: IF NOT EXISTS
+        # would keep it, so drop it and build it again.
+        created = created_concurrent_index(sql)
+        conn.execute(f"SET lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
+        try:
+            if created is not None:
+                schema, index = created
+                invalid = conn.execute(
+                    "SELECT NOT i.indisvalid FROM pg_catalog.pg_index AS i "
+                    "JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid "
+                    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relname = %s", (schema, index)).fetchone()
+                if invalid is not None and invalid[0]:
+                    conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{schema}"."{index}"')
+            conn.execute(sql)
+        except psycopg.errors.LockNotAvailable as exc:
+            raise LockTimeout(str(exc).strip().splitlines()[0]) from exc
+        finally:
+            if not conn.closed:
+                conn.execute("RESET lock_timeout")
+
+    def deployed_facts(self, conn: Any, unit: Unit) -> dict[str, str]:
+        schema, name = _split_name(unit.name)
+        rows = conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute AS a "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+            (f'"{schema}"."{name}"',)).fetchall()
+        columns = {column: type_name for column, type_name in rows}
+        payload = {"bytea": "binary", "text": "text", "jsonb": "json"}.get(columns.get("payload", ""))
+        return facts_from_columns(unit, columns, payload)
+
+    def type_dependents(self, conn: Any, type_name: str) -> list[str]:
+        schema, name = _split_name(type_name)
+        rows = conn.execute(
+            "SELECT DISTINCT n.nspname || '.' || p.proname FROM pg_catalog.pg_depend AS d "
+            "JOIN pg_catalog.pg_proc AS p ON d.classid = 'pg_catalog.pg_proc'::regclass AND p.oid = d.objid "
+            "JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace "
+            "WHERE d.refclassid = 'pg_catalog.pg_type'::regclass AND d.refobjid = to_regtype(%s)",
+            (f'"{schema}"."{name}"',)).fetchall()
+        return sorted(row[0] for row in rows)
+
+    def type_recreate_parts(self, conn: Any, type_unit: Unit, dependents: list[Unit]) -> list[Part]:
+        schema, name = _split_name(type_unit.name)
+        drops = [f"DROP ROUTINE {signature};" for unit in dependents for signature in self.routines(conn, unit.name)]
+        return ([Part("\n".join(drops + [f'DROP TYPE IF EXISTS "{schema}"."{name}";']))]
+                + [Part(type_unit.body)] + [Part(unit.body) for unit in dependents])
 
     def object_checksum(self, conn: Any, unit_name: str) -> str | None:
         schema, name = _split_name(unit_name)
@@ -361,36 +535,104 @@ class MssqlDialect:
         return self._scalar(conn, "SELECT CASE WHEN OBJECT_ID(?, N'U') IS NULL THEN 0 ELSE 1 END",
                             f"[{schema}].[{HISTORY_TABLE}]") == 1
 
+    blocker_hint = ("SELECT session_id, blocking_session_id, wait_type, wait_time FROM sys.dm_exec_requests "
+                    "WHERE blocking_session_id <> 0")
+
     def read_history(self, conn: Any, schema: str) -> list[dict]:
         cursor = conn.cursor()
-        cursor.execute(f"SELECT {', '.join(HISTORY_COLUMNS)} FROM [{schema}].[{HISTORY_TABLE}] "
-                       "ORDER BY history_id")
-        rows = [dict(zip(HISTORY_COLUMNS, row)) for row in cursor.fetchall()]
-        cursor.close()
-        return rows
+        try:
+            cursor.execute("SELECT c.name FROM sys.columns AS c WHERE c.object_id = OBJECT_ID(?, N'U')",
+                           f"[{schema}].[{HISTORY_TABLE}]")
+            present = {row[0] for row in cursor.fetchall()}
+            columns = [c for c in HISTORY_COLUMNS + STORAGE_HISTORY_COLUMNS if c in present]
+            cursor.execute(f"SELECT {', '.join(columns)} FROM [{schema}].[{HISTORY_TABLE}] ORDER BY history_id")
+            return _rows(columns, cursor.fetchall())
+        finally:
+            cursor.close()
 
-    def apply(self, conn: Any, unit: Unit, schema: str, version: str) -> float:
-        started = time.monotonic()
+    def run_transaction(self, conn: Any, schema: str, parts: list[Part], records: list[Record],
+                        lock_timeout: float) -> None:
+        import pyodbc
+
         cursor = conn.cursor()
         try:
-            for batch in split_batches(unit.body):
-                for _ in range(batch.repeat):
-                    cursor.execute(batch.text)
-                    while cursor.nextset():
-                        pass
-            duration = time.monotonic() - started
-            cursor.execute(
-                f"INSERT INTO [{schema}].[{HISTORY_TABLE}] (unit_name, unit_type, queue_name, tool_version, "
-                "unit_checksum, object_checksum, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                unit.name, unit.type, unit.queue, version, unit.checksum,
-                self.object_checksum(conn, unit.name), int(duration * 1000))
+            # SET LOCK_TIMEOUT takes no variable; the value is a number the tool computed.
+            cursor.execute(f"SET LOCK_TIMEOUT {max(1, int(lock_timeout * 1000))};")
+            for part in parts:
+                for batch in split_batches(part.sql):
+                    for _ in range(batch.repeat):
+                        cursor.execute(batch.text)
+                        while cursor.nextset():
+                            pass
+            for record in records:
+                values = _history_values(record, version(), self.object_checksum(conn, record.unit.name))
+                cursor.execute(f"INSERT INTO [{schema}].[{HISTORY_TABLE}] ({', '.join(INSERT_COLUMNS)}) "
+                               f"VALUES ({', '.join(['?'] * len(INSERT_COLUMNS))})", *values)
             conn.commit()
+        except pyodbc.Error as exc:
+            conn.rollback()
+            if re.search(r"\(1222\)", str(exc)):  # Lock request time out period exceeded
+                raise LockTimeout(" ".join(str(exc).split())) from exc
+            raise
         except Exception:
             conn.rollback()
             raise
         finally:
+            try:
+                cursor.execute("SET LOCK_TIMEOUT -1;")
+            except pyodbc.Error:
+                pass   # the connection is gone: the error that ended the step is the one to report
             cursor.close()
-        return duration
+
+    def routines(self, conn: Any, unit_name: str) -> list[str]:
+        """SQL Server has no overloads: CREATE OR ALTER replaces a procedure whatever its parameters."""
+        return []
+
+    def run_concurrent(self, conn: Any, sql: str, lock_timeout: float) -> None:
+        raise EngineError("SQL Server has no concurrent steps: its templates build indexes WITH (ONLINE = ON) "
+                          "where the edition allows, inside a transaction step")
+
+    def concurrent_index_sql(self, unit: Unit) -> str:
+        raise EngineError(f"{unit.name}: SQL Server index units are built as their template says (ONLINE where "
+                          "the edition allows), never rewritten")
+
+    def deployed_facts(self, conn: Any, unit: Unit) -> dict[str, str]:
+        schema, name = _split_name(unit.name)
+        cursor = conn.cursor()
+        try:
+            cursor.execute("SELECT c.name, LOWER(TYPE_NAME(c.user_type_id)) FROM sys.columns AS c "
+                           "WHERE c.object_id = OBJECT_ID(?, N'U')", f"[{schema}].[{name}]")
+            columns = {column: type_name for column, type_name in cursor.fetchall()}
+            cursor.execute("SELECT COUNT(*) FROM sys.check_constraints AS k "
+                           "WHERE k.parent_object_id = OBJECT_ID(?, N'U') AND k.name = ?",
+                           f"[{schema}].[{name}]", f"ck_{unit.queue}_payload_json")
+            json_checked = cursor.fetchone()[0] > 0
+        finally:
+            cursor.close()
+        payload_type = columns.get("payload")
+        if payload_type == "varbinary":
+            payload = "binary"
+        elif payload_type == "nvarchar":
+            # Only the queue table checks its JSON; dead letters and history hold either.
+            payload = "json" if json_checked else ("text" if unit.role == "table" else "json|text")
+        else:
+            payload = None
+        return facts_from_columns(unit, columns, payload)
+
+    def type_dependents(self, conn: Any, type_name: str) -> list[str]:
+        cursor = conn.cursor()
+        try:
+            cursor.execute("SELECT DISTINCT r.referencing_schema_name + N'.' + r.referencing_entity_name "
+                           "FROM sys.dm_sql_referencing_entities(?, N'TYPE') AS r", type_name)
+            return sorted(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.close()
+
+    def type_recreate_parts(self, conn: Any, type_unit: Unit, dependents: list[Unit]) -> list[Part]:
+        schema, name = _split_name(type_unit.name)
+        drops = [f"DROP PROCEDURE [{_split_name(unit.name)[0]}].[{_split_name(unit.name)[1]}];" for unit in dependents]
+        return ([Part("\n".join(drops + [f"DROP TYPE [{schema}].[{name}];"]))]
+                + [Part(type_unit.body)] + [Part(unit.body) for unit in dependents])
 
     def object_checksum(self, conn: Any, unit_name: str) -> str | None:
         schema, name = _split_name(unit_name)

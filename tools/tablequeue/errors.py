@@ -22,6 +22,8 @@ QUEUE_ERRORS: dict[str, QueueError] = {
     "not_found": QueueError(51004, "TQ004", "no message with that id (dead-letter requeue/delete)"),
     "no_handler": QueueError(51005, "TQ005", "the queue has no handler procedure configured for the in-database worker"),
     "handler_failed": QueueError(51006, "TQ006", "the handler procedure raised an error (recorded with fail)"),
-    "deploy_refused": QueueError(51007, "TQ007", "the hand-run deploy script refused a change: a queue table whose definition changed, or (PostgreSQL) roles that serve another database"),
+    "deploy_refused": QueueError(51007, "TQ007", "the hand-run deploy script refused: the deploy history is in another "
+                                 "state than the script was made for, a table to be created again is not empty, or "
+                                 "(PostgreSQL) the schema's roles serve another database"),
     "isolation_level": QueueError(51008, "TQ008", "a dequeue was called in a transaction that is not READ COMMITTED (PostgreSQL)"),
 }

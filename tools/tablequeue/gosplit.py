@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["Batch", "GoSplitError", "split_batches", "mask_comments_and_strings"]
+__all__ = ["Batch", "GoSplitError", "split_batches", "mask_comments_and_strings", "without_comments"]
 
 # Applied to one physical line (without its line break) that starts outside any literal/comment.
 _GO_LINE = re.compile(r"[ \t\f\v]*GO(?:[ \t\f\v]+(?P<count>[0-9]+))?[ \t\f\v]*(?:--.*)?", re.IGNORECASE)
@@ -80,12 +80,12 @@ class _Scanner:
     def at_code(self) -> bool:
         return self.mode is _Mode.CODE
 
-    def scan_line(self, line: str, line_no: int) -> str:
+    def scan_line(self, line: str, line_no: int, keep_strings: bool = False) -> str:
         """Advance over one line (its break included, if any); return its *code view*.
 
-        The code view has the same length as ``line`` with the inside of string literals and
-        all comment text replaced by spaces (line breaks kept), so a regex over it only sees code.
-        Quotes of literals, quoted and bracketed identifiers are kept as they are.
+        The code view has the same length as ``line`` with the inside of string literals (unless
+        keep_strings) and all comment text replaced by spaces (line breaks kept), so a regex over it
+        only sees code. Quotes of literals, quoted and bracketed identifiers are kept as they are.
         """
         out: list[str] = []
         i, n = 0, len(line)
@@ -131,14 +131,14 @@ class _Scanner:
             else:  # a quoted construct: STRING, QUOTED_IDENTIFIER or BRACKET
                 closer = _CLOSERS[mode]
                 if ch == closer and nxt == closer:  # doubled closer: escaped, still inside
-                    out.append("  " if mode is _Mode.STRING else ch * 2)
+                    out.append("  " if mode is _Mode.STRING and not keep_strings else ch * 2)
                     i += 2
                 elif ch == closer:
                     self.mode = _Mode.CODE
                     out.append(ch)
                     i += 1
                 else:
-                    keep = mode is not _Mode.STRING or ch in "\r\n"
+                    keep = mode is not _Mode.STRING or keep_strings or ch in "\r\n"
                     out.append(ch if keep else " ")
                     i += 1
         return "".join(out)
@@ -239,3 +239,16 @@ def mask_comments_and_strings(script: str) -> str:
     masked = [scanner.scan_line(line, line_no) for line_no, line in enumerate(_lines(script), start=1)]
     scanner.check_finished()
     return "".join(masked)
+
+
+def without_comments(script: str) -> str:
+    """``script`` with comment text replaced by spaces and everything else (strings too) as it was.
+
+    Same length and line breaks as the input. Raises GoSplitError like split_batches for an
+    unterminated literal or comment.
+    """
+    scanner = _Scanner()
+    kept = [scanner.scan_line(line, line_no, keep_strings=True)
+            for line_no, line in enumerate(_lines(script), start=1)]
+    scanner.check_finished()
+    return "".join(kept)

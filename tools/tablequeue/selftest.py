@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from .distribution import version
 from .catalog import Catalog, load_catalog
 from .deploy import deploy
 from .engines import Target, dialect_for, parse_url, with_database
@@ -666,7 +666,7 @@ def markdown_report(result: SelftestResult) -> str:
     facts, scratch = result.facts, result.scratch
     verdict = "passed" if result.exit_code == 0 else "FAILED"
     rows: list[tuple[str, str]] = [
-        ("tablequeue", f"{__version__}; catalog {result.catalog.path} ({len(result.catalog.queues)} queues)"),
+        ("tablequeue", f"{version()}; catalog {result.catalog.path} ({len(result.catalog.queues)} queues)"),
         ("server", facts.version),
         ("product version", facts.product_version),
     ]

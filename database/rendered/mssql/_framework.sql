@@ -1,10 +1,10 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/_framework.sql | dialect: mssql | kind: framework | schema: queue
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.tablequeue_deploy_history storage
+-- tablequeue:unit queue.tablequeue_deploy_history storage v2 table
 
 IF SCHEMA_ID(N'queue') IS NULL
     BEGIN
@@ -28,6 +28,11 @@ IF OBJECT_ID(N'[queue].[tablequeue_deploy_history]', N'U') IS NULL
             applied_by nvarchar(128) NOT NULL
             CONSTRAINT df_tablequeue_deploy_history_applied_by DEFAULT (ORIGINAL_LOGIN()),
             duration_ms int NOT NULL,
+            -- Storage units: the version and shape the unit has from this row on (0.1.0 recorded
+            -- neither: its storage was version 1), and the migration that made it so (NULL: created).
+            storage_version int NULL,
+            storage_shape varchar(400) NULL,
+            migration varchar(200) NULL,
             CONSTRAINT pk_tablequeue_deploy_history PRIMARY KEY CLUSTERED (history_id)
         );
 

@@ -1,11 +1,11 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/work.sql | dialect: mssql | kind: work | queue: queue.emails
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.emails storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.emails storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL
     BEGIN
@@ -57,6 +57,9 @@ IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL
     END;
 GO
 
+-- tablequeue:unit queue.emails_items storage v1 type
+-- tablequeue:shape kind=work payload=json
+
 -- One shape whatever the options; columns an option does not use must be NULL (enqueue_batch
 -- checks). dedupe_key is wider than the table's so that an over-long key reaches the procedure's
 -- check (and its error number) instead of failing in the driver.
@@ -74,8 +77,8 @@ IF TYPE_ID(N'[queue].[emails_items]') IS NULL
     END;
 GO
 
--- tablequeue:unit queue.emails_dead storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.emails_dead storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 IF OBJECT_ID(N'[queue].[emails_dead]', N'U') IS NULL
     BEGIN
@@ -96,8 +99,8 @@ IF OBJECT_ID(N'[queue].[emails_dead]', N'U') IS NULL
     END;
 GO
 
--- tablequeue:unit queue.emails_history storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.emails_history storage v1 table
+-- tablequeue:shape kind=work payload=json priority=off client_ids=off
 
 IF OBJECT_ID(N'[queue].[emails_history]', N'U') IS NULL
     BEGIN

@@ -1,11 +1,11 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/heap.sql | dialect: mssql | kind: heap | queue: queue.events
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.events storage
--- queue queue.events: kind heap, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.events storage v1 table
+-- tablequeue:shape kind=heap payload=json dedupe=off
 
 IF OBJECT_ID(N'[queue].[events]', N'U') IS NULL
     BEGIN
@@ -21,6 +21,9 @@ IF OBJECT_ID(N'[queue].[events]', N'U') IS NULL
         );
     END;
 GO
+
+-- tablequeue:unit queue.events_items storage v1 type
+-- tablequeue:shape kind=heap payload=json
 
 IF TYPE_ID(N'[queue].[events_items]') IS NULL
     BEGIN

@@ -1,11 +1,11 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/fifo.sql | dialect: mssql | kind: fifo | queue: queue.ledger
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.ledger storage
--- queue queue.ledger: kind fifo, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.ledger storage v1 table
+-- tablequeue:shape kind=fifo payload=json dedupe=off
 
 IF OBJECT_ID(N'[queue].[ledger]', N'U') IS NULL
     BEGIN
@@ -21,6 +21,9 @@ IF OBJECT_ID(N'[queue].[ledger]', N'U') IS NULL
         );
     END;
 GO
+
+-- tablequeue:unit queue.ledger_items storage v1 type
+-- tablequeue:shape kind=fifo payload=json
 
 IF TYPE_ID(N'[queue].[ledger_items]') IS NULL
     BEGIN

@@ -1,11 +1,11 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/fifo.sql | dialect: mssql | kind: fifo | queue: queue.orders
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.orders storage
--- queue queue.orders: kind fifo, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.orders storage v1 table
+-- tablequeue:shape kind=fifo payload=json dedupe=on
 
 IF OBJECT_ID(N'[queue].[orders]', N'U') IS NULL
     BEGIN
@@ -28,6 +28,9 @@ IF OBJECT_ID(N'[queue].[orders]', N'U') IS NULL
             WHERE dedupe_key IS NOT NULL;
     END;
 GO
+
+-- tablequeue:unit queue.orders_items storage v1 type
+-- tablequeue:shape kind=fifo payload=json
 
 IF TYPE_ID(N'[queue].[orders_items]') IS NULL
     BEGIN

@@ -1,11 +1,11 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/pending.sql | dialect: mssql | kind: pending | queue: queue.reminders
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.reminders storage
--- queue queue.reminders: kind pending, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.reminders storage v1 table
+-- tablequeue:shape kind=pending payload=json dedupe=on
 
 IF OBJECT_ID(N'[queue].[reminders]', N'U') IS NULL
     BEGIN
@@ -29,6 +29,9 @@ IF OBJECT_ID(N'[queue].[reminders]', N'U') IS NULL
             WHERE dedupe_key IS NOT NULL;
     END;
 GO
+
+-- tablequeue:unit queue.reminders_items storage v1 type
+-- tablequeue:shape kind=pending payload=json
 
 IF TYPE_ID(N'[queue].[reminders_items]') IS NULL
     BEGIN

@@ -1,11 +1,11 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/work.sql | dialect: mssql | kind: work | queue: queue.thumbnails
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.thumbnails storage
--- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.thumbnails storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 IF OBJECT_ID(N'[queue].[thumbnails]', N'U') IS NULL
     BEGIN
@@ -55,6 +55,9 @@ IF OBJECT_ID(N'[queue].[thumbnails]', N'U') IS NULL
     END;
 GO
 
+-- tablequeue:unit queue.thumbnails_items storage v1 type
+-- tablequeue:shape kind=work payload=json
+
 -- One shape whatever the options; columns an option does not use must be NULL (enqueue_batch
 -- checks). dedupe_key is wider than the table's so that an over-long key reaches the procedure's
 -- check (and its error number) instead of failing in the driver.
@@ -72,8 +75,8 @@ IF TYPE_ID(N'[queue].[thumbnails_items]') IS NULL
     END;
 GO
 
--- tablequeue:unit queue.thumbnails_dead storage
--- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.thumbnails_dead storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 IF OBJECT_ID(N'[queue].[thumbnails_dead]', N'U') IS NULL
     BEGIN

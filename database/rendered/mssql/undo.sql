@@ -1,11 +1,11 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: mssql/lifo.sql | dialect: mssql | kind: lifo | queue: queue.undo
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.undo storage
--- queue queue.undo: kind lifo, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.undo storage v1 table
+-- tablequeue:shape kind=lifo payload=text dedupe=off
 
 IF OBJECT_ID(N'[queue].[undo]', N'U') IS NULL
     BEGIN
@@ -20,6 +20,9 @@ IF OBJECT_ID(N'[queue].[undo]', N'U') IS NULL
         );
     END;
 GO
+
+-- tablequeue:unit queue.undo_items storage v1 type
+-- tablequeue:shape kind=lifo payload=text
 
 IF TYPE_ID(N'[queue].[undo_items]') IS NULL
     BEGIN

@@ -1,6 +1,6 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/_framework.sql | dialect: postgres | kind: framework | schema: queue
--- tablequeue:unit queue.tablequeue_deploy_history storage
+-- tablequeue:unit queue.tablequeue_deploy_history storage v2 table
 
 CREATE SCHEMA IF NOT EXISTS "queue";
 
@@ -15,6 +15,11 @@ CREATE TABLE IF NOT EXISTS "queue"."tablequeue_deploy_history" (
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     applied_by text NOT NULL DEFAULT session_user,
     duration_ms integer NOT NULL,
+    -- Storage units: the version and shape the unit has from this row on (0.1.0 recorded neither:
+    -- its storage was version 1), and the migration that made it so (NULL: created).
+    storage_version integer,
+    storage_shape text,
+    migration text,
     CONSTRAINT pk_tablequeue_deploy_history PRIMARY KEY (history_id)
 );
 

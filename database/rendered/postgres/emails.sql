@@ -1,7 +1,7 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.emails
--- tablequeue:unit queue.emails storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.emails storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
 CREATE TABLE IF NOT EXISTS "queue"."emails" (
@@ -46,14 +46,14 @@ CREATE UNIQUE INDEX IF NOT EXISTS "ux_emails_dedupe"
 ON "queue"."emails" (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
 
--- tablequeue:unit queue.emails_rewinds storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.emails_rewinds storage v1 sequence
+-- tablequeue:shape kind=work
 
 -- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
 CREATE SEQUENCE IF NOT EXISTS "queue"."emails_rewinds";
 
--- tablequeue:unit queue.ix_emails_lease_start storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.ix_emails_lease_start storage v1 index
+-- tablequeue:shape kind=work
 
 -- The own-messages probe: a worker's leases taken since this session last found it holding none
 -- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
@@ -61,8 +61,8 @@ CREATE INDEX IF NOT EXISTS "ix_emails_lease_start"
 ON "queue"."emails" (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
--- tablequeue:unit queue.emails_dead storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.emails_dead storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
 CREATE TABLE IF NOT EXISTS "queue"."emails_dead" (
@@ -78,8 +78,8 @@ CREATE TABLE IF NOT EXISTS "queue"."emails_dead" (
     CONSTRAINT "pk_emails_dead" PRIMARY KEY (id)
 );
 
--- tablequeue:unit queue.emails_history storage
--- queue queue.emails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.emails_history storage v1 table
+-- tablequeue:shape kind=work payload=json priority=off client_ids=off
 
 -- Completed messages; history_purge deletes by finish time.
 CREATE TABLE IF NOT EXISTS "queue"."emails_history" (

@@ -1,7 +1,7 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/heap.sql | dialect: postgres | kind: heap | queue: queue.events
--- tablequeue:unit queue.events storage
--- queue queue.events: kind heap, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.events storage v1 table
+-- tablequeue:shape kind=heap payload=json dedupe=off
 
 CREATE TABLE IF NOT EXISTS "queue"."events" (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."events_id_seq"),

@@ -1,7 +1,7 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/fifo.sql | dialect: postgres | kind: fifo | queue: queue.ledger
--- tablequeue:unit queue.ledger storage
--- queue queue.ledger: kind fifo, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.ledger storage v1 table
+-- tablequeue:shape kind=fifo payload=json dedupe=off
 
 CREATE TABLE IF NOT EXISTS "queue"."ledger" (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."ledger_id_seq"),

@@ -1,7 +1,7 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/fifo.sql | dialect: postgres | kind: fifo | queue: queue.orders
--- tablequeue:unit queue.orders storage
--- queue queue.orders: kind fifo, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.orders storage v1 table
+-- tablequeue:shape kind=fifo payload=json dedupe=on
 
 CREATE TABLE IF NOT EXISTS "queue"."orders" (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."orders_id_seq"),

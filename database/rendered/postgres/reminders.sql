@@ -1,7 +1,7 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/pending.sql | dialect: postgres | kind: pending | queue: queue.reminders
--- tablequeue:unit queue.reminders storage
--- queue queue.reminders: kind pending, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.reminders storage v1 table
+-- tablequeue:shape kind=pending payload=json dedupe=on
 
 CREATE TABLE IF NOT EXISTS "queue"."reminders" (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."reminders_id_seq"),
@@ -29,8 +29,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS "ux_reminders_dedupe"
 ON "queue"."reminders" (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
 
--- tablequeue:unit queue.reminders_rewinds storage
--- queue queue.reminders: kind pending, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.reminders_rewinds storage v1 sequence
+-- tablequeue:shape kind=pending
 
 -- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
 CREATE SEQUENCE IF NOT EXISTS "queue"."reminders_rewinds";

@@ -1,7 +1,7 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.thumbnails
--- tablequeue:unit queue.thumbnails storage
--- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.thumbnails storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
 CREATE TABLE IF NOT EXISTS "queue"."thumbnails" (
@@ -44,6 +44,9 @@ CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease"
 ON "queue"."thumbnails" (leased_by, visible_at, seq)
 WHERE leased_by IS NOT NULL;
 
+-- tablequeue:unit queue.thumbnails_enqueue_result storage v1 type
+-- tablequeue:shape kind=work
+
 -- enqueue's result row. A function cannot have a parameter and a result column of the same name
 -- (both are parameters to PostgreSQL), and the contract names both `id`: the result is this type.
 DO $type$
@@ -54,14 +57,14 @@ BEGIN
 END
 $type$;
 
--- tablequeue:unit queue.thumbnails_rewinds storage
--- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.thumbnails_rewinds storage v1 sequence
+-- tablequeue:shape kind=work
 
 -- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
 CREATE SEQUENCE IF NOT EXISTS "queue"."thumbnails_rewinds";
 
--- tablequeue:unit queue.ix_thumbnails_lease_start storage
--- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.ix_thumbnails_lease_start storage v1 index
+-- tablequeue:shape kind=work
 
 -- The own-messages probe: a worker's leases taken since this session last found it holding none
 -- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
@@ -69,8 +72,8 @@ CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease_start"
 ON "queue"."thumbnails" (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
--- tablequeue:unit queue.thumbnails_dead storage
--- queue queue.thumbnails: kind work, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.thumbnails_dead storage v1 table
+-- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
 CREATE TABLE IF NOT EXISTS "queue"."thumbnails_dead" (

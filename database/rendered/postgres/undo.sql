@@ -1,7 +1,7 @@
--- tablequeue 0.1.0 | generated: do not edit
+-- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/lifo.sql | dialect: postgres | kind: lifo | queue: queue.undo
--- tablequeue:unit queue.undo storage
--- queue queue.undo: kind lifo, created once and never rebuilt by the deploy tool
+-- tablequeue:unit queue.undo storage v1 table
+-- tablequeue:shape kind=lifo payload=text dedupe=off
 
 CREATE TABLE IF NOT EXISTS "queue"."undo" (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."undo_id_seq"),

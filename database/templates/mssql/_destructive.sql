@@ -25,7 +25,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
-{{ m.unit(names.plain(), 'storage') }}
+{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe')) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN
         CREATE TABLE {{ t }} (
@@ -57,6 +57,7 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     END;
 GO
 
+{{ m.unit(names.plain('_items'), 'storage', version=1, object='type', shape=('payload',)) }}
 IF TYPE_ID(N'{{ items }}') IS NULL
     BEGIN
         -- dedupe_key is wider than the table's, so that an over-long key reaches the procedure's

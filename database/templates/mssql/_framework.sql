@@ -4,7 +4,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
-{{ m.unit(schema ~ '.tablequeue_deploy_history', 'storage') }}
+{{ m.unit(schema ~ '.tablequeue_deploy_history', 'storage', version=2, object='table') }}
 IF SCHEMA_ID(N'{{ schema }}') IS NULL
     BEGIN
         -- CREATE SCHEMA must be alone in its batch; the name is a validated, quoted catalog identifier.
@@ -27,6 +27,11 @@ IF OBJECT_ID(N'{{ history }}', N'U') IS NULL
             applied_by nvarchar(128) NOT NULL
             CONSTRAINT df_tablequeue_deploy_history_applied_by DEFAULT (ORIGINAL_LOGIN()),
             duration_ms int NOT NULL,
+            -- Storage units: the version and shape the unit has from this row on (0.1.0 recorded
+            -- neither: its storage was version 1), and the migration that made it so (NULL: created).
+            storage_version int NULL,
+            storage_shape varchar(400) NULL,
+            migration varchar(200) NULL,
             CONSTRAINT pk_tablequeue_deploy_history PRIMARY KEY CLUSTERED (history_id)
         );
 

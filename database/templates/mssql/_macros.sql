@@ -1,11 +1,46 @@
 {#- Shared T-SQL fragments. Imported "with context" so they see names, errors and the queue. -#}
-{#- A storage unit records the queue's kind, so a new kind for an existing queue is a changed
-    storage unit, which the deploy tool refuses even when the tables would happen to look alike. -#}
-{% macro unit(name, type) %}
--- tablequeue:unit {{ name }} {{ type }}
-{% if type == 'storage' and queue is defined %}
--- queue {{ names.plain() }}: kind {{ queue.kind }}, created once and never rebuilt by the deploy tool
+{#- A storage unit declares its storage version and object, and its shape: the kind and the options
+    (shape: payload, dedupe, priority, client_ids) that decide its columns and indexes. The deploy
+    tool tracks it by version and shape, never by its text: a change of the SQL beyond comments is a
+    new version with a migration from the one before (docs/upgrades.md; tests/test_storage_versions.py
+    fails otherwise), and a kind change is refused. -#}
+{% macro unit(name, type, version=none, object=none, shape=()) %}
+{% if type == 'storage' %}
+-- tablequeue:unit {{ name }} storage v{{ version }} {{ object }}
+{% if queue is defined %}
+-- tablequeue:shape {{ shape_of(queue, shape) }}
 {% endif %}
+{% else %}
+-- tablequeue:unit {{ name }} {{ type }}
+{% endif %}
+{%- endmacro %}
+
+{#- A migration step (migrations/*.sql): it runs on its own, in a transaction with a lock timeout
+    (retried) or, mode concurrent (PostgreSQL), outside any transaction for CREATE/DROP INDEX
+    CONCURRENTLY; it says what it does and what it locks, which the deploy plan prints. after_code:
+    it runs once the deploy has replaced the code units (a removal the old procedures still need). -#}
+{% macro step(mode, what, locks, after_code=false) %}
+-- tablequeue:step {{ mode }}{{ ' after-code' if after_code }} {{ what }}
+-- locks: {{ locks | wordwrap(100, wrapstring='\n--        ') }}
+{%- endmacro %}
+
+{#- An index built on a table that already holds messages: ONLINE where the edition has online index
+    operations (EngineEdition 3: Enterprise, Developer, Evaluation; 5: Azure SQL Database; 8: Azure
+    SQL Managed Instance); Standard and Express refuse ONLINE = ON and build it offline. statement:
+    the CREATE INDEX without its WITH clause (lines after the first indented by 4); with: other index
+    options. -#}
+{% macro create_index_online(statement, with='') %}
+IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+    BEGIN
+        {{ statement | indent(8) }}
+            WITH ({% if with %}{{ with }}, {% endif %}ONLINE = ON);
+    END;
+ELSE
+    BEGIN
+        {{ statement | indent(8) }}{% if with %}
+
+            WITH ({{ with }}){% endif %};
+    END;
 {%- endmacro %}
 
 {% macro grant(verb) %}

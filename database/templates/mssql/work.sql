@@ -25,7 +25,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
-{{ m.unit(names.plain(), 'storage') }}
+{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN
         CREATE TABLE {{ t }} (
@@ -102,6 +102,7 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     END;
 GO
 
+{{ m.unit(names.plain('_items'), 'storage', version=1, object='type', shape=('payload',)) }}
 -- One shape whatever the options; columns an option does not use must be NULL (enqueue_batch
 -- checks). dedupe_key is wider than the table's so that an over-long key reaches the procedure's
 -- check (and its error number) instead of failing in the driver.
@@ -119,7 +120,7 @@ IF TYPE_ID(N'{{ items }}') IS NULL
     END;
 GO
 
-{{ m.unit(names.plain('_dead'), 'storage') }}
+{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
 IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
     BEGIN
         -- Messages that used up max_attempts: a last fail, or a lease that expired once too often.
@@ -145,7 +146,7 @@ IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
 GO
 {% if history %}
 
-{{ m.unit(names.plain('_history'), 'storage') }}
+{{ m.unit(names.plain('_history'), 'storage', version=1, object='table', shape=('payload', 'priority', 'client_ids')) }}
 IF OBJECT_ID(N'{{ history_t }}', N'U') IS NULL
     BEGIN
         -- Completed messages. Clustered on the finish time: inserts append, and history_purge

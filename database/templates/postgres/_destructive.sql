@@ -70,7 +70,7 @@
 
 {{ m.position_seen(position_key, 'c') | indent(4, first=true) }}{% endif %};
 {%- endmacro %}
-{{ m.unit(names.plain(), 'storage') }}
+{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe')) }}
 CREATE TABLE IF NOT EXISTS {{ t }} (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ names.obj('_id_seq') }}),
     enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),

@@ -1,5 +1,5 @@
 {% import '_macros.sql' as m with context %}
-{{ m.unit(schema ~ '.tablequeue_deploy_history', 'storage') }}
+{{ m.unit(schema ~ '.tablequeue_deploy_history', 'storage', version=2, object='table') }}
 CREATE SCHEMA IF NOT EXISTS {{ schema_q }};
 
 CREATE TABLE IF NOT EXISTS {{ names.qualified("tablequeue_deploy_history") }} (
@@ -13,6 +13,11 @@ CREATE TABLE IF NOT EXISTS {{ names.qualified("tablequeue_deploy_history") }} (
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     applied_by text NOT NULL DEFAULT session_user,
     duration_ms integer NOT NULL,
+    -- Storage units: the version and shape the unit has from this row on (0.1.0 recorded neither:
+    -- its storage was version 1), and the migration that made it so (NULL: created).
+    storage_version integer,
+    storage_shape text,
+    migration text,
     CONSTRAINT pk_tablequeue_deploy_history PRIMARY KEY (history_id)
 );
 

@@ -1,15 +1,31 @@
 {#- Shared PL/pgSQL fragments. Imported "with context" so they see names, errors and the queue. -#}
-{#- A storage unit records the queue's kind, so a new kind for an existing queue is a changed
-    storage unit, which the deploy tool refuses even when the tables would happen to look alike. -#}
-{% macro unit(name, type) %}
+{#- A storage unit declares its storage version and object, and its shape: the kind and the options
+    (shape: payload, dedupe, priority, client_ids) that decide its columns and indexes. The deploy
+    tool tracks it by version and shape, never by its text: a change of the SQL beyond comments is a
+    new version with a migration from the one before (docs/upgrades.md; tests/test_storage_versions.py
+    fails otherwise), and a kind change is refused. -#}
+{% macro unit(name, type, version=none, object=none, shape=()) %}
+{% if type == 'storage' %}
+-- tablequeue:unit {{ name }} storage v{{ version }} {{ object }}
+{% if queue is defined %}
+-- tablequeue:shape {{ shape_of(queue, shape) }}
+{% endif %}
+{% else %}
 -- tablequeue:unit {{ name }} {{ type }}
-{% if type == 'storage' and queue is defined %}
--- queue {{ names.plain() }}: kind {{ queue.kind }}, created once and never rebuilt by the deploy tool
 {% endif %}
 {%- endmacro %}
 
-{#- Functions are granted by name only: the deploy tool drops stale overloads, so the name is unique. -#}
-{#- The schema's owner role owns every routine, so a SECURITY DEFINER function runs with its rights,
+{#- A migration step (migrations/*.sql): it runs on its own, in a transaction with a lock timeout
+    (retried) or, mode concurrent (PostgreSQL), outside any transaction for CREATE/DROP INDEX
+    CONCURRENTLY; it says what it does and what it locks, which the deploy plan prints. after_code:
+    it runs once the deploy has replaced the code units (a removal the old procedures still need). -#}
+{% macro step(mode, what, locks, after_code=false) %}
+-- tablequeue:step {{ mode }}{{ ' after-code' if after_code }} {{ what }}
+-- locks: {{ locks | wordwrap(100, wrapstring='\n--        ') }}
+{%- endmacro %}
+
+{#- Functions are granted by name only: the deploy tool drops stale overloads, so the name is unique.
+    The schema's owner role owns every routine, so a SECURITY DEFINER function runs with its rights,
     not with the rights of whoever deployed it. -#}
 {% macro grant(verb, routine='FUNCTION') %}
 ALTER {{ routine }} {{ names.verb(verb) }} OWNER TO {{ names.quote(schema ~ '_owner') }};
@@ -254,7 +270,7 @@ LEFT JOIN LATERAL (
     before the positions consumers keep, so it moves the counter and they find theirs again from the
     head. A sequence, because moving it is not transactional, never waits and leaves no dead rows. -#}
 {% macro rewinds_unit() %}
-{{ unit(names.plain('_rewinds'), 'storage') }}
+{{ unit(names.plain('_rewinds'), 'storage', version=1, object='sequence') }}
 -- Moved by every enqueue whose due time has already passed (docs/queue-kinds.md, The claim position).
 CREATE SEQUENCE IF NOT EXISTS {{ names.obj('_rewinds') }};
 {%- endmacro %}

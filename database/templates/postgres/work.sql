@@ -19,7 +19,7 @@
 {% set position_key = ['visible_at', tie] %}
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
-{{ m.unit(names.plain(), 'storage') }}
+{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
 CREATE TABLE IF NOT EXISTS {{ t }} (
 {% if client_ids %}
@@ -79,6 +79,7 @@ WHERE dedupe_key IS NOT NULL;
 {% endif %}
 {% if client_ids %}
 
+{{ m.unit(names.plain('_enqueue_result'), 'storage', version=1, object='type') }}
 -- enqueue's result row. A function cannot have a parameter and a result column of the same name
 -- (both are parameters to PostgreSQL), and the contract names both `id`: the result is this type.
 DO $type$
@@ -92,14 +93,14 @@ $type$;
 
 {{ m.rewinds_unit() }}
 
-{{ m.unit(names.index_plain('ix', 'lease_start'), 'storage') }}
+{{ m.unit(names.index_plain('ix', 'lease_start'), 'storage', version=1, object='index') }}
 -- The own-messages probe: a worker's leases taken since this session last found it holding none
 -- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease_start') }}
 ON {{ t }} (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
-{{ m.unit(names.plain('_dead'), 'storage') }}
+{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
 CREATE TABLE IF NOT EXISTS {{ dead_t }} (
     id {{ id_type }} NOT NULL,
@@ -120,7 +121,7 @@ CREATE TABLE IF NOT EXISTS {{ dead_t }} (
 );
 {% if history %}
 
-{{ m.unit(names.plain('_history'), 'storage') }}
+{{ m.unit(names.plain('_history'), 'storage', version=1, object='table', shape=('payload', 'priority', 'client_ids')) }}
 -- Completed messages; history_purge deletes by finish time.
 CREATE TABLE IF NOT EXISTS {{ history_t }} (
     history_id bigint GENERATED ALWAYS AS IDENTITY,

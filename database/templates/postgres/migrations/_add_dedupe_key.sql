@@ -1,0 +1,31 @@
+{#- A queue table gains dedupe (shared by every kind): the column and its length check, then the
+    partial unique index, as a fresh install of the kind has them. The check is added NOT VALID and
+    validated in a step of its own, so that no step scans the table under an exclusive lock. -#}
+{% import '_macros.sql' as m with context %}
+{% set t = names.obj() %}
+{% set check = names.index_name('ck', 'dedupe_key') %}
+{{ m.step('transaction', 'add column dedupe_key and its length check (NOT VALID)',
+          'the table, ACCESS EXCLUSIVE for a catalog update (no rewrite, no scan)') }}
+ALTER TABLE {{ t }} ADD COLUMN IF NOT EXISTS dedupe_key text;
+
+DO $check$
+BEGIN
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_constraint AS k
+        WHERE k.conrelid = '{{ t }}'::regclass AND k.conname = '{{ check }}'
+    ) THEN
+        ALTER TABLE {{ t }}
+        ADD CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200) NOT VALID;
+    END IF;
+END
+$check$;
+
+{{ m.step('transaction', 'validate the length check',
+          'the table, SHARE UPDATE EXCLUSIVE (reads and writes go on) for one scan of the table') }}
+ALTER TABLE {{ t }} VALIDATE CONSTRAINT {{ names.index('ck', 'dedupe_key') }};
+
+{{ m.step('concurrent', 'build the unique index ' ~ names.index_name('ux', 'dedupe') ~ ' CONCURRENTLY',
+          'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions') }}
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ux', 'dedupe') }}
+ON {{ t }} (dedupe_key)
+WHERE dedupe_key IS NOT NULL;

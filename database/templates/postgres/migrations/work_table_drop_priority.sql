@@ -1,0 +1,17 @@
+{#- work: option priority turned off for a deployed queue, once the code units no longer use it: the
+    claim index is built again without priority (under a temporary name, then the name a fresh install
+    gives it), then the column goes. The messages waiting keep their order by visible time. -#}
+{% import '_macros.sql' as m with context %}
+{% set t = names.obj() %}
+{% set tie = 'seq' if opt.client_ids else 'id' %}
+{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'claim_new') ~ ' (no priority) CONCURRENTLY',
+          'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions',
+          after_code=true) }}
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'claim_new') }}
+ON {{ t }} (visible_at, {{ tie }});
+
+{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'claim') ~ ' with it, drop column priority',
+          'the table, ACCESS EXCLUSIVE for catalog updates (no rewrite)', after_code=true) }}
+{% include 'migrations/_replace_claim_index.sql' %}
+
+ALTER TABLE {{ t }} DROP COLUMN IF EXISTS priority;

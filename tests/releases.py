@@ -100,7 +100,7 @@ def deploy_v010(conn: Any, dialect: str, units: list[ReleasedUnit], schema: str)
 def _normalised(text: Any, schema: str) -> Any:
     if not isinstance(text, str):
         return text
-    return re.sub(rf"(?<![\w]){re.escape(schema)}(?=(?:_producer|_consumer|_admin)?(?![\w]))", "S", text)
+    return re.sub(rf"(?<![\w]){re.escape(schema)}(?=(?:_producer|_consumer|_admin|_owner)?(?![\w]))", "S", text)
 
 
 def describe_postgres_schema(conn: Any, schema: str) -> dict[str, Any]:

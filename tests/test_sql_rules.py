@@ -135,7 +135,7 @@ def test_postgres_functions_are_pinned_definers_revoked_from_public(catalog_path
     catalog = load_catalog(catalog_path)
     for rendered in render_catalog(catalog, "postgres"):
         for unit in rendered.units:
-            if unit.type != "code" or unit.name.endswith("tablequeue_roles"):
+            if unit.type != "code" or unit.name.endswith(("tablequeue_roles", "_ownership")):
                 continue
             if unit.name.endswith("_process"):
                 # The in-database worker COMMITs, which PostgreSQL refuses in a procedure with
@@ -148,6 +148,8 @@ def test_postgres_functions_are_pinned_definers_revoked_from_public(catalog_path
             assert "SECURITY DEFINER" in unit.body, unit.name
             assert "SET search_path = pg_catalog, pg_temp" in unit.body, unit.name
             assert re.search(r"REVOKE ALL ON (FUNCTION|PROCEDURE) .* FROM public;", unit.body), unit.name
+            # Owned by the schema's owner role, never by whoever deployed (a superuser, often).
+            assert re.search(rf'ALTER (FUNCTION|PROCEDURE) .* OWNER TO "{catalog.schema}_owner";', unit.body), unit.name
 
 
 # -- migrations (database/templates/<dialect>/migrations/, docs/upgrades.md) ---------------------

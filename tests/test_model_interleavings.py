@@ -797,12 +797,15 @@ class WorkMachine(QueueMachine):
                    f"(5) {label} handed out id {row['id']} with attempts={attempts}; the model counts "
                    f"{message.attempts} deliveries before this one (lease {lease}, held by {message.leased_by})")
             if handed_back:
+                # Whether a hand-back renews the lease is the template's choice: either end holds.
                 low, high = message.lease
                 new_lease = (min(low, call.sent + lease_seconds), max(high, call.returned + lease_seconds))
+                short = message.short_lease and lease_seconds == SHORT_LEASE
             else:
                 new_lease = (call.sent + lease_seconds, call.returned + lease_seconds)
+                short = lease_seconds == SHORT_LEASE
             txn.writes[serial] = replace(message, attempts=attempts, leased_by=worker, lease=new_lease,
-                                         short_lease=lease_seconds == SHORT_LEASE)
+                                         short_lease=short)
             got.append(serial)
         window = (call.start_seq, call.end_seq)
         claimable = []
@@ -894,7 +897,9 @@ class WorkMachine(QueueMachine):
         """The lease clock: wait until every committed short lease has certainly expired."""
         self.sleeps += 1
         ends = [m.lease[1] for m in self.committed.values() if m.state == "queued" and m.short_lease and m.leased_by]
-        time.sleep(max(0.0, max(ends) + 2 * LEASE_MARGIN - time.time()))
+        wait_seconds = max(ends) + 2 * LEASE_MARGIN - time.time()
+        assert wait_seconds <= SHORT_LEASE + 2 * LEASE_MARGIN, f"harness: a short lease ends in {wait_seconds:.1f} s"
+        time.sleep(max(0.0, wait_seconds))
 
     # -- observer and drain ------------------------------------------------------------------------
     def reconcile(self) -> None:

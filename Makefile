@@ -16,7 +16,8 @@ help:
 	@echo "make test    golden files, sqlfluff lint, pytest (PostgreSQL; SQL Server when configured), tSQLt"
 	@echo "make lint    sqlfluff on the rendered T-SQL and PostgreSQL"
 	@echo "make golden  re-render the golden files after a template change (review the diff)"
-	@echo "make bench   benchmarks (results in docs/BENCHMARKS.md), then the chaos run over 50,000 messages;"
+	@echo "make bench   benchmarks (results in docs/BENCHMARKS.md), the chaos run over 50,000 messages and"
+	@echo "             the model-based interleaving tests with 500 random examples per queue;"
 	@echo "             BENCH_ARGS=... passes options to python -m bench.run (--help lists them)"
 
 setup: system $(STAMP)
@@ -66,6 +67,9 @@ bench: setup
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	# The chaos run at full size (make test runs it over 10,000 messages to keep within its budget).
 	TABLEQUEUE_CHAOS_MESSAGES=50000 $(BIN)/python -m pytest tests/test_work_chaos.py -o timeout=3600
+	# The interleaving model with a fresh random seed and 500 examples per queue (make test runs
+	# 20-30 derandomized ones).
+	TABLEQUEUE_MODEL_EXAMPLES=500 $(BIN)/python -m pytest tests/test_model_interleavings.py -k in_every_interleaving -o timeout=7200
 
 clean:
 	rm -rf build $(VENV) .pytest_cache

@@ -60,6 +60,13 @@ class Deployed:
     def client(self, queue: str, conn: Any) -> QueueClient:
         return QueueClient.for_catalog(conn, self.dialect, self.catalog, queue)
 
+    def empty(self, conn: Any = None) -> None:
+        """PostgreSQL: back to a freshly deployed state (empty tables, sequences restarted), through
+        conn (autocommit) when given, else a connection of its own."""
+        assert self.dialect == "postgres", "empty() is for PostgreSQL schemas"
+        if not empty_schema(self.url, self.catalog.schema, conn):
+            raise RuntimeError(f"schema {self.catalog.schema}: a session still holds a lock on its tables")
+
 
 def drop_schema(dialect: str, url: str, schema: str) -> None:
     conn = connect(url, autocommit=True)
@@ -67,6 +74,34 @@ def drop_schema(dialect: str, url: str, schema: str) -> None:
         dialect_for(dialect).drop_schema(conn, schema)
     finally:
         conn.close()
+
+
+def empty_schema(url: str, schema: str, conn: Any = None) -> bool:
+    """Empty every table of a deployed PostgreSQL schema and restart its sequences (the deploy
+    history stays), so the next user starts from what a fresh deploy gives; False when a lock a
+    session still holds kept it from being emptied within 5 seconds. Through conn (autocommit) when
+    given, else a connection of its own."""
+    own = conn is None
+    conn = connect(url, autocommit=True) if own else conn
+    try:
+        conn.execute("SET lock_timeout = '5s'")
+        relations = conn.execute(
+            "SELECT c.relkind, format('%%I.%%I', n.nspname, c.relname) FROM pg_class AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'S') "
+            "AND c.relname <> 'tablequeue_deploy_history'", (schema,)).fetchall()
+        with conn.transaction():
+            tables = [name for kind, name in relations if kind in ("r", "p")]
+            if tables:
+                conn.execute(f"TRUNCATE {', '.join(tables)}")
+            for name in (name for kind, name in relations if kind == "S"):
+                conn.execute(f"ALTER SEQUENCE {name} RESTART")
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
+    finally:
+        if own:
+            conn.close()
 
 
 class SchemaPool:
@@ -96,25 +131,7 @@ class SchemaPool:
         self.free.setdefault(key, []).append(deployed)
 
     def _emptied(self, schema: str) -> bool:
-        conn = connect(self.url, autocommit=True)
-        try:
-            conn.execute("SET lock_timeout = '5s'")
-            relations = conn.execute(
-                "SELECT c.relkind, format('%%I.%%I', n.nspname, c.relname) FROM pg_class AS c "
-                "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'S') "
-                "AND c.relname <> 'tablequeue_deploy_history'", (schema,)).fetchall()
-            with conn.transaction():
-                tables = [name for kind, name in relations if kind in ("r", "p")]
-                if tables:
-                    conn.execute(f"TRUNCATE {', '.join(tables)}")
-                for name in (name for kind, name in relations if kind == "S"):
-                    conn.execute(f"ALTER SEQUENCE {name} RESTART")
-            return True
-        except psycopg.errors.LockNotAvailable:
-            return False
-        finally:
-            conn.close()
+        return empty_schema(self.url, schema)
 
 
 @pytest.fixture(scope="session")

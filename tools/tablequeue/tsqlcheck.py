@@ -63,6 +63,8 @@ BUILTIN_FUNCTIONS: dict[str, str | None] = {
     "ROW_NUMBER": "bigint",
 }
 COLLATIONS = {"latin1_general_100_bin2"}
+# Built-in types that sqlfluff reads as names rather than keywords.
+SYSTEM_TYPES = {"sysname"}
 
 
 @dataclass(frozen=True)
@@ -478,6 +480,8 @@ class _Resolver:
 
     def type(self, name: tuple[int, ...]) -> Relation | None:
         relation = self.catalog.types.get(_key([self.names[i] for i in name]))
+        if relation is None and len(name) == 1 and self.names[name[0]] in SYSTEM_TYPES:
+            return None
         if relation is None:
             self.unresolved(self.line(name[0]), "type", self.display(name))
         return relation

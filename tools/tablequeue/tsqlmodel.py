@@ -1085,7 +1085,7 @@ class _Extractor:
         identifiers = [c for c in code(segment) if kind(c) in IDENTIFIER_LEAVES]
         if identifiers:
             return None, self.name_parts(segment, "type")
-        return normalised([segment]).lower(), None
+        return normalised([segment]).lower().replace(" (", "(").replace(", ", ","), None
 
     def type_hint(self, value: BaseSegment, refs: list[Ref]) -> TypeHint:
         """How to find the type of a select-list expression (for the contract parity test)."""

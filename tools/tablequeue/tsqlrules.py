@@ -26,6 +26,9 @@ batch-cap           a READONLY table-valued parameter is counted and refused (TH
                     1,000 rows before it feeds any write; @batch_size / @page_size are checked
                     BETWEEN 1 AND 1000 (THROW 51001) before use: beyond ~5,000 row locks SQL Server
                     escalates to a table lock that READPAST cannot skip
+nolock              no NOLOCK / READUNCOMMITTED hint: a consumer would see messages whose enqueue
+                    has not committed, or was rolled back
+select-star         no SELECT * in a procedure: its result columns are the contract
 dynamic-sql         EXEC (...) runs one string literal only; no sp_executesql
 options             a file sets ANSI_NULLS ON and QUOTED_IDENTIFIER ON before it creates anything
 grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once
@@ -464,9 +467,15 @@ def _lower_bound(condition: BaseSegment, subject: str) -> bool:
         any(t in (f"{subject} < 1", f"{subject} <= 0") for t in texts))
 
 
-PROCEDURE_RULES = (rule_transaction_guard, rule_xact_abort, rule_updlock, rule_table_order, rule_batch_cap)
+def rule_select_star(procedure: Procedure) -> list[Violation]:
+    return [procedure.violation(star, "select-star", "SELECT *: a procedure names the columns it returns")
+            for star in descendants(procedure.segment, "wildcard_expression")]
+
+
+PROCEDURE_RULES = (rule_transaction_guard, rule_xact_abort, rule_updlock, rule_table_order, rule_batch_cap,
+                   rule_select_star)
 # The rules about a procedure's own work; tSQLt test procedures are exempt (they are not the contract).
-PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap"}
+PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap", "select-star"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -480,6 +489,11 @@ def rule_readpast(tree: BaseSegment, where) -> list[Violation]:
             out.append(where(bracketed, "readpast", f"READPAST without READCOMMITTEDLOCK (WITH ({', '.join(hints)})) "
                                                     "is refused under READ_COMMITTED_SNAPSHOT"))
     return out
+
+
+def rule_nolock(tree: BaseSegment, where) -> list[Violation]:
+    return [where(bracketed, "nolock", f"WITH ({', '.join(hints)}) reads uncommitted rows")
+            for bracketed, hints in hint_lists(tree) if {"NOLOCK", "READUNCOMMITTED"} & set(hints)]
 
 
 def rule_dynamic_sql(tree: BaseSegment, where) -> list[Violation]:
@@ -507,7 +521,7 @@ def check_batch(tree: BaseSegment, file: str, first_line: int) -> tuple[list[Vio
                      None)
         return Violation(file, first_line + line_of(segment) - 1, owner, rule, message)
 
-    violations = rule_readpast(tree, where) + rule_dynamic_sql(tree, where)
+    violations = rule_readpast(tree, where) + rule_nolock(tree, where) + rule_dynamic_sql(tree, where)
     found_claims = []
     for procedure in found:
         for rule in PROCEDURE_RULES:

@@ -14,7 +14,7 @@ GOLDEN_TSQLT := tests_tsql/rendered
 help:
 	@echo "make demo    deploy the example catalog to a throwaway PostgreSQL and run every queue"
 	@echo "make test    golden files, sqlfluff lint, pytest (PostgreSQL; SQL Server when configured), tSQLt"
-	@echo "make lint    sqlfluff on the rendered T-SQL and PostgreSQL"
+	@echo "make lint    sqlfluff on the rendered T-SQL and PostgreSQL, then check-tsql (references, static rules)"
 	@echo "make golden  re-render the golden files after a template change (review the diff)"
 	@echo "make bench   benchmarks (results in docs/BENCHMARKS.md), then the chaos run over 50,000 messages;"
 	@echo "             BENCH_ARGS=... passes options to python -m bench.run (--help lists them)"
@@ -40,7 +40,9 @@ golden: setup
 	$(BIN)/tablequeue render --catalog $(CATALOG) --tsqlt --out $(GOLDEN_TSQLT) >/dev/null
 
 # The golden files (test_render.py proves they are what the templates render) and the option
-# matrix (every kind with every option on at least once): zero unparsable sections, zero violations.
+# matrix (every kind with every option on at least once): zero unparsable sections, zero violations;
+# then every reference resolves and the readiness rules hold (check-tsql, also over the SQL strings
+# of the tool and the pipelines).
 MATRIX := tests/fixtures/option_matrix.yml
 lint: setup
 	rm -rf build/lint
@@ -49,6 +51,8 @@ lint: setup
 	$(BIN)/tablequeue render --catalog $(MATRIX) --tsqlt --out build/lint/tsqlt >/dev/null
 	$(BIN)/sqlfluff lint --processes 2 --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt
 	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres
+	$(BIN)/tablequeue check-tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt \
+		tools/tablequeue pipelines
 
 # tSQLt first (it runs only when SQL Server is configured and says so otherwise), pytest last so
 # its summary closes the run.

@@ -47,44 +47,32 @@ def plural(name: str) -> str:
 # PostgreSQL function headers
 
 
-def _bracketed(text: str, start: int) -> tuple[str, int]:
-    """The text inside the parentheses opening at ``start`` (quotes respected) and the end index."""
-    depth, index, quote = 0, start, None
-    while index < len(text):
+def _outside_quotes(text: str, start: int = 0):
+    """(index, character, parenthesis depth after it) for each character of ``text`` from ``start``
+    that is not inside a quoted string or identifier."""
+    depth, quote = 0, None
+    for index in range(start, len(text)):
         ch = text[index]
         if quote:
             quote = None if ch == quote else quote
-        elif ch in "'\"":
+            continue
+        if ch in "'\"":
             quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1:index], index
-        index += 1
-    raise ValueError(f"unbalanced parentheses from {text[start:start + 60]!r}")
+            continue
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        yield index, ch, depth
+
+
+def _bracketed(text: str, start: int) -> tuple[str, int]:
+    """The text inside the parentheses opening at ``start`` and the index of the closing one."""
+    end = next(index for index, ch, depth in _outside_quotes(text, start) if ch == ")" and depth == 0)
+    return text[start + 1:end], end
 
 
 def _top_level_split(text: str) -> list[str]:
-    parts, depth, current, quote = [], 0, [], None
-    for ch in text:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0 and quote is None:
-            parts.append("".join(current).strip())
-            current = []
-        else:
-            current.append(ch)
-    if "".join(current).strip():
-        parts.append("".join(current).strip())
-    return parts
+    cuts = [index for index, ch, depth in _outside_quotes(text) if ch == "," and depth == 0]
+    bounds = zip([-1] + cuts, cuts + [len(text)])
+    return [text[a + 1:b].strip() for a, b in bounds if text[a + 1:b].strip()]
 
 
 def _columns(text: str) -> list[tuple[str, str]]:

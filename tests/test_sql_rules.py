@@ -195,14 +195,25 @@ def line_of(text: str, procedure: str, anchor: str, occurrence: int = 1) -> int:
     return text[:start + at].count("\n") + 1
 
 
-def test_readpast_without_readcommittedlock_is_refused() -> None:
+STATS_PROBE = "FROM [queue].[emails_dead] AS d WITH (READPAST, READCOMMITTEDLOCK)"
+PROBE_DEFECTS = {   # rule: (the probe's hints, the violation)
+    "readpast": ("READPAST", "READPAST without READCOMMITTEDLOCK (WITH (READPAST)) is refused under "
+                             "READ_COMMITTED_SNAPSHOT"),
+    "nolock": ("NOLOCK", "WITH (NOLOCK) reads uncommitted rows"),
+    "updlock": ("READPAST, UPDLOCK, READCOMMITTEDLOCK",
+                "UPDLOCK outside a claim (WITH (READPAST, UPDLOCK, READCOMMITTEDLOCK)): a look-up holds U locks to "
+                "the end of the transaction; probe with READPAST, READCOMMITTEDLOCK, or lock a key with UPDLOCK, "
+                "HOLDLOCK"),
+}
+
+
+@pytest.mark.parametrize("rule", PROBE_DEFECTS)
+def test_a_wrong_hint_on_a_probe_is_refused(rule: str) -> None:
+    hints, message = PROBE_DEFECTS[rule]
     file, text = golden("emails.sql")
-    probe = "FROM [queue].[emails_dead] AS d WITH (READPAST, READCOMMITTEDLOCK)"
-    seeded = seed(text, "emails_stats", replace(probe, "FROM [queue].[emails_dead] AS d WITH (READPAST)"))
-    line = line_of(text, "emails_stats", probe)
-    assert violations(seeded, "readpast", file, "emails_stats") == [
-        f"{file}:{line}: readpast: READPAST without READCOMMITTEDLOCK (WITH (READPAST)) is refused under "
-        "READ_COMMITTED_SNAPSHOT (procedure [queue].[emails_stats])"]
+    seeded = seed(text, "emails_stats", replace(STATS_PROBE, f"FROM [queue].[emails_dead] AS d WITH ({hints})"))
+    assert violations(seeded, rule, file, "emails_stats") == [
+        f"{file}:{line_of(text, 'emails_stats', STATS_PROBE)}: {rule}: {message} (procedure [queue].[emails_stats])"]
 
 
 def test_readpast_in_the_tool_queries_is_checked(tmp_path: Path) -> None:
@@ -215,15 +226,6 @@ def test_readpast_in_the_tool_queries_is_checked(tmp_path: Path) -> None:
     assert [str(v) for v in check_python([module])] == [
         f"{module}:2: readpast: READPAST without READCOMMITTEDLOCK (WITH (READPAST)) is refused under "
         "READ_COMMITTED_SNAPSHOT"]
-
-
-def test_nolock_is_refused() -> None:
-    file, text = golden("emails.sql")
-    probe = "FROM [queue].[emails_dead] AS d WITH (READPAST, READCOMMITTEDLOCK)"
-    seeded = seed(text, "emails_stats", replace(probe, "FROM [queue].[emails_dead] AS d WITH (NOLOCK)"))
-    assert violations(seeded, "nolock", file, "emails_stats") == [
-        f"{file}:{line_of(text, 'emails_stats', probe)}: nolock: WITH (NOLOCK) reads uncommitted rows "
-        "(procedure [queue].[emails_stats])"]
 
 
 def test_begin_transaction_without_the_implicit_transactions_check_is_refused() -> None:
@@ -297,17 +299,6 @@ def test_nocount_must_come_first() -> None:
     assert violations(seeded, "xact-abort", file, "emails_purge") == [
         f"{file}:{line_of(text, 'emails_purge', 'SET NOCOUNT ON;')}: xact-abort: the first statement is not SET "
         "NOCOUNT ON (procedure [queue].[emails_purge])"]
-
-
-def test_updlock_outside_a_claim_is_refused() -> None:
-    file, text = golden("emails.sql")
-    probe = "FROM [queue].[emails_dead] AS d WITH (READPAST, READCOMMITTEDLOCK)"
-    seeded = seed(text, "emails_stats",
-                  replace(probe, "FROM [queue].[emails_dead] AS d WITH (READPAST, UPDLOCK, READCOMMITTEDLOCK)"))
-    assert violations(seeded, "updlock", file, "emails_stats") == [
-        f"{file}:{line_of(text, 'emails_stats', probe)}: updlock: UPDLOCK outside a claim (WITH (READPAST, UPDLOCK, "
-        "READCOMMITTEDLOCK)): a look-up holds U locks to the end of the transaction; probe with READPAST, "
-        "READCOMMITTEDLOCK, or lock a key with UPDLOCK, HOLDLOCK (procedure [queue].[emails_stats])"]
 
 
 def test_a_claim_needs_readpast_unless_it_is_the_strict_delete() -> None:

@@ -215,7 +215,7 @@ def test_renamed_references_are_caught() -> None:
     each survivor explained. The golden files, because the option matrix repeats their shapes."""
     result = report(CATALOGS[0])
     assert result.findings == []
-    models = [m for m in tsqlcheck._with_dynamic(result.models)]
+    models = [m for m in tsqlcheck.with_dynamic_sql(result.models)]
     total, survivors = 0, []
     by_kind: collections.Counter = collections.Counter()
     for model, index in mutants(models):

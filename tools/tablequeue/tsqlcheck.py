@@ -113,9 +113,11 @@ def _key(names: list[str]) -> tuple[str, str]:
 
 
 def build_catalog(models: Iterable[m.BatchModel]) -> Catalog:
+    """Everything the files create. An object created twice is taken from its first CREATE (a
+    rendered set creates each object once; two versions of one object are not this check's concern)."""
     catalog = Catalog()
     pending_indexes: list[tuple[m.BatchModel, m.CreateIndex]] = []
-    for model in _with_dynamic(models):
+    for model in with_dynamic_sql(models):
         names = [t.name for t in model.tokens]
         for statement in model.statements:
             if isinstance(statement, m.CreateTable) and not names[statement.name[-1]].startswith("#"):
@@ -155,10 +157,11 @@ def _display(model: m.BatchModel, parts: tuple[int, ...] | None) -> str | None:
     return ".".join(model.tokens[i].raw for i in parts) if parts else None
 
 
-def _with_dynamic(models: Iterable[m.BatchModel]) -> Iterable[m.BatchModel]:
+def with_dynamic_sql(models: Iterable[m.BatchModel]) -> Iterable[m.BatchModel]:
+    """The models and, after each, those of the SQL literals it runs (EXEC (N'...'))."""
     for model in models:
         yield model
-        yield from _with_dynamic(model.dynamic_sql)
+        yield from with_dynamic_sql(model.dynamic_sql)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -747,7 +750,7 @@ def check_sources(sources: list[tuple[str, str]], python: Iterable[Path] = ()) -
     catalog = build_catalog(models)
     skipped: list[Finding] = []
     signatures: list[Signature] = []
-    for model in _with_dynamic(models):
+    for model in with_dynamic_sql(models):
         result = resolve_batch(catalog, model)
         findings.extend(result.findings)
         skipped.extend(result.skipped)

@@ -123,7 +123,6 @@ class Source:
     columns: tuple[int, ...] = ()   # column aliases: AS v (a, b), OPENJSON ... WITH (a int)
     column_types: tuple[str, ...] = ()
     refs: list[Ref] = field(default_factory=list)   # VALUES rows, function arguments
-    hints: tuple[str, ...] = ()     # table hints, upper case
     line: int = 0
 
 
@@ -349,7 +348,7 @@ class _Extractor:
     def __init__(self, file: str, first_line: int, parse) -> None:
         self.file, self.first_line, self.parse = file, first_line, parse
         self.tokens: list[Token] = []
-        self.claimed: set[int] = set()
+        self.claimed: dict[int, int] = {}     # offset of an identifier -> its token
         self.statements: list[Statement] = []
         self.dynamic_sql: list[BatchModel] = []
 
@@ -360,7 +359,7 @@ class _Extractor:
 
     def tok(self, segment: BaseSegment, what: str, declares: bool = False) -> int:
         start = offset_of(segment)
-        self.claimed.add(start)
+        self.claimed[start] = len(self.tokens)
         self.tokens.append(Token(segment.raw, fold(segment.raw), self.line(segment), start,
                                  segment.pos_marker.source_slice.stop, what, declares))
         return len(self.tokens) - 1
@@ -408,12 +407,8 @@ class _Extractor:
         for c in code(segment):
             if kind(c) == "if_clause":
                 self.statements.append(Uses(self.line(c), self.refs(child(c, "expression"))))
-            elif kind(c) == "statement":
+            elif kind(c) == "statement":     # THEN and ELSE branches, ELSE IF chains flat
                 self.statement(c)
-            elif kind(c) == "else_clause":
-                self.statements_of(c)
-                for nested in children(c, "if_then_statement"):
-                    self.s_if_then_statement(nested)
 
     def s_while_statement(self, segment: BaseSegment) -> None:
         self.statements.append(Uses(self.line(segment), self.refs(child(segment, "expression"))))
@@ -585,8 +580,6 @@ class _Extractor:
             if column_list is not None:
                 columns = tuple(self.tok(i, "column", declares=True)
                                 for i in descendants(column_list, *IDENTIFIER_LEAVES))
-        hints = tuple(h.upper() for post in children(element, "post_table_expression")
-                      for h in _hint_names(post))
         table_expression = child(element, "table_expression")
         inner = table_expression if table_expression is not None else child(element, "bracketed")
         if inner is not None and kind(inner) == "bracketed":   # (VALUES ...) AS v (a, b) or (SELECT ...)
@@ -594,7 +587,6 @@ class _Extractor:
         if inner is not None and kind(inner) == "table_expression":
             inner = code(inner)[0]
         source = self.row_source(inner, alias, columns)
-        source.hints = hints
         source.line = self.line(element)
         return source
 
@@ -639,7 +631,6 @@ class _Extractor:
     def s_insert_statement(self, segment: BaseSegment, ctes: list[Cte] | None = None) -> None:
         reference = next(c for c in code(segment) if kind(c) in ("table_reference", "object_reference"))
         target = self.target(reference)
-        target.hints = tuple(h for post in children(segment, "post_table_expression") for h in _hint_names(post))
         columns: list[ColumnRef] = []
         column_list = child(segment, "bracketed")
         if column_list is not None:
@@ -668,7 +659,6 @@ class _Extractor:
     def s_update_statement(self, segment: BaseSegment, ctes: list[Cte] | None = None) -> None:
         reference = child(segment, "table_reference")
         target = self.target(reference)
-        target.hints = tuple(h for post in children(segment, "post_table_expression") for h in _hint_names(post))
         alias_expression = child(segment, "alias_expression")
         if alias_expression is not None:
             target.alias = self.tok(next(c for c in code(alias_expression) if kind(c) in IDENTIFIER_LEAVES),
@@ -705,12 +695,10 @@ class _Extractor:
         sources: list[Source] = []
         output = None
         target: Source | None = None
-        for index, c in enumerate(parts):
+        for c in parts:
             k = kind(c)
             if k == "table_reference" and target is None:
                 target = self.target(c)
-            elif k == "post_table_expression" and target is not None:
-                target.hints = target.hints + tuple(_hint_names(c))
             elif k == "from_clause":
                 # DELETE FROM t ...: the FROM names the target; DELETE t FROM t AS x ...: row sources.
                 if target is None:
@@ -1103,9 +1091,10 @@ class _Extractor:
     def _hint(self, value: BaseSegment) -> TypeHint:
         k = kind(value)
         if k == "column_reference":
-            return ("column", self._find_ref(value))
+            tokens = [self.claimed.get(offset_of(c)) for c in code(value) if kind(c) in IDENTIFIER_LEAVES]
+            return ("column", ColumnRef(tuple(tokens), self.line(value))) if None not in tokens else None
         if k == "parameter":
-            return ("variable", self._find_token(value))
+            return ("variable", self.claimed[offset_of(value)]) if offset_of(value) in self.claimed else None
         if k in ("expression", "bracketed"):
             return self.type_hint(value, [])
         if k == "integer_literal" or k == "numeric_literal":
@@ -1128,18 +1117,6 @@ class _Extractor:
             return ("function", name)
         return None
 
-    def _find_ref(self, segment: BaseSegment) -> ColumnRef | None:
-        start = offset_of(segment)
-        for index in range(len(self.tokens) - 1, -1, -1):
-            if self.tokens[index].start == start:
-                identifiers = [c for c in code(segment) if kind(c) in IDENTIFIER_LEAVES]
-                return ColumnRef(tuple(range(index, index + len(identifiers))), self.line(segment))
-        return None
-
-    def _find_token(self, segment: BaseSegment) -> int | None:
-        start = offset_of(segment)
-        return next((i for i in range(len(self.tokens) - 1, -1, -1) if self.tokens[i].start == start), None)
-
     def variables_only(self, segment: BaseSegment) -> list[Ref]:
         return [VariableRef(self.tok(p, "variable")) for p in descendants(segment, "parameter")]
 
@@ -1152,10 +1129,6 @@ def _arguments(contents: BaseSegment | None) -> list[BaseSegment]:
     if bracketed is None:
         return []
     return [c for c in code(bracketed) if kind(c) not in ("start_bracket", "end_bracket", "comma")]
-
-
-def _hint_names(post_table_expression: BaseSegment) -> list[str]:
-    return [normalised([h]) for h in descendants(post_table_expression, "query_hint_segment")]
 
 
 def _identifier_leaves(segment: BaseSegment):

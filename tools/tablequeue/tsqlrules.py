@@ -193,9 +193,11 @@ def tables(segment: BaseSegment) -> list[tuple[str, BaseSegment]]:
     return own + output
 
 
-def hint_lists(segment: BaseSegment) -> Iterator[tuple[BaseSegment, list[str]]]:
-    """Every table hint list below ``segment``: (the bracketed list, its hints upper case)."""
-    for post in descendants(segment, "post_table_expression"):
+def hint_lists(segment: BaseSegment, nested: bool = True) -> Iterator[tuple[BaseSegment, list[str]]]:
+    """Every table hint list below ``segment`` (only its own if not ``nested``): (the bracketed list,
+    its hints upper case)."""
+    posts = descendants(segment, "post_table_expression") if nested else children(segment, "post_table_expression")
+    for post in posts:
         for bracketed in children(post, "bracketed"):
             hints = [normalised([h]) for h in children(bracketed, "query_hint_segment")]
             if hints:
@@ -218,10 +220,14 @@ def _throw_with_arguments(step: Step) -> bool:
     return step.kind == "throw_statement" and len(code(step.segment)) > 1
 
 
-def _throws(procedure: Procedure, condition: BaseSegment, number: str) -> bool:
-    """Whether the THEN branch of the IF with this condition THROWs error ``number``."""
-    return any(condition in s.guards and s.kind == "throw_statement" and
-               normalised(code(s.segment)[1:2]) == number for s in procedure.steps)
+def _in_then_branch(step: Step, condition: BaseSegment) -> bool:
+    return any(guard is condition for guard in step.guards)
+
+
+def _throws(procedure: Procedure, condition: BaseSegment, number: str | None = None) -> bool:
+    """Whether the THEN branch of the IF with this condition THROWs (error ``number``, if given)."""
+    return any(_in_then_branch(s, condition) and s.kind == "throw_statement" and
+               (number is None or normalised(code(s.segment)[1:2]) == number) for s in procedure.steps)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -239,8 +245,7 @@ def refuses_open_transaction(procedure: Procedure) -> bool:
             return False
         if step.kind == "condition" and not step.guards:
             texts = {d.text for d in disjuncts(step.segment)}
-            if set(REFUSAL) <= texts and any(s.kind == "throw_statement" and step.segment in s.guards
-                                             for s in procedure.steps):
+            if set(REFUSAL) <= texts and _throws(procedure, step.segment):
                 return True
     return False
 
@@ -264,7 +269,7 @@ def rule_transaction_guard(procedure: Procedure) -> list[Violation]:
 
 def rule_xact_abort(procedure: Procedure) -> list[Violation]:
     rule = "xact-abort"
-    body = [s for s in procedure.steps]
+    body = procedure.steps
     if not body or body[0].text != "SET NOCOUNT ON":
         at = body[0].segment if body else procedure.segment
         return [procedure.violation(at, rule, "the first statement is not SET NOCOUNT ON")]
@@ -307,16 +312,12 @@ def claims(procedure: Procedure) -> list[tuple[BaseSegment, list[str], str, Base
                 if from_clause is not None else []
             for element in elements:
                 reference = next(descendants(element, "table_reference", stop=("select_statement",)), None)
-                for post in children(element, "post_table_expression"):
-                    for bracketed in children(post, "bracketed"):
-                        hints = [normalised([h]) for h in children(bracketed, "query_hint_segment")]
-                        out.append((bracketed, hints, reference.raw if reference is not None else "", body))
+                for bracketed, hints in hint_lists(element, nested=False):
+                    out.append((bracketed, hints, reference.raw if reference is not None else "", body))
     for delete in descendants(procedure.segment, "delete_statement"):
         if "TOP" in keywords(delete):
-            for post in children(delete, "post_table_expression"):
-                for bracketed in children(post, "bracketed"):
-                    hints = [normalised([h]) for h in children(bracketed, "query_hint_segment")]
-                    out.append((bracketed, hints, child(delete, "table_reference").raw, delete))
+            for bracketed, hints in hint_lists(delete, nested=False):
+                out.append((bracketed, hints, child(delete, "table_reference").raw, delete))
     return out
 
 
@@ -343,36 +344,32 @@ def rule_updlock(procedure: Procedure) -> list[Violation]:
     return out
 
 
-QUEUE_TABLE_RANKS = (("_history", 1, "history"), ("_dead", 2, "dead-letter"))
+QUEUE_TABLE_SUFFIXES = (("_history", 1), ("_dead", 2))
 
 
 def _queue_table(name: str) -> tuple[str, int]:
-    """(the queue's table, rank): queue.q -> (queue.q, 0), queue.q_history -> 1, queue.q_dead -> 2."""
-    for suffix, rank, _ in QUEUE_TABLE_RANKS:
+    """(the queue's table, rank in the lock order): s.q -> (s.q, 0), s.q_history -> 1, s.q_dead -> 2.
+    (Told apart by name, so a queue named like another's history table would be mistaken for it.)"""
+    for suffix, rank in QUEUE_TABLE_SUFFIXES:
         if name.endswith(suffix):
             return name[: -len(suffix)], rank
     return name, 0
 
 
 def rule_table_order(procedure: Procedure) -> list[Violation]:
-    first: dict[str, tuple[int, str, BaseSegment]] = {}      # table -> (rank, name, where first touched)
-    order: list[str] = []
+    first: dict[str, BaseSegment] = {}      # table -> where the procedure first touches it, in order
     for step in procedure.steps:
         for name, reference in tables(step.segment):
-            if name not in first:
-                first[name] = (_queue_table(name)[1], name, reference)
-                order.append(name)
+            first.setdefault(name, reference)
     out = []
+    order = list(first)
     for index, name in enumerate(order):
         base, rank = _queue_table(name)
-        for earlier in order[:index]:
-            earlier_base, earlier_rank = _queue_table(earlier)
-            if earlier_base == base and earlier_rank > rank:
-                out.append(procedure.violation(first[earlier][2], "table-order",
-                                               f"touches {earlier} before {name} (line "
-                                               f"{procedure.line(first[name][2])}): the lock order is queue -> "
-                                               "history -> dead-letter"))
-                break
+        earlier = next((e for e in order[:index] if _queue_table(e)[0] == base and _queue_table(e)[1] > rank), None)
+        if earlier is not None:
+            out.append(procedure.violation(first[earlier], "table-order",
+                                           f"touches {earlier} before {name} (line {procedure.line(first[name])}): "
+                                           "the lock order is queue -> history -> dead-letter"))
     return out
 
 
@@ -400,56 +397,17 @@ def _counts(segment: BaseSegment, parameter: str) -> bool:
 
 
 def _caps(condition: BaseSegment, subject: str) -> bool:
-    """Whether a disjunct of the condition compares ``subject`` (normalised text) above 1000."""
-    for disjunct in disjuncts(condition):
-        text = disjunct.text
-        if text in (f"{subject} > {BATCH_LIMIT}", f"{subject} >= {BATCH_LIMIT + 1}",
-                    f"{BATCH_LIMIT} < {subject}") or text.endswith(f"NOT BETWEEN 1 AND {BATCH_LIMIT}") and \
-                text.startswith(subject + " "):
-            return True
-    return False
+    """Whether a disjunct of the condition is ``subject`` (normalised text) above 1000."""
+    above = (f"{subject} > {BATCH_LIMIT}", f"{subject} >= {BATCH_LIMIT + 1}", f"{BATCH_LIMIT} < {subject}")
+    return any(d.text in above or (d.text.startswith(subject + " ") and
+                                   d.text.endswith(f"NOT BETWEEN 1 AND {BATCH_LIMIT}"))
+               for d in disjuncts(condition))
 
 
-def rule_batch_cap(procedure: Procedure) -> list[Violation]:
-    rule = "batch-cap"
-    out = []
-    for name, words in procedure.parameters:
-        if "READONLY" in words:
-            counters = {name}
-            for step in procedure.steps:     # DECLARE @n int = (SELECT COUNT(*) FROM @items)
-                if step.kind in ("declare_segment", "set_local_variable_segment") and _counts(step.segment, name):
-                    target = next(descendants(step.segment, "parameter"))
-                    counters.add(fold(target.raw))
-            check = next((s for s in procedure.steps if s.kind == "condition" and _throws(procedure, s.segment,
-                                                                                           CAP_ERROR) and any(
-                (c == name and _counts(s.segment, name) and _caps(s.segment, _count_text(s.segment, name))) or
-                (c != name and _caps(s.segment, c.upper())) for c in counters)), None)
-            write = next((s for s in procedure.steps if _writes(s) and _mentions(s, name)), None)
-            if check is None:
-                out.append(procedure.violation(procedure.segment, rule,
-                                               f"{name} READONLY is not refused above {BATCH_LIMIT} rows (IF (SELECT "
-                                               f"COUNT(*) FROM {name}) > {BATCH_LIMIT} THROW {CAP_ERROR})"))
-            elif write is not None and offset_of(write.segment) < offset_of(check.segment):
-                out.append(procedure.violation(write.segment, rule, f"{name} feeds a write before its row count is "
-                                                                    f"checked (line {procedure.line(check.segment)})"))
-        elif name in BATCH_SIZE_PARAMETERS:
-            subject = name.upper()
-            check = next((s for s in procedure.steps if s.kind == "condition" and _caps(s.segment, subject)
-                          and _lower_bound(s.segment, subject) and _throws(procedure, s.segment, CAP_ERROR)), None)
-            if check is None:
-                out.append(procedure.violation(procedure.segment, rule, f"{name} is not checked BETWEEN 1 AND "
-                                                                        f"{BATCH_LIMIT} (THROW {CAP_ERROR})"))
-                continue
-            for step in procedure.steps:
-                if step is check or offset_of(step.segment) > offset_of(check.segment):
-                    break
-                assigns = step.kind == "set_local_variable_segment" and fold(
-                    next(descendants(step.segment, "parameter")).raw) == name
-                if _mentions(step, name) and not assigns:
-                    out.append(procedure.violation(step.segment, rule, f"{name} is used before its check (line "
-                                                                       f"{procedure.line(check.segment)})"))
-                    break
-    return out
+def _lower_bound(condition: BaseSegment, subject: str) -> bool:
+    """Whether a disjunct of the condition is ``subject`` below 1."""
+    below = (f"{subject} < 1", f"{subject} <= 0", f"{subject} NOT BETWEEN 1 AND {BATCH_LIMIT}")
+    return any(d.text in below for d in disjuncts(condition))
 
 
 def _count_text(condition: BaseSegment, parameter: str) -> str:
@@ -461,10 +419,62 @@ def _count_text(condition: BaseSegment, parameter: str) -> str:
     return ""
 
 
-def _lower_bound(condition: BaseSegment, subject: str) -> bool:
-    texts = [d.text for d in disjuncts(condition)]
-    return any(t.startswith(subject + " ") and t.endswith(f"NOT BETWEEN 1 AND {BATCH_LIMIT}") for t in texts) or (
-        any(t in (f"{subject} < 1", f"{subject} <= 0") for t in texts))
+def _row_count_check(procedure: Procedure, parameter: str) -> Step | None:
+    """The IF that THROWs 51001 when the table-valued parameter holds more than 1000 rows: its COUNT
+    compared in the condition, or a variable set from that COUNT (DECLARE @n int = (SELECT COUNT...))."""
+    counters = set()
+    for step in procedure.steps:
+        if step.kind in ("declare_segment", "set_local_variable_segment") and _counts(step.segment, parameter):
+            counters.add(next(descendants(step.segment, "parameter")).raw.upper())
+    for step in procedure.steps:
+        if step.kind != "condition" or not _throws(procedure, step.segment, CAP_ERROR):
+            continue
+        if _counts(step.segment, parameter) and _caps(step.segment, _count_text(step.segment, parameter)):
+            return step
+        if any(_caps(step.segment, counter) for counter in counters):
+            return step
+    return None
+
+
+def _size_check(procedure: Procedure, parameter: str) -> Step | None:
+    """The IF that THROWs 51001 unless @batch_size / @page_size is BETWEEN 1 AND 1000."""
+    subject = parameter.upper()
+    return next((s for s in procedure.steps if s.kind == "condition" and _caps(s.segment, subject) and
+                 _lower_bound(s.segment, subject) and _throws(procedure, s.segment, CAP_ERROR)), None)
+
+
+def rule_batch_cap(procedure: Procedure) -> list[Violation]:
+    rule = "batch-cap"
+    out = []
+    for name, words in procedure.parameters:
+        if "READONLY" in words:
+            check = _row_count_check(procedure, name)
+            if check is None:
+                out.append(procedure.violation(procedure.segment, rule,
+                                               f"{name} READONLY is not refused above {BATCH_LIMIT} rows (IF (SELECT "
+                                               f"COUNT(*) FROM {name}) > {BATCH_LIMIT} THROW {CAP_ERROR})"))
+                continue
+            write = next((s for s in procedure.steps if _writes(s) and _mentions(s, name)), None)
+            if write is not None and offset_of(write.segment) < offset_of(check.segment):
+                out.append(procedure.violation(write.segment, rule, f"{name} feeds a write before its row count is "
+                                                                    f"checked (line {procedure.line(check.segment)})"))
+        elif name in BATCH_SIZE_PARAMETERS:
+            check = _size_check(procedure, name)
+            if check is None:
+                out.append(procedure.violation(procedure.segment, rule, f"{name} is not checked BETWEEN 1 AND "
+                                                                        f"{BATCH_LIMIT} (THROW {CAP_ERROR})"))
+                continue
+            for step in procedure.steps:
+                if offset_of(step.segment) >= offset_of(check.segment):
+                    break
+                # SET @batch_size = COALESCE(@batch_size, 1) before the check is not a use.
+                assigns = step.kind == "set_local_variable_segment" and fold(
+                    next(descendants(step.segment, "parameter")).raw) == name
+                if _mentions(step, name) and not assigns:
+                    out.append(procedure.violation(step.segment, rule, f"{name} is used before its check (line "
+                                                                       f"{procedure.line(check.segment)})"))
+                    break
+    return out
 
 
 def rule_select_star(procedure: Procedure) -> list[Violation]:

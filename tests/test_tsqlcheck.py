@@ -16,8 +16,6 @@ from tablequeue import tsqlcheck
 from tablequeue.tsqlcheck import check_sources, resolve_batch
 from tsql_renders import CATALOGS, golden_sources, report
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
 BASE = """\
 EXEC (N'CREATE SCHEMA [s] AUTHORIZATION [dbo];');
 GO

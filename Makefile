@@ -14,7 +14,7 @@ GOLDEN_TSQLT := tests_tsql/rendered
 help:
 	@echo "make demo    deploy the example catalog to a throwaway PostgreSQL and run every queue"
 	@echo "make test    golden files, sqlfluff lint, pytest (PostgreSQL; SQL Server when configured), tSQLt"
-	@echo "make lint    sqlfluff on the rendered T-SQL and PostgreSQL"
+	@echo "make lint    sqlfluff on the rendered T-SQL and PostgreSQL, then check-tsql (references, static rules)"
 	@echo "make golden  re-render the golden files after a template change (review the diff)"
 	@echo "make bench   benchmarks (results in docs/BENCHMARKS.md), the chaos run over 50,000 messages and"
 	@echo "             the model-based interleaving tests with 500 random examples per queue;"
@@ -42,7 +42,8 @@ golden: setup
 
 # The golden files (test_render.py proves they are what the templates render), the option matrix
 # (every kind with every option on at least once) and every migration its storage can take: zero
-# unparsable sections, zero violations.
+# unparsable sections, zero violations; then every reference resolves and the readiness rules hold
+# (check-tsql, also over the SQL strings of the tool and the pipelines).
 MATRIX := tests/fixtures/option_matrix.yml
 lint: setup
 	rm -rf build/lint
@@ -55,6 +56,8 @@ lint: setup
 		build/lint/mssql-migrations
 	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres \
 		build/lint/postgres-migrations
+	$(BIN)/tablequeue check-tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt \
+		build/lint/mssql-migrations tools/tablequeue pipelines
 
 # tSQLt first (it runs only when SQL Server is configured and says so otherwise), pytest last so
 # its summary closes the run.

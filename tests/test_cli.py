@@ -82,3 +82,46 @@ def test_dry_run_shows_each_migration_step_with_what_it_locks(pg_url: str, tmp_p
         assert bad.returncode == 2 and "must be a number of seconds above 0" in bad.stderr
     finally:
         drop_schema("postgres", pg_url, schema)
+
+
+CLEAN_TSQL = """\
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+CREATE TABLE [dbo].[jobs] (id bigint NOT NULL, payload nvarchar(MAX) NOT NULL);
+GO
+CREATE ROLE [jobs_admin] AUTHORIZATION [dbo];
+GO
+CREATE OR ALTER PROCEDURE [dbo].[jobs_count]
+    @minimum bigint = 0
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SELECT COUNT_BIG(*) AS jobs FROM [dbo].[jobs] AS j WHERE j.id >= @minimum;
+END;
+GO
+GRANT EXECUTE ON OBJECT::[dbo].[jobs_count] TO [jobs_admin];
+GO
+"""
+
+
+def test_check_tsql_exit_codes_and_what_it_prints(tmp_path: Path) -> None:
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "jobs.sql").write_text(CLEAN_TSQL)
+    result = tablequeue("check-tsql", str(clean))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 unresolved reference(s), 0 rule violation(s)" in result.stdout
+
+    broken = tmp_path / "broken.sql"
+    broken.write_text(CLEAN_TSQL.replace("j.id >= @minimum", "j.ident >= @minimum").replace(
+        "SET NOCOUNT ON;\n    SET XACT_ABORT ON;", "SET XACT_ABORT ON;\n    SET NOCOUNT ON;"))
+    result = tablequeue("check-tsql", str(broken))
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[:2] == [
+        f"{broken}:14: unresolved column 'j.ident'",
+        f"{broken}:12: xact-abort: the first statement is not SET NOCOUNT ON (procedure [dbo].[jobs_count])"]
+
+    result = tablequeue("check-tsql", str(tmp_path / "missing"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "missing" in result.stderr

@@ -1,8 +1,10 @@
 """Static checks of DESIGN.md's rules on every rendered object of every kind and option.
 
-No SQL Server runs here, so what a reviewer would check by eye is checked by machine: session
-options, lock hints on every claim, transactions only where the procedure opened them, no dynamic
-SQL built from strings, quoting, grants, and the PostgreSQL twin's security settings.
+No SQL Server runs here, so what a reviewer would check by eye is checked by machine, on the sqlfluff
+parse tree (tablequeue.tsqlrules; `check-tsql` runs the same rules): each rule over every rendered
+procedure of both catalogs; the exact shape each rule accepts, written out; and each rule firing on
+a real rendered procedure with the defect seeded into its text. The PostgreSQL twin's security
+settings are checked here too.
 """
 from __future__ import annotations
 
@@ -12,122 +14,433 @@ from pathlib import Path
 import pytest
 
 from tablequeue.catalog import load_catalog
-from tablequeue.gosplit import mask_comments_and_strings, split_batches
-from tablequeue.render import render_catalog, render_migrations
+from tablequeue.gosplit import split_batches
+from tablequeue.render import render_catalog
+from tablequeue.tsqlcheck import check_sources
+from tablequeue.tsqlrules import check_python, rule_batch_cap, procedures
+from tablequeue.tsqltree import child, descendants, parse_batch
+from tsql_renders import CATALOGS, REPO, report
 
-REPO = Path(__file__).resolve().parents[1]
-CATALOGS = [REPO / "database" / "queues.yml", REPO / "tests" / "fixtures" / "option_matrix.yml"]
+RULES = ["readpast", "nolock", "transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap",
+         "select-star", "dynamic-sql", "options", "grants"]
+TOOL_MODULES = sorted((REPO / "tools" / "tablequeue").glob("*.py")) + sorted((REPO / "pipelines").glob("*.py"))
 
 
-def _procedures(catalog_path: Path):
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
+def test_every_rendered_procedure_follows_the_rule(catalog_path: Path, rule: str) -> None:
+    found = [str(v) for v in report(catalog_path).violations if v.rule == rule]
+    if rule == "readpast":     # the tool's own queries too (deploy's message counts)
+        found += [str(v) for v in check_python(TOOL_MODULES)]
+    assert found == []
+
+
+@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
+def test_every_dequeue_claims_with_the_lock_hints(catalog_path: Path) -> None:
     catalog = load_catalog(catalog_path)
-    for rendered in render_catalog(catalog, "mssql"):
-        for unit in rendered.units:
-            for batch in split_batches(unit.body):
-                code = mask_comments_and_strings(batch.text)
-                if re.search(r"^\s*CREATE\s+(OR\s+ALTER\s+)?PROC", code, re.I | re.M):
-                    yield catalog, rendered, unit, batch.text, code
-
-
-DATA_ACCESS = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\[|\bBEGIN\s+TRAN", re.I)
-
-
-@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_every_procedure_sets_nocount_then_xact_abort_after_its_argument_checks(catalog_path: Path) -> None:
-    # An argument check that throws under XACT_ABORT ON dooms the caller's open transaction: the
-    # checks come first, then XACT_ABORT, then the first table access or transaction.
-    for _, _, unit, _, code in _procedures(catalog_path):
-        body = code.split("BEGIN", 1)[1]
-        assert body.strip().split(";")[0].strip() == "SET NOCOUNT ON", unit.name
-        xact_abort = body.find("SET XACT_ABORT ON")
-        first_access = DATA_ACCESS.search(body)
-        assert xact_abort > 0, unit.name
-        assert first_access is None or xact_abort < first_access.start(), unit.name
-        checks = body[:first_access.start()] if first_access else body
-        last_check = max((m.end() for m in re.finditer(r"\bTHROW\s+5\d{4}", checks)), default=-1)
-        assert last_check < xact_abort, unit.name
+    claims = [c for b in report(catalog_path).batches for c in b.claims]
+    for queue in catalog.queues:
+        procedure = f"[{catalog.schema}].[{queue.name}_dequeue]"
+        mine = [c for c in claims if c.procedure == procedure]
+        assert mine, f"{procedure}: no claim"
+        for claim in mine:
+            assert {"ROWLOCK", "UPDLOCK", "READCOMMITTEDLOCK"} <= set(claim.hints), claim
+            # Strict FIFO waits for the head instead of skipping it (docs: the order is exact).
+            assert ("READPAST" in claim.hints) != bool(queue.options.get("strict")), claim
 
 
 @pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_every_claim_carries_the_lock_hints(catalog_path: Path) -> None:
-    for catalog, rendered, unit, _, code in _procedures(catalog_path):
-        if not unit.name.endswith("_dequeue"):
-            continue
-        queue = catalog.queue(rendered.queue)
-        table = f"[{catalog.schema}].[{queue.name}]"
-        hints = re.findall(re.escape(table) + r"\s+(?:AS\s+\w+\s+)?WITH\s*\(([^)]*)\)", code)
-        claims = [h for h in hints if "UPDLOCK" in h.upper()]
-        assert claims, f"{unit.name}: no claim of {table}"
-        for hint in hints:
-            names = {h.strip().upper() for h in hint.split(",")}
-            if "UPDLOCK" in names:
-                assert {"ROWLOCK", "READCOMMITTEDLOCK"} <= names, (unit.name, hint)
-                assert ("READPAST" in names) != bool(queue.options.get("strict")), (unit.name, hint)
-            else:   # a probe (the next priority level): it keeps no lock and waits for none
-                assert names == {"READPAST", "READCOMMITTEDLOCK"}, (unit.name, hint)
-        assert "NOLOCK" not in code.upper() and "SELECT *" not in code.upper()
+def test_grants_go_to_the_schema_roles_and_names_are_quoted(catalog_path: Path) -> None:
+    schema = load_catalog(catalog_path).schema
+    for model in report(catalog_path).models:
+        for statement in model.statements:
+            for role in getattr(statement, "roles", []):
+                assert re.fullmatch(rf"\[{schema}_(producer|consumer|admin)\]", model.tokens[role].raw)
+        tokens = model.tokens
+        for index, token in enumerate(tokens):
+            # A catalog name is always quoted, so that no name can change the meaning of the SQL.
+            if token.what == "schema" and token.name == schema:
+                assert token.raw == f"[{schema}]" and tokens[index + 1].raw.startswith("["), (model.file, token)
 
 
-@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_transactions_are_only_ended_where_the_procedure_began_them(catalog_path: Path) -> None:
-    for _, _, unit, _, code in _procedures(catalog_path):
-        if "_process" in unit.name:
-            # The in-database worker owns its transactions by contract: it refuses to run inside a
-            # caller's transaction or in implicit-transaction mode.
-            assert "IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0" in code, unit.name
-            continue
-        begins = len(re.findall(r"\bBEGIN\s+TRAN(SACTION)?\b", code, re.I))
-        for statement in re.findall(r"^.*\b(?:COMMIT|ROLLBACK)\b.*$", code, re.I | re.M):
-            assert "@started_transaction = 1" in statement, (unit.name, statement)
-        # Under IMPLICIT_TRANSACTIONS (ODBC/JDBC autocommit off) the caller owns the transaction.
-        guards = re.findall(r"IF\s+(.*?)\s+BEGIN\s+BEGIN\s+TRANSACTION", code, re.I | re.S)
-        assert len(guards) == begins, unit.name
-        for guard in guards:
-            assert "@@TRANCOUNT = 0" in guard and "(@@OPTIONS & 2) = 0" in guard, (unit.name, guard)
+# ------------------------------------------------------------------------------------------------
+# What each rule accepts, exactly as DESIGN.md §4 and the issue define it
+
+ACCEPTED = """\
+SET ANSI_NULLS ON;
+SET QUOTED_IDENTIFIER ON;
+GO
+CREATE OR ALTER PROCEDURE [s].[q_take]
+    @batch_size int = 1,
+    @items [s].[q_items] READONLY
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @error_message nvarchar(2048);
+    IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
+        BEGIN
+            SET @error_message = N's.q_take: batch_size must be between 1 and 1000.';
+            THROW 51001, @error_message, 1;
+        END;
+    IF (SELECT COUNT(*) FROM @items) > 1000
+        THROW 51001, N's.q_take: at most 1000 items.', 1;
+    SET XACT_ABORT ON;
+    DECLARE @key_holder bigint;
+    DECLARE @started_transaction bit = 0;
+    BEGIN TRY
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND @batch_size > 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+        WITH head AS (
+            SELECT TOP (@batch_size) m.id
+            FROM [s].[q] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+            ORDER BY m.id
+        )
+        DELETE FROM head
+        OUTPUT DELETED.id INTO [s].[q_history] (id);
+        SELECT @key_holder = m.id FROM [s].[q] AS m WITH (UPDLOCK, HOLDLOCK) WHERE m.id = 0;
+        IF @@ROWCOUNT = 0
+            THROW 51004, N's.q_take: a state error, in the procedure's own unit of work.', 1;
+        INSERT INTO [s].[q_dead] (id) SELECT i.ordinal FROM @items AS i;
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+GO
+GRANT EXECUTE ON OBJECT::[s].[q_take] TO [s_consumer];
+GO
+-- The in-database worker commits per message: it refuses a caller's transaction, then owns its own.
+CREATE OR ALTER PROCEDURE [s].[q_process]
+AS
+BEGIN
+    SET NOCOUNT ON;
+    IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0
+        THROW 51003, N's.q_process: cannot run inside an open transaction.', 1;
+    SET XACT_ABORT ON;
+    BEGIN TRANSACTION;
+    DELETE TOP (1) FROM [s].[q] WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK);
+    COMMIT TRANSACTION;
+END;
+GO
+GRANT EXECUTE ON OBJECT::[s].[q_process] TO [s_admin];
+GO
+"""
 
 
-@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_no_dynamic_sql_is_built_from_values(catalog_path: Path) -> None:
-    catalog = load_catalog(catalog_path)
-    for rendered in render_catalog(catalog, "mssql"):
-        for unit in rendered.units:
-            code = mask_comments_and_strings(unit.body)
-            for match in re.finditer(r"\bEXEC(?:UTE)?\s*\(", code, re.I):
-                # Only a single literal may be executed (CREATE SCHEMA needs its own batch).
-                literal = unit.body[match.end():].lstrip()
-                assert re.match(r"N'[^']*'\s*\)", literal), (unit.name, literal[:80])
-            assert "sp_executesql" not in code.lower() or "@handler" in code, unit.name
+def violations(text: str, rule: str, file: str = "seeded.sql", procedure: str | None = None) -> list[str]:
+    """The rule's violations in one file, as check-tsql prints them; of one procedure if given."""
+    return [str(v) for v in check_sources([(file, text)]).violations
+            if v.rule == rule and (procedure is None or v.procedure == f"[queue].[{procedure}]")]
 
 
-@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_every_file_sets_its_options_and_every_procedure_is_granted(catalog_path: Path) -> None:
-    catalog = load_catalog(catalog_path)
-    for rendered in render_catalog(catalog, "mssql"):
-        code = mask_comments_and_strings(rendered.text)
-        first_create = code.upper().find("CREATE ")
-        assert 0 <= code.find("SET ANSI_NULLS ON") < first_create, rendered.name
-        assert 0 <= code.find("SET QUOTED_IDENTIFIER ON") < first_create, rendered.name
-        for name in re.findall(r"CREATE\s+OR\s+ALTER\s+PROCEDURE\s+(\S+)", code):
-            grants = re.findall(r"GRANT\s+EXECUTE\s+ON\s+OBJECT::" + re.escape(name) + r"\s+TO\s+(\S+);", code)
-            assert len(grants) == 1, (rendered.name, name, grants)
-            assert re.fullmatch(rf"\[{catalog.schema}_(producer|consumer|admin)\]", grants[0])
+@pytest.mark.parametrize("rule", RULES)
+def test_each_rule_accepts_the_prescribed_shape(rule: str) -> None:
+    assert violations(ACCEPTED, rule) == []
 
 
-@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_objects_are_referenced_quoted_in_both_dialects(catalog_path: Path) -> None:
-    catalog = load_catalog(catalog_path)
-    bare = re.compile(rf"(?<![\[\"'.\w]){re.escape(catalog.schema)}\.(?=[a-z])")
-    for dialect in ("mssql", "postgres"):
-        for rendered in render_catalog(catalog, dialect):
-            code = mask_comments_and_strings(rendered.text) if dialect == "mssql" else _mask_pg(rendered.text)
-            offenders = [line for line in code.splitlines() if bare.search(line)]
-            assert offenders == [], (dialect, rendered.name, offenders[:3])
+# ------------------------------------------------------------------------------------------------
+# Seeded defects: a real rendered procedure, the defect written into its text, the rule firing with
+# the file, procedure and line. Seeds keep the line count, so the other batches stay as rendered.
+
+GOLDEN = REPO / "database" / "rendered" / "mssql"
+
+
+def golden(name: str) -> tuple[str, str]:
+    path = GOLDEN / name
+    return str(path.relative_to(REPO)), path.read_text(encoding="utf-8")
+
+
+def procedure_batch(text: str, procedure: str) -> str:
+    return next(b.text for b in split_batches(text) if f"PROCEDURE [queue].[{procedure}]" in b.text)
+
+
+def seed(text: str, procedure: str, edit) -> str:
+    """``text`` with ``edit(batch) -> batch`` applied to one procedure's batch, lines kept."""
+    batch = procedure_batch(text, procedure)
+    seeded = edit(batch)
+    assert seeded.count("\n") == batch.count("\n"), "a seed keeps the lines where they were"
+    return text.replace(batch, seeded, 1)
+
+
+def replace(old: str, new: str, count: int = 1):
+    def edit(batch: str) -> str:
+        assert old in batch, f"seed text not found: {old!r}"
+        return batch.replace(old, new, count)
+    return edit
+
+
+def on_line_of(anchor: str, transform):
+    """Rewrite the (first) line containing ``anchor``: transform(indent, line) -> new line."""
+    def edit(batch: str) -> str:
+        lines = batch.split("\n")
+        index = next(i for i, line in enumerate(lines) if anchor in line)
+        indent = lines[index][:len(lines[index]) - len(lines[index].lstrip())]
+        lines[index] = transform(indent, lines[index])
+        return "\n".join(lines)
+    return edit
+
+
+def line_of(text: str, procedure: str, anchor: str, occurrence: int = 1) -> int:
+    """The file line of the ``occurrence``-th line with ``anchor`` in the procedure's batch."""
+    batch = procedure_batch(text, procedure)
+    start = text.index(batch)
+    at = -1
+    for _ in range(occurrence):
+        at = batch.index(anchor, at + 1)
+    return text[:start + at].count("\n") + 1
+
+
+STATS_PROBE = "FROM [queue].[emails_dead] AS d WITH (READPAST, READCOMMITTEDLOCK)"
+PROBE_DEFECTS = {   # rule: (the probe's hints, the violation)
+    "readpast": ("READPAST", "READPAST without READCOMMITTEDLOCK (WITH (READPAST)) is refused under "
+                             "READ_COMMITTED_SNAPSHOT"),
+    "nolock": ("NOLOCK", "WITH (NOLOCK) reads uncommitted rows"),
+    "updlock": ("READPAST, UPDLOCK, READCOMMITTEDLOCK",
+                "UPDLOCK outside a claim (WITH (READPAST, UPDLOCK, READCOMMITTEDLOCK)): a look-up holds U locks to "
+                "the end of the transaction; probe with READPAST, READCOMMITTEDLOCK, or lock a key with UPDLOCK, "
+                "HOLDLOCK"),
+}
+
+
+@pytest.mark.parametrize("rule", PROBE_DEFECTS)
+def test_a_wrong_hint_on_a_probe_is_refused(rule: str) -> None:
+    hints, message = PROBE_DEFECTS[rule]
+    file, text = golden("emails.sql")
+    seeded = seed(text, "emails_stats", replace(STATS_PROBE, f"FROM [queue].[emails_dead] AS d WITH ({hints})"))
+    assert violations(seeded, rule, file, "emails_stats") == [
+        f"{file}:{line_of(text, 'emails_stats', STATS_PROBE)}: {rule}: {message} (procedure [queue].[emails_stats])"]
+
+
+def test_readpast_in_the_tool_queries_is_checked(tmp_path: Path) -> None:
+    module = tmp_path / "counts.py"
+    module.write_text('def count(cursor, schema, name, limit):\n'
+                      '    return cursor.execute(f"SELECT COUNT_BIG(*) FROM (SELECT TOP (?) 1 AS one FROM "\n'
+                      '                          f"[{schema}].[{name}] WITH (READPAST)) AS m", limit)\n'
+                      'FIXED = "SELECT COUNT_BIG(*) FROM [s].[t] WITH (READPAST, READCOMMITTEDLOCK)"\n'
+                      'PROSE = "READPAST skips locked rows"\n')
+    assert [str(v) for v in check_python([module])] == [
+        f"{module}:2: readpast: READPAST without READCOMMITTEDLOCK (WITH (READPAST)) is refused under "
+        "READ_COMMITTED_SNAPSHOT"]
+
+
+def test_begin_transaction_without_the_implicit_transactions_check_is_refused() -> None:
+    file, text = golden("emails.sql")
+    guard = "IF @@TRANCOUNT = 0"
+    line = line_of(text, "emails_fail", "BEGIN TRANSACTION;")
+    message = (f"{file}:{line}: transaction-guard: BEGIN TRANSACTION outside IF @@TRANCOUNT = 0 AND "
+               "(@@OPTIONS & 2) = 0: a caller with IMPLICIT_TRANSACTIONS ON gets two levels (error 266) "
+               "(procedure [queue].[emails_fail])")
+    # The guard as it was before IMPLICIT_TRANSACTIONS was known, and the two checks OR-ed.
+    for condition in ("IF @@TRANCOUNT = 0", "IF @@TRANCOUNT = 0 OR (@@OPTIONS & 2) = 0"):
+        seeded = seed(text, "emails_fail", on_line_of(guard, lambda indent, _, c=condition: indent + c))
+        assert message in violations(seeded, "transaction-guard", file, "emails_fail"), condition
+
+
+def test_commit_outside_started_transaction_is_refused() -> None:
+    file, text = golden("emails.sql")
+    commit = "IF @started_transaction = 1 COMMIT TRANSACTION;"
+    seeded = seed(text, "emails_fail", replace(commit, "COMMIT TRANSACTION;"))
+    assert (f"{file}:{line_of(text, 'emails_fail', commit)}: transaction-guard: COMMIT outside IF "
+            "@started_transaction = 1: it would end a transaction the procedure did not begin (procedure "
+            "[queue].[emails_fail])") in violations(seeded, "transaction-guard", file, "emails_fail")
+
+
+def test_the_worker_owns_its_transactions_only_when_it_refuses_implicit_ones() -> None:
+    file, text = golden("thumbnails.sql")
+    refusal = "IF @@TRANCOUNT > 0"
+    seeded = seed(text, "thumbnails_process", on_line_of(refusal, lambda indent, _: indent + "IF @@TRANCOUNT > 0 "))
+    found = violations(seeded, "transaction-guard", file, "thumbnails_process")
+    assert found
+    assert any("COMMIT outside IF @started_transaction = 1" in v for v in found)
+
+
+def test_argument_throw_after_xact_abort_is_refused() -> None:
+    file, text = golden("emails.sql")
+
+    def xact_abort_second(batch: str) -> str:     # SET XACT_ABORT ON right after SET NOCOUNT ON
+        lines = batch.split("\n")
+        lines = ["" if line.strip() == "SET XACT_ABORT ON;" else line for line in lines]
+        index = next(i for i, line in enumerate(lines) if line.strip() == "SET NOCOUNT ON;")
+        lines[index] += " SET XACT_ABORT ON;"
+        return "\n".join(lines)
+
+    batch = procedure_batch(text, "emails_dequeue")
+    seeded = text.replace(batch, xact_abort_second(batch), 1)
+    xact = line_of(text, "emails_dequeue", "SET NOCOUNT ON;")
+    first_throw = line_of(text, "emails_dequeue", "THROW 51001")
+    assert (f"{file}:{first_throw}: xact-abort: THROW outside BEGIN TRY after SET XACT_ABORT ON (line {xact}): it "
+            "dooms the caller's transaction; check arguments before SET XACT_ABORT ON, raise state errors in TRY "
+            "(procedure [queue].[emails_dequeue])") in violations(seeded, "xact-abort", file, "emails_dequeue")
+
+
+def test_xact_abort_after_the_first_table_access_is_refused() -> None:
+    file, text = golden("emails.sql")
+
+    def xact_abort_last(batch: str) -> str:
+        lines = ["" if line.strip() == "SET XACT_ABORT ON;" else line for line in batch.split("\n")]
+        lines[-1] = "SET XACT_ABORT ON; " + lines[-1]     # before the closing END;
+        return "\n".join(lines)
+
+    batch = procedure_batch(text, "emails_complete")
+    found = violations(text.replace(batch, xact_abort_last(batch), 1), "xact-abort", file, "emails_complete")
+    delete = line_of(text, "emails_complete", "DELETE FROM [queue].[emails]")
+    assert any(v.startswith(f"{file}:{delete}: xact-abort: reads or writes a table or begins a transaction before "
+                            "SET XACT_ABORT ON") for v in found), found
+
+
+def test_nocount_must_come_first() -> None:
+    file, text = golden("emails.sql")
+    seeded = seed(text, "emails_purge", on_line_of("SET NOCOUNT ON;", lambda i, l: i + "DECLARE @first int;" + l))
+    assert violations(seeded, "xact-abort", file, "emails_purge") == [
+        f"{file}:{line_of(text, 'emails_purge', 'SET NOCOUNT ON;')}: xact-abort: the first statement is not SET "
+        "NOCOUNT ON (procedure [queue].[emails_purge])"]
+
+
+def test_a_claim_needs_readpast_unless_it_is_the_strict_delete() -> None:
+    file, text = golden("emails.sql")
+    claim = "WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)"
+    line = line_of(text, "emails_dequeue", claim)
+    seeded = seed(text, "emails_dequeue", replace(claim, "WITH (ROWLOCK, UPDLOCK, READCOMMITTEDLOCK)"))
+    assert violations(seeded, "updlock", file, "emails_dequeue") == [
+        f"{file}:{line}: updlock: a claim without READPAST is only the strict FIFO's CTE-then-DELETE "
+        "(procedure [queue].[emails_dequeue])"]
+    seeded = seed(text, "emails_dequeue", replace(claim, "WITH (READPAST, UPDLOCK)"))
+    assert violations(seeded, "updlock", file, "emails_dequeue") == [
+        f"{file}:{line}: updlock: a claim without ROWLOCK and READCOMMITTEDLOCK (procedure [queue].[emails_dequeue])"]
+    # The real claims, the strict FIFO's and the key checks WITH (UPDLOCK, HOLDLOCK) are accepted.
+    for name in ("emails.sql", "ledger.sql"):
+        path, original = golden(name)
+        assert [v for v in violations(original, "updlock", path) if "_dequeue]" in v or "_enqueue]" in v] == []
+
+
+def test_a_procedure_touching_dead_before_queue_is_refused() -> None:
+    file, text = golden("emails.sql")
+    peek = " DECLARE @peek bigint = (SELECT d.id FROM [queue].[emails_dead] AS d WHERE d.id = @id);"
+    seeded = seed(text, "emails_fail", on_line_of("BEGIN TRY", lambda indent, line: line + peek))
+    line = line_of(text, "emails_fail", "BEGIN TRY")
+    update = line_of(text, "emails_fail", "UPDATE [queue].[emails]")
+    assert violations(seeded, "table-order", file, "emails_fail") == [
+        f"{file}:{line}: table-order: touches queue.emails_dead before queue.emails (line {update}): the lock order "
+        "is queue -> history -> dead-letter (procedure [queue].[emails_fail])"]
+    # As rendered, fail's DELETE ... OUTPUT INTO the dead table FROM the queue touches the queue first.
+    assert violations(text, "table-order", file, "emails_fail") == []
+
+
+def test_an_uncapped_batch_size_is_refused() -> None:
+    file, text = golden("emails.sql")
+    procedure = "[queue].[emails_dequeue]"
+    header = line_of(text, "emails_dequeue", "CREATE OR ALTER PROCEDURE")
+    not_capped = (f"{file}:{header}: batch-cap: @batch_size is not checked BETWEEN 1 AND 1000 (THROW 51001) "
+                  f"(procedure {procedure})")
+    assert violations(seed(text, "emails_dequeue", replace("@batch_size NOT BETWEEN 1 AND 1000",
+                                                           "@batch_size NOT BETWEEN 1 AND 5000")),
+                      "batch-cap", file, "emails_dequeue") == [not_capped]
+    assert violations(seed(text, "emails_dequeue", replace("THROW 51001", "THROW 51009")),
+                      "batch-cap", file, "emails_dequeue") == [not_capped]
+    early = seed(text, "emails_dequeue", on_line_of("SET NOCOUNT ON;", lambda i, l: l + " DECLARE @n int = @batch_size;"))
+    check = line_of(text, "emails_dequeue", "@batch_size NOT BETWEEN 1 AND 1000")
+    assert violations(early, "batch-cap", file, "emails_dequeue") == [
+        f"{file}:{line_of(text, 'emails_dequeue', 'SET NOCOUNT ON;')}: batch-cap: @batch_size is used before its "
+        f"check (line {check}) (procedure {procedure})"]
+
+
+def _without_item_count_checks(batch: str) -> str:
+    """The batch with any IF that counts @items blanked out (lines kept): the seeds add their own."""
+    tree = parse_batch(batch)
+    procedure = procedures(tree, "seeded.sql", 1)[0]
+    spans = []
+    for statement in descendants(procedure.segment, "if_then_statement"):
+        condition = child(statement, "if_clause").raw
+        if "@items" in condition and "COUNT" in condition.upper():
+            spans.append((statement.pos_marker.source_slice.start, statement.pos_marker.source_slice.stop))
+    for start, stop in reversed(spans):
+        batch = batch[:start] + "".join(c if c == "\n" else " " for c in batch[start:stop]) + batch[stop:]
+    assert rule_batch_cap(procedures(parse_batch(batch), "seeded.sql", 1)[0]), "a count check is left"
+    return batch
+
+
+def test_an_uncapped_table_valued_parameter_is_refused() -> None:
+    file, text = golden("emails.sql")
+    procedure = "[queue].[emails_enqueue_batch]"
+    batch = _without_item_count_checks(procedure_batch(text, "emails_enqueue_batch"))
+    base = text.replace(procedure_batch(text, "emails_enqueue_batch"), batch, 1)
+    nocount = line_of(base, "emails_enqueue_batch", "SET NOCOUNT ON;")
+    header = line_of(base, "emails_enqueue_batch", "CREATE OR ALTER PROCEDURE")
+
+    def check(limit: int = 1000, error: int = 51001) -> str:
+        return f" IF (SELECT COUNT(*) FROM @items) > {limit} THROW {error}, N'at most 1000 items', 1;"
+
+    capped = seed(base, "emails_enqueue_batch", on_line_of("SET NOCOUNT ON;", lambda i, l: l + check()))
+    assert violations(capped, "batch-cap", file, "emails_enqueue_batch") == []
+    not_refused = (f"{file}:{header}: batch-cap: @items READONLY is not refused above 1000 rows (IF (SELECT "
+                   f"COUNT(*) FROM @items) > 1000 THROW 51001) (procedure {procedure})")
+    for wrong in (check(limit=5000), check(error=51009)):
+        seeded = seed(base, "emails_enqueue_batch", on_line_of("SET NOCOUNT ON;", lambda i, l, w=wrong: l + w))
+        assert violations(seeded, "batch-cap", file, "emails_enqueue_batch") == [not_refused], wrong
+    late = seed(base, "emails_enqueue_batch", on_line_of("END CATCH;", lambda i, l: l + check()))
+    first_write = line_of(base, "emails_enqueue_batch", "INSERT INTO @staged")
+    assert violations(late, "batch-cap", file, "emails_enqueue_batch") == [
+        f"{file}:{first_write}: batch-cap: @items feeds a write before its row count is checked (line "
+        f"{line_of(base, 'emails_enqueue_batch', 'END CATCH;')}) (procedure {procedure})"]
+    assert nocount < first_write
+
+
+def test_dynamic_sql_and_select_star_are_refused() -> None:
+    file, text = golden("emails.sql")
+    line = line_of(text, "emails_purge", "SET NOCOUNT ON;")
+    for statement, rule, message in (
+            (" DECLARE @sql nvarchar(100) = N'SELECT 1'; EXEC (@sql);", "dynamic-sql",
+             "EXEC (...) of text built at run time"),
+            (" DECLARE @sql nvarchar(100) = N'SELECT 1'; EXEC sp_executesql @sql;", "dynamic-sql",
+             "sp_executesql runs text built at run time"),
+            (" SELECT * FROM [queue].[emails_dead];", "select-star", "SELECT *: a procedure names the columns it "
+                                                                    "returns")):
+        seeded = seed(text, "emails_purge", on_line_of("SET NOCOUNT ON;", lambda i, l, s=statement: l + s))
+        assert violations(seeded, rule, file, "emails_purge") == [f"{file}:{line}: {rule}: {message} (procedure "
+                                                  "[queue].[emails_purge])"]
+
+
+def test_a_file_without_its_session_options_is_refused() -> None:
+    file, text = golden("emails.sql")
+    seeded = text.replace("SET QUOTED_IDENTIFIER ON;\n", "\n", 1)
+    first_create = text[:text.index("CREATE TABLE")].count("\n") + 1
+    assert violations(seeded, "options", file) == [
+        f"{file}:{first_create}: options: no SET QUOTED_IDENTIFIER ON before the first CREATE (filtered indexes "
+        "need it when the procedures that write the table are created)"]
+
+
+def test_a_procedure_granted_never_or_twice_is_refused() -> None:
+    file, text = golden("emails.sql")
+    grant = "GRANT EXECUTE ON OBJECT::[queue].[emails_complete] TO [queue_consumer];"
+    line = line_of(text, "emails_complete", "CREATE OR ALTER PROCEDURE")
+    for seeded, times in ((text.replace(grant, "", 1), 0), (text.replace(grant, grant + " " + grant, 1), 2)):
+        assert violations(seeded, "grants", file, "emails_complete") == [
+            f"{file}:{line}: grants: granted EXECUTE {times} times in its file (once, to one role, is the contract) "
+            "(procedure [queue].[emails_complete])"]
+
+
+# ------------------------------------------------------------------------------------------------
+# PostgreSQL
 
 
 def _mask_pg(text: str) -> str:
     """Comments and single-quoted strings blanked (function bodies are dollar-quoted and kept)."""
     text = re.sub(r"--[^\n]*", "", text)
     return re.sub(r"'(?:[^']|'')*'", "''", text)
+
+
+@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
+def test_postgres_objects_are_referenced_quoted(catalog_path: Path) -> None:
+    catalog = load_catalog(catalog_path)
+    bare = re.compile(rf"(?<![\[\"'.\w]){re.escape(catalog.schema)}\.(?=[a-z])")
+    for rendered in render_catalog(catalog, "postgres"):
+        offenders = [line for line in _mask_pg(rendered.text).splitlines() if bare.search(line)]
+        assert offenders == [], (rendered.name, offenders[:3])
 
 
 @pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
@@ -150,61 +463,3 @@ def test_postgres_functions_are_pinned_definers_revoked_from_public(catalog_path
             assert re.search(r"REVOKE ALL ON (FUNCTION|PROCEDURE) .* FROM public;", unit.body), unit.name
             # Owned by the schema's owner role, never by whoever deployed (a superuser, often).
             assert re.search(rf'ALTER (FUNCTION|PROCEDURE) .* OWNER TO "{catalog.schema}_owner";', unit.body), unit.name
-
-
-# -- migrations (database/templates/<dialect>/migrations/, docs/upgrades.md) ---------------------
-
-@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_migrations_quote_every_object_and_build_no_sql_from_values(catalog_path: Path) -> None:
-    catalog = load_catalog(catalog_path)
-    bare = re.compile(rf"(?<![\[\"'.\w]){re.escape(catalog.schema)}\.(?=[a-z])")
-    for dialect in ("mssql", "postgres"):
-        migrations = render_migrations(catalog, dialect)
-        assert migrations, dialect
-        for rendered in migrations:
-            code = mask_comments_and_strings(rendered.text) if dialect == "mssql" else _mask_pg(rendered.text)
-            assert [line for line in code.splitlines() if bare.search(line)] == [], (dialect, rendered.name)
-            if dialect == "mssql":   # as in the units: only a single literal may be executed
-                for match in re.finditer(r"\bEXEC(?:UTE)?\s*\(", code, re.I):
-                    assert re.match(r"N'[^']*'\s*\)", rendered.text[match.end():].lstrip()), rendered.name
-                assert "sp_executesql" not in code.lower(), rendered.name
-            else:
-                assert not re.search(r"\bEXECUTE\b|\bformat\s*\(", code, re.I), rendered.name
-
-
-# A schema change a step makes, and how it shows that running it again is harmless.
-_MSSQL_CHANGE = re.compile(r"\b(ALTER\s+TABLE|CREATE\s+(?:UNIQUE\s+)?(?:NONCLUSTERED\s+)?INDEX|DROP\s+(?:INDEX|TABLE))\b",
-                           re.I)
-_PG_CHANGES = {r"\bADD\s+COLUMN\b(?!\s+IF\s+NOT\s+EXISTS)": "ADD COLUMN without IF NOT EXISTS",
-               r"\bDROP\s+COLUMN\b(?!\s+IF\s+EXISTS)": "DROP COLUMN without IF EXISTS",
-               r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\b(?!\s+(?:CONCURRENTLY\s+)?IF\s+NOT\s+EXISTS)": "CREATE INDEX without IF NOT EXISTS",
-               r"\bDROP\s+INDEX\b(?!\s+(?:CONCURRENTLY\s+)?IF\s+EXISTS)": "DROP INDEX without IF EXISTS"}
-
-
-@pytest.mark.parametrize("catalog_path", CATALOGS, ids=lambda p: p.name)
-def test_migration_steps_can_run_again(catalog_path: Path) -> None:
-    """A step interrupted by a lock timeout or an error runs again at the next deploy: each change it
-    makes first checks that it is still to be made (an IF around it, or IF [NOT] EXISTS in it). The
-    empty-table rebuild is the exception: its drop follows the emptiness check in the same batch's
-    transaction, and its create is the unit's own re-runnable CREATE."""
-    catalog = load_catalog(catalog_path)
-    for rendered in render_migrations(catalog, "mssql"):
-        if ".drop_empty_table." in rendered.name:
-            continue
-        for batch in split_batches(rendered.text):
-            code = mask_comments_and_strings(batch.text)
-            for change in _MSSQL_CHANGE.finditer(code):
-                statement = code[change.start():change.start() + 200]
-                line_start = code.rfind("\n", 0, change.start()) + 1
-                if line_start == change.start():   # a statement of its own: it must say IF [NOT] EXISTS
-                    guarded = re.match(r"DROP\s+\w+\s+IF\s+EXISTS", statement, re.I)
-                else:   # inside a block: the top-level statement that holds it is an IF
-                    top = [line for line in code[:line_start].splitlines() if line[:1].strip()]
-                    guarded = top and re.match(r"IF\b", top[-1])
-                assert guarded, (rendered.name, statement.splitlines()[0])
-    for rendered in render_migrations(catalog, "postgres"):
-        code = _mask_pg(rendered.text)
-        for pattern, problem in _PG_CHANGES.items():
-            for match in re.finditer(pattern, code, re.I):
-                in_do_if = code.rfind("THEN", 0, match.start()) > code.rfind("DO $", 0, match.start()) >= 0
-                assert in_do_if, (rendered.name, problem)

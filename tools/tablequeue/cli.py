@@ -1,4 +1,4 @@
-"""Command line: tablequeue render | deploy | script | status | test-tsql | selftest | demo.
+"""Command line: tablequeue render | deploy | script | status | test-tsql | selftest | check-tsql | demo.
 
 Exit codes: 0 success; 1 a database or runtime error; 2 invalid input (catalog, arguments);
 3 deploy refused (a change no migration can make without losing messages).
@@ -209,6 +209,27 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_check_tsql(args: argparse.Namespace) -> int:
+    from .tsqlcheck import check_paths
+
+    try:
+        report = check_paths(args.paths)
+    except (FileNotFoundError, UnicodeDecodeError) as exc:
+        print(f"tablequeue check-tsql: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    for line in sorted(report.findings, key=lambda f: (f.file, f.line)) + sorted(
+            report.violations, key=lambda v: (v.file, v.line)):
+        print(line)
+    procedures = sum(1 for s in report.signatures)
+    print(f"check-tsql: {report.files} file(s), {len(report.batches)} batch(es), {procedures} procedure(s): "
+          f"{len(report.findings)} unresolved reference(s), {len(report.violations)} rule violation(s)")
+    if report.skipped:
+        print(f"skipped, {len(report.skipped)} reference(s) known only at run time or statement(s) not modelled:")
+        for finding in report.skipped:
+            print(f"  {finding}")
+    return 0 if report.clean else EXIT_ERROR
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -297,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conformance-filter", metavar="EXPR",
                    help="run only the conformance tests matching this pytest -k expression")
     p.set_defaults(func=cmd_selftest)
+
+    p = sub.add_parser("check-tsql", help="resolve every reference of rendered T-SQL and run the static rules")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="T-SQL files, Python modules (their SQL strings), or directories of both")
+    p.set_defaults(func=cmd_check_tsql)
 
     p = sub.add_parser("demo", help="deploy the catalog to a throwaway PostgreSQL and run every queue")
     p.add_argument("--catalog", help=EXAMPLE_CATALOG_HELP)

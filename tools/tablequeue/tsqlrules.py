@@ -1,0 +1,658 @@
+"""The static rules of "SQL Server readiness" on the sqlfluff parse tree (DESIGN.md §4's lessons).
+
+Each rule is a function over the tree of one procedure (or one batch, or the model of one file)
+returning violations that name the file, the procedure and the line:
+
+readpast            every table hint list with READPAST also has READCOMMITTEDLOCK (READPAST is
+                    refused under READ_COMMITTED_SNAPSHOT without it), in the SQL files and in the
+                    SQL strings of the tool's Python modules
+transaction-guard   BEGIN TRAN only inside IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 (a manual-commit
+                    caller runs with IMPLICIT_TRANSACTIONS ON, where BEGIN TRAN opens two levels:
+                    error 266); COMMIT/ROLLBACK only inside IF @started_transaction = 1. A procedure
+                    that first THROWs when @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0 (the in-database
+                    worker) owns its transactions
+xact-abort          SET NOCOUNT ON first; SET XACT_ABORT ON after every THROW outside BEGIN TRY (the
+                    argument checks: under XACT_ABORT a THROW dooms the caller's transaction) and
+                    before the first statement that reads or writes a table or begins a transaction
+updlock             UPDLOCK only in a claim (READPAST + UPDLOCK + ROWLOCK + READCOMMITTEDLOCK in a CTE
+                    that the statement UPDATEs or DELETEs; UPDLOCK without READPAST only in the
+                    strict FIFO's CTE-then-DELETE; DELETE TOP (n) ... WITH (UPDLOCK)) or with HOLDLOCK
+                    (a key-range lock for a uniqueness check): elsewhere it holds U locks to the end
+                    of the transaction and blocks others
+table-order         a procedure touches a queue's tables in the order queue -> history -> dead (the
+                    text order of first reference; OUTPUT ... INTO comes after the statement's own
+                    table), so that no two procedures take their locks in opposite orders
+batch-cap           a READONLY table-valued parameter is counted and refused (THROW 51001) above
+                    1,000 rows before it feeds any write; @batch_size / @page_size are checked
+                    BETWEEN 1 AND 1000 (THROW 51001) before use: beyond ~5,000 row locks SQL Server
+                    escalates to a table lock that READPAST cannot skip
+nolock              no NOLOCK / READUNCOMMITTED hint: a consumer would see messages whose enqueue
+                    has not committed, or was rolled back
+select-star         no SELECT * in a procedure: its result columns are the contract
+dynamic-sql         EXEC (...) runs one string literal only; no sp_executesql
+options             a file sets ANSI_NULLS ON and QUOTED_IDENTIFIER ON before it creates anything
+grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once
+
+A table here is a schema-qualified name: table variables, #temp tables and CTEs are not tables.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from sqlfluff.core.parser import BaseSegment
+
+from . import tsqlmodel as m
+from .gosplit import mask_comments_and_strings
+from .tsqltree import (TsqlParseError, child, children, code, conjuncts, descendants, disjuncts, fold, keywords,
+                       kind, line_of, normalised, offset_of, parse_batch)
+
+BATCH_LIMIT = 1000
+CAP_ERROR = "51001"
+BATCH_SIZE_PARAMETERS = ("@batch_size", "@page_size")
+
+
+@dataclass(frozen=True)
+class Violation:
+    file: str
+    line: int
+    procedure: str | None
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f" (procedure {self.procedure})" if self.procedure else ""
+        return f"{self.file}:{self.line}: {self.rule}: {self.message}{where}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim statement's hinted read of a table (the claim-hints test reads these)."""
+
+    file: str
+    line: int
+    procedure: str
+    table: str
+    hints: tuple[str, ...]
+
+
+# ------------------------------------------------------------------------------------------------
+# A procedure as a sequence of steps
+
+
+@dataclass(frozen=True)
+class Step:
+    """A statement that is not control flow, or the condition of an IF / WHILE, in text order."""
+
+    segment: BaseSegment
+    kind: str                                # the statement's type, or "condition"
+    guards: tuple[BaseSegment, ...]          # conditions of the IFs whose THEN branch holds the step
+    in_try: bool
+    in_catch: bool
+
+    @property
+    def line(self) -> int:
+        return line_of(self.segment)
+
+    @property
+    def text(self) -> str:
+        return normalised([self.segment])
+
+
+def steps(segment: BaseSegment, guards: tuple[BaseSegment, ...] = (), in_try: bool = False,
+          in_catch: bool = False) -> Iterator[Step]:
+    for statement in children(segment, "statement"):
+        yield from _statement_steps(statement, guards, in_try, in_catch)
+
+
+def _statement_steps(statement: BaseSegment, guards, in_try, in_catch) -> Iterator[Step]:
+    body = code(statement)[0]
+    k = kind(body)
+    if k == "begin_end_block":
+        yield from steps(body, guards, in_try, in_catch)
+    elif k == "try_catch":
+        words: list[str] = []
+        for c in code(body):
+            if kind(c) == "keyword":
+                words.append(c.raw.upper())
+            elif kind(c) == "statement":
+                section = words[-1] if words else ""
+                yield from _statement_steps(c, guards, in_try or section == "TRY", in_catch or section == "CATCH")
+    elif k == "if_then_statement":
+        condition = None
+        for c in code(body):
+            if kind(c) == "if_clause":
+                condition = child(c, "expression")
+                yield Step(condition, "condition", guards, in_try, in_catch)
+            elif kind(c) == "statement":
+                yield from _statement_steps(c, guards + (condition,) if condition is not None else guards,
+                                            in_try, in_catch)
+                condition = None
+            elif kind(c) == "keyword" and c.raw.upper() == "ELSE":
+                condition = None
+    elif k == "while_statement":
+        yield Step(child(body, "expression"), "condition", guards, in_try, in_catch)
+        yield from steps(body, guards, in_try, in_catch)
+    else:
+        yield Step(body, k, guards, in_try, in_catch)
+
+
+@dataclass
+class Procedure:
+    file: str
+    first_line: int
+    name: str
+    segment: BaseSegment
+    steps: list[Step]
+
+    def line(self, segment_or_line: BaseSegment | int) -> int:
+        line = segment_or_line if isinstance(segment_or_line, int) else line_of(segment_or_line)
+        return self.first_line + line - 1
+
+    def violation(self, at: BaseSegment | int, rule: str, message: str) -> Violation:
+        return Violation(self.file, self.line(at), self.name, rule, message)
+
+    @property
+    def parameters(self) -> list[tuple[str, set[str]]]:
+        """(folded @name, keywords such as READONLY) of each parameter."""
+        out: list[tuple[str, set[str]]] = []
+        parameter_list = child(self.segment, "procedure_parameter_list")
+        for c in code(parameter_list) if parameter_list is not None else []:
+            if kind(c) == "parameter":
+                out.append((fold(c.raw), set()))
+            elif kind(c) == "keyword" and out:
+                out[-1][1].add(c.raw.upper())
+        return out
+
+
+def procedures(tree: BaseSegment, file: str, first_line: int) -> list[Procedure]:
+    out = []
+    for segment in descendants(tree, "create_procedure_statement"):
+        name = ".".join(c.raw for c in code(child(segment, "object_reference")) if kind(c) != "dot")
+        body = child(segment, "procedure_statement")
+        out.append(Procedure(file, first_line, name, segment, list(steps(body)) if body is not None else []))
+    return out
+
+
+def tables(segment: BaseSegment) -> list[tuple[str, BaseSegment]]:
+    """Schema-qualified tables a step reads or writes, in the order it touches them: text order,
+    except that OUTPUT ... INTO comes after the statement's own tables."""
+    own, output = [], []
+    for reference in descendants(segment, "table_reference"):
+        parts = [c for c in code(reference) if kind(c) in m.IDENTIFIER_LEAVES]
+        if len(parts) >= 2:
+            own.append((".".join(fold(p.raw) for p in parts), reference))
+    output_spans = [(offset_of(o), o.pos_marker.source_slice.stop) for o in descendants(segment, "output_clause")]
+    for entry in list(own):
+        start = offset_of(entry[1])
+        if any(a <= start < b for a, b in output_spans):
+            own.remove(entry)
+            output.append(entry)
+    return own + output
+
+
+def hint_lists(segment: BaseSegment, nested: bool = True) -> Iterator[tuple[BaseSegment, list[str]]]:
+    """Every table hint list below ``segment`` (only its own if not ``nested``): (the bracketed list,
+    its hints upper case)."""
+    posts = descendants(segment, "post_table_expression") if nested else children(segment, "post_table_expression")
+    for post in posts:
+        for bracketed in children(post, "bracketed"):
+            hints = [normalised([h]) for h in children(bracketed, "query_hint_segment")]
+            if hints:
+                yield bracketed, hints
+
+
+def _is_begin(step: Step) -> bool:
+    return step.kind == "transaction_statement" and keywords(step.segment)[:1] == ["BEGIN"]
+
+
+def _ends_transaction(step: Step) -> bool:
+    return step.kind == "transaction_statement" and keywords(step.segment)[:1] in (["COMMIT"], ["ROLLBACK"])
+
+
+def _touches(step: Step) -> bool:
+    return _is_begin(step) or bool(tables(step.segment))
+
+
+def _throw_with_arguments(step: Step) -> bool:
+    return step.kind == "throw_statement" and len(code(step.segment)) > 1
+
+
+def _in_then_branch(step: Step, condition: BaseSegment) -> bool:
+    return any(guard is condition for guard in step.guards)
+
+
+def _throws(procedure: Procedure, condition: BaseSegment, number: str | None = None) -> bool:
+    """Whether the THEN branch of the IF with this condition THROWs (error ``number``, if given)."""
+    return any(_in_then_branch(s, condition) and s.kind == "throw_statement" and
+               (number is None or normalised(code(s.segment)[1:2]) == number) for s in procedure.steps)
+
+
+# ------------------------------------------------------------------------------------------------
+# Procedure rules
+
+
+GUARD = ("@@TRANCOUNT = 0", "(@@OPTIONS & 2) = 0")
+REFUSAL = ("@@TRANCOUNT > 0", "(@@OPTIONS & 2) <> 0")
+
+
+def refuses_open_transaction(procedure: Procedure) -> bool:
+    """It THROWs when @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0, before any BEGIN TRANSACTION."""
+    for step in procedure.steps:
+        if _is_begin(step):
+            return False
+        if step.kind == "condition" and not step.guards:
+            texts = {d.text for d in disjuncts(step.segment)}
+            if set(REFUSAL) <= texts and _throws(procedure, step.segment):
+                return True
+    return False
+
+
+def rule_transaction_guard(procedure: Procedure) -> list[Violation]:
+    if refuses_open_transaction(procedure):
+        return []
+    out = []
+    for step in procedure.steps:
+        guards = [{c.text for c in conjuncts(g) or []} for g in step.guards]
+        if _is_begin(step) and not any(set(GUARD) <= g for g in guards):
+            out.append(procedure.violation(step.segment, "transaction-guard",
+                                           "BEGIN TRANSACTION outside IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0: "
+                                           "a caller with IMPLICIT_TRANSACTIONS ON gets two levels (error 266)"))
+        if _ends_transaction(step) and not any("@STARTED_TRANSACTION = 1" in g for g in guards):
+            out.append(procedure.violation(step.segment, "transaction-guard",
+                                           f"{keywords(step.segment)[0]} outside IF @started_transaction = 1: "
+                                           "it would end a transaction the procedure did not begin"))
+    return out
+
+
+def rule_xact_abort(procedure: Procedure) -> list[Violation]:
+    rule = "xact-abort"
+    body = procedure.steps
+    if not body or body[0].text != "SET NOCOUNT ON":
+        at = body[0].segment if body else procedure.segment
+        return [procedure.violation(at, rule, "the first statement is not SET NOCOUNT ON")]
+    xact = next((s for s in body if s.kind == "set_segment" and s.text == "SET XACT_ABORT ON"), None)
+    if xact is None:
+        return [procedure.violation(procedure.segment, rule, "no SET XACT_ABORT ON")]
+    out = []
+    at = offset_of(xact.segment)
+    for step in body:
+        if _throw_with_arguments(step) and not step.in_try and offset_of(step.segment) > at:
+            out.append(procedure.violation(step.segment, rule, f"THROW outside BEGIN TRY after SET XACT_ABORT ON "
+                                                               f"(line {procedure.line(xact.segment)}): it dooms "
+                                                               "the caller's transaction; check arguments before "
+                                                               "SET XACT_ABORT ON, raise state errors in TRY"))
+    first = next((s for s in body if _touches(s)), None)
+    if first is not None and offset_of(first.segment) < at:
+        out.append(procedure.violation(first.segment, rule, f"reads or writes a table or begins a transaction "
+                                                            f"before SET XACT_ABORT ON (line "
+                                                            f"{procedure.line(xact.segment)})"))
+    return out
+
+
+def claims(procedure: Procedure) -> list[tuple[BaseSegment, list[str], str, BaseSegment]]:
+    """(hint list, hints, table, statement) of every claim: a hinted read in a CTE that the statement
+    UPDATEs or DELETEs, or the target of DELETE TOP (n)."""
+    out = []
+    for with_statement in descendants(procedure.segment, "with_compound_statement"):
+        body = next((c for c in code(with_statement) if kind(c) in ("update_statement", "delete_statement")), None)
+        if body is None:
+            continue
+        target = child(body, "table_reference")
+        target_name = fold(target.raw) if target is not None else None
+        for cte in children(with_statement, "common_table_expression"):
+            name = fold(child(cte, "naked_identifier", "quoted_identifier").raw)
+            query = next(descendants(cte, "select_statement"), None)
+            if name != target_name or query is None:
+                continue
+            from_clause = child(query, "from_clause")
+            elements = descendants(from_clause, "from_expression_element", stop=("select_statement",)) \
+                if from_clause is not None else []
+            for element in elements:
+                reference = next(descendants(element, "table_reference", stop=("select_statement",)), None)
+                for bracketed, hints in hint_lists(element, nested=False):
+                    out.append((bracketed, hints, reference.raw if reference is not None else "", body))
+    for delete in descendants(procedure.segment, "delete_statement"):
+        if "TOP" in keywords(delete):
+            for bracketed, hints in hint_lists(delete, nested=False):
+                out.append((bracketed, hints, child(delete, "table_reference").raw, delete))
+    return out
+
+
+def rule_updlock(procedure: Procedure) -> list[Violation]:
+    rule = "updlock"
+    out = []
+    claimed = {id(bracketed): (hints, body) for bracketed, hints, _, body in claims(procedure)}
+    for bracketed, hints in hint_lists(procedure.segment):
+        if "UPDLOCK" not in hints or "HOLDLOCK" in hints:
+            continue
+        if id(bracketed) not in claimed:
+            out.append(procedure.violation(bracketed, rule, f"UPDLOCK outside a claim (WITH ({', '.join(hints)})): "
+                                                            "a look-up holds U locks to the end of the transaction; "
+                                                            "probe with READPAST, READCOMMITTEDLOCK, or lock a key "
+                                                            "with UPDLOCK, HOLDLOCK"))
+            continue
+        _, body = claimed[id(bracketed)]
+        if "READPAST" not in hints and kind(body) != "delete_statement":
+            out.append(procedure.violation(bracketed, rule, "a claim without READPAST is only the strict FIFO's "
+                                                            "CTE-then-DELETE"))
+        missing = [h for h in ("ROWLOCK", "READCOMMITTEDLOCK") if h not in hints]
+        if missing:
+            out.append(procedure.violation(bracketed, rule, f"a claim without {' and '.join(missing)}"))
+    return out
+
+
+QUEUE_TABLE_SUFFIXES = (("_history", 1), ("_dead", 2))
+
+
+def _queue_table(name: str) -> tuple[str, int]:
+    """(the queue's table, rank in the lock order): s.q -> (s.q, 0), s.q_history -> 1, s.q_dead -> 2.
+    (Told apart by name, so a queue named like another's history table would be mistaken for it.)"""
+    for suffix, rank in QUEUE_TABLE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)], rank
+    return name, 0
+
+
+def rule_table_order(procedure: Procedure) -> list[Violation]:
+    first: dict[str, BaseSegment] = {}      # table -> where the procedure first touches it, in order
+    for step in procedure.steps:
+        for name, reference in tables(step.segment):
+            first.setdefault(name, reference)
+    out = []
+    order = list(first)
+    for index, name in enumerate(order):
+        base, rank = _queue_table(name)
+        earlier = next((e for e in order[:index] if _queue_table(e)[0] == base and _queue_table(e)[1] > rank), None)
+        if earlier is not None:
+            out.append(procedure.violation(first[earlier], "table-order",
+                                           f"touches {earlier} before {name} (line {procedure.line(first[name])}): "
+                                           "the lock order is queue -> history -> dead-letter"))
+    return out
+
+
+def _mentions(step: Step, parameter: str) -> bool:
+    return any(fold(p.raw) == parameter for p in descendants(step.segment, "parameter")) or (
+        kind(step.segment) == "parameter" and fold(step.segment.raw) == parameter)
+
+
+def _writes(step: Step) -> bool:
+    return step.kind in ("insert_statement", "update_statement", "delete_statement", "merge_statement") or (
+        step.kind == "with_compound_statement" and any(
+            kind(c) in ("insert_statement", "update_statement", "delete_statement", "merge_statement")
+            for c in code(step.segment)))
+
+
+def _counts(segment: BaseSegment, parameter: str) -> bool:
+    """A SELECT COUNT(...) / COUNT_BIG(...) FROM the parameter somewhere in ``segment``."""
+    for select in descendants(segment, "select_statement"):
+        functions = [f for f in descendants(child(select, "select_clause"), "function")]
+        sources = [fold(r.raw) for r in descendants(select, "table_reference")]
+        if parameter in sources and any(normalised([child(f, "function_name")]) in ("COUNT", "COUNT_BIG")
+                                         for f in functions):
+            return True
+    return False
+
+
+def _caps(condition: BaseSegment, subject: str) -> bool:
+    """Whether a disjunct of the condition is ``subject`` (normalised text) above 1000."""
+    above = (f"{subject} > {BATCH_LIMIT}", f"{subject} >= {BATCH_LIMIT + 1}", f"{BATCH_LIMIT} < {subject}")
+    return any(d.text in above or (d.text.startswith(subject + " ") and
+                                   d.text.endswith(f"NOT BETWEEN 1 AND {BATCH_LIMIT}"))
+               for d in disjuncts(condition))
+
+
+def _lower_bound(condition: BaseSegment, subject: str) -> bool:
+    """Whether a disjunct of the condition is ``subject`` below 1."""
+    below = (f"{subject} < 1", f"{subject} <= 0", f"{subject} NOT BETWEEN 1 AND {BATCH_LIMIT}")
+    return any(d.text in below for d in disjuncts(condition))
+
+
+def _count_text(condition: BaseSegment, parameter: str) -> str:
+    """The normalised text of the bracketed COUNT subquery over ``parameter`` in a condition."""
+    for operand in disjuncts(condition):
+        for segment in operand.segments:
+            if kind(segment) == "bracketed" and _counts(segment, parameter):
+                return normalised([segment])
+    return ""
+
+
+def _row_count_check(procedure: Procedure, parameter: str) -> Step | None:
+    """The IF that THROWs 51001 when the table-valued parameter holds more than 1000 rows: its COUNT
+    compared in the condition, or a variable set from that COUNT (DECLARE @n int = (SELECT COUNT...))."""
+    counters = set()
+    for step in procedure.steps:
+        if step.kind in ("declare_segment", "set_local_variable_segment") and _counts(step.segment, parameter):
+            counters.add(next(descendants(step.segment, "parameter")).raw.upper())
+    for step in procedure.steps:
+        if step.kind != "condition" or not _throws(procedure, step.segment, CAP_ERROR):
+            continue
+        if _counts(step.segment, parameter) and _caps(step.segment, _count_text(step.segment, parameter)):
+            return step
+        if any(_caps(step.segment, counter) for counter in counters):
+            return step
+    return None
+
+
+def _size_check(procedure: Procedure, parameter: str) -> Step | None:
+    """The IF that THROWs 51001 unless @batch_size / @page_size is BETWEEN 1 AND 1000."""
+    subject = parameter.upper()
+    return next((s for s in procedure.steps if s.kind == "condition" and _caps(s.segment, subject) and
+                 _lower_bound(s.segment, subject) and _throws(procedure, s.segment, CAP_ERROR)), None)
+
+
+def rule_batch_cap(procedure: Procedure) -> list[Violation]:
+    rule = "batch-cap"
+    out = []
+    for name, words in procedure.parameters:
+        if "READONLY" in words:
+            check = _row_count_check(procedure, name)
+            if check is None:
+                out.append(procedure.violation(procedure.segment, rule,
+                                               f"{name} READONLY is not refused above {BATCH_LIMIT} rows (IF (SELECT "
+                                               f"COUNT(*) FROM {name}) > {BATCH_LIMIT} THROW {CAP_ERROR})"))
+                continue
+            write = next((s for s in procedure.steps if _writes(s) and _mentions(s, name)), None)
+            if write is not None and offset_of(write.segment) < offset_of(check.segment):
+                out.append(procedure.violation(write.segment, rule, f"{name} feeds a write before its row count is "
+                                                                    f"checked (line {procedure.line(check.segment)})"))
+        elif name in BATCH_SIZE_PARAMETERS:
+            check = _size_check(procedure, name)
+            if check is None:
+                out.append(procedure.violation(procedure.segment, rule, f"{name} is not checked BETWEEN 1 AND "
+                                                                        f"{BATCH_LIMIT} (THROW {CAP_ERROR})"))
+                continue
+            for step in procedure.steps:
+                if offset_of(step.segment) >= offset_of(check.segment):
+                    break
+                # SET @batch_size = COALESCE(@batch_size, 1) before the check is not a use.
+                assigns = step.kind == "set_local_variable_segment" and fold(
+                    next(descendants(step.segment, "parameter")).raw) == name
+                if _mentions(step, name) and not assigns:
+                    out.append(procedure.violation(step.segment, rule, f"{name} is used before its check (line "
+                                                                       f"{procedure.line(check.segment)})"))
+                    break
+    return out
+
+
+def rule_select_star(procedure: Procedure) -> list[Violation]:
+    return [procedure.violation(star, "select-star", "SELECT *: a procedure names the columns it returns")
+            for star in descendants(procedure.segment, "wildcard_expression")]
+
+
+PROCEDURE_RULES = (rule_transaction_guard, rule_xact_abort, rule_updlock, rule_table_order, rule_batch_cap,
+                   rule_select_star)
+# The rules about a procedure's own work; tSQLt test procedures are exempt (they are not the contract).
+PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap", "select-star"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Batch rules
+
+
+def rule_readpast(tree: BaseSegment, where) -> list[Violation]:
+    out = []
+    for bracketed, hints in hint_lists(tree):
+        if "READPAST" in hints and "READCOMMITTEDLOCK" not in hints:
+            out.append(where(bracketed, "readpast", f"READPAST without READCOMMITTEDLOCK (WITH ({', '.join(hints)})) "
+                                                    "is refused under READ_COMMITTED_SNAPSHOT"))
+    return out
+
+
+def rule_nolock(tree: BaseSegment, where) -> list[Violation]:
+    return [where(bracketed, "nolock", f"WITH ({', '.join(hints)}) reads uncommitted rows")
+            for bracketed, hints in hint_lists(tree) if {"NOLOCK", "READUNCOMMITTED"} & set(hints)]
+
+
+def rule_dynamic_sql(tree: BaseSegment, where) -> list[Violation]:
+    out = []
+    for statement in descendants(tree, "execute_script_statement"):
+        reference = child(statement, "object_reference")
+        bracketed = child(statement, "bracketed")
+        if reference is None and bracketed is not None:
+            inner = [c for c in code(bracketed) if kind(c) not in ("start_bracket", "end_bracket")]
+            if len(inner) != 1 or kind(inner[0]) != "quoted_literal":
+                out.append(where(statement, "dynamic-sql", "EXEC (...) of text built at run time"))
+        elif reference is not None and fold(reference.raw.split(".")[-1]) == "sp_executesql":
+            out.append(where(statement, "dynamic-sql", "sp_executesql runs text built at run time"))
+    return out
+
+
+def check_batch(tree: BaseSegment, file: str, first_line: int) -> tuple[list[Violation], list[Claim]]:
+    """Every rule on one parsed batch, and the claims it makes. Test-class procedures are included:
+    tsqlcheck leaves out their procedure rules (it knows the tSQLt classes of all files)."""
+    found = procedures(tree, file, first_line)
+
+    def where(segment: BaseSegment, rule: str, message: str) -> Violation:
+        start = offset_of(segment)
+        owner = next((p.name for p in found if offset_of(p.segment) <= start < p.segment.pos_marker.source_slice.stop),
+                     None)
+        return Violation(file, first_line + line_of(segment) - 1, owner, rule, message)
+
+    violations = rule_readpast(tree, where) + rule_nolock(tree, where) + rule_dynamic_sql(tree, where)
+    found_claims = []
+    for procedure in found:
+        for rule in PROCEDURE_RULES:
+            violations.extend(rule(procedure))
+        for bracketed, hints, table, _ in claims(procedure):
+            found_claims.append(Claim(file, procedure.line(bracketed), procedure.name, table, tuple(hints)))
+    return violations, found_claims
+
+
+# ------------------------------------------------------------------------------------------------
+# File rules (over the model of every batch of one file)
+
+
+def check_file(models: list[m.BatchModel], test_classes: set[str]) -> list[Violation]:
+    out: list[Violation] = []
+    if not models:
+        return out
+    file = models[0].file
+    options: set[str] = set()
+    creates = (m.CreateTable, m.CreateType, m.CreateProcedure, m.CreateIndex, m.CreateNamed)
+    first_create = next(((model, s) for model in models for s in model.statements if isinstance(s, creates)), None)
+    if first_create is not None:
+        for model in models:
+            for statement in model.statements:
+                if statement is first_create[1]:
+                    break
+                if isinstance(statement, m.SetOption):
+                    options.add(statement.text)
+            else:
+                continue
+            break
+        for option in ("SET ANSI_NULLS ON", "SET QUOTED_IDENTIFIER ON"):
+            if option not in options:
+                out.append(Violation(file, first_create[1].line, None, "options",
+                                     f"no {option} before the first CREATE (filtered indexes need it when the "
+                                     "procedures that write the table are created)"))
+    grants: dict[str, list[int]] = {}
+    procedures_: list[tuple[str, str, int]] = []
+    for model in models:
+        names = [t.name for t in model.tokens]
+        for statement in model.statements:
+            if isinstance(statement, m.Grant) and statement.securable == "OBJECT" and statement.permission == "EXECUTE":
+                grants.setdefault(".".join(names[i] for i in statement.name), []).extend(statement.roles)
+            elif isinstance(statement, m.CreateProcedure):
+                key = ".".join(names[i] for i in statement.name)
+                if len(statement.name) < 2 or names[statement.name[0]] not in test_classes:
+                    procedures_.append((key, ".".join(model.tokens[i].raw for i in statement.name), statement.line))
+    for key, display, line in procedures_:
+        count = len(grants.get(key, []))
+        if count != 1:
+            out.append(Violation(file, line, display, "grants",
+                                 f"granted EXECUTE {count} times in its file (once, to one role, is the contract)"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# SQL in the tool's Python modules
+
+
+SQL_STATEMENT_STARTS = ("SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "WITH", "EXEC", "DECLARE", "SET", "IF")
+
+
+def python_sql_strings(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, T-SQL text) of every SQL string of a Python module that mentions READPAST.
+
+    A SQL string starts with a statement keyword (docstrings and messages do not); a string built
+    with + or an f-string counts as one, its computed parts becoming the identifier ``x``, and DB-API
+    ``?`` markers become the variable ``@p``: the hints, which the rule reads, are literal text.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    inner: set[int] = set()
+    for node in ast.walk(tree):
+        if id(node) in inner:
+            continue
+        text = _string_text(node, inner)
+        if text is None:
+            continue
+        words = text.split(None, 1)
+        if "READPAST" in text.upper() and words and words[0].upper() in SQL_STATEMENT_STARTS:
+            yield node.lineno, _qmark_to_variables(text)
+
+
+def _string_text(node: ast.AST, inner: set[int]) -> str | None:
+    """The text of a string expression (literal, f-string, or + of them), None for anything else;
+    the nodes inside it are added to ``inner`` so that they are not read again on their own."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        inner.update(id(n) for n in ast.walk(node) if n is not node)
+        return "".join(v.value if isinstance(v, ast.Constant) else "x" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _string_text(node.left, inner), _string_text(node.right, inner)
+        if left is None and right is None:
+            return None
+        inner.update(id(n) for n in ast.walk(node) if n is not node)
+        return (left if left is not None else "x") + (right if right is not None else "x")
+    return None
+
+
+def _qmark_to_variables(text: str) -> str:
+    try:
+        masked = mask_comments_and_strings(text)
+    except ValueError:          # not T-SQL: the parser says so with a line
+        return text
+    return "".join("@p" if masked[i] == "?" else ch for i, ch in enumerate(text))
+
+
+def check_python(paths: Iterable[Path]) -> list[Violation]:
+    """The readpast rule on the T-SQL strings of Python modules (the tool's own queries)."""
+    out = []
+    for path in paths:
+        for line, text in python_sql_strings(path):
+            try:
+                tree = parse_batch(text)
+            except TsqlParseError as exc:
+                out.append(Violation(str(path), line, None, "readpast", f"a string with READPAST that is not "
+                                                                        f"T-SQL sqlfluff can parse ({exc})"))
+                continue
+
+            def where(segment, rule, message, line=line):
+                return Violation(str(path), line + line_of(segment) - 1, None, rule, message)
+
+            out.extend(rule_readpast(tree, where))
+    return out

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 from sqlfluff.core import FluffConfig, Linter
 from sqlfluff.core.parser import BaseSegment
 
-from .render import REPO_ROOT
+from .distribution import checkout_root
 
 # Segments that carry no code: layout, comments and the parser's indentation markers.
 _NON_CODE = {"whitespace", "newline", "indent", "dedent", "inline_comment", "block_comment", "comment",
@@ -42,8 +42,12 @@ class TsqlParseError(ValueError):
 @functools.cache
 def _linter() -> Linter:
     # The repository's .sqlfluff (as `make lint` uses it) with the tsql dialect; the raw templater
-    # whatever the configuration says, because rendered SQL contains no template code.
-    config = FluffConfig.from_path(str(REPO_ROOT), overrides={"dialect": "tsql", "templater": "raw"})
+    # whatever the configuration says, because rendered SQL contains no template code. An installed
+    # package has no checkout: sqlfluff's defaults then, which parse the same.
+    overrides = {"dialect": "tsql", "templater": "raw"}
+    root = checkout_root()
+    config = (FluffConfig.from_path(str(root), overrides=overrides) if root is not None
+              else FluffConfig(overrides=overrides))
     return Linter(config=config)
 
 

@@ -45,6 +45,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "AssertEqualsString": ("@Expected", "@Actual", "@Message"),
     "ExpectException": ("@ExpectedMessage", "@ExpectedSeverity", "@ExpectedState", "@Message",
                         "@ExpectedMessagePattern", "@ExpectedErrorNumber"),
+    "Fail": tuple(f"@Message{i}" for i in range(10)),
 }
 # tSQLt arguments whose string value names a table (or a #temp table); ApplyConstraint's
 # @ConstraintName names a constraint of its @TableName.
@@ -54,13 +55,14 @@ TSQLT_TABLE_ARGUMENTS = {("faketable", "@tablename"), ("applyconstraint", "@tabl
 # Built-in functions sqlfluff does not treat as keywords, with the type they return (None: the type
 # of their argument, or not needed). The type is read by the contract parity test.
 BUILTIN_FUNCTIONS: dict[str, str | None] = {
-    "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint", "DATABASE_PRINCIPAL_ID": "int",
-    "DATALENGTH": "bigint", "DATEADD": "datetime2(7)", "DATEDIFF": "int", "DATEDIFF_BIG": "bigint",
-    "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int", "IIF": None, "LEN": "int", "MAX": None,
-    "MIN": None, "NEWID": "uniqueidentifier", "OBJECT_ID": "int", "ORIGINAL_LOGIN": "nvarchar(128)",
-    "QUOTENAME": "nvarchar(258)", "SCHEMA_ID": "int", "SCOPE_IDENTITY": "numeric(38,0)",
-    "SERVERPROPERTY": "sql_variant", "SUM": None, "SYSUTCDATETIME": "datetime2(7)", "TYPE_ID": "int",
-    "ROW_NUMBER": "bigint",
+    "COL_LENGTH": "smallint", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
+    "DATABASE_PRINCIPAL_ID": "int", "DATALENGTH": "bigint", "DATEADD": "datetime2(7)", "DATEDIFF": "int",
+    "DATEDIFF_BIG": "bigint", "ERROR_LINE": "int", "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int",
+    "ERROR_PROCEDURE": "nvarchar(128)", "IIF": None, "INDEX_COL": "nvarchar(128)", "INDEXPROPERTY": "int",
+    "LEN": "int", "MAX": None, "MIN": None, "NEWID": "uniqueidentifier", "OBJECT_ID": "int",
+    "ORIGINAL_LOGIN": "nvarchar(128)", "QUOTENAME": "nvarchar(258)", "SCHEMA_ID": "int",
+    "SCOPE_IDENTITY": "numeric(38,0)", "SERVERPROPERTY": "sql_variant", "SUM": None,
+    "SYSUTCDATETIME": "datetime2(7)", "TYPE_ID": "int", "ROW_NUMBER": "bigint", "XACT_STATE": "smallint",
 }
 COLLATIONS = {"latin1_general_100_bin2"}
 # Built-in types that sqlfluff reads as names rather than keywords.

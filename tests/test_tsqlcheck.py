@@ -1,9 +1,9 @@
 """check-tsql resolves every reference of the rendered T-SQL, and catches a renamed one.
 
-The mutant test renames each identifier reference of the rendered queues in turn (column, table,
-alias, variable, type, procedure, argument, function, role, schema) and requires check-tsql to
-report it; renaming goes through the model (no re-parse per mutant), and a sample of mutants is
-re-parsed from edited text to show that this is the same thing.
+The mutant test renames each identifier reference of the rendered queues and their migrations in
+turn (column, table, alias, variable, type, procedure, argument, function, role, schema, index,
+constraint) and requires check-tsql to report it; renaming goes through the model (no re-parse per
+mutant), and a sample of mutants is re-parsed from edited text to show that this is the same thing.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from tablequeue import tsqlcheck
 from tablequeue.tsqlcheck import check_sources, resolve_batch
-from tsql_renders import CATALOGS, golden_sources, report
+from tsql_renders import CATALOGS, checked_sources, report
 
 BASE = """\
 EXEC (N'CREATE SCHEMA [s] AUTHORIZATION [dbo];');
@@ -124,13 +124,22 @@ CASES = {
         "EXEC tSQLt.Nope;",
         ["3: unresolved table '[s].[x]'", "4: unresolved table '#a'",
          "4: unresolved argument '@Nope' of procedure 'tSQLt.AssertEqualsTable'",
-         "5: unresolved constraint 'ck_nope'", "6: unresolved procedure 'tSQLt.Nope'"]),
+         "5: unresolved constraint 'ck_nope' of table '[s].[t]'", "6: unresolved procedure 'tSQLt.Nope'"]),
     "objects named in strings": (
         "SELECT OBJECT_ID(N'[s].[t]') AS t, OBJECT_ID(N'[s].[x]') AS x, TYPE_ID(N'[s].[items]') AS i,\n"
         "    SCHEMA_ID(N'nope') AS n, DATABASE_PRINCIPAL_ID(N's_admin') AS r;",
         ["1: unresolved table '[s].[x]'", "2: unresolved schema 'nope'"]),
     "built-in functions": (
         "SELECT SYSUTCDATETIME() AS now_utc, NOTAFUNCTION(1) AS nope;", ["1: unresolved function 'NOTAFUNCTION'"]),
+    "names that run-time probes look up": (
+        "SELECT COL_LENGTH(N'[s].[t]', N'a') AS a, COL_LENGTH(N'[s].[t]', N'nope') AS n,\n"
+        "    INDEXPROPERTY(OBJECT_ID(N'[s].[t]'), N'pk_t', 'IndexID') AS i,\n"
+        "    INDEXPROPERTY(OBJECT_ID(N'[s].[t]'), N'ix_nope', 'IndexID') AS j,\n"
+        "    INDEX_COL(N'[s].[nope]', 1, 1) AS k, OBJECT_ID(N'[s].[pk_t]', N'PK') AS pk,\n"
+        "    OBJECT_ID(N'[s].[df_nope]', N'D') AS df, OBJECT_ID(N'[s].[p]', N'P') AS p, OBJECT_ID(N'[s].[t]', N'P') AS q;",
+        ["1: unresolved column 'nope' of table '[s].[t]'", "3: unresolved index 'ix_nope' of table '[s].[t]'",
+         "4: unresolved table '[s].[nope]'", "5: unresolved constraint '[s].[df_nope]'",
+         "5: unresolved procedure '[s].[t]'"]),
     "grants, roles and schemas": (
         "GRANT EXECUTE ON OBJECT::[s].[p] TO [s_admin];\nGRANT EXECUTE ON OBJECT::[s].[q] TO [nobody];\n"
         "GO\nCREATE TABLE [nope].[x] (id int COLLATE Latin1_General_CI_AS);",
@@ -166,6 +175,157 @@ def test_unparsable_sql_is_reported_with_its_line() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# Schema changes: a migration's are seen after it, in its own file only
+
+MAIN = ("main.sql", BASE + """\
+CREATE INDEX [ix_t_a] ON [s].[t] (a);
+GO
+CREATE OR ALTER PROCEDURE [s].[reader]
+AS
+BEGIN
+    SELECT m.id, m.a FROM [s].[t] AS m;
+END;
+GO
+""")
+ADD_K = """\
+IF COL_LENGTH(N'[s].[t]', N'k') IS NULL
+    BEGIN
+        ALTER TABLE [s].[t] ADD k int NULL CONSTRAINT [df_t_k] DEFAULT (0);
+    END;
+GO
+"""
+
+
+def migration_findings(*migrations: str, main: tuple[str, str] = MAIN) -> list[str]:
+    """check-tsql's findings over the main file and migrations m1.sql, m2.sql ... ('file:line: message')."""
+    files = [main] + [(f"m{i}.sql", text) for i, text in enumerate(migrations, start=1)]
+    return [str(f) for f in sorted(check_sources(files).findings, key=lambda f: (f.file, f.line, f.message))]
+
+
+def test_a_migration_sees_the_column_it_adds_from_its_next_batch_on() -> None:
+    later = ("CREATE UNIQUE INDEX [ux_t_k] ON [s].[t] (k) WHERE k IS NOT NULL;\nGO\n"
+             "UPDATE [s].[t] SET k = a WHERE k IS NULL;\nGO\n")
+    assert migration_findings(ADD_K + later) == []
+    # A column it never adds, in an index and in a query.
+    assert migration_findings(ADD_K + later.replace("(k)", "(k2)").replace("SET k =", "SET k3 =")) == [
+        "m1.sql:6: unresolved column 'k2'", "m1.sql:8: unresolved column 'k3'"]
+
+
+def test_a_query_in_the_batch_of_the_alter_does_not_see_the_column() -> None:
+    """SQL Server compiles the batch before it runs: error 207 for the query, while the DDL after
+    the ALTER runs after it and sees the column."""
+    same_batch = ADD_K.replace("    END;\nGO\n", "    END;\nCREATE INDEX [ix_t_k] ON [s].[t] (k);\n"
+                                                 "UPDATE [s].[t] SET k = 1;\nGO\n")
+    assert migration_findings(same_batch) == ["m1.sql:6: unresolved column 'k'"]
+    # Nor does a guard help a query: it is compiled whether the branch runs or not.
+    guarded = "IF COL_LENGTH(N'[s].[t]', N'k') IS NOT NULL\n    UPDATE [s].[t] SET k = 1;\n"
+    assert migration_findings(guarded, ADD_K) == ["m1.sql:2: unresolved column 'k'"]
+
+
+def test_the_other_files_do_not_see_what_a_migration_adds() -> None:
+    name, text = MAIN
+    main = (name, text.replace("SELECT m.id, m.a FROM", "SELECT m.id, m.k FROM"))
+    line = main[1].count("\n", 0, main[1].index("m.k FROM")) + 1
+    assert migration_findings(ADD_K, main=main) == [f"main.sql:{line}: unresolved column 'm.k'"]
+    # Whatever the order of the files.
+    report_ = check_sources([("m1.sql", ADD_K), main])
+    assert [str(f) for f in report_.findings] == [f"main.sql:{line}: unresolved column 'm.k'"]
+    # Nor does a second migration: each starts from the tables as the files create them.
+    assert migration_findings(ADD_K, "UPDATE [s].[t] SET k = 1;\n") == ["m2.sql:1: unresolved column 'k'"]
+
+
+def test_dropped_columns_constraints_indexes_and_tables_are_gone_after_the_drop() -> None:
+    drops = ADD_K + """\
+ALTER TABLE [s].[t] DROP CONSTRAINT [df_t_k];
+ALTER TABLE [s].[t] DROP COLUMN k;
+DROP INDEX [ix_t_a] ON [s].[t];
+GO
+SELECT m.k FROM [s].[t] AS m;
+ALTER TABLE [s].[t] DROP CONSTRAINT [df_t_k];
+ALTER INDEX [ix_t_a] ON [s].[t] REBUILD;
+DROP TABLE [s].[t];
+GO
+SELECT 1 AS one FROM [s].[t];
+"""
+    assert migration_findings(drops) == [
+        "m1.sql:10: unresolved column 'm.k'", "m1.sql:11: unresolved constraint '[df_t_k]' of table '[s].[t]'",
+        "m1.sql:12: unresolved index '[ix_t_a]' of table '[s].[t]'", "m1.sql:15: unresolved table '[s].[t]'"]
+
+
+def test_a_drop_may_name_what_is_not_there_only_if_it_says_so() -> None:
+    """DROP ... IF EXISTS, and DDL under IF COL_LENGTH(...) IS NOT NULL naming that column, for what
+    some file creates or adds; anything else dropped must be there. (A migration's steps run again
+    after a deploy stopped halfway, on a table that may already have the new shape.)"""
+    guarded = """\
+DROP INDEX IF EXISTS [ux_t_k] ON [s].[t];
+ALTER TABLE [s].[t] DROP CONSTRAINT IF EXISTS [df_t_k];
+GO
+IF COL_LENGTH(N'[s].[t]', N'k') IS NOT NULL AND OBJECT_ID(N'[s].[df_t_k2]', N'D') IS NULL
+    ALTER TABLE [s].[t] ADD CONSTRAINT [df_t_k2] DEFAULT (0) FOR k;
+GO
+IF COL_LENGTH(N'[s].[t]', N'k') IS NOT NULL
+    BEGIN
+        ALTER TABLE [s].[t] DROP CONSTRAINT IF EXISTS [df_t_k2];
+        ALTER TABLE [s].[t] DROP COLUMN k;
+    END;
+GO
+"""
+    elsewhere = ADD_K + "CREATE INDEX [ux_t_k] ON [s].[t] (k);\nGO\n"
+    assert migration_findings(guarded, elsewhere) == []
+    assert migration_findings(guarded) == [
+        "m1.sql:1: unresolved index '[ux_t_k]' of table '[s].[t]'",
+        "m1.sql:2: unresolved constraint '[df_t_k]' of table '[s].[t]'",
+        "m1.sql:4: unresolved column 'k' of table '[s].[t]'", "m1.sql:5: unresolved column 'k'",
+        "m1.sql:7: unresolved column 'k' of table '[s].[t]'", "m1.sql:10: unresolved column 'k' of table '[s].[t]'"]
+    # Without the column's guard, ADD CONSTRAINT ... FOR k on a table that has no k any more.
+    default_only = guarded.replace("IF COL_LENGTH(N'[s].[t]', N'k') IS NOT NULL AND OBJECT_ID", "IF OBJECT_ID")
+    assert migration_findings(default_only, elsewhere) == ["m1.sql:5: unresolved column 'k'"]
+    unguarded = "ALTER TABLE [s].[t] DROP COLUMN k;\nDROP INDEX [ux_t_k] ON [s].[t];\n"
+    assert migration_findings(unguarded, elsewhere) == [
+        "m1.sql:1: unresolved column 'k' of table '[s].[t]'", "m1.sql:2: unresolved index '[ux_t_k]' of table '[s].[t]'"]
+
+
+def test_a_table_dropped_and_created_again_is_the_migrations_own() -> None:
+    rebuild = """\
+DROP TABLE [s].[t];
+GO
+CREATE TABLE [s].[t] (id uniqueidentifier NOT NULL, b int NULL, CONSTRAINT [pk_t] PRIMARY KEY (id));
+CREATE INDEX [ix_t_b] ON [s].[t] (b);
+GO
+SELECT m.b FROM [s].[t] AS m;
+SELECT m.a FROM [s].[t] AS m;
+"""
+    assert migration_findings(rebuild) == ["m1.sql:7: unresolved column 'm.a'"]
+    # The main file's procedure still reads the table as that file creates it, whatever the order.
+    assert [str(f) for f in check_sources([("m1.sql", rebuild), MAIN]).findings] == [
+        "m1.sql:7: unresolved column 'm.a'"]
+
+
+def test_what_a_procedure_does_to_the_schema_stays_in_its_body() -> None:
+    """tSQLt's migration tests run a migration's batches in a test, rolled back after it."""
+    test = """\
+CREATE OR ALTER PROCEDURE [s].[test migration]
+AS
+BEGIN
+    ALTER TABLE [s].[t] ADD k int NULL;
+    CREATE INDEX [ix_t_k] ON [s].[t] (k);
+    DROP INDEX [ix_t_a] ON [s].[t];
+END;
+GO
+SELECT m.k FROM [s].[t] AS m;
+ALTER INDEX [ix_t_a] ON [s].[t] REBUILD;
+"""
+    assert migration_findings(test) == ["m1.sql:9: unresolved column 'm.k'"]
+
+
+def test_alter_table_forms_not_modelled_are_listed_as_skipped() -> None:
+    result = check_sources([MAIN, ("m1.sql", "ALTER TABLE [s].[t] ALTER COLUMN a bigint NULL;\n")])
+    assert result.findings == []
+    assert [str(f) for f in result.skipped] == [
+        "m1.sql:1: statement not modelled (alter_table_statement (ALTER COLUMN)); only its variables were checked"]
+
+
+# ------------------------------------------------------------------------------------------------
 # The renders
 
 
@@ -180,6 +340,8 @@ def test_every_render_resolves_and_every_identifier_is_modelled(catalog_path) ->
         "EXEC @handler_name (a procedure named by a variable): not resolved": handlers,
         "OBJECT_ID(@handler_name) (an object named by a variable): not resolved": handlers}
     assert [(m.file, u) for m in result.models for u in m.unclaimed] == []
+    # Every migration of every storage unit is among them, its statements modelled.
+    assert any(f.startswith("build/lint/") and "-migrations/" in f for f, _ in checked_sources(catalog_path))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -200,28 +362,35 @@ def mutant_name(raw: str) -> str:
     return raw + "_mutant"
 
 
-def mutants(models):
-    """Every identifier reference of the models (declarations are not references)."""
-    for model in models:
+def mutants(result):
+    """Every identifier reference of the report's batches (declarations are not references), with the
+    tables the batch began with."""
+    for model, schema in result.resolved:
         for index, token in enumerate(model.tokens):
             if not token.declares:
-                yield model, index
+                yield model, schema, index
+
+
+def reported_for(result, model, schema, rename=None) -> set:
+    """What check-tsql reports for one batch of the report (its tokens renamed by ``rename``)."""
+    return set(resolve_batch(result.catalog, model, rename, schema).findings)
 
 
 def test_renamed_references_are_caught() -> None:
-    """Every reference of every golden queue and tSQLt class renamed in turn: >= 95% reported, and
-    each survivor explained. The golden files, because the option matrix repeats their shapes."""
+    """Every reference of every golden queue, tSQLt class and migration renamed in turn: >= 95%
+    reported, and each survivor explained. The golden files, because the option matrix repeats their
+    shapes. Caught means a finding the batch did not have before (test_every_render_resolves... says
+    whether it had any)."""
     result = report(CATALOGS[0])
-    assert result.findings == []
-    models = [m for m in tsqlcheck.with_dynamic_sql(result.models)]
+    models = [model for model, _ in result.resolved]
+    before = {id(model): reported_for(result, model, schema) for model, schema in result.resolved}
     total, survivors = 0, []
     by_kind: collections.Counter = collections.Counter()
-    for model, index in mutants(models):
+    for model, schema, index in mutants(result):
         total += 1
         token = model.tokens[index]
         by_kind[token.what] += 1
-        caught = resolve_batch(result.catalog, model, {index: mutant_name(token.raw)}).findings
-        if not caught:
+        if not reported_for(result, model, schema, {index: mutant_name(token.raw)}) - before[id(model)]:
             survivors.append((model, token))
     # Identifiers the model does not use could not be caught either: they count as survivors.
     unclaimed = [u for m in models for u in m.unclaimed]
@@ -241,28 +410,38 @@ def test_renamed_references_are_caught() -> None:
 
 
 def _file_lines(model):
-    text = dict(golden_sources())[model.file]
+    text = dict(checked_sources(CATALOGS[0]))[model.file]
     return list(enumerate(text.splitlines(), start=1))
 
 
 def test_renaming_in_the_model_equals_renaming_in_the_text() -> None:
     """A sample of mutants, one or two of each kind, re-parsed from edited text: check-tsql reports
-    exactly what renaming the token in the model reported."""
+    in the batch exactly what renaming the token in the model reported. (A renamed name in a schema
+    change may also change what later batches of its file see: the model resolves one batch.)"""
     result = report(CATALOGS[0])
-    sources = golden_sources()
-    models = [m for m in result.models if m.file.startswith("database/") or "test_emails" in m.file]
+    sources = list(checked_sources(CATALOGS[0]))
+    reported = set(result.findings)
+    top_level = {id(model) for model in result.models}     # not the EXEC'd literals: no batch of their own
+    sample = [(model, schema, index) for model, schema, index in mutants(result) if id(model) in top_level and (
+              model.file.startswith(("database/", "build/")) or "test_emails" in model.file)]
     chosen: dict[str, list] = collections.defaultdict(list)
-    for model, index in sorted(mutants(models), key=lambda mi: random.Random(f"{mi[0].file}{mi[1]}").random()):
+    for model, schema, index in sorted(sample, key=lambda msi: random.Random(f"{msi[0].file}{msi[2]}").random()):
         what = model.tokens[index].what
         if len(chosen[what]) < 2:
-            chosen[what].append((model, index))
-    assert {"column", "table", "alias", "variable", "type", "procedure", "argument", "schema"} <= set(chosen)
-    for model, index in (mi for pairs in chosen.values() for mi in pairs):
+            chosen[what].append((model, schema, index))
+    assert {"column", "table", "alias", "variable", "type", "procedure", "argument", "schema", "index",
+            "constraint"} <= set(chosen)
+    for model, schema, index in (msi for triples in chosen.values() for msi in triples):
         token = model.tokens[index]
-        expected = sorted(map(str, resolve_batch(result.catalog, model, {index: mutant_name(token.raw)}).findings))
+        expected = reported_for(result, model, schema, {index: mutant_name(token.raw)}) - reported_for(
+            result, model, schema)
         batch_text = next(b.text for b in tsqlcheck.split_batches(dict(sources)[model.file])
                           if b.line == model.first_line)
+        last_line = model.first_line + batch_text.count("\n")
         mutated = batch_text[:token.start] + mutant_name(token.raw) + batch_text[token.end:]
         edited = [(name, text.replace(batch_text, mutated, 1) if name == model.file else text)
                   for name, text in sources]
-        assert expected and sorted(map(str, check_sources(edited).findings)) == expected, (model.file, token)
+        new = set(check_sources(edited).findings) - reported
+        in_batch = {f for f in new if f.file == model.file and model.first_line <= f.line <= last_line}
+        assert expected and in_batch == expected, (model.file, token)
+        assert all(f.file == model.file and f.line > last_line for f in new - in_batch), (model.file, token)

@@ -1,4 +1,5 @@
-"""The rendered T-SQL that the static checks read: the golden files and the option matrix.
+"""The rendered T-SQL that the static checks read: the golden files, the option matrix and the
+storage migrations of each.
 
 check-tsql parses each batch once per process (tablequeue.tsqlcheck keeps the analyses), so the
 test modules that share these renders in one pytest run parse them once.
@@ -9,7 +10,7 @@ import functools
 from pathlib import Path
 
 from tablequeue.catalog import load_catalog
-from tablequeue.render import render_catalog, render_tsqlt
+from tablequeue.render import render_catalog, render_migrations, render_tsqlt
 from tablequeue.tsqlcheck import Report, check_sources
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,18 +27,29 @@ def golden_sources() -> list[tuple[str, str]]:
 
 
 def rendered_sources(catalog_path: Path, tsqlt: bool = True) -> list[tuple[str, str]]:
-    """One catalog rendered for SQL Server (and its tSQLt classes), named as `make lint` writes them."""
-    if catalog_path == GOLDEN:
-        return [s for s in golden_sources() if tsqlt or s[0].startswith("database/")]
+    """One catalog rendered for SQL Server (and its tSQLt classes), then every migration its storage
+    can take, named as `make lint` writes them (the golden catalog's migrations are not checked in:
+    named as `render --migrations --out build/lint/golden-migrations` would write them)."""
     catalog = load_catalog(catalog_path)
-    sources = [(f"build/lint/mssql/{f.name}", f.text) for f in render_catalog(catalog, "mssql")]
-    if tsqlt:
-        sources += [(f"build/lint/tsqlt/{f.name}", f.text) for f in render_tsqlt(catalog)]
-    return sources
+    if catalog_path == GOLDEN:
+        sources = [s for s in golden_sources() if tsqlt or s[0].startswith("database/")]
+        migrations = "build/lint/golden-migrations"
+    else:
+        sources = [(f"build/lint/mssql/{f.name}", f.text) for f in render_catalog(catalog, "mssql")]
+        if tsqlt:
+            sources += [(f"build/lint/tsqlt/{f.name}", f.text) for f in render_tsqlt(catalog)]
+        migrations = "build/lint/mssql-migrations"
+    return sources + [(f"{migrations}/{f.name}", f.text) for f in render_migrations(catalog, "mssql")]
+
+
+@functools.cache
+def checked_sources(catalog_path: Path) -> tuple[tuple[str, str], ...]:
+    """What ``report`` checks: the golden tSQLt classes too (the option matrix's classes repeat their
+    shapes for 15,000 lines: `make lint` checks those)."""
+    return tuple(rendered_sources(catalog_path, tsqlt=catalog_path == GOLDEN))
 
 
 @functools.cache
 def report(catalog_path: Path) -> Report:
-    """check-tsql over one catalog's SQL Server renders; the golden tSQLt classes too (the option
-    matrix's classes repeat their shapes for 15,000 lines: `make lint` checks those)."""
-    return check_sources(rendered_sources(catalog_path, tsqlt=catalog_path == GOLDEN))
+    """check-tsql over one catalog's SQL Server renders (``checked_sources``)."""
+    return check_sources(list(checked_sources(catalog_path)))

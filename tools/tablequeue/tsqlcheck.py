@@ -8,6 +8,23 @@ table types, procedures and their named arguments, roles and schemas, and object
 files together (the tSQLt classes use the queues' objects), plus the short list below of what SQL
 Server and tSQLt provide. References only known at run time (EXEC @name) are listed as skipped.
 
+Schema changes (storage migrations) are visible in their own file only, from the statement that
+makes them on: what a file CREATEs is known to every file, but what it does to a table (ALTER TABLE
+ADD / DROP COLUMN or CONSTRAINT, CREATE / DROP INDEX, DROP TABLE, a table it drops and creates
+again) is not. A migration's later batches see the column it adds; the main render's procedures
+must not (that would hide a reference to a column only a migration adds). Within a batch, SQL
+Server compiles the queries before the batch runs: a query sees the tables as they were when the
+batch began (a table the batch creates is resolved when the query runs), while DDL statements see
+the changes made above them. Changes made in a procedure's body happen when it runs (tSQLt's
+migration tests, rolled back after each test): they are seen in the rest of that body only. DROP
+... IF EXISTS, and a DDL statement under IF COL_LENGTH(N'<table>', N'<column>') IS NOT NULL naming
+that column, may name what is not there at that point, if some file creates or adds it.
+
+Names in strings are looked up at run time, mostly to probe whether something exists yet (IF
+OBJECT_ID(...) IS NULL, COL_LENGTH, INDEXPROPERTY): they resolve against everything any file
+creates or adds, at any point (a name nothing ever creates makes the probe always NULL: a typo).
+sp_rename is not modelled: it is an unresolved procedure, so its use cannot pass unnoticed.
+
 The static rules of tsqlrules run in the same pass, so one command checks everything.
 """
 from __future__ import annotations
@@ -101,12 +118,50 @@ class ProcedureInfo:
 
 @dataclass
 class Catalog:
-    tables: dict[tuple[str, str], Relation] = field(default_factory=dict)
+    tables: dict[tuple[str, str], Relation] = field(default_factory=dict)   # as created (every file sees)
     types: dict[tuple[str, str], Relation] = field(default_factory=dict)
     procedures: dict[tuple[str, str], ProcedureInfo] = field(default_factory=dict)
     roles: set[str] = field(default_factory=lambda: set(SYSTEM_PRINCIPALS))
     schemas: set[str] = field(default_factory=lambda: set(SYSTEM_SCHEMAS))
     test_classes: set[str] = field(default_factory=set)    # schemas made by tSQLt.NewTestClass
+    # Every table with every column, constraint and index any file gives it, at any point: what a
+    # name in a string (a run-time probe) and DROP ... IF EXISTS resolve against.
+    anywhere: dict[tuple[str, str], Relation] = field(default_factory=dict)
+
+
+@dataclass
+class Schema:
+    """The tables as one file has left them so far: the catalog's, changed by the file's statements
+    in order. Copy on write: a copy shares the relations, and either side copies one before it
+    changes it."""
+
+    tables: dict[tuple[str, str], Relation]
+    owned: set[tuple[str, str]] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, catalog: Catalog) -> "Schema":
+        return cls(dict(catalog.tables))
+
+    def copy(self) -> "Schema":
+        self.owned = set()
+        return Schema(dict(self.tables))
+
+    def changing(self, key: tuple[str, str]) -> Relation:
+        """The table ``key`` (which exists), to be changed in this schema only."""
+        if key not in self.owned:
+            relation = self.tables[key]
+            self.tables[key] = Relation(relation.display, dict(relation.columns), set(relation.constraints),
+                                        set(relation.indexes))
+            self.owned.add(key)
+        return self.tables[key]
+
+    def create(self, key: tuple[str, str], relation: Relation) -> None:
+        self.tables[key] = relation
+        self.owned.add(key)
+
+    def drop(self, key: tuple[str, str]) -> None:
+        del self.tables[key]
+        self.owned.discard(key)
 
 
 def _key(names: list[str]) -> tuple[str, str]:
@@ -116,16 +171,31 @@ def _key(names: list[str]) -> tuple[str, str]:
 
 def build_catalog(models: Iterable[m.BatchModel]) -> Catalog:
     """Everything the files create. An object created twice is taken from its first CREATE (a
-    rendered set creates each object once; two versions of one object are not this check's concern)."""
+    rendered set creates each object once; two versions of one object are not this check's concern).
+    A table's indexes are those the file that creates it creates; a table that a file drops and
+    creates again is that file's own (a migration rebuilding an empty table)."""
     catalog = Catalog()
+    created_by: dict[tuple[str, str], str] = {}
+    dropped: set[tuple[str, tuple[str, str]]] = set()       # (file, table)
     pending_indexes: list[tuple[m.BatchModel, m.CreateIndex]] = []
+    alters: list[tuple[m.BatchModel, m.AlterTable]] = []
     for model in with_dynamic_sql(models):
         names = [t.name for t in model.tokens]
         for statement in model.statements:
             if isinstance(statement, m.CreateTable) and not names[statement.name[-1]].startswith("#"):
+                key = _key([names[i] for i in statement.name])
                 relation = _relation(model, statement.name, statement.columns)
                 relation.constraints = {names[c] for c in statement.constraints}
-                catalog.tables.setdefault(_key([names[i] for i in statement.name]), relation)
+                everywhere = catalog.anywhere.setdefault(key, Relation(relation.display, {}))
+                everywhere.columns.update(relation.columns)
+                everywhere.constraints |= relation.constraints
+                if (model.file, key) not in dropped and key not in catalog.tables:
+                    catalog.tables[key] = relation
+                    created_by[key] = model.file
+            elif isinstance(statement, m.DropTable):
+                dropped.update((model.file, _key([names[i] for i in t])) for t in statement.tables)
+            elif isinstance(statement, m.AlterTable):
+                alters.append((model, statement))
             elif isinstance(statement, m.CreateType):
                 catalog.types.setdefault(_key([names[i] for i in statement.name]),
                                          _relation(model, statement.name, statement.columns))
@@ -144,9 +214,17 @@ def build_catalog(models: Iterable[m.BatchModel]) -> Catalog:
                     catalog.schemas.add(fold(statement.arguments[0].literal))
                     catalog.test_classes.add(fold(statement.arguments[0].literal))
     for model, statement in pending_indexes:
-        table = catalog.tables.get(_key([model.tokens[i].name for i in statement.table]))
-        if table is not None:
-            table.indexes.add(model.tokens[statement.name].name)
+        key = _key([model.tokens[i].name for i in statement.table])
+        index = model.tokens[statement.name].name
+        if key in catalog.anywhere:
+            catalog.anywhere[key].indexes.add(index)
+        if created_by.get(key) == model.file:
+            catalog.tables[key].indexes.add(index)
+    for model, statement in alters:
+        everywhere = catalog.anywhere.get(_key([model.tokens[i].name for i in statement.table]))
+        if everywhere is not None:
+            everywhere.columns.update(_relation(model, statement.table, statement.columns).columns)
+            everywhere.constraints.update(model.tokens[c].name for c in statement.constraints)
     return catalog
 
 
@@ -205,16 +283,21 @@ class BatchResult:
     findings: list[Finding]
     skipped: list[Finding]
     signature: Signature | None
+    schema: Schema                  # the tables as the batch leaves them
 
 
-def resolve_batch(catalog: Catalog, model: m.BatchModel, rename: dict[int, str] | None = None) -> BatchResult:
-    """Resolve every reference of one batch; ``rename`` gives tokens another name (a mutant)."""
-    return _Resolver(catalog, model, rename or {}).run()
+def resolve_batch(catalog: Catalog, model: m.BatchModel, rename: dict[int, str] | None = None,
+                  schema: Schema | None = None) -> BatchResult:
+    """Resolve every reference of one batch, against ``schema`` (the tables as the batch's file has
+    left them before it; by default as created); ``rename`` gives tokens another name (a mutant)."""
+    return _Resolver(catalog, model, rename or {}, schema or Schema.of(catalog)).run()
 
 
 class _Resolver:
-    def __init__(self, catalog: Catalog, model: m.BatchModel, rename: dict[int, str]) -> None:
+    def __init__(self, catalog: Catalog, model: m.BatchModel, rename: dict[int, str], schema: Schema) -> None:
         self.catalog, self.model = catalog, model
+        self.compiled = schema              # what the batch's queries are compiled against
+        self.schema = schema.copy()         # what its DDL statements see, changed as they run
         self.names = [t.name for t in model.tokens]
         self.raws = [t.raw for t in model.tokens]
         for index, new in rename.items():
@@ -248,7 +331,7 @@ class _Resolver:
     def run(self) -> BatchResult:
         for statement in self.model.statements:
             getattr(self, "st_" + type(statement).__name__)(statement)
-        return BatchResult(self.findings, self.skipped, self.signature)
+        return BatchResult(self.findings, self.skipped, self.signature, self.schema)
 
     def st_Uses(self, s: m.Uses) -> None:
         self.refs(s.refs, Scope(None))
@@ -421,6 +504,8 @@ class _Resolver:
             self.temps[name] = columns
         else:
             self.schema_of(s.name)
+            self.schema.create(self.key(s.name), Relation(self.display(s.name), columns,
+                                                          {self.names[c] for c in s.constraints}))
         self.refs(s.refs, Scope(None, [Bound(None, columns)]))
 
     def st_CreateType(self, s: m.CreateType) -> None:
@@ -428,11 +513,67 @@ class _Resolver:
         self.refs(s.refs, Scope(None, [Bound(None, self.column_defs(s.columns))]))
 
     def st_CreateIndex(self, s: m.CreateIndex) -> None:
-        table = self.table(s.table)
-        scope = Scope(None, [Bound(None, table.columns if table else None)])
+        table = self.table(s.table, ddl=True)
+        columns = {**self.asserted(s.table, s.asserted), **table.columns} if table is not None else None
+        scope = Scope(None, [Bound(None, columns)])
         for column in s.columns:
             self.column(column, scope)
         self.refs(s.refs, scope)
+        if self.key(s.table) in self.schema.tables:
+            self.schema.changing(self.key(s.table)).indexes.add(self.names[s.name])
+
+    def st_AlterTable(self, s: m.AlterTable) -> None:
+        added = self.column_defs(s.columns)
+        key = self.key(s.table)
+        if self.table(s.table, ddl=True) is None or key not in self.schema.tables:
+            self.refs(s.refs, Scope(None, [Bound(None, None)]))
+            return
+        table = self.schema.changing(key)
+        table.columns.update(added)
+        table.constraints.update(self.names[c] for c in s.constraints)
+        asserted = self.asserted(s.table, s.asserted)
+        self.refs(s.refs, Scope(None, [Bound(None, {**asserted, **table.columns})]))
+        everywhere = self.catalog.anywhere.get(key)
+        for token in s.dropped_columns:
+            name = self.names[token]
+            if name in table.columns:
+                del table.columns[name]
+            elif name not in asserted and not (s.if_exists and everywhere and name in everywhere.columns):
+                self.unresolved(self.line(token), "column", self.raws[token], of=f"table '{table.display}'")
+        for token in s.dropped_constraints:
+            name = self.names[token]
+            if name in table.constraints:
+                table.constraints.discard(name)
+            elif not (s.if_exists and everywhere and name in everywhere.constraints):
+                self.unresolved(self.line(token), "constraint", self.raws[token], of=f"table '{table.display}'")
+
+    def asserted(self, table: tuple[int, ...], asserted: tuple[tuple[str, str], ...]) -> dict[str, str | None]:
+        """The columns of ``table`` that enclosing COL_LENGTH(...) IS NOT NULL guards assert (if some
+        file gives the table that column: a guard naming none is reported where it probes)."""
+        key = self.key(table)
+        everywhere = self.catalog.anywhere.get(key)
+        return {fold(column): None for text, column in asserted
+                if _key([fold(p) for p in split_name(text)]) == key and everywhere is not None
+                and fold(column) in everywhere.columns}
+
+    def st_DropIndex(self, s: m.DropIndex) -> None:
+        table = self.table(s.table, ddl=True)
+        if table is None:
+            return
+        key, name = self.key(s.table), self.names[s.index]
+        everywhere = self.catalog.anywhere.get(key)
+        if name in table.indexes and key in self.schema.tables:
+            self.schema.changing(key).indexes.discard(name)
+        elif not (s.if_exists and everywhere and name in everywhere.indexes):
+            self.unresolved(self.line(s.index), "index", self.raws[s.index], of=f"table '{table.display}'")
+
+    def st_DropTable(self, s: m.DropTable) -> None:
+        for name in s.tables:
+            key = self.key(name)
+            if key in self.schema.tables:
+                self.schema.drop(key)
+            elif not (s.if_exists and key in self.catalog.anywhere):
+                self.unresolved(self.line(name[0]), "table", self.display(name))
 
     def st_CreateProcedure(self, s: m.CreateProcedure) -> None:
         self.schema_of(s.name)
@@ -464,7 +605,7 @@ class _Resolver:
                 self.unresolved(self.line(role), "role", self.raws[role])
 
     def st_TableUse(self, s: m.TableUse) -> None:
-        table = self.table(s.table)
+        table = self.table(s.table, ddl=True)
         if table is not None and s.index is not None and self.names[s.index] not in table.indexes | table.constraints:
             self.unresolved(self.line(s.index), "index", self.raws[s.index], of=f"table '{table.display}'")
 
@@ -474,9 +615,14 @@ class _Resolver:
         if len(name) >= 2 and self.names[name[-2]] not in self.catalog.schemas:
             self.unresolved(self.line(name[-2]), "schema", self.raws[name[-2]])
 
-    def table(self, name: tuple[int, ...]) -> Relation | None:
-        key = _key([self.names[i] for i in name])
-        relation = self.catalog.tables.get(key)
+    def key(self, name: tuple[int, ...]) -> tuple[str, str]:
+        return _key([self.names[i] for i in name])
+
+    def table(self, name: tuple[int, ...], ddl: bool = False) -> Relation | None:
+        """A table as a DDL statement sees it (changed by the statements above it), or as a query is
+        compiled against it (as the batch began; a table the batch creates, when the query runs)."""
+        key = self.key(name)
+        relation = (self.compiled if key in self.compiled.tables and not ddl else self.schema).tables.get(key)
         if relation is None and key in SYSTEM_TABLES:
             relation = Relation(".".join(key), dict(SYSTEM_TABLES[key]))
         if relation is None:
@@ -641,21 +787,36 @@ class _Resolver:
         return None
 
     def name_in_string(self, ref: m.NameInString) -> None:
+        """A name in a string, looked up when the statement runs: against everything any file
+        creates or adds (see the module's docstring)."""
         parts = [fold(p) for p in split_name(ref.text)]
+        anywhere = self.catalog.anywhere
         if ref.what == "table":
             if len(parts) == 1 and parts[0].startswith("#"):
                 found = parts[0] in self.temps
             else:
-                found = _key(parts) in self.catalog.tables or _key(parts) in SYSTEM_TABLES
+                found = _key(parts) in anywhere or _key(parts) in SYSTEM_TABLES
         elif ref.what == "type":
             found = _key(parts) in self.catalog.types
         elif ref.what == "schema":
             found = parts[-1] in self.catalog.schemas
         elif ref.what == "role":
             found = parts[-1] in self.catalog.roles
-        else:   # a constraint of a table
-            table = self.catalog.tables.get(_key([fold(p) for p in split_name(ref.table or "")]))
-            found = table is None or parts[-1] in table.constraints   # an unknown table is reported already
+        elif ref.what == "procedure":
+            found = _key(parts) in self.catalog.procedures
+        elif ref.what == "object":
+            found = any(_key(parts) in known for known in (anywhere, self.catalog.procedures, self.catalog.types))
+        elif ref.table is None:     # a constraint: of any table of its schema
+            schema = _key(parts)[0]
+            found = any(key[0] == schema and parts[-1] in relation.constraints for key, relation in anywhere.items())
+        else:                       # a constraint, column or index of a table (an unknown table is reported already)
+            table = anywhere.get(_key([fold(p) for p in split_name(ref.table)]))
+            names = {"constraint": table.constraints, "column": table.columns,
+                     "index": table.indexes | table.constraints}[ref.what] if table is not None else None
+            found = names is None or parts[-1] in names
+            if not found:
+                self.unresolved(ref.line, ref.what, ref.text, of=f"table '{ref.table}'")
+                return
         if not found:
             self.unresolved(ref.line, ref.what, ref.text)
 
@@ -733,6 +894,7 @@ class Report:
     violations: list[Violation]     # the static rules
     skipped: list[Finding]          # references known only at run time, statements not modelled
     signatures: list[Signature]
+    resolved: list[tuple[m.BatchModel, Schema]]    # every batch (EXEC'd literals too), and the tables it began with
 
     @property
     def models(self) -> list[m.BatchModel]:
@@ -752,20 +914,31 @@ def check_sources(sources: list[tuple[str, str]], python: Iterable[Path] = ()) -
     catalog = build_catalog(models)
     skipped: list[Finding] = []
     signatures: list[Signature] = []
-    for model in with_dynamic_sql(models):
-        result = resolve_batch(catalog, model)
-        findings.extend(result.findings)
-        skipped.extend(result.skipped)
-        if result.signature is not None:
-            signatures.append(result.signature)
-    violations = [v for b in batches for v in b.violations if not _in_test_class(v, catalog)]
+    resolved: list[tuple[m.BatchModel, Schema]] = []
     by_file: dict[str, list[m.BatchModel]] = {}
     for model in models:
         by_file.setdefault(model.file, []).append(model)
     for file_models in by_file.values():
+        schema = Schema.of(catalog)
+        for model in file_models:
+            # A procedure's body changes the schema when it runs, not when the file is applied.
+            runs_now = not any(isinstance(s, m.CreateProcedure) for s in model.statements)
+            current = schema
+            for batch in with_dynamic_sql([model]):
+                result = resolve_batch(catalog, batch, schema=current)
+                resolved.append((batch, current))
+                current = result.schema
+                findings.extend(result.findings)
+                skipped.extend(result.skipped)
+                if result.signature is not None:
+                    signatures.append(result.signature)
+            if runs_now:
+                schema = current
+    violations = [v for b in batches for v in b.violations if not _in_test_class(v, catalog)]
+    for file_models in by_file.values():
         violations.extend(tsqlrules.check_file(file_models, catalog.test_classes))
     violations.extend(tsqlrules.check_python(python))
-    return Report(len(sources) + len(python), batches, catalog, findings, violations, skipped, signatures)
+    return Report(len(sources) + len(python), batches, catalog, findings, violations, skipped, signatures, resolved)
 
 
 def _in_test_class(violation: Violation, catalog: Catalog) -> bool:

@@ -9,7 +9,9 @@ so what the resolver does not check is visible rather than silently passed.
 
 Control flow is flattened: variables are scoped to the batch in T-SQL and must be declared above
 their first use in the text, whatever block they sit in, so IF/WHILE/TRY bodies are simply the
-statements in text order.
+statements in text order. One condition is kept with the statements it guards: a DDL statement in
+the THEN branch of ``IF COL_LENGTH(N'<table>', N'<column>') IS NOT NULL`` carries that (table,
+column) as ``asserted`` (a migration that drops a column only where it still exists).
 """
 from __future__ import annotations
 
@@ -18,16 +20,21 @@ from typing import Union
 
 from sqlfluff.core.parser import BaseSegment
 
-from .tsqltree import (child, children, code, descendants, fold, keywords, kind, line_of, normalised, offset_of,
-                       string_value)
+from .tsqltree import (child, children, code, conjuncts, descendants, fold, keywords, kind, line_of, normalised,
+                       offset_of, string_value)
 
 # Leaf types that are identifiers: every one of them is either used by the model or listed as unclaimed.
 IDENTIFIER_LEAVES = ("naked_identifier", "quoted_identifier", "parameter", "hash_identifier",
                      "function_name_identifier", "data_type_identifier")
 
 # Functions whose first argument, written as a string, names an object: what it names is resolved.
+# COL_LENGTH's second argument names a column of that table; OBJECT_ID's second, the object's type
+# (OBJECT_TYPES); INDEXPROPERTY(OBJECT_ID(N'<table>'), N'<index>', ...) names an index of that table.
 NAMING_FUNCTIONS = {"OBJECT_ID": "table", "TYPE_ID": "type", "SCHEMA_ID": "schema",
-                    "DATABASE_PRINCIPAL_ID": "role"}
+                    "DATABASE_PRINCIPAL_ID": "role", "COL_LENGTH": "table", "INDEX_COL": "table"}
+# OBJECT_ID(N'<name>', N'<type>'): what the type code makes of the name (U, or no type: a table).
+OBJECT_TYPES = {"U": "table", "P": "procedure", "D": "constraint", "C": "constraint", "F": "constraint",
+                "PK": "constraint", "UQ": "constraint"}
 
 
 @dataclass
@@ -75,7 +82,8 @@ class CollationRef:
 class NameInString:
     """An object named by a string literal: OBJECT_ID(N'[s].[t]'), tSQLt.FakeTable @TableName = N'...'."""
 
-    what: str          # table, type, schema, role, constraint (of ``table``)
+    what: str          # table, type, schema, role, procedure; constraint, column, index (of ``table``;
+                       # a constraint without a table: of any table of its schema)
     text: str
     line: int
     table: str | None = None
@@ -284,6 +292,34 @@ class CreateIndex(Statement):
     table: tuple[int, ...]
     columns: list[ColumnRef]
     refs: list[Ref]
+    asserted: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(eq=False)
+class AlterTable(Statement):
+    """ALTER TABLE t ADD columns and constraints / DROP [COLUMN | CONSTRAINT] [IF EXISTS] names."""
+
+    table: tuple[int, ...]
+    columns: list[ColumnDef]            # added
+    constraints: list[int]              # added (declarations)
+    dropped_columns: list[int]          # references
+    dropped_constraints: list[int]      # references
+    if_exists: bool
+    refs: list[Ref]                     # DEFAULT and CHECK expressions, FOR column, key columns
+    asserted: tuple[tuple[str, str], ...] = ()   # (table, column) strings of IF COL_LENGTH(...) IS NOT NULL
+
+
+@dataclass(eq=False)
+class DropIndex(Statement):
+    index: int
+    table: tuple[int, ...]
+    if_exists: bool
+
+
+@dataclass(eq=False)
+class DropTable(Statement):
+    tables: list[tuple[int, ...]]
+    if_exists: bool
 
 
 @dataclass(eq=False)
@@ -351,6 +387,7 @@ class _Extractor:
         self.claimed: dict[int, int] = {}     # offset of an identifier -> its token
         self.statements: list[Statement] = []
         self.dynamic_sql: list[BatchModel] = []
+        self.asserted: list[tuple[str, str]] = []   # (table, column) of the enclosing COL_LENGTH guards
 
     # -- tokens ----------------------------------------------------------------------------------
 
@@ -404,11 +441,17 @@ class _Extractor:
         self.statements_of(segment)
 
     def s_if_then_statement(self, segment: BaseSegment) -> None:
+        guarded: list[tuple[str, str]] = []
         for c in code(segment):
             if kind(c) == "if_clause":
-                self.statements.append(Uses(self.line(c), self.refs(child(c, "expression"))))
+                condition = child(c, "expression")
+                self.statements.append(Uses(self.line(c), self.refs(condition)))
+                guarded = _asserted_columns(condition) if condition is not None else []
             elif kind(c) == "statement":     # THEN and ELSE branches, ELSE IF chains flat
+                self.asserted.extend(guarded)
                 self.statement(c)
+                del self.asserted[len(self.asserted) - len(guarded):]
+                guarded = []
 
     def s_while_statement(self, segment: BaseSegment) -> None:
         self.statements.append(Uses(self.line(segment), self.refs(child(segment, "expression"))))
@@ -971,10 +1014,66 @@ class _Extractor:
         columns = [ColumnRef((self.tok(next(i for i in code(c) if kind(i) in IDENTIFIER_LEAVES), "column"),),
                              self.line(c))
                    for c in descendants(segment, "index_column_definition")]
+        for include in children(segment, "bracketed"):      # INCLUDE (a, b)
+            columns.extend(self.column_ref(c) for c in children(include, "column_reference"))
         refs: list[Ref] = []
         for clause in children(segment, "where_clause"):
             refs.extend(self.refs(clause))
-        self.statements.append(CreateIndex(self.line(segment), index, table, columns, refs))
+        self.statements.append(CreateIndex(self.line(segment), index, table, columns, refs, tuple(self.asserted)))
+
+    def s_alter_table_statement(self, segment: BaseSegment) -> None:
+        parts = code(segment)
+        reference = child(segment, "table_reference")
+        action = [c.raw.upper() for c in parts[parts.index(reference) + 1:] if kind(c) == "keyword"][:2]
+        if action[:1] not in (["ADD"], ["DROP"]):      # ALTER COLUMN, SET (...), SWITCH, WITH CHECK ...
+            self.statements.append(Skipped(self.line(segment), f"alter_table_statement ({' '.join(action)})",
+                                           self.variables_only(segment)))
+            return
+        table = self.name_parts(reference, "table")
+        columns, refs = self.column_defs(segment)          # ADD column definitions, table constraints
+        constraints: list[int] = []
+        dropped_columns: list[int] = []
+        dropped_constraints: list[int] = []
+        verb, dropping = "", "COLUMN"        # ADD / DROP, and what DROP drops (DROP x, CONSTRAINT y, COLUMN z)
+        for c in parts[parts.index(reference) + 1:]:
+            k = kind(c)
+            if k == "keyword" and c.raw.upper() in ("ADD", "DROP"):
+                verb = c.raw.upper()
+            elif k == "keyword" and c.raw.upper() in ("COLUMN", "CONSTRAINT"):
+                dropping = c.raw.upper()
+            elif verb == "DROP" and k == "object_reference":
+                identifier = next(i for i in code(c) if kind(i) in IDENTIFIER_LEAVES)
+                dropped_constraints.append(self.tok(identifier, "constraint"))
+            elif verb == "DROP" and k == "column_reference" and dropping == "COLUMN":
+                identifier = next(i for i in code(c) if kind(i) in IDENTIFIER_LEAVES)
+                dropped_columns.append(self.tok(identifier, "column"))
+            elif k == "column_reference":                  # ADD CONSTRAINT name DEFAULT (0) FOR column
+                refs.append(self.column_ref(c))
+            elif k == "column_constraint_segment":
+                refs.extend(self.constraint_refs(c))
+            if verb == "ADD" and k in ("column_definition", "table_constraint", "column_constraint_segment"):
+                names = children(c, "object_reference") if k == "column_constraint_segment" else \
+                    descendants(c, "object_reference")
+                constraints.extend(self.tok(next(i for i in code(n) if kind(i) in IDENTIFIER_LEAVES), "constraint",
+                                            declares=True) for n in names)
+        self.statements.append(AlterTable(self.line(segment), table, columns, constraints, dropped_columns,
+                                          dropped_constraints, "EXISTS" in keywords(segment), refs,
+                                          tuple(self.asserted)))
+
+    def s_drop_index_statement(self, segment: BaseSegment) -> None:
+        reference = child(segment, "index_reference")
+        table = child(segment, "table_reference")
+        if reference is None or table is None:            # DROP INDEX t.ix (the old form)
+            self.statements.append(Skipped(self.line(segment), "drop_index_statement (without ON)",
+                                           self.variables_only(segment)))
+            return
+        index = self.tok(next(i for i in code(reference) if kind(i) in IDENTIFIER_LEAVES), "index")
+        self.statements.append(DropIndex(self.line(segment), index, self.name_parts(table, "table"),
+                                         "EXISTS" in keywords(segment)))
+
+    def s_drop_table_statement(self, segment: BaseSegment) -> None:
+        tables = [self.name_parts(t, "table") for t in children(segment, "table_reference")]
+        self.statements.append(DropTable(self.line(segment), tables, "EXISTS" in keywords(segment)))
 
     def s_alter_index_statement(self, segment: BaseSegment) -> None:
         index = self.tok(next(i for i in code(child(segment, "object_reference", "index_reference"))
@@ -1054,13 +1153,28 @@ class _Extractor:
             refs.append(FunctionRef(self.name_parts(name_segment, "function")[-1]))
         contents = child(segment, "function_contents")
         arguments = _arguments(contents)
+        line = self.line(segment)
         if name in NAMING_FUNCTIONS and arguments:
             first = code(arguments[0]) if arguments[0].segments else [arguments[0]]
-            literal = string_value(first[0].raw) if len(first) == 1 and kind(first[0]) == "quoted_literal" else None
+            literal = _literal_argument(arguments[0])
+            literals = [_literal_argument(a) for a in arguments[1:]]
             if literal is not None:
-                refs.append(NameInString(NAMING_FUNCTIONS[name], literal, self.line(segment)))
+                what = NAMING_FUNCTIONS[name]
+                if name == "OBJECT_ID" and literals and literals[0] is not None:
+                    what = OBJECT_TYPES.get(literals[0].strip().upper(), "object")
+                refs.append(NameInString(what, literal, line))
+                if name == "COL_LENGTH" and literals and literals[0] is not None:
+                    refs.append(NameInString("column", literals[0], line, table=literal))
             elif len(first) == 1 and kind(first[0]) == "parameter":
-                refs.append(Dynamic(self.line(segment), f"{name}({first[0].raw}) (an object named by a variable)"))
+                refs.append(Dynamic(line, f"{name}({first[0].raw}) (an object named by a variable)"))
+        if name == "INDEXPROPERTY" and len(arguments) >= 2:     # INDEXPROPERTY(OBJECT_ID(N't'), N'ix', ...)
+            inner = code(arguments[0])[0] if kind(arguments[0]) == "expression" else arguments[0]
+            index = _literal_argument(arguments[1])
+            if kind(inner) == "function" and child(inner, "function_name").raw.upper() == "OBJECT_ID":
+                table = next(iter(_arguments(child(inner, "function_contents"))), None)
+                table_name = _literal_argument(table) if table is not None else None
+                if table_name is not None and index is not None:
+                    refs.append(NameInString("index", index, line, table=table_name))
         for c in code(segment):
             if c is not name_segment:
                 refs.extend(self.refs_of(c))
@@ -1119,6 +1233,29 @@ class _Extractor:
 
     def variables_only(self, segment: BaseSegment) -> list[Ref]:
         return [VariableRef(self.tok(p, "variable")) for p in descendants(segment, "parameter")]
+
+
+def _literal_argument(argument: BaseSegment) -> str | None:
+    """The value of a function argument that is one string literal, else None."""
+    parts = code(argument) if argument.segments else [argument]
+    return string_value(parts[0].raw) if len(parts) == 1 and kind(parts[0]) == "quoted_literal" else None
+
+
+def _asserted_columns(condition: BaseSegment) -> list[tuple[str, str]]:
+    """(table, column) of each AND-ed ``COL_LENGTH(N'<table>', N'<column>') IS NOT NULL`` in a condition."""
+    out = []
+    for operand in conjuncts(condition) or []:
+        segments = operand.segments
+        if len(segments) != 4 or kind(segments[0]) != "function" or \
+                [s.raw.upper() for s in segments[1:]] != ["IS", "NOT", "NULL"]:
+            continue
+        name = child(segments[0], "function_name")
+        arguments = _arguments(child(segments[0], "function_contents"))
+        if name is not None and name.raw.upper() == "COL_LENGTH" and len(arguments) == 2:
+            table, column = (_literal_argument(a) for a in arguments)
+            if table is not None and column is not None:
+                out.append((table, column))
+    return out
 
 
 def _arguments(contents: BaseSegment | None) -> list[BaseSegment]:

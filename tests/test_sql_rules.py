@@ -19,7 +19,7 @@ from tablequeue.render import render_catalog
 from tablequeue.tsqlcheck import check_sources
 from tablequeue.tsqlrules import check_python, rule_batch_cap, procedures
 from tablequeue.tsqltree import child, descendants, parse_batch
-from tsql_renders import CATALOGS, REPO, report
+from tsql_renders import CATALOGS, MATRIX, REPO, report
 
 RULES = ["readpast", "nolock", "transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap",
          "select-star", "dynamic-sql", "options", "grants"]
@@ -76,6 +76,7 @@ CREATE OR ALTER PROCEDURE [s].[q_take]
 AS
 BEGIN
     SET NOCOUNT ON;
+    SET XACT_ABORT OFF;
     DECLARE @error_message nvarchar(2048);
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
@@ -86,6 +87,7 @@ BEGIN
         THROW 51001, N's.q_take: at most 1000 items.', 1;
     SET XACT_ABORT ON;
     DECLARE @key_holder bigint;
+    DECLARE @priority int;
     DECLARE @started_transaction bit = 0;
     BEGIN TRY
         IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND @batch_size > 0
@@ -100,6 +102,10 @@ BEGIN
         )
         DELETE FROM head
         OUTPUT DELETED.id INTO [s].[q_history] (id);
+        SET @priority = (
+            SELECT TOP (1) m.priority FROM [s].[q] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            ORDER BY m.priority DESC
+        );
         SELECT @key_holder = m.id FROM [s].[q] AS m WITH (UPDLOCK, HOLDLOCK) WHERE m.id = 0;
         IF @@ROWCOUNT = 0
             THROW 51004, N's.q_take: a state error, in the procedure's own unit of work.', 1;
@@ -114,16 +120,22 @@ END;
 GO
 GRANT EXECUTE ON OBJECT::[s].[q_take] TO [s_consumer];
 GO
--- The in-database worker commits per message: it refuses a caller's transaction, then owns its own.
+-- The in-database worker commits per message: it refuses a caller's transaction, then owns its own,
+-- each in the lock order (a claim burying a message, then its completion).
 CREATE OR ALTER PROCEDURE [s].[q_process]
 AS
 BEGIN
     SET NOCOUNT ON;
+    SET XACT_ABORT OFF;
     IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0
         THROW 51003, N's.q_process: cannot run inside an open transaction.', 1;
     SET XACT_ABORT ON;
     BEGIN TRANSACTION;
-    DELETE TOP (1) FROM [s].[q] WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK);
+    DELETE TOP (1) FROM [s].[q] WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+    OUTPUT DELETED.id INTO [s].[q_dead] (id);
+    COMMIT TRANSACTION;
+    BEGIN TRANSACTION;
+    DELETE FROM [s].[q] OUTPUT DELETED.id INTO [s].[q_history] (id) WHERE id = 1;
     COMMIT TRANSACTION;
 END;
 GO
@@ -133,9 +145,10 @@ GO
 
 
 def violations(text: str, rule: str, file: str = "seeded.sql", procedure: str | None = None) -> list[str]:
-    """The rule's violations in one file, as check-tsql prints them; of one procedure if given."""
+    """The rule's violations in one file, as check-tsql prints them; of one procedure (of any schema)
+    if given."""
     return [str(v) for v in check_sources([(file, text)]).violations
-            if v.rule == rule and (procedure is None or v.procedure == f"[queue].[{procedure}]")]
+            if v.rule == rule and (procedure is None or (v.procedure or "").endswith(f"].[{procedure}]"))]
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -155,8 +168,14 @@ def golden(name: str) -> tuple[str, str]:
     return str(path.relative_to(REPO)), path.read_text(encoding="utf-8")
 
 
+def matrix(name: str) -> tuple[str, str]:
+    """A file of the option matrix, named as `make lint` writes it."""
+    rendered = next(f for f in render_catalog(load_catalog(MATRIX), "mssql") if f.name == name)
+    return f"build/lint/mssql/{name}", rendered.text
+
+
 def procedure_batch(text: str, procedure: str) -> str:
-    return next(b.text for b in split_batches(text) if f"PROCEDURE [queue].[{procedure}]" in b.text)
+    return next(b.text for b in split_batches(text) if re.search(rf"PROCEDURE \[\w+\]\.\[{procedure}\]", b.text))
 
 
 def seed(text: str, procedure: str, edit) -> str:
@@ -205,6 +224,33 @@ PROBE_DEFECTS = {   # rule: (the probe's hints, the violation)
                 "the end of the transaction; probe with READPAST, READCOMMITTEDLOCK, or lock a key with UPDLOCK, "
                 "HOLDLOCK"),
 }
+
+
+# The priority probe of a claim (a loose index scan: which level to claim from next) skips locked
+# rows and takes none it keeps: ROWLOCK so that READPAST skips row locks reliably, never UPDLOCK.
+PRIORITY_PROBE = re.compile(r"(SELECT TOP \(1\) m\.priority\s+FROM \[queue\]\.\[thumbnails\] AS m WITH \()[^)]*\)")
+
+
+def test_the_priority_probe_reads_past_with_row_locks_and_never_updlock() -> None:
+    file, text = golden("thumbnails.sql")
+    batch = procedure_batch(text, "thumbnails_dequeue")
+    probes = [text[:text.index(batch) + match.start()].count("\n") + 2 for match in PRIORITY_PROBE.finditer(batch)]
+    assert probes
+
+    def probe_hints(hints: str):
+        return lambda b: PRIORITY_PROBE.sub(lambda match: f"{match.group(1)}{hints})", b)
+
+    rowlock = seed(text, "thumbnails_dequeue", probe_hints("ROWLOCK, READPAST, READCOMMITTEDLOCK"))
+    assert [v for rule in ("updlock", "readpast", "nolock")
+            for v in violations(rowlock, rule, file, "thumbnails_dequeue")] == []
+    claims = [c for b in check_sources([(file, rowlock)]).batches for c in b.claims
+              if c.procedure == "[queue].[thumbnails_dequeue]"]
+    assert claims and all({"ROWLOCK", "READPAST", "UPDLOCK", "READCOMMITTEDLOCK"} <= set(c.hints) for c in claims)
+    updlock = seed(text, "thumbnails_dequeue", probe_hints("ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK"))
+    assert violations(updlock, "updlock", file, "thumbnails_dequeue") == [
+        f"{file}:{line}: updlock: UPDLOCK outside a claim (WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)): a "
+        "look-up holds U locks to the end of the transaction; probe with READPAST, READCOMMITTEDLOCK, or lock a key "
+        "with UPDLOCK, HOLDLOCK (procedure [queue].[thumbnails_dequeue])" for line in probes]
 
 
 @pytest.mark.parametrize("rule", PROBE_DEFECTS)
@@ -259,23 +305,40 @@ def test_the_worker_owns_its_transactions_only_when_it_refuses_implicit_ones() -
     assert any("COMMIT outside IF @started_transaction = 1" in v for v in found)
 
 
+def test_argument_checks_without_xact_abort_off_are_refused() -> None:
+    """THROW honours the session's XACT_ABORT: a caller whose session has it ON (engines.connect sets
+    it) would have its transaction doomed by an argument check, unless the procedure sets it OFF."""
+    file, text = golden("emails.sql")
+    assert violations(text, "xact-abort", file, "emails_dequeue") == []
+    seeded = seed(text, "emails_dequeue", replace("SET XACT_ABORT OFF;", ""))
+    first_throw = line_of(text, "emails_dequeue", "THROW 51001")
+    assert violations(seeded, "xact-abort", file, "emails_dequeue") == [
+        f"{file}:{first_throw}: xact-abort: argument check THROW without SET XACT_ABORT OFF before it: a caller "
+        "whose session has XACT_ABORT ON would have its transaction doomed; start with SET NOCOUNT ON; SET "
+        "XACT_ABORT OFF; (procedure [queue].[emails_dequeue])"]
+
+
 def test_argument_throw_after_xact_abort_is_refused() -> None:
     file, text = golden("emails.sql")
 
-    def xact_abort_second(batch: str) -> str:     # SET XACT_ABORT ON right after SET NOCOUNT ON
-        lines = batch.split("\n")
-        lines = ["" if line.strip() == "SET XACT_ABORT ON;" else line for line in lines]
-        index = next(i for i, line in enumerate(lines) if line.strip() == "SET NOCOUNT ON;")
+    def xact_abort_before_the_checks(batch: str) -> str:     # SET XACT_ABORT ON right after the OFF
+        lines = ["" if line.strip() == "SET XACT_ABORT ON;" else line for line in batch.split("\n")]
+        index = next(i for i, line in enumerate(lines) if "SET XACT_ABORT OFF;" in line)
         lines[index] += " SET XACT_ABORT ON;"
         return "\n".join(lines)
 
-    batch = procedure_batch(text, "emails_dequeue")
-    seeded = text.replace(batch, xact_abort_second(batch), 1)
-    xact = line_of(text, "emails_dequeue", "SET NOCOUNT ON;")
+    seeded = seed(text, "emails_dequeue", xact_abort_before_the_checks)
+    xact = line_of(text, "emails_dequeue", "SET XACT_ABORT OFF;")
     first_throw = line_of(text, "emails_dequeue", "THROW 51001")
     assert (f"{file}:{first_throw}: xact-abort: THROW outside BEGIN TRY after SET XACT_ABORT ON (line {xact}): it "
             "dooms the caller's transaction; check arguments before SET XACT_ABORT ON, raise state errors in TRY "
             "(procedure [queue].[emails_dequeue])") in violations(seeded, "xact-abort", file, "emails_dequeue")
+    # And XACT_ABORT turned OFF again once the work has begun.
+    off_again = seed(text, "emails_dequeue", on_line_of("BEGIN TRY", lambda indent, line: line + " SET XACT_ABORT OFF;"))
+    assert (f"{file}:{line_of(text, 'emails_dequeue', 'BEGIN TRY')}: xact-abort: SET XACT_ABORT OFF after SET "
+            f"XACT_ABORT ON (line {line_of(text, 'emails_dequeue', 'SET XACT_ABORT ON;')}): the procedure's work "
+            "must run under XACT_ABORT ON (procedure [queue].[emails_dequeue])") in violations(
+        off_again, "xact-abort", file, "emails_dequeue")
 
 
 def test_xact_abort_after_the_first_table_access_is_refused() -> None:
@@ -329,6 +392,33 @@ def test_a_procedure_touching_dead_before_queue_is_refused() -> None:
         "is queue -> history -> dead-letter (procedure [queue].[emails_fail])"]
     # As rendered, fail's DELETE ... OUTPUT INTO the dead table FROM the queue touches the queue first.
     assert violations(text, "table-order", file, "emails_fail") == []
+
+
+def test_the_worker_keeps_the_lock_order_in_each_transaction_it_owns() -> None:
+    """The worker's claim buries (queue -> dead), then completes (queue -> history) in another
+    transaction: in text order dead comes before history, per transaction the order holds."""
+    file, text = matrix("work_all.sql")
+    procedure = "work_all_process"
+    assert violations(text, "table-order", file, procedure) == []
+    # Not recognised as owning its transactions (no refusal of the caller's): the literal text order.
+    literal = seed(text, procedure, on_line_of("IF @@TRANCOUNT > 0", lambda indent, _: indent + "IF @@TRANCOUNT > 0 "))
+    assert [v.split(" (line ")[0] for v in violations(literal, "table-order", file, procedure)] == [
+        f"{file}:{line_of(text, procedure, 'FROM [matrix].[work_all_dead] AS d')}: table-order: touches "
+        "matrix.work_all_dead before matrix.work_all_history"]
+
+    def peek_at_the_dead_first(batch: str) -> str:      # in the fail step's transaction, the last one
+        lines = batch.split("\n")
+        index = max(i for i, line in enumerate(lines) if line.strip() == "BEGIN TRANSACTION;")
+        lines[index] += " DECLARE @peek bigint = (SELECT COUNT(*) FROM [matrix].[work_all_dead] AS p);"
+        return "\n".join(lines)
+
+    batch = procedure_batch(text, procedure)
+    last_begin = batch.rindex("BEGIN TRANSACTION;")
+    begin_line = text[:text.index(batch) + last_begin].count("\n") + 1
+    update_line = text[:text.index(batch) + batch.index("UPDATE [matrix].[work_all]", last_begin)].count("\n") + 1
+    assert violations(seed(text, procedure, peek_at_the_dead_first), "table-order", file, procedure) == [
+        f"{file}:{begin_line}: table-order: touches matrix.work_all_dead before matrix.work_all (line {update_line}): "
+        f"the lock order is queue -> history -> dead-letter (procedure [matrix].[{procedure}])"]
 
 
 def test_an_uncapped_batch_size_is_refused() -> None:

@@ -11,9 +11,13 @@ transaction-guard   BEGIN TRAN only inside IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2
                     error 266); COMMIT/ROLLBACK only inside IF @started_transaction = 1. A procedure
                     that first THROWs when @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0 (the in-database
                     worker) owns its transactions
-xact-abort          SET NOCOUNT ON first; SET XACT_ABORT ON after every THROW outside BEGIN TRY (the
-                    argument checks: under XACT_ABORT a THROW dooms the caller's transaction) and
-                    before the first statement that reads or writes a table or begins a transaction
+xact-abort          SET NOCOUNT ON first. The argument checks (THROWs outside BEGIN TRY before SET
+                    XACT_ABORT ON) come after SET XACT_ABORT OFF: THROW honours the session's setting,
+                    and under XACT_ABORT ON (the caller's session may have it: engines.connect sets
+                    it) it dooms the caller's transaction; the SET is the procedure's own, restored
+                    when it returns. Then SET XACT_ABORT ON, before the first statement that reads or
+                    writes a table or begins a transaction, and no THROW outside BEGIN TRY after it
+                    (state errors are raised in TRY), nor SET XACT_ABORT OFF again
 updlock             UPDLOCK only in a claim (READPAST + UPDLOCK + ROWLOCK + READCOMMITTEDLOCK in a CTE
                     that the statement UPDATEs or DELETEs; UPDLOCK without READPAST only in the
                     strict FIFO's CTE-then-DELETE; DELETE TOP (n) ... WITH (UPDLOCK)) or with HOLDLOCK
@@ -21,7 +25,11 @@ updlock             UPDLOCK only in a claim (READPAST + UPDLOCK + ROWLOCK + READ
                     of the transaction and blocks others
 table-order         a procedure touches a queue's tables in the order queue -> history -> dead (the
                     text order of first reference; OUTPUT ... INTO comes after the statement's own
-                    table), so that no two procedures take their locks in opposite orders
+                    table), so that no two procedures take their locks in opposite orders. The
+                    in-database worker (it refuses a caller's transaction: see transaction-guard)
+                    owns one transaction per step (claim: queue -> dead; complete: queue ->
+                    history; fail: queue -> dead) and releases its locks at each commit: it is
+                    checked per transaction, its steps split at its BEGIN / COMMIT / ROLLBACK
 batch-cap           a READONLY table-valued parameter is counted and refused (THROW 51001) above
                     1,000 rows before it feeds any write; @batch_size / @page_size are checked
                     BETWEEN 1 AND 1000 (THROW 51001) before use: beyond ~5,000 row locks SQL Server
@@ -267,23 +275,41 @@ def rule_transaction_guard(procedure: Procedure) -> list[Violation]:
     return out
 
 
+def _sets(step: Step, text: str) -> bool:
+    return step.kind == "set_segment" and step.text == text
+
+
 def rule_xact_abort(procedure: Procedure) -> list[Violation]:
     rule = "xact-abort"
     body = procedure.steps
     if not body or body[0].text != "SET NOCOUNT ON":
         at = body[0].segment if body else procedure.segment
         return [procedure.violation(at, rule, "the first statement is not SET NOCOUNT ON")]
-    xact = next((s for s in body if s.kind == "set_segment" and s.text == "SET XACT_ABORT ON"), None)
+    xact = next((s for s in body if _sets(s, "SET XACT_ABORT ON")), None)
     if xact is None:
         return [procedure.violation(procedure.segment, rule, "no SET XACT_ABORT ON")]
     out = []
     at = offset_of(xact.segment)
+    xact_line = procedure.line(xact.segment)
+    checks = [s for s in body if _throw_with_arguments(s) and not s.in_try and offset_of(s.segment) < at]
+    if checks and not any(_sets(s, "SET XACT_ABORT OFF") and offset_of(s.segment) < offset_of(checks[0].segment)
+                          for s in body):
+        out.append(procedure.violation(checks[0].segment, rule, "argument check THROW without SET XACT_ABORT OFF "
+                                                                "before it: a caller whose session has XACT_ABORT "
+                                                                "ON would have its transaction doomed; start with "
+                                                                "SET NOCOUNT ON; SET XACT_ABORT OFF;"))
     for step in body:
-        if _throw_with_arguments(step) and not step.in_try and offset_of(step.segment) > at:
+        if offset_of(step.segment) <= at:
+            continue
+        if _throw_with_arguments(step) and not step.in_try:
             out.append(procedure.violation(step.segment, rule, f"THROW outside BEGIN TRY after SET XACT_ABORT ON "
-                                                               f"(line {procedure.line(xact.segment)}): it dooms "
-                                                               "the caller's transaction; check arguments before "
-                                                               "SET XACT_ABORT ON, raise state errors in TRY"))
+                                                               f"(line {xact_line}): it dooms the caller's "
+                                                               "transaction; check arguments before SET XACT_ABORT "
+                                                               "ON, raise state errors in TRY"))
+        elif _sets(step, "SET XACT_ABORT OFF"):
+            out.append(procedure.violation(step.segment, rule, f"SET XACT_ABORT OFF after SET XACT_ABORT ON (line "
+                                                               f"{xact_line}): the procedure's work must run under "
+                                                               "XACT_ABORT ON"))
     first = next((s for s in body if _touches(s)), None)
     if first is not None and offset_of(first.segment) < at:
         out.append(procedure.violation(first.segment, rule, f"reads or writes a table or begins a transaction "
@@ -356,20 +382,36 @@ def _queue_table(name: str) -> tuple[str, int]:
     return name, 0
 
 
-def rule_table_order(procedure: Procedure) -> list[Violation]:
-    first: dict[str, BaseSegment] = {}      # table -> where the procedure first touches it, in order
+def own_transactions(procedure: Procedure) -> list[list[Step]]:
+    """The steps of a procedure that owns its transactions, split at its BEGIN / COMMIT / ROLLBACK
+    TRANSACTION: one part per transaction (and the parts between, which hold none)."""
+    parts: list[list[Step]] = [[]]
     for step in procedure.steps:
-        for name, reference in tables(step.segment):
-            first.setdefault(name, reference)
+        if _is_begin(step) or _ends_transaction(step):
+            parts.append([])
+        else:
+            parts[-1].append(step)
+    return parts
+
+
+def rule_table_order(procedure: Procedure) -> list[Violation]:
     out = []
-    order = list(first)
-    for index, name in enumerate(order):
-        base, rank = _queue_table(name)
-        earlier = next((e for e in order[:index] if _queue_table(e)[0] == base and _queue_table(e)[1] > rank), None)
-        if earlier is not None:
-            out.append(procedure.violation(first[earlier], "table-order",
-                                           f"touches {earlier} before {name} (line {procedure.line(first[name])}): "
-                                           "the lock order is queue -> history -> dead-letter"))
+    parts = own_transactions(procedure) if refuses_open_transaction(procedure) else [procedure.steps]
+    for part in parts:
+        first: dict[str, BaseSegment] = {}      # table -> where the part first touches it, in order
+        for step in part:
+            for name, reference in tables(step.segment):
+                first.setdefault(name, reference)
+        order = list(first)
+        for index, name in enumerate(order):
+            base, rank = _queue_table(name)
+            earlier = next((e for e in order[:index] if _queue_table(e)[0] == base and _queue_table(e)[1] > rank),
+                           None)
+            if earlier is not None:
+                out.append(procedure.violation(first[earlier], "table-order",
+                                               f"touches {earlier} before {name} (line "
+                                               f"{procedure.line(first[name])}): the lock order is queue -> history "
+                                               "-> dead-letter"))
     return out
 
 

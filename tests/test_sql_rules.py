@@ -334,7 +334,8 @@ def test_argument_throw_after_xact_abort_is_refused() -> None:
             "dooms the caller's transaction; check arguments before SET XACT_ABORT ON, raise state errors in TRY "
             "(procedure [queue].[emails_dequeue])") in violations(seeded, "xact-abort", file, "emails_dequeue")
     # And XACT_ABORT turned OFF again once the work has begun.
-    off_again = seed(text, "emails_dequeue", on_line_of("BEGIN TRY", lambda indent, line: line + " SET XACT_ABORT OFF;"))
+    off_again = seed(text, "emails_dequeue",
+                     on_line_of("BEGIN TRY", lambda indent, line: line + " SET XACT_ABORT OFF;"))
     assert (f"{file}:{line_of(text, 'emails_dequeue', 'BEGIN TRY')}: xact-abort: SET XACT_ABORT OFF after SET "
             f"XACT_ABORT ON (line {line_of(text, 'emails_dequeue', 'SET XACT_ABORT ON;')}): the procedure's work "
             "must run under XACT_ABORT ON (procedure [queue].[emails_dequeue])") in violations(

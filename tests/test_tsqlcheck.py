@@ -136,10 +136,11 @@ CASES = {
         "    INDEXPROPERTY(OBJECT_ID(N'[s].[t]'), N'pk_t', 'IndexID') AS i,\n"
         "    INDEXPROPERTY(OBJECT_ID(N'[s].[t]'), N'ix_nope', 'IndexID') AS j,\n"
         "    INDEX_COL(N'[s].[nope]', 1, 1) AS k, OBJECT_ID(N'[s].[pk_t]', N'PK') AS pk,\n"
-        "    OBJECT_ID(N'[s].[df_nope]', N'D') AS df, OBJECT_ID(N'[s].[p]', N'P') AS p, OBJECT_ID(N'[s].[t]', N'P') AS q;",
+        "    OBJECT_ID(N'[s].[df_nope]', N'D') AS df, OBJECT_ID(N'[s].[p]', N'P') AS p,\n"
+        "    OBJECT_ID(N'[s].[t]', N'P') AS q;",
         ["1: unresolved column 'nope' of table '[s].[t]'", "3: unresolved index 'ix_nope' of table '[s].[t]'",
          "4: unresolved table '[s].[nope]'", "5: unresolved constraint '[s].[df_nope]'",
-         "5: unresolved procedure '[s].[t]'"]),
+         "6: unresolved procedure '[s].[t]'"]),
     "grants, roles and schemas": (
         "GRANT EXECUTE ON OBJECT::[s].[p] TO [s_admin];\nGRANT EXECUTE ON OBJECT::[s].[q] TO [nobody];\n"
         "GO\nCREATE TABLE [nope].[x] (id int COLLATE Latin1_General_CI_AS);",
@@ -282,7 +283,8 @@ GO
     assert migration_findings(default_only, elsewhere) == ["m1.sql:5: unresolved column 'k'"]
     unguarded = "ALTER TABLE [s].[t] DROP COLUMN k;\nDROP INDEX [ux_t_k] ON [s].[t];\n"
     assert migration_findings(unguarded, elsewhere) == [
-        "m1.sql:1: unresolved column 'k' of table '[s].[t]'", "m1.sql:2: unresolved index '[ux_t_k]' of table '[s].[t]'"]
+        "m1.sql:1: unresolved column 'k' of table '[s].[t]'",
+        "m1.sql:2: unresolved index '[ux_t_k]' of table '[s].[t]'"]
 
 
 def test_a_table_dropped_and_created_again_is_the_migrations_own() -> None:

@@ -2,8 +2,9 @@
 
 pyodbc binds a table-valued parameter from a list: the type's name and its schema first, then the
 rows. The items type lives in the catalog schema, so without them SQL Server answers error 2715
-("cannot find data type"); and pyodbc releases before 5.x took each column's SQL type from the first
-row, so a NULL there could not be bound. The SQL Server half of the conformance suite runs the real
+("cannot find data type"). And pyodbc takes a single list argument of execute() as the whole
+parameter list: a table-valued parameter passed alone would be split into one parameter per row (the
+fake cursor below does what pyodbc does). The SQL Server half of the conformance suite runs the real
 round trip when TABLEQUEUE_MSSQL_URL is set.
 """
 from __future__ import annotations
@@ -21,6 +22,9 @@ class RecordingCursor:
         self.description = None
 
     def execute(self, sql: str, *params: Any) -> None:
+        # As pyodbc: a single list or tuple argument is the whole parameter list.
+        if len(params) == 1 and isinstance(params[0], (list, tuple)):
+            params = tuple(params[0])
         self.calls.append((sql, params))
         self.description = [("ordinal",), ("id",), ("duplicate",)]
 
@@ -62,18 +66,20 @@ def test_enqueue_batch_names_the_table_type_and_its_schema_before_the_rows() -> 
     assert sorted(row[0] for row in rows) == [1, 2]
 
 
-def test_enqueue_batch_puts_the_row_with_the_fewest_nulls_first_and_keeps_every_ordinal() -> None:
+def test_enqueue_batch_sends_every_item_with_its_ordinal_and_nulls_where_an_item_has_no_value() -> None:
     client, conn = client_for("pending", dedupe=True)
     due = datetime(2030, 1, 1, tzinfo=timezone.utc)
-    items = [{"payload": {"n": 1}}, {"payload": {"n": 2}, "due_at": due}, {"payload": {"n": 3}, "due_at": due,
-                                                                           "dedupe_key": "k"}]
-    client.enqueue_batch(items)
+    client.enqueue_batch([{"payload": {"n": 1}}, {"payload": {"n": 2}, "due_at": due, "dedupe_key": "k"}])
 
     [(_, (table_value,))] = conn.calls
-    rows = table_value[2:]
     columns = TVP_COLUMNS["pending"]
-    first = dict(zip(columns, rows[0]))
-    assert first["ordinal"] == 3 and first["dedupe_key"] == "k" and first["due_at"] == due.replace(tzinfo=None)
-    by_ordinal = {row[0]: dict(zip(columns, row)) for row in rows}
-    assert set(by_ordinal) == {1, 2, 3}
-    assert by_ordinal[1]["due_at"] is None and by_ordinal[1]["payload"] == '{"n": 1}'
+    rows = [dict(zip(columns, row)) for row in table_value[2:]]
+    assert rows == [{"ordinal": 1, "payload": '{"n": 1}', "due_at": None, "dedupe_key": None},
+                    {"ordinal": 2, "payload": '{"n": 2}', "due_at": due.replace(tzinfo=None), "dedupe_key": "k"}]
+
+
+def test_every_verb_passes_its_arguments_as_one_parameter_list() -> None:
+    client, conn = client_for("work")
+    client.dequeue(batch_size=5, worker="w")
+    [(sql, params)] = conn.calls
+    assert sql.endswith("@batch_size = ?, @worker = ?;") and params == (5, "w")

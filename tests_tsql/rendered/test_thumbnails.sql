@@ -2114,10 +2114,13 @@ BEGIN
     FROM [queue].[thumbnails_dead] AS r;
 
     -- Act: the migration's steps, as the deploy runs them.
-    IF OBJECT_ID(N'[queue].[df_thumbnails_dead_priority]', N'D') IS NULL
+    IF COL_LENGTH(N'[queue].[thumbnails_dead]', N'priority') IS NOT NULL
         BEGIN
-            ALTER TABLE [queue].[thumbnails_dead]
-            ADD CONSTRAINT [df_thumbnails_dead_priority] DEFAULT (0) FOR priority;
+            IF OBJECT_ID(N'[queue].[df_thumbnails_dead_priority]', N'D') IS NULL
+                BEGIN
+                    ALTER TABLE [queue].[thumbnails_dead]
+                    ADD CONSTRAINT [df_thumbnails_dead_priority] DEFAULT (0) FOR priority;
+                END;
         END;
 
     IF COL_LENGTH(N'[queue].[thumbnails_dead]', N'priority') IS NOT NULL

@@ -79,7 +79,9 @@ class QueueClient:
         cursor = self.conn.cursor()
         try:
             args = ", ".join(f"@{k} = ?" for k in given)
-            cursor.execute(f"SET NOCOUNT ON; EXEC {self._routine(verb)} {args};", *given.values())
+            # One sequence of parameters, always: pyodbc takes a single list argument for the whole
+            # parameter list, so a table-valued parameter (itself a list) passed alone would be split.
+            cursor.execute(f"SET NOCOUNT ON; EXEC {self._routine(verb)} {args};", tuple(given.values()))
             while cursor.description is None and cursor.nextset():
                 pass
             if cursor.description is None:
@@ -131,9 +133,8 @@ class QueueClient:
     def _table_value(self, type_suffix: str, rows: list[tuple]) -> list:
         """A table-valued parameter as pyodbc binds it: the type's name and schema first (the type
         lives in the catalog schema, not dbo: without them SQL Server answers 2715), then the rows.
-        The row with the fewest NULLs goes first: older pyodbc releases take each column's SQL type
-        from the first row and cannot bind a NULL there; the ordinal column keeps the items' order."""
-        rows = sorted(rows, key=lambda row: sum(value is None for value in row))
+        pyodbc 5 (pinned) reads every row to type a column, so a NULL in the first row binds; a column
+        NULL in every row binds as a NULL varchar, which SQL Server converts to the column's type."""
         return [f"{self.queue.name}_{type_suffix}", self.schema, *rows]
 
     def dequeue(self, batch_size: int = 1, worker: str | None = None,

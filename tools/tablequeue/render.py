@@ -439,10 +439,14 @@ class MigrationSource:
         return Migration(name, f"{self.dialect}/{template}", unit.name, before, after, body, steps)
 
     def header(self, migration: Migration) -> str:
+        """The rendered file's header. On SQL Server it also sets what a filtered index needs when it is
+        created (sqlcmd starts with QUOTED_IDENTIFIER OFF): deploy and the hand-run script set both
+        on their connection; a migration file run on its own must too."""
+        options = "SET ANSI_NULLS ON;\nSET QUOTED_IDENTIFIER ON;\nGO\n\n" if self.dialect == "mssql" else ""
         return (f"-- tablequeue {version()} | generated: do not edit\n"
                 f"-- template: {migration.template} | dialect: {self.dialect}\n"
                 f"-- unit: {migration.unit}\n"
-                f"-- from: {migration.before.describe()}\n-- to:   {migration.after.describe()}\n")
+                f"-- from: {migration.before.describe()}\n-- to:   {migration.after.describe()}\n" + options)
 
 
 def parse_steps(text: str, source: str) -> tuple[Step, ...]:

@@ -72,6 +72,7 @@ TSQLT_TABLE_ARGUMENTS = {("faketable", "@tablename"), ("applyconstraint", "@tabl
 # Built-in functions sqlfluff does not treat as keywords, with the type they return (None: the type
 # of their argument, or not needed). The type is read by the contract parity test.
 BUILTIN_FUNCTIONS: dict[str, str | None] = {
+    "ABS": None, "CHECKSUM": "int",
     "COL_LENGTH": "smallint", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
     "DATABASE_PRINCIPAL_ID": "int", "DATALENGTH": "bigint", "DATEADD": "datetime2(7)", "DATEDIFF": "int",
     "DATEDIFF_BIG": "bigint", "ERROR_LINE": "int", "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int",

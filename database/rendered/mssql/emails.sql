@@ -134,12 +134,12 @@ CREATE OR ALTER PROCEDURE [queue].[emails_enqueue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF @payload IS NULL OR ISJSON(@payload) = 0
         BEGIN
             SET @error_message = N'queue.emails_enqueue: payload must not be NULL and must be valid JSON.';
@@ -214,11 +214,11 @@ CREATE OR ALTER PROCEDURE [queue].[emails_enqueue_batch]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF (SELECT COUNT_BIG(*) FROM @items) > 1000
         BEGIN
             THROW 51001, N'queue.emails_enqueue_batch: at most 1000 items per call.', 1;
@@ -422,12 +422,13 @@ CREATE OR ALTER PROCEDURE [queue].[emails_dequeue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
     -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
             SET @error_message = CONCAT(
@@ -469,6 +470,7 @@ BEGIN
     DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
     DECLARE @remaining int = @batch_size;
     DECLARE @claimed_now int = 0;
+    DECLARE @exhausted int;
     DECLARE @started_transaction bit = 0;
     DECLARE @buried_count int = 0;
 
@@ -493,7 +495,7 @@ BEGIN
                 m.leased_by,
                 m.leased_at,
                 m.payload
-            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
             ORDER BY m.visible_at, m.id
         )
@@ -522,7 +524,12 @@ BEGIN
             enqueued_at, due_at, attempts, payload
         );
 
-        IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 3
+        SET @exhausted = (
+            SELECT COUNT(*)
+            FROM @claimed AS c
+            WHERE c.attempts > 3 AND c.previous_visible_at <= @now
+        );
+        IF @exhausted > 0
             BEGIN
                 DELETE m
                 OUTPUT
@@ -542,11 +549,12 @@ BEGIN
                     )
                 FROM [queue].[emails] AS m
                 INNER JOIN @claimed AS c ON m.id = c.id
-                WHERE c.attempts > 3;
+                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
                 SET @buried_count = @@ROWCOUNT;
 
-                DELETE FROM @claimed
-                WHERE attempts > 3;
+                DELETE c
+                FROM @claimed AS c
+                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
             END;
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
@@ -565,7 +573,7 @@ BEGIN
                         m.leased_by,
                         m.leased_at,
                         m.payload
-                    FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                    FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE m.visible_at <= @now
                     ORDER BY m.visible_at, m.id
                 )
@@ -594,7 +602,12 @@ BEGIN
                 IF @claimed_now = 0 BREAK;
 
                 SET @buried_count = 0;
-                IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 3
+                SET @exhausted = (
+                    SELECT COUNT(*)
+                    FROM @claimed AS c
+                    WHERE c.attempts > 3 AND c.previous_visible_at <= @now
+                );
+                IF @exhausted > 0
                     BEGIN
                         DELETE m
                         OUTPUT
@@ -614,11 +627,12 @@ BEGIN
                             )
                         FROM [queue].[emails] AS m
                         INNER JOIN @claimed AS c ON m.id = c.id
-                        WHERE c.attempts > 3;
+                        WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
                         SET @buried_count = @@ROWCOUNT;
 
-                        DELETE FROM @claimed
-                        WHERE attempts > 3;
+                        DELETE c
+                        FROM @claimed AS c
+                        WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
                     END;
 
                 SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
@@ -655,6 +669,8 @@ CREATE OR ALTER PROCEDURE [queue].[emails_complete]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -700,6 +716,8 @@ CREATE OR ALTER PROCEDURE [queue].[emails_fail]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -794,6 +812,8 @@ CREATE OR ALTER PROCEDURE [queue].[emails_extend_lease]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -938,6 +958,8 @@ CREATE OR ALTER PROCEDURE [queue].[emails_purge]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF @max_rows < 1
@@ -949,24 +971,30 @@ BEGIN
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
     -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
-    -- first, in the clustered index's order.
+    -- first, in the clustered index's order (id). Called in a transaction (the caller's, or an
+    -- implicit one), every chunk's locks last until it ends: purge with max_rows and commit between
+    -- calls on a busy queue.
     DECLARE @last bigint = (SELECT MAX(m.id) FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK));
+    DECLARE @after bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE (id bigint NOT NULL PRIMARY KEY);
 
     WHILE @chunk > 0
         BEGIN
             SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
+            DELETE FROM @deleted;
             IF @older_than IS NULL
                 BEGIN
                     WITH doomed AS (
                         SELECT TOP (@chunk) m.id
                         FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.id <= @last
+                        WHERE m.id > @after AND m.id <= @last
                         ORDER BY m.id
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.id INTO @deleted (id);
                     SET @chunk = @@ROWCOUNT;
                 END;
             ELSE
@@ -974,14 +1002,16 @@ BEGIN
                     WITH doomed AS (
                         SELECT TOP (@chunk) m.id
                         FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.id <= @last AND m.enqueued_at < @older_than
+                        WHERE m.id > @after AND m.id <= @last AND m.enqueued_at < @older_than
                         ORDER BY m.id
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.id INTO @deleted (id);
                     SET @chunk = @@ROWCOUNT;
                 END;
             SET @purged = @purged + @chunk;
+            SET @after = COALESCE((SELECT MAX(d.id) FROM @deleted AS d), @after);
         END;
 
     SELECT @purged AS purged;
@@ -1001,6 +1031,8 @@ CREATE OR ALTER PROCEDURE [queue].[emails_dead_list]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -1063,13 +1095,23 @@ CREATE OR ALTER PROCEDURE [queue].[emails_dead_requeue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    IF @id IS NULL
+        BEGIN
+            SET @error_message = N'queue.emails_dead_requeue: id must not be NULL.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET XACT_ABORT ON;
+
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @found bit = 0;
+    DECLARE @taken_id bigint;
     DECLARE @key nvarchar(200);
+    DECLARE @locked_key nvarchar(200);
     DECLARE @key_holder bigint;
     DECLARE @started_transaction bit = 0;
 
@@ -1081,16 +1123,19 @@ BEGIN
                 SET @started_transaction = 1;
             END;
 
-        -- Which key to lock in the queue table: a plain read that holds no lock after it (the dead
-        -- row is locked below, after the queue table, in the fixed lock order).
+        -- Queue table first, the fixed lock order: the id's place in the queue, held so that nothing
+        -- else can insert it. A concurrent requeue of the same id waits here.
+        SELECT @taken_id = m.id
+        FROM [queue].[emails] AS m WITH (UPDLOCK, HOLDLOCK)
+        WHERE m.id = @id;
+
+        -- The key to lock in the queue table, before the dead row is locked (queue first): read
+        -- without keeping a lock, and checked again below under the dead row's lock.
         SET @key = (
             SELECT d.dedupe_key
             FROM [queue].[emails_dead] AS d
             WHERE d.id = @id
         );
-
-        -- The key may have been enqueued again since: the message then comes back without it rather
-        -- than not at all (requeue is an operator's deliberate action on this one message).
         IF @key IS NOT NULL
             BEGIN
                 SELECT @key_holder = m.id
@@ -1098,10 +1143,11 @@ BEGIN
                 WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
             END;
 
-        -- Then the dead row, locked to the end of the transaction: a concurrent requeue or delete of
-        -- the same id waits here and then finds it gone (not_found), instead of colliding with this
-        -- one's insert (2627).
-        SELECT @found = 1
+        -- Then the dead row, locked to the end of the transaction: a concurrent delete of it waits
+        -- here and then finds it gone (not_found), instead of colliding with this insert (2627).
+        SELECT
+            @found = 1,
+            @locked_key = d.dedupe_key
         FROM [queue].[emails_dead] AS d WITH (UPDLOCK, HOLDLOCK)
         WHERE d.id = @id;
         IF @found = 0
@@ -1113,10 +1159,21 @@ BEGIN
                 );
                 THROW 51004, @error_message, 1;
             END;
+        IF @taken_id IS NOT NULL
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.emails_dead_requeue: a message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N' is queued already.'
+                );
+                THROW 51001, @error_message, 1;
+            END;
 
         SET IDENTITY_INSERT [queue].[emails] ON;
 
-        -- Queue table, then dead table: insert the copy, then delete.
+        -- Queue table, then dead table: insert the copy, then delete. The message keeps its key
+        -- unless the key was enqueued again since (or is not the key locked above): it then comes
+        -- back without it rather than not at all (requeue is an operator's deliberate action).
         INSERT INTO [queue].[emails] (
             id, enqueued_at, due_at, visible_at, dedupe_key, attempts, last_error, payload
         )
@@ -1125,7 +1182,7 @@ BEGIN
             d.enqueued_at,
             d.due_at,
             @now AS visible_at,
-            IIF(@key_holder IS NULL, d.dedupe_key, NULL) AS dedupe_key,
+            IIF(@key_holder IS NULL AND @locked_key = @key, @locked_key, NULL) AS dedupe_key,
             0 AS attempts,
             d.last_error,
             d.payload
@@ -1159,22 +1216,35 @@ CREATE OR ALTER PROCEDURE [queue].[emails_dead_delete]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    DELETE FROM [queue].[emails_dead]
-    WHERE id = @id;
-
-    IF @@ROWCOUNT = 0
+    IF @id IS NULL
         BEGIN
-            SET @error_message = CONCAT(
-                N'queue.emails_dead_delete: no dead-letter message with id ',
-                CONVERT(nvarchar(36), @id),
-                N'.'
-            );
-            THROW 51004, @error_message, 1;
+            SET @error_message = N'queue.emails_dead_delete: id must not be NULL.';
+            THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
+
+    BEGIN TRY
+        DELETE FROM [queue].[emails_dead]
+        WHERE id = @id;
+
+        IF @@ROWCOUNT = 0
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.emails_dead_delete: no dead-letter message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N'.'
+                );
+                THROW 51004, @error_message, 1;
+            END;
+    END TRY
+    BEGIN CATCH
+        THROW;
+    END CATCH;
 
     SELECT CONVERT(bit, 1) AS deleted; -- noqa: RF04
 END;
@@ -1191,6 +1261,8 @@ CREATE OR ALTER PROCEDURE [queue].[emails_history_purge]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF @max_rows < 1
@@ -1201,24 +1273,38 @@ BEGIN
 
     -- Default: the retention of option history_retention_days (30).
     SET @older_than = COALESCE(@older_than, DATEADD(DAY, -30, SYSUTCDATETIME()));
+    DECLARE @after_finished datetime2(7) = '0001-01-01';
+    DECLARE @after_id bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE (history_id bigint NOT NULL PRIMARY KEY, finished_at datetime2(7) NOT NULL);
 
-    -- A range at the start of the clustered index, oldest first, in chunks below the
-    -- lock-escalation threshold.
+    -- A range at the start of the clustered index (finished_at, history_id), oldest first, in
+    -- chunks below the lock-escalation threshold, each from where the last one ended.
     WHILE @chunk > 0
         BEGIN
             SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
+            DELETE FROM @deleted;
             WITH doomed AS (
-                SELECT TOP (@chunk) h.history_id
+                SELECT TOP (@chunk)
+                    h.history_id,
+                    h.finished_at
                 FROM [queue].[emails_history] AS h WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                WHERE h.finished_at < @older_than
+                WHERE
+                    h.finished_at >= @after_finished AND h.finished_at < @older_than
+                    AND NOT (h.finished_at = @after_finished AND h.history_id <= @after_id)
                 ORDER BY h.finished_at, h.history_id
             )
 
-            DELETE FROM doomed;
+            DELETE FROM doomed
+            OUTPUT DELETED.history_id, DELETED.finished_at INTO @deleted (history_id, finished_at);
             SET @chunk = @@ROWCOUNT;
             SET @purged = @purged + @chunk;
+            SELECT TOP (1)
+                @after_finished = d.finished_at,
+                @after_id = d.history_id
+            FROM @deleted AS d
+            ORDER BY d.finished_at DESC, d.history_id DESC;
         END;
 
     SELECT @purged AS purged;

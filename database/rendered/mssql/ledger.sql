@@ -45,11 +45,11 @@ CREATE OR ALTER PROCEDURE [queue].[ledger_enqueue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF @payload IS NULL OR ISJSON(@payload) = 0
         BEGIN
             THROW 51002, N'queue.ledger_enqueue: payload must not be NULL and must be valid JSON.', 1;
@@ -80,11 +80,11 @@ CREATE OR ALTER PROCEDURE [queue].[ledger_enqueue_batch]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF (SELECT COUNT_BIG(*) FROM @items) > 1000
         BEGIN
             THROW 51001, N'queue.ledger_enqueue_batch: at most 1000 items per call.', 1;
@@ -170,11 +170,12 @@ CREATE OR ALTER PROCEDURE [queue].[ledger_dequeue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- The claim's hints are refused (skipping locked rows) or lock differently under SERIALIZABLE
     -- and SNAPSHOT: READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
             DECLARE @error_message nvarchar(2048) = CONCAT(
@@ -288,6 +289,8 @@ CREATE OR ALTER PROCEDURE [queue].[ledger_purge]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF @max_rows < 1
@@ -298,28 +301,34 @@ BEGIN
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue
-    -- cannot deadlock); the id bound stops a purge from chasing producers forever. Oldest first:
-    -- in the clustered index's order.
+    -- cannot deadlock). Oldest first, in the clustered index's order. Called in a transaction (the
+    -- caller's, or an implicit one), every chunk's locks last until it ends: purge with max_rows
+    -- and commit between calls on a busy queue.
+    -- The bound that stops a purge from chasing producers: one seek to the clustered index's end.
     DECLARE @last_id bigint = (
         SELECT MAX(m.id)
         FROM [queue].[ledger] AS m WITH (READPAST, READCOMMITTEDLOCK)
     );
+    DECLARE @after_id bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE (id bigint NOT NULL PRIMARY KEY);
 
     WHILE @chunk > 0
         BEGIN
             SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
+            DELETE FROM @deleted;
             IF @older_than IS NULL
                 BEGIN
                     WITH doomed AS (
                         SELECT TOP (@chunk) m.id
                         FROM [queue].[ledger] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.id <= @last_id
+                        WHERE m.id > @after_id AND m.id <= @last_id
                         ORDER BY m.id
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.id INTO @deleted (id);
                     SET @chunk = @@ROWCOUNT;
                 END;
             ELSE
@@ -327,14 +336,16 @@ BEGIN
                     WITH doomed AS (
                         SELECT TOP (@chunk) m.id
                         FROM [queue].[ledger] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.id <= @last_id AND m.enqueued_at < @older_than
+                        WHERE m.id > @after_id AND m.id <= @last_id AND m.enqueued_at < @older_than
                         ORDER BY m.id
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.id INTO @deleted (id);
                     SET @chunk = @@ROWCOUNT;
                 END;
             SET @purged = @purged + @chunk;
+            SET @after_id = COALESCE((SELECT MAX(d.id) FROM @deleted AS d), @after_id);
         END;
 
     SELECT @purged AS purged;

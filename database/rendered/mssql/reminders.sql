@@ -55,11 +55,11 @@ CREATE OR ALTER PROCEDURE [queue].[reminders_enqueue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF @payload IS NULL OR ISJSON(@payload) = 0
         BEGIN
             THROW 51002, N'queue.reminders_enqueue: payload must not be NULL and must be valid JSON.', 1;
@@ -129,11 +129,11 @@ CREATE OR ALTER PROCEDURE [queue].[reminders_enqueue_batch]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF (SELECT COUNT_BIG(*) FROM @items) > 1000
         BEGIN
             THROW 51001, N'queue.reminders_enqueue_batch: at most 1000 items per call.', 1;
@@ -288,11 +288,12 @@ CREATE OR ALTER PROCEDURE [queue].[reminders_dequeue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- The claim's hints are refused (skipping locked rows) or lock differently under SERIALIZABLE
     -- and SNAPSHOT: READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
             DECLARE @error_message nvarchar(2048) = CONCAT(
@@ -421,6 +422,8 @@ CREATE OR ALTER PROCEDURE [queue].[reminders_purge]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF @max_rows < 1
@@ -431,43 +434,62 @@ BEGIN
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue
-    -- cannot deadlock); the id bound stops a purge from chasing producers forever. Oldest first:
-    -- in the clustered index's order.
-    DECLARE @last_id bigint = (
-        SELECT MAX(m.id)
-        FROM [queue].[reminders] AS m WITH (READPAST, READCOMMITTEDLOCK)
-    );
+    -- cannot deadlock). Oldest first, in the clustered index's order. Called in a transaction (the
+    -- caller's, or an implicit one), every chunk's locks last until it ends: purge with max_rows
+    -- and commit between calls on a busy queue.
+    -- The bound that stops a purge from chasing producers: enqueued before it started
+    -- (enqueued_at is the insert time); the table is clustered on (due_at, id), not on id.
+    DECLARE @started datetime2(7) = SYSUTCDATETIME();
+    DECLARE @after_due datetime2(7) = '0001-01-01';
+    DECLARE @after_id bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE (id bigint NOT NULL PRIMARY KEY, due_at datetime2(7) NOT NULL);
 
     WHILE @chunk > 0
         BEGIN
             SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
+            DELETE FROM @deleted;
             IF @older_than IS NULL
                 BEGIN
                     WITH doomed AS (
-                        SELECT TOP (@chunk) m.id
+                        SELECT TOP (@chunk)
+                            m.id,
+                            m.due_at
                         FROM [queue].[reminders] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.id <= @last_id
+                        WHERE
+                            m.due_at >= @after_due AND NOT (m.due_at = @after_due AND m.id <= @after_id)
+                            AND m.enqueued_at <= @started
                         ORDER BY m.due_at, m.id
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.id, DELETED.due_at INTO @deleted (id, due_at);
                     SET @chunk = @@ROWCOUNT;
                 END;
             ELSE
                 BEGIN
                     WITH doomed AS (
-                        SELECT TOP (@chunk) m.id
+                        SELECT TOP (@chunk)
+                            m.id,
+                            m.due_at
                         FROM [queue].[reminders] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.id <= @last_id AND m.enqueued_at < @older_than
+                        WHERE
+                            m.due_at >= @after_due AND NOT (m.due_at = @after_due AND m.id <= @after_id)
+                            AND m.enqueued_at <= @started AND m.enqueued_at < @older_than
                         ORDER BY m.due_at, m.id
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.id, DELETED.due_at INTO @deleted (id, due_at);
                     SET @chunk = @@ROWCOUNT;
                 END;
             SET @purged = @purged + @chunk;
+            SELECT TOP (1)
+                @after_due = d.due_at,
+                @after_id = d.id
+            FROM @deleted AS d
+            ORDER BY d.due_at DESC, d.id DESC;
         END;
 
     SELECT @purged AS purged;

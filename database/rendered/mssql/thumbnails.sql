@@ -109,12 +109,12 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_enqueue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF @payload IS NULL OR ISJSON(@payload) = 0
         BEGIN
             SET @error_message = N'queue.thumbnails_enqueue: payload must not be NULL and must be valid JSON.';
@@ -187,11 +187,11 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_enqueue_batch]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF (SELECT COUNT_BIG(*) FROM @items) > 1000
         BEGIN
             THROW 51001, N'queue.thumbnails_enqueue_batch: at most 1000 items per call.', 1;
@@ -338,12 +338,13 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_dequeue]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
     -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
     IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
         BEGIN
             SET @error_message = CONCAT(
@@ -387,6 +388,7 @@ BEGIN
     DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
     DECLARE @remaining int = @batch_size;
     DECLARE @claimed_now int = 0;
+    DECLARE @exhausted int;
     DECLARE @priority int;
     DECLARE @started_transaction bit = 0;
     DECLARE @buried TABLE (
@@ -425,7 +427,7 @@ BEGIN
                 m.leased_by,
                 m.leased_at,
                 m.payload
-            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
             ORDER BY m.visible_at, m.seq
         )
@@ -456,7 +458,12 @@ BEGIN
             enqueued_at, due_at, attempts, payload
         );
 
-        IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
+        SET @exhausted = (
+            SELECT COUNT(*)
+            FROM @claimed AS c
+            WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+        );
+        IF @exhausted > 0
             BEGIN
                 DELETE m
                 OUTPUT
@@ -476,7 +483,7 @@ BEGIN
                     )
                 FROM [queue].[thumbnails] AS m
                 INNER JOIN @claimed AS c ON m.id = c.id
-                WHERE c.attempts > 4;
+                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
                 SET @buried_count = @@ROWCOUNT;
 
                 IF @buried_count > 0
@@ -504,8 +511,9 @@ BEGIN
                         DELETE FROM @buried;
                     END;
 
-                DELETE FROM @claimed
-                WHERE attempts > 4;
+                DELETE c
+                FROM @claimed AS c
+                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
             END;
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
@@ -521,7 +529,7 @@ BEGIN
                 SET @claimed_now = 0;
                 SET @priority = (
                     SELECT TOP (1) m.priority
-                    FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
                     ORDER BY m.priority DESC
                 );
                 WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -538,7 +546,7 @@ BEGIN
                                 m.leased_by,
                                 m.leased_at,
                                 m.payload
-                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                             WHERE m.priority = @priority AND m.visible_at <= @now
                             ORDER BY m.visible_at, m.seq
                         )
@@ -567,7 +575,7 @@ BEGIN
                         SET @claimed_now = @claimed_now + @@ROWCOUNT;
                         SET @priority = (
                             SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+                            FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
                             WHERE m.priority < @priority
                             ORDER BY m.priority DESC
                         );
@@ -576,7 +584,12 @@ BEGIN
                 IF @claimed_now = 0 BREAK;
 
                 SET @buried_count = 0;
-                IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
+                SET @exhausted = (
+                    SELECT COUNT(*)
+                    FROM @claimed AS c
+                    WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                );
+                IF @exhausted > 0
                     BEGIN
                         DELETE m
                         OUTPUT
@@ -596,7 +609,7 @@ BEGIN
                             )
                         FROM [queue].[thumbnails] AS m
                         INNER JOIN @claimed AS c ON m.id = c.id
-                        WHERE c.attempts > 4;
+                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
                         SET @buried_count = @@ROWCOUNT;
 
                         IF @buried_count > 0
@@ -624,8 +637,9 @@ BEGIN
                                 DELETE FROM @buried;
                             END;
 
-                        DELETE FROM @claimed
-                        WHERE attempts > 4;
+                        DELETE c
+                        FROM @claimed AS c
+                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
                     END;
 
                 SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
@@ -662,6 +676,8 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_complete]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -694,6 +710,8 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_fail]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -824,6 +842,8 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_extend_lease]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -985,6 +1005,8 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_purge]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF @max_rows < 1
@@ -996,24 +1018,30 @@ BEGIN
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
     -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
-    -- first, in the clustered index's order.
+    -- first, in the clustered index's order (seq). Called in a transaction (the caller's, or an
+    -- implicit one), every chunk's locks last until it ends: purge with max_rows and commit between
+    -- calls on a busy queue.
     DECLARE @last bigint = (SELECT MAX(m.seq) FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK));
+    DECLARE @after bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE (seq bigint NOT NULL PRIMARY KEY);
 
     WHILE @chunk > 0
         BEGIN
             SET @chunk = IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged);
+            DELETE FROM @deleted;
             IF @older_than IS NULL
                 BEGIN
                     WITH doomed AS (
                         SELECT TOP (@chunk) m.seq
                         FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.seq <= @last
+                        WHERE m.seq > @after AND m.seq <= @last
                         ORDER BY m.seq
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.seq INTO @deleted (seq);
                     SET @chunk = @@ROWCOUNT;
                 END;
             ELSE
@@ -1021,14 +1049,16 @@ BEGIN
                     WITH doomed AS (
                         SELECT TOP (@chunk) m.seq
                         FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.seq <= @last AND m.enqueued_at < @older_than
+                        WHERE m.seq > @after AND m.seq <= @last AND m.enqueued_at < @older_than
                         ORDER BY m.seq
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.seq INTO @deleted (seq);
                     SET @chunk = @@ROWCOUNT;
                 END;
             SET @purged = @purged + @chunk;
+            SET @after = COALESCE((SELECT MAX(d.seq) FROM @deleted AS d), @after);
         END;
 
     SELECT @purged AS purged;
@@ -1048,6 +1078,8 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_list]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -1108,9 +1140,17 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_requeue]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
+
+    IF @id IS NULL
+        BEGIN
+            SET @error_message = N'queue.thumbnails_dead_requeue: id must not be NULL.';
+            THROW 51001, @error_message, 1;
+        END;
+    SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @found bit = 0;
@@ -1125,14 +1165,14 @@ BEGIN
                 SET @started_transaction = 1;
             END;
 
-        -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
+        -- Queue table first, the fixed lock order: the id's place in the queue (the same client id
+        -- may have been enqueued again). A concurrent requeue of the same id waits here.
         SELECT @taken_id = m.id
         FROM [queue].[thumbnails] AS m WITH (UPDLOCK, HOLDLOCK)
         WHERE m.id = @id;
 
-        -- Then the dead row, locked to the end of the transaction: a concurrent requeue or delete of
-        -- the same id waits here and then finds it gone (not_found), instead of colliding with this
-        -- one's insert (2627).
+        -- Then the dead row, locked to the end of the transaction: a concurrent delete of it waits
+        -- here and then finds it gone (not_found), instead of colliding with this insert (2627).
         SELECT @found = 1
         FROM [queue].[thumbnails_dead] AS d WITH (UPDLOCK, HOLDLOCK)
         WHERE d.id = @id;
@@ -1155,7 +1195,9 @@ BEGIN
                 THROW 51001, @error_message, 1;
             END;
 
-        -- Queue table, then dead table: insert the copy, then delete.
+        -- Queue table, then dead table: insert the copy, then delete. The message keeps its key
+        -- unless the key was enqueued again since (or is not the key locked above): it then comes
+        -- back without it rather than not at all (requeue is an operator's deliberate action).
         INSERT INTO [queue].[thumbnails] (
             id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload
         )
@@ -1195,22 +1237,35 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_delete]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    DELETE FROM [queue].[thumbnails_dead]
-    WHERE id = @id;
-
-    IF @@ROWCOUNT = 0
+    IF @id IS NULL
         BEGIN
-            SET @error_message = CONCAT(
-                N'queue.thumbnails_dead_delete: no dead-letter message with id ',
-                CONVERT(nvarchar(36), @id),
-                N'.'
-            );
-            THROW 51004, @error_message, 1;
+            SET @error_message = N'queue.thumbnails_dead_delete: id must not be NULL.';
+            THROW 51001, @error_message, 1;
         END;
+    SET XACT_ABORT ON;
+
+    BEGIN TRY
+        DELETE FROM [queue].[thumbnails_dead]
+        WHERE id = @id;
+
+        IF @@ROWCOUNT = 0
+            BEGIN
+                SET @error_message = CONCAT(
+                    N'queue.thumbnails_dead_delete: no dead-letter message with id ',
+                    CONVERT(nvarchar(36), @id),
+                    N'.'
+                );
+                THROW 51004, @error_message, 1;
+            END;
+    END TRY
+    BEGIN CATCH
+        THROW;
+    END CATCH;
 
     SELECT CONVERT(bit, 1) AS deleted; -- noqa: RF04
 END;
@@ -1231,6 +1286,8 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_process]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -1239,7 +1296,10 @@ BEGIN
     -- back what the session did as one transaction: an error would undo earlier messages' work.
     IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0
         BEGIN
-            SET @error_message = N'queue.thumbnails_process: cannot run inside an open transaction.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_process: commits once per message: call it in autocommit mode, ',
+                N'outside any transaction (not with IMPLICIT_TRANSACTIONS ON).'
+            );
             THROW 51003, @error_message, 1;
         END;
     IF @time_budget_seconds IS NULL OR @time_budget_seconds NOT BETWEEN 1 AND 86400
@@ -1278,6 +1338,7 @@ BEGIN
     DECLARE @error nvarchar(4000);
     DECLARE @error_number int;
     DECLARE @transient_retries int;
+    DECLARE @pause datetime;
     DECLARE @outcome varchar(8);
     DECLARE @claimed TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
@@ -1292,265 +1353,293 @@ BEGIN
         payload nvarchar(MAX) NOT NULL
     );
 
+    -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) says nothing about a
+    -- message: whether in the claim, in the handler or in recording a failure, the step runs again
+    -- after a short random pause (so that it does not meet the same peer at once), up to 3 times,
+    -- without spending an attempt. Any other error of the handler is recorded with fail.
+    DECLARE @claim_retries int = 0;
     WHILE SYSUTCDATETIME() < @deadline
         BEGIN
-            -- The claim's DECLAREs that carry a value run again on every pass; @claimed is emptied here.
-            DELETE FROM @claimed;
-            DECLARE @now datetime2(7) = SYSUTCDATETIME();
-            DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
-            DECLARE @remaining int = @batch_size;
-            DECLARE @claimed_now int = 0;
-            DECLARE @priority int;
-            DECLARE @started_transaction bit = 0;
-            DECLARE @buried TABLE (
-                id uniqueidentifier NOT NULL PRIMARY KEY,
-                enqueued_at datetime2(7) NOT NULL,
-                due_at datetime2(7) NOT NULL,
-                priority int NOT NULL,
-                attempts int NOT NULL,
-                last_error nvarchar(4000) NULL,
-                last_worker nvarchar(200) NULL,
-                dead_at datetime2(7) NOT NULL,
-                payload nvarchar(MAX) NOT NULL
-            );
-            DECLARE @buried_count int = 0;
-
             BEGIN TRY
-                -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
-                -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
-                IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
-                    BEGIN
-                        BEGIN TRANSACTION;
-                        SET @started_transaction = 1;
-                    END;
-
-                -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
-                -- so that the optimizer can match it whatever @worker is.
-                WITH own_messages AS (
-                    SELECT TOP (@remaining)
-                        m.id,
-                        m.seq,
-                        m.priority,
-                        m.enqueued_at,
-                        m.due_at,
-                        m.visible_at,
-                        m.attempts,
-                        m.leased_by,
-                        m.leased_at,
-                        m.payload
-                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
-                    WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
-                    ORDER BY m.visible_at, m.seq
-                )
-
-                UPDATE own_messages
-                SET
-                    -- The worker's own messages come back as they are while their lease lives (the same
-                    -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
-                    -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
-                    -- row as it was before this statement.)
-                    attempts = attempts + IIF(visible_at <= @now, 1, 0),
-                    visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
-                    leased_by = @worker,
-                    leased_at = IIF(visible_at <= @now, @now, leased_at)
-                OUTPUT
-                    INSERTED.id,
-                    INSERTED.seq,
-                    1,
-                    INSERTED.priority,
-                    DELETED.visible_at,
-                    DELETED.leased_by,
-                    INSERTED.enqueued_at,
-                    INSERTED.due_at,
-                    INSERTED.attempts,
-                    INSERTED.payload
-                INTO @claimed (
-                    id, seq, own, priority, previous_visible_at, previous_worker,
-                    enqueued_at, due_at, attempts, payload
+                -- The claim's DECLAREs that carry a value run again on every pass.
+                DELETE FROM @claimed;
+                DECLARE @now datetime2(7) = SYSUTCDATETIME();
+                DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
+                DECLARE @remaining int = @batch_size;
+                DECLARE @claimed_now int = 0;
+                DECLARE @exhausted int;
+                DECLARE @priority int;
+                DECLARE @started_transaction bit = 0;
+                DECLARE @buried TABLE (
+                    id uniqueidentifier NOT NULL PRIMARY KEY,
+                    enqueued_at datetime2(7) NOT NULL,
+                    due_at datetime2(7) NOT NULL,
+                    priority int NOT NULL,
+                    attempts int NOT NULL,
+                    last_error nvarchar(4000) NULL,
+                    last_worker nvarchar(200) NULL,
+                    dead_at datetime2(7) NOT NULL,
+                    payload nvarchar(MAX) NOT NULL
                 );
+                DECLARE @buried_count int = 0;
 
-                IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
-                    BEGIN
-                        DELETE m
-                        OUTPUT
-                            DELETED.id,
-                            DELETED.enqueued_at,
-                            DELETED.due_at,
-                            DELETED.priority,
-                            c.attempts - 1,
-                            N'lease expired',
-                            c.previous_worker,
-                            @now,
-                            DELETED.payload
-                        INTO
-                            @buried (
-                                id, enqueued_at, due_at, priority, attempts,
-                                last_error, last_worker, dead_at, payload
-                            )
-                        FROM [queue].[thumbnails] AS m
-                        INNER JOIN @claimed AS c ON m.id = c.id
-                        WHERE c.attempts > 4;
-                        SET @buried_count = @@ROWCOUNT;
+                BEGIN TRY
+                    -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+                    -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+                    IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+                        BEGIN
+                            BEGIN TRANSACTION;
+                            SET @started_transaction = 1;
+                        END;
 
-                        IF @buried_count > 0
-                            BEGIN
-                                DELETE d
-                                FROM [queue].[thumbnails_dead] AS d
-                                INNER JOIN @buried AS b ON d.id = b.id;
+                    -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
+                    -- so that the optimizer can match it whatever @worker is.
+                    WITH own_messages AS (
+                        SELECT TOP (@remaining)
+                            m.id,
+                            m.seq,
+                            m.priority,
+                            m.enqueued_at,
+                            m.due_at,
+                            m.visible_at,
+                            m.attempts,
+                            m.leased_by,
+                            m.leased_at,
+                            m.payload
+                        FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
+                        ORDER BY m.visible_at, m.seq
+                    )
 
-                                INSERT INTO [queue].[thumbnails_dead] (
+                    UPDATE own_messages
+                    SET
+                        -- The worker's own messages come back as they are while their lease lives (the same
+                        -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
+                        -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
+                        -- row as it was before this statement.)
+                        attempts = attempts + IIF(visible_at <= @now, 1, 0),
+                        visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
+                        leased_by = @worker,
+                        leased_at = IIF(visible_at <= @now, @now, leased_at)
+                    OUTPUT
+                        INSERTED.id,
+                        INSERTED.seq,
+                        1,
+                        INSERTED.priority,
+                        DELETED.visible_at,
+                        DELETED.leased_by,
+                        INSERTED.enqueued_at,
+                        INSERTED.due_at,
+                        INSERTED.attempts,
+                        INSERTED.payload
+                    INTO @claimed (
+                        id, seq, own, priority, previous_visible_at, previous_worker,
+                        enqueued_at, due_at, attempts, payload
+                    );
+
+                    SET @exhausted = (
+                        SELECT COUNT(*)
+                        FROM @claimed AS c
+                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                    );
+                    IF @exhausted > 0
+                        BEGIN
+                            DELETE m
+                            OUTPUT
+                                DELETED.id,
+                                DELETED.enqueued_at,
+                                DELETED.due_at,
+                                DELETED.priority,
+                                c.attempts - 1,
+                                N'lease expired',
+                                c.previous_worker,
+                                @now,
+                                DELETED.payload
+                            INTO
+                                @buried (
                                     id, enqueued_at, due_at, priority, attempts,
                                     last_error, last_worker, dead_at, payload
                                 )
-                                SELECT
-                                    id,
-                                    enqueued_at,
-                                    due_at,
-                                    priority,
-                                    attempts,
-                                    last_error,
-                                    last_worker,
-                                    dead_at,
-                                    payload
-                                FROM @buried;
+                            FROM [queue].[thumbnails] AS m
+                            INNER JOIN @claimed AS c ON m.id = c.id
+                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                            SET @buried_count = @@ROWCOUNT;
 
-                                DELETE FROM @buried;
-                            END;
+                            IF @buried_count > 0
+                                BEGIN
+                                    DELETE d
+                                    FROM [queue].[thumbnails_dead] AS d
+                                    INNER JOIN @buried AS b ON d.id = b.id;
 
-                        DELETE FROM @claimed
-                        WHERE attempts > 4;
-                    END;
-
-                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-
-                -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
-                -- the batch: claim again until the batch is full or nothing visible is left.
-                WHILE @remaining > 0
-                    BEGIN
-                        -- A loose index scan: one seek per priority level present, each claim an equality
-                        -- and range seek on (priority DESC, visible_at, seq). A single ORDER BY
-                        -- priority DESC would read past every delayed or leased row of the higher levels
-                        -- on each claim, and the whole index whenever nothing is ready.
-                        SET @claimed_now = 0;
-                        SET @priority = (
-                            SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-                            ORDER BY m.priority DESC
-                        );
-                        WHILE @priority IS NOT NULL AND @claimed_now < @remaining
-                            BEGIN
-                                WITH next_messages AS (
-                                    SELECT TOP (@remaining - @claimed_now)
-                                        m.id,
-                                        m.seq,
-                                        m.priority,
-                                        m.enqueued_at,
-                                        m.due_at,
-                                        m.visible_at,
-                                        m.attempts,
-                                        m.leased_by,
-                                        m.leased_at,
-                                        m.payload
-                                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
-                                    WHERE m.priority = @priority AND m.visible_at <= @now
-                                    ORDER BY m.visible_at, m.seq
-                                )
-
-                                UPDATE next_messages
-                                SET
-                                    attempts = attempts + 1,
-                                    visible_at = @lease_until,
-                                    leased_by = @worker,
-                                    leased_at = @now
-                                OUTPUT
-                                    INSERTED.id,
-                                    INSERTED.seq,
-                                    0,
-                                    INSERTED.priority,
-                                    DELETED.visible_at,
-                                    DELETED.leased_by,
-                                    INSERTED.enqueued_at,
-                                    INSERTED.due_at,
-                                    INSERTED.attempts,
-                                    INSERTED.payload
-                                INTO @claimed (
-                                    id, seq, own, priority, previous_visible_at, previous_worker,
-                                    enqueued_at, due_at, attempts, payload
-                                );
-                                SET @claimed_now = @claimed_now + @@ROWCOUNT;
-                                SET @priority = (
-                                    SELECT TOP (1) m.priority
-                                    FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-                                    WHERE m.priority < @priority
-                                    ORDER BY m.priority DESC
-                                );
-                            END;
-
-                        IF @claimed_now = 0 BREAK;
-
-                        SET @buried_count = 0;
-                        IF (SELECT MAX(c.attempts) FROM @claimed AS c) > 4
-                            BEGIN
-                                DELETE m
-                                OUTPUT
-                                    DELETED.id,
-                                    DELETED.enqueued_at,
-                                    DELETED.due_at,
-                                    DELETED.priority,
-                                    c.attempts - 1,
-                                    N'lease expired',
-                                    c.previous_worker,
-                                    @now,
-                                    DELETED.payload
-                                INTO
-                                    @buried (
+                                    INSERT INTO [queue].[thumbnails_dead] (
                                         id, enqueued_at, due_at, priority, attempts,
                                         last_error, last_worker, dead_at, payload
                                     )
-                                FROM [queue].[thumbnails] AS m
-                                INNER JOIN @claimed AS c ON m.id = c.id
-                                WHERE c.attempts > 4;
-                                SET @buried_count = @@ROWCOUNT;
+                                    SELECT
+                                        id,
+                                        enqueued_at,
+                                        due_at,
+                                        priority,
+                                        attempts,
+                                        last_error,
+                                        last_worker,
+                                        dead_at,
+                                        payload
+                                    FROM @buried;
 
-                                IF @buried_count > 0
-                                    BEGIN
-                                        DELETE d
-                                        FROM [queue].[thumbnails_dead] AS d
-                                        INNER JOIN @buried AS b ON d.id = b.id;
+                                    DELETE FROM @buried;
+                                END;
 
-                                        INSERT INTO [queue].[thumbnails_dead] (
+                            DELETE c
+                            FROM @claimed AS c
+                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                        END;
+
+                    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+                    -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+                    -- the batch: claim again until the batch is full or nothing visible is left.
+                    WHILE @remaining > 0
+                        BEGIN
+                            -- A loose index scan: one seek per priority level present, each claim an equality
+                            -- and range seek on (priority DESC, visible_at, seq). A single ORDER BY
+                            -- priority DESC would read past every delayed or leased row of the higher levels
+                            -- on each claim, and the whole index whenever nothing is ready.
+                            SET @claimed_now = 0;
+                            SET @priority = (
+                                SELECT TOP (1) m.priority
+                                FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                                ORDER BY m.priority DESC
+                            );
+                            WHILE @priority IS NOT NULL AND @claimed_now < @remaining
+                                BEGIN
+                                    WITH next_messages AS (
+                                        SELECT TOP (@remaining - @claimed_now)
+                                            m.id,
+                                            m.seq,
+                                            m.priority,
+                                            m.enqueued_at,
+                                            m.due_at,
+                                            m.visible_at,
+                                            m.attempts,
+                                            m.leased_by,
+                                            m.leased_at,
+                                            m.payload
+                                        FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE m.priority = @priority AND m.visible_at <= @now
+                                        ORDER BY m.visible_at, m.seq
+                                    )
+
+                                    UPDATE next_messages
+                                    SET
+                                        attempts = attempts + 1,
+                                        visible_at = @lease_until,
+                                        leased_by = @worker,
+                                        leased_at = @now
+                                    OUTPUT
+                                        INSERTED.id,
+                                        INSERTED.seq,
+                                        0,
+                                        INSERTED.priority,
+                                        DELETED.visible_at,
+                                        DELETED.leased_by,
+                                        INSERTED.enqueued_at,
+                                        INSERTED.due_at,
+                                        INSERTED.attempts,
+                                        INSERTED.payload
+                                    INTO @claimed (
+                                        id, seq, own, priority, previous_visible_at, previous_worker,
+                                        enqueued_at, due_at, attempts, payload
+                                    );
+                                    SET @claimed_now = @claimed_now + @@ROWCOUNT;
+                                    SET @priority = (
+                                        SELECT TOP (1) m.priority
+                                        FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                                        WHERE m.priority < @priority
+                                        ORDER BY m.priority DESC
+                                    );
+                                END;
+
+                            IF @claimed_now = 0 BREAK;
+
+                            SET @buried_count = 0;
+                            SET @exhausted = (
+                                SELECT COUNT(*)
+                                FROM @claimed AS c
+                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                            );
+                            IF @exhausted > 0
+                                BEGIN
+                                    DELETE m
+                                    OUTPUT
+                                        DELETED.id,
+                                        DELETED.enqueued_at,
+                                        DELETED.due_at,
+                                        DELETED.priority,
+                                        c.attempts - 1,
+                                        N'lease expired',
+                                        c.previous_worker,
+                                        @now,
+                                        DELETED.payload
+                                    INTO
+                                        @buried (
                                             id, enqueued_at, due_at, priority, attempts,
                                             last_error, last_worker, dead_at, payload
                                         )
-                                        SELECT
-                                            id,
-                                            enqueued_at,
-                                            due_at,
-                                            priority,
-                                            attempts,
-                                            last_error,
-                                            last_worker,
-                                            dead_at,
-                                            payload
-                                        FROM @buried;
+                                    FROM [queue].[thumbnails] AS m
+                                    INNER JOIN @claimed AS c ON m.id = c.id
+                                    WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                    SET @buried_count = @@ROWCOUNT;
 
-                                        DELETE FROM @buried;
-                                    END;
+                                    IF @buried_count > 0
+                                        BEGIN
+                                            DELETE d
+                                            FROM [queue].[thumbnails_dead] AS d
+                                            INNER JOIN @buried AS b ON d.id = b.id;
 
-                                DELETE FROM @claimed
-                                WHERE attempts > 4;
-                            END;
+                                            INSERT INTO [queue].[thumbnails_dead] (
+                                                id, enqueued_at, due_at, priority, attempts,
+                                                last_error, last_worker, dead_at, payload
+                                            )
+                                            SELECT
+                                                id,
+                                                enqueued_at,
+                                                due_at,
+                                                priority,
+                                                attempts,
+                                                last_error,
+                                                last_worker,
+                                                dead_at,
+                                                payload
+                                            FROM @buried;
 
-                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                        IF @buried_count = 0 BREAK;
-                    END;
+                                            DELETE FROM @buried;
+                                        END;
 
-                IF @started_transaction = 1 COMMIT TRANSACTION;
+                                    DELETE c
+                                    FROM @claimed AS c
+                                    WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                END;
+
+                            SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                            IF @buried_count = 0 BREAK;
+                        END;
+
+                    IF @started_transaction = 1 COMMIT TRANSACTION;
+                END TRY
+                BEGIN CATCH
+                    IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                    THROW;
+                END CATCH;
             END TRY
             BEGIN CATCH
-                IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-                THROW;
+                IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @claim_retries >= 3 THROW;
+                SET @claim_retries = @claim_retries + 1;
+                SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+                WAITFOR DELAY @pause;
+                CONTINUE;
             END CATCH;
+            SET @claim_retries = 0;
 
             SET @id = NULL;
             SELECT
@@ -1559,11 +1648,11 @@ BEGIN
             FROM @claimed AS c;
             IF @id IS NULL BREAK;
             SET @processed = @processed + 1;
-            SET @transient_retries = 0;
 
-            -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) in the handler
-            -- says nothing about the message: the handler runs again under the same lease, without
-            -- spending an attempt, up to 3 times; then, as any other error, it is recorded with fail.
+            -- The handler and complete, in one transaction. @error stays NULL unless the handler
+            -- raised something that is to be recorded with fail.
+            SET @error = NULL;
+            SET @transient_retries = 0;
             WHILE 1 = 1
                 BEGIN
                     BEGIN TRY
@@ -1594,12 +1683,19 @@ BEGIN
                             N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
                         ), 4000);
                         IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-                        IF @error_number IN (1205, 1222, 3960) AND @transient_retries < 3
-                            BEGIN
-                                SET @transient_retries = @transient_retries + 1;
-                                CONTINUE;
-                            END;
+                        IF @error_number NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 BREAK;
+                        SET @transient_retries = @transient_retries + 1;
+                        SET @error = NULL;
+                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+                        WAITFOR DELAY @pause;
+                    END CATCH;
+                END;
 
+            -- The handler's error, recorded with fail.
+            SET @transient_retries = 0;
+            WHILE @error IS NOT NULL
+                BEGIN
+                    BEGIN TRY
                         SET @now = SYSUTCDATETIME();
                         BEGIN TRANSACTION;
                         UPDATE [queue].[thumbnails]
@@ -1665,7 +1761,14 @@ BEGIN
                             END;
                         COMMIT TRANSACTION;
                         IF @outcome <> 'lost' SET @failed = @failed + 1;
-                        BREAK;
+                        SET @error = NULL;
+                    END TRY
+                    BEGIN CATCH
+                        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;
+                        SET @transient_retries = @transient_retries + 1;
+                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+                        WAITFOR DELAY @pause;
                     END CATCH;
                 END;
         END;

@@ -83,11 +83,10 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
 {{ m.check_payload('enqueue') }}
 {% if dedupe %}
     IF DATALENGTH(@dedupe_key) > 400
@@ -167,11 +166,10 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue_batch') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
 {{ m.check_batch_items('enqueue_batch') }}
 
     DECLARE @bad_payload int = (
@@ -366,11 +364,11 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dequeue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     -- The claim's hints are refused (skipping locked rows) or lock differently under SERIALIZABLE
     -- and SNAPSHOT: READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
 {{ m.check_batch_size('dequeue') }}
     SET XACT_ABORT ON;
 
@@ -525,6 +523,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('purge') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 {{ m.check_max_rows('purge') }}
@@ -532,34 +531,70 @@ BEGIN
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue
-    -- cannot deadlock); the id bound stops a purge from chasing producers forever. Oldest first:
-    -- in the clustered index's order.
+    -- cannot deadlock). Oldest first, in the clustered index's order. Called in a transaction (the
+    -- caller's, or an implicit one), every chunk's locks last until it ends: purge with max_rows
+    -- and commit between calls on a busy queue.
+{% if has_due %}
+    -- The bound that stops a purge from chasing producers: enqueued before it started
+    -- (enqueued_at is the insert time); the table is clustered on (due_at, id), not on id.
+    DECLARE @started datetime2(7) = SYSUTCDATETIME();
+    DECLARE @after_due datetime2(7) = '0001-01-01';
+{% else %}
+    -- The bound that stops a purge from chasing producers: one seek to the clustered index's end.
     DECLARE @last_id bigint = (
         SELECT MAX(m.id)
         FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
     );
+{% endif %}
+    DECLARE @after_id bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE (id bigint NOT NULL PRIMARY KEY{% if has_due %}, due_at datetime2(7) NOT NULL{% endif %});
 
     WHILE @chunk > 0
         BEGIN
             SET @chunk = {{ m.purge_chunk_size() }};
+            DELETE FROM @deleted;
 {% for cutoff in (false, true) %}
             {{ 'ELSE' if cutoff else 'IF @older_than IS NULL' }}
                 BEGIN
                     WITH doomed AS (
+{% if has_due %}
+                        SELECT TOP (@chunk)
+                            m.id,
+                            m.due_at
+{% else %}
                         SELECT TOP (@chunk) m.id
+{% endif %}
                         FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.id <= @last_id{% if cutoff %} AND m.enqueued_at < @older_than{% endif %}
+{% if has_due %}
+                        WHERE
+                            m.due_at >= @after_due AND NOT (m.due_at = @after_due AND m.id <= @after_id)
+                            AND m.enqueued_at <= @started{% if cutoff %} AND m.enqueued_at < @older_than{% endif %}
 
-                        ORDER BY {{ 'm.due_at, m.id' if has_due else 'm.id' }}
+                        ORDER BY m.due_at, m.id
+{% else %}
+                        WHERE m.id > @after_id AND m.id <= @last_id{% if cutoff %} AND m.enqueued_at < @older_than{% endif %}
+
+                        ORDER BY m.id
+{% endif %}
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.id{% if has_due %}, DELETED.due_at{% endif %} INTO @deleted (id{% if has_due %}, due_at{% endif %});
                     SET @chunk = @@ROWCOUNT;
                 END;
 {% endfor %}
             SET @purged = @purged + @chunk;
+{% if has_due %}
+            SELECT TOP (1)
+                @after_due = d.due_at,
+                @after_id = d.id
+            FROM @deleted AS d
+            ORDER BY d.due_at DESC, d.id DESC;
+{% else %}
+            SET @after_id = COALESCE((SELECT MAX(d.id) FROM @deleted AS d), @after_id);
+{% endif %}
         END;
 
     SELECT @purged AS purged;

@@ -68,6 +68,15 @@ GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
         END;
 {%- endmacro %}
 
+{#- Opens a procedure's argument checks: they run with XACT_ABORT off whatever the caller's session
+    has (THROW honours the session setting, and drivers often turn it on), so a refused argument fails
+    the call and leaves the caller's open transaction as it was. SQL Server restores the setting when
+    the procedure returns; the procedure sets XACT_ABORT ON once the checks are done. -#}
+{% macro begin_argument_checks() %}
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+{%- endmacro %}
+
 {#- Batches of every verb are capped at 1,000 items: past ~5,000 row locks on one table SQL Server
     escalates to a table lock, which READPAST cannot skip, and every consumer would wait. -#}
 {% macro check_batch_items(verb, tvp='@items') %}
@@ -87,7 +96,9 @@ GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
 {%- endmacro %}
 
 {#- One chunk of a purge: at most 1,000 rows (under the lock-escalation threshold however wide the
-    rows), never more than max_rows in all. -#}
+    rows), never more than max_rows in all. Each chunk seeks from where the last one ended (a keyset
+    over the clustered index), so no chunk reads again through the ghosts of the rows before it or the
+    rows READPAST left to a consumer. -#}
 {% macro purge_chunk_size() -%}
 IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged)
 {%- endmacro %}

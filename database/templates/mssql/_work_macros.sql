@@ -168,7 +168,7 @@ last_error, last_worker, dead_at, payload
             m.leased_by,
             m.leased_at,
             m.payload
-        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         WHERE {{ where_sql }}
         ORDER BY m.visible_at, m.{{ tie }}
     )
@@ -214,24 +214,41 @@ last_error, last_worker, dead_at, payload
 {#- Claimed rows whose lease had already expired max_attempts times: the claim would be one attempt
     too many, so they go to the dead-letter table ('lease expired') instead of to the worker. -#}
 {% macro bury_exhausted() %}
-    IF (SELECT MAX(c.attempts) FROM @claimed AS c) > {{ max_attempts }}
+{#- Only a lease that had expired: a live own lease comes back unchanged, even with max_attempts
+    lowered below its attempts since it was taken. -#}
+{% set exhausted = "c.attempts > " ~ max_attempts ~ " AND c.previous_visible_at <= @now" %}
+    SET @exhausted = (
+        SELECT COUNT(*)
+        FROM @claimed AS c
+        WHERE {{ exhausted }}
+    );
+    IF @exhausted > 0
         BEGIN
-{{ bury("FROM " ~ t ~ " AS m\nINNER JOIN @claimed AS c ON m.id = c.id\nWHERE c.attempts > " ~ max_attempts,
+{{ bury("FROM " ~ t ~ " AS m\nINNER JOIN @claimed AS c ON m.id = c.id\nWHERE " ~ exhausted,
         "c.attempts - 1", "N'lease expired'", "c.previous_worker") | indent(8, first=true) }}
 
-            DELETE FROM @claimed
-            WHERE attempts > {{ max_attempts }};
+            DELETE c
+            FROM @claimed AS c
+            WHERE {{ exhausted }};
         END;
+{%- endmacro %}
+
+{#- A pause of 20-200 ms before a transient error's retry (the in-database worker): expects @pause
+    datetime. -#}
+{% macro transient_pause() %}
+    SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+    WAITFOR DELAY @pause;
 {%- endmacro %}
 
 {#- The next priority level below @priority (or the highest, first) among rows the claim could take.
     A probe, not a claim: it takes no lock it keeps (an update lock would be held to the end of the
     claim's transaction and block other workers' complete of that row); READPAST steps over rows
-    other claims hold, READCOMMITTEDLOCK keeps it from reading versions under RCSI. -#}
+    other claims hold (ROWLOCK: READPAST skips row locks, not a page lock the engine might choose),
+    READCOMMITTEDLOCK keeps it from reading versions under RCSI. -#}
 {% macro next_level(below) %}
     SET @priority = (
         SELECT TOP (1) m.priority
-        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
 {% if below %}
         WHERE m.priority < @priority
 {% endif %}
@@ -251,6 +268,7 @@ last_error, last_worker, dead_at, payload
     DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
     DECLARE @remaining int = @batch_size;
     DECLARE @claimed_now int = 0;
+    DECLARE @exhausted int;
 {% if has_priority %}
     DECLARE @priority int;
 {% endif %}

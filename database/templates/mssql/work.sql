@@ -191,12 +191,11 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     -- Whatever the caller's level, the locking below is written for READ COMMITTED (reset on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
     IF @payload IS NULL{% if is_json %} OR ISJSON(@payload) = 0{% endif %}
 
         BEGIN
@@ -300,11 +299,10 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue_batch') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument fails this call and leaves the
-    -- caller's open transaction as it was.
 {{ m.check_batch_items('enqueue_batch') }}
 
     DECLARE @bad_ordinal int = (
@@ -539,12 +537,12 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dequeue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
     -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    -- Argument checks come before XACT_ABORT: a bad argument leaves the caller's transaction as it was.
 {{ w.check_batch_size('dequeue') }}
 {{ w.check_worker('dequeue') }}
     SET @lease_seconds = COALESCE(@lease_seconds, {{ lease_seconds }});
@@ -577,6 +575,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('complete') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -603,6 +602,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('fail') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -652,6 +652,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('extend_lease') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -825,6 +826,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('purge') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 {{ m.check_max_rows('purge') }}
@@ -833,30 +835,37 @@ BEGIN
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
     -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
-    -- first, in the clustered index's order.
+    -- first, in the clustered index's order ({{ tie }}). Called in a transaction (the caller's, or an
+    -- implicit one), every chunk's locks last until it ends: purge with max_rows and commit between
+    -- calls on a busy queue.
     DECLARE @last bigint = (SELECT MAX(m.{{ tie }}) FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK));
+    DECLARE @after bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE ({{ tie }} bigint NOT NULL PRIMARY KEY);
 
     WHILE @chunk > 0
         BEGIN
             SET @chunk = {{ m.purge_chunk_size() }};
+            DELETE FROM @deleted;
 {% for cutoff in (false, true) %}
             {{ 'ELSE' if cutoff else 'IF @older_than IS NULL' }}
                 BEGIN
                     WITH doomed AS (
                         SELECT TOP (@chunk) m.{{ tie }}
                         FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.{{ tie }} <= @last{% if cutoff %} AND m.enqueued_at < @older_than{% endif %}
+                        WHERE m.{{ tie }} > @after AND m.{{ tie }} <= @last{% if cutoff %} AND m.enqueued_at < @older_than{% endif %}
 
                         ORDER BY m.{{ tie }}
                     )
 
-                    DELETE FROM doomed;
+                    DELETE FROM doomed
+                    OUTPUT DELETED.{{ tie }} INTO @deleted ({{ tie }});
                     SET @chunk = @@ROWCOUNT;
                 END;
 {% endfor %}
             SET @purged = @purged + @chunk;
+            SET @after = COALESCE((SELECT MAX(d.{{ tie }}) FROM @deleted AS d), @after);
         END;
 
     SELECT @purged AS purged;
@@ -875,6 +884,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dead_list') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -929,17 +939,22 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dead_requeue') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
+    IF @id IS NULL
+        BEGIN
+{{ w.throw('invalid_argument', "N'" ~ names.plain('_dead_requeue') ~ ": id must not be NULL.'") }}
+        END;
+    SET XACT_ABORT ON;
+
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @found bit = 0;
-{% if client_ids %}
-    DECLARE @taken_id uniqueidentifier;
-{% endif %}
+    DECLARE @taken_id {{ id_type }};
 {% if dedupe %}
     DECLARE @key nvarchar(200);
+    DECLARE @locked_key nvarchar(200);
     DECLARE @key_holder {{ id_type }};
 {% endif %}
     DECLARE @started_transaction bit = 0;
@@ -951,27 +966,22 @@ BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
+
+        -- Queue table first, the fixed lock order: the id's place in the queue{% if client_ids %} (the same client id
+        -- may have been enqueued again){% else %}, held so that nothing
+        -- else can insert it{% endif %}. A concurrent requeue of the same id waits here.
+        SELECT @taken_id = m.id
+        FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
+        WHERE m.id = @id;
 {% if dedupe %}
 
-        -- Which key to lock in the queue table: a plain read that holds no lock after it (the dead
-        -- row is locked below, after the queue table, in the fixed lock order).
+        -- The key to lock in the queue table, before the dead row is locked (queue first): read
+        -- without keeping a lock, and checked again below under the dead row's lock.
         SET @key = (
             SELECT d.dedupe_key
             FROM {{ dead_t }} AS d
             WHERE d.id = @id
         );
-{% endif %}
-{% if client_ids %}
-
-        -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
-        SELECT @taken_id = m.id
-        FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
-        WHERE m.id = @id;
-{% endif %}
-{% if dedupe %}
-
-        -- The key may have been enqueued again since: the message then comes back without it rather
-        -- than not at all (requeue is an operator's deliberate action on this one message).
         IF @key IS NOT NULL
             BEGIN
                 SELECT @key_holder = m.id
@@ -980,28 +990,33 @@ BEGIN
             END;
 {% endif %}
 
-        -- Then the dead row, locked to the end of the transaction: a concurrent requeue or delete of
-        -- the same id waits here and then finds it gone (not_found), instead of colliding with this
-        -- one's insert (2627).
+        -- Then the dead row, locked to the end of the transaction: a concurrent delete of it waits
+        -- here and then finds it gone (not_found), instead of colliding with this insert (2627).
+{% if dedupe %}
+        SELECT
+            @found = 1,
+            @locked_key = d.dedupe_key
+{% else %}
         SELECT @found = 1
+{% endif %}
         FROM {{ dead_t }} AS d WITH (UPDLOCK, HOLDLOCK)
         WHERE d.id = @id;
         IF @found = 0
             BEGIN
 {{ w.throw('not_found', ["N'" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id '", "CONVERT(nvarchar(36), @id)", "N'.'"]) | indent(4, first=true) }}
             END;
-{% if client_ids %}
         IF @taken_id IS NOT NULL
             BEGIN
 {{ w.throw('invalid_argument', ["N'" ~ names.plain('_dead_requeue') ~ ": a message with id '", "CONVERT(nvarchar(36), @id)", "N' is queued already.'"]) | indent(4, first=true) }}
             END;
-{% endif %}
 {% if not client_ids %}
 
         SET IDENTITY_INSERT {{ t }} ON;
 {% endif %}
 
-        -- Queue table, then dead table: insert the copy, then delete.
+        -- Queue table, then dead table: insert the copy, then delete. The message keeps its key
+        -- unless the key was enqueued again since (or is not the key locked above): it then comes
+        -- back without it rather than not at all (requeue is an operator's deliberate action).
         INSERT INTO {{ t }} (
             id, enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts, last_error, payload
         )
@@ -1014,7 +1029,7 @@ BEGIN
             d.priority,
 {% endif %}
 {% if dedupe %}
-            IIF(@key_holder IS NULL, d.dedupe_key, NULL) AS dedupe_key,
+            IIF(@key_holder IS NULL AND @locked_key = @key, @locked_key, NULL) AS dedupe_key,
 {% endif %}
             0 AS attempts,
             d.last_error,
@@ -1052,17 +1067,28 @@ CREATE OR ALTER PROCEDURE {{ names.verb('dead_delete') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
-    DELETE FROM {{ dead_t }}
-    WHERE id = @id;
-
-    IF @@ROWCOUNT = 0
+    IF @id IS NULL
         BEGIN
-{{ w.throw('not_found', ["N'" ~ names.plain('_dead_delete') ~ ": no dead-letter message with id '", "CONVERT(nvarchar(36), @id)", "N'.'"]) }}
+{{ w.throw('invalid_argument', "N'" ~ names.plain('_dead_delete') ~ ": id must not be NULL.'") }}
         END;
+    SET XACT_ABORT ON;
+
+    BEGIN TRY
+        DELETE FROM {{ dead_t }}
+        WHERE id = @id;
+
+        IF @@ROWCOUNT = 0
+            BEGIN
+{{ w.throw('not_found', ["N'" ~ names.plain('_dead_delete') ~ ": no dead-letter message with id '", "CONVERT(nvarchar(36), @id)", "N'.'"]) | indent(4, first=true) }}
+            END;
+    END TRY
+    BEGIN CATCH
+        THROW;
+    END CATCH;
 
     SELECT CONVERT(bit, 1) AS deleted; -- noqa: RF04
 END;
@@ -1079,6 +1105,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('history_purge') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 {{ m.check_max_rows('history_purge') }}
@@ -1086,24 +1113,38 @@ BEGIN
 
     -- Default: the retention of option history_retention_days ({{ opt.history_retention_days }}).
     SET @older_than = COALESCE(@older_than, DATEADD(DAY, -{{ opt.history_retention_days }}, SYSUTCDATETIME()));
+    DECLARE @after_finished datetime2(7) = '0001-01-01';
+    DECLARE @after_id bigint = 0;
     DECLARE @purged bigint = 0;
     DECLARE @chunk int = 1;
+    DECLARE @deleted TABLE (history_id bigint NOT NULL PRIMARY KEY, finished_at datetime2(7) NOT NULL);
 
-    -- A range at the start of the clustered index, oldest first, in chunks below the
-    -- lock-escalation threshold.
+    -- A range at the start of the clustered index (finished_at, history_id), oldest first, in
+    -- chunks below the lock-escalation threshold, each from where the last one ended.
     WHILE @chunk > 0
         BEGIN
             SET @chunk = {{ m.purge_chunk_size() }};
+            DELETE FROM @deleted;
             WITH doomed AS (
-                SELECT TOP (@chunk) h.history_id
+                SELECT TOP (@chunk)
+                    h.history_id,
+                    h.finished_at
                 FROM {{ history_t }} AS h WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                WHERE h.finished_at < @older_than
+                WHERE
+                    h.finished_at >= @after_finished AND h.finished_at < @older_than
+                    AND NOT (h.finished_at = @after_finished AND h.history_id <= @after_id)
                 ORDER BY h.finished_at, h.history_id
             )
 
-            DELETE FROM doomed;
+            DELETE FROM doomed
+            OUTPUT DELETED.history_id, DELETED.finished_at INTO @deleted (history_id, finished_at);
             SET @chunk = @@ROWCOUNT;
             SET @purged = @purged + @chunk;
+            SELECT TOP (1)
+                @after_finished = d.finished_at,
+                @after_id = d.history_id
+            FROM @deleted AS d
+            ORDER BY d.finished_at DESC, d.history_id DESC;
         END;
 
     SELECT @purged AS purged;
@@ -1127,6 +1168,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('process') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
 
@@ -1135,7 +1177,7 @@ BEGIN
     -- back what the session did as one transaction: an error would undo earlier messages' work.
     IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0
         BEGIN
-{{ w.throw('in_transaction', "N'" ~ names.plain('_process') ~ ": cannot run inside an open transaction.'") }}
+{{ w.throw('in_transaction', ["N'" ~ names.plain('_process') ~ ": commits once per message: call it in autocommit mode, '", "N'outside any transaction (not with IMPLICIT_TRANSACTIONS ON).'"]) }}
         END;
     IF @time_budget_seconds IS NULL OR @time_budget_seconds NOT BETWEEN 1 AND 86400
         BEGIN
@@ -1163,14 +1205,29 @@ BEGIN
     DECLARE @error nvarchar(4000);
     DECLARE @error_number int;
     DECLARE @transient_retries int;
+    DECLARE @pause datetime;
     DECLARE @outcome varchar(8);
 {{ w.claimed_table() }}
 
+    -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) says nothing about a
+    -- message: whether in the claim, in the handler or in recording a failure, the step runs again
+    -- after a short random pause (so that it does not meet the same peer at once), up to 3 times,
+    -- without spending an attempt. Any other error of the handler is recorded with fail.
+    DECLARE @claim_retries int = 0;
     WHILE SYSUTCDATETIME() < @deadline
         BEGIN
-            -- The claim's DECLAREs that carry a value run again on every pass; @claimed is emptied here.
-            DELETE FROM @claimed;
-{{ w.claim() | indent(8, first=true) }}
+            BEGIN TRY
+                -- The claim's DECLAREs that carry a value run again on every pass.
+                DELETE FROM @claimed;
+{{ w.claim() | indent(12, first=true) }}
+            END TRY
+            BEGIN CATCH
+                IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @claim_retries >= 3 THROW;
+                SET @claim_retries = @claim_retries + 1;
+{{ w.transient_pause() | indent(12, first=true) }}
+                CONTINUE;
+            END CATCH;
+            SET @claim_retries = 0;
 
             SET @id = NULL;
             SELECT
@@ -1179,11 +1236,11 @@ BEGIN
             FROM @claimed AS c;
             IF @id IS NULL BREAK;
             SET @processed = @processed + 1;
-            SET @transient_retries = 0;
 
-            -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) in the handler
-            -- says nothing about the message: the handler runs again under the same lease, without
-            -- spending an attempt, up to 3 times; then, as any other error, it is recorded with fail.
+            -- The handler and complete, in one transaction. @error stays NULL unless the handler
+            -- raised something that is to be recorded with fail.
+            SET @error = NULL;
+            SET @transient_retries = 0;
             WHILE 1 = 1
                 BEGIN
                     BEGIN TRY
@@ -1213,18 +1270,30 @@ BEGIN
                             N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
                         ), 4000);
                         IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-                        IF @error_number IN (1205, 1222, 3960) AND @transient_retries < 3
-                            BEGIN
-                                SET @transient_retries = @transient_retries + 1;
-                                CONTINUE;
-                            END;
+                        IF @error_number NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 BREAK;
+                        SET @transient_retries = @transient_retries + 1;
+                        SET @error = NULL;
+{{ w.transient_pause() | indent(20, first=true) }}
+                    END CATCH;
+                END;
 
+            -- The handler's error, recorded with fail.
+            SET @transient_retries = 0;
+            WHILE @error IS NOT NULL
+                BEGIN
+                    BEGIN TRY
                         SET @now = SYSUTCDATETIME();
                         BEGIN TRANSACTION;
 {{ w.fail_statements('@id', '@worker', '@error', '0') | indent(20, first=true) }}
                         COMMIT TRANSACTION;
                         IF @outcome <> 'lost' SET @failed = @failed + 1;
-                        BREAK;
+                        SET @error = NULL;
+                    END TRY
+                    BEGIN CATCH
+                        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;
+                        SET @transient_retries = @transient_retries + 1;
+{{ w.transient_pause() | indent(20, first=true) }}
                     END CATCH;
                 END;
         END;

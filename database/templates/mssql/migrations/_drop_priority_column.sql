@@ -5,10 +5,13 @@
 {% set table = names.obj('_' ~ role) %}
 {% set default = names.index('df', role ~ '_priority') %}
 {{ m.step('transaction', 'give column priority a default (0)', 'the ' ~ role ~ ' table, Sch-M for a metadata change, every edition') }}
-IF OBJECT_ID(N'{{ names.qualified(names.index_name('df', role ~ '_priority')) }}', N'D') IS NULL
+IF COL_LENGTH(N'{{ table }}', N'priority') IS NOT NULL
     BEGIN
-        ALTER TABLE {{ table }}
-        ADD CONSTRAINT {{ default }} DEFAULT (0) FOR priority;
+        IF OBJECT_ID(N'{{ names.qualified(names.index_name('df', role ~ '_priority')) }}', N'D') IS NULL
+            BEGIN
+                ALTER TABLE {{ table }}
+                ADD CONSTRAINT {{ default }} DEFAULT (0) FOR priority;
+            END;
     END;
 GO
 

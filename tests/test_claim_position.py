@@ -132,12 +132,19 @@ def test_a_position_setting_that_claims_to_live_for_long_is_not_trusted(
     conn = deployed.connect()
     try:
         client = deployed.client("q", conn)
+        setting = f"tablequeue.{deployed.catalog.schema}.q"
         forged = ("4102444800|9000000" if variant in ("heap", "fifo")
                   else "4102444800|0|9000000|2099-01-01 00:00:00.000000 AD")
-        conn.execute("SELECT set_config(%s, %s, false)", (f"tablequeue.{deployed.catalog.schema}.q", forged))
-        sent = client.enqueue({"i": 1})["id"]
-        got = client.dequeue(worker="w") if variant == "work" else client.dequeue()
-        assert [row["id"] for row in got] == [sent]
+        # Then values this function never writes: ignored, not cast into an error.
+        for value in (forged, "garbage", "|", "1e3|5", "4102444800|abc", "4102444800|0|1|garbage"):
+            conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
+            if variant == "work":
+                conn.execute("SELECT set_config(%s, %s, false)", (setting + ".own", "garbage|w"))
+            sent = client.enqueue({"i": 1})["id"]
+            got = client.dequeue(worker="w") if variant == "work" else client.dequeue()
+            assert [row["id"] for row in got] == [sent], value
+            if variant == "work":
+                assert client.complete(sent, "w")
     finally:
         conn.close()
 

@@ -388,3 +388,48 @@ def test_overlapping_dedupe_batches_in_opposite_orders_do_not_deadlock(deploy_qu
     observer = deployed.client(name, connect(deployed.url))
     assert observer.stats()["ready"] == rounds * size
     observer.conn.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_a_batch_whose_duplicate_is_consumed_while_it_waits_does_not_deadlock_with_the_next(
+        deploy_queues, kind) -> None:
+    # The reviewer's schedule: T1 = [k2, k5, k7] finds k2 queued (R), inserts k5 and waits on an open
+    # batch Z at k7; R is consumed; T2 = [k2, k5] inserts k2 and waits on T1 at k5; Z rolls back. 0.2.0's
+    # first version looked k2 up again after the insert, missed R, offered k2 again and waited on T2:
+    # a deadlock. T1 now reports k2 as its statement saw it (R's id).
+    deployed, doc, name = _setup(deploy_queues, kind=kind, options={"dedupe": True})
+    worker = {"worker": "w"} if kind == "work" else {}
+    observer, blocker = _client(deployed.url, doc, name), _client(deployed.url, doc, name, autocommit=False)
+    first, second = _client(deployed.url, doc, name, autocommit=False), _client(deployed.url, doc, name, autocommit=False)
+    r_id = observer.enqueue({"k": 2}, dedupe_key="k2")["id"]
+    blocker.enqueue_batch([{"payload": {"k": 7}, "dedupe_key": "k7"}])
+    outcomes: dict[str, Any] = {}
+
+    def batch(label: str, client: QueueClient, keys: list[str]) -> None:
+        try:
+            outcomes[label] = client.enqueue_batch([{"payload": {"k": key}, "dedupe_key": key} for key in keys])
+            client.conn.commit()
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcomes[label] = exc
+
+    t1 = threading.Thread(target=batch, args=("t1", first, ["k2", "k5", "k7"]))
+    t1.start()
+    time.sleep(0.5)
+    consumed = observer.dequeue(**worker)
+    assert [row["id"] for row in consumed] == [r_id]
+    if kind == "work":
+        assert observer.complete(r_id, "w")
+    t2 = threading.Thread(target=batch, args=("t2", second, ["k2", "k5"]))
+    t2.start()
+    time.sleep(0.5)
+    blocker.conn.rollback()
+    t1.join(timeout=30)
+    t2.join(timeout=30)
+    assert not isinstance(outcomes.get("t1"), Exception), outcomes.get("t1")
+    assert not isinstance(outcomes.get("t2"), Exception), outcomes.get("t2")
+    t1_rows, t2_rows = outcomes["t1"], outcomes["t2"]
+    assert [(row["id"] == r_id, bool(row["duplicate"])) for row in t1_rows] == [(True, True), (False, False), (False, False)]
+    assert [bool(row["duplicate"]) for row in t2_rows] == [False, True]
+    assert t2_rows[1]["id"] == t1_rows[1]["id"]
+    for client in (observer, blocker, first, second):
+        client.conn.close()

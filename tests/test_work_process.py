@@ -281,6 +281,21 @@ def test_a_handler_that_times_out_on_a_lock_runs_again_without_spending_an_attem
     conn.close()
 
 
+def test_process_reads_committed_whatever_the_session_default(deploy_queues) -> None:
+    # dequeue refuses REPEATABLE READ on PostgreSQL: the worker sets READ COMMITTED for every
+    # transaction it begins (SQL Server's procedures set it for their own statements).
+    deployed = deploy_with_handler(deploy_queues, lease_seconds=60)
+    conn = deployed.connect(autocommit=True)
+    if deployed.dialect == "postgres":
+        conn.execute("SET default_transaction_isolation = 'repeatable read'")
+    else:
+        run(conn, "mssql", "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    client = deployed.client("jobs", conn)
+    client.enqueue_batch({"payload": {"n": n}} for n in range(3))
+    assert client.process(time_budget_seconds=30) == {"processed": 3, "completed": 3, "failed": 0}
+    conn.close()
+
+
 def test_process_refuses_to_run_inside_an_open_transaction(deploy_queues) -> None:
     deployed = deploy_with_handler(deploy_queues)
     conn = deployed.connect(autocommit=False)

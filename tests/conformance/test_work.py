@@ -215,6 +215,27 @@ def test_dequeue_arguments_out_of_range_are_invalid_argument(deploy, arguments) 
     assert counts(client) == (1, 0, 0, 0)
 
 
+@pytest.mark.parametrize(("items", "expected"), [
+    # (key, client id) per item -> (the item each one reports, duplicate)
+    ([("k", 1), ("k", 2)], [(1, False), (1, True)]),
+    ([("b", 1), ("a", 1)], [(1, False), (1, True)]),
+    ([("z", 1), ("a", 1), ("z", 2)], [(1, False), (1, True), (1, True)]),
+    ([("a", 1), ("a", 2), ("b", 2)], [(1, False), (1, True), (1, True)]),
+], ids=["same-key", "same-id", "key-then-id", "chain"])
+def test_enqueue_batch_with_keys_and_client_ids_keeps_the_first_item_of_a_chain(deploy, items, expected) -> None:
+    # An item that shares its key or its client id with an earlier one duplicates the first of that
+    # chain, whatever order the rows go in (0.2.0 inserts in key order; a random client id once won).
+    client = deploy(work(dedupe=True, client_ids=True)).client()
+    given = {n: uuid.UUID(int=n) for n in {i for _, i in items}}
+    rows = client.enqueue_batch([{"payload": {"item": position}, "dedupe_key": key, "id": given[n]}
+                                 for position, (key, n) in enumerate(items, start=1)])
+    first_id = given[items[0][1]]
+    assert [(row["id"], bool(row["duplicate"])) for row in rows] == [
+        (given[items[first - 1][1]], duplicate) for first, duplicate in expected]
+    got = client.dequeue(batch_size=10, worker="a")
+    assert ids(got) == [first_id] and payload_of(client, got[0]["payload"]) == {"item": 1}
+
+
 @pytest.mark.parametrize("options", [{}, {"dedupe": True}, {"client_ids": True}], ids=["plain", "dedupe", "client-ids"])
 def test_a_batch_of_more_than_1000_items_is_invalid_argument(deploy, options) -> None:
     # Past ~5,000 rows SQL Server escalates to a table lock that READPAST cannot skip; every batch
@@ -548,6 +569,47 @@ def test_a_dequeue_in_a_repeatable_read_transaction_is_refused_or_reads_committe
         assert producer.complete(sent["id"], "a") is True
         return
     assert ids(producer.dequeue(worker="b")) == [sent["id"]]
+
+
+def test_a_lease_extended_elsewhere_is_not_reported_lost_to_an_older_snapshot(deploy) -> None:
+    # A business transaction at REPEATABLE READ takes its snapshot, a heartbeat extends the lease on
+    # another connection, the first lease's expiry passes, and the transaction completes. PostgreSQL:
+    # the guarded delete judges the lease by the old snapshot, so complete fails with 40001 (retry
+    # the transaction) instead of answering a wrong false; SQL Server's procedure reads committed.
+    env = deploy(work())
+    sent = env.client().enqueue({"x": 1})["id"]
+    worker = env.client()
+    assert ids(worker.dequeue(worker="w", lease_seconds=2)) == [sent]
+    business = env.client(autocommit=False)
+    business.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    business.stats()                                   # the snapshot is taken now
+    assert worker.extend_lease(sent, "w", 60) is True
+    time.sleep(2.2)
+    if env.dialect == "postgres":
+        with pytest.raises(Exception) as refused:
+            business.complete(sent, "w")
+        assert error_code(refused.value) == "40001"
+        business.conn.rollback()
+        assert worker.complete(sent, "w") is True
+    else:
+        assert business.complete(sent, "w") is True
+        business.conn.commit()
+
+
+def test_two_bounded_purges_at_once_each_take_rows_the_other_left(deploy) -> None:
+    env = deploy(work(history=True))
+    client = env.client()
+    for i in range(6):
+        done = client.enqueue({"i": i})["id"]
+        client.dequeue(worker="a")
+        assert client.complete(done, "a")
+    cutoff = server_now(client) + timedelta(seconds=1)
+    first, second = env.client(autocommit=False), env.client(autocommit=False)
+    assert first.history_purge(older_than=cutoff, max_rows=2) == 2      # left open
+    assert second.history_purge(older_than=cutoff, max_rows=2) == 2     # skips the first one's rows
+    first.conn.commit()
+    second.conn.commit()
+    assert client.history_purge(older_than=cutoff, max_rows=10) == 2
 
 
 def test_a_manual_commit_caller_runs_every_verb_in_its_own_transaction(deploy) -> None:

@@ -214,8 +214,9 @@ DECLARE
     inserted_ties bigint[] := '{}';
     step_ties bigint[];
     result_ids bigint[];
-    retry_ordinals integer[];
-    own_flags boolean[];
+    roots integer[];
+    queued_positions bigint[];
+    queued_ids bigint[];
 BEGIN
     IF item_count > 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_enqueue_batch: at most 1000 items per call, got %s.', item_count);
@@ -271,11 +272,26 @@ BEGIN
     -- and a batch is claimed in item order whatever order its rows go in.
     new_ids := ARRAY(SELECT nextval('"queue"."emails_id_seq"') FROM generate_series(1, item_count));
 
-    -- Every item is offered; ON CONFLICT skips one whose key is queued already (waiting for
-    -- a racing insert of it first) or belongs to an earlier item. Rows go in in key order: two batches
-    -- that share keys then wait for each other instead of deadlocking (each would hold one the
-    -- other waits for). The loop runs
-    -- again only for an item whose duplicate was completed between the insert and the look-up below.
+    -- Each item's first: the earliest earlier item sharing its key, followed to
+    -- the first of that chain (the SQL Server twin's rule); an item that is its own first is offered
+    -- for insertion, any other duplicates its first.
+    roots := ARRAY(
+        SELECT least(
+            u.position,
+            CASE WHEN k.dedupe_key IS NOT NULL THEN min(u.position) OVER (PARTITION BY k.dedupe_key) END
+        )::integer
+        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+        ORDER BY u.position
+    );
+    result_ids := array_fill(NULL::bigint, ARRAY[item_count]);
+
+    -- The firsts go in in key order: two batches that share keys then wait for each other
+    -- instead of deadlocking (each would hold one the other waits for). ON CONFLICT skips one whose key
+    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
+    -- item whose duplicate a racing transaction committed while this one waited and consumed before
+    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
+    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
     LOOP
         WITH items AS (
             SELECT
@@ -291,7 +307,15 @@ BEGIN
             LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
             LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
             LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-            WHERE retry_ordinals IS NULL OR u.position = ANY(retry_ordinals)
+            WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
+        ),
+
+        queued AS (
+            SELECT
+                i.position,
+                by_key.id AS id
+            FROM items AS i
+            LEFT JOIN "queue"."emails" AS by_key ON i.dedupe_key = by_key.dedupe_key
         ),
 
         inserted AS (
@@ -312,40 +336,46 @@ BEGIN
             RETURNING m.id
         )
 
-        SELECT array_agg(i.id) INTO step_ties FROM inserted AS i;
+        SELECT
+            (SELECT array_agg(n.id) FROM inserted AS n),
+            (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
+            (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
+        INTO step_ties, queued_positions, queued_ids;
         inserted_ties := inserted_ties || coalesce(step_ties, '{}');
 
-        -- An item is inserted when the row its own id was drawn for went in; any other is a
-        -- duplicate, looked up in a new statement, which sees what racing transactions committed while
-        -- this one waited on them.
-        SELECT
-            array_agg(
+        -- A first's id: its own when its row went in; else the message now queued with its key (a
+        -- new statement sees what racing transactions committed while this one waited on them); else,
+        -- when that message has been consumed since, the one the insert's own snapshot saw.
+        result_ids := ARRAY(
+            SELECT
                 CASE
+                    WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
                     WHEN own.tie IS NOT NULL THEN u.new_id
-                    WHEN k.dedupe_key IS NOT NULL AND EXISTS (SELECT FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key)
-                        THEN (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key)
+                    ELSE coalesce(
+                        (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key),
+                        q.id
+                    )
                 END
-                ORDER BY u.position
-            ),
-            array_agg(own.tie IS NOT NULL ORDER BY u.position)
-        INTO result_ids, own_flags
-        FROM unnest(new_ids, new_ids) WITH ORDINALITY AS u (new_id, new_tie, position)
-        LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
-        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
-        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
-        retry_ordinals := ARRAY(
-            SELECT u.position
-            FROM unnest(result_ids) WITH ORDINALITY AS u (result_id, position)
-            WHERE u.result_id IS NULL
+            FROM unnest(new_ids, new_ids) WITH ORDINALITY AS u (new_id, new_tie, position)
+            LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
+            LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
+            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+            ORDER BY u.position
+        );
+        EXIT WHEN NOT EXISTS (
+            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
+            WHERE r.root = r.position AND r.result_id IS NULL
         );
     END LOOP;
 
+    -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
     SELECT
         u.position::integer,
-        u.result_id,
-        NOT u.own
-    FROM unnest(result_ids, own_flags) WITH ORDINALITY AS u (result_id, own, position)
+        result_ids[roots[u.position]],
+        own.tie IS NULL
+    FROM unnest(new_ids) WITH ORDINALITY AS u (new_tie, position)
+    LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
     ORDER BY u.position;
 END;
 $function$;
@@ -414,7 +444,7 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
+    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
         own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
     END IF;
     IF EXISTS (
@@ -449,9 +479,9 @@ BEGIN
         )
 
         SELECT
-            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
-            array_agg(l.id) FILTER (WHERE l.attempts > 3),
-            array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
+            array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
+            array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc))
         INTO step_ids, exhausted_ids, exhausted_workers
         FROM leased AS l;
         buried_count := 0;
@@ -493,6 +523,10 @@ BEGIN
     -- its place in the batch, so claim again until the batch is full or nothing visible is left.
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
+    -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+        position_state := '';
+    END IF;
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;
         IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
@@ -549,9 +583,9 @@ BEGIN
             )
 
             SELECT
-                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
-                array_agg(l.id) FILTER (WHERE l.attempts > 3),
-                array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
+                array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
+                array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc))
             INTO step_ids, exhausted_ids, exhausted_workers
             FROM leased AS l;
             buried_count := 0;
@@ -609,9 +643,9 @@ BEGIN
             )
 
             SELECT
-                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 3),
-                array_agg(l.id) FILTER (WHERE l.attempts > 3),
-                array_agg(l.previous_worker) FILTER (WHERE l.attempts > 3)
+                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
+                array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
+                array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc))
             INTO step_ids, exhausted_ids, exhausted_workers
             FROM leased AS l;
             buried_count := 0;
@@ -725,6 +759,11 @@ BEGIN
     )
 
     SELECT count(*) INTO done_count FROM kept;
+    IF done_count = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_complete.id FOR NO KEY UPDATE;
+    END IF;
+    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -802,6 +841,11 @@ BEGIN
     )
 
     SELECT count(*) INTO changed FROM buried;
+    IF changed = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_fail.id FOR NO KEY UPDATE;
+    END IF;
+    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;
@@ -840,6 +884,11 @@ BEGIN
     SET visible_at = now_utc + make_interval(secs => effective_lease)
     WHERE m.id = emails_extend_lease.id AND m.leased_by = emails_extend_lease.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_extend_lease.id FOR NO KEY UPDATE;
+    END IF;
+    END IF;
     RETURN QUERY SELECT changed > 0;
 END;
 $function$;
@@ -1146,6 +1195,9 @@ BEGIN
         WHERE o.finished_at < cutoff
         ORDER BY o.finished_at
         LIMIT emails_history_purge.max_rows
+        -- A concurrent purge's rows are skipped, not waited for: a caller looping until a call
+        -- purges fewer than max_rows must not stop early because another purge got there first.
+        FOR UPDATE SKIP LOCKED
     );
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;

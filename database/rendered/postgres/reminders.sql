@@ -140,8 +140,12 @@ DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     bad_ordinal integer;
     new_ids bigint[];
+    roots integer[];
     result_ids bigint[];
-    retry_ordinals integer[];
+    inserted_ids bigint[] := '{}';
+    step_ids bigint[];
+    queued_ordinals bigint[];
+    queued_ids bigint[];
 BEGIN
     IF item_count > 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_enqueue_batch: at most 1000 items per call, got %s.', item_count);
@@ -172,65 +176,100 @@ BEGIN
     -- Ids are drawn in item order first, so each item knows its id whether or not it is inserted,
     -- and a batch is dequeued in item order.
     new_ids := ARRAY(SELECT nextval('"queue"."reminders_id_seq"') FROM generate_series(1, item_count));
+    -- Each item's first: itself, or the earliest item with its key (one sort, where a look-back per
+    -- item was quadratic in the batch). Only firsts are offered; a later item duplicates its first.
+    roots := ARRAY(
+        SELECT least(
+            u.ordinal,
+            CASE WHEN u.dedupe_key IS NOT NULL THEN min(u.ordinal) OVER (PARTITION BY u.dedupe_key) END
+        )::integer
+        FROM unnest(dedupe_keys) WITH ORDINALITY AS u (dedupe_key, ordinal)
+        ORDER BY u.ordinal
+    );
+    IF dedupe_keys IS NULL THEN
+        roots := ARRAY(SELECT generate_series(1, item_count));
+    END IF;
+    result_ids := array_fill(NULL::bigint, ARRAY[item_count]);
 
-    -- Every item without a key, and the first item of each key, is offered for insertion; a key
-    -- already in the queue (or inserted meanwhile by a racing transaction, which ON CONFLICT waits
-    -- for) is left alone. Rows go in in key order: two batches that share keys then wait for each
-    -- other instead of deadlocking (each would hold a key the other waits for). The ids were
-    -- drawn in item order above, so the dequeue order is still the item order. The loop runs
-    -- again only for a key whose row was dequeued between the insert and the look-up.
+    -- The firsts go in in key order: two batches that share keys then wait for each other instead
+    -- of deadlocking (each would hold a key the other waits for). The ids were drawn in item order
+    -- above, so the dequeue order is still the item order. ON CONFLICT skips a key already in the
+    -- queue (waiting for a racing insert of it first). The loop runs again only for a key whose
+    -- message a racing transaction committed while this one waited and dequeued before the look-up
+    -- below: a duplicate that was queued when the insert began is reported as such even if it has
+    -- been dequeued since (offering it again could wait on a batch that waits on this one).
     LOOP
-        INSERT INTO "queue"."reminders" AS m (id, due_at, dedupe_key, payload)
-        OVERRIDING SYSTEM VALUE
-        SELECT
-            u.new_id,
-            coalesce(u.due_at, clock_timestamp()),
-            u.dedupe_key,
-            u.payload
-        FROM (
-            -- key_rank 1: the first item of its key (one sort, where a look-back per item was
-            -- quadratic in the batch).
+        WITH items AS (
             SELECT
-                i.*,
-                row_number() OVER (PARTITION BY i.dedupe_key ORDER BY i.ordinal) AS key_rank
+                u.new_id,
+                u.due_at,
+                u.dedupe_key,
+                u.payload,
+                u.ordinal
             FROM unnest(new_ids, payloads, due_ats, dedupe_keys) WITH ORDINALITY
-                AS i (new_id, payload, due_at, dedupe_key, ordinal)
-        ) AS u
-        WHERE
-            CASE
-                WHEN retry_ordinals IS NOT NULL THEN u.ordinal = ANY(retry_ordinals)
-                ELSE u.dedupe_key IS NULL OR u.key_rank = 1
-            END
-        ORDER BY u.dedupe_key, u.ordinal
-        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING;
+                AS u (new_id, payload, due_at, dedupe_key, ordinal)
+            WHERE roots[u.ordinal] = u.ordinal AND result_ids[u.ordinal] IS NULL
+        ),
 
-        -- A new statement sees what racing transactions committed while this one waited on them.
-        SELECT array_agg(
-            CASE WHEN u.dedupe_key IS NULL THEN u.new_id ELSE (
-                SELECT m.id FROM "queue"."reminders" AS m WHERE m.dedupe_key = u.dedupe_key
-            ) END
-            ORDER BY u.ordinal
+        queued AS (
+            SELECT
+                i.ordinal,
+                m.id
+            FROM items AS i
+            INNER JOIN "queue"."reminders" AS m ON i.dedupe_key = m.dedupe_key
+        ),
+
+        inserted AS (
+            INSERT INTO "queue"."reminders" AS m (id, due_at, dedupe_key, payload)
+            OVERRIDING SYSTEM VALUE
+            SELECT
+                i.new_id,
+                coalesce(i.due_at, clock_timestamp()),
+                i.dedupe_key,
+                i.payload
+            FROM items AS i
+            ORDER BY i.dedupe_key, i.ordinal
+            ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+            RETURNING m.id
         )
-        INTO result_ids
-        FROM unnest(new_ids, dedupe_keys) WITH ORDINALITY AS u (new_id, dedupe_key, ordinal);
 
-        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
+        SELECT
+            (SELECT array_agg(n.id) FROM inserted AS n),
+            (SELECT array_agg(q.ordinal ORDER BY q.ordinal) FROM queued AS q),
+            (SELECT array_agg(q.id ORDER BY q.ordinal) FROM queued AS q)
+        INTO step_ids, queued_ordinals, queued_ids;
+        inserted_ids := inserted_ids || coalesce(step_ids, '{}');
 
-        SELECT array_agg(min_ordinal) INTO retry_ordinals
-        FROM (
-            SELECT min(u.ordinal) AS min_ordinal
-            FROM unnest(result_ids, dedupe_keys) WITH ORDINALITY AS u (result_id, dedupe_key, ordinal)
-            WHERE u.result_id IS NULL
-            GROUP BY u.dedupe_key
-        ) AS vanished;
+        -- A first's id: its own when its row went in; else the message now queued with its key (a
+        -- new statement sees what racing transactions committed while this one waited on them);
+        -- else, when that message has been dequeued since, the one the insert's own snapshot saw.
+        result_ids := ARRAY(
+            SELECT
+                CASE
+                    WHEN roots[u.ordinal] <> u.ordinal OR result_ids[u.ordinal] IS NOT NULL THEN result_ids[u.ordinal]
+                    WHEN own.id IS NOT NULL THEN u.new_id
+                    ELSE coalesce((SELECT m.id FROM "queue"."reminders" AS m WHERE m.dedupe_key = k.dedupe_key), q.id)
+                END
+            FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
+            LEFT JOIN unnest(inserted_ids) AS own (id) ON u.new_id = own.id
+            LEFT JOIN unnest(queued_ordinals, queued_ids) AS q (ordinal, id) ON u.ordinal = q.ordinal
+            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, ordinal) ON u.ordinal = k.ordinal
+            ORDER BY u.ordinal
+        );
+        EXIT WHEN NOT EXISTS (
+            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, ordinal)
+            WHERE r.root = r.ordinal AND r.result_id IS NULL
+        );
     END LOOP;
 
+    -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
     SELECT
         u.ordinal::integer,
-        u.result_id,
-        u.result_id <> u.new_id
-    FROM unnest(new_ids, result_ids) WITH ORDINALITY AS u (new_id, result_id, ordinal)
+        result_ids[roots[u.ordinal]],
+        own.id IS NULL
+    FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
+    LEFT JOIN unnest(inserted_ids) AS own (id) ON u.new_id = own.id
     ORDER BY u.ordinal;
 END;
 $function$;
@@ -268,6 +307,10 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.reminders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
+    -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+        position_state := '';
     END IF;
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;

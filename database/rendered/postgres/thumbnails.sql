@@ -210,8 +210,10 @@ DECLARE
     inserted_ties bigint[] := '{}';
     step_ties bigint[];
     result_ids uuid[];
-    retry_ordinals integer[];
-    own_flags boolean[];
+    roots integer[];
+    chased integer[];
+    queued_positions bigint[];
+    queued_ids uuid[];
 BEGIN
     IF item_count > 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_enqueue_batch: at most 1000 items per call, got %s.', item_count);
@@ -260,11 +262,31 @@ BEGIN
     );
     new_seqs := ARRAY(SELECT nextval('"queue"."thumbnails_id_seq"') FROM generate_series(1, item_count));
 
-    -- Every item is offered; ON CONFLICT skips one whose key or id is queued already (waiting for
-    -- a racing insert of it first) or belongs to an earlier item. Rows go in in id order: two batches
-    -- that share ids then wait for each other instead of deadlocking (each would hold one the
-    -- other waits for). The loop runs
-    -- again only for an item whose duplicate was completed between the insert and the look-up below.
+    -- Each item's first: the earliest earlier item sharing its key or its client id, followed to
+    -- the first of that chain (the SQL Server twin's rule); an item that is its own first is offered
+    -- for insertion, any other duplicates its first.
+    roots := ARRAY(
+        SELECT least(
+            u.position,
+            min(u.position) OVER (PARTITION BY u.new_id)
+        )::integer
+        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+        ORDER BY u.position
+    );
+    LOOP
+        chased := ARRAY(SELECT roots[r.root] FROM unnest(roots) WITH ORDINALITY AS r (root, position) ORDER BY r.position);
+        EXIT WHEN chased IS NOT DISTINCT FROM roots;
+        roots := chased;
+    END LOOP;
+    result_ids := array_fill(NULL::uuid, ARRAY[item_count]);
+
+    -- The firsts go in in id order: two batches that share ids then wait for each other
+    -- instead of deadlocking (each would hold one the other waits for). ON CONFLICT skips one whose id
+    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
+    -- item whose duplicate a racing transaction committed while this one waited and consumed before
+    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
+    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
     LOOP
         WITH items AS (
             SELECT
@@ -282,7 +304,15 @@ BEGIN
             LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
             LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
             LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-            WHERE retry_ordinals IS NULL OR u.position = ANY(retry_ordinals)
+            WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
+        ),
+
+        queued AS (
+            SELECT
+                i.position,
+                by_id.id AS id
+            FROM items AS i
+            LEFT JOIN "queue"."thumbnails" AS by_id ON i.new_id = by_id.id
         ),
 
         inserted AS (
@@ -304,40 +334,46 @@ BEGIN
             RETURNING m.seq
         )
 
-        SELECT array_agg(i.seq) INTO step_ties FROM inserted AS i;
+        SELECT
+            (SELECT array_agg(n.seq) FROM inserted AS n),
+            (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
+            (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
+        INTO step_ties, queued_positions, queued_ids;
         inserted_ties := inserted_ties || coalesce(step_ties, '{}');
 
-        -- An item is inserted when the row its own seq was drawn for went in; any other is a
-        -- duplicate, looked up in a new statement, which sees what racing transactions committed while
-        -- this one waited on them.
-        SELECT
-            array_agg(
+        -- A first's id: its own when its row went in; else the message now queued with its key or id (a
+        -- new statement sees what racing transactions committed while this one waited on them); else,
+        -- when that message has been consumed since, the one the insert's own snapshot saw.
+        result_ids := ARRAY(
+            SELECT
                 CASE
+                    WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
                     WHEN own.tie IS NOT NULL THEN u.new_id
-                    -- The client id is queued already (or was given twice in this batch).
-                    WHEN EXISTS (SELECT FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id) THEN u.new_id
+                    ELSE coalesce(
+                        (SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id),
+                        q.id
+                    )
                 END
-                ORDER BY u.position
-            ),
-            array_agg(own.tie IS NOT NULL ORDER BY u.position)
-        INTO result_ids, own_flags
-        FROM unnest(new_ids, new_seqs) WITH ORDINALITY AS u (new_id, new_tie, position)
-        LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
-        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
-        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
-        retry_ordinals := ARRAY(
-            SELECT u.position
-            FROM unnest(result_ids) WITH ORDINALITY AS u (result_id, position)
-            WHERE u.result_id IS NULL
+            FROM unnest(new_ids, new_seqs) WITH ORDINALITY AS u (new_id, new_tie, position)
+            LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
+            LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
+            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+            ORDER BY u.position
+        );
+        EXIT WHEN NOT EXISTS (
+            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
+            WHERE r.root = r.position AND r.result_id IS NULL
         );
     END LOOP;
 
+    -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
     SELECT
         u.position::integer,
-        u.result_id,
-        NOT u.own
-    FROM unnest(result_ids, own_flags) WITH ORDINALITY AS u (result_id, own, position)
+        result_ids[roots[u.position]],
+        own.tie IS NULL
+    FROM unnest(new_seqs) WITH ORDINALITY AS u (new_tie, position)
+    LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
     ORDER BY u.position;
 END;
 $function$;
@@ -402,7 +438,7 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
+    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
         own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
     END IF;
     IF EXISTS (
@@ -437,9 +473,9 @@ BEGIN
         )
 
         SELECT
-            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
-            array_agg(l.id) FILTER (WHERE l.attempts > 4),
-            array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
+            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
+            array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
+            array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc))
         INTO step_ids, exhausted_ids, exhausted_workers
         FROM leased AS l;
         buried_count := 0;
@@ -524,9 +560,9 @@ BEGIN
                 )
 
                 SELECT
-                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
-                    array_agg(l.id) FILTER (WHERE l.attempts > 4),
-                    array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
+                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
+                    array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc))
                 INTO level_ids, exhausted_ids, exhausted_workers
                 FROM leased AS l;
                 level_buried := 0;
@@ -593,9 +629,9 @@ BEGIN
                 )
 
                 SELECT
-                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= 4),
-                    array_agg(l.id) FILTER (WHERE l.attempts > 4),
-                    array_agg(l.previous_worker) FILTER (WHERE l.attempts > 4)
+                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
+                    array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc))
                 INTO level_ids, exhausted_ids, exhausted_workers
                 FROM leased AS l;
                 level_buried := 0;
@@ -688,6 +724,11 @@ BEGIN
     DELETE FROM "queue"."thumbnails" AS m
     WHERE m.id = thumbnails_complete.id AND m.leased_by = thumbnails_complete.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS done_count = ROW_COUNT;
+    IF done_count = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_complete.id FOR NO KEY UPDATE;
+    END IF;
+    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -774,6 +815,11 @@ BEGIN
     )
 
     SELECT count(*) INTO changed FROM buried;
+    IF changed = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_fail.id FOR NO KEY UPDATE;
+    END IF;
+    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;
@@ -812,6 +858,11 @@ BEGIN
     SET visible_at = now_utc + make_interval(secs => effective_lease)
     WHERE m.id = thumbnails_extend_lease.id AND m.leased_by = thumbnails_extend_lease.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_extend_lease.id FOR NO KEY UPDATE;
+    END IF;
+    END IF;
     RETURN QUERY SELECT changed > 0;
 END;
 $function$;
@@ -954,7 +1005,8 @@ BEGIN
     WITH doomed AS (
         SELECT m.id FROM "queue"."thumbnails" AS m
         WHERE thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than
-        ORDER BY m.seq
+        -- In claim order, along the claim index: no index leads on seq.
+        ORDER BY m.priority DESC, m.visible_at, m.seq
         LIMIT thumbnails_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ),
@@ -1135,6 +1187,7 @@ DECLARE
     worker_name text := 'process:' || pg_catalog.pg_backend_pid()::text;
     deadline timestamptz;
     message record;
+    claimed boolean;
     lease_kept boolean;
     lease_lost boolean;
     outcome_text text;
@@ -1154,6 +1207,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = pg_catalog.format('queue.thumbnails_process: time_budget_seconds must be between 1 and 86400, got %s.', coalesce(time_budget_seconds::text, 'NULL'));
     END IF;
     COMMIT;
+    -- Every transaction this procedure begins, right after each COMMIT, before any query.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
@@ -1167,17 +1222,34 @@ BEGIN
     completed := 0;
     failed := 0;
     deadline := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => time_budget_seconds);
+    -- A deadlock, a lock timeout or a serialization failure says nothing about a message: whether in
+    -- the claim, in the handler or in recording a failure, the step runs again after a short random
+    -- pause (so that it does not meet the same peer at once), up to 3 times, without spending an
+    -- attempt. Any other error of the handler is recorded with fail. Every transaction this procedure
+    -- begins is READ COMMITTED, whatever the session's default (dequeue refuses any other level):
+    -- SET TRANSACTION must come before any query of the transaction, so it follows each COMMIT.
     WHILE pg_catalog.clock_timestamp() < deadline LOOP
-        SELECT d.id, d.payload INTO message
-        FROM "queue"."thumbnails_dequeue"(batch_size => 1, worker => worker_name) AS d;
-        EXIT WHEN NOT FOUND;
+        transient_retries := 0;
+        LOOP
+            BEGIN
+                SELECT d.id, d.payload INTO message
+                FROM "queue"."thumbnails_dequeue"(batch_size => 1, worker => worker_name) AS d;
+                claimed := FOUND;
+                EXIT;
+            EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
+                IF transient_retries >= 3 THEN
+                    RAISE;
+                END IF;
+                transient_retries := transient_retries + 1;
+                PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+            END;
+        END LOOP;
+        EXIT WHEN NOT claimed;
         COMMIT;
+        SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
         processed := processed + 1;
         transient_retries := 0;
 
-        -- A deadlock, a lock timeout or a serialization failure in the handler says nothing about
-        -- the message: the handler runs again under the same lease, without spending an attempt,
-        -- up to 3 times; then, as any other error, it is recorded with fail.
         LOOP
             lease_lost := false;
             BEGIN
@@ -1199,18 +1271,34 @@ BEGIN
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
+                    PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
                     CONTINUE;
                 END IF;
-                -- The SQLSTATE, where it was raised (the innermost routine and line of the context)
-                -- and the message.
+                -- The SQLSTATE, where it was raised (the innermost routine of the context, PL/pgSQL
+                -- or SQL, with its line or statement) and the message.
                 error_text := pg_catalog.format('SQLSTATE %s in %s: %s', error_state, coalesce(
-                    pg_catalog.substring(error_context, 'PL/pgSQL function ([^\n]*)'),
+                    pg_catalog.regexp_replace(
+                        pg_catalog.substring(error_context, '(?:^|\n)((?:PL/pgSQL|SQL) function [^\n]*)'),
+                        '^PL/pgSQL function ', ''
+                    ),
                     pg_catalog.split_part(error_context, E'\n', 1)
                 ), error_text);
-                SELECT f.outcome INTO outcome_text
-                FROM "queue"."thumbnails_fail"(
-                    id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
-                ) AS f;
+                transient_retries := 0;
+                LOOP
+                    BEGIN
+                        SELECT f.outcome INTO outcome_text
+                        FROM "queue"."thumbnails_fail"(
+                            id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
+                        ) AS f;
+                        EXIT;
+                    EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
+                        IF transient_retries >= 3 THEN
+                            RAISE;
+                        END IF;
+                        transient_retries := transient_retries + 1;
+                        PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+                    END;
+                END LOOP;
                 IF outcome_text <> 'lost' THEN
                     failed := failed + 1;
                 END IF;
@@ -1218,6 +1306,7 @@ BEGIN
             END;
         END LOOP;
         COMMIT;
+        SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     END LOOP;
 END;
 $procedure$;

@@ -132,6 +132,14 @@ SET search_path = pg_catalog, pg_temp
     starts in the claim index, kept between calls in a custom setting named after the queue. -#}
 {% macro position_setting(suffix='') %}'tablequeue.{{ schema }}.{{ queue.name }}{{ suffix }}'{% endmacro %}
 
+{#- What time_to_text writes: YYYY-MM-DD HH24:MI:SS.US BC, or '' for -infinity. -#}
+{% macro time_pattern() %}([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?{% endmacro %}
+
+{#- What position_store writes: '<expiry>|<id>' or '<expiry>|<rewinds>|<tie-breaker>|<time>'. -#}
+{% macro position_pattern(key) -%}
+^[0-9]{1,12}(\.[0-9]{1,9})?\|{% if key | length == 2 %}[0-9]{1,19}\|[0-9]{1,19}\|{{ time_pattern() }}{% else %}[0-9]{1,19}{% endif %}$
+{%- endmacro %}
+
 {#- A timestamptz as text and back, exact to the microsecond whatever the session's DateStyle and
     TimeZone (ISO input is read the same under every DateStyle). to_char writes -infinity as ''. -#}
 {% macro time_to_text(expr) %}to_char({{ expr }} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'){% endmacro %}
@@ -240,6 +248,10 @@ LEFT JOIN LATERAL (
     change: an expiry more than a second ahead (set by hand, or by a clock that went back) is not
     trusted, so no value can hide messages for longer than a second. -#}
 {% macro position_load(key) %}
+    -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
+    IF position_state !~ '{{ position_pattern(key) }}' THEN
+        position_state := '';
+    END IF;
     IF position_state <> '' THEN
         position_expires := split_part(position_state, '|', 1)::numeric;
         IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN

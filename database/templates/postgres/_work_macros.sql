@@ -5,6 +5,17 @@
 -#}
 {% import '_macros.sql' as m with context %}
 
+{#- After a lease-guarded statement changed nothing: at READ COMMITTED the lease is simply not the
+    caller's (any more). In a REPEATABLE READ or SERIALIZABLE transaction the statement judged the
+    lease by the transaction's old snapshot, so a lease renewed since (extend_lease on another
+    connection) looks lost: locking the row raises serialization_failure (40001) instead of a wrong
+    answer, and the caller retries its transaction as it must at those levels anyway. -#}
+{% macro lost_under_snapshot(verb) %}
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_{{ verb }}.id FOR NO KEY UPDATE;
+    END IF;
+{%- endmacro %}
+
 {% macro check_worker(verb) %}
     IF {{ fn }}_{{ verb }}.worker IS NULL OR length({{ fn }}_{{ verb }}.worker) NOT BETWEEN 1 AND 200 THEN
 {{ m.throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": worker must be a name of 1 to 200 characters.'") }}
@@ -96,6 +107,9 @@
     never touches the dead-letter table (the SQL Server twin has the same shape). Expects the
     variables exhausted_ids and exhausted_workers. -#}
 {% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', own=false) %}
+{#- Only a lease that had expired is buried: a live own lease comes back unchanged, even with
+    max_attempts lowered below its attempts since it was taken. -#}
+{% set exhausted = "(l.attempts > " ~ max_attempts ~ " AND l.previous_visible_at <= now_utc)" %}
     WITH next_messages AS (
         SELECT
             m.id,
@@ -132,9 +146,9 @@
     )
 
     SELECT
-        array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE l.attempts <= {{ max_attempts }}),
-        array_agg(l.id) FILTER (WHERE l.attempts > {{ max_attempts }}),
-        array_agg(l.previous_worker) FILTER (WHERE l.attempts > {{ max_attempts }})
+        array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT {{ exhausted }}),
+        array_agg(l.id) FILTER (WHERE {{ exhausted }}),
+        array_agg(l.previous_worker) FILTER (WHERE {{ exhausted }})
     INTO {{ ids_var }}, exhausted_ids, exhausted_workers
     FROM leased AS l;
     {{ buried_var }} := 0;

@@ -254,8 +254,12 @@ DECLARE
     inserted_ties bigint[] := '{}';
     step_ties bigint[];
     result_ids {{ id_type }}[];
-    retry_ordinals integer[];
-    own_flags boolean[];
+    roots integer[];
+{% if client_ids %}
+    chased integer[];
+{% endif %}
+    queued_positions bigint[];
+    queued_ids {{ id_type }}[];
 {% endif %}
 BEGIN
 {{ m.check_batch_items('enqueue_batch', 'item_count') }}
@@ -315,12 +319,37 @@ BEGIN
 {% set new_ties = 'new_seqs' if client_ids else 'new_ids' %}
 {% set insert_order = (['i.dedupe_key'] if dedupe else []) + (['i.new_id'] if client_ids else []) + ['i.position'] %}
 
-    -- Every item is offered; ON CONFLICT skips one whose key{% if client_ids %} or id{% endif %} is queued already (waiting for
-    -- a racing insert of it first) or belongs to an earlier item. Rows go in in {{ 'key' if dedupe else 'id' }} order: two batches
-    -- that share {{ 'keys' if dedupe else 'ids' }} then wait for each other instead of deadlocking (each would hold one the
-    -- other waits for).{% if dedupe and client_ids %} A client id given with different keys in two overlapping batches can still
-    -- deadlock (two unique indexes have no common order); PostgreSQL then ends one batch with 40P01.{% endif %} The loop runs
-    -- again only for an item whose duplicate was completed between the insert and the look-up below.
+    -- Each item's first: the earliest earlier item sharing its key{% if client_ids %} or its client id{% endif %}, followed to
+    -- the first of that chain (the SQL Server twin's rule); an item that is its own first is offered
+    -- for insertion, any other duplicates its first.
+    roots := ARRAY(
+        SELECT least(
+            u.position{% if dedupe %},
+            CASE WHEN k.dedupe_key IS NOT NULL THEN min(u.position) OVER (PARTITION BY k.dedupe_key) END{% endif %}{% if client_ids %},
+            min(u.position) OVER (PARTITION BY u.new_id){% endif %}
+
+        )::integer
+        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, position)
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+        ORDER BY u.position
+    );
+{% if client_ids %}
+    LOOP
+        chased := ARRAY(SELECT roots[r.root] FROM unnest(roots) WITH ORDINALITY AS r (root, position) ORDER BY r.position);
+        EXIT WHEN chased IS NOT DISTINCT FROM roots;
+        roots := chased;
+    END LOOP;
+{% endif %}
+    result_ids := array_fill(NULL::{{ id_type }}, ARRAY[item_count]);
+
+    -- The firsts go in in {{ 'key' if dedupe else 'id' }} order: two batches that share {{ 'keys' if dedupe else 'ids' }} then wait for each other
+    -- instead of deadlocking (each would hold one the other waits for).{% if dedupe and client_ids %} A client id given with
+    -- different keys in two overlapping batches can still deadlock (two unique indexes have no common
+    -- order); PostgreSQL then ends one batch with 40P01.{% endif %} ON CONFLICT skips one whose {{ 'key or id' if client_ids and dedupe else ('key' if dedupe else 'id') }}
+    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
+    -- item whose duplicate a racing transaction committed while this one waited and consumed before
+    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
+    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
     LOOP
 {% filter indent(4, first=true) %}
     WITH items AS (
@@ -343,7 +372,20 @@ BEGIN
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
         LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
         LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-        WHERE retry_ordinals IS NULL OR u.position = ANY(retry_ordinals)
+        WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
+    ),
+
+    queued AS (
+        SELECT
+            i.position,
+            {{ 'coalesce(by_key.id, by_id.id)' if dedupe and client_ids else ('by_key.id' if dedupe else 'by_id.id') }} AS id
+        FROM items AS i
+{% if dedupe %}
+        LEFT JOIN {{ t }} AS by_key ON i.dedupe_key = by_key.dedupe_key
+{% endif %}
+{% if client_ids %}
+        LEFT JOIN {{ t }} AS by_id ON i.new_id = by_id.id
+{% endif %}
     ),
 
     inserted AS (
@@ -372,47 +414,52 @@ BEGIN
         RETURNING m.{{ tie }}
     )
 
-    SELECT array_agg(i.{{ tie }}) INTO step_ties FROM inserted AS i;
+    SELECT
+        (SELECT array_agg(n.{{ tie }}) FROM inserted AS n),
+        (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
+        (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
+    INTO step_ties, queued_positions, queued_ids;
     inserted_ties := inserted_ties || coalesce(step_ties, '{}');
 
-    -- An item is inserted when the row its own {{ 'seq' if client_ids else 'id' }} was drawn for went in; any other is a
-    -- duplicate, looked up in a new statement, which sees what racing transactions committed while
-    -- this one waited on them.
-    SELECT
-        array_agg(
+    -- A first's id: its own when its row went in; else the message now queued with its key{% if client_ids %} or id{% endif %} (a
+    -- new statement sees what racing transactions committed while this one waited on them); else,
+    -- when that message has been consumed since, the one the insert's own snapshot saw.
+    result_ids := ARRAY(
+        SELECT
             CASE
+                WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
                 WHEN own.tie IS NOT NULL THEN u.new_id
+                ELSE coalesce(
 {% if dedupe %}
-                WHEN k.dedupe_key IS NOT NULL AND EXISTS (SELECT FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key)
-                    THEN (SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key)
+                    (SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key),
 {% endif %}
 {% if client_ids %}
-                -- The client id is queued already (or was given twice in this batch).
-                WHEN EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = u.new_id) THEN u.new_id
+                    (SELECT m.id FROM {{ t }} AS m WHERE m.id = u.new_id),
 {% endif %}
+                    q.id
+                )
             END
-            ORDER BY u.position
-        ),
-        array_agg(own.tie IS NOT NULL ORDER BY u.position)
-    INTO result_ids, own_flags
-    FROM unnest(new_ids, {{ new_ties }}) WITH ORDINALITY AS u (new_id, new_tie, position)
-    LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
-    LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position;
+        FROM unnest(new_ids, {{ new_ties }}) WITH ORDINALITY AS u (new_id, new_tie, position)
+        LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
+        LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+        ORDER BY u.position
+    );
 {% endfilter %}
-        EXIT WHEN item_count = 0 OR array_position(result_ids, NULL) IS NULL;
-        retry_ordinals := ARRAY(
-            SELECT u.position
-            FROM unnest(result_ids) WITH ORDINALITY AS u (result_id, position)
-            WHERE u.result_id IS NULL
+        EXIT WHEN NOT EXISTS (
+            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
+            WHERE r.root = r.position AND r.result_id IS NULL
         );
     END LOOP;
 
+    -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
     SELECT
         u.position::integer,
-        u.result_id,
-        NOT u.own
-    FROM unnest(result_ids, own_flags) WITH ORDINALITY AS u (result_id, own, position)
+        result_ids[roots[u.position]],
+        own.tie IS NULL
+    FROM unnest({{ new_ties }}) WITH ORDINALITY AS u (new_tie, position)
+    LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
     ORDER BY u.position;
 {% else %}
 
@@ -493,7 +540,7 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker THEN
+    IF own_state ~ '^{{ m.time_pattern() }}\|' AND substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker THEN
         own_since := {{ m.text_to_time("split_part(own_state, '|', 1)") }};
     END IF;
     IF EXISTS (
@@ -610,6 +657,9 @@ BEGIN
     WHERE m.id = {{ fn }}_complete.id AND m.leased_by = {{ fn }}_complete.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS done_count = ROW_COUNT;
 {% endif %}
+    IF done_count = 0 THEN
+{{ w.lost_under_snapshot('complete') }}
+    END IF;
     RETURN QUERY SELECT done_count > 0;
 END;
 $function$;
@@ -655,6 +705,9 @@ BEGIN
     END IF;
 
 {{ w.bury("m.id = " ~ fn ~ "_fail.id AND m.leased_by = " ~ fn ~ "_fail.worker AND m.visible_at > now_utc", "g.attempts", "left(" ~ fn ~ "_fail.error, 4000)", "g.leased_by", "changed") }}
+    IF changed = 0 THEN
+{{ w.lost_under_snapshot('fail') }}
+    END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;
 $function$;
@@ -683,6 +736,9 @@ BEGIN
     SET visible_at = now_utc + make_interval(secs => effective_lease)
     WHERE m.id = {{ fn }}_extend_lease.id AND m.leased_by = {{ fn }}_extend_lease.worker AND m.visible_at > now_utc;
     GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed = 0 THEN
+{{ w.lost_under_snapshot('extend_lease') }}
+    END IF;
     RETURN QUERY SELECT changed > 0;
 END;
 $function$;
@@ -812,7 +868,12 @@ BEGIN
     WITH doomed AS (
         SELECT m.id FROM {{ t }} AS m
         WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
-        ORDER BY m.{{ tie }}
+{% if client_ids %}
+        -- In claim order, along the claim index: no index leads on seq.
+        ORDER BY {% if has_priority %}m.priority DESC, {% endif %}m.visible_at, m.seq
+{% else %}
+        ORDER BY m.id
+{% endif %}
         LIMIT {{ fn }}_purge.max_rows
         FOR UPDATE SKIP LOCKED
     ),
@@ -998,6 +1059,9 @@ BEGIN
         WHERE o.finished_at < cutoff
         ORDER BY o.finished_at
         LIMIT {{ fn }}_history_purge.max_rows
+        -- A concurrent purge's rows are skipped, not waited for: a caller looping until a call
+        -- purges fewer than max_rows must not stop early because another purge got there first.
+        FOR UPDATE SKIP LOCKED
     );
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;
@@ -1035,6 +1099,7 @@ DECLARE
     worker_name text := 'process:' || pg_catalog.pg_backend_pid()::text;
     deadline timestamptz;
     message record;
+    claimed boolean;
     lease_kept boolean;
     lease_lost boolean;
     outcome_text text;
@@ -1054,6 +1119,8 @@ BEGIN
 {{ m.throw('invalid_argument', "pg_catalog.format('" ~ names.plain('_process') ~ ": time_budget_seconds must be between 1 and 86400, got %s.', coalesce(time_budget_seconds::text, 'NULL'))") }}
     END IF;
     COMMIT;
+    -- Every transaction this procedure begins, right after each COMMIT, before any query.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
@@ -1067,17 +1134,34 @@ BEGIN
     completed := 0;
     failed := 0;
     deadline := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => time_budget_seconds);
+    -- A deadlock, a lock timeout or a serialization failure says nothing about a message: whether in
+    -- the claim, in the handler or in recording a failure, the step runs again after a short random
+    -- pause (so that it does not meet the same peer at once), up to 3 times, without spending an
+    -- attempt. Any other error of the handler is recorded with fail. Every transaction this procedure
+    -- begins is READ COMMITTED, whatever the session's default (dequeue refuses any other level):
+    -- SET TRANSACTION must come before any query of the transaction, so it follows each COMMIT.
     WHILE pg_catalog.clock_timestamp() < deadline LOOP
-        SELECT d.id, d.payload INTO message
-        FROM {{ names.verb('dequeue') }}(batch_size => 1, worker => worker_name) AS d;
-        EXIT WHEN NOT FOUND;
+        transient_retries := 0;
+        LOOP
+            BEGIN
+                SELECT d.id, d.payload INTO message
+                FROM {{ names.verb('dequeue') }}(batch_size => 1, worker => worker_name) AS d;
+                claimed := FOUND;
+                EXIT;
+            EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
+                IF transient_retries >= 3 THEN
+                    RAISE;
+                END IF;
+                transient_retries := transient_retries + 1;
+                PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+            END;
+        END LOOP;
+        EXIT WHEN NOT claimed;
         COMMIT;
+        SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
         processed := processed + 1;
         transient_retries := 0;
 
-        -- A deadlock, a lock timeout or a serialization failure in the handler says nothing about
-        -- the message: the handler runs again under the same lease, without spending an attempt,
-        -- up to 3 times; then, as any other error, it is recorded with fail.
         LOOP
             lease_lost := false;
             BEGIN
@@ -1099,18 +1183,34 @@ BEGIN
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
+                    PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
                     CONTINUE;
                 END IF;
-                -- The SQLSTATE, where it was raised (the innermost routine and line of the context)
-                -- and the message.
+                -- The SQLSTATE, where it was raised (the innermost routine of the context, PL/pgSQL
+                -- or SQL, with its line or statement) and the message.
                 error_text := pg_catalog.format('SQLSTATE %s in %s: %s', error_state, coalesce(
-                    pg_catalog.substring(error_context, 'PL/pgSQL function ([^\n]*)'),
+                    pg_catalog.regexp_replace(
+                        pg_catalog.substring(error_context, '(?:^|\n)((?:PL/pgSQL|SQL) function [^\n]*)'),
+                        '^PL/pgSQL function ', ''
+                    ),
                     pg_catalog.split_part(error_context, E'\n', 1)
                 ), error_text);
-                SELECT f.outcome INTO outcome_text
-                FROM {{ names.verb('fail') }}(
-                    id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
-                ) AS f;
+                transient_retries := 0;
+                LOOP
+                    BEGIN
+                        SELECT f.outcome INTO outcome_text
+                        FROM {{ names.verb('fail') }}(
+                            id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
+                        ) AS f;
+                        EXIT;
+                    EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
+                        IF transient_retries >= 3 THEN
+                            RAISE;
+                        END IF;
+                        transient_retries := transient_retries + 1;
+                        PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+                    END;
+                END LOOP;
                 IF outcome_text <> 'lost' THEN
                     failed := failed + 1;
                 END IF;
@@ -1118,6 +1218,7 @@ BEGIN
             END;
         END LOOP;
         COMMIT;
+        SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     END LOOP;
 END;
 $procedure$;

@@ -169,3 +169,26 @@
 {{ claim_statement(where_sql, limit_sql, ids_var, buried_var) | indent(4, first=true) }}
     END IF;
 {%- endmacro %}
+
+{#- The in-database worker's steps: run the statements, and again after a short random pause (so
+    that they do not meet the same peer at once) on a deadlock, a lock timeout or a serialization
+    failure, up to 3 times. Expects transient_retries integer. -#}
+{% macro transient_pause() %}
+PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+{%- endmacro %}
+
+{% macro retry_transient() %}
+transient_retries := 0;
+LOOP
+    BEGIN
+{{ caller() | trim | indent(8, first=true) }}
+        EXIT;
+    EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
+        IF transient_retries >= 3 THEN
+            RAISE;
+        END IF;
+        transient_retries := transient_retries + 1;
+        {{ transient_pause() }}
+    END;
+END LOOP;
+{%- endmacro %}

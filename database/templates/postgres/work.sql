@@ -1141,21 +1141,14 @@ BEGIN
     -- begins is READ COMMITTED, whatever the session's default (dequeue refuses any other level):
     -- SET TRANSACTION must come before any query of the transaction, so it follows each COMMIT.
     WHILE pg_catalog.clock_timestamp() < deadline LOOP
-        transient_retries := 0;
-        LOOP
-            BEGIN
-                SELECT d.id, d.payload INTO message
-                FROM {{ names.verb('dequeue') }}(batch_size => 1, worker => worker_name) AS d;
-                claimed := FOUND;
-                EXIT;
-            EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
-                IF transient_retries >= 3 THEN
-                    RAISE;
-                END IF;
-                transient_retries := transient_retries + 1;
-                PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
-            END;
-        END LOOP;
+{% filter indent(8, first=true) %}
+{% call w.retry_transient() %}
+SELECT d.id, d.payload INTO message
+FROM {{ names.verb('dequeue') }}(batch_size => 1, worker => worker_name) AS d;
+claimed := FOUND;
+{% endcall %}
+{% endfilter %}
+
         EXIT WHEN NOT claimed;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
@@ -1183,7 +1176,7 @@ BEGIN
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
-                    PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+                    {{ w.transient_pause() }}
                     CONTINUE;
                 END IF;
                 -- The SQLSTATE, where it was raised (the innermost routine of the context, PL/pgSQL
@@ -1195,22 +1188,15 @@ BEGIN
                     ),
                     pg_catalog.split_part(error_context, E'\n', 1)
                 ), error_text);
-                transient_retries := 0;
-                LOOP
-                    BEGIN
-                        SELECT f.outcome INTO outcome_text
-                        FROM {{ names.verb('fail') }}(
-                            id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
-                        ) AS f;
-                        EXIT;
-                    EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
-                        IF transient_retries >= 3 THEN
-                            RAISE;
-                        END IF;
-                        transient_retries := transient_retries + 1;
-                        PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
-                    END;
-                END LOOP;
+{% filter indent(16, first=true) %}
+{% call w.retry_transient() %}
+SELECT f.outcome INTO outcome_text
+FROM {{ names.verb('fail') }}(
+    id => message.id, worker => worker_name, error => error_text, retry_after_seconds => 0
+) AS f;
+{% endcall %}
+{% endfilter %}
+
                 IF outcome_text <> 'lost' THEN
                     failed := failed + 1;
                 END IF;

@@ -76,10 +76,14 @@ def _wait_for_crash(hold: Path, seconds: float) -> None:
         time.sleep(0.05)
 
 
-def first_attempt_only(payload: Mapping[str, Any], message: Mapping[str, Any]) -> Any:
-    """A transform that works on a message's first attempt only (a downstream that went away):
-    a message whose first attempt crashed after its result was staged ends in the dead-letter table,
-    and its staged result must not reach the output."""
-    if int(message.get("attempts") or 1) > 1:
-        raise RuntimeError(f"downstream gone: attempt {message.get('attempts')} of message {message.get('id')}")
+def first_task_attempt_only(payload: Mapping[str, Any], message: Mapping[str, Any]) -> Any:
+    """A transform that works only in a Spark task's first attempt (a downstream that went away with
+    the crashed attempt): the messages a retried task takes back, its own leases included, fail, and
+    with max_attempts 1 end in the dead-letter table; a result staged for one of them before the
+    crash must not reach the output."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() > 0:
+        raise RuntimeError(f"downstream gone: task attempt {context.attemptNumber()}, message {message.get('id')}")
     return {"id": payload.get("id") if isinstance(payload, Mapping) else None, "ok": True}

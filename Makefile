@@ -53,11 +53,11 @@ lint: setup
 	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect mssql --migrations --out build/lint/mssql-migrations >/dev/null
 	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect postgres --migrations --out build/lint/postgres-migrations >/dev/null
 	$(BIN)/sqlfluff lint --processes 2 --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt \
-		build/lint/mssql-migrations
+		build/lint/mssql-migrations database/examples/handlers/mssql
 	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres \
-		build/lint/postgres-migrations
+		build/lint/postgres-migrations database/examples/handlers/postgres
 	$(BIN)/tablequeue check-tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt \
-		build/lint/mssql-migrations tools/tablequeue pipelines
+		build/lint/mssql-migrations database/examples/handlers/mssql tools/tablequeue pipelines
 
 # tSQLt first (it runs only when SQL Server is configured and says so otherwise), pytest last so
 # its summary closes the run.

@@ -344,7 +344,7 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
               tasks: int = 2, batch_size: int = 100, lease_seconds: int | None = None,
               time_budget_seconds: float = 600.0, retry_after_seconds: int = 0, wait_for_retries: bool = True,
               poll_seconds: float = 1.0, probe: str | None = None, probe_args: dict[str, Any] | None = None,
-              keep_staging: bool = False, quiet: bool = False) -> dict[str, Any]:
+              keep_staging: bool = False) -> dict[str, Any]:
     """Drain `queue` with `tasks` consumers; return the summary (output path, counts, per task)."""
     target = QueueTarget.of(url, catalog, queue)
     target.require_kind("work")
@@ -402,8 +402,6 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
     if summary["unconfirmed"]:
         line += f"; {summary['unconfirmed']} result(s) unconfirmed and left out"
     log().info(line)
-    if not quiet:
-        print(line, flush=True)
     return summary
 
 

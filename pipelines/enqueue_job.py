@@ -150,8 +150,7 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
                 columns: str | Sequence[str] | Mapping[str, str] | None = None,
                 dedupe_column: str | None = None, batch_size: int = 1000, partitions: int | None = None,
                 read_options: Mapping[str, str] | None = None, log_every: int = 10_000,
-                probe: str | None = None, probe_args: Mapping[str, Any] | None = None,
-                quiet: bool = False) -> dict[str, Any]:
+                probe: str | None = None, probe_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Enqueue every row of `source` (a path, or a DataFrame) into `queue`; return the counts.
 
     `enqueued` counts rows the queue did not have, `duplicates` rows whose dedupe key it already had
@@ -202,8 +201,6 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
     if retried:
         line += f"; partitions {retried} were retried by Spark (their re-sent rows count as duplicates)"
     log().info(line)
-    if not quiet:
-        print(line, flush=True)
     return summary
 
 

@@ -181,10 +181,9 @@ def draw_chart(path: str, title: str, throughput: list[dict], latency: list[dict
     return path
 
 
-def run_report(spark: Any, url: str, catalog: Any, queue: str, output: str, *, since: Any = None,
-               quiet: bool = False) -> dict[str, Any]:
+def run_report(spark: Any, url: str, catalog: Any, queue: str, output: str, *, since: Any = None) -> dict[str, Any]:
     """Read S.Q_history and S.Q_dead, write the figures to <output>/ and the chart to
-    <output>/report.png; return the figures and paths, and print the chart's path."""
+    <output>/report.png; return the figures and paths, and log the chart's path."""
     from pyspark.sql import functions as F
 
     target = QueueTarget.of(url, catalog, queue)
@@ -224,8 +223,6 @@ def run_report(spark: Any, url: str, catalog: Any, queue: str, output: str, *, s
     }
     log().info("report %s: %s completed, %s dead over %s minute(s); chart %s", target.name,
                summary["completed"], summary["dead"], len(throughput), chart)
-    if not quiet:
-        print(f"report chart: {chart}", flush=True)
     return summary
 
 
@@ -244,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     spark = build_session("tablequeue-report", master=args.master)
     try:
-        summary = run_report(spark, args.url, args.catalog, args.queue, args.output, since=args.since,
-                             quiet=True)
+        summary = run_report(spark, args.url, args.catalog, args.queue, args.output, since=args.since)
     except PipelineError as exc:
         print(f"report_job: {exc}", file=sys.stderr)
         return 2

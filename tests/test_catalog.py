@@ -1,6 +1,7 @@
 """Catalog validation: bad catalogs fail before anything is rendered, naming file, queue and field."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tablequeue.catalog import CatalogError, load_catalog, parse_catalog
+from tablequeue.catalog import PREFIXED_NAMES, CatalogError, load_catalog, parse_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,12 +79,32 @@ def test_bad_schema_and_duplicates_and_top_level_keys(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="field 'queues'"):
         parse_catalog({"schema": "queue", "queues": []})
     # A queue named like another queue's object would share that object's name.
-    for taken in ("a_dead", "a_dequeue", "a_rewinds", "ix_a_lease_start"):
+    for taken in ("a_dead", "a_dequeue", "a_rewinds", "ix_a_lease_start", "pk_a", "ix_a_claim", "ux_a_dedupe",
+                  "df_a_attempts", "ck_a_payload_json"):
         with pytest.raises(CatalogError, match=f"queue '{taken}': field 'name': collides with an object of queue 'a'"):
             parse_catalog({"queues": [{"name": taken, "kind": "heap"}, {"name": "a", "kind": "work"}]})
     assert len(parse_catalog({"queues": [{"name": "a", "kind": "heap"}, {"name": "a_b", "kind": "heap"}]}).queues) == 2
     # The index unit is named ix_<queue>_lease_start: <queue>_lease_start is free.
     assert len(parse_catalog({"queues": [{"name": "a_lease_start", "kind": "heap"}, {"name": "a", "kind": "work"}]}).queues) == 2
+
+
+def test_every_constraint_and_index_the_templates_create_is_a_name_the_catalog_reserves() -> None:
+    # The collision check above is only as good as its list: every name a rendered queue gives a
+    # constraint or an index (and its migrations) must be one of PREFIXED_NAMES.
+    from tablequeue.render import render_catalog, render_migrations
+
+    catalog = load_catalog(REPO / "tests" / "fixtures" / "option_matrix.yml")
+    texts = [f.text for dialect in ("mssql", "postgres")
+             for f in render_catalog(catalog, dialect) + render_migrations(catalog, dialect)]
+    created = set()
+    for text in texts:
+        created |= set(re.findall(r'(?:CONSTRAINT|INDEX(?: IF NOT EXISTS)?(?: CONCURRENTLY)?(?: IF NOT EXISTS)?)\s+'
+                                  r'[\["]?((?:pk|ix|ux|ck|df)_[a-z0-9_]+)', text))
+    queues = sorted((q.name for q in catalog.queues), key=len, reverse=True)
+    allowed = {prefix + name + suffix for name in queues for prefix, suffix in PREFIXED_NAMES}
+    assert created, "no constraint or index found: the pattern no longer matches the templates"
+    framework = {name for name in created if "_tablequeue_" in name}   # queues cannot start with 'tablequeue'
+    assert sorted(created - allowed - framework) == []
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:

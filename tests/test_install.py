@@ -104,6 +104,8 @@ def test_wheel_holds_the_code_the_templates_and_the_example_catalog_and_no_golde
     expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "pipelines").rglob("*.py")}
     data = [REPO / "database" / "queues.yml", *(REPO / "database" / "templates").glob("*/*.sql"),
             *(REPO / "database" / "templates").glob("*/migrations/*.sql"),
+            *(REPO / "database" / "templates").glob("*/work/*.sql"),
+            *(REPO / "database" / "examples" / "handlers").glob("*/*.sql"),
             *(REPO / "tests_tsql" / "templates").glob("*.sql")]
     expected |= {f"tablequeue/_data/{p.relative_to(REPO).as_posix()}" for p in data}
     expected |= {"tablequeue/selftest_catalog.yml"}     # the catalog `tablequeue selftest` deploys

@@ -32,10 +32,19 @@ GENERATED_SUFFIXES = (
     "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due", "_rewinds",
     "_ownership", "_enqueue_result",
 )
-INDEX_PREFIXES = ("pk_", "ix_", "ux_", "ck_")
-# Indexes that are storage units of their own, named <prefix><queue><suffix> (a queue of that name
-# would take the unit's name).
-INDEX_UNITS = (("ix_", "_lease_start"),)
+# Every constraint and index a queue owns, named <prefix><queue><suffix>. PostgreSQL puts indexes,
+# SQL Server constraints, in the namespace of tables: a queue named like one of another queue's
+# (a queue 'pk_a' beside a queue 'a') would collide with it (tests/test_catalog.py checks that the
+# templates name nothing else).
+PREFIXED_NAMES = (
+    ("pk_", ""), ("pk_", "_dead"), ("pk_", "_history"),
+    ("ix_", "_claim"), ("ix_", "_claim_new"), ("ix_", "_lease"), ("ix_", "_lease_start"), ("ix_", "_due"),
+    ("ix_", "_history_finished"), ("ix_", "_history_id"),
+    ("ux_", "_dedupe"), ("ux_", "_seq"),
+    ("ck_", "_dedupe_key"), ("ck_", "_payload_json"),
+    ("df_", "_enqueued_at"), ("df_", "_attempts"), ("df_", "_priority"), ("df_", "_dead_priority"),
+    ("df_", "_history_priority"),
+)
 
 
 @dataclass(frozen=True)
@@ -136,7 +145,7 @@ def parse_catalog(document: Any, path: str = "<catalog>") -> Catalog:
             raise CatalogError(path, queue.name, "name", "defined more than once")
         seen.add(queue.name)
         queues.append(queue)
-    owned = [("", suffix) for suffix in GENERATED_SUFFIXES] + list(INDEX_UNITS)
+    owned = [("", suffix) for suffix in GENERATED_SUFFIXES] + list(PREFIXED_NAMES)
     for queue in queues:
         for prefix, suffix in owned:
             if prefix + queue.name + suffix in seen:
@@ -183,12 +192,11 @@ def _check_queue_name(name: Any, label: str, path: str) -> None:
         raise CatalogError(path, label, "name",
                            f"{name!r} is not a valid queue name: lower-case letter first, then lower-case "
                            "letters, digits or '_' (^[a-z][a-z0-9_]{0,39}$)")
-    for suffix in GENERATED_SUFFIXES + tuple(suffix for _, suffix in INDEX_UNITS):
-        for prefix in ("",) + INDEX_PREFIXES:
-            generated = f"{prefix}{name}{suffix}"
-            if len(generated) > POSTGRES_MAX_IDENTIFIER:
-                raise CatalogError(path, label, "name",
-                                   f"generated name '{generated}' exceeds {POSTGRES_MAX_IDENTIFIER} characters")
+    for prefix, suffix in [("", suffix) for suffix in GENERATED_SUFFIXES] + list(PREFIXED_NAMES):
+        generated = f"{prefix}{name}{suffix}"
+        if len(generated) > POSTGRES_MAX_IDENTIFIER:
+            raise CatalogError(path, label, "name",
+                               f"generated name '{generated}' exceeds {POSTGRES_MAX_IDENTIFIER} characters")
 
 
 def _parse_options(raw: Any, name: str, kind: str, path: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 from .catalog import Catalog, Queue, load_catalog
 from .client import QueueClient
 from .deploy import deploy
+from .distribution import data_root
 from .embedded import postgres_url
 from .engines import connect, dialect_for, parse_url
 from .render import render_catalog
@@ -127,6 +128,25 @@ def run_queue(url: str, catalog: Catalog, queue: Queue, messages: int) -> dict:
             "seconds": seconds}
 
 
+def run_handler(url: str, catalog: Catalog, queue: Queue, messages: int) -> str:
+    """The in-database worker of a queue with a handler: deploy the catalog's example handler
+    (database/examples/handlers/postgres/<name>.sql), enqueue `messages`, run S.Q_process once."""
+    name = queue.options["handler"].split(".")[-1]
+    path = data_root() / "database" / "examples" / "handlers" / "postgres" / f"{name}.sql"
+    if not path.is_file():
+        return f"{queue.name}: process not run: the handler {queue.options['handler']} is yours to write ({path} has no example)"
+    conn = connect(url, autocommit=True)
+    try:
+        conn.execute(path.read_text(encoding="utf-8"))
+        client = QueueClient.for_catalog(conn, "postgres", catalog, queue.name)
+        client.enqueue_batch({"payload": {"image": f"photo-{n}.jpg"}} for n in range(messages))
+        result = client.process(time_budget_seconds=120)
+    finally:
+        conn.close()
+    return (f"{queue.name}: {queue.name}_process ran handler {queue.options['handler']} ({path.name}): "
+            f"{result['processed']} processed, {result['completed']} completed, {result['failed']} failed")
+
+
 def print_summary(rows: list[dict]) -> None:
     header = f"{'queue':<12} {'kind':<12} {'enqueued':>9} {'dupes':>6} {'dequeued':>9} {'twice':>6} {'lost':>5} {'time s':>7} {'msg/s':>8}"
     print(header)
@@ -157,6 +177,11 @@ def run_demo(catalog_path: str | Path, messages: int, spark: bool) -> int:
         print()
         print_summary(rows)
         failed = [r for r in rows if r["lost"] or r["twice"]]
+        handled = [q for q in catalog.queues if q.options.get("handler")]
+        if handled:
+            print()
+            for queue in handled:
+                print(run_handler(url, catalog, queue, min(messages, 500)))
         if spark:
             failed_spark = _spark_demo(url, catalog)
             if failed_spark:

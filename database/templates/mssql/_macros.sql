@@ -112,9 +112,3 @@ IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged)
         END;
 {%- endmacro %}
 
-{% macro check_dedupe_key(verb) %}
-    IF LEN(@dedupe_key) > 200
-        BEGIN
-{{ throw('invalid_argument', "N'" ~ names.plain('_' ~ verb) ~ ": dedupe_key is longer than 200 characters.'") }}
-        END;
-{%- endmacro %}

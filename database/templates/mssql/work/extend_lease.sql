@@ -1,0 +1,30 @@
+{#- T-SQL: S.Q_extend_lease of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_extend_lease'), 'code') }}
+-- The new lease runs from now. An expired lease cannot be revived: another worker may hold it.
+CREATE OR ALTER PROCEDURE {{ names.verb('extend_lease') }}
+    @id {{ id_type }},
+    @worker nvarchar(201),
+    @lease_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+{{ w.check_worker('extend_lease') }}
+    SET @lease_seconds = COALESCE(@lease_seconds, {{ lease_seconds }});
+{{ w.check_lease('extend_lease') }}
+    SET XACT_ABORT ON;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    UPDATE {{ t }}
+    SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
+    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+
+    SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
+END;
+GO
+
+{{ m.grant('extend_lease') }}
+GO

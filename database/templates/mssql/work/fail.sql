@@ -1,0 +1,51 @@
+{#- T-SQL: S.Q_fail of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_fail'), 'code') }}
+-- outcome: retrying | dead | lost (the caller's lease had expired or moved on: nothing changed).
+CREATE OR ALTER PROCEDURE {{ names.verb('fail') }}
+    @id {{ id_type }},
+    @worker nvarchar(201),
+    @error nvarchar(4000) = NULL,
+    @retry_after_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+{{ w.check_worker('fail') }}
+    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
+    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
+        BEGIN
+{{ w.throw('invalid_argument', ["N'" ~ names.plain('_fail') ~ ": retry_after_seconds must be between 0 and 2592000, got '", "@retry_after_seconds", "N'.'"]) }}
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @outcome varchar(8);
+{{ w.buried_table() }}
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+{{ w.fail_statements('@id', '@worker', '@error', '@retry_after_seconds') | indent(4, first=true) }}
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @outcome AS outcome;
+END;
+GO
+
+{{ m.grant('fail') }}
+GO

@@ -1,0 +1,151 @@
+{#- T-SQL: S.Q_process of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_process'), 'code') }}
+-- The in-database worker (Darling's loop): claim one message and commit (the attempt and the lease
+-- are durable before the handler runs, so a session that dies mid-message still counts it), run
+-- the handler, complete in the same transaction as the handler's own writes, commit; or, when the
+-- handler raises, roll its writes back and record its error with fail. Safe to run from many
+-- sessions (SQL Agent jobs) at once: each is its own worker, 'process:<session id>'.
+CREATE OR ALTER PROCEDURE {{ names.verb('process') }}
+    @time_budget_seconds int = 60
+AS
+BEGIN
+    SET NOCOUNT ON;
+{{ m.begin_argument_checks() }}
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    -- It commits once per message, so it must not run inside a caller's transaction, nor for a
+    -- caller in implicit-transaction mode (ODBC/JDBC autocommit off), whose driver commits or rolls
+    -- back what the session did as one transaction: an error would undo earlier messages' work.
+    IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0
+        BEGIN
+{{ w.throw('in_transaction', ["N'" ~ names.plain('_process') ~ ": commits once per message: call it in autocommit mode, '", "N'outside any transaction (not with IMPLICIT_TRANSACTIONS ON).'"]) }}
+        END;
+    IF @time_budget_seconds IS NULL OR @time_budget_seconds NOT BETWEEN 1 AND 86400
+        BEGIN
+{{ w.throw('invalid_argument', ["N'" ~ names.plain('_process') ~ ": time_budget_seconds must be between 1 and 86400, got '", "COALESCE(CONVERT(nvarchar(12), @time_budget_seconds), N'NULL')", "N'.'"]) }}
+        END;
+
+    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
+    -- building any SQL text.
+    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'{{ handler_parts[0] }}') + N'.' + QUOTENAME(N'{{ handler_parts[1] }}');
+    IF OBJECT_ID(@handler_name, N'P') IS NULL
+        BEGIN
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "@handler_name", "N' does not exist.'"]) }}
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @batch_size int = 1;
+    DECLARE @worker nvarchar(200) = CONCAT(N'process:', @@SPID);
+    DECLARE @lease_seconds int = {{ lease_seconds }};
+    DECLARE @deadline datetime2(7) = DATEADD(SECOND, @time_budget_seconds, SYSUTCDATETIME());
+    DECLARE @processed bigint = 0;
+    DECLARE @completed bigint = 0;
+    DECLARE @failed bigint = 0;
+    DECLARE @id {{ id_type }};
+    DECLARE @payload {{ payload_type }};
+    DECLARE @error nvarchar(4000);
+    DECLARE @error_number int;
+    DECLARE @transient_retries int;
+    DECLARE @pause datetime;
+    DECLARE @outcome varchar(8);
+{{ w.claimed_table() }}
+
+    -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) says nothing about a
+    -- message: whether in the claim, in the handler or in recording a failure, the step runs again
+    -- after a short random pause (so that it does not meet the same peer at once), up to 3 times,
+    -- without spending an attempt. Any other error of the handler is recorded with fail.
+    DECLARE @claim_retries int = 0;
+    WHILE SYSUTCDATETIME() < @deadline
+        BEGIN
+            BEGIN TRY
+                -- The claim's DECLAREs that carry a value run again on every pass.
+                DELETE FROM @claimed;
+{{ w.claim() | indent(12, first=true) }}
+            END TRY
+            BEGIN CATCH
+                IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @claim_retries >= 3 THROW;
+                SET @claim_retries = @claim_retries + 1;
+{{ w.transient_pause() | indent(12, first=true) }}
+                CONTINUE;
+            END CATCH;
+            SET @claim_retries = 0;
+
+            SET @id = NULL;
+            SELECT
+                @id = c.id,
+                @payload = c.payload
+            FROM @claimed AS c;
+            IF @id IS NULL BREAK;
+            SET @processed = @processed + 1;
+
+            -- The handler and complete, in one transaction. @error stays NULL unless the handler
+            -- raised something that is to be recorded with fail.
+            SET @error = NULL;
+            SET @transient_retries = 0;
+            WHILE 1 = 1
+                BEGIN
+                    BEGIN TRY
+                        BEGIN TRANSACTION;
+
+                        EXEC @handler_name @id = @id, @payload = @payload;
+
+                        SET @now = SYSUTCDATETIME();
+{{ w.complete_statement('@id', '@worker') | indent(20, first=true) }}
+                        IF @@ROWCOUNT = 1
+                            BEGIN
+                                COMMIT TRANSACTION;
+                                SET @completed = @completed + 1;
+                            END;
+                        ELSE
+                            BEGIN
+                                -- The lease expired under the handler and may be another worker's
+                                -- now: undo the handler's writes; the message runs again elsewhere.
+                                ROLLBACK TRANSACTION;
+                            END;
+                        BREAK;
+                    END TRY
+                    BEGIN CATCH
+                        SET @error_number = ERROR_NUMBER();
+                        SET @error = LEFT(CONCAT(
+                            N'error ', @error_number, N' in ', COALESCE(ERROR_PROCEDURE(), N'a batch'),
+                            N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
+                        ), 4000);
+                        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        IF @error_number NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 BREAK;
+                        SET @transient_retries = @transient_retries + 1;
+                        SET @error = NULL;
+{{ w.transient_pause() | indent(20, first=true) }}
+                    END CATCH;
+                END;
+
+            -- The handler's error, recorded with fail.
+            SET @transient_retries = 0;
+            WHILE @error IS NOT NULL
+                BEGIN
+                    BEGIN TRY
+                        SET @now = SYSUTCDATETIME();
+                        BEGIN TRANSACTION;
+{{ w.fail_statements('@id', '@worker', '@error', '0') | indent(20, first=true) }}
+                        COMMIT TRANSACTION;
+                        IF @outcome <> 'lost' SET @failed = @failed + 1;
+                        SET @error = NULL;
+                    END TRY
+                    BEGIN CATCH
+                        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;
+                        SET @transient_retries = @transient_retries + 1;
+{{ w.transient_pause() | indent(20, first=true) }}
+                    END CATCH;
+                END;
+        END;
+
+    SELECT
+        @processed AS processed,
+        @completed AS completed,
+        @failed AS failed;
+END;
+GO
+
+{{ m.grant('process') }}
+GO

@@ -1,0 +1,144 @@
+{#- T-SQL: S.Q_stats of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_stats'), 'code') }}
+-- EXECUTE AS OWNER: the estimate reads sys.partitions, whose rows a caller holding only the admin
+-- role could not see. The procedure only reads.
+CREATE OR ALTER PROCEDURE {{ names.verb('stats') }}
+    WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    -- Every count stops at exact_limit rows and reads an index range that the count matches; past
+    -- the limit the catalog's row count stands in (NServiceBus.SqlServer #481). READPAST: rows a
+    -- claim holds right now are not counted, and stats never waits for them.
+    -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
+    -- delayed: not yet due and not leased; in_flight: under a live lease.
+    DECLARE @exact_limit bigint = 10000;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @estimated bit = 0;
+    DECLARE @ready bigint = 0;
+    DECLARE @delayed bigint = 0;
+    DECLARE @oldest_ready datetime2(7);
+{% if has_priority %}
+    DECLARE @level_oldest datetime2(7);
+    DECLARE @priority int = (
+        SELECT TOP (1) m.priority
+        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+        ORDER BY m.priority DESC
+    );
+
+    -- One priority level at a time, as the claim reads the index.
+    WHILE @priority IS NOT NULL AND @ready <= @exact_limit AND @delayed <= @exact_limit
+        BEGIN
+            SET @ready = @ready + (
+                SELECT COUNT_BIG(*)
+                FROM (
+                    SELECT TOP (@exact_limit + 1 - @ready) m.{{ tie }}
+                    FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+                    WHERE m.priority = @priority AND m.visible_at <= @now
+                ) AS counted
+            );
+            SET @delayed = @delayed + (
+                SELECT COUNT_BIG(*)
+                FROM (
+                    SELECT TOP (@exact_limit + 1 - @delayed) m.{{ tie }}
+                    FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+                    WHERE m.priority = @priority AND m.visible_at > @now AND m.leased_by IS NULL
+                ) AS counted
+            );
+            SET @level_oldest = (
+                SELECT TOP (1) m.visible_at
+                FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+                WHERE m.priority = @priority AND m.visible_at <= @now
+                ORDER BY m.visible_at ASC, m.{{ tie }} ASC
+            );
+            IF @oldest_ready IS NULL OR @level_oldest < @oldest_ready SET @oldest_ready = @level_oldest;
+            SET @priority = (
+                SELECT TOP (1) m.priority
+                FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+                WHERE m.priority < @priority
+                ORDER BY m.priority DESC
+            );
+        END;
+{% else %}
+    SET @ready = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.{{ tie }}
+            FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+            WHERE m.visible_at <= @now
+        ) AS counted
+    );
+    -- The range after now also holds the in-flight rows: as many as there are leases.
+    SET @delayed = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.{{ tie }}
+            FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+            WHERE m.visible_at > @now AND m.leased_by IS NULL
+        ) AS counted
+    );
+    SET @oldest_ready = (
+        SELECT TOP (1) m.visible_at
+        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE m.visible_at <= @now
+        ORDER BY m.visible_at ASC, m.{{ tie }} ASC
+    );
+{% endif %}
+    DECLARE @in_flight bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.{{ tie }}
+            FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+            WHERE m.leased_by IS NOT NULL AND m.visible_at > @now
+        ) AS counted
+    );
+    DECLARE @dead bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) d.id
+            FROM {{ dead_t }} AS d WITH (READPAST, READCOMMITTEDLOCK)
+        ) AS counted
+    );
+
+    IF @ready > @exact_limit OR @delayed > @exact_limit OR @in_flight > @exact_limit
+        BEGIN
+            DECLARE @total_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'{{ t }}') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
+            -- The catalog's total less the exact counts is the estimate of the one over the limit.
+            IF @ready > @exact_limit AND @total_estimate - @delayed - @in_flight > @ready
+                SET @ready = @total_estimate - @delayed - @in_flight;
+            ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
+                SET @delayed = @total_estimate - @ready - @in_flight;
+            ELSE IF @in_flight > @exact_limit AND @total_estimate - @ready - @delayed > @in_flight
+                SET @in_flight = @total_estimate - @ready - @delayed;
+        END;
+    IF @dead > @exact_limit
+        BEGIN
+            DECLARE @dead_estimate bigint = (
+                SELECT SUM(p.rows)
+                FROM sys.partitions AS p
+                WHERE p.object_id = OBJECT_ID(N'{{ dead_t }}') AND p.index_id IN (0, 1)
+            );
+            SET @estimated = 1;
+            SET @dead = IIF(@dead_estimate > @dead, @dead_estimate, @dead);
+        END;
+
+    SELECT
+        @ready AS ready,
+        @delayed AS delayed,
+        @in_flight AS in_flight,
+        @dead AS dead,
+        CONVERT(float, DATEDIFF_BIG(MICROSECOND, @oldest_ready, @now)) / 1000000.0 AS oldest_ready_age_seconds,
+        @estimated AS estimated;
+END;
+GO
+
+{{ m.grant('stats') }}
+GO

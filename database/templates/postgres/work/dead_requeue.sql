@@ -1,0 +1,70 @@
+{#- PostgreSQL: S.Q_dead_requeue of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_dead_requeue'), 'code') }}
+-- Back to the queue under the same id, visible now, attempts reset; the last error stays on the
+-- row for reference.
+CREATE OR REPLACE FUNCTION {{ names.verb('dead_requeue') }}(id {{ id_type }})
+RETURNS TABLE (requeued boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    dead_row record;
+{% if dedupe or client_ids %}
+    moved bigint;
+{% endif %}
+BEGIN
+{% if client_ids %}
+    -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
+    PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_dead_requeue.id FOR UPDATE;
+    IF FOUND THEN
+        IF NOT EXISTS (SELECT FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id) THEN
+{{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") | indent(4, first=true) }}
+        END IF;
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_dead_requeue') ~ ": a message with id %s is in the queue already.', " ~ fn ~ "_dead_requeue.id)") }}
+    END IF;
+{% endif %}
+    -- The dead row, locked: a concurrent requeue or delete of the same id waits here and then finds
+    -- it gone (not_found), instead of colliding with this one's insert.
+    SELECT d.* INTO dead_row FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id FOR UPDATE;
+    IF NOT FOUND THEN
+{{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") }}
+    END IF;
+{% set requeue_columns = 'id, enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ 'attempts, last_error, payload' %}
+{% macro requeue_values(key_sql) %}
+    VALUES (
+        dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, {% if has_priority %}dead_row.priority, {% endif %}{% if dedupe %}{{ key_sql }}, {% endif %}0,
+        dead_row.last_error, dead_row.payload
+    )
+{%- endmacro %}
+    INSERT INTO {{ t }} AS m ({{ requeue_columns }})
+{% if not client_ids %}
+    OVERRIDING SYSTEM VALUE
+{% endif %}
+{{ requeue_values('dead_row.dedupe_key') }}{% if dedupe or client_ids %}
+
+    ON CONFLICT DO NOTHING{% endif %};
+{% if dedupe or client_ids %}
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved = 0 THEN
+{% if client_ids %}
+        IF EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = {{ fn }}_dead_requeue.id) THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_dead_requeue') ~ ": a message with id %s is in the queue already.', " ~ fn ~ "_dead_requeue.id)") | indent(4, first=true) }}
+        END IF;
+{% endif %}
+        -- {% if dedupe %}The key was enqueued again since: the message comes back without it rather than not
+        -- at all (requeue is a deliberate admin action on this one message). {% endif %}No ON CONFLICT: whatever
+        -- collides now raises rather than losing the message.
+        INSERT INTO {{ t }} AS m ({{ requeue_columns }})
+{% if not client_ids %}
+        OVERRIDING SYSTEM VALUE
+{% endif %}
+{{ requeue_values('NULL') | indent(4, first=true) }};
+    END IF;
+{% endif %}
+    DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id;
+    RETURN QUERY SELECT true;
+END;
+$function$;
+
+{{ m.grant('dead_requeue') }}

@@ -1,0 +1,119 @@
+{#- PostgreSQL: S.Q_dequeue of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_dequeue'), 'code') }}
+-- A dequeue by worker W first takes back W's own unfinished messages: W declares, by asking, that
+-- it holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- Claimed rows whose lease had already expired max_attempts times go to the dead-letter table
+-- ('lease expired') instead of to the worker: the claim would be one attempt too many.
+CREATE OR REPLACE FUNCTION {{ names.verb('dequeue') }}(
+    batch_size integer DEFAULT 1,
+    worker text DEFAULT NULL,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (id {{ id_type }}, payload {{ payload_type }}, enqueued_at timestamptz, due_at timestamptz, attempts integer)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    effective_lease integer := coalesce({{ fn }}_dequeue.lease_seconds, {{ lease_seconds }});
+    lease_until timestamptz;
+    claimed_ids {{ id_type }}[] := '{}';
+    step_ids {{ id_type }}[];
+    buried_count bigint;
+    exhausted_ids {{ id_type }}[];
+    exhausted_workers text[];
+    remaining integer;
+    -- '<time>|<worker>': when this session last found none of that worker's messages leased.
+    -- Every lease the worker has taken since was taken at that time or later, so its own claim
+    -- need not read back through the entries of the messages it has finished (docs/work-queue.md).
+    own_state text := current_setting({{ m.position_setting('.own') }}, true);
+    own_since timestamptz := '-infinity';
+{% if has_priority %}
+    current_level integer;
+    level_ids {{ id_type }}[];
+    level_buried bigint;
+{% else %}
+    own_count integer;
+{{ m.position_declare(position_key, seen=false) }}
+{% endif %}
+BEGIN
+{{ m.check_batch_size('dequeue') }}
+{{ m.check_read_committed('dequeue') }}
+{{ w.check_worker('dequeue') }}
+{{ w.check_lease('dequeue', 'effective_lease') }}
+    lease_until := now_utc + make_interval(secs => effective_lease);
+
+    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease_start.
+    -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
+    -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
+    -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
+    -- very time it records.
+    IF own_state ~ '^{{ m.time_pattern() }}\|' AND substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker THEN
+        own_since := {{ m.text_to_time("split_part(own_state, '|', 1)") }};
+    END IF;
+    IF EXISTS (
+        SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
+    ) THEN
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since", "batch_size", own=true) | indent(4, first=true) }}
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+    ELSE
+        PERFORM set_config({{ m.position_setting('.own') }}, {{ m.time_to_text('now_utc') }} || '|' || {{ fn }}_dequeue.worker, false);
+    END IF;
+    remaining := batch_size - cardinality(claimed_ids);
+
+    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_{{ queue.name }}_claim.
+    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
+    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+{% if has_priority %}
+    -- Priority levels claim from the head of each level (no claim position: docs/work-queue.md).
+{% else %}
+    -- From this session's claim position (docs/queue-kinds.md, The claim position).
+    own_count := cardinality(claimed_ids);
+{{ m.position_load(position_key) }}
+{% endif %}
+    WHILE remaining > 0 LOOP
+{% if has_priority %}
+        -- A loose index scan: one range scan per priority level present. A single ORDER BY
+        -- priority DESC would read past every delayed or leased row of the higher levels on each
+        -- claim, and the whole index when nothing is ready.
+        step_ids := '{}';
+        buried_count := 0;
+        current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
+        WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
+{{ w.claim_by_limit("m.priority = current_level AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8, first=true) }}
+            step_ids := step_ids || coalesce(level_ids, '{}');
+            buried_count := buried_count + level_buried;
+            current_level := (
+                SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+            );
+        END LOOP;
+{% else %}
+{{ w.claim_by_limit(m.position_predicate(position_key) ~ " AND m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
+{% endif %}
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        remaining := batch_size - cardinality(claimed_ids);
+        EXIT WHEN buried_count = 0;
+    END LOOP;
+{% if not has_priority %}
+    IF cardinality(claimed_ids) > own_count THEN
+{{ m.position_find(position_key) | indent(4, first=true) }}
+    END IF;
+{% endif %}
+
+    -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
+    -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
+    -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
+    RETURN QUERY
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
+    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
+    CROSS JOIN LATERAL (
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts
+        FROM {{ t }} AS q
+        WHERE q.id = c.id
+        LIMIT 1
+    ) AS m
+    ORDER BY c.position;
+END;
+$function$;
+
+{{ m.grant('dequeue') }}

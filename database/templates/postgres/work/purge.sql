@@ -1,0 +1,40 @@
+{#- PostgreSQL: S.Q_purge of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_purge'), 'code') }}
+-- Removes queue messages (leased ones too: their complete then reports false). The dead-letter
+-- table is emptied with dead_delete / dead_requeue, the history with history_purge.
+CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(
+    older_than timestamptz DEFAULT NULL,
+    max_rows integer DEFAULT NULL
+)
+RETURNS TABLE (purged bigint)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    purged_count bigint;
+BEGIN
+{{ m.check_max_rows('purge') }}
+    -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    WITH doomed AS (
+        SELECT m.id FROM {{ t }} AS m
+        WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
+{% if client_ids %}
+        -- In claim order, along the claim index: no index leads on seq.
+        ORDER BY {% if has_priority %}m.priority DESC, {% endif %}m.visible_at, m.seq
+{% else %}
+        ORDER BY m.id
+{% endif %}
+        LIMIT {{ fn }}_purge.max_rows
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    deleted AS (
+        DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+    )
+
+    SELECT count(*) INTO purged_count FROM deleted;
+    RETURN QUERY SELECT purged_count;
+END;
+$function$;
+
+{{ m.grant('purge') }}

@@ -1,0 +1,104 @@
+{#- PostgreSQL: S.Q_stats of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_stats'), 'code') }}
+-- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
+-- delayed: not yet due and not leased; in_flight: under a live lease; dead: in S.Q_dead.
+CREATE OR REPLACE FUNCTION {{ names.verb('stats') }}()
+RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    in_flight bigint,
+    dead bigint,
+    oldest_ready_age_seconds double precision,
+    estimated boolean
+)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    -- Every count stops at exact_limit rows and reads only an index range that the count matches;
+    -- past the limit the planner's row estimate stands in, so a deep queue never costs a full scan.
+    exact_limit constant bigint := 10000;
+    now_utc timestamptz := clock_timestamp();
+    ready_count bigint := 0;
+    delayed_count bigint := 0;
+    in_flight_count bigint;
+    dead_count bigint;
+    total_estimate bigint;
+    is_estimate boolean := false;
+    oldest_ready timestamptz;
+{% if has_priority %}
+    current_level integer;
+    level_oldest timestamptz;
+{% endif %}
+BEGIN
+{% if has_priority %}
+    -- One priority level at a time, as the claim reads the index.
+    current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
+    WHILE current_level IS NOT NULL AND ready_count <= exact_limit AND delayed_count <= exact_limit LOOP
+        ready_count := ready_count + (SELECT count(*) FROM (
+            SELECT 1 FROM {{ t }} AS m
+            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            LIMIT exact_limit + 1 - ready_count
+        ) AS counted);
+        delayed_count := delayed_count + (SELECT count(*) FROM (
+            SELECT 1 FROM {{ t }} AS m
+            WHERE m.priority = current_level AND m.visible_at > now_utc AND m.leased_by IS NULL
+            LIMIT exact_limit + 1 - delayed_count
+        ) AS counted);
+        level_oldest := (
+            SELECT m.visible_at FROM {{ t }} AS m
+            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            ORDER BY m.visible_at, m.{{ tie }}
+            LIMIT 1
+        );
+        oldest_ready := least(oldest_ready, level_oldest);
+        current_level := (SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1);
+    END LOOP;
+{% else %}
+    SELECT count(*) INTO ready_count FROM (
+        SELECT 1 FROM {{ t }} AS m WHERE m.visible_at <= now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    -- The range past now also holds the in-flight rows: few, as many as leases held.
+    SELECT count(*) INTO delayed_count FROM (
+        SELECT 1 FROM {{ t }} AS m WHERE m.visible_at > now_utc AND m.leased_by IS NULL LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT m.visible_at INTO oldest_ready
+    FROM {{ t }} AS m
+    WHERE m.visible_at <= now_utc
+    ORDER BY m.visible_at, m.{{ tie }}
+    LIMIT 1;
+{% endif %}
+    SELECT count(*) INTO in_flight_count FROM (
+        SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+    ) AS counted;
+    SELECT count(*) INTO dead_count FROM (
+        SELECT 1 FROM {{ dead_t }} AS d LIMIT exact_limit + 1
+    ) AS counted;
+
+    IF ready_count > exact_limit OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+        is_estimate := true;
+        total_estimate := {{ w.row_estimate(t) }};
+        IF ready_count > exact_limit THEN
+            ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
+        ELSIF delayed_count > exact_limit THEN
+            delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);
+        ELSE
+            in_flight_count := greatest(in_flight_count, total_estimate - ready_count - delayed_count);
+        END IF;
+    END IF;
+    IF dead_count > exact_limit THEN
+        is_estimate := true;
+        dead_count := greatest(dead_count, {{ w.row_estimate(dead_t) }});
+    END IF;
+
+    RETURN QUERY SELECT
+        ready_count,
+        delayed_count,
+        in_flight_count,
+        dead_count,
+        extract(EPOCH FROM now_utc - oldest_ready)::double precision,
+        is_estimate;
+END;
+$function$;
+
+{{ m.grant('stats') }}

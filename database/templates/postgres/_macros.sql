@@ -298,3 +298,26 @@ CREATE SEQUENCE IF NOT EXISTS {{ names.obj('_rewinds') }};
         PERFORM nextval('{{ names.obj("_rewinds") }}');
     END IF;
 {%- endmacro %}
+
+{#- A batch's insert of keys (dedupe keys, client ids), in key order, with its look-ups (the caller's
+    block): when it leaves a first unresolved (unresolved_sql, a query, finds a row), the duplicate it
+    waited for committed and was consumed before the look-up, and the key must be offered again.
+    Offering it while this batch holds higher keys could wait on a batch that waits on one of them
+    (a deadlock), so the block is a subtransaction: it is rolled back, which lets go of every key the
+    batch took and wakes whoever waits on them, and the whole batch goes in again in key order. The
+    private SQLSTATE never leaves the function (docs/errors.md). -#}
+{% set redo_sqlstate = 'TQ900' %}
+{% macro insert_in_key_order(unresolved_sql) %}
+    LOOP
+        BEGIN
+{{ caller() | indent(8, first=true) }}
+            IF EXISTS ({{ unresolved_sql }}) THEN
+                RAISE EXCEPTION USING ERRCODE = '{{ redo_sqlstate }}', MESSAGE = 'a key to offer again: the batch goes in again';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE '{{ redo_sqlstate }}' THEN
+            -- Rolled back: no key of this batch is held any more; the next round starts from the lowest.
+            NULL;
+        END;
+    END LOOP;
+{%- endmacro %}

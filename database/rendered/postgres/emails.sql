@@ -443,8 +443,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
-        own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
+        own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
         SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker AND m.leased_at >= own_since
@@ -513,7 +513,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.emails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || emails_dequeue.worker, false);
+        PERFORM set_config('tablequeue.queue.emails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || emails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -523,7 +523,7 @@ BEGIN
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -535,7 +535,7 @@ BEGIN
     IF position_state <> '' THEN
         IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
-            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
         END IF;
     END IF;
     IF position_id IS NULL THEN
@@ -552,7 +552,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
     WHILE remaining > 0 LOOP
         IF remaining = 1 THEN
@@ -691,7 +691,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
     -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the

@@ -177,7 +177,7 @@ BEGIN
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN

@@ -278,7 +278,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.orders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN

@@ -308,7 +308,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.reminders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -320,7 +320,7 @@ BEGIN
     IF position_state <> '' THEN
         IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
-            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
         END IF;
     END IF;
     IF position_id IS NULL THEN
@@ -337,7 +337,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
@@ -380,7 +380,7 @@ BEGIN
                 position_time := reminders_dequeue.due_at;
                 position_id := reminders_dequeue.id + 1;
             END IF;
-            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
             RETURN NEXT;
         END IF;
     ELSE
@@ -415,7 +415,7 @@ BEGIN
                 position_time := now_utc;
                 position_id := 0;
             END IF;
-            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
         END IF;
     END IF;
 END;

@@ -437,8 +437,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
-        own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
+        own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
         SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker AND m.leased_at >= own_since
@@ -516,7 +516,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.thumbnails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || thumbnails_dequeue.worker, false);
+        PERFORM set_config('tablequeue.queue.thumbnails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || thumbnails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 

@@ -1015,6 +1015,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_purge: max_rows must be at least 1, got %s.', emails_purge.max_rows);
     END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     WITH doomed AS (
         SELECT m.id FROM "queue"."emails" AS m
         WHERE emails_purge.older_than IS NULL OR m.enqueued_at < emails_purge.older_than
@@ -1024,7 +1027,7 @@ BEGIN
     ),
 
     deleted AS (
-        DELETE FROM "queue"."emails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        DELETE FROM "queue"."emails" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
     )
 
     SELECT count(*) INTO purged_count FROM deleted;
@@ -1187,9 +1190,9 @@ BEGIN
     IF emails_history_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_history_purge: max_rows must be at least 1, got %s.', emails_history_purge.max_rows);
     END IF;
-    -- Oldest first; LIMIT NULL is no limit.
+    -- Oldest first; LIMIT NULL is no limit. The ids as an array, not IN (a join): see purge.
     DELETE FROM "queue"."emails_history" AS h
-    WHERE h.history_id IN (
+    WHERE h.history_id = ANY(ARRAY(
         SELECT o.history_id FROM "queue"."emails_history" AS o
         WHERE o.finished_at < cutoff
         ORDER BY o.finished_at
@@ -1197,7 +1200,7 @@ BEGIN
         -- A concurrent purge's rows are skipped, not waited for: a caller looping until a call
         -- purges fewer than max_rows must not stop early because another purge got there first.
         FOR UPDATE SKIP LOCKED
-    );
+    ));
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;
 END;

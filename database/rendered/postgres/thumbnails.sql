@@ -1001,6 +1001,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_purge: max_rows must be at least 1, got %s.', thumbnails_purge.max_rows);
     END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     WITH doomed AS (
         SELECT m.id FROM "queue"."thumbnails" AS m
         WHERE thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than
@@ -1011,7 +1014,7 @@ BEGIN
     ),
 
     deleted AS (
-        DELETE FROM "queue"."thumbnails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        DELETE FROM "queue"."thumbnails" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
     )
 
     SELECT count(*) INTO purged_count FROM deleted;

@@ -1212,12 +1212,17 @@ BEGIN
     -- Every transaction this procedure begins, right after each COMMIT, before any query.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
+    -- types would fail every message at the CALL (42883) until each one is dead-lettered.
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
-        INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
-        WHERE n.nspname = 'queue' AND p.proname = 'make_thumbnail' AND p.prokind = 'p'
+        WHERE
+            p.oid = pg_catalog.to_regprocedure(
+                pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
+            )
+            AND p.prokind = 'p'
     ) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail does not exist.';
+        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.';
     END IF;
 
     processed := 0;

@@ -134,7 +134,7 @@ def test_a_position_setting_that_claims_to_live_for_long_is_not_trusted(
         client = deployed.client("q", conn)
         setting = f"tablequeue.{deployed.catalog.schema}.q"
         forged = ("4102444800|9000000" if variant in ("heap", "fifo")
-                  else "4102444800|0|9000000|2099-01-01 00:00:00.000000 AD")
+                  else "4102444800|0|9000000|4070908800000000")
         # Then values this function never writes: ignored, not cast into an error.
         for value in (forged, "garbage", "|", "1e3|5", "4102444800|abc", "4102444800|0|1|garbage"):
             conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
@@ -145,6 +145,40 @@ def test_a_position_setting_that_claims_to_live_for_long_is_not_trusted(
             assert [row["id"] for row in got] == [sent], value
             if variant == "work":
                 assert client.complete(sent, "w")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("variant", KINDS)
+def test_a_forged_position_within_its_second_never_raises(deploy_queues: Callable[..., Any], variant: str) -> None:
+    # The reviewer's values (round 2): fields that match the position's shape but overflow a bigint
+    # (22003) or are no date (22008), behind an expiry the function trusts (within the next second).
+    # Rejected by the pattern, or read without error, the dequeue hands out the message.
+    deployed = deploy_queues({"name": "q", "payload": "json", **KINDS[variant]})
+    conn = deployed.connect()
+    try:
+        client = deployed.client("q", conn)
+        setting = f"tablequeue.{deployed.catalog.schema}.q"
+        if variant in ("heap", "fifo"):
+            positions = ["|9999999999999999999"]
+        else:
+            positions = ["|9999999999999999999|1|", "|0|9999999999999999999|", "|0|1|2026-13-45 25:61:61.000000 AD",
+                         "|0|1|0000-01-01 00:00:00.000000 AD",
+                         # The earliest time the pattern takes (1653): read back, before every message.
+                         "|0|0|-9999999999999999"]
+        owns = ["2026-13-45 25:61:61.000000 AD|w", "0000-01-01 00:00:00.000000 AD|w", "9999999999999999|w",
+                "-9999999999999999|w", "99999999999999999|w"]
+        for value in positions:
+            for own in owns if variant == "work" else [None]:
+                conn.execute("SELECT set_config(%s, (extract(EPOCH FROM clock_timestamp()) + 0.5)::numeric(16, 6) || %s, false)",
+                             (setting, value))
+                if own is not None:
+                    conn.execute("SELECT set_config(%s, %s, false)", (setting + ".own", own))
+                sent = client.enqueue({"i": 1})["id"]
+                got = client.dequeue(worker="w") if variant == "work" else client.dequeue()
+                assert [row["id"] for row in got] == [sent], (value, own)
+                if variant == "work":
+                    assert client.complete(sent, "w")
     finally:
         conn.close()
 

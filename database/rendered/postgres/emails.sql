@@ -211,8 +211,7 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     bad_ordinal integer;
     new_ids bigint[];
-    inserted_ties bigint[] := '{}';
-    step_ties bigint[];
+    inserted_ties bigint[];
     result_ids bigint[];
     roots integer[];
     queued_positions bigint[];
@@ -284,88 +283,88 @@ BEGIN
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
         ORDER BY u.position
     );
-    result_ids := array_fill(NULL::bigint, ARRAY[item_count]);
 
     -- The firsts go in in key order: two batches that share keys then wait for each other
     -- instead of deadlocking (each would hold one the other waits for). ON CONFLICT skips one whose key
-    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
-    -- item whose duplicate a racing transaction committed while this one waited and consumed before
-    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
-    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
+    -- is queued already (waiting for a racing insert of it first).
     LOOP
-        WITH items AS (
-            SELECT
-                u.new_id,
-                u.payload,
-                u.position,
-                d.due_at,
-                k.dedupe_key,
-                p.priority,
-                e.enqueued_at
-            FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
-            LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
-            LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-            WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
-        ),
+        BEGIN
+            WITH items AS (
+                SELECT
+                    u.new_id,
+                    u.payload,
+                    u.position,
+                    d.due_at,
+                    k.dedupe_key,
+                    p.priority,
+                    e.enqueued_at
+                FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+                LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
+                LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+                WHERE roots[u.position] = u.position
+            ),
 
-        queued AS (
-            SELECT
-                i.position,
-                by_key.id AS id
-            FROM items AS i
-            LEFT JOIN "queue"."emails" AS by_key ON i.dedupe_key = by_key.dedupe_key
-        ),
+            queued AS (
+                SELECT
+                    i.position,
+                    by_key.id AS id
+                FROM items AS i
+                LEFT JOIN "queue"."emails" AS by_key ON i.dedupe_key = by_key.dedupe_key
+            ),
 
-        inserted AS (
-            INSERT INTO "queue"."emails" AS m (
-                id, enqueued_at, due_at, visible_at, dedupe_key, payload
+            inserted AS (
+                INSERT INTO "queue"."emails" AS m (
+                    id, enqueued_at, due_at, visible_at, dedupe_key, payload
+                )
+                OVERRIDING SYSTEM VALUE
+                SELECT
+                    i.new_id,
+                    now_utc,
+                    coalesce(i.due_at, now_utc),
+                    coalesce(i.due_at, now_utc),
+                    i.dedupe_key,
+                    i.payload
+                FROM items AS i
+                ORDER BY i.dedupe_key, i.position
+                ON CONFLICT DO NOTHING
+                RETURNING m.id
             )
-            OVERRIDING SYSTEM VALUE
-            SELECT
-                i.new_id,
-                now_utc,
-                coalesce(i.due_at, now_utc),
-                coalesce(i.due_at, now_utc),
-                i.dedupe_key,
-                i.payload
-            FROM items AS i
-            ORDER BY i.dedupe_key, i.position
-            ON CONFLICT DO NOTHING
-            RETURNING m.id
-        )
 
-        SELECT
-            (SELECT array_agg(n.id) FROM inserted AS n),
-            (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
-            (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
-        INTO step_ties, queued_positions, queued_ids;
-        inserted_ties := inserted_ties || coalesce(step_ties, '{}');
-
-        -- A first's id: its own when its row went in; else the message now queued with its key (a
-        -- new statement sees what racing transactions committed while this one waited on them); else,
-        -- when that message has been consumed since, the one the insert's own snapshot saw.
-        result_ids := ARRAY(
             SELECT
-                CASE
-                    WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
-                    WHEN own.tie IS NOT NULL THEN u.new_id
-                    ELSE coalesce(
-                        (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key),
-                        q.id
-                    )
-                END
-            FROM unnest(new_ids, new_ids) WITH ORDINALITY AS u (new_id, new_tie, position)
-            LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
-            LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            ORDER BY u.position
-        );
-        EXIT WHEN NOT EXISTS (
-            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
-            WHERE r.root = r.position AND r.result_id IS NULL
-        );
+                coalesce((SELECT array_agg(n.id) FROM inserted AS n), '{}'),
+                (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
+                (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
+            INTO inserted_ties, queued_positions, queued_ids;
+
+            -- A first's id: its own when its row went in; else the message now queued with its key (a
+            -- new statement sees what racing transactions committed while this one waited on them); else,
+            -- when that message has been consumed since, the one the insert's own snapshot saw.
+            result_ids := ARRAY(
+                SELECT
+                    CASE
+                        WHEN roots[u.position] <> u.position THEN NULL
+                        WHEN own.tie IS NOT NULL THEN u.new_id
+                        ELSE coalesce(
+                            (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key),
+                            q.id
+                        )
+                    END
+                FROM unnest(new_ids, new_ids) WITH ORDINALITY AS u (new_id, new_tie, position)
+                LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
+                LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                ORDER BY u.position
+            );
+            IF EXISTS (SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position) WHERE r.root = r.position AND r.result_id IS NULL) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TQ900', MESSAGE = 'a key to offer again: the batch goes in again';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            -- Rolled back: no key of this batch is held any more; the next round starts from the lowest.
+            NULL;
+        END;
     END LOOP;
 
     -- A later item duplicates its first: it reports the first's id.
@@ -444,8 +443,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
-        own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
+        own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
         SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker AND m.leased_at >= own_since
@@ -514,7 +513,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.emails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || emails_dequeue.worker, false);
+        PERFORM set_config('tablequeue.queue.emails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || emails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -524,7 +523,7 @@ BEGIN
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -536,7 +535,7 @@ BEGIN
     IF position_state <> '' THEN
         IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
-            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
         END IF;
     END IF;
     IF position_id IS NULL THEN
@@ -553,7 +552,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
     WHILE remaining > 0 LOOP
         IF remaining = 1 THEN
@@ -692,7 +691,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
     -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
@@ -1016,6 +1015,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_purge: max_rows must be at least 1, got %s.', emails_purge.max_rows);
     END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     WITH doomed AS (
         SELECT m.id FROM "queue"."emails" AS m
         WHERE emails_purge.older_than IS NULL OR m.enqueued_at < emails_purge.older_than
@@ -1025,7 +1027,7 @@ BEGIN
     ),
 
     deleted AS (
-        DELETE FROM "queue"."emails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        DELETE FROM "queue"."emails" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
     )
 
     SELECT count(*) INTO purged_count FROM deleted;
@@ -1188,9 +1190,9 @@ BEGIN
     IF emails_history_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_history_purge: max_rows must be at least 1, got %s.', emails_history_purge.max_rows);
     END IF;
-    -- Oldest first; LIMIT NULL is no limit.
+    -- Oldest first; LIMIT NULL is no limit. The ids as an array, not IN (a join): see purge.
     DELETE FROM "queue"."emails_history" AS h
-    WHERE h.history_id IN (
+    WHERE h.history_id = ANY(ARRAY(
         SELECT o.history_id FROM "queue"."emails_history" AS o
         WHERE o.finished_at < cutoff
         ORDER BY o.finished_at
@@ -1198,7 +1200,7 @@ BEGIN
         -- A concurrent purge's rows are skipped, not waited for: a caller looping until a call
         -- purges fewer than max_rows must not stop early because another purge got there first.
         FOR UPDATE SKIP LOCKED
-    );
+    ));
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;
 END;

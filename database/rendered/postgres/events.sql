@@ -177,7 +177,7 @@ BEGIN
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -384,6 +384,9 @@ BEGIN
     END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     IF events_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."events" AS m
@@ -393,7 +396,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."events" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."events" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -407,7 +410,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."events" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."events" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;

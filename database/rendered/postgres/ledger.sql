@@ -318,6 +318,9 @@ BEGIN
     END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     IF ledger_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."ledger" AS m
@@ -327,7 +330,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."ledger" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."ledger" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -341,7 +344,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."ledger" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."ledger" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;

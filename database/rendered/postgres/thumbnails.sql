@@ -207,8 +207,7 @@ DECLARE
     new_ids uuid[];
     -- seq (the claim order's tie-breaker) drawn in item order too: rows go in in key order.
     new_seqs bigint[];
-    inserted_ties bigint[] := '{}';
-    step_ties bigint[];
+    inserted_ties bigint[];
     result_ids uuid[];
     roots integer[];
     chased integer[];
@@ -279,91 +278,91 @@ BEGIN
         EXIT WHEN chased IS NOT DISTINCT FROM roots;
         roots := chased;
     END LOOP;
-    result_ids := array_fill(NULL::uuid, ARRAY[item_count]);
 
     -- The firsts go in in id order: two batches that share ids then wait for each other
     -- instead of deadlocking (each would hold one the other waits for). ON CONFLICT skips one whose id
-    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
-    -- item whose duplicate a racing transaction committed while this one waited and consumed before
-    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
-    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
+    -- is queued already (waiting for a racing insert of it first).
     LOOP
-        WITH items AS (
-            SELECT
-                u.new_id,
-                s.new_seq,
-                u.payload,
-                u.position,
-                d.due_at,
-                k.dedupe_key,
-                p.priority,
-                e.enqueued_at
-            FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
-            INNER JOIN unnest(new_seqs) WITH ORDINALITY AS s (new_seq, position) ON u.position = s.position
-            LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
-            LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-            WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
-        ),
+        BEGIN
+            WITH items AS (
+                SELECT
+                    u.new_id,
+                    s.new_seq,
+                    u.payload,
+                    u.position,
+                    d.due_at,
+                    k.dedupe_key,
+                    p.priority,
+                    e.enqueued_at
+                FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+                INNER JOIN unnest(new_seqs) WITH ORDINALITY AS s (new_seq, position) ON u.position = s.position
+                LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
+                LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+                WHERE roots[u.position] = u.position
+            ),
 
-        queued AS (
-            SELECT
-                i.position,
-                by_id.id AS id
-            FROM items AS i
-            LEFT JOIN "queue"."thumbnails" AS by_id ON i.new_id = by_id.id
-        ),
+            queued AS (
+                SELECT
+                    i.position,
+                    by_id.id AS id
+                FROM items AS i
+                LEFT JOIN "queue"."thumbnails" AS by_id ON i.new_id = by_id.id
+            ),
 
-        inserted AS (
-            INSERT INTO "queue"."thumbnails" AS m (
-                id, seq, enqueued_at, due_at, visible_at, priority, payload
+            inserted AS (
+                INSERT INTO "queue"."thumbnails" AS m (
+                    id, seq, enqueued_at, due_at, visible_at, priority, payload
+                )
+                OVERRIDING SYSTEM VALUE
+                SELECT
+                    i.new_id,
+                    i.new_seq,
+                    coalesce(i.enqueued_at, now_utc),
+                    coalesce(i.due_at, now_utc),
+                    coalesce(i.due_at, now_utc),
+                    coalesce(i.priority, 0),
+                    i.payload
+                FROM items AS i
+                ORDER BY i.new_id, i.position
+                ON CONFLICT DO NOTHING
+                RETURNING m.seq
             )
-            OVERRIDING SYSTEM VALUE
-            SELECT
-                i.new_id,
-                i.new_seq,
-                coalesce(i.enqueued_at, now_utc),
-                coalesce(i.due_at, now_utc),
-                coalesce(i.due_at, now_utc),
-                coalesce(i.priority, 0),
-                i.payload
-            FROM items AS i
-            ORDER BY i.new_id, i.position
-            ON CONFLICT DO NOTHING
-            RETURNING m.seq
-        )
 
-        SELECT
-            (SELECT array_agg(n.seq) FROM inserted AS n),
-            (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
-            (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
-        INTO step_ties, queued_positions, queued_ids;
-        inserted_ties := inserted_ties || coalesce(step_ties, '{}');
-
-        -- A first's id: its own when its row went in; else the message now queued with its key or id (a
-        -- new statement sees what racing transactions committed while this one waited on them); else,
-        -- when that message has been consumed since, the one the insert's own snapshot saw.
-        result_ids := ARRAY(
             SELECT
-                CASE
-                    WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
-                    WHEN own.tie IS NOT NULL THEN u.new_id
-                    ELSE coalesce(
-                        (SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id),
-                        q.id
-                    )
-                END
-            FROM unnest(new_ids, new_seqs) WITH ORDINALITY AS u (new_id, new_tie, position)
-            LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
-            LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            ORDER BY u.position
-        );
-        EXIT WHEN NOT EXISTS (
-            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
-            WHERE r.root = r.position AND r.result_id IS NULL
-        );
+                coalesce((SELECT array_agg(n.seq) FROM inserted AS n), '{}'),
+                (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
+                (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
+            INTO inserted_ties, queued_positions, queued_ids;
+
+            -- A first's id: its own when its row went in; else the message now queued with its key or id (a
+            -- new statement sees what racing transactions committed while this one waited on them); else,
+            -- when that message has been consumed since, the one the insert's own snapshot saw.
+            result_ids := ARRAY(
+                SELECT
+                    CASE
+                        WHEN roots[u.position] <> u.position THEN NULL
+                        WHEN own.tie IS NOT NULL THEN u.new_id
+                        ELSE coalesce(
+                            (SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id),
+                            q.id
+                        )
+                    END
+                FROM unnest(new_ids, new_seqs) WITH ORDINALITY AS u (new_id, new_tie, position)
+                LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
+                LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                ORDER BY u.position
+            );
+            IF EXISTS (SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position) WHERE r.root = r.position AND r.result_id IS NULL) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TQ900', MESSAGE = 'a key to offer again: the batch goes in again';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            -- Rolled back: no key of this batch is held any more; the next round starts from the lowest.
+            NULL;
+        END;
     END LOOP;
 
     -- A later item duplicates its first: it reports the first's id.
@@ -438,8 +437,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
-        own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
+        own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
         SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker AND m.leased_at >= own_since
@@ -517,7 +516,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.thumbnails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || thumbnails_dequeue.worker, false);
+        PERFORM set_config('tablequeue.queue.thumbnails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || thumbnails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -1002,6 +1001,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_purge: max_rows must be at least 1, got %s.', thumbnails_purge.max_rows);
     END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     WITH doomed AS (
         SELECT m.id FROM "queue"."thumbnails" AS m
         WHERE thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than
@@ -1012,7 +1014,7 @@ BEGIN
     ),
 
     deleted AS (
-        DELETE FROM "queue"."thumbnails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        DELETE FROM "queue"."thumbnails" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
     )
 
     SELECT count(*) INTO purged_count FROM deleted;
@@ -1210,12 +1212,17 @@ BEGIN
     -- Every transaction this procedure begins, right after each COMMIT, before any query.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
+    -- types would fail every message at the CALL (42883) until each one is dead-lettered.
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
-        INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
-        WHERE n.nspname = 'queue' AND p.proname = 'make_thumbnail' AND p.prokind = 'p'
+        WHERE
+            p.oid = pg_catalog.to_regprocedure(
+                pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
+            )
+            AND p.prokind = 'p'
     ) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail does not exist.';
+        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.';
     END IF;
 
     processed := 0;

@@ -25,7 +25,7 @@ def test_example_catalog_is_valid_and_fills_defaults() -> None:
     kinds = {queue.kind for queue in catalog.queues}
     assert kinds == {"heap", "fifo", "lifo", "pending", "work"}
     events = catalog.queue("events")
-    assert events.options == {"dedupe": False}
+    assert events.options == {"dedupe": False, "notify": False}
     emails = catalog.queue("emails")
     assert emails.options["max_attempts"] == 3 and emails.options["history"] is True
     assert emails.options["priority"] is False  # default filled in

@@ -521,3 +521,74 @@ $function$;
 ALTER FUNCTION "queue"."orders_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."orders_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."orders_purge" TO "queue_admin";
+
+-- tablequeue:unit queue.orders_wait_probe code
+
+-- One step of S.Q_wait: is a message ready that dequeue would hand out now? A row that an open
+-- dequeue has locked is not: FOR KEY SHARE
+-- SKIP LOCKED passes over it, as READPAST does on SQL Server. The weakest row lock there is, and
+-- only on the one row found; the calling procedure commits it at once. The definer half of the
+-- wait: PostgreSQL refuses COMMIT in a definer procedure (2D000), and the caller may not read the table.
+CREATE OR REPLACE FUNCTION "queue"."orders_wait_probe"()
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+BEGIN
+    PERFORM
+    FROM "queue"."orders" AS m
+    ORDER BY m.id
+    LIMIT 1
+    FOR KEY SHARE SKIP LOCKED;
+    RETURN FOUND;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."orders_wait_probe" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."orders_wait_probe" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."orders_wait_probe" TO "queue_consumer";
+
+-- tablequeue:unit queue.orders_wait code
+
+-- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
+-- transaction of its own: COMMIT, one probe, a 50 ms sleep; so it holds no lock and no transaction
+-- between steps, and its snapshot is never older than one step (vacuum is not held back). It claims
+-- nothing: the caller dequeues next, in its own transaction. Because it commits it must be CALLed
+-- outside a transaction block (autocommit); inside one PostgreSQL refuses the first COMMIT (2D000).
+-- No definer rights and no pinned search_path, for the same reason as S.Q_process; every routine it
+-- calls is schema-qualified. With notify: true, LISTEN on the queue's channel wakes a client sooner.
+CREATE OR REPLACE PROCEDURE "queue"."orders_wait"(
+    wait_ms integer DEFAULT 20000,
+    INOUT ready boolean DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+DECLARE
+    deadline timestamptz;
+BEGIN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.orders_wait: commits between its steps and cannot run inside an open transaction.';
+    END IF;
+    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = pg_catalog.format('queue.orders_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
+    END IF;
+    deadline := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => wait_ms / 1000.0);
+    LOOP
+        COMMIT;
+        ready := "queue"."orders_wait_probe"();
+        EXIT WHEN ready OR pg_catalog.clock_timestamp() >= deadline;
+        PERFORM pg_catalog.pg_sleep(
+            LEAST(0.05, pg_catalog.date_part('epoch', deadline - pg_catalog.clock_timestamp()))
+        );
+    END LOOP;
+    COMMIT;
+END;
+$procedure$;
+
+ALTER PROCEDURE "queue"."orders_wait" OWNER TO "queue_owner";
+REVOKE ALL ON PROCEDURE "queue"."orders_wait" FROM public;
+GRANT EXECUTE ON PROCEDURE "queue"."orders_wait" TO "queue_consumer";

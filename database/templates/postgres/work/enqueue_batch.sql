@@ -259,6 +259,9 @@ BEGIN
     FROM inserted AS i
     ORDER BY i.id;
 {% endif %}
+{% if opt.notify %}
+{{ m.notify() }}
+{% endif %}
 END;
 $function$;
 

@@ -171,17 +171,18 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
             counts["batches"] += 1
             counts["leased"] += len(messages)
             leases = {_key(m["id"]): m for m in messages}
+            lease_seconds = config.lease_seconds or target.queue.options["lease_seconds"]
             renewed_at = time.monotonic()
             staged: list[dict[str, Any]] = []
             outcomes: list[dict[str, Any]] = []
             for message in messages:
-                if time.monotonic() - renewed_at > config.lease_seconds / 3:
+                if time.monotonic() - renewed_at > lease_seconds / 3:
                     # A slow transform must not let the batch's leases run out before they are
                     # completed: renew those still open (each by its token) at a third of the lease.
                     settled = {o["id"] for o in outcomes}
                     for key, lease in leases.items():
                         if key not in settled:
-                            client.extend_lease(lease["id"], worker, config.lease_seconds, lease_token=lease["lease_token"])
+                            client.extend_lease(lease["id"], worker, lease_seconds, lease_token=lease["lease_token"])
                     renewed_at = time.monotonic()
                 payload = _payload(target, message["payload"])
                 try:

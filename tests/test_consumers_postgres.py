@@ -180,3 +180,53 @@ def test_overlapping_batch_acks_in_shuffled_order_never_deadlock_and_complete_ea
     assert len(completed) == total and set(completed.values()) == {1}
     history = producer.conn.execute(f'SELECT count(*), count(DISTINCT id) FROM "{producer.schema}"."q_history"').fetchone()
     assert history == (total, total)
+
+
+@pytest.mark.parametrize("verb", ["complete_batch", "fail_batch"])
+def test_batch_acks_run_only_at_read_committed(clients, verb) -> None:
+    client, = clients(work())
+    sent = client.enqueue({"x": 1})["id"]
+    leased = client.dequeue(worker="a")
+    client.conn.autocommit = False
+    client.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    extra = {"error": "e"} if verb == "fail_batch" else {}
+    with pytest.raises(psycopg.Error) as raised:
+        getattr(client, verb)(leased, "a", **extra)
+    assert raised.value.sqlstate == "TQ008"
+    client.conn.rollback()
+    client.conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    client.conn.autocommit = True
+    assert [row["id"] for row in getattr(client, verb)(leased, "a", **extra)] == [sent]
+
+
+def test_an_all_duplicate_batch_notifies_nothing(clients) -> None:
+    listener, producer = clients(work(notify=True, dedupe=True), count=2)
+    producer.enqueue({"i": 1}, dedupe_key="k")
+    listener.conn.execute('LISTEN "%s"' % f"{listener.schema}.q")
+    rows = producer.enqueue_batch([{"payload": {"i": 2}, "dedupe_key": "k"}])
+    assert [r["duplicate"] for r in rows] == [True]
+    assert list(listener.conn.notifies(timeout=0.5, stop_after=1)) == []
+
+
+def test_wait_evaluates_no_operator_a_callers_search_path_could_supply(clients) -> None:
+    """wait runs with the caller's rights and search_path (it commits, so it cannot pin its own): an
+    operator planted in a schema on that path must not run inside it."""
+    client, = clients(work())
+    conn = client.conn
+    conn.execute("CREATE SCHEMA IF NOT EXISTS planted")
+    for signature in ("integer, numeric", "integer, integer", "boolean, boolean", "timestamptz, timestamptz"):
+        left, right = (part.strip() for part in signature.split(","))
+        name = "planted_" + left.replace(" ", "_") + "_" + right.replace(" ", "_")
+        conn.execute(f"CREATE OR REPLACE FUNCTION planted.{name}(a {left}, b {right}) RETURNS boolean "
+                     f"LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'planted operator ran'; END $$")
+        for operator in ("/", ">=", "=", "<", "+"):
+            conn.execute(f"DROP OPERATOR IF EXISTS planted.{operator} ({left}, {right})")
+            conn.execute(f"CREATE OPERATOR planted.{operator} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = planted.{name})")
+    try:
+        conn.execute("SET search_path = pg_catalog, planted")
+        assert client.wait(120) is False
+        client.enqueue({"x": 1})
+        assert client.wait(120) is True
+    finally:
+        conn.execute("RESET search_path")
+        conn.execute("DROP SCHEMA planted CASCADE")

@@ -35,12 +35,12 @@ JSON_PAYLOAD = ("nvarchar(max)", "jsonb")
 # - process, wait: PostgreSQL's are PROCEDUREs, run with CALL, that report their result in INOUT
 #   parameters (a procedure returns no rows; processed/completed/failed, ready); SQL Server's return
 #   them as their result set.
-# - wait_probe: PostgreSQL only. wait commits between its steps, which PostgreSQL refuses in a
-#   definer procedure, so wait runs with the caller's rights and reads the table through this definer
-#   function; SQL Server's wait reads it itself (ownership chaining).
+# - wait_step: PostgreSQL only. wait commits between its steps, which PostgreSQL refuses in a
+#   definer procedure, so wait runs with the caller's rights and does each step in this definer
+#   function; SQL Server's wait reads the table itself (ownership chaining).
 TABLE_TYPE_ONLY_COLUMNS = {"ordinal"}
 INOUT_AS_RESULT = {"process", "wait"}
-POSTGRES_ONLY = {"wait_probe"}
+POSTGRES_ONLY = {"wait_step"}
 
 
 def plural(name: str) -> str:

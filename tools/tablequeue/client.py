@@ -19,6 +19,8 @@ MAX_WAIT_MS = 20_000
 # While LISTENing, how often dequeue looks anyway: a retry coming due, a lease expiring or a delayed
 # message becoming due sends no notification.
 LISTEN_RECHECK_SECONDS = 1.0
+# The wait verb's step: how long a consumer pauses when wait said ready but dequeue found nothing.
+WAIT_STEP_SECONDS = 0.05
 # Column order of the SQL Server table type S.Q_items, per kind (it must match the templates).
 TVP_COLUMNS = {
     "heap": ("ordinal", "payload", "dedupe_key"),
@@ -175,8 +177,11 @@ class QueueClient:
             if listen:
                 for _ in self.conn.notifies(timeout=min(remaining, LISTEN_RECHECK_SECONDS), stop_after=1):
                     pass
-            else:
-                self.wait(min(MAX_WAIT_MS, max(1, int(remaining * 1000))))
+            elif self.wait(min(MAX_WAIT_MS, max(1, int(remaining * 1000)))):
+                # Ready, yet the next dequeue may find nothing (another consumer was faster, or the
+                # ready message was a lease that expired for the last time and goes to the dead
+                # letters): one wait step's pause keeps that from becoming a busy loop.
+                time.sleep(WAIT_STEP_SECONDS)
 
     def _require_autocommit(self, what: str) -> None:
         if not getattr(self.conn, "autocommit", True):

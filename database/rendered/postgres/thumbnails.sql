@@ -1012,10 +1012,13 @@ BEGIN
     IF thumbnails_complete_batch.worker IS NULL OR length(thumbnails_complete_batch.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete_batch: worker must be a name of 1 to 200 characters.';
     END IF;
-    IF thumbnails_complete_batch.ids IS NULL OR cardinality(thumbnails_complete_batch.ids) > 1000 THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_batch: ids must be an array of at most 1000 ids, got %s.', coalesce(cardinality(thumbnails_complete_batch.ids)::text, 'NULL'));
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.thumbnails_complete_batch: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
-    IF cardinality(thumbnails_complete_batch.lease_tokens) IS DISTINCT FROM cardinality(thumbnails_complete_batch.ids) THEN
+    IF thumbnails_complete_batch.ids IS NULL OR cardinality(thumbnails_complete_batch.ids) > 1000 OR array_ndims(thumbnails_complete_batch.ids) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_batch: ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(thumbnails_complete_batch.ids)::text, 'NULL'));
+    END IF;
+    IF cardinality(thumbnails_complete_batch.lease_tokens) IS DISTINCT FROM cardinality(thumbnails_complete_batch.ids) OR array_ndims(thumbnails_complete_batch.lease_tokens) > 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_batch: lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(thumbnails_complete_batch.lease_tokens)::text, 'NULL'), cardinality(thumbnails_complete_batch.ids));
     END IF;
     IF array_position(thumbnails_complete_batch.ids, NULL) IS NOT NULL THEN
@@ -1103,13 +1106,16 @@ BEGIN
     IF thumbnails_fail_batch.worker IS NULL OR length(thumbnails_fail_batch.worker) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_fail_batch: worker must be a name of 1 to 200 characters.';
     END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.thumbnails_fail_batch: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
     IF retry_after NOT BETWEEN 0 AND 2592000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: retry_after_seconds must be between 0 and 2592000, got %s.', retry_after);
     END IF;
-    IF thumbnails_fail_batch.ids IS NULL OR cardinality(thumbnails_fail_batch.ids) > 1000 THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: ids must be an array of at most 1000 ids, got %s.', coalesce(cardinality(thumbnails_fail_batch.ids)::text, 'NULL'));
+    IF thumbnails_fail_batch.ids IS NULL OR cardinality(thumbnails_fail_batch.ids) > 1000 OR array_ndims(thumbnails_fail_batch.ids) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(thumbnails_fail_batch.ids)::text, 'NULL'));
     END IF;
-    IF cardinality(thumbnails_fail_batch.lease_tokens) IS DISTINCT FROM cardinality(thumbnails_fail_batch.ids) THEN
+    IF cardinality(thumbnails_fail_batch.lease_tokens) IS DISTINCT FROM cardinality(thumbnails_fail_batch.ids) OR array_ndims(thumbnails_fail_batch.lease_tokens) > 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(thumbnails_fail_batch.lease_tokens)::text, 'NULL'), cardinality(thumbnails_fail_batch.ids));
     END IF;
     IF array_position(thumbnails_fail_batch.ids, NULL) IS NOT NULL THEN
@@ -1236,9 +1242,16 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     completed_now boolean;
+    effective_lease integer := coalesce(thumbnails_complete_next.lease_seconds, 120);
 BEGIN
+    IF thumbnails_complete_next.worker IS NULL OR length(thumbnails_complete_next.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete_next: worker must be a name of 1 to 200 characters.';
+    END IF;
     IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_next: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    IF effective_lease NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_next: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
     END IF;
     SELECT c.completed INTO completed_now
     FROM "queue"."thumbnails_complete"(thumbnails_complete_next.id, thumbnails_complete_next.worker, thumbnails_complete_next.lease_token) AS c;
@@ -1255,14 +1268,16 @@ ALTER FUNCTION "queue"."thumbnails_complete_next" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_complete_next" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_complete_next" TO "queue_consumer";
 
--- tablequeue:unit queue.thumbnails_wait_probe code
+-- tablequeue:unit queue.thumbnails_wait_step code
 
--- One step of S.Q_wait: is a message ready that dequeue would hand out now? A row that an open
--- dequeue (or complete, fail, release) has locked is not: FOR KEY SHARE
--- SKIP LOCKED passes over it, as READPAST does on SQL Server. The weakest row lock there is, and
--- only on the one row found; the calling procedure commits it at once. The definer half of the
--- wait: PostgreSQL refuses COMMIT in a definer procedure (2D000), and the caller may not read the table.
-CREATE OR REPLACE FUNCTION "queue"."thumbnails_wait_probe"()
+-- One step of S.Q_wait: true when a message is ready that this session's dequeue would hand out
+-- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
+-- started_at. A row an open dequeue (or complete, fail, release) has locked is not ready: FOR KEY
+-- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
+-- on the one row found, which the caller's next COMMIT ends at once. -- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
+-- refuses COMMIT in such a procedure (2D000), and the procedure, run with the caller's search_path,
+-- evaluates no operator.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_wait_step"(wait_ms integer, started_at timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -1271,8 +1286,13 @@ SET search_path = pg_catalog, pg_temp
 AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
+    deadline timestamptz;
     current_level integer;
 BEGIN
+    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
+    END IF;
+    deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- One probe per priority level present, from the top (the loose index scan of dequeue).
     current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
     WHILE current_level IS NOT NULL LOOP
@@ -1289,23 +1309,29 @@ BEGIN
             SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
         );
     END LOOP;
+    IF clock_timestamp() >= deadline THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(least(0.05, extract(EPOCH FROM deadline - clock_timestamp())));
     RETURN false;
 END;
 $function$;
 
-ALTER FUNCTION "queue"."thumbnails_wait_probe" OWNER TO "queue_owner";
-REVOKE ALL ON FUNCTION "queue"."thumbnails_wait_probe" FROM public;
-GRANT EXECUTE ON FUNCTION "queue"."thumbnails_wait_probe" TO "queue_consumer";
+ALTER FUNCTION "queue"."thumbnails_wait_step" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."thumbnails_wait_step" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_wait_step" TO "queue_consumer";
 
 -- tablequeue:unit queue.thumbnails_wait code
 
 -- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
--- transaction of its own: COMMIT, one probe, a 50 ms sleep; so it holds no lock and no transaction
--- between steps, and its snapshot is never older than one step (vacuum is not held back). It claims
--- nothing: the caller dequeues next, in its own transaction. Because it commits it must be CALLed
--- outside a transaction block (autocommit); inside one PostgreSQL refuses the first COMMIT (2D000).
--- No definer rights and no pinned search_path, for the same reason as S.Q_process; every routine it
--- calls is schema-qualified. With notify: true, LISTEN on the queue's channel wakes a client sooner.
+-- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of up to 50 ms); so it holds
+-- no lock and no transaction between steps, and the snapshot it holds while it sleeps is renewed
+-- every step (backend_xmin moves on: vacuum is not held back). It claims nothing: the caller
+-- dequeues next, in its own transaction. Because it commits it must be CALLed outside a transaction
+-- block (autocommit): a caller that has written is refused (TQ003), any other open transaction
+-- block by PostgreSQL at the first COMMIT (2D000). No definer rights and no pinned search_path, as
+-- S.Q_process; its step is schema-qualified and it evaluates no operator the caller's search_path
+-- could resolve. With notify: true, LISTEN on the queue's channel wakes a client sooner.
 CREATE OR REPLACE PROCEDURE "queue"."thumbnails_wait"(
     wait_ms integer DEFAULT 20000,
     INOUT ready boolean DEFAULT NULL
@@ -1313,23 +1339,18 @@ CREATE OR REPLACE PROCEDURE "queue"."thumbnails_wait"(
 LANGUAGE plpgsql
 AS $procedure$
 DECLARE
-    deadline timestamptz;
+    started_at timestamptz := pg_catalog.clock_timestamp();
+    step_ready boolean;
 BEGIN
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.thumbnails_wait: commits between its steps and cannot run inside an open transaction.';
     END IF;
-    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = pg_catalog.format('queue.thumbnails_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
-    END IF;
-    deadline := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => wait_ms / 1000.0);
     LOOP
         COMMIT;
-        ready := "queue"."thumbnails_wait_probe"();
-        EXIT WHEN ready OR pg_catalog.clock_timestamp() >= deadline;
-        PERFORM pg_catalog.pg_sleep(
-            LEAST(0.05, pg_catalog.date_part('epoch', deadline - pg_catalog.clock_timestamp()))
-        );
+        step_ready := "queue"."thumbnails_wait_step"(wait_ms, started_at);
+        EXIT WHEN step_ready OR step_ready IS NULL;
     END LOOP;
+    ready := step_ready IS NOT NULL;
     COMMIT;
 END;
 $procedure$;

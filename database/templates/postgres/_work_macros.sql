@@ -53,10 +53,10 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
     acks never wait for each other in a cycle, whatever order their callers list the ids in. -#}
 {% macro check_acks(verb) %}
 {% set here = fn ~ '_' ~ verb %}
-    IF {{ here }}.ids IS NULL OR cardinality({{ here }}.ids) > 1000 THEN
-{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": ids must be an array of at most 1000 ids, got %s.', coalesce(cardinality(" ~ here ~ ".ids)::text, 'NULL'))") }}
+    IF {{ here }}.ids IS NULL OR cardinality({{ here }}.ids) > 1000 OR array_ndims({{ here }}.ids) > 1 THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(" ~ here ~ ".ids)::text, 'NULL'))") }}
     END IF;
-    IF cardinality({{ here }}.lease_tokens) IS DISTINCT FROM cardinality({{ here }}.ids) THEN
+    IF cardinality({{ here }}.lease_tokens) IS DISTINCT FROM cardinality({{ here }}.ids) OR array_ndims({{ here }}.lease_tokens) > 1 THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(" ~ here ~ ".lease_tokens)::text, 'NULL'), cardinality(" ~ here ~ ".ids))") }}
     END IF;
     IF array_position({{ here }}.ids, NULL) IS NOT NULL THEN

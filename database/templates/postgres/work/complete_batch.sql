@@ -19,6 +19,7 @@ DECLARE
     done_ids {{ id_type }}[];
 BEGIN
 {{ w.check_worker('complete_batch') }}
+{{ m.check_read_committed('complete_batch') }}
 {{ w.check_acks('complete_batch') }}
     IF cardinality(sorted_ids) IS NULL THEN
         RETURN;

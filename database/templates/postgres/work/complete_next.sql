@@ -16,8 +16,11 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     completed_now boolean;
+    effective_lease integer := coalesce({{ fn }}_complete_next.lease_seconds, {{ lease_seconds }});
 BEGIN
+{{ w.check_worker('complete_next') }}
 {{ m.check_batch_size('complete_next') }}
+{{ w.check_lease('complete_next', 'effective_lease') }}
     SELECT c.completed INTO completed_now
     FROM {{ names.verb('complete') }}({{ fn }}_complete_next.id, {{ fn }}_complete_next.worker, {{ fn }}_complete_next.lease_token) AS c;
     RETURN QUERY

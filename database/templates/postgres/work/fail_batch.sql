@@ -23,6 +23,7 @@ DECLARE
     buried_ids {{ id_type }}[];
 BEGIN
 {{ w.check_worker('fail_batch') }}
+{{ m.check_read_committed('fail_batch') }}
 {{ w.check_retry_after('fail_batch', 'retry_after') }}
 {{ w.check_acks('fail_batch') }}
     IF cardinality(sorted_ids) IS NULL THEN

@@ -350,7 +350,8 @@ GRANT EXECUTE ON FUNCTION "queue"."undo_purge" TO "queue_admin";
 -- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
 -- started_at. A row an open dequeue has locked is not ready: FOR KEY
 -- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
--- on the one row found, which the caller's next COMMIT ends at once. -- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
+-- on the one row found, which the caller's next COMMIT ends at once.
+-- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
 -- refuses COMMIT in such a procedure (2D000), and the procedure, run with the caller's search_path,
 -- evaluates no operator.
 CREATE OR REPLACE FUNCTION "queue"."undo_wait_step"(wait_ms integer, started_at timestamptz)

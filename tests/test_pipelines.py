@@ -359,7 +359,7 @@ class StagingWatchingClient:
     def __init__(self, staging: Path) -> None:
         self.staging, self.folders_at_first_lease, self.batches = staging, None, [[
             {"id": 1, "payload": {"id": 1, "name": "a", "flaky": False, "poison": False}, "attempts": 1,
-             "enqueued_at": datetime.now(timezone.utc)}]]
+             "enqueued_at": datetime.now(timezone.utc), "lease_token": None}]]
 
     def __enter__(self) -> "StagingWatchingClient":
         return self
@@ -373,8 +373,8 @@ class StagingWatchingClient:
                                                  for p in self.staging.rglob("*") if p.is_dir())
         return self.batches.pop() if self.batches else []
 
-    def complete(self, message_id: Any, worker: str) -> bool:
-        return True
+    def complete_batch(self, acks: list[dict], worker: str) -> list[dict]:
+        return [{"id": ack["id"], "completed": True} for ack in acks]
 
 
 def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, monkeypatch):

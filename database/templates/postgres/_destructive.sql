@@ -147,6 +147,9 @@ BEGIN
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
+{% if opt.notify %}
+{{ m.notify() | indent(8, first=true) }}
+{% endif %}
             RETURN QUERY SELECT new_id, false;
             RETURN;
         END IF;
@@ -163,6 +166,9 @@ BEGIN
     INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}payload)
     VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.payload)
     RETURNING m.id INTO new_id;
+{% if opt.notify %}
+{{ m.notify() }}
+{% endif %}
     RETURN QUERY SELECT new_id, false;
 {% endif %}
 END;
@@ -340,6 +346,11 @@ BEGIN
     SELECT (row_number() OVER (ORDER BY i.id))::integer, i.id, false
     FROM inserted AS i
     ORDER BY i.id;
+{% endif %}
+{% if opt.notify %}
+    IF cardinality({{ 'inserted_ids' if dedupe else 'payloads' }}) > 0 THEN
+{{ m.notify() | indent(4, first=true) }}
+    END IF;
 {% endif %}
 END;
 $function$;
@@ -533,3 +544,5 @@ END;
 $function$;
 
 {{ m.grant('purge') }}
+
+{% include 'wait.sql' %}

@@ -80,6 +80,12 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 {%- endmacro %}
 
+{#- Option notify: wake the clients that LISTEN on the queue's channel (the quoted identifier
+    "S.Q") once this transaction commits. PostgreSQL folds repeats within a transaction into one. -#}
+{% macro notify() %}
+    PERFORM pg_notify('{{ schema }}.{{ queue.name }}', '');
+{%- endmacro %}
+
 {% macro throw(error, message_sql) %}
         RAISE EXCEPTION USING ERRCODE = '{{ errors[error] }}', MESSAGE = {{ message_sql }};
 {%- endmacro %}

@@ -248,6 +248,11 @@ BEGIN
     FROM inserted AS i
     ORDER BY i.id;
 {% endif %}
+{% if opt.notify %}
+    IF cardinality({{ 'inserted_ties' if dedupe or client_ids else 'payloads' }}) > 0 THEN
+{{ m.notify() | indent(4, first=true) }}
+    END IF;
+{% endif %}
 END;
 $function$;
 

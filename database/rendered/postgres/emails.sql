@@ -1336,7 +1336,7 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -1348,7 +1348,7 @@ BEGIN
     IF position_state <> '' THEN
         IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
-            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
         END IF;
     END IF;
     IF position_id IS NULL THEN
@@ -1365,7 +1365,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
     PERFORM
     FROM "queue"."emails" AS m

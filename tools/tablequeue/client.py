@@ -7,6 +7,7 @@ a transaction: with autocommit off, the caller commits (and a rolled-back dequeu
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
@@ -62,6 +63,26 @@ class QueueClient:
         """Aware UTC for PostgreSQL (timestamptz); naive UTC for SQL Server (datetime2)."""
         value = _utc(value)
         return value.replace(tzinfo=None) if value is not None and self.dialect == "mssql" else value
+
+    def _id(self, value: Any, field: str = "id") -> Any:
+        """A message id in the queue's type: uuid.UUID on a client-id queue, int otherwise; None stays
+        None, so that the procedure's own check answers it. A value of the wrong type is refused here,
+        naming the queue and the field, instead of failing to convert on the server (8169, 22P02) in
+        the middle of the caller's transaction."""
+        if value is None:
+            return None
+        client_ids = bool(self.queue.options.get("client_ids"))
+        try:
+            if client_ids:
+                return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, str):
+                return int(value)
+        except (TypeError, ValueError, AttributeError):
+            pass
+        wanted = "a UUID (the queue has client_ids)" if client_ids else "an integer"
+        raise ValueError(f"queue {self.schema}.{self.queue.name}: {field} must be {wanted}, got {value!r}")
 
     def call(self, verb: str, params: Mapping[str, Any], required: tuple[str, ...] = ()) -> list[dict]:
         """Run S.Q_<verb> with named parameters; None values are left out (the parameter's
@@ -143,15 +164,16 @@ class QueueClient:
                                      "lease_seconds": lease_seconds})
 
     def complete(self, id: Any, worker: str) -> bool:
-        return bool(self.call("complete", {"id": id, "worker": worker})[0]["completed"])
+        return bool(self.call("complete", {"id": self._id(id), "worker": worker},
+                              required=("id", "worker"))[0]["completed"])
 
     def fail(self, id: Any, worker: str, error: str, retry_after_seconds: int | None = None) -> str:
-        return self.call("fail", {"id": id, "worker": worker, "error": error,
-                                  "retry_after_seconds": retry_after_seconds})[0]["outcome"]
+        return self.call("fail", {"id": self._id(id), "worker": worker, "error": error,
+                                  "retry_after_seconds": retry_after_seconds}, required=("id", "worker"))[0]["outcome"]
 
     def extend_lease(self, id: Any, worker: str, lease_seconds: int | None = None) -> bool:
-        return bool(self.call("extend_lease", {"id": id, "worker": worker,
-                                               "lease_seconds": lease_seconds})[0]["extended"])
+        return bool(self.call("extend_lease", {"id": self._id(id), "worker": worker, "lease_seconds": lease_seconds},
+                              required=("id", "worker"))[0]["extended"])
 
     def stats(self) -> dict:
         return self.call("stats", {})[0]
@@ -165,14 +187,14 @@ class QueueClient:
     def dead_list(self, after_id: Any = None, limit: int = 100) -> list[dict]:
         """One page of the dead-letter table in id order; pass the last id as after_id for the next.
         (The parameter is page_size in SQL: `limit` is reserved in PostgreSQL.)"""
-        return self.call("dead_list", {"after_id": after_id, "page_size": limit})
+        return self.call("dead_list", {"after_id": self._id(after_id, "after_id"), "page_size": limit})
 
     def dead_requeue(self, id: Any) -> bool:
         """Back to the queue under the same id, visible now, attempts reset (not_found if absent)."""
-        return bool(self.call("dead_requeue", {"id": id})[0]["requeued"])
+        return bool(self.call("dead_requeue", {"id": self._id(id)}, required=("id",))[0]["requeued"])
 
     def dead_delete(self, id: Any) -> bool:
-        return bool(self.call("dead_delete", {"id": id})[0]["deleted"])
+        return bool(self.call("dead_delete", {"id": self._id(id)}, required=("id",))[0]["deleted"])
 
     def history_purge(self, older_than: datetime | None = None, max_rows: int | None = None) -> int:
         """Delete history finished before older_than (default: history_retention_days ago), at most

@@ -26,6 +26,7 @@ class FakeDbError(Exception):
 class ResultSet:
     rows: list[tuple] = field(default_factory=list)
     messages: list[tuple[str, str]] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)   # named: a result set a procedure SELECTs
 
 
 def db_error(message: str, sqlstate: str = "42000") -> FakeDbError:
@@ -48,6 +49,11 @@ class FakeCursor:
     @property
     def messages(self) -> list[tuple[str, str]]:
         return self._current.messages
+
+    @property
+    def description(self) -> list[tuple] | None:
+        """As pyodbc: None for a set without columns (a row count), else one tuple per column."""
+        return [(name, None, None, None, None, None, True) for name in self._current.columns] or None
 
     def execute(self, sql: str, *params: Any) -> FakeCursor:
         if self.connection.require_noscan:

@@ -9,9 +9,13 @@ round trip when TABLEQUEUE_MSSQL_URL is set.
 """
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timezone
 from typing import Any
 
+import pytest
+
+from fake_mssql import FakeConnection, FakeDbError, ResultSet, db_error
 from tablequeue.catalog import parse_catalog
 from tablequeue.client import TVP_COLUMNS, QueueClient
 
@@ -83,3 +87,73 @@ def test_every_verb_passes_its_arguments_as_one_parameter_list() -> None:
     client.dequeue(batch_size=5, worker="w")
     [(sql, params)] = conn.calls
     assert sql.endswith("@batch_size = ?, @worker = ?;") and params == (5, "w")
+
+
+
+ANSWERS = {"complete": ("completed", False), "fail": ("outcome", "lost"), "extend_lease": ("extended", False),
+           "dead_requeue": ("requeued", True), "dead_delete": ("deleted", True), "dead_list": ("id", 1)}
+
+
+def fake_client(**options: Any) -> tuple[QueueClient, FakeConnection]:
+    """A client of a work queue on the fake SQL Server, each verb answering one row."""
+    catalog = parse_catalog({"schema": "jobs_schema", "queues": [
+        {"name": "jobs", "kind": "work", "payload": "json", "options": options}]})
+    conn = FakeConnection(require_noscan=False, answers={
+        f"[jobs_{verb}]": [ResultSet(rows=[(value,)], columns=[column])] for verb, (column, value) in ANSWERS.items()})
+    return QueueClient.for_catalog(conn, "mssql", catalog, "jobs"), conn
+
+
+# A None id or worker reaches the procedure as NULL, where its argument check answers (51001, or
+# completed = 0 for an id nothing holds): left out of the EXEC, the parameter (which has no default)
+# would fail the caller's batch with error 201 instead.
+NULL_ARGUMENTS = [
+    ("complete", lambda c: c.complete(7, None), "@id = ?, @worker = ?", (7, None)),
+    ("fail", lambda c: c.fail(None, "w", "boom"), "@id = ?, @worker = ?, @error = ?", (None, "w", "boom")),
+    ("extend_lease", lambda c: c.extend_lease(7, None), "@id = ?, @worker = ?", (7, None)),
+    ("dead_requeue", lambda c: c.dead_requeue(None), "@id = ?", (None,)),
+    ("dead_delete", lambda c: c.dead_delete(None), "@id = ?", (None,)),
+]
+
+
+@pytest.mark.parametrize("verb, act, arguments, values", NULL_ARGUMENTS, ids=[a[0] for a in NULL_ARGUMENTS])
+def test_a_none_id_or_worker_is_sent_as_null(verb: str, act, arguments: str, values: tuple) -> None:
+    client, conn = fake_client()
+    act(client)
+    assert conn.executed == [f"SET NOCOUNT ON; EXEC [jobs_schema].[jobs_{verb}] {arguments};"]
+    assert conn.parameters == [(values,)]
+
+
+def test_the_servers_refusal_of_a_null_worker_reaches_the_caller() -> None:
+    client, conn = fake_client()
+    conn.answers["[jobs_complete]"] = [db_error("jobs_schema.jobs_complete: worker must be a name of 1 to 200 "
+                                                "characters.")]
+    with pytest.raises(FakeDbError, match="worker must be a name"):
+        client.complete("12", None)
+    assert conn.parameters == [((12, None),)]   # the id as the queue's type: bigint
+
+
+def test_ids_are_converted_to_the_queues_type() -> None:
+    given = "6F1C1F5E-8A43-4F7E-9D3C-2B1A0C9E8D7F"
+    client, conn = fake_client(client_ids=True)
+    assert client.complete(given, "w") is False
+    assert client.dead_delete(uuid.UUID(given)) is True
+    assert client.dead_list(after_id=given) == [{"id": 1}]
+    assert [params[0][0] for params in conn.parameters] == [uuid.UUID(given)] * 3
+    client, conn = fake_client()
+    assert client.dead_requeue("42") is True and client.dead_requeue(43) is True
+    assert conn.parameters == [((42,),), ((43,),)]
+
+
+@pytest.mark.parametrize("options, value, wanted", [
+    ({}, "12a", "an integer"), ({}, 1.5, "an integer"), ({}, True, "an integer"),
+    ({}, uuid.UUID(int=1), "an integer"),
+    ({"client_ids": True}, "not-a-guid", "a UUID (the queue has client_ids)"),
+    ({"client_ids": True}, 12, "a UUID (the queue has client_ids)")])
+def test_an_id_of_the_wrong_type_is_refused_naming_the_queue_and_the_field(options, value, wanted) -> None:
+    client, conn = fake_client(**options)
+    with pytest.raises(ValueError) as refused:
+        client.extend_lease(value, "w")
+    assert str(refused.value) == f"queue jobs_schema.jobs: id must be {wanted}, got {value!r}"
+    with pytest.raises(ValueError, match=r"queue jobs_schema\.jobs: after_id must be "):
+        client.dead_list(after_id=value)
+    assert conn.executed == []   # nothing was sent

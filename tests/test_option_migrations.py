@@ -130,6 +130,49 @@ def test_options_turned_off_drop_their_storage_after_the_code_units(pg_url: str,
         conn.close()
 
 
+def test_old_procedures_keep_writing_history_and_dead_letters_while_priority_is_turned_on(
+        pg_url: str, pg_schemas: list[str]) -> None:
+    """Between the storage migrations and the new code units, the old complete and fail still write
+    history and dead-letter rows without naming priority: the new column's default stays until the
+    new procedures are in place, and goes after them (a fresh install has none)."""
+    schema, fresh = pg_schemas
+    before = [{"name": "c", "kind": "work", "payload": "json", "options": {"max_attempts": 1, "history": True}}]
+    after = [{**before[0], "options": {**before[0]["options"], "priority": True}}]
+    deploy_catalog(pg_url, schema, catalog(schema, before))
+    conn, traffic = connect(pg_url), connect(pg_url)
+    try:
+        old = V010(traffic, schema, catalog(schema, before).queue("c"))
+        done, doomed = (old("enqueue", payload=old.payload(n))[0]["id"] for n in (1, 2))
+        assert [row["id"] for row in old("dequeue", batch_size=2, worker="w")] == [done, doomed]
+        migrated: set[str] = set()
+        calls: dict[str, Any] = {}
+        progress: list[str] = []
+
+        def old_procedures_write(line: str) -> None:
+            progress.append(line)
+            step = re.search(r"work_(dead|history)_add_priority \d+/\d+ add column priority", line)
+            if step:
+                migrated.add(step.group(1))
+            if migrated == {"dead", "history"} and not calls:
+                assert not any(re.match(r"\[\d+/\d+\] (create|update) code ", seen) for seen in progress), progress
+                for verb, params in (("complete", {"id": done, "worker": "w"}),
+                                     ("fail", {"id": doomed, "worker": "w", "error": "boom"})):
+                    try:
+                        calls[verb] = old(verb, **params)
+                    except psycopg.Error as exc:
+                        calls[verb] = exc
+
+        deploy_catalog(pg_url, schema, catalog(schema, after), progress=old_procedures_write)
+        assert calls == {"complete": [{"completed": True}], "fail": [{"outcome": "dead"}]}
+        assert conn.execute(f'SELECT id, priority FROM "{schema}"."c_history"').fetchall() == [(done, 0)]
+        assert conn.execute(f'SELECT id, priority FROM "{schema}"."c_dead"').fetchall() == [(doomed, 0)]
+        deploy_catalog(pg_url, fresh, catalog(fresh, after))
+        assert describe_postgres_schema(conn, schema) == describe_postgres_schema(conn, fresh)
+    finally:
+        conn.close()
+        traffic.close()
+
+
 def test_client_ids_change_an_empty_queue_and_refuse_one_with_messages(pg_url: str, pg_schemas: list[str]) -> None:
     schema = pg_schemas[0]
     queues = [{"name": "e", "kind": "work", "payload": "json"}, {"name": "m", "kind": "work", "payload": "json"}]

@@ -22,7 +22,7 @@ from tablequeue.tsqltree import child, descendants, parse_batch
 from tsql_renders import CATALOGS, MATRIX, REPO, report
 
 RULES = ["readpast", "nolock", "transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap",
-         "select-star", "dynamic-sql", "options", "grants"]
+         "transient-retry", "bury-guard", "select-star", "dynamic-sql", "abs-checksum", "options", "grants"]
 TOOL_MODULES = sorted((REPO / "tools" / "tablequeue").glob("*.py")) + sorted((REPO / "pipelines").glob("*.py"))
 
 
@@ -479,6 +479,63 @@ def test_an_uncapped_table_valued_parameter_is_refused() -> None:
         f"{file}:{first_write}: batch-cap: @items feeds a write before its row count is checked (line "
         f"{line_of(base, 'emails_enqueue_batch', 'END CATCH;')}) (procedure {procedure})"]
     assert nocount < first_write
+
+
+@pytest.mark.parametrize("procedure", ["emails_purge", "emails_history_purge", "events_purge"])
+def test_a_purge_chunk_above_1000_rows_is_refused(procedure: str) -> None:
+    file, text = golden(f"{procedure.split('_')[0]}.sql")
+    chunk = "IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged)"
+    line = line_of(text, procedure, chunk)
+    assert violations(text, "batch-cap", file, procedure) == []
+    for wrong in (chunk.replace("1000", "5000"), chunk.replace("> 1000,", "> 5000,"), "@max_rows"):
+        seeded = seed(text, procedure, replace(chunk, wrong))
+        assert violations(seeded, "batch-cap", file, procedure) == [
+            f"{file}:{line}: batch-cap: the purge chunk TOP (@chunk) is set to {wrong}: it must stay at most "
+            f"1000 rows (every number in it at most 1000) (procedure [queue].[{procedure}])"], wrong
+    top = seed(text, procedure, replace("TOP (@chunk)", "TOP (5000)"))
+    assert violations(top, "batch-cap", file, procedure) == [
+        f"{file}:{line_of(text, procedure, 'TOP (@chunk)')}: batch-cap: a purge chunk of TOP (5000): at most 1000 "
+        f"rows per chunk (procedure [queue].[{procedure}])"]
+
+
+def test_abs_of_a_checksum_is_refused() -> None:
+    file, text = golden("thumbnails.sql")
+    pause = "ABS(CHECKSUM(NEWID()) % 180)"
+    seeded = seed(text, "thumbnails_process", replace(pause, "ABS(CHECKSUM(NEWID())) % 180", count=3))
+    assert violations(seeded, "abs-checksum", file, "thumbnails_process") == [
+        f"{file}:{line_of(text, 'thumbnails_process', pause, n)}: abs-checksum: ABS(CHECKSUM(NEWID())) overflows "
+        "(8115) when CHECKSUM returns -2147483648: take the remainder first, ABS(CHECKSUM(...) % n) (procedure "
+        "[queue].[thumbnails_process])" for n in (1, 2, 3)]
+
+
+def test_a_worker_that_rethrows_a_transient_error_is_refused() -> None:
+    file, text = golden("thumbnails.sql")
+    retry = "IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @claim_retries >= 3 THROW;"
+    seeded = seed(text, "thumbnails_process", replace(retry, "THROW;"))
+    assert violations(seeded, "transient-retry", file, "thumbnails_process") == [
+        f"{file}:{line_of(text, 'thumbnails_process', retry)}: transient-retry: THROW in the outermost CATCH without "
+        "IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR ...: a deadlock, lock timeout or snapshot conflict of the "
+        "worker's own transaction must be retried (procedure [queue].[thumbnails_process])"]
+
+
+@pytest.mark.parametrize("wrong", ["IF ERROR_NUMBER() <> 1205 OR @deadlock_retries >= 3 THROW;", "THROW;"])
+def test_a_requeue_that_does_not_retry_its_own_deadlock_or_retries_a_callers_is_refused(wrong: str) -> None:
+    file, text = golden("emails.sql")
+    retry = "IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 OR @deadlock_retries >= 3 THROW;"
+    seeded = seed(text, "emails_dead_requeue", replace(retry, wrong))
+    assert violations(seeded, "transient-retry", file, "emails_dead_requeue") == [
+        f"{file}:{line_of(text, 'emails_dead_requeue', retry)}: transient-retry: THROW in the outermost CATCH "
+        "without IF ERROR_NUMBER() <> 1205 OR @STARTED_TRANSACTION = 0 OR ...: a deadlock of the procedure's own "
+        "transaction must be retried (and only of its own) (procedure [queue].[emails_dead_requeue])"]
+
+
+def test_burying_a_claimed_row_without_the_expired_lease_guard_is_refused() -> None:
+    file, text = golden("emails.sql")
+    seeded = seed(text, "emails_dequeue", replace(" AND c.previous_visible_at <= @now", "", count=-1))
+    assert violations(seeded, "bury-guard", file, "emails_dequeue") == [
+        f"{file}:{line_of(text, 'emails_dequeue', 'DELETE m', n)}: bury-guard: claimed rows moved to the dead-letter "
+        "table without previous_visible_at <= @now: a worker's own live lease would be buried (procedure "
+        "[queue].[emails_dequeue])" for n in (1, 2)]
 
 
 def test_dynamic_sql_and_select_star_are_refused() -> None:

@@ -712,6 +712,19 @@ def test_purge_takes_at_most_max_rows_oldest_first(deploy, variant) -> None:
 
 
 @pytest.mark.parametrize("variant", ALL)
+def test_purge_needs_max_rows_inside_a_callers_transaction(deploy, variant) -> None:
+    env = deploy(queue(variant))
+    caller = env.client(autocommit=False)
+    caller.enqueue({"i": 1})   # a transaction that has written (all PostgreSQL can tell)
+    with raises_queue_error(caller, "invalid_argument"):
+        caller.purge()
+    caller.enqueue({"i": 2})
+    assert caller.purge(max_rows=10) == 1
+    caller.conn.commit()
+    assert env.client().purge() == 0
+
+
+@pytest.mark.parametrize("variant", ALL)
 def test_purge_older_than_removes_only_messages_enqueued_before_it(deploy, variant) -> None:
     env = deploy(queue(variant))
     client = env.client()

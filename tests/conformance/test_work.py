@@ -273,14 +273,20 @@ def test_complete_by_anyone_but_the_holder_changes_nothing(deploy, history) -> N
     assert counts(client) == (0, 0, 0, 0)
 
 
-def test_complete_fail_and_extend_need_a_worker(deploy) -> None:
-    client = deploy(work()).client()
+def test_a_null_worker_or_dead_letter_id_is_refused_and_a_null_id_completes_nothing(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
     sent = client.enqueue({"x": 1})
     client.dequeue(worker="a")
-    for verb, params in (("complete", {}), ("fail", {"error": "e"}), ("extend_lease", {})):
+    for act in (lambda: client.complete(sent["id"], None), lambda: client.fail(sent["id"], None, "e"),
+                lambda: client.extend_lease(sent["id"], None)):
         with raises_queue_error(client, "invalid_argument"):
-            client.call(verb, {"id": sent["id"], "worker": None, **params}, required=("worker",))
-    assert client.complete(sent["id"], "a") is True
+            act()
+    assert client.complete(None, "a") is False   # no message has a NULL id
+    assert client.fail(sent["id"], "a", "boom") == "dead"
+    for act in (lambda: client.dead_requeue(None), lambda: client.dead_delete(None)):
+        with raises_queue_error(client, "invalid_argument"):
+            act()
+    assert client.dead_delete(sent["id"]) is True
 
 
 # --- scheduled start -----------------------------------------------------------------------------
@@ -976,6 +982,22 @@ def test_purges_take_at_most_max_rows_oldest_first(deploy) -> None:
     for verb in ("purge", "history_purge"):
         with raises_queue_error(client, "invalid_argument"):
             client.call(verb, {"max_rows": 0})
+
+
+def test_purges_need_max_rows_inside_a_callers_transaction(deploy) -> None:
+    """Every purged row would stay locked until the caller's transaction ends (SQL Server: every
+    chunk's locks), so there a purge must be bounded. (PostgreSQL tells a caller's transaction
+    once it has written: here the enqueue.)"""
+    env = deploy(work(history=True))
+    caller = env.client(autocommit=False)
+    for verb in ("purge", "history_purge"):
+        caller.enqueue({"verb": verb})
+        with raises_queue_error(caller, "invalid_argument"):
+            caller.call(verb, {})
+    caller.enqueue({"kept": False})
+    assert caller.purge(max_rows=10) == 1 and caller.history_purge(max_rows=10) == 0
+    caller.conn.commit()
+    assert counts(env.client()) == (0, 0, 0, 0)
 
 
 def test_purge_removes_queued_messages_older_than_the_cutoff(deploy) -> None:

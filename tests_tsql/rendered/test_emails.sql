@@ -703,7 +703,10 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
     DECLARE @error int;
 
-    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
+    -- the test would pass whatever the procedure did). The argument check throws with XACT_ABORT
+    -- off, its own setting, so the transaction is not doomed.
+    SET XACT_ABORT ON;
     BEGIN TRY
         EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = NULL;
     END TRY
@@ -1539,7 +1542,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[emails_purge] @older_than = @cutoff;
+    EXEC [queue].[emails_purge] @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1596,7 +1599,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[emails_purge];
+    EXEC [queue].[emails_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1682,6 +1685,19 @@ BEGIN
 
     -- Act
     EXEC [queue].[emails_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_purge];
 END;
 GO
 
@@ -1902,9 +1918,9 @@ BEGIN
 
     -- Act: the retention default, then an explicit cutoff.
     INSERT INTO #Actual (purged)
-    EXEC [queue].[emails_history_purge];
+    EXEC [queue].[emails_history_purge] @max_rows = 100;
     INSERT INTO #Actual (purged)
-    EXEC [queue].[emails_history_purge] @older_than = @cutoff;
+    EXEC [queue].[emails_history_purge] @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1913,6 +1929,19 @@ BEGIN
     DECLARE @left bigint = (SELECT h.id FROM [queue].[emails_history] AS h);
     DECLARE @kept bigint = 3;
     EXEC tSQLt.AssertEquals @Expected = @kept, @Actual = @left;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test history_purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_history_purge];
 END;
 GO
 
@@ -2084,9 +2113,10 @@ BEGIN
         BEGIN
             ALTER TABLE [queue].[emails_dead] ADD priority int NOT NULL
             CONSTRAINT [df_emails_dead_priority] DEFAULT (0);
-
-            ALTER TABLE [queue].[emails_dead] DROP CONSTRAINT [df_emails_dead_priority];
         END;
+
+    ALTER TABLE [queue].[emails_dead]
+    DROP CONSTRAINT IF EXISTS [df_emails_dead_priority];
 
     -- Assert
     SELECT
@@ -2128,9 +2158,10 @@ BEGIN
         BEGIN
             ALTER TABLE [queue].[emails_history] ADD priority int NOT NULL
             CONSTRAINT [df_emails_history_priority] DEFAULT (0);
-
-            ALTER TABLE [queue].[emails_history] DROP CONSTRAINT [df_emails_history_priority];
         END;
+
+    ALTER TABLE [queue].[emails_history]
+    DROP CONSTRAINT IF EXISTS [df_emails_history_priority];
 
     -- Assert
     SELECT

@@ -388,7 +388,10 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
     DECLARE @error int;
 
-    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
+    -- the test would pass whatever the procedure did). The argument check throws with XACT_ABORT
+    -- off, its own setting, so the transaction is not doomed.
+    SET XACT_ABORT ON;
     BEGIN TRY
         EXEC [queue].[ledger_dequeue] @batch_size = 0;
     END TRY
@@ -512,7 +515,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[ledger_purge];
+    EXEC [queue].[ledger_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -539,7 +542,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[ledger_purge] @older_than = @cutoff;
+    EXEC [queue].[ledger_purge] @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -564,7 +567,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[ledger_purge];
+    EXEC [queue].[ledger_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -614,6 +617,19 @@ BEGIN
 
     -- Act
     EXEC [queue].[ledger_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[ledger_purge];
 END;
 GO
 

@@ -564,7 +564,10 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
     DECLARE @error int;
 
-    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
+    -- the test would pass whatever the procedure did). The argument check throws with XACT_ABORT
+    -- off, its own setting, so the transaction is not doomed.
+    SET XACT_ABORT ON;
     BEGIN TRY
         EXEC [queue].[orders_dequeue] @batch_size = 0;
     END TRY
@@ -688,7 +691,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[orders_purge];
+    EXEC [queue].[orders_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -715,7 +718,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[orders_purge] @older_than = @cutoff;
+    EXEC [queue].[orders_purge] @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -740,7 +743,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[orders_purge];
+    EXEC [queue].[orders_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -790,6 +793,19 @@ BEGIN
 
     -- Act
     EXEC [queue].[orders_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_orders].[test purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[orders_purge];
 END;
 GO
 

@@ -745,7 +745,10 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
     DECLARE @error int;
 
-    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
+    -- the test would pass whatever the procedure did). The argument check throws with XACT_ABORT
+    -- off, its own setting, so the transaction is not doomed.
+    SET XACT_ABORT ON;
     BEGIN TRY
         EXEC [queue].[reminders_dequeue] @batch_size = 0;
     END TRY
@@ -869,7 +872,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[reminders_purge];
+    EXEC [queue].[reminders_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -896,7 +899,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[reminders_purge] @older_than = @cutoff;
+    EXEC [queue].[reminders_purge] @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -921,7 +924,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[reminders_purge];
+    EXEC [queue].[reminders_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -971,6 +974,19 @@ BEGIN
 
     -- Act
     EXEC [queue].[reminders_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[reminders_purge];
 END;
 GO
 

@@ -673,7 +673,10 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     DECLARE @error int;
 
-    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
+    -- the test would pass whatever the procedure did). The argument check throws with XACT_ABORT
+    -- off, its own setting, so the transaction is not doomed.
+    SET XACT_ABORT ON;
     BEGIN TRY
         EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = NULL;
     END TRY
@@ -1574,7 +1577,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[thumbnails_purge] @older_than = @cutoff;
+    EXEC [queue].[thumbnails_purge] @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1631,7 +1634,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC [queue].[thumbnails_purge];
+    EXEC [queue].[thumbnails_purge] @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1717,6 +1720,19 @@ BEGIN
 
     -- Act
     EXEC [queue].[thumbnails_purge] @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_purge];
 END;
 GO
 

@@ -781,7 +781,10 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
     DECLARE @error int;
 
-    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
+    -- the test would pass whatever the procedure did). The argument check throws with XACT_ABORT
+    -- off, its own setting, so the transaction is not doomed.
+    SET XACT_ABORT ON;
     BEGIN TRY
         EXEC {{ names.verb('dequeue') }} @batch_size = 0;
     END TRY
@@ -907,7 +910,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }};
+    EXEC {{ names.verb('purge') }} @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -929,7 +932,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }} @older_than = @cutoff;
+    EXEC {{ names.verb('purge') }} @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -948,7 +951,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }};
+    EXEC {{ names.verb('purge') }} @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -987,5 +990,18 @@ BEGIN
 
     -- Act
     EXEC {{ names.verb('purge') }} @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('purge') }};
 END;
 GO

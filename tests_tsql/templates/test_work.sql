@@ -629,7 +629,10 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
     DECLARE @error int;
 
-    -- Act: the argument check throws before XACT_ABORT ON, so the transaction is not doomed.
+    -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
+    -- the test would pass whatever the procedure did). The argument check throws with XACT_ABORT
+    -- off, its own setting, so the transaction is not doomed.
+    SET XACT_ABORT ON;
     BEGIN TRY
         EXEC {{ names.verb('dequeue') }} @batch_size = 1, @worker = NULL;
     END TRY
@@ -1064,7 +1067,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }} @older_than = @cutoff;
+    EXEC {{ names.verb('purge') }} @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1086,7 +1089,7 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }};
+    EXEC {{ names.verb('purge') }} @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1128,6 +1131,19 @@ BEGIN
 
     -- Act
     EXEC {{ names.verb('purge') }} @max_rows = 0;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('purge') }};
 END;
 GO
 
@@ -1284,9 +1300,9 @@ BEGIN
 
     -- Act: the retention default, then an explicit cutoff.
     INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('history_purge') }};
+    EXEC {{ names.verb('history_purge') }} @max_rows = 100;
     INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('history_purge') }} @older_than = @cutoff;
+    EXEC {{ names.verb('history_purge') }} @older_than = @cutoff, @max_rows = 100;
 
     -- Assert
     CREATE TABLE #Expected (purged bigint NOT NULL);
@@ -1295,6 +1311,19 @@ BEGIN
     DECLARE @left {{ id_type }} = (SELECT h.id FROM {{ history_t }} AS h);
     DECLARE @kept {{ id_type }} = {{ mid(3) }};
     EXEC tSQLt.AssertEquals @Expected = @kept, @Actual = @left;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test history_purge without max_rows in a transaction fails with 51001]
+AS
+BEGIN
+    -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
+    -- last until it ends.
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('history_purge') }};
 END;
 GO
 {% endif %}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
@@ -77,6 +78,26 @@ class QueueClient:
         """Aware UTC for PostgreSQL (timestamptz); naive UTC for SQL Server (datetime2)."""
         value = _utc(value)
         return value.replace(tzinfo=None) if value is not None and self.dialect == "mssql" else value
+
+    def _id(self, value: Any, field: str = "id") -> Any:
+        """A message id in the queue's type: uuid.UUID on a client-id queue, int otherwise; None stays
+        None, so that the procedure's own check answers it. A value of the wrong type is refused here,
+        naming the queue and the field, instead of failing to convert on the server (8169, 22P02) in
+        the middle of the caller's transaction."""
+        if value is None:
+            return None
+        client_ids = bool(self.queue.options.get("client_ids"))
+        try:
+            if client_ids:
+                return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, str):
+                return int(value)
+        except (TypeError, ValueError, AttributeError):
+            pass
+        wanted = "a UUID (the queue has client_ids)" if client_ids else "an integer"
+        raise ValueError(f"queue {self.schema}.{self.queue.name}: {field} must be {wanted}, got {value!r}")
 
     def call(self, verb: str, params: Mapping[str, Any], required: tuple[str, ...] = ()) -> list[dict]:
         """Run S.Q_<verb> with named parameters; None values are left out (the parameter's
@@ -206,20 +227,23 @@ class QueueClient:
         return bool(self.call("wait", {"wait_ms": wait_ms}, required=("wait_ms",))[0]["ready"])
 
     def complete(self, id: Any, worker: str, lease_token: Any = None) -> bool:
-        return bool(self.call("complete", {"id": id, "worker": worker, "lease_token": lease_token})[0]["completed"])
+        return bool(self.call("complete", {"id": self._id(id), "worker": worker, "lease_token": lease_token},
+                              required=("id", "worker"))[0]["completed"])
 
     def fail(self, id: Any, worker: str, error: str, retry_after_seconds: int | None = None,
              lease_token: Any = None) -> str:
-        return self.call("fail", {"id": id, "worker": worker, "error": error,
-                                  "retry_after_seconds": retry_after_seconds, "lease_token": lease_token})[0]["outcome"]
+        return self.call("fail", {"id": self._id(id), "worker": worker, "error": error,
+                                  "retry_after_seconds": retry_after_seconds, "lease_token": lease_token},
+                         required=("id", "worker"))[0]["outcome"]
 
     def extend_lease(self, id: Any, worker: str, lease_seconds: int | None = None, lease_token: Any = None) -> bool:
-        return bool(self.call("extend_lease", {"id": id, "worker": worker, "lease_seconds": lease_seconds,
-                                               "lease_token": lease_token})[0]["extended"])
+        return bool(self.call("extend_lease", {"id": self._id(id), "worker": worker, "lease_seconds": lease_seconds,
+                                               "lease_token": lease_token}, required=("id", "worker"))[0]["extended"])
 
     def release(self, id: Any, worker: str, lease_token: Any = None) -> bool:
         """Give a leased message back now, with its attempt (a graceful shutdown spends none)."""
-        return bool(self.call("release", {"id": id, "worker": worker, "lease_token": lease_token})[0]["released"])
+        return bool(self.call("release", {"id": self._id(id), "worker": worker, "lease_token": lease_token},
+                              required=("id", "worker"))[0]["released"])
 
     def complete_batch(self, acks: Iterable[Mapping[str, Any]], worker: str) -> list[dict]:
         """acks: mappings with id and lease_token (dequeue's rows will do). One row per ack in id
@@ -233,7 +257,7 @@ class QueueClient:
                                         "retry_after_seconds": retry_after_seconds}, required=("worker",))
 
     def _acks(self, acks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        pairs = [(a["id"], a.get("lease_token")) for a in acks]
+        pairs = [(self._id(a["id"], "acks.id"), a.get("lease_token")) for a in acks]
         if self.dialect == "postgres":
             return {"ids": [i for i, _ in pairs], "lease_tokens": [t for _, t in pairs]}
         return {"acks": self._table_value("acks", pairs)}
@@ -242,8 +266,9 @@ class QueueClient:
                       lease_seconds: int | None = None) -> tuple[bool, list[dict]]:
         """complete, then dequeue, in one call and one commit: (previous_completed, the dequeued
         rows, without previous_completed; [] when nothing was ready)."""
-        rows = self.call("complete_next", {"id": id, "worker": worker, "lease_token": lease_token,
-                                           "batch_size": batch_size, "lease_seconds": lease_seconds})
+        rows = self.call("complete_next", {"id": self._id(id), "worker": worker, "lease_token": lease_token,
+                                           "batch_size": batch_size, "lease_seconds": lease_seconds},
+                         required=("id", "worker"))
         previous = bool(rows[0]["previous_completed"])
         return previous, [{k: v for k, v in r.items() if k != "previous_completed"} for r in rows if r["id"] is not None]
 
@@ -259,14 +284,14 @@ class QueueClient:
     def dead_list(self, after_id: Any = None, limit: int = 100) -> list[dict]:
         """One page of the dead-letter table in id order; pass the last id as after_id for the next.
         (The parameter is page_size in SQL: `limit` is reserved in PostgreSQL.)"""
-        return self.call("dead_list", {"after_id": after_id, "page_size": limit})
+        return self.call("dead_list", {"after_id": self._id(after_id, "after_id"), "page_size": limit})
 
     def dead_requeue(self, id: Any) -> bool:
         """Back to the queue under the same id, visible now, attempts reset (not_found if absent)."""
-        return bool(self.call("dead_requeue", {"id": id})[0]["requeued"])
+        return bool(self.call("dead_requeue", {"id": self._id(id)}, required=("id",))[0]["requeued"])
 
     def dead_delete(self, id: Any) -> bool:
-        return bool(self.call("dead_delete", {"id": id})[0]["deleted"])
+        return bool(self.call("dead_delete", {"id": self._id(id)}, required=("id",))[0]["deleted"])
 
     def history_purge(self, older_than: datetime | None = None, max_rows: int | None = None) -> int:
         """Delete history finished before older_than (default: history_retention_days ago), at most

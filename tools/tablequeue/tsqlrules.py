@@ -32,12 +32,26 @@ table-order         a procedure touches a queue's tables in the order queue -> h
                     checked per transaction, its steps split at its BEGIN / COMMIT / ROLLBACK
 batch-cap           a READONLY table-valued parameter is counted and refused (THROW 51001) above
                     1,000 rows before it feeds any write; @batch_size / @page_size are checked
-                    BETWEEN 1 AND 1000 (THROW 51001) before use: beyond ~5,000 row locks SQL Server
+                    BETWEEN 1 AND 1000 (THROW 51001) before use; a purge's chunk (TOP (@v) in a
+                    procedure with @max_rows) is only ever set to @@ROWCOUNT or to an expression
+                    whose numbers are all at most 1000: beyond ~5,000 row locks SQL Server
                     escalates to a table lock that READPAST cannot skip
+transient-retry     a procedure that owns its transactions (the in-database worker, refusing a
+                    caller's) rethrows from its outermost CATCH only under IF ERROR_NUMBER() NOT IN
+                    (1205, 1222, 3960) OR ...: a deadlock, a lock timeout or a snapshot conflict is
+                    retried; one that volunteers as the deadlock victim (SET DEADLOCK_PRIORITY LOW)
+                    and begins its own transaction rethrows only under IF ERROR_NUMBER() <> 1205 OR
+                    @started_transaction = 0 OR ...: it retries a deadlock in its own transaction,
+                    never in a caller's (which the deadlock rolled back)
+bury-guard          a DELETE that moves claimed rows (@claimed) to the dead-letter table (OUTPUT INTO
+                    ..._dead or @buried) requires previous_visible_at <= @now: only a lease that had
+                    expired is spent, a worker's own live lease comes back as it is
 nolock              no NOLOCK / READUNCOMMITTED hint: a consumer would see messages whose enqueue
                     has not committed, or was rolled back
 select-star         no SELECT * in a procedure: its result columns are the contract
 dynamic-sql         EXEC (...) runs one string literal only; no sp_executesql
+abs-checksum        no ABS(CHECKSUM(...)): CHECKSUM returns -2147483648 one time in 2^32, whose ABS
+                    overflows (8115); take the remainder first, ABS(CHECKSUM(...) % n)
 options             a file sets ANSI_NULLS ON and QUOTED_IDENTIFIER ON before it creates anything
 grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once
 
@@ -485,9 +499,55 @@ def _size_check(procedure: Procedure, parameter: str) -> Step | None:
                  _lower_bound(s.segment, subject) and _throws(procedure, s.segment, CAP_ERROR)), None)
 
 
+def _bounded_chunk(expression: BaseSegment) -> bool:
+    """@@ROWCOUNT (no more than the chunk before), or numbers that are all at most 1000 (and one)."""
+    if normalised([expression]) == "@@ROWCOUNT":
+        return True
+    numbers = [int(n.raw) for n in descendants(expression, "integer_literal")]
+    return bool(numbers) and max(numbers) <= BATCH_LIMIT
+
+
+def _assignments(procedure: Procedure, variable: str) -> Iterator[tuple[Step, BaseSegment]]:
+    """(step, value) of every DECLARE with a value and SET of the local variable."""
+    for step in procedure.steps:
+        if step.kind not in ("declare_segment", "set_local_variable_segment"):
+            continue
+        named = next(descendants(step.segment, "parameter"), None)
+        value = next(descendants(step.segment, "expression"), None)
+        if named is not None and fold(named.raw) == variable and value is not None:
+            yield step, value
+
+
+def _purge_chunks(procedure: Procedure) -> list[Violation]:
+    """A purge (a procedure with @max_rows) deletes in chunks of TOP (n) or TOP (@v): n, and every
+    value @v is given, at most 1000."""
+    out = []
+    own = {name for name, _ in procedure.parameters}
+    chunks: dict[str, str] = {}     # folded variable -> as written
+    for modifier in descendants(procedure.segment, "select_clause_modifier"):
+        if keywords(modifier)[:1] != ["TOP"]:
+            continue
+        expression = next(descendants(modifier, "expression"), None)
+        inner = code(expression) if expression is not None else []
+        if len(inner) != 1:
+            continue
+        if kind(inner[0]) == "integer_literal" and int(inner[0].raw) > BATCH_LIMIT:
+            out.append(procedure.violation(modifier, "batch-cap", f"a purge chunk of TOP ({inner[0].raw}): at most "
+                                                                  f"{BATCH_LIMIT} rows per chunk"))
+        elif kind(inner[0]) == "parameter" and fold(inner[0].raw) not in own:
+            chunks.setdefault(fold(inner[0].raw), inner[0].raw)
+    for variable, written in chunks.items():
+        for step, value in _assignments(procedure, variable):
+            if not _bounded_chunk(value):
+                out.append(procedure.violation(step.segment, "batch-cap", f"the purge chunk TOP ({written}) is set to "
+                                               f"{' '.join(value.raw.split())}: it must stay at most {BATCH_LIMIT} "
+                                               f"rows (every number in it at most {BATCH_LIMIT})"))
+    return out
+
+
 def rule_batch_cap(procedure: Procedure) -> list[Violation]:
     rule = "batch-cap"
-    out = []
+    out = _purge_chunks(procedure) if any(name == "@max_rows" for name, _ in procedure.parameters) else []
     for name, words in procedure.parameters:
         if "READONLY" in words:
             check = _row_count_check(procedure, name)
@@ -519,15 +579,62 @@ def rule_batch_cap(procedure: Procedure) -> list[Violation]:
     return out
 
 
+TRANSIENT_ERRORS = "ERROR_NUMBER() NOT IN (1205, 1222, 3960)"
+DEADLOCK_RETRY = ("ERROR_NUMBER() <> 1205", "@STARTED_TRANSACTION = 0")
+
+
+def _compact(text: str) -> str:
+    return text.replace(" ", "").upper()
+
+
+def rule_transient_retry(procedure: Procedure) -> list[Violation]:
+    owner = refuses_open_transaction(procedure)
+    victim = any(_sets(s, "SET DEADLOCK_PRIORITY LOW") for s in procedure.steps) and any(
+        _is_begin(s) for s in procedure.steps)
+    if not owner and not victim:
+        return []
+    required = (TRANSIENT_ERRORS,) if owner else DEADLOCK_RETRY
+    out = []
+    for step in procedure.steps:
+        # The outermost CATCH: a THROW in a CATCH inside a TRY goes to the retrying CATCH around it.
+        if step.kind != "throw_statement" or not step.in_catch or step.in_try:
+            continue
+        if not any({_compact(r) for r in required} <= {_compact(d.text) for d in disjuncts(guard)}
+                   for guard in step.guards):
+            out.append(procedure.violation(step.segment, "transient-retry",
+                                           f"THROW in the outermost CATCH without IF {' OR '.join(required)} OR ...: "
+                                           + ("a deadlock, lock timeout or snapshot conflict of the worker's own "
+                                              "transaction must be retried" if owner else
+                                              "a deadlock of the procedure's own transaction must be retried "
+                                              "(and only of its own)")))
+    return out
+
+
+def rule_bury_guard(procedure: Procedure) -> list[Violation]:
+    out = []
+    for delete in descendants(procedure.segment, "delete_statement"):
+        sources = {fold(r.raw) for r in descendants(delete, "table_reference")}
+        targets = {fold(r.raw) for o in descendants(delete, "output_clause") for r in descendants(o, "table_reference")}
+        if "@claimed" not in sources - targets or not any(t.endswith("_dead") or t == "@buried" for t in targets):
+            continue
+        where = child(delete, "where_clause")
+        if where is None or "PREVIOUS_VISIBLE_AT <= @NOW" not in normalised([where]):
+            out.append(procedure.violation(delete, "bury-guard", "claimed rows moved to the dead-letter table without "
+                                                                 "previous_visible_at <= @now: a worker's own live "
+                                                                 "lease would be buried"))
+    return out
+
+
 def rule_select_star(procedure: Procedure) -> list[Violation]:
     return [procedure.violation(star, "select-star", "SELECT *: a procedure names the columns it returns")
             for star in descendants(procedure.segment, "wildcard_expression")]
 
 
 PROCEDURE_RULES = (rule_transaction_guard, rule_xact_abort, rule_updlock, rule_table_order, rule_batch_cap,
-                   rule_select_star)
+                   rule_transient_retry, rule_bury_guard, rule_select_star)
 # The rules about a procedure's own work; tSQLt test procedures are exempt (they are not the contract).
-PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap", "select-star"}
+PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap", "transient-retry",
+                        "bury-guard", "select-star"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -562,6 +669,21 @@ def rule_dynamic_sql(tree: BaseSegment, where) -> list[Violation]:
     return out
 
 
+def rule_abs_checksum(tree: BaseSegment, where) -> list[Violation]:
+    out = []
+    for function in descendants(tree, "function"):
+        if normalised([child(function, "function_name")]) != "ABS":
+            continue
+        argument = next(descendants(function, "expression"), None)
+        inner = code(argument) if argument is not None else []
+        if len(inner) == 1 and kind(inner[0]) == "function" and normalised(
+                [child(inner[0], "function_name")]) in ("CHECKSUM", "BINARY_CHECKSUM"):
+            written = " ".join(function.raw.split())
+            out.append(where(function, "abs-checksum", f"{written} overflows (8115) when CHECKSUM returns "
+                                                       "-2147483648: take the remainder first, ABS(CHECKSUM(...) % n)"))
+    return out
+
+
 def check_batch(tree: BaseSegment, file: str, first_line: int) -> tuple[list[Violation], list[Claim]]:
     """Every rule on one parsed batch, and the claims it makes. Test-class procedures are included:
     tsqlcheck leaves out their procedure rules (it knows the tSQLt classes of all files)."""
@@ -573,7 +695,8 @@ def check_batch(tree: BaseSegment, file: str, first_line: int) -> tuple[list[Vio
                      None)
         return Violation(file, first_line + line_of(segment) - 1, owner, rule, message)
 
-    violations = rule_readpast(tree, where) + rule_nolock(tree, where) + rule_dynamic_sql(tree, where)
+    violations = (rule_readpast(tree, where) + rule_nolock(tree, where) + rule_dynamic_sql(tree, where)
+                  + rule_abs_checksum(tree, where))
     found_claims = []
     for procedure in found:
         for rule in PROCEDURE_RULES:

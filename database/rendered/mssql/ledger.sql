@@ -297,13 +297,20 @@ BEGIN
         BEGIN
             THROW 51001, N'queue.ledger_purge: max_rows must be at least 1.', 1;
         END;
+    IF @max_rows IS NULL AND (@@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0)
+        BEGIN
+            THROW 51001, N'queue.ledger_purge: max_rows is required in a transaction.', 1;
+        END;
     SET XACT_ABORT ON;
+    -- The purge, not a consumer or a producer, is the victim of any deadlock (restored on return).
+    SET DEADLOCK_PRIORITY LOW;
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
-    -- working; READPAST leaves the rows a consumer holds (and never waits, so purge and dequeue
-    -- cannot deadlock). Oldest first, in the clustered index's order. Called in a transaction (the
-    -- caller's, or an implicit one), every chunk's locks last until it ends: purge with max_rows
-    -- and commit between calls on a busy queue.
+    -- working; READPAST skips the rows a consumer holds right now, but deleting a row also locks
+    -- its other index entries (the dedupe key's), where the purge can wait on a producer's or a
+    -- consumer's lock until that transaction ends. Oldest first, in the clustered index's order.
+    -- Without max_rows each chunk commits on its own (inside a transaction max_rows is required:
+    -- checked above).
     -- The bound that stops a purge from chasing producers: one seek to the clustered index's end.
     DECLARE @last_id bigint = (
         SELECT MAX(m.id)

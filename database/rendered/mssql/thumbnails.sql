@@ -1013,14 +1013,23 @@ BEGIN
         BEGIN
             THROW 51001, N'queue.thumbnails_purge: max_rows must be at least 1.', 1;
         END;
+    IF @max_rows IS NULL AND (@@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0)
+        BEGIN
+            THROW 51001, N'queue.thumbnails_purge: max_rows is required in a transaction.', 1;
+        END;
     SET XACT_ABORT ON;
+    -- Purge can deadlock with consumers: it locks a row, then the row's other index entries, while
+    -- claims (through the claim index) and complete, fail, extend_lease (through the
+    -- nonclustered primary key) lock an entry first, then the row. The purge is the victim,
+    -- never the consumer (restored when the procedure returns); a consumer's 1205 is retryable.
+    SET DEADLOCK_PRIORITY LOW;
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
-    -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
-    -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
-    -- first, in the clustered index's order (seq). Called in a transaction (the caller's, or an
-    -- implicit one), every chunk's locks last until it ends: purge with max_rows and commit between
-    -- calls on a busy queue.
+    -- working; READPAST skips the rows a claim holds right now, but deleting a row also locks its
+    -- index entries, where the purge can wait on a claim's lock until that claim's transaction
+    -- ends. The bound stops a purge from chasing producers forever. Oldest first, in the clustered
+    -- index's order (seq). Without max_rows each chunk commits on its own (inside a transaction
+    -- max_rows is required: checked above).
     DECLARE @last bigint = (SELECT MAX(m.seq) FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK));
     DECLARE @after bigint = 0;
     DECLARE @purged bigint = 0;
@@ -1151,77 +1160,96 @@ BEGIN
             THROW 51001, @error_message, 1;
         END;
     SET XACT_ABORT ON;
+    -- Requeue locks the id's place in the queue table, then the key's; enqueue locks the key, then
+    -- the id: the same id or key in both at once can deadlock, and the operator's call is the
+    -- victim, never the producer's (restored when the procedure returns).
+    SET DEADLOCK_PRIORITY LOW;
 
-    DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    DECLARE @found bit = 0;
+    DECLARE @now datetime2(7);
+    DECLARE @found bit;
     DECLARE @taken_id uniqueidentifier;
-    DECLARE @started_transaction bit = 0;
+    DECLARE @started_transaction bit;
+    DECLARE @deadlock_retries int = 0;
+    DECLARE @pause datetime;
 
-    BEGIN TRY
-        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
-        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
-            BEGIN
-                BEGIN TRANSACTION;
-                SET @started_transaction = 1;
-            END;
+    -- A deadlock (1205) in a transaction of its own is tried again after a short random pause, up to
+    -- 3 times; in a caller's transaction it is the caller's to retry (docs/errors.md).
+    WHILE 1 = 1
+        BEGIN
+            -- Each pass starts afresh: a SELECT that finds no row leaves its variables as they were.
+            SET @now = SYSUTCDATETIME();
+            SET @found = 0;
+            SET @taken_id = NULL;
+            SET @started_transaction = 0;
 
-        -- Queue table first, the fixed lock order: the id's place in the queue (the same client id
-        -- may have been enqueued again). A concurrent requeue of the same id waits here.
-        SELECT @taken_id = m.id
-        FROM [queue].[thumbnails] AS m WITH (UPDLOCK, HOLDLOCK)
-        WHERE m.id = @id;
+            BEGIN TRY
+                -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+                IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+                    BEGIN
+                        BEGIN TRANSACTION;
+                        SET @started_transaction = 1;
+                    END;
 
-        -- Then the dead row, locked to the end of the transaction: a concurrent delete of it waits
-        -- here and then finds it gone (not_found), instead of colliding with this insert (2627).
-        SELECT @found = 1
-        FROM [queue].[thumbnails_dead] AS d WITH (UPDLOCK, HOLDLOCK)
-        WHERE d.id = @id;
-        IF @found = 0
-            BEGIN
-                SET @error_message = CONCAT(
-                    N'queue.thumbnails_dead_requeue: no dead-letter message with id ',
-                    CONVERT(nvarchar(36), @id),
-                    N'.'
-                );
-                THROW 51004, @error_message, 1;
-            END;
-        IF @taken_id IS NOT NULL
-            BEGIN
-                SET @error_message = CONCAT(
-                    N'queue.thumbnails_dead_requeue: a message with id ',
-                    CONVERT(nvarchar(36), @id),
-                    N' is queued already.'
-                );
-                THROW 51001, @error_message, 1;
-            END;
+                -- Queue table first, the fixed lock order: the id's place in the queue (the same client id
+                -- may have been enqueued again). A concurrent requeue of the same id waits here.
+                SELECT @taken_id = m.id
+                FROM [queue].[thumbnails] AS m WITH (UPDLOCK, HOLDLOCK)
+                WHERE m.id = @id;
 
-        -- Queue table, then dead table: insert the copy, then delete. The message keeps its key
-        -- unless the key was enqueued again since (or is not the key locked above): it then comes
-        -- back without it rather than not at all (requeue is an operator's deliberate action).
-        INSERT INTO [queue].[thumbnails] (
-            id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload
-        )
-        SELECT
-            d.id,
-            d.enqueued_at,
-            d.due_at,
-            @now AS visible_at,
-            d.priority,
-            0 AS attempts,
-            d.last_error,
-            d.payload
-        FROM [queue].[thumbnails_dead] AS d
-        WHERE d.id = @id;
+                -- Then the dead row, locked to the end of the transaction: a concurrent delete of it waits
+                -- here and then finds it gone (not_found), instead of colliding with this insert (2627).
+                SELECT @found = 1
+                FROM [queue].[thumbnails_dead] AS d WITH (UPDLOCK, HOLDLOCK)
+                WHERE d.id = @id;
+                IF @found = 0
+                    BEGIN
+                        SET @error_message = CONCAT(
+                            N'queue.thumbnails_dead_requeue: no dead-letter message with id ',
+                            CONVERT(nvarchar(36), @id),
+                            N'.'
+                        );
+                        THROW 51004, @error_message, 1;
+                    END;
+                IF @taken_id IS NOT NULL
+                    BEGIN
+                        SET @error_message = CONCAT(
+                            N'queue.thumbnails_dead_requeue: a message with id ',
+                            CONVERT(nvarchar(36), @id),
+                            N' is queued already.'
+                        );
+                        THROW 51001, @error_message, 1;
+                    END;
 
-        DELETE FROM [queue].[thumbnails_dead]
-        WHERE id = @id;
+                -- Queue table, then dead table: insert the copy, then delete.
+                INSERT INTO [queue].[thumbnails] (
+                    id, enqueued_at, due_at, visible_at, priority, attempts, last_error, payload
+                )
+                SELECT
+                    d.id,
+                    d.enqueued_at,
+                    d.due_at,
+                    @now AS visible_at,
+                    d.priority,
+                    0 AS attempts,
+                    d.last_error,
+                    d.payload
+                FROM [queue].[thumbnails_dead] AS d
+                WHERE d.id = @id;
 
-        IF @started_transaction = 1 COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        THROW;
-    END CATCH;
+                DELETE FROM [queue].[thumbnails_dead]
+                WHERE id = @id;
+
+                IF @started_transaction = 1 COMMIT TRANSACTION;
+                BREAK;
+            END TRY
+            BEGIN CATCH
+                IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 OR @deadlock_retries >= 3 THROW;
+                SET @deadlock_retries = @deadlock_retries + 1;
+                SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
+                WAITFOR DELAY @pause;
+            END CATCH;
+        END;
 
     SELECT CONVERT(bit, 1) AS requeued;
 END;
@@ -1635,7 +1663,7 @@ BEGIN
             BEGIN CATCH
                 IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @claim_retries >= 3 THROW;
                 SET @claim_retries = @claim_retries + 1;
-                SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+                SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
                 WAITFOR DELAY @pause;
                 CONTINUE;
             END CATCH;
@@ -1686,7 +1714,7 @@ BEGIN
                         IF @error_number NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 BREAK;
                         SET @transient_retries = @transient_retries + 1;
                         SET @error = NULL;
-                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
                         WAITFOR DELAY @pause;
                     END CATCH;
                 END;
@@ -1767,7 +1795,7 @@ BEGIN
                         IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
                         IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;
                         SET @transient_retries = @transient_retries + 1;
-                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
                         WAITFOR DELAY @pause;
                     END CATCH;
                 END;

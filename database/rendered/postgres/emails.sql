@@ -1544,6 +1544,9 @@ BEGIN
     IF emails_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_purge: max_rows must be at least 1, got %s.', emails_purge.max_rows);
     END IF;
+    IF emails_purge.max_rows IS NULL AND pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_purge: max_rows is required in a transaction.';
+    END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
     -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
     -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
@@ -1637,6 +1640,9 @@ DECLARE
     dead_row record;
     moved bigint;
 BEGIN
+    IF emails_dead_requeue.id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_dead_requeue: id must not be NULL.';
+    END IF;
     -- The dead row, locked: a concurrent requeue or delete of the same id waits here and then finds
     -- it gone (not_found), instead of colliding with this one's insert.
     SELECT d.* INTO dead_row FROM "queue"."emails_dead" AS d WHERE d.id = emails_dead_requeue.id FOR UPDATE;
@@ -1684,6 +1690,9 @@ AS $function$
 DECLARE
     removed bigint;
 BEGIN
+    IF emails_dead_delete.id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_dead_delete: id must not be NULL.';
+    END IF;
     DELETE FROM "queue"."emails_dead" AS d WHERE d.id = emails_dead_delete.id;
     GET DIAGNOSTICS removed = ROW_COUNT;
     IF removed = 0 THEN
@@ -1719,6 +1728,9 @@ DECLARE
 BEGIN
     IF emails_history_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_history_purge: max_rows must be at least 1, got %s.', emails_history_purge.max_rows);
+    END IF;
+    IF emails_history_purge.max_rows IS NULL AND pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_history_purge: max_rows is required in a transaction.';
     END IF;
     -- Oldest first; LIMIT NULL is no limit. The ids as an array, not IN (a join): see purge.
     DELETE FROM "queue"."emails_history" AS h

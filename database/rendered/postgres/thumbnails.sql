@@ -1489,6 +1489,9 @@ BEGIN
     IF thumbnails_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_purge: max_rows must be at least 1, got %s.', thumbnails_purge.max_rows);
     END IF;
+    IF thumbnails_purge.max_rows IS NULL AND pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_purge: max_rows is required in a transaction.';
+    END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
     -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
     -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
@@ -1583,6 +1586,9 @@ DECLARE
     dead_row record;
     moved bigint;
 BEGIN
+    IF thumbnails_dead_requeue.id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_dead_requeue: id must not be NULL.';
+    END IF;
     -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
     PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_dead_requeue.id FOR UPDATE;
     IF FOUND THEN
@@ -1638,6 +1644,9 @@ AS $function$
 DECLARE
     removed bigint;
 BEGIN
+    IF thumbnails_dead_delete.id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_dead_delete: id must not be NULL.';
+    END IF;
     DELETE FROM "queue"."thumbnails_dead" AS d WHERE d.id = thumbnails_dead_delete.id;
     GET DIAGNOSTICS removed = ROW_COUNT;
     IF removed = 0 THEN

@@ -306,6 +306,9 @@ BEGIN
     IF undo_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.undo_purge: max_rows must be at least 1, got %s.', undo_purge.max_rows);
     END IF;
+    IF undo_purge.max_rows IS NULL AND pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.undo_purge: max_rows is required in a transaction.';
+    END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
     -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or

@@ -86,12 +86,18 @@ GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
         END;
 {%- endmacro %}
 
-{#- max_rows bounds one purge call (NULL: everything matching, in chunks); a caller that wants short
-    transactions loops until a call purges fewer than max_rows. -#}
+{#- max_rows bounds one purge call (NULL: everything matching, in chunks that each commit on their
+    own); a caller that wants short transactions loops until a call purges fewer than max_rows. In a
+    transaction (the caller's, or an implicit one) every chunk's locks would last until it ends, so
+    there max_rows is required. -#}
 {% macro check_max_rows(verb) %}
     IF @max_rows < 1
         BEGIN
             THROW {{ errors.invalid_argument }}, N'{{ names.plain('_' ~ verb) }}: max_rows must be at least 1.', 1;
+        END;
+    IF @max_rows IS NULL AND (@@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0)
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain('_' ~ verb) }}: max_rows is required in a transaction.', 1;
         END;
 {%- endmacro %}
 

@@ -233,10 +233,11 @@ last_error, last_worker, dead_at, payload
         END;
 {%- endmacro %}
 
-{#- A pause of 20-200 ms before a transient error's retry (the in-database worker): expects @pause
-    datetime. -#}
+{#- A pause of 20-200 ms before a transient error's retry (the in-database worker, dead_requeue):
+    expects @pause datetime. The remainder is taken before ABS: ABS of CHECKSUM's -2147483648 would
+    overflow (8115) inside the CATCH that retries. -#}
 {% macro transient_pause() %}
-    SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID())) % 180, CONVERT(datetime, 0));
+    SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
     WAITFOR DELAY @pause;
 {%- endmacro %}
 

@@ -97,10 +97,17 @@ SET search_path = pg_catalog, pg_temp
 {%- endmacro %}
 
 {#- max_rows bounds one purge call (NULL: everything matching, in one statement); a caller that
-    purges a deep queue loops until a call purges fewer than max_rows, committing in between. -#}
+    purges a deep queue loops until a call purges fewer than max_rows, committing in between. The
+    contract of both dialects: inside a caller's transaction max_rows is required, since every
+    purged row would stay locked until that transaction ends (SQL Server's chunks cannot commit
+    there either). PL/pgSQL sees a caller's transaction once it has written something (as process
+    does): a transaction block that has written nothing yet cannot be told from autocommit. -#}
 {% macro check_max_rows(verb) %}
     IF {{ fn }}_{{ verb }}.max_rows < 1 THEN
 {{ throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": max_rows must be at least 1, got %s.', " ~ fn ~ "_" ~ verb ~ ".max_rows)") }}
+    END IF;
+    IF {{ fn }}_{{ verb }}.max_rows IS NULL AND pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+{{ throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": max_rows is required in a transaction.'") }}
     END IF;
 {%- endmacro %}
 

@@ -22,111 +22,139 @@ BEGIN
 {{ w.throw('invalid_argument', "N'" ~ names.plain('_dead_requeue') ~ ": id must not be NULL.'") }}
         END;
     SET XACT_ABORT ON;
+    -- Requeue locks the id's place in the queue table, then the key's; enqueue locks the key, then
+    -- the id: the same id or key in both at once can deadlock, and the operator's call is the
+    -- victim, never the producer's (restored when the procedure returns).
+    SET DEADLOCK_PRIORITY LOW;
 
-    DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    DECLARE @found bit = 0;
+    DECLARE @now datetime2(7);
+    DECLARE @found bit;
     DECLARE @taken_id {{ id_type }};
 {% if dedupe %}
     DECLARE @key nvarchar(200);
     DECLARE @locked_key nvarchar(200);
     DECLARE @key_holder {{ id_type }};
 {% endif %}
-    DECLARE @started_transaction bit = 0;
+    DECLARE @started_transaction bit;
+    DECLARE @deadlock_retries int = 0;
+    DECLARE @pause datetime;
 
-    BEGIN TRY
-        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
-        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
-            BEGIN
-                BEGIN TRANSACTION;
-                SET @started_transaction = 1;
-            END;
-
-        -- Queue table first, the fixed lock order: the id's place in the queue{% if client_ids %} (the same client id
-        -- may have been enqueued again){% else %}, held so that nothing
-        -- else can insert it{% endif %}. A concurrent requeue of the same id waits here.
-        SELECT @taken_id = m.id
-        FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
-        WHERE m.id = @id;
+    -- A deadlock (1205) in a transaction of its own is tried again after a short random pause, up to
+    -- 3 times; in a caller's transaction it is the caller's to retry (docs/errors.md).
+    WHILE 1 = 1
+        BEGIN
+            -- Each pass starts afresh: a SELECT that finds no row leaves its variables as they were.
+            SET @now = SYSUTCDATETIME();
+            SET @found = 0;
+            SET @taken_id = NULL;
 {% if dedupe %}
+            SET @key = NULL;
+            SET @locked_key = NULL;
+            SET @key_holder = NULL;
+{% endif %}
+            SET @started_transaction = 0;
 
-        -- The key to lock in the queue table, before the dead row is locked (queue first): read
-        -- without keeping a lock, and checked again below under the dead row's lock.
-        SET @key = (
-            SELECT d.dedupe_key
-            FROM {{ dead_t }} AS d
-            WHERE d.id = @id
-        );
-        IF @key IS NOT NULL
-            BEGIN
-                SELECT @key_holder = m.id
+            BEGIN TRY
+                -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+                IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+                    BEGIN
+                        BEGIN TRANSACTION;
+                        SET @started_transaction = 1;
+                    END;
+
+                -- Queue table first, the fixed lock order: the id's place in the queue{% if client_ids %} (the same client id
+                -- may have been enqueued again){% else %}, held so that nothing
+                -- else can insert it{% endif %}. A concurrent requeue of the same id waits here.
+                SELECT @taken_id = m.id
                 FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
-                WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
-            END;
+                WHERE m.id = @id;
+{% if dedupe %}
+
+                -- The key to lock in the queue table, before the dead row is locked (queue first): read
+                -- without keeping a lock, and checked again below under the dead row's lock.
+                SET @key = (
+                    SELECT d.dedupe_key
+                    FROM {{ dead_t }} AS d
+                    WHERE d.id = @id
+                );
+                IF @key IS NOT NULL
+                    BEGIN
+                        SELECT @key_holder = m.id
+                        FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
+                        WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
+                    END;
 {% endif %}
 
-        -- Then the dead row, locked to the end of the transaction: a concurrent delete of it waits
-        -- here and then finds it gone (not_found), instead of colliding with this insert (2627).
+                -- Then the dead row, locked to the end of the transaction: a concurrent delete of it waits
+                -- here and then finds it gone (not_found), instead of colliding with this insert (2627).
 {% if dedupe %}
-        SELECT
-            @found = 1,
-            @locked_key = d.dedupe_key
+                SELECT
+                    @found = 1,
+                    @locked_key = d.dedupe_key
 {% else %}
-        SELECT @found = 1
+                SELECT @found = 1
 {% endif %}
-        FROM {{ dead_t }} AS d WITH (UPDLOCK, HOLDLOCK)
-        WHERE d.id = @id;
-        IF @found = 0
-            BEGIN
-{{ w.throw('not_found', ["N'" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id '", "CONVERT(nvarchar(36), @id)", "N'.'"]) | indent(4, first=true) }}
-            END;
-        IF @taken_id IS NOT NULL
-            BEGIN
-{{ w.throw('invalid_argument', ["N'" ~ names.plain('_dead_requeue') ~ ": a message with id '", "CONVERT(nvarchar(36), @id)", "N' is queued already.'"]) | indent(4, first=true) }}
-            END;
+                FROM {{ dead_t }} AS d WITH (UPDLOCK, HOLDLOCK)
+                WHERE d.id = @id;
+                IF @found = 0
+                    BEGIN
+{{ w.throw('not_found', ["N'" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id '", "CONVERT(nvarchar(36), @id)", "N'.'"]) | indent(12, first=true) }}
+                    END;
+                IF @taken_id IS NOT NULL
+                    BEGIN
+{{ w.throw('invalid_argument', ["N'" ~ names.plain('_dead_requeue') ~ ": a message with id '", "CONVERT(nvarchar(36), @id)", "N' is queued already.'"]) | indent(12, first=true) }}
+                    END;
 {% if not client_ids %}
 
-        SET IDENTITY_INSERT {{ t }} ON;
+                SET IDENTITY_INSERT {{ t }} ON;
 {% endif %}
 
-        -- Queue table, then dead table: insert the copy, then delete. The message keeps its key
-        -- unless the key was enqueued again since (or is not the key locked above): it then comes
-        -- back without it rather than not at all (requeue is an operator's deliberate action).
-        INSERT INTO {{ t }} (
-            id, enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts, last_error, payload
-        )
-        SELECT
-            d.id,
-            d.enqueued_at,
-            d.due_at,
-            @now AS visible_at,
+                -- Queue table, then dead table: insert the copy, then delete.
+{% if dedupe %}
+                -- The message keeps its key unless the key was enqueued again since (or is not the key
+                -- locked above): it then comes back without it rather than not at all (requeue is an
+                -- operator's deliberate action).
+{% endif %}
+                INSERT INTO {{ t }} (
+                    id, enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts, last_error, payload
+                )
+                SELECT
+                    d.id,
+                    d.enqueued_at,
+                    d.due_at,
+                    @now AS visible_at,
 {% if has_priority %}
-            d.priority,
+                    d.priority,
 {% endif %}
 {% if dedupe %}
-            IIF(@key_holder IS NULL AND @locked_key = @key, @locked_key, NULL) AS dedupe_key,
+                    IIF(@key_holder IS NULL AND @locked_key = @key, @locked_key, NULL) AS dedupe_key,
 {% endif %}
-            0 AS attempts,
-            d.last_error,
-            d.payload
-        FROM {{ dead_t }} AS d
-        WHERE d.id = @id;
+                    0 AS attempts,
+                    d.last_error,
+                    d.payload
+                FROM {{ dead_t }} AS d
+                WHERE d.id = @id;
 {% if not client_ids %}
 
-        SET IDENTITY_INSERT {{ t }} OFF;
+                SET IDENTITY_INSERT {{ t }} OFF;
 {% endif %}
 
-        DELETE FROM {{ dead_t }}
-        WHERE id = @id;
+                DELETE FROM {{ dead_t }}
+                WHERE id = @id;
 
-        IF @started_transaction = 1 COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
+                IF @started_transaction = 1 COMMIT TRANSACTION;
+                BREAK;
+            END TRY
+            BEGIN CATCH
 {% if not client_ids %}
-        SET IDENTITY_INSERT {{ t }} OFF;
+                SET IDENTITY_INSERT {{ t }} OFF;
 {% endif %}
-        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        THROW;
-    END CATCH;
+                IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 OR @deadlock_retries >= 3 THROW;
+                SET @deadlock_retries = @deadlock_retries + 1;
+{{ w.transient_pause() | indent(12, first=true) }}
+            END CATCH;
+        END;
 
     SELECT CONVERT(bit, 1) AS requeued;
 END;

@@ -11,6 +11,8 @@ BEGIN
 
 {{ m.check_max_rows('history_purge') }}
     SET XACT_ABORT ON;
+    -- The purge, not a completing consumer, is the victim of any deadlock (restored on return).
+    SET DEADLOCK_PRIORITY LOW;
 
     -- Default: the retention of option history_retention_days ({{ opt.history_retention_days }}).
     SET @older_than = COALESCE(@older_than, DATEADD(DAY, -{{ opt.history_retention_days }}, SYSUTCDATETIME()));

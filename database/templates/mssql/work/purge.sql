@@ -13,13 +13,18 @@ BEGIN
 
 {{ m.check_max_rows('purge') }}
     SET XACT_ABORT ON;
+    -- Purge can deadlock with consumers: it locks a row, then the row's other index entries, while
+    -- claims (through the claim index){% if client_ids %} and complete, fail, extend_lease (through the
+    -- nonclustered primary key){% endif %} lock an entry first, then the row. The purge is the victim,
+    -- never the consumer (restored when the procedure returns); a consumer's 1205 is retryable.
+    SET DEADLOCK_PRIORITY LOW;
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
-    -- working; READPAST leaves the rows a claim holds right now (and never waits, so purge and
-    -- dequeue cannot deadlock); the bound stops a purge from chasing producers forever. Oldest
-    -- first, in the clustered index's order ({{ tie }}). Called in a transaction (the caller's, or an
-    -- implicit one), every chunk's locks last until it ends: purge with max_rows and commit between
-    -- calls on a busy queue.
+    -- working; READPAST skips the rows a claim holds right now, but deleting a row also locks its
+    -- index entries, where the purge can wait on a claim's lock until that claim's transaction
+    -- ends. The bound stops a purge from chasing producers forever. Oldest first, in the clustered
+    -- index's order ({{ tie }}). Without max_rows each chunk commits on its own (inside a transaction
+    -- max_rows is required: checked above).
     DECLARE @last bigint = (SELECT MAX(m.{{ tie }}) FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK));
     DECLARE @after bigint = 0;
     DECLARE @purged bigint = 0;

@@ -8,6 +8,9 @@ AS $function$
 DECLARE
     removed bigint;
 BEGIN
+    IF {{ fn }}_dead_delete.id IS NULL THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_dead_delete') ~ ": id must not be NULL.'") }}
+    END IF;
     DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_delete.id;
     GET DIAGNOSTICS removed = ROW_COUNT;
     IF removed = 0 THEN

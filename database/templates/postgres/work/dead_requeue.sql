@@ -14,6 +14,9 @@ DECLARE
     moved bigint;
 {% endif %}
 BEGIN
+    IF {{ fn }}_dead_requeue.id IS NULL THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_dead_requeue') ~ ": id must not be NULL.'") }}
+    END IF;
 {% if client_ids %}
     -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
     PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_dead_requeue.id FOR UPDATE;

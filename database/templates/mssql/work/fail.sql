@@ -1,11 +1,13 @@
 {#- T-SQL: S.Q_fail of the work kind (included by work.sql, whose variables and imports it uses). -#}
 {{ m.unit(names.plain('_fail'), 'code') }}
 -- outcome: retrying | dead | lost (the caller's lease had expired or moved on: nothing changed).
+-- @lease_token fences it to one lease, as complete's (NULL: the worker's name alone, deprecated).
 CREATE OR ALTER PROCEDURE {{ names.verb('fail') }}
     @id {{ id_type }},
     @worker nvarchar(201),
     @error nvarchar(4000) = NULL,
-    @retry_after_seconds int = NULL
+    @retry_after_seconds int = NULL,
+    @lease_token uniqueidentifier = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -34,7 +36,7 @@ BEGIN
                 SET @started_transaction = 1;
             END;
 
-{{ w.fail_statements('@id', '@worker', '@error', '@retry_after_seconds') | indent(4, first=true) }}
+{{ w.fail_statements('@id', '@worker', '@error', '@retry_after_seconds', '@lease_token') | indent(4, first=true) }}
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY

@@ -422,3 +422,38 @@ id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_
             SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
         END;
 {%- endmacro %}
+
+{#- The argument checks of a batch acknowledgement (complete_batch, fail_batch) on @acks, after the
+    cap (m.check_batch_items): an id twice is refused (its two tokens could not both be the lease's,
+    and one row per item would not say which was meant). A NULL id cannot reach it: the type's id is
+    NOT NULL. -#}
+{% macro check_acks(verb) %}
+    DECLARE @repeated_id {{ id_type }} = (
+        SELECT TOP (1) a.id
+        FROM @acks AS a
+        GROUP BY a.id
+        HAVING COUNT(*) > 1
+        ORDER BY a.id
+    );
+    IF @repeated_id IS NOT NULL
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": acks holds id '", "@repeated_id", "N' more than once.'"]) }}
+        END;
+{%- endmacro %}
+
+{#- The acks in id order (declares @batch and fills it from @acks). The batch statements walk it
+    first, one seek per item (LOOP JOIN, FORCE ORDER), so a batch locks its messages in id order
+    whatever the order of its items: two batches with overlapping ids wait for each other instead of
+    deadlocking. ROWLOCK on the queue table keeps the engine from locking pages, which a claim's
+    READPAST could not skip. -#}
+{% macro batch_in_id_order() %}
+    DECLARE @batch TABLE (
+        id {{ id_type }} NOT NULL PRIMARY KEY,
+        lease_token uniqueidentifier NULL
+    );
+    INSERT INTO @batch (id, lease_token)
+    SELECT
+        a.id,
+        a.lease_token
+    FROM @acks AS a;
+{%- endmacro %}

@@ -32,10 +32,14 @@ JSON_PAYLOAD = ("nvarchar(max)", "jsonb")
 #   (payloads, due_ats, dedupe_keys, priorities, ids, enqueued_ats), in the table type's column order
 #   and of the mapped type, except `ordinal`, which numbers the items in SQL Server (PostgreSQL
 #   numbers them by array position).
-# - process: PostgreSQL's is a PROCEDURE, run with CALL, that reports processed/completed/failed in
-#   INOUT parameters (a procedure returns no rows); SQL Server's returns them as its result set.
+#   The same holds for complete_batch and fail_batch: one table of acks (type S.Q_acks: id,
+#   lease_token) in SQL Server, the arrays ids and lease_tokens in PostgreSQL.
+# - process and wait: PostgreSQL's are PROCEDUREs, run with CALL, that report in INOUT parameters
+#   (processed/completed/failed; ready) because a procedure returns no rows and only a procedure
+#   can commit between steps (process) or sleep without holding a snapshot (wait); SQL Server's
+#   return them as their result set.
 TABLE_TYPE_ONLY_COLUMNS = {"ordinal"}
-INOUT_AS_RESULT = {"process"}
+INOUT_AS_RESULT = {"process", "wait"}
 
 
 def plural(name: str) -> str:
@@ -199,3 +203,25 @@ def test_the_comparison_finds_a_renamed_parameter_a_reordered_column_and_a_chang
         "'enqueued_ats'] in PostgreSQL",
         "emails_enqueue_batch: result columns ['ordinal', 'id', 'duplicate'] in SQL Server, "
         "['duplicate', 'id', 'ordinal'] in PostgreSQL"]
+
+
+def test_the_acks_table_maps_to_id_and_token_arrays_and_wait_reports_ready_in_an_inout() -> None:
+    """The two mappings of the consumers v2 verbs, on the SQL Server side as rendered and the
+    PostgreSQL headers the contract gives them (contract-v2): complete_batch's S.Q_acks is the
+    arrays ids and lease_tokens, and wait, a PostgreSQL PROCEDURE, reports ready in an INOUT."""
+    checked = report(CATALOGS[0])
+    table_types = {relation.display: relation.columns for relation in checked.catalog.types.values()}
+    signatures = {s.name: s for s in checked.signatures}
+    batch = signatures["[queue].[emails_complete_batch]"]
+    params = [("ids", "bigint[]", "IN"), ("lease_tokens", "uuid[]", "IN"), ("worker", "text", "IN")]
+    results = [("id", "bigint"), ("completed", "boolean")]
+    assert compare("emails_complete_batch", batch, table_types, (params, results), True) == []
+    assert compare("emails_complete_batch", batch, table_types, (params[1::-1] + params[2:], results), True) == [
+        "emails_complete_batch: parameters ['ids', 'lease_tokens', 'worker'] in SQL Server, "
+        "['lease_tokens', 'ids', 'worker'] in PostgreSQL"]
+    wait = signatures["[queue].[emails_wait]"]
+    assert compare("emails_wait", wait, table_types, ([("wait_ms", "integer", "IN"), ("ready", "boolean", "INOUT")],
+                                                      None), True) == []
+    assert compare("emails_wait", wait, table_types, ([("wait_ms", "integer", "IN"), ("ready", "integer", "INOUT")],
+                                                      None), True) == [
+        "emails_wait: result column ready is bit, integer in PostgreSQL"]

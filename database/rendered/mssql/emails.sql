@@ -460,7 +460,10 @@ BEGIN
         END;
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_dequeue: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_dequeue: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 600);
@@ -709,7 +712,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_complete: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_complete: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET XACT_ABORT ON;
@@ -729,7 +735,9 @@ BEGIN
         [queue].[emails_history] (
             id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
         )
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS completed;
 END;
@@ -758,7 +766,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_fail: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_fail: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
@@ -793,7 +804,8 @@ BEGIN
             visible_at = DATEADD(SECOND, @retry_after_seconds, @now),
             last_error = @error
         WHERE
-            id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token)
+            id = @id AND leased_by = @worker AND visible_at > @now
+            AND (@lease_token IS NULL OR lease_token = @lease_token)
             AND attempts < 3;
 
         IF @@ROWCOUNT = 1
@@ -819,7 +831,9 @@ BEGIN
                         last_error, last_worker, dead_at, payload
                     )
                 FROM [queue].[emails] AS m
-                WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now AND (@lease_token IS NULL OR m.lease_token = @lease_token);
+                WHERE
+                    m.id = @id AND m.leased_by = @worker AND m.visible_at > @now
+                    AND (@lease_token IS NULL OR m.lease_token = @lease_token);
                 SET @buried_count = @@ROWCOUNT;
                 SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
             END;
@@ -857,7 +871,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_extend_lease: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_extend_lease: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 600);
@@ -875,7 +892,9 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE [queue].[emails]
     SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
 END;
@@ -904,7 +923,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_release: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_release: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET XACT_ABORT ON;
@@ -917,7 +939,9 @@ BEGIN
         lease_token = NULL,
         visible_at = @now,
         attempts = IIF(attempts > 0, attempts - 1, 0)
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS released;
 END;
@@ -944,7 +968,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_complete_batch: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_complete_batch: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     IF (SELECT COUNT_BIG(*) FROM @acks) > 1000
@@ -1017,7 +1044,9 @@ BEGIN
             )
         FROM @batch AS b
         INNER JOIN [queue].[emails] AS m WITH (ROWLOCK) ON b.id = m.id
-        WHERE m.leased_by = @worker AND m.visible_at > @now AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
+        WHERE
+            m.leased_by = @worker AND m.visible_at > @now
+            AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
         OPTION (LOOP JOIN, FORCE ORDER);
 
         INSERT INTO [queue].[emails_history] (
@@ -1077,7 +1106,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_fail_batch: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_fail_batch: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
@@ -1122,9 +1154,10 @@ BEGIN
         a.id,
         a.lease_token
     FROM @acks AS a;
-    DECLARE @outcomes TABLE (
+    -- The messages whose lease the caller held, with the attempts they had used.
+    DECLARE @held TABLE (
         id bigint NOT NULL PRIMARY KEY,
-        outcome varchar(8) NOT NULL
+        attempts int NOT NULL
     );
     DECLARE @buried_count int = 0;
     DECLARE @started_transaction bit = 0;
@@ -1148,11 +1181,13 @@ BEGIN
             m.last_error = @error
         OUTPUT
             INSERTED.id,
-            IIF(DELETED.attempts < 3, 'retrying', 'dead')
-        INTO @outcomes (id, outcome)
+            INSERTED.attempts
+        INTO @held (id, attempts)
         FROM @batch AS b
         INNER JOIN [queue].[emails] AS m WITH (ROWLOCK) ON b.id = m.id
-        WHERE m.leased_by = @worker AND m.visible_at > @now AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
+        WHERE
+            m.leased_by = @worker AND m.visible_at > @now
+            AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
         OPTION (LOOP JOIN, FORCE ORDER);
 
         -- 2. Those on their last attempt to the dead-letter table: rows this transaction holds
@@ -1173,9 +1208,9 @@ BEGIN
                 id, enqueued_at, due_at, dedupe_key, attempts,
                 last_error, last_worker, dead_at, payload
             )
-        FROM @outcomes AS o
-        INNER JOIN [queue].[emails] AS m ON o.id = m.id
-        WHERE o.outcome = 'dead'
+        FROM @held AS h
+        INNER JOIN [queue].[emails] AS m ON h.id = m.id
+        WHERE h.attempts >= 3
         OPTION (LOOP JOIN, FORCE ORDER);
         SET @buried_count = @@ROWCOUNT;
 
@@ -1188,9 +1223,13 @@ BEGIN
 
     SELECT
         b.id,
-        CONVERT(varchar(8), COALESCE(o.outcome, 'lost')) AS outcome
+        CONVERT(varchar(8), CASE
+            WHEN h.id IS NULL THEN 'lost'
+            WHEN h.attempts < 3 THEN 'retrying'
+            ELSE 'dead'
+        END) AS outcome
     FROM @batch AS b
-    LEFT JOIN @outcomes AS o ON b.id = o.id
+    LEFT JOIN @held AS h ON b.id = h.id
     ORDER BY b.id;
 END;
 GO
@@ -1232,7 +1271,10 @@ BEGIN
         END;
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_complete_next: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_complete_next: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 600);
@@ -1292,7 +1334,9 @@ BEGIN
             [queue].[emails_history] (
                 id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
             )
-        WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+        WHERE
+            id = @id AND leased_by = @worker AND visible_at > @now
+            AND (@lease_token IS NULL OR lease_token = @lease_token);
         SET @previous_completed = CONVERT(bit, @@ROWCOUNT);
 
         -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
@@ -1474,7 +1518,7 @@ BEGIN
         c.attempts,
         c.lease_token,
         @previous_completed AS previous_completed
-    FROM (VALUES (1)) AS one_row (n)
+    FROM (VALUES (1)) AS one_row(n)
     LEFT JOIN @claimed AS c ON one_row.n = 1
     ORDER BY c.own DESC, c.previous_visible_at ASC, c.id ASC;
 END;
@@ -1520,14 +1564,9 @@ BEGIN
 
     WHILE 1 = 1
         BEGIN
-            IF EXISTS (
-                SELECT 1
-                FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                WHERE m.visible_at <= SYSUTCDATETIME()
-            )
-                BEGIN
-                    SET @ready = 1;
-                END;
+            SELECT TOP (1) @ready = 1
+            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE m.visible_at <= SYSUTCDATETIME();
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';

@@ -372,13 +372,8 @@ BEGIN
 
     WHILE 1 = 1
         BEGIN
-            IF EXISTS (
-                SELECT 1
-                FROM [queue].[orders] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-            )
-                BEGIN
-                    SET @ready = 1;
-                END;
+            SELECT TOP (1) @ready = 1
+            FROM [queue].[orders] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';

@@ -380,14 +380,9 @@ BEGIN
 
     WHILE 1 = 1
         BEGIN
-            IF EXISTS (
-                SELECT 1
-                FROM [queue].[reminders] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                WHERE m.due_at <= SYSUTCDATETIME()
-            )
-                BEGIN
-                    SET @ready = 1;
-                END;
+            SELECT TOP (1) @ready = 1
+            FROM [queue].[reminders] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE m.due_at <= SYSUTCDATETIME();
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';

@@ -376,7 +376,10 @@ BEGIN
         END;
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_dequeue: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_dequeue: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 120);
@@ -716,14 +719,19 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_complete: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_complete: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DELETE FROM [queue].[thumbnails]
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS completed;
 END;
@@ -752,7 +760,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_fail: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_fail: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
@@ -798,7 +809,8 @@ BEGIN
             visible_at = DATEADD(SECOND, @retry_after_seconds, @now),
             last_error = @error
         WHERE
-            id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token)
+            id = @id AND leased_by = @worker AND visible_at > @now
+            AND (@lease_token IS NULL OR lease_token = @lease_token)
             AND attempts < 4;
 
         IF @@ROWCOUNT = 1
@@ -824,7 +836,9 @@ BEGIN
                         last_error, last_worker, dead_at, payload
                     )
                 FROM [queue].[thumbnails] AS m
-                WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now AND (@lease_token IS NULL OR m.lease_token = @lease_token);
+                WHERE
+                    m.id = @id AND m.leased_by = @worker AND m.visible_at > @now
+                    AND (@lease_token IS NULL OR m.lease_token = @lease_token);
                 SET @buried_count = @@ROWCOUNT;
 
                 IF @buried_count > 0
@@ -887,7 +901,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_extend_lease: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_extend_lease: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 120);
@@ -905,7 +922,9 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE [queue].[thumbnails]
     SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
 END;
@@ -934,7 +953,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_release: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_release: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET XACT_ABORT ON;
@@ -947,7 +969,9 @@ BEGIN
         lease_token = NULL,
         visible_at = @now,
         attempts = IIF(attempts > 0, attempts - 1, 0)
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS released;
 END;
@@ -974,7 +998,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_complete_batch: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_complete_batch: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     IF (SELECT COUNT_BIG(*) FROM @acks) > 1000
@@ -1015,7 +1042,9 @@ BEGIN
     OUTPUT DELETED.id INTO @completed (id)
     FROM @batch AS b
     INNER JOIN [queue].[thumbnails] AS m WITH (ROWLOCK) ON b.id = m.id
-    WHERE m.leased_by = @worker AND m.visible_at > @now AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
+    WHERE
+        m.leased_by = @worker AND m.visible_at > @now
+        AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
     OPTION (LOOP JOIN, FORCE ORDER);
 
     SELECT
@@ -1054,7 +1083,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_fail_batch: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_fail_batch: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
@@ -1099,9 +1131,10 @@ BEGIN
         a.id,
         a.lease_token
     FROM @acks AS a;
-    DECLARE @outcomes TABLE (
+    -- The messages whose lease the caller held, with the attempts they had used.
+    DECLARE @held TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
-        outcome varchar(8) NOT NULL
+        attempts int NOT NULL
     );
     DECLARE @buried TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
@@ -1136,11 +1169,13 @@ BEGIN
             m.last_error = @error
         OUTPUT
             INSERTED.id,
-            IIF(DELETED.attempts < 4, 'retrying', 'dead')
-        INTO @outcomes (id, outcome)
+            INSERTED.attempts
+        INTO @held (id, attempts)
         FROM @batch AS b
         INNER JOIN [queue].[thumbnails] AS m WITH (ROWLOCK) ON b.id = m.id
-        WHERE m.leased_by = @worker AND m.visible_at > @now AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
+        WHERE
+            m.leased_by = @worker AND m.visible_at > @now
+            AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
         OPTION (LOOP JOIN, FORCE ORDER);
 
         -- 2. Those on their last attempt to the dead-letter table: rows this transaction holds
@@ -1161,9 +1196,9 @@ BEGIN
                 id, enqueued_at, due_at, priority, attempts,
                 last_error, last_worker, dead_at, payload
             )
-        FROM @outcomes AS o
-        INNER JOIN [queue].[thumbnails] AS m ON o.id = m.id
-        WHERE o.outcome = 'dead'
+        FROM @held AS h
+        INNER JOIN [queue].[thumbnails] AS m ON h.id = m.id
+        WHERE h.attempts >= 4
         OPTION (LOOP JOIN, FORCE ORDER);
         SET @buried_count = @@ROWCOUNT;
 
@@ -1201,9 +1236,13 @@ BEGIN
 
     SELECT
         b.id,
-        CONVERT(varchar(8), COALESCE(o.outcome, 'lost')) AS outcome
+        CONVERT(varchar(8), CASE
+            WHEN h.id IS NULL THEN 'lost'
+            WHEN h.attempts < 4 THEN 'retrying'
+            ELSE 'dead'
+        END) AS outcome
     FROM @batch AS b
-    LEFT JOIN @outcomes AS o ON b.id = o.id
+    LEFT JOIN @held AS h ON b.id = h.id
     ORDER BY b.id;
 END;
 GO
@@ -1245,7 +1284,10 @@ BEGIN
         END;
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.thumbnails_complete_next: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_complete_next: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 120);
@@ -1306,7 +1348,9 @@ BEGIN
         -- Complete first: its row (queue table, then history) is locked before the claim's, the
         -- order of complete and of dequeue (queue table, then dead-letter table).
         DELETE FROM [queue].[thumbnails]
-        WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+        WHERE
+            id = @id AND leased_by = @worker AND visible_at > @now
+            AND (@lease_token IS NULL OR lease_token = @lease_token);
         SET @previous_completed = CONVERT(bit, @@ROWCOUNT);
 
         -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
@@ -1565,7 +1609,7 @@ BEGIN
         c.attempts,
         c.lease_token,
         @previous_completed AS previous_completed
-    FROM (VALUES (1)) AS one_row (n)
+    FROM (VALUES (1)) AS one_row(n)
     LEFT JOIN @claimed AS c ON one_row.n = 1
     ORDER BY c.own DESC, c.priority DESC, c.previous_visible_at ASC, c.seq ASC;
 END;
@@ -1623,23 +1667,15 @@ BEGIN
             );
             WHILE @priority IS NOT NULL AND @ready = 0
                 BEGIN
-                    IF EXISTS (
-                        SELECT 1
+                    SELECT TOP (1) @ready = 1
+                    FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE m.priority = @priority AND m.visible_at <= @now;
+                    SET @priority = (
+                        SELECT TOP (1) m.priority
                         FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.priority = @priority AND m.visible_at <= @now
-                    )
-                        BEGIN
-                            SET @ready = 1;
-                        END;
-                    ELSE
-                        BEGIN
-                            SET @priority = (
-                                SELECT TOP (1) m.priority
-                                FROM [queue].[thumbnails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                                WHERE m.priority < @priority
-                                ORDER BY m.priority DESC
-                            );
-                        END;
+                        WHERE m.priority < @priority
+                        ORDER BY m.priority DESC
+                    );
                 END;
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
@@ -2451,7 +2487,9 @@ BEGIN
 
                         SET @now = SYSUTCDATETIME();
                         DELETE FROM [queue].[thumbnails]
-                        WHERE id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token);
+                        WHERE
+                            id = @id AND leased_by = @worker AND visible_at > @now
+                            AND (@lease_token IS NULL OR lease_token = @lease_token);
                         IF @@ROWCOUNT = 1
                             BEGIN
                                 COMMIT TRANSACTION;
@@ -2494,7 +2532,8 @@ BEGIN
                             visible_at = DATEADD(SECOND, 0, @now),
                             last_error = @error
                         WHERE
-                            id = @id AND leased_by = @worker AND visible_at > @now AND (@lease_token IS NULL OR lease_token = @lease_token)
+                            id = @id AND leased_by = @worker AND visible_at > @now
+                            AND (@lease_token IS NULL OR lease_token = @lease_token)
                             AND attempts < 4;
 
                         IF @@ROWCOUNT = 1
@@ -2520,7 +2559,9 @@ BEGIN
                                         last_error, last_worker, dead_at, payload
                                     )
                                 FROM [queue].[thumbnails] AS m
-                                WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now AND (@lease_token IS NULL OR m.lease_token = @lease_token);
+                                WHERE
+                                    m.id = @id AND m.leased_by = @worker AND m.visible_at > @now
+                                    AND (@lease_token IS NULL OR m.lease_token = @lease_token);
                                 SET @buried_count = @@ROWCOUNT;
 
                                 IF @buried_count > 0

@@ -434,16 +434,13 @@ GO
 {# Ready: what dequeue would hand out now, a row no consumer holds (pending: a due one). Strict
     FIFO's dequeue does not skip a held head: a caller told ready waits for it there. #}
 {% call m.wait_procedure() %}
-            IF EXISTS (
-                SELECT 1
-                FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            SELECT TOP (1) @ready = 1
 {% if has_due %}
-                WHERE m.due_at <= SYSUTCDATETIME()
+            FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE m.due_at <= SYSUTCDATETIME();
+{% else %}
+            FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
 {% endif %}
-            )
-                BEGIN
-                    SET @ready = 1;
-                END;
 {% endcall %}
 
 {{ m.unit(names.plain('_stats'), 'code') }}

@@ -114,8 +114,8 @@ IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged)
 
 
 {#- S.Q_wait, every kind: ready = 1 as soon as a message is ready to dequeue, 0 once wait_ms have
-    passed; it claims nothing. The caller's block ({% call %}) is the probe, statements that SET
-    @ready = 1 when what the kind's dequeue would hand out now exists; they read WITH (ROWLOCK,
+    passed; it claims nothing. The caller's block ({% call %}) is the probe, statements that set
+    @ready to 1 when what the kind's dequeue would hand out now exists; they read WITH (ROWLOCK,
     READPAST, READCOMMITTEDLOCK): a row a consumer holds is not ready, and the read takes no lock it
     keeps (ROWLOCK: READPAST skips row locks, not a page lock the engine might choose) and no
     snapshot (READCOMMITTEDLOCK under READ_COMMITTED_SNAPSHOT). declarations: what the probe needs. -#}

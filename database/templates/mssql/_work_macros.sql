@@ -34,7 +34,7 @@
 {% macro check_worker(verb) %}
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-{{ throw('invalid_argument', "N'" ~ names.plain('_' ~ verb) ~ ": worker must be a name of 1 to 200 characters.'") }}
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": '", "N'worker must be a name of 1 to 200 characters.'"]) }}
         END;
 {%- endmacro %}
 
@@ -43,6 +43,15 @@
         BEGIN
 {{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": lease_seconds must be between 1 and 604800, got '",
                               "COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL')", "N'.'"]) }}
+        END;
+{%- endmacro %}
+
+{#- A fail's retry delay: NULL is 0 (visible again at once), at most 30 days. -#}
+{% macro check_retry_after(verb) %}
+    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
+    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": retry_after_seconds must be between 0 and 2592000, got '", "@retry_after_seconds", "N'.'"]) }}
         END;
 {%- endmacro %}
 
@@ -79,9 +88,11 @@ last_error, last_worker, dead_at, payload
     (token_sql not NULL), that very lease: a worker whose lease expired and that leased the message
     again holds a new token, so a late call from its first attempt changes nothing. A NULL token
     checks the worker's name alone, as 0.1.0 did (deprecated: a worker name that is reused, or a
-    restarted worker, cannot tell its leases apart). prefix: the table alias and its dot, or ''. -#}
-{% macro holds_lease(worker_sql, token_sql, prefix='') -%}
-{{ prefix }}leased_by = {{ worker_sql }} AND {{ prefix }}visible_at > @now AND ({{ token_sql }} IS NULL OR {{ prefix }}lease_token = {{ token_sql }})
+    restarted worker, cannot tell its leases apart). prefix: the table alias and its dot, or ''; the
+    token's test goes on a line of its own, at the indentation `indent` (spaces). -#}
+{% macro holds_lease(worker_sql, token_sql, prefix='', indent=8) -%}
+{{ prefix }}leased_by = {{ worker_sql }} AND {{ prefix }}visible_at > @now
+{{ ' ' * indent }}AND ({{ token_sql }} IS NULL OR {{ prefix }}lease_token = {{ token_sql }})
 {%- endmacro %}
 
 {#- With client ids, a dead-letter copy of the same id may exist (the id was enqueued again): the
@@ -393,7 +404,8 @@ id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_
 {% if history %}
 {{ history_output(history_t) }}
 {% endif %}
-    WHERE id = {{ id_sql }} AND {{ holds_lease(worker_sql, token_sql) }};
+    WHERE
+        id = {{ id_sql }} AND {{ holds_lease(worker_sql, token_sql) }};
 {%- endmacro %}
 
 {#- Fail: with attempts left, end the lease and make the message visible again after the retry
@@ -417,7 +429,7 @@ id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_
         END;
     ELSE
         BEGIN
-{{ bury("FROM " ~ t ~ " AS m\nWHERE m.id = " ~ id_sql ~ " AND " ~ holds_lease(worker_sql, token_sql, 'm.'),
+{{ bury("FROM " ~ t ~ " AS m\nWHERE\n    m.id = " ~ id_sql ~ " AND " ~ holds_lease(worker_sql, token_sql, 'm.', 4),
         "DELETED.attempts", error_sql, "DELETED.leased_by") | indent(8, first=true) }}
             SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
         END;

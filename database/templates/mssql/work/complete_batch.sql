@@ -50,7 +50,8 @@ BEGIN
 {{ w.history_output('@completed') | indent(4, first=true) }}
         FROM @batch AS b
         INNER JOIN {{ t }} AS m WITH (ROWLOCK) ON b.id = m.id
-        WHERE {{ w.holds_lease('@worker', 'b.lease_token', 'm.') }}
+        WHERE
+            {{ w.holds_lease('@worker', 'b.lease_token', 'm.', 12) }}
         OPTION (LOOP JOIN, FORCE ORDER);
 
         INSERT INTO {{ history_t }} (
@@ -73,7 +74,8 @@ BEGIN
     OUTPUT DELETED.id INTO @completed (id)
     FROM @batch AS b
     INNER JOIN {{ t }} AS m WITH (ROWLOCK) ON b.id = m.id
-    WHERE {{ w.holds_lease('@worker', 'b.lease_token', 'm.') }}
+    WHERE
+        {{ w.holds_lease('@worker', 'b.lease_token', 'm.') }}
     OPTION (LOOP JOIN, FORCE ORDER);
 {% endif %}
 

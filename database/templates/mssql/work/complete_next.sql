@@ -61,7 +61,7 @@ BEGIN
         c.attempts,
         c.lease_token,
         @previous_completed AS previous_completed
-    FROM (VALUES (1)) AS one_row (n)
+    FROM (VALUES (1)) AS one_row(n)
     LEFT JOIN @claimed AS c ON one_row.n = 1
     ORDER BY c.own DESC, {{ 'c.priority DESC, ' if has_priority }}c.previous_visible_at ASC, c.{{ tie }} ASC;
 END;

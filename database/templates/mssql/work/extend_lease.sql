@@ -22,7 +22,8 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE {{ t }}
     SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
-    WHERE id = @id AND {{ w.holds_lease('@worker', '@lease_token') }};
+    WHERE
+        id = @id AND {{ w.holds_lease('@worker', '@lease_token') }};
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
 END;

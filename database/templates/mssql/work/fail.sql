@@ -16,11 +16,7 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
 
 {{ w.check_worker('fail') }}
-    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
-    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
-        BEGIN
-{{ w.throw('invalid_argument', ["N'" ~ names.plain('_fail') ~ ": retry_after_seconds must be between 0 and 2592000, got '", "@retry_after_seconds", "N'.'"]) }}
-        END;
+{{ w.check_retry_after('fail') }}
     SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();

@@ -16,20 +16,17 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
 
 {{ w.check_worker('fail_batch') }}
-    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
-    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
-        BEGIN
-{{ w.throw('invalid_argument', ["N'" ~ names.plain('_fail_batch') ~ ": retry_after_seconds must be between 0 and 2592000, got '", "@retry_after_seconds", "N'.'"]) }}
-        END;
+{{ w.check_retry_after('fail_batch') }}
 {{ m.check_batch_items('fail_batch', '@acks') }}
 {{ w.check_acks('fail_batch') }}
     SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ w.batch_in_id_order() }}
-    DECLARE @outcomes TABLE (
+    -- The messages whose lease the caller held, with the attempts they had used.
+    DECLARE @held TABLE (
         id {{ id_type }} NOT NULL PRIMARY KEY,
-        outcome varchar(8) NOT NULL
+        attempts int NOT NULL
     );
 {{ w.buried_table() }}
     DECLARE @started_transaction bit = 0;
@@ -53,16 +50,17 @@ BEGIN
             m.last_error = @error
         OUTPUT
             INSERTED.id,
-            IIF(DELETED.attempts < {{ max_attempts }}, 'retrying', 'dead')
-        INTO @outcomes (id, outcome)
+            INSERTED.attempts
+        INTO @held (id, attempts)
         FROM @batch AS b
         INNER JOIN {{ t }} AS m WITH (ROWLOCK) ON b.id = m.id
-        WHERE {{ w.holds_lease('@worker', 'b.lease_token', 'm.') }}
+        WHERE
+            {{ w.holds_lease('@worker', 'b.lease_token', 'm.', 12) }}
         OPTION (LOOP JOIN, FORCE ORDER);
 
         -- 2. Those on their last attempt to the dead-letter table: rows this transaction holds
         -- already (seeks on their ids only, so it waits for no other lock).
-{{ w.bury("FROM @outcomes AS o\nINNER JOIN " ~ t ~ " AS m ON o.id = m.id\nWHERE o.outcome = 'dead'\nOPTION (LOOP JOIN, FORCE ORDER)",
+{{ w.bury("FROM @held AS h\nINNER JOIN " ~ t ~ " AS m ON h.id = m.id\nWHERE h.attempts >= " ~ max_attempts ~ "\nOPTION (LOOP JOIN, FORCE ORDER)",
           "DELETED.attempts", "@error", "DELETED.leased_by") | indent(4, first=true) }}
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
@@ -74,9 +72,13 @@ BEGIN
 
     SELECT
         b.id,
-        CONVERT(varchar(8), COALESCE(o.outcome, 'lost')) AS outcome
+        CONVERT(varchar(8), CASE
+            WHEN h.id IS NULL THEN 'lost'
+            WHEN h.attempts < {{ max_attempts }} THEN 'retrying'
+            ELSE 'dead'
+        END) AS outcome
     FROM @batch AS b
-    LEFT JOIN @outcomes AS o ON b.id = o.id
+    LEFT JOIN @held AS h ON b.id = h.id
     ORDER BY b.id;
 END;
 GO

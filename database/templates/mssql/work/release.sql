@@ -26,7 +26,8 @@ BEGIN
         lease_token = NULL,
         visible_at = @now,
         attempts = IIF(attempts > 0, attempts - 1, 0)
-    WHERE id = @id AND {{ w.holds_lease('@worker', '@lease_token') }};
+    WHERE
+        id = @id AND {{ w.holds_lease('@worker', '@lease_token') }};
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS released;
 END;

@@ -8,29 +8,16 @@
 {{ w.next_level(false) | indent(8, first=true) }}
             WHILE @priority IS NOT NULL AND @ready = 0
                 BEGIN
-                    IF EXISTS (
-                        SELECT 1
-                        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                        WHERE m.priority = @priority AND m.visible_at <= @now
-                    )
-                        BEGIN
-                            SET @ready = 1;
-                        END;
-                    ELSE
-                        BEGIN
-{{ w.next_level(true) | indent(24, first=true) }}
-                        END;
+                    SELECT TOP (1) @ready = 1
+                    FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE m.priority = @priority AND m.visible_at <= @now;
+{{ w.next_level(true) | indent(16, first=true) }}
                 END;
 {% endcall %}
 {% else %}
 {% call m.wait_procedure() %}
-            IF EXISTS (
-                SELECT 1
-                FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
-                WHERE m.visible_at <= SYSUTCDATETIME()
-            )
-                BEGIN
-                    SET @ready = 1;
-                END;
+            SELECT TOP (1) @ready = 1
+            FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE m.visible_at <= SYSUTCDATETIME();
 {% endcall %}
 {% endif %}

@@ -1409,7 +1409,7 @@ GO
 
 -- lease tokens ------------------------------------------------------------------------------------
 
-CREATE PROCEDURE [test_queue_emails].[test dequeue gives every new lease a token of its own and keeps a live one's]
+CREATE PROCEDURE [test_queue_emails].[test dequeue gives a new lease a new token, a live lease its own]
 AS
 BEGIN
     -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
@@ -1456,7 +1456,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
-    EXEC [queue].[emails_dequeue] @batch_size = 3, @worker = N'w', @lease_seconds = 600;
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 3,
+        @worker = N'w',
+        @lease_seconds = 600;
 
     -- Assert: what dequeue returned is each row's token; 1 kept its own; 2 and 3 got two new ones.
     SELECT
@@ -1469,14 +1472,17 @@ BEGIN
 
     CREATE TABLE #Expected (id bigint NOT NULL, returned_the_stored_token bit NULL, the_old_token bit NULL);
     INSERT INTO #Expected (id, returned_the_stored_token, the_old_token)
-    VALUES (1, 1, 1), (2, 1, 0), (3, 1, 0);
+    VALUES
+    (1, 1, 1),
+    (2, 1, 0),
+    (3, 1, 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     DECLARE @distinct_tokens int = (SELECT COUNT(DISTINCT d.lease_token) FROM #Dequeued AS d);
     EXEC tSQLt.AssertEquals @Expected = 3, @Actual = @distinct_tokens, @Message = N'two leases share a token';
 END;
 GO
 
-CREATE PROCEDURE [test_queue_emails].[test a stale token changes nothing, also for the same worker leased again]
+CREATE PROCEDURE [test_queue_emails].[test a stale token changes nothing, even for the same worker]
 AS
 BEGIN
     -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
@@ -1497,7 +1503,6 @@ BEGIN
     );
     DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[emails] AS m);
     DECLARE @stale uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
-    CREATE TABLE #Actual (verb varchar(20) NOT NULL, result varchar(8) NOT NULL);
     CREATE TABLE #Completed (completed bit NOT NULL);
     CREATE TABLE #Failed (outcome varchar(8) NOT NULL);
     CREATE TABLE #Extended (extended bit NOT NULL);
@@ -1505,29 +1510,38 @@ BEGIN
 
     -- Act
     INSERT INTO #Completed (completed)
-    EXEC [queue].[emails_complete] @id = 1, @worker = N'w', @lease_token = @stale;
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @stale;
     INSERT INTO #Failed (outcome)
-    EXEC [queue].[emails_fail] @id = 1, @worker = N'w', @error = N'late', @lease_token = @stale;
+    EXEC [queue].[emails_fail]
+        @id = 1,
+        @worker = N'w',
+        @error = N'late',
+        @lease_token = @stale;
     INSERT INTO #Extended (extended)
-    EXEC [queue].[emails_extend_lease] @id = 1, @worker = N'w', @lease_seconds = 3600, @lease_token = @stale;
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'w',
+        @lease_seconds = 3600,
+        @lease_token = @stale;
     INSERT INTO #Released (released)
-    EXEC [queue].[emails_release] @id = 1, @worker = N'w', @lease_token = @stale;
+    EXEC [queue].[emails_release]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @stale;
 
     -- Assert: every verb reports the lease lost; the message is as it was (on its last attempt, a
     -- fail that got through would have buried it).
-    INSERT INTO #Actual (verb, result)
-    SELECT 'complete', CONVERT(varchar(8), c.completed) FROM #Completed AS c
-    UNION ALL
-    SELECT 'fail', f.outcome FROM #Failed AS f
-    UNION ALL
-    SELECT 'extend_lease', CONVERT(varchar(8), e.extended) FROM #Extended AS e
-    UNION ALL
-    SELECT 'release', CONVERT(varchar(8), r.released) FROM #Released AS r;
-
-    CREATE TABLE #Expected (verb varchar(20) NOT NULL, result varchar(8) NOT NULL);
-    INSERT INTO #Expected (verb, result)
-    VALUES ('complete', '0'), ('fail', 'lost'), ('extend_lease', '0'), ('release', '0');
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @completed bit = (SELECT c.completed FROM #Completed AS c);
+    DECLARE @outcome varchar(8) = (SELECT f.outcome FROM #Failed AS f);
+    DECLARE @extended bit = (SELECT e.extended FROM #Extended AS e);
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @completed, @Message = N'complete';
+    EXEC tSQLt.AssertEqualsString @Expected = 'lost', @Actual = @outcome, @Message = N'fail';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @extended, @Message = N'extend_lease';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @released, @Message = N'release';
     SELECT
         m.id,
         m.attempts,
@@ -1579,7 +1593,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (completed)
-    EXEC [queue].[emails_complete] @id = 1, @worker = N'w', @lease_token = @current;
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert
     CREATE TABLE #Expected (completed bit NOT NULL);
@@ -1605,22 +1622,26 @@ BEGIN
         N'w', DATEADD(SECOND, -10, @now),
         '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 1}'
     );
-    CREATE TABLE #Actual (worker nvarchar(200) NOT NULL, extended bit NOT NULL);
-    CREATE TABLE #Extended (extended bit NOT NULL);
+    CREATE TABLE #ByAnother (extended bit NOT NULL);
+    CREATE TABLE #ByTheHolder (extended bit NOT NULL);
 
     -- Act
-    INSERT INTO #Extended (extended)
-    EXEC [queue].[emails_extend_lease] @id = 1, @worker = N'v', @lease_seconds = 600;
-    INSERT INTO #Actual (worker, extended) SELECT N'v', e.extended FROM #Extended AS e;
-    DELETE FROM #Extended;
-    INSERT INTO #Extended (extended)
-    EXEC [queue].[emails_extend_lease] @id = 1, @worker = N'w', @lease_seconds = 600;
-    INSERT INTO #Actual (worker, extended) SELECT N'w', e.extended FROM #Extended AS e;
+    INSERT INTO #ByAnother (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'v',
+        @lease_seconds = 600;
+    INSERT INTO #ByTheHolder (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'w',
+        @lease_seconds = 600;
 
     -- Assert: another name is refused, the holder's name is enough, and the token stays.
-    CREATE TABLE #Expected (worker nvarchar(200) NOT NULL, extended bit NOT NULL);
-    INSERT INTO #Expected (worker, extended) VALUES (N'v', 0), (N'w', 1);
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @by_another bit = (SELECT a.extended FROM #ByAnother AS a);
+    DECLARE @by_the_holder bit = (SELECT h.extended FROM #ByTheHolder AS h);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @by_another, @Message = N'another worker extended it';
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @by_the_holder, @Message = N'the holder could not extend it';
     DECLARE @kept int = (
         SELECT COUNT(*)
         FROM [queue].[emails] AS m
@@ -1653,7 +1674,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Released (released)
-    EXEC [queue].[emails_release] @id = 1, @worker = N'w', @lease_token = @current;
+    EXEC [queue].[emails_release]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert: no lease left at all, one attempt fewer, and another worker gets it at once, its
     -- second attempt again.
@@ -1779,7 +1803,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (released)
-    EXEC [queue].[emails_release] @id = 1, @worker = N'w', @lease_token = @current;
+    EXEC [queue].[emails_release]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert
     CREATE TABLE #Expected (released bit NOT NULL);
@@ -1858,8 +1885,15 @@ BEGIN
     );
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id, lease_token)
-    VALUES (3, '7e57ab1e-0000-0000-0000-000000000003'), (2, '7e57ab1e-0000-0000-0000-000000000009'), (1, '7e57ab1e-0000-0000-0000-000000000001');
-    CREATE TABLE #Actual (position int IDENTITY (1, 1) NOT NULL, id bigint NOT NULL, completed bit NOT NULL);
+    VALUES
+    (3, '7e57ab1e-0000-0000-0000-000000000003'),
+    (2, '7e57ab1e-0000-0000-0000-000000000009'),
+    (1, '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        completed bit NOT NULL
+    );
 
     -- Act
     INSERT INTO #Actual (id, completed)
@@ -1868,7 +1902,10 @@ BEGIN
     -- Assert: one row per item, in id order.
     CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, completed bit NOT NULL);
     INSERT INTO #Expected (position, id, completed)
-    VALUES (1, 1, 1), (2, 2, 0), (3, 3, 1);
+    VALUES
+    (1, 1, 1),
+    (2, 2, 0),
+    (3, 3, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -1898,7 +1935,10 @@ BEGIN
     FROM [queue].[emails_history] AS h;
 
     CREATE TABLE #ExpectedHistory (id bigint NULL, worker nvarchar(200) NULL, attempts int NULL);
-    INSERT INTO #ExpectedHistory (id, worker, attempts) VALUES (1, N'w', 1), (3, N'w', 1);
+    INSERT INTO #ExpectedHistory (id, worker, attempts)
+    VALUES
+    (1, N'w', 1),
+    (3, N'w', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHistory', @Actual = N'#History';
 END;
 GO
@@ -1931,7 +1971,10 @@ BEGIN
         '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 2}'
     );
     DECLARE @acks [queue].[emails_acks];
-    INSERT INTO @acks (id, lease_token) VALUES (1, NULL), (2, NULL);
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (1, NULL),
+    (2, NULL);
     CREATE TABLE #Actual (id bigint NOT NULL, completed bit NOT NULL);
 
     -- Act
@@ -1940,7 +1983,10 @@ BEGIN
 
     -- Assert
     CREATE TABLE #Expected (id bigint NOT NULL, completed bit NOT NULL);
-    INSERT INTO #Expected (id, completed) VALUES (1, 1), (2, 0);
+    INSERT INTO #Expected (id, completed)
+    VALUES
+    (1, 1),
+    (2, 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -1987,17 +2033,18 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id)
-    SELECT TOP (1001)
-        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
+    SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
     FROM sys.all_columns AS c;
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%complete_batch: at most 1000 items%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%complete_batch: at most 1000 items%';
 
     -- Act
     EXEC [queue].[emails_complete_batch] @acks = @acks, @worker = N'w';
 END;
 GO
 
-CREATE PROCEDURE [test_queue_emails].[test complete_batch refuses an id twice and leaves the caller's transaction usable]
+CREATE PROCEDURE [test_queue_emails].[test complete_batch refuses a repeated id, the transaction usable]
 AS
 BEGIN
     -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
@@ -2005,7 +2052,10 @@ BEGIN
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
     DECLARE @acks [queue].[emails_acks];
-    INSERT INTO @acks (id, lease_token) VALUES (1, '7e57ab1e-0000-0000-0000-000000000001'), (1, '7e57ab1e-0000-0000-0000-000000000002');
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (1, '7e57ab1e-0000-0000-0000-000000000001'),
+    (1, '7e57ab1e-0000-0000-0000-000000000002');
     DECLARE @error int;
     DECLARE @message nvarchar(2048);
 
@@ -2033,17 +2083,18 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id)
-    SELECT TOP (1001)
-        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
+    SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
     FROM sys.all_columns AS c;
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%fail_batch: at most 1000 items%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%fail_batch: at most 1000 items%';
 
     -- Act
     EXEC [queue].[emails_fail_batch] @acks = @acks, @worker = N'w';
 END;
 GO
 
-CREATE PROCEDURE [test_queue_emails].[test fail_batch refuses an id twice and leaves the caller's transaction usable]
+CREATE PROCEDURE [test_queue_emails].[test fail_batch refuses a repeated id, the transaction usable]
 AS
 BEGIN
     -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
@@ -2051,7 +2102,10 @@ BEGIN
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
     DECLARE @acks [queue].[emails_acks];
-    INSERT INTO @acks (id, lease_token) VALUES (1, '7e57ab1e-0000-0000-0000-000000000001'), (1, '7e57ab1e-0000-0000-0000-000000000002');
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (1, '7e57ab1e-0000-0000-0000-000000000001'),
+    (1, '7e57ab1e-0000-0000-0000-000000000002');
     DECLARE @error int;
     DECLARE @message nvarchar(2048);
 
@@ -2114,17 +2168,31 @@ BEGIN
     );
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id, lease_token)
-    VALUES (2, '7e57ab1e-0000-0000-0000-000000000008'), (3, '7e57ab1e-0000-0000-0000-000000000003'), (1, '7e57ab1e-0000-0000-0000-000000000001');
-    CREATE TABLE #Actual (position int IDENTITY (1, 1) NOT NULL, id bigint NOT NULL, outcome varchar(8) NOT NULL);
+    VALUES
+    (2, '7e57ab1e-0000-0000-0000-000000000008'),
+    (3, '7e57ab1e-0000-0000-0000-000000000003'),
+    (1, '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        outcome varchar(8) NOT NULL
+    );
 
     -- Act
     INSERT INTO #Actual (id, outcome)
-    EXEC [queue].[emails_fail_batch] @acks = @acks, @worker = N'w', @error = N'timeout', @retry_after_seconds = 300;
+    EXEC [queue].[emails_fail_batch]
+        @acks = @acks,
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
 
     -- Assert: one row per item, in id order.
     CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, outcome varchar(8) NOT NULL);
     INSERT INTO #Expected (position, id, outcome)
-    VALUES (1, 1, 'retrying'), (2, 2, 'lost'), (3, 3, 'dead');
+    VALUES
+    (1, 1, 'retrying'),
+    (2, 2, 'lost'),
+    (3, 3, 'dead');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -2156,7 +2224,9 @@ BEGIN
     DECLARE @stale_untouched int = (
         SELECT COUNT(*)
         FROM [queue].[emails] AS m
-        WHERE m.id = 2 AND m.last_error IS NULL AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002'
+        WHERE
+            m.id = 2 AND m.last_error IS NULL
+            AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002'
     );
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stale_untouched, @Message = N'the stale item changed its message';
     SELECT
@@ -2259,7 +2329,9 @@ BEGIN
         returned_the_stored_token bit NULL
     );
     INSERT INTO #Expected (position, id, attempts, previous_completed, returned_the_stored_token)
-    VALUES (1, 2, 1, 1, 1), (2, 3, 1, 1, 1);
+    VALUES
+    (1, 2, 1, 1, 1),
+    (2, 3, 1, 1, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -2358,7 +2430,10 @@ BEGIN
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
-    EXEC [queue].[emails_complete_next] @id = 1, @worker = N'w', @batch_size = 0;
+    EXEC [queue].[emails_complete_next]
+        @id = 1,
+        @worker = N'w',
+        @batch_size = 0;
 END;
 GO
 
@@ -2370,7 +2445,9 @@ BEGIN
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
-    EXEC [queue].[emails_complete_next] @id = 1, @worker = NULL;
+    EXEC [queue].[emails_complete_next]
+        @id = 1,
+        @worker = NULL;
 END;
 GO
 
@@ -2487,7 +2564,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_emails].[test wait in implicit-transaction mode neither begins nor ends a transaction]
+CREATE PROCEDURE [test_queue_emails].[test wait in implicit-transaction mode leaves the transaction count]
 AS
 BEGIN
     -- Assemble: a manual-commit caller (IMPLICIT_TRANSACTIONS ON). tSQLt's own transaction is open,
@@ -2529,7 +2606,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[emails_wait] @wait_ms = NULL;
@@ -2541,7 +2620,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[emails_wait] @wait_ms = -1;
@@ -2553,7 +2634,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[emails_wait] @wait_ms = 20001;

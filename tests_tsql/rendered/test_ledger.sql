@@ -428,7 +428,7 @@ BEGIN
     CREATE TABLE #Expected (ready bit NOT NULL);
     INSERT INTO #Expected (ready) VALUES (1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
-    DECLARE @left int = (SELECT COUNT(*) FROM [queue].[ledger] AS m);
+    DECLARE @left int = (SELECT COUNT(*) FROM [queue].[ledger]);
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @left, @Message = N'wait took the message';
 END;
 GO
@@ -456,7 +456,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[ledger_wait] @wait_ms = 20001;

@@ -785,7 +785,7 @@ BEGIN
     CREATE TABLE #Expected (ready bit NOT NULL);
     INSERT INTO #Expected (ready) VALUES (1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
-    DECLARE @left int = (SELECT COUNT(*) FROM [queue].[reminders] AS m);
+    DECLARE @left int = (SELECT COUNT(*) FROM [queue].[reminders]);
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @left, @Message = N'wait took the message';
 END;
 GO
@@ -818,7 +818,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[reminders_wait] @wait_ms = 20001;

@@ -1445,7 +1445,7 @@ GO
 
 -- lease tokens ------------------------------------------------------------------------------------
 
-CREATE PROCEDURE [test_queue_thumbnails].[test dequeue gives every new lease a token of its own and keeps a live one's]
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue gives a new lease a new token, a live lease its own]
 AS
 BEGIN
     -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
@@ -1492,7 +1492,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
-    EXEC [queue].[thumbnails_dequeue] @batch_size = 3, @worker = N'w', @lease_seconds = 600;
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 3,
+        @worker = N'w',
+        @lease_seconds = 600;
 
     -- Assert: what dequeue returned is each row's token; 1 kept its own; 2 and 3 got two new ones.
     SELECT
@@ -1505,14 +1508,17 @@ BEGIN
 
     CREATE TABLE #Expected (id uniqueidentifier NOT NULL, returned_the_stored_token bit NULL, the_old_token bit NULL);
     INSERT INTO #Expected (id, returned_the_stored_token, the_old_token)
-    VALUES ('00000000-0000-0000-0000-000000000001', 1, 1), ('00000000-0000-0000-0000-000000000002', 1, 0), ('00000000-0000-0000-0000-000000000003', 1, 0);
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, 1),
+    ('00000000-0000-0000-0000-000000000002', 1, 0),
+    ('00000000-0000-0000-0000-000000000003', 1, 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     DECLARE @distinct_tokens int = (SELECT COUNT(DISTINCT d.lease_token) FROM #Dequeued AS d);
     EXEC tSQLt.AssertEquals @Expected = 3, @Actual = @distinct_tokens, @Message = N'two leases share a token';
 END;
 GO
 
-CREATE PROCEDURE [test_queue_thumbnails].[test a stale token changes nothing, also for the same worker leased again]
+CREATE PROCEDURE [test_queue_thumbnails].[test a stale token changes nothing, even for the same worker]
 AS
 BEGIN
     -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
@@ -1532,7 +1538,6 @@ BEGIN
     );
     DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[thumbnails] AS m);
     DECLARE @stale uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
-    CREATE TABLE #Actual (verb varchar(20) NOT NULL, result varchar(8) NOT NULL);
     CREATE TABLE #Completed (completed bit NOT NULL);
     CREATE TABLE #Failed (outcome varchar(8) NOT NULL);
     CREATE TABLE #Extended (extended bit NOT NULL);
@@ -1540,29 +1545,38 @@ BEGIN
 
     -- Act
     INSERT INTO #Completed (completed)
-    EXEC [queue].[thumbnails_complete] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @lease_token = @stale;
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @stale;
     INSERT INTO #Failed (outcome)
-    EXEC [queue].[thumbnails_fail] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @error = N'late', @lease_token = @stale;
+    EXEC [queue].[thumbnails_fail]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @error = N'late',
+        @lease_token = @stale;
     INSERT INTO #Extended (extended)
-    EXEC [queue].[thumbnails_extend_lease] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @lease_seconds = 3600, @lease_token = @stale;
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_seconds = 3600,
+        @lease_token = @stale;
     INSERT INTO #Released (released)
-    EXEC [queue].[thumbnails_release] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @lease_token = @stale;
+    EXEC [queue].[thumbnails_release]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @stale;
 
     -- Assert: every verb reports the lease lost; the message is as it was (on its last attempt, a
     -- fail that got through would have buried it).
-    INSERT INTO #Actual (verb, result)
-    SELECT 'complete', CONVERT(varchar(8), c.completed) FROM #Completed AS c
-    UNION ALL
-    SELECT 'fail', f.outcome FROM #Failed AS f
-    UNION ALL
-    SELECT 'extend_lease', CONVERT(varchar(8), e.extended) FROM #Extended AS e
-    UNION ALL
-    SELECT 'release', CONVERT(varchar(8), r.released) FROM #Released AS r;
-
-    CREATE TABLE #Expected (verb varchar(20) NOT NULL, result varchar(8) NOT NULL);
-    INSERT INTO #Expected (verb, result)
-    VALUES ('complete', '0'), ('fail', 'lost'), ('extend_lease', '0'), ('release', '0');
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @completed bit = (SELECT c.completed FROM #Completed AS c);
+    DECLARE @outcome varchar(8) = (SELECT f.outcome FROM #Failed AS f);
+    DECLARE @extended bit = (SELECT e.extended FROM #Extended AS e);
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @completed, @Message = N'complete';
+    EXEC tSQLt.AssertEqualsString @Expected = 'lost', @Actual = @outcome, @Message = N'fail';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @extended, @Message = N'extend_lease';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @released, @Message = N'release';
     SELECT
         m.id,
         m.attempts,
@@ -1612,7 +1626,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (completed)
-    EXEC [queue].[thumbnails_complete] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @lease_token = @current;
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert
     CREATE TABLE #Expected (completed bit NOT NULL);
@@ -1638,22 +1655,26 @@ BEGIN
         N'w', DATEADD(SECOND, -10, @now),
         '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 1}'
     );
-    CREATE TABLE #Actual (worker nvarchar(200) NOT NULL, extended bit NOT NULL);
-    CREATE TABLE #Extended (extended bit NOT NULL);
+    CREATE TABLE #ByAnother (extended bit NOT NULL);
+    CREATE TABLE #ByTheHolder (extended bit NOT NULL);
 
     -- Act
-    INSERT INTO #Extended (extended)
-    EXEC [queue].[thumbnails_extend_lease] @id = '00000000-0000-0000-0000-000000000001', @worker = N'v', @lease_seconds = 600;
-    INSERT INTO #Actual (worker, extended) SELECT N'v', e.extended FROM #Extended AS e;
-    DELETE FROM #Extended;
-    INSERT INTO #Extended (extended)
-    EXEC [queue].[thumbnails_extend_lease] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @lease_seconds = 600;
-    INSERT INTO #Actual (worker, extended) SELECT N'w', e.extended FROM #Extended AS e;
+    INSERT INTO #ByAnother (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'v',
+        @lease_seconds = 600;
+    INSERT INTO #ByTheHolder (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_seconds = 600;
 
     -- Assert: another name is refused, the holder's name is enough, and the token stays.
-    CREATE TABLE #Expected (worker nvarchar(200) NOT NULL, extended bit NOT NULL);
-    INSERT INTO #Expected (worker, extended) VALUES (N'v', 0), (N'w', 1);
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @by_another bit = (SELECT a.extended FROM #ByAnother AS a);
+    DECLARE @by_the_holder bit = (SELECT h.extended FROM #ByTheHolder AS h);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @by_another, @Message = N'another worker extended it';
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @by_the_holder, @Message = N'the holder could not extend it';
     DECLARE @kept int = (
         SELECT COUNT(*)
         FROM [queue].[thumbnails] AS m
@@ -1686,7 +1707,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Released (released)
-    EXEC [queue].[thumbnails_release] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @lease_token = @current;
+    EXEC [queue].[thumbnails_release]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert: no lease left at all, one attempt fewer, and another worker gets it at once, its
     -- second attempt again.
@@ -1812,7 +1836,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (released)
-    EXEC [queue].[thumbnails_release] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @lease_token = @current;
+    EXEC [queue].[thumbnails_release]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert
     CREATE TABLE #Expected (released bit NOT NULL);
@@ -1890,8 +1917,15 @@ BEGIN
     );
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id, lease_token)
-    VALUES ('00000000-0000-0000-0000-000000000003', '7e57ab1e-0000-0000-0000-000000000003'), ('00000000-0000-0000-0000-000000000002', '7e57ab1e-0000-0000-0000-000000000009'), ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001');
-    CREATE TABLE #Actual (position int IDENTITY (1, 1) NOT NULL, id uniqueidentifier NOT NULL, completed bit NOT NULL);
+    VALUES
+    ('00000000-0000-0000-0000-000000000003', '7e57ab1e-0000-0000-0000-000000000003'),
+    ('00000000-0000-0000-0000-000000000002', '7e57ab1e-0000-0000-0000-000000000009'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        completed bit NOT NULL
+    );
 
     -- Act
     INSERT INTO #Actual (id, completed)
@@ -1900,7 +1934,10 @@ BEGIN
     -- Assert: one row per item, in id order.
     CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, completed bit NOT NULL);
     INSERT INTO #Expected (position, id, completed)
-    VALUES (1, '00000000-0000-0000-0000-000000000001', 1), (2, '00000000-0000-0000-0000-000000000002', 0), (3, '00000000-0000-0000-0000-000000000003', 1);
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 1),
+    (2, '00000000-0000-0000-0000-000000000002', 0),
+    (3, '00000000-0000-0000-0000-000000000003', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -1951,7 +1988,10 @@ BEGIN
         '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 2}'
     );
     DECLARE @acks [queue].[thumbnails_acks];
-    INSERT INTO @acks (id, lease_token) VALUES ('00000000-0000-0000-0000-000000000001', NULL), ('00000000-0000-0000-0000-000000000002', NULL);
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', NULL),
+    ('00000000-0000-0000-0000-000000000002', NULL);
     CREATE TABLE #Actual (id uniqueidentifier NOT NULL, completed bit NOT NULL);
 
     -- Act
@@ -1960,7 +2000,10 @@ BEGIN
 
     -- Assert
     CREATE TABLE #Expected (id uniqueidentifier NOT NULL, completed bit NOT NULL);
-    INSERT INTO #Expected (id, completed) VALUES ('00000000-0000-0000-0000-000000000001', 1), ('00000000-0000-0000-0000-000000000002', 0);
+    INSERT INTO #Expected (id, completed)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1),
+    ('00000000-0000-0000-0000-000000000002', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -2007,17 +2050,18 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id)
-    SELECT TOP (1001)
-        NEWID() AS id
-    FROM sys.all_columns AS c;
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%complete_batch: at most 1000 items%';
+    SELECT TOP (1001) NEWID() AS id
+    FROM sys.all_columns;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%complete_batch: at most 1000 items%';
 
     -- Act
     EXEC [queue].[thumbnails_complete_batch] @acks = @acks, @worker = N'w';
 END;
 GO
 
-CREATE PROCEDURE [test_queue_thumbnails].[test complete_batch refuses an id twice and leaves the caller's transaction usable]
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_batch refuses a repeated id, the transaction usable]
 AS
 BEGIN
     -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
@@ -2025,7 +2069,10 @@ BEGIN
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     DECLARE @acks [queue].[thumbnails_acks];
-    INSERT INTO @acks (id, lease_token) VALUES ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'), ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000002');
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000002');
     DECLARE @error int;
     DECLARE @message nvarchar(2048);
 
@@ -2053,17 +2100,18 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id)
-    SELECT TOP (1001)
-        NEWID() AS id
-    FROM sys.all_columns AS c;
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%fail_batch: at most 1000 items%';
+    SELECT TOP (1001) NEWID() AS id
+    FROM sys.all_columns;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%fail_batch: at most 1000 items%';
 
     -- Act
     EXEC [queue].[thumbnails_fail_batch] @acks = @acks, @worker = N'w';
 END;
 GO
 
-CREATE PROCEDURE [test_queue_thumbnails].[test fail_batch refuses an id twice and leaves the caller's transaction usable]
+CREATE PROCEDURE [test_queue_thumbnails].[test fail_batch refuses a repeated id, the transaction usable]
 AS
 BEGIN
     -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
@@ -2071,7 +2119,10 @@ BEGIN
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     DECLARE @acks [queue].[thumbnails_acks];
-    INSERT INTO @acks (id, lease_token) VALUES ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'), ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000002');
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000002');
     DECLARE @error int;
     DECLARE @message nvarchar(2048);
 
@@ -2134,17 +2185,31 @@ BEGIN
     );
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id, lease_token)
-    VALUES ('00000000-0000-0000-0000-000000000002', '7e57ab1e-0000-0000-0000-000000000008'), ('00000000-0000-0000-0000-000000000003', '7e57ab1e-0000-0000-0000-000000000003'), ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001');
-    CREATE TABLE #Actual (position int IDENTITY (1, 1) NOT NULL, id uniqueidentifier NOT NULL, outcome varchar(8) NOT NULL);
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', '7e57ab1e-0000-0000-0000-000000000008'),
+    ('00000000-0000-0000-0000-000000000003', '7e57ab1e-0000-0000-0000-000000000003'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        outcome varchar(8) NOT NULL
+    );
 
     -- Act
     INSERT INTO #Actual (id, outcome)
-    EXEC [queue].[thumbnails_fail_batch] @acks = @acks, @worker = N'w', @error = N'timeout', @retry_after_seconds = 300;
+    EXEC [queue].[thumbnails_fail_batch]
+        @acks = @acks,
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
 
     -- Assert: one row per item, in id order.
     CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, outcome varchar(8) NOT NULL);
     INSERT INTO #Expected (position, id, outcome)
-    VALUES (1, '00000000-0000-0000-0000-000000000001', 'retrying'), (2, '00000000-0000-0000-0000-000000000002', 'lost'), (3, '00000000-0000-0000-0000-000000000003', 'dead');
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 'retrying'),
+    (2, '00000000-0000-0000-0000-000000000002', 'lost'),
+    (3, '00000000-0000-0000-0000-000000000003', 'dead');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -2176,7 +2241,9 @@ BEGIN
     DECLARE @stale_untouched int = (
         SELECT COUNT(*)
         FROM [queue].[thumbnails] AS m
-        WHERE m.id = '00000000-0000-0000-0000-000000000002' AND m.last_error IS NULL AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002'
+        WHERE
+            m.id = '00000000-0000-0000-0000-000000000002' AND m.last_error IS NULL
+            AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002'
     );
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stale_untouched, @Message = N'the stale item changed its message';
     SELECT
@@ -2278,7 +2345,9 @@ BEGIN
         returned_the_stored_token bit NULL
     );
     INSERT INTO #Expected (position, id, attempts, previous_completed, returned_the_stored_token)
-    VALUES (1, '00000000-0000-0000-0000-000000000002', 1, 1, 1), (2, '00000000-0000-0000-0000-000000000003', 1, 1, 1);
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 1, 1, 1),
+    (2, '00000000-0000-0000-0000-000000000003', 1, 1, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT
         m.id,
@@ -2376,7 +2445,10 @@ BEGIN
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
-    EXEC [queue].[thumbnails_complete_next] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w', @batch_size = 0;
+    EXEC [queue].[thumbnails_complete_next]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @batch_size = 0;
 END;
 GO
 
@@ -2388,7 +2460,9 @@ BEGIN
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
-    EXEC [queue].[thumbnails_complete_next] @id = '00000000-0000-0000-0000-000000000001', @worker = NULL;
+    EXEC [queue].[thumbnails_complete_next]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = NULL;
 END;
 GO
 
@@ -2505,7 +2579,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_thumbnails].[test wait in implicit-transaction mode neither begins nor ends a transaction]
+CREATE PROCEDURE [test_queue_thumbnails].[test wait in implicit-transaction mode leaves the transaction count]
 AS
 BEGIN
     -- Assemble: a manual-commit caller (IMPLICIT_TRANSACTIONS ON). tSQLt's own transaction is open,
@@ -2547,7 +2621,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[thumbnails_wait] @wait_ms = NULL;
@@ -2559,7 +2635,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[thumbnails_wait] @wait_ms = -1;
@@ -2571,7 +2649,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[thumbnails_wait] @wait_ms = 20001;

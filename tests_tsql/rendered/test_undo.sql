@@ -375,7 +375,7 @@ BEGIN
     CREATE TABLE #Expected (ready bit NOT NULL);
     INSERT INTO #Expected (ready) VALUES (1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
-    DECLARE @left int = (SELECT COUNT(*) FROM [queue].[undo] AS m);
+    DECLARE @left int = (SELECT COUNT(*) FROM [queue].[undo]);
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @left, @Message = N'wait took the message';
 END;
 GO
@@ -403,7 +403,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC [queue].[undo_wait] @wait_ms = 20001;

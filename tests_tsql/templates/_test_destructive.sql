@@ -818,7 +818,7 @@ BEGIN
     CREATE TABLE #Expected (ready bit NOT NULL);
     INSERT INTO #Expected (ready) VALUES (1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
-    DECLARE @left int = (SELECT COUNT(*) FROM {{ t }} AS m);
+    DECLARE @left int = (SELECT COUNT(*) FROM {{ t }});
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @left, @Message = N'wait took the message';
 END;
 GO
@@ -850,7 +850,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.invalid_argument }},
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC {{ names.verb('wait') }} @wait_ms = 20001;

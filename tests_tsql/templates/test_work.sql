@@ -997,7 +997,7 @@ GO
 
 -- lease tokens ------------------------------------------------------------------------------------
 
-CREATE PROCEDURE {{ cls }}.[test dequeue gives every new lease a token of its own and keeps a live one's]
+CREATE PROCEDURE {{ cls }}.[test dequeue gives a new lease a new token, a live lease its own]
 AS
 BEGIN
     -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
@@ -1012,7 +1012,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
-    EXEC {{ names.verb('dequeue') }} @batch_size = 3, @worker = N'w', @lease_seconds = 600;
+    EXEC {{ names.verb('dequeue') }}
+        @batch_size = 3,
+        @worker = N'w',
+        @lease_seconds = 600;
 
     -- Assert: what dequeue returned is each row's token; 1 kept its own; 2 and 3 got two new ones.
     SELECT
@@ -1025,14 +1028,17 @@ BEGIN
 
     CREATE TABLE #Expected (id {{ id_type }} NOT NULL, returned_the_stored_token bit NULL, the_old_token bit NULL);
     INSERT INTO #Expected (id, returned_the_stored_token, the_old_token)
-    VALUES ({{ mid(1) }}, 1, 1), ({{ mid(2) }}, 1, 0), ({{ mid(3) }}, 1, 0);
+    VALUES
+    ({{ mid(1) }}, 1, 1),
+    ({{ mid(2) }}, 1, 0),
+    ({{ mid(3) }}, 1, 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     DECLARE @distinct_tokens int = (SELECT COUNT(DISTINCT d.lease_token) FROM #Dequeued AS d);
     EXEC tSQLt.AssertEquals @Expected = 3, @Actual = @distinct_tokens, @Message = N'two leases share a token';
 END;
 GO
 
-CREATE PROCEDURE {{ cls }}.[test a stale token changes nothing, also for the same worker leased again]
+CREATE PROCEDURE {{ cls }}.[test a stale token changes nothing, even for the same worker]
 AS
 BEGIN
     -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
@@ -1046,7 +1052,6 @@ BEGIN
 {{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts, lease=2) }}
     DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM {{ t }} AS m);
     DECLARE @stale uniqueidentifier = {{ token(1) }};
-    CREATE TABLE #Actual (verb varchar(20) NOT NULL, result varchar(8) NOT NULL);
     CREATE TABLE #Completed (completed bit NOT NULL);
     CREATE TABLE #Failed (outcome varchar(8) NOT NULL);
     CREATE TABLE #Extended (extended bit NOT NULL);
@@ -1054,29 +1059,38 @@ BEGIN
 
     -- Act
     INSERT INTO #Completed (completed)
-    EXEC {{ names.verb('complete') }} @id = {{ mid(1) }}, @worker = N'w', @lease_token = @stale;
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @stale;
     INSERT INTO #Failed (outcome)
-    EXEC {{ names.verb('fail') }} @id = {{ mid(1) }}, @worker = N'w', @error = N'late', @lease_token = @stale;
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'late',
+        @lease_token = @stale;
     INSERT INTO #Extended (extended)
-    EXEC {{ names.verb('extend_lease') }} @id = {{ mid(1) }}, @worker = N'w', @lease_seconds = 3600, @lease_token = @stale;
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_seconds = 3600,
+        @lease_token = @stale;
     INSERT INTO #Released (released)
-    EXEC {{ names.verb('release') }} @id = {{ mid(1) }}, @worker = N'w', @lease_token = @stale;
+    EXEC {{ names.verb('release') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @stale;
 
     -- Assert: every verb reports the lease lost; the message is as it was (on its last attempt, a
     -- fail that got through would have buried it).
-    INSERT INTO #Actual (verb, result)
-    SELECT 'complete', CONVERT(varchar(8), c.completed) FROM #Completed AS c
-    UNION ALL
-    SELECT 'fail', f.outcome FROM #Failed AS f
-    UNION ALL
-    SELECT 'extend_lease', CONVERT(varchar(8), e.extended) FROM #Extended AS e
-    UNION ALL
-    SELECT 'release', CONVERT(varchar(8), r.released) FROM #Released AS r;
-
-    CREATE TABLE #Expected (verb varchar(20) NOT NULL, result varchar(8) NOT NULL);
-    INSERT INTO #Expected (verb, result)
-    VALUES ('complete', '0'), ('fail', 'lost'), ('extend_lease', '0'), ('release', '0');
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @completed bit = (SELECT c.completed FROM #Completed AS c);
+    DECLARE @outcome varchar(8) = (SELECT f.outcome FROM #Failed AS f);
+    DECLARE @extended bit = (SELECT e.extended FROM #Extended AS e);
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @completed, @Message = N'complete';
+    EXEC tSQLt.AssertEqualsString @Expected = 'lost', @Actual = @outcome, @Message = N'fail';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @extended, @Message = N'extend_lease';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @released, @Message = N'release';
 {{ assert_queue([(1, max_attempts, 'w', false)]) }}
     DECLARE @unchanged int = (
         SELECT COUNT(*)
@@ -1106,7 +1120,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (completed)
-    EXEC {{ names.verb('complete') }} @id = {{ mid(1) }}, @worker = N'w', @lease_token = @current;
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert
     CREATE TABLE #Expected (completed bit NOT NULL);
@@ -1123,22 +1140,26 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=5, leased_by='w', attempts=1, lease=2) }}
-    CREATE TABLE #Actual (worker nvarchar(200) NOT NULL, extended bit NOT NULL);
-    CREATE TABLE #Extended (extended bit NOT NULL);
+    CREATE TABLE #ByAnother (extended bit NOT NULL);
+    CREATE TABLE #ByTheHolder (extended bit NOT NULL);
 
     -- Act
-    INSERT INTO #Extended (extended)
-    EXEC {{ names.verb('extend_lease') }} @id = {{ mid(1) }}, @worker = N'v', @lease_seconds = 600;
-    INSERT INTO #Actual (worker, extended) SELECT N'v', e.extended FROM #Extended AS e;
-    DELETE FROM #Extended;
-    INSERT INTO #Extended (extended)
-    EXEC {{ names.verb('extend_lease') }} @id = {{ mid(1) }}, @worker = N'w', @lease_seconds = 600;
-    INSERT INTO #Actual (worker, extended) SELECT N'w', e.extended FROM #Extended AS e;
+    INSERT INTO #ByAnother (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'v',
+        @lease_seconds = 600;
+    INSERT INTO #ByTheHolder (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_seconds = 600;
 
     -- Assert: another name is refused, the holder's name is enough, and the token stays.
-    CREATE TABLE #Expected (worker nvarchar(200) NOT NULL, extended bit NOT NULL);
-    INSERT INTO #Expected (worker, extended) VALUES (N'v', 0), (N'w', 1);
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @by_another bit = (SELECT a.extended FROM #ByAnother AS a);
+    DECLARE @by_the_holder bit = (SELECT h.extended FROM #ByTheHolder AS h);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @by_another, @Message = N'another worker extended it';
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @by_the_holder, @Message = N'the holder could not extend it';
     DECLARE @kept int = (
         SELECT COUNT(*)
         FROM {{ t }} AS m
@@ -1162,7 +1183,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Released (released)
-    EXEC {{ names.verb('release') }} @id = {{ mid(1) }}, @worker = N'w', @lease_token = @current;
+    EXEC {{ names.verb('release') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert: no lease left at all, one attempt fewer, and another worker gets it at once, its
     -- second attempt again.
@@ -1210,7 +1234,10 @@ BEGIN
 
     -- Act
     INSERT INTO #Actual (released)
-    EXEC {{ names.verb('release') }} @id = {{ mid(1) }}, @worker = N'w', @lease_token = @current;
+    EXEC {{ names.verb('release') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @current;
 
     -- Assert
     CREATE TABLE #Expected (released bit NOT NULL);
@@ -1238,8 +1265,15 @@ BEGIN
 {{ insert_message(4, visible=60, leased_by='w', attempts=1, lease=4) }}
     DECLARE @acks {{ acks }};
     INSERT INTO @acks (id, lease_token)
-    VALUES ({{ mid(3) }}, {{ token(3) }}), ({{ mid(2) }}, {{ token(9) }}), ({{ mid(1) }}, {{ token(1) }});
-    CREATE TABLE #Actual (position int IDENTITY (1, 1) NOT NULL, id {{ id_type }} NOT NULL, completed bit NOT NULL);
+    VALUES
+    ({{ mid(3) }}, {{ token(3) }}),
+    ({{ mid(2) }}, {{ token(9) }}),
+    ({{ mid(1) }}, {{ token(1) }});
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id {{ id_type }} NOT NULL,
+        completed bit NOT NULL
+    );
 
     -- Act
     INSERT INTO #Actual (id, completed)
@@ -1248,7 +1282,10 @@ BEGIN
     -- Assert: one row per item, in id order.
     CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, completed bit NOT NULL);
     INSERT INTO #Expected (position, id, completed)
-    VALUES (1, {{ mid(1) }}, 1), (2, {{ mid(2) }}, 0), (3, {{ mid(3) }}, 1);
+    VALUES
+    (1, {{ mid(1) }}, 1),
+    (2, {{ mid(2) }}, 0),
+    (3, {{ mid(3) }}, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 {{ assert_queue([(2, 2, 'w', false), (4, 1, 'w', false)]) }}
 {% if history %}
@@ -1261,7 +1298,10 @@ BEGIN
     FROM {{ history_t }} AS h;
 
     CREATE TABLE #ExpectedHistory (id {{ id_type }} NULL, worker nvarchar(200) NULL, attempts int NULL);
-    INSERT INTO #ExpectedHistory (id, worker, attempts) VALUES ({{ mid(1) }}, N'w', 1), ({{ mid(3) }}, N'w', 1);
+    INSERT INTO #ExpectedHistory (id, worker, attempts)
+    VALUES
+    ({{ mid(1) }}, N'w', 1),
+    ({{ mid(3) }}, N'w', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHistory', @Actual = N'#History';
 {% endif %}
 END;
@@ -1279,7 +1319,10 @@ BEGIN
 {{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
 {{ insert_message(2, visible=60, leased_by='v', attempts=1, lease=2) }}
     DECLARE @acks {{ acks }};
-    INSERT INTO @acks (id, lease_token) VALUES ({{ mid(1) }}, NULL), ({{ mid(2) }}, NULL);
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(1) }}, NULL),
+    ({{ mid(2) }}, NULL);
     CREATE TABLE #Actual (id {{ id_type }} NOT NULL, completed bit NOT NULL);
 
     -- Act
@@ -1288,7 +1331,10 @@ BEGIN
 
     -- Assert
     CREATE TABLE #Expected (id {{ id_type }} NOT NULL, completed bit NOT NULL);
-    INSERT INTO #Expected (id, completed) VALUES ({{ mid(1) }}, 1), ({{ mid(2) }}, 0);
+    INSERT INTO #Expected (id, completed)
+    VALUES
+    ({{ mid(1) }}, 1),
+    ({{ mid(2) }}, 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 {{ assert_queue([(2, 1, 'v', false)]) }}
 END;
@@ -1319,21 +1365,23 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
     DECLARE @acks {{ acks }};
     INSERT INTO @acks (id)
-    SELECT TOP (1001)
 {% if client_ids %}
-        NEWID() AS id
+    SELECT TOP (1001) NEWID() AS id
+    FROM sys.all_columns;
 {% else %}
-        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
-{% endif %}
+    SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
     FROM sys.all_columns AS c;
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%{{ verb }}: at most 1000 items%';
+{% endif %}
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.invalid_argument }},
+        @ExpectedMessagePattern = N'%{{ verb }}: at most 1000 items%';
 
     -- Act
     EXEC {{ names.verb(verb) }} @acks = @acks, @worker = N'w';
 END;
 GO
 
-CREATE PROCEDURE {{ cls }}.[test {{ verb }} refuses an id twice and leaves the caller's transaction usable]
+CREATE PROCEDURE {{ cls }}.[test {{ verb }} refuses a repeated id, the transaction usable]
 AS
 BEGIN
     -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
@@ -1341,7 +1389,10 @@ BEGIN
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
     DECLARE @acks {{ acks }};
-    INSERT INTO @acks (id, lease_token) VALUES ({{ mid(1) }}, {{ token(1) }}), ({{ mid(1) }}, {{ token(2) }});
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(1) }}, {{ token(1) }}),
+    ({{ mid(1) }}, {{ token(2) }});
     DECLARE @error int;
     DECLARE @message nvarchar(2048);
 
@@ -1378,17 +1429,31 @@ BEGIN
 {{ insert_message(3, visible=60, leased_by='w', attempts=max_attempts, lease=3) }}
     DECLARE @acks {{ acks }};
     INSERT INTO @acks (id, lease_token)
-    VALUES ({{ mid(2) }}, {{ token(8) }}), ({{ mid(3) }}, {{ token(3) }}), ({{ mid(1) }}, {{ token(1) }});
-    CREATE TABLE #Actual (position int IDENTITY (1, 1) NOT NULL, id {{ id_type }} NOT NULL, outcome varchar(8) NOT NULL);
+    VALUES
+    ({{ mid(2) }}, {{ token(8) }}),
+    ({{ mid(3) }}, {{ token(3) }}),
+    ({{ mid(1) }}, {{ token(1) }});
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id {{ id_type }} NOT NULL,
+        outcome varchar(8) NOT NULL
+    );
 
     -- Act
     INSERT INTO #Actual (id, outcome)
-    EXEC {{ names.verb('fail_batch') }} @acks = @acks, @worker = N'w', @error = N'timeout', @retry_after_seconds = 300;
+    EXEC {{ names.verb('fail_batch') }}
+        @acks = @acks,
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
 
     -- Assert: one row per item, in id order.
     CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, outcome varchar(8) NOT NULL);
     INSERT INTO #Expected (position, id, outcome)
-    VALUES (1, {{ mid(1) }}, 'retrying'), (2, {{ mid(2) }}, 'lost'), (3, {{ mid(3) }}, 'dead');
+    VALUES
+    (1, {{ mid(1) }}, 'retrying'),
+    (2, {{ mid(2) }}, 'lost'),
+    (3, {{ mid(3) }}, 'dead');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 {{ assert_queue([(1, 1, none, false), (2, 1, 'w', false)]) }}
     DECLARE @retry_kept int = (
@@ -1402,7 +1467,9 @@ BEGIN
     DECLARE @stale_untouched int = (
         SELECT COUNT(*)
         FROM {{ t }} AS m
-        WHERE m.id = {{ mid(2) }} AND m.last_error IS NULL AND m.lease_token = {{ token(2) }}
+        WHERE
+            m.id = {{ mid(2) }} AND m.last_error IS NULL
+            AND m.lease_token = {{ token(2) }}
     );
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stale_untouched, @Message = N'the stale item changed its message';
 {{ assert_dead([(3, max_attempts, 'timeout', 'w')]) }}
@@ -1458,7 +1525,9 @@ BEGIN
         returned_the_stored_token bit NULL
     );
     INSERT INTO #Expected (position, id, attempts, previous_completed, returned_the_stored_token)
-    VALUES (1, {{ mid(2) }}, 1, 1, 1), (2, {{ mid(3) }}, 1, 1, 1);
+    VALUES
+    (1, {{ mid(2) }}, 1, 1, 1),
+    (2, {{ mid(3) }}, 1, 1, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 {{ assert_queue([(2, 1, 'w', false), (3, 1, 'w', false)]) }}
 END;
@@ -1501,7 +1570,7 @@ BEGIN
 {{ assert_queue([(2, 0, none, false)]) }}
 END;
 GO
-{% for arguments, label in (("@id = " ~ mid(1) ~ ", @worker = N'w', @batch_size = 0", 'batch_size 0'), ("@id = " ~ mid(1) ~ ", @worker = NULL", 'a NULL worker')) %}
+{% for arguments, label in ((["@id = " ~ mid(1), "@worker = N'w'", "@batch_size = 0"], 'batch_size 0'), (["@id = " ~ mid(1), "@worker = NULL"], 'a NULL worker')) %}
 
 CREATE PROCEDURE {{ cls }}.[test complete_next refuses {{ label }} with 51001]
 AS
@@ -1511,7 +1580,8 @@ BEGIN
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
-    EXEC {{ names.verb('complete_next') }} {{ arguments }};
+    EXEC {{ names.verb('complete_next') }}
+        {{ arguments | join(',\n        ') }};
 END;
 GO
 {% endfor %}
@@ -1565,7 +1635,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE {{ cls }}.[test wait in implicit-transaction mode neither begins nor ends a transaction]
+CREATE PROCEDURE {{ cls }}.[test wait in implicit-transaction mode leaves the transaction count]
 AS
 BEGIN
     -- Assemble: a manual-commit caller (IMPLICIT_TRANSACTIONS ON). tSQLt's own transaction is open,
@@ -1599,7 +1669,9 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.invalid_argument }},
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
 
     -- Act
     EXEC {{ names.verb('wait') }} @wait_ms = {{ value }};

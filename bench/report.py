@@ -760,12 +760,39 @@ def write_report(results: dict, out_root: Path) -> Path:
             w("")
     if results.get("instructions"):
         instruction_section(results["instructions"], w)
+    if results.get("consumers"):
+        consumers_section(results["consumers"], w)
     if NOTES.exists():
         w(NOTES.read_text().rstrip())
         w("")
     path = out_root / "BENCHMARKS.md"
     path.write_text("\n".join(L) + "\n")
     return path
+
+
+def consumers_section(measured: dict, w: Any) -> None:
+    cost = measured["notify_cost"]
+    w("## Consumers v2: what notify costs, how soon a waiting consumer wakes")
+    w("")
+    w(f"{cost['producers']} producer processes enqueue one message per call into two work queues, one with "
+      "`notify: true`, in alternating rounds (medians). NOTIFY takes a cluster-wide lock while the "
+      "transaction commits, so committing producers queue on it.")
+    w("")
+    w("| queue | enqueues/s |")
+    w("|---|---:|")
+    w(f"| notify off | {_f(cost['plain_per_s'])} |")
+    w(f"| notify on | {_f(cost['notify_per_s'])} |")
+    w(f"| cost of notify | {_f(cost['cost_percent'], 1)} % |")
+    w("")
+    w("A consumer waits in `dequeue(wait=...)` while a producer commits one message at a random moment "
+      "(50–250 ms apart); latency from the producer's `enqueue` returning to the consumer's `dequeue` "
+      "returning that message.")
+    w("")
+    w("| woken by | messages | p50 ms | p95 ms | max ms |")
+    w("|---|---:|---:|---:|---:|")
+    for row in measured["wake_latency"]:
+        w(f"| {row['mode']} | {row['messages']} | {_f(row['p50_ms'], 1)} | {_f(row['p95_ms'], 1)} | {_f(row['max_ms'], 1)} |")
+    w("")
 
 
 def instruction_section(counted: dict, w: Any) -> None:

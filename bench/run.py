@@ -15,13 +15,13 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ceiling, instructions, overhead, peer, vacuum
+from . import ceiling, consumers, instructions, overhead, peer, vacuum
 from .cells import cell
 from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim, planning_vs_execution
 from .env import (REPO, available_kinds, cpu_accounting, cpu_share, create_database, deploy_env, drop_database,
                   host_stall_probe, machine_facts, queue_entries, server, set_depth)
 
-PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "instructions")
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "instructions", "consumers")
 # The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
 STALLING = 0.05
 # The exit code of a full run refused on a stalling host (argparse's is 2, a failed check's 1).
@@ -284,6 +284,8 @@ def run_part(part: str, results: dict, env, kinds: list[str], plan: Plan, admin_
         results["peer"] = run_peer(env, kinds, plan, _log, admin_url)
     elif part == "instructions":
         results["instructions"] = instructions.run(kinds, _log)
+    elif part == "consumers":
+        results["consumers"] = consumers.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds), _log)
 
 
 def all_checks_ok(results: dict) -> bool:

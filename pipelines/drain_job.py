@@ -170,15 +170,27 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
             batch += 1
             counts["batches"] += 1
             counts["leased"] += len(messages)
+            leases = {_key(m["id"]): m for m in messages}
+            lease_seconds = config.lease_seconds or target.queue.options["lease_seconds"]
+            renewed_at = time.monotonic()
             staged: list[dict[str, Any]] = []
             outcomes: list[dict[str, Any]] = []
             for message in messages:
+                if time.monotonic() - renewed_at > lease_seconds / 3:
+                    # A slow transform must not let the batch's leases run out before they are
+                    # completed: renew those still open (each by its token) at a third of the lease.
+                    settled = {o["id"] for o in outcomes}
+                    for key, lease in leases.items():
+                        if key not in settled:
+                            client.extend_lease(lease["id"], worker, lease_seconds, lease_token=lease["lease_token"])
+                    renewed_at = time.monotonic()
                 payload = _payload(target, message["payload"])
                 try:
                     value = transform(payload, dict(message)) if with_message else transform(payload)
                     result = canonical_json(value)
                 except Exception as exc:  # noqa: BLE001 - any error of the transform fails the message
-                    outcome = client.fail(message["id"], worker, _error_text(exc), config.retry_after_seconds)
+                    outcome = client.fail(message["id"], worker, _error_text(exc), config.retry_after_seconds,
+                                          lease_token=message["lease_token"])
                     # retrying | dead | lost (the lease had expired: another worker may have it)
                     outcome = outcome if outcome in ("retrying", "dead") else "lease_lost"
                     outcomes.append({"id": _key(message["id"]), "outcome": outcome, "batch": batch})
@@ -192,15 +204,15 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                 # 1. results are durable before any of them is completed ...
                 staging.write("results", staged, results_schema, batch)
                 fire("staged", batch)
-                # 2. ... the batch's completes commit together (a crash rolls them all back) ...
-                done = 0
+                # 2. ... the batch's completes commit together (one statement, each fenced by its
+                # lease token: a crash rolls them all back) ...
                 with transaction(client):
+                    answer = client.complete_batch([leases[row["id"]] for row in staged], worker)
+                    completed = {_key(row["id"]): bool(row["completed"]) for row in answer}
                     for row in staged:
-                        completed = client.complete(row["id"], worker)
-                        outcomes.append({"id": row["id"], "outcome": "completed" if completed else "lease_lost",
+                        outcomes.append({"id": row["id"], "outcome": "completed" if completed[row["id"]] else "lease_lost",
                                          "batch": batch})
-                        done += 1
-                        fire("completed", batch, done)
+                    fire("completed", batch, len(staged))
                 fire("committed", batch)
             # 3. ... and what complete() returned is recorded; the driver keeps only completed results.
             staging.write("markers", outcomes, markers_schema, batch)

@@ -2,7 +2,7 @@
 
 The drain job calls its probe (--probe pipelines.faults:crash_first_attempt) at these events:
   staged     a batch's results are written to staging, nothing of it is completed yet
-  completed  one complete() returned, inside the batch's open transaction (rolled back by a crash)
+  completed  the batch's complete_batch returned, inside its open transaction (rolled back by a crash)
   committed  the batch's completes are committed, its marker file is not written yet
   marked     the batch's marker file is written
 The enqueue job calls it with "enqueued" after each enqueue_batch call (committed on its own).
@@ -35,7 +35,8 @@ def crash_first_attempt(event: str, info: Mapping[str, Any], *, at: str = "stage
                         batch: int = 2, after_completes: int = 1, how: str = "exit", hold: str | None = None,
                         hold_seconds: float = 60.0) -> None:
     """Crash attempt 0 of task `partition` at event `at` of its batch number `batch` (1-based);
-    for at='completed', after `after_completes` completes of that batch. how='exit' kills the Python
+    for at='completed', once that batch's complete_batch answered for at least `after_completes`
+    messages. how='exit' kills the Python
     worker (os._exit: no cleanup, the database sees the connection drop); how='raise' raises.
     hold: see the module's docstring."""
     crash_plan(event, info, plan=[{"at": at, "partition": partition, "batch": batch, "attempt": 0,

@@ -25,7 +25,7 @@ def test_example_catalog_is_valid_and_fills_defaults() -> None:
     kinds = {queue.kind for queue in catalog.queues}
     assert kinds == {"heap", "fifo", "lifo", "pending", "work"}
     events = catalog.queue("events")
-    assert events.options == {"dedupe": False}
+    assert events.options == {"dedupe": False, "notify": False}
     emails = catalog.queue("emails")
     assert emails.options["max_attempts"] == 3 and emails.options["history"] is True
     assert emails.options["priority"] is False  # default filled in
@@ -138,3 +138,14 @@ def test_cli_exits_2_with_one_line_naming_file_queue_field(tmp_path: Path, queue
         assert len(lines) == 1
         assert str(path) in lines[0] and "field '" in lines[0]
     assert not (tmp_path / "out").exists()  # nothing rendered from an invalid catalog
+
+
+def test_notify_is_refused_where_the_channel_name_would_be_longer_than_postgresql_takes() -> None:
+    schema = "s" * 30
+    fits = parse_catalog({"schema": schema, "queues": [{"name": "q" * 32, "kind": "fifo", "options": {"notify": True}}]})
+    assert fits.queues[0].options["notify"] is True          # 30 + 1 + 32 = 63 bytes: the limit
+    with pytest.raises(CatalogError) as refused:
+        parse_catalog({"schema": schema, "queues": [{"name": "q" * 33, "kind": "fifo", "options": {"notify": True}}]},
+                      "catalog.yml")
+    assert refused.value.field == "options.notify" and refused.value.queue == "q" * 33
+    assert "catalog.yml" in str(refused.value) and "64 characters" in str(refused.value)

@@ -134,7 +134,7 @@ def test_a_position_setting_that_claims_to_live_for_long_is_not_trusted(
         client = deployed.client("q", conn)
         setting = f"tablequeue.{deployed.catalog.schema}.q"
         forged = ("4102444800|9000000" if variant in ("heap", "fifo")
-                  else "4102444800|0|9000000|2099-01-01 00:00:00.000000 AD")
+                  else "4102444800|0|9000000|4070908800000000")
         # Then values this function never writes: ignored, not cast into an error.
         for value in (forged, "garbage", "|", "1e3|5", "4102444800|abc", "4102444800|0|1|garbage"):
             conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
@@ -145,6 +145,40 @@ def test_a_position_setting_that_claims_to_live_for_long_is_not_trusted(
             assert [row["id"] for row in got] == [sent], value
             if variant == "work":
                 assert client.complete(sent, "w")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("variant", KINDS)
+def test_a_forged_position_within_its_second_never_raises(deploy_queues: Callable[..., Any], variant: str) -> None:
+    # The reviewer's values (round 2): fields that match the position's shape but overflow a bigint
+    # (22003) or are no date (22008), behind an expiry the function trusts (within the next second).
+    # Rejected by the pattern, or read without error, the dequeue hands out the message.
+    deployed = deploy_queues({"name": "q", "payload": "json", **KINDS[variant]})
+    conn = deployed.connect()
+    try:
+        client = deployed.client("q", conn)
+        setting = f"tablequeue.{deployed.catalog.schema}.q"
+        if variant in ("heap", "fifo"):
+            positions = ["|9999999999999999999"]
+        else:
+            positions = ["|9999999999999999999|1|", "|0|9999999999999999999|", "|0|1|2026-13-45 25:61:61.000000 AD",
+                         "|0|1|0000-01-01 00:00:00.000000 AD",
+                         # The earliest time the pattern takes (1653): read back, before every message.
+                         "|0|0|-9999999999999999"]
+        owns = ["2026-13-45 25:61:61.000000 AD|w", "0000-01-01 00:00:00.000000 AD|w", "9999999999999999|w",
+                "-9999999999999999|w", "99999999999999999|w"]
+        for value in positions:
+            for own in owns if variant == "work" else [None]:
+                conn.execute("SELECT set_config(%s, (extract(EPOCH FROM clock_timestamp()) + 0.5)::numeric(16, 6) || %s, false)",
+                             (setting, value))
+                if own is not None:
+                    conn.execute("SELECT set_config(%s, %s, false)", (setting + ".own", own))
+                sent = client.enqueue({"i": 1})["id"]
+                got = client.dequeue(worker="w") if variant == "work" else client.dequeue()
+                assert [row["id"] for row in got] == [sent], (value, own)
+                if variant == "work":
+                    assert client.complete(sent, "w")
     finally:
         conn.close()
 
@@ -173,3 +207,55 @@ def test_an_enqueue_due_at_the_transaction_start_does_not_send_consumers_back_to
         conn.commit()
     finally:
         conn.close()
+
+
+def buffers_of_wait_steps(conn: Any, schema: str, count: int) -> list[tuple[int, list[str]]]:
+    """For each of `count` wait steps with nothing ready: the shared buffers its probe reads."""
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
+                           ("auto_explain.log_buffers", "on"), ("auto_explain.log_timing", "off"),
+                           ("auto_explain.log_nested_statements", "on"), ("client_min_messages", "log")):
+        conn.execute(f"SET {setting} = {value}")
+    measured = []
+    try:
+        for _ in range(count):
+            notices.clear()
+            ready = conn.execute(f'SELECT "{schema}"."q_wait_step"(0, clock_timestamp())').fetchone()[0]
+            assert ready is None      # nothing ready, and wait_ms 0 is up at once
+            inner = [n for n in notices if "Query Text:" in n
+                     and not re.search(r'_wait_step"?\(', n.split("Query Text:", 1)[1][:200])]
+            total = sum(sum(int(v) for v in re.findall(r"(?:hit|read)=(\d+)", top.group(1)))
+                        for top in (re.search(r"Buffers: shared((?: \w+=\d+)+)", plan) for plan in inner) if top)
+            measured.append((total, inner))
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    return measured
+
+
+@pytest.mark.parametrize("variant", KINDS)
+def test_an_idle_wait_reads_from_the_sessions_position_not_through_what_it_consumed(
+        deploy_queues: Callable[..., Any], variant: str) -> None:
+    deployed = deploy_queues({"name": "q", "payload": "json", **KINDS[variant]})
+    producer_conn = deployed.connect()
+    producer = deployed.client("q", producer_conn)
+    for start in range(0, CONSUMED, 1_000):
+        producer.enqueue_batch([{"payload": {"i": i}} for i in range(start, start + 1_000)])
+    holder = deployed.connect(autocommit=True)
+    consumer_conn, newcomer_conn = deployed.connect(), deployed.connect()
+    try:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pg_class").fetchone()
+        for conn in (consumer_conn, newcomer_conn):
+            conn.execute("LOAD 'auto_explain'")
+        consume(deployed.client("q", consumer_conn), CONSUMED)
+        schema = deployed.catalog.schema
+        steady, steady_plans = min(buffers_of_wait_steps(consumer_conn, schema, 5))
+        [(first, _)] = buffers_of_wait_steps(newcomer_conn, schema, 1)
+    finally:
+        holder.execute("ROLLBACK")
+        for conn in (holder, consumer_conn, newcomer_conn, producer_conn):
+            conn.close()
+    assert first > CONSUMED / 100, f"a probe from the head read only {first} buffers"
+    assert steady < 60, f"an idle wait step read {steady} buffers:\n" + "\n\n".join(steady_plans)

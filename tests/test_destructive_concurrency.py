@@ -433,3 +433,84 @@ def test_a_batch_whose_duplicate_is_consumed_while_it_waits_does_not_deadlock_wi
     assert t2_rows[1]["id"] == t1_rows[1]["id"]
     for client in (observer, blocker, first, second):
         client.conn.close()
+
+
+def _wait_until_blocked(observer: QueueClient, waiter: QueueClient, holder: QueueClient) -> None:
+    """Until waiter's statement waits for a lock holder's transaction holds: the step of the schedule
+    is then settled (pg_blocking_pids), without guessing how long it takes."""
+    deadline = time.monotonic() + 30
+    while holder.conn.info.backend_pid not in observer.conn.execute(
+            "SELECT pg_blocking_pids(%s)", (waiter.conn.info.backend_pid,)).fetchone()[0]:
+        assert time.monotonic() < deadline, "the waiting session never blocked on the holder"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(("kind", "option", "by"), [
+    ("fifo", "dedupe", "dedupe_key"),
+    ("pending", "dedupe", "dedupe_key"),
+    ("work", "dedupe", "dedupe_key"),
+    ("work", "client_ids", "id"),
+], ids=["fifo-keys", "pending-keys", "work-keys", "work-client-ids"])
+def test_a_batch_that_must_offer_a_key_again_never_holds_a_higher_key_while_it_waits(
+        deploy_queues, kind, option, by) -> None:
+    # The reviewer's schedule (round 2): the racing insert of k2 commits while T waits on it, and is
+    # consumed before T looks it up, so T must offer k2 again. T then holds k5, and U, which took k2
+    # meanwhile, waits on T for k5: offering k2 while holding k5 was a deadlock (40P01).
+    deployed, doc, name = _setup(deploy_queues, kind=kind, options={option: True})
+    worker = {"worker": "w"} if kind == "work" else {}
+    observer = _client(deployed.url, doc, name)
+    s, s2, t, u = (_client(deployed.url, doc, name, autocommit=False) for _ in range(4))
+    outcomes: dict[str, Any] = {}
+
+    def items(keys: list[str]) -> list[dict]:
+        # Client ids that sort as their keys do (k2 < k5 < k9): the schedule follows the key order.
+        return [{"payload": {"key": key}, by: uuid.UUID(int=int(key[1:])) if by == "id" else key} for key in keys]
+
+    def batch(label: str, client: QueueClient, keys: list[str]) -> None:
+        try:
+            outcomes[label] = client.enqueue_batch(items(keys))
+            client.conn.commit()
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcomes[label] = exc
+
+    t_thread = threading.Thread(target=batch, args=("t", t, ["k2", "k5", "k9"]))
+    u_thread = threading.Thread(target=batch, args=("u", u, ["k2", "k5"]))
+    try:
+        s_id = s.enqueue_batch(items(["k2"]))[0]["id"]
+        s2.enqueue_batch(items(["k9"]))
+        t_thread.start()
+        _wait_until_blocked(observer, t, s)
+        s.conn.commit()
+        _wait_until_blocked(observer, t, s2)  # k2 taken by S, k5 inserted, k9 held by S2
+        assert [row["id"] for row in observer.dequeue(**worker)] == [s_id]
+        if kind == "work":
+            assert observer.complete(s_id, "w")
+        u_thread.start()
+        _wait_until_blocked(observer, u, t)  # k2 inserted, k5 held by T
+        s2.conn.rollback()
+        t_thread.join(timeout=60)
+        u_thread.join(timeout=60)
+    finally:
+        # Nothing may outlive a failure: a session left waiting or in a transaction would keep the
+        # schema from being dropped.
+        for client, thread in ((t, t_thread), (u, u_thread)):
+            if thread.is_alive():
+                client.conn.cancel_safe()
+                thread.join(timeout=30)
+        for client in (s, s2, t, u):
+            client.conn.close()
+
+    assert not isinstance(outcomes.get("t"), Exception), outcomes.get("t")
+    assert not isinstance(outcomes.get("u"), Exception), outcomes.get("u")
+    t_rows, u_rows = outcomes["t"], outcomes["u"]
+    assert [bool(row["duplicate"]) for row in u_rows] == [False, False]
+    # T gave k5 up to let U finish and then found both of U's messages: one message per key.
+    assert [(row["id"], bool(row["duplicate"])) for row in t_rows[:2]] == [(row["id"], True) for row in u_rows]
+    assert not t_rows[2]["duplicate"]
+    observer.conn.close()
+    # A new session: the observer's claim position may pass over what was uncommitted when it claimed.
+    drain = _client(deployed.url, doc, name)
+    queued = drain.dequeue(batch_size=10, **worker)
+    drain.conn.close()
+    assert sorted((str(row["id"]), row["payload"]["key"]) for row in queued) == sorted(
+        [(str(u_rows[0]["id"]), "k2"), (str(u_rows[1]["id"]), "k5"), (str(t_rows[2]["id"]), "k9")])

@@ -8,6 +8,7 @@ the queue table for depth), the figures of the report against plain Python over 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import secrets
 import shutil
@@ -28,7 +29,7 @@ if shutil.which("java") is None:
 import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from pipelines.common import LOCAL_DEFAULTS, PipelineError, build_session, jdbc_options  # noqa: E402
+from pipelines.common import LOCAL_DEFAULTS, PipelineError, build_session, jdbc_options, log  # noqa: E402
 from pipelines.demo import run_spark_demo  # noqa: E402
 from pipelines.drain_job import run_drain  # noqa: E402
 from pipelines.faults import SimulatedCrash, crash_plan  # noqa: E402
@@ -358,7 +359,7 @@ class StagingWatchingClient:
     def __init__(self, staging: Path) -> None:
         self.staging, self.folders_at_first_lease, self.batches = staging, None, [[
             {"id": 1, "payload": {"id": 1, "name": "a", "flaky": False, "poison": False}, "attempts": 1,
-             "enqueued_at": datetime.now(timezone.utc)}]]
+             "enqueued_at": datetime.now(timezone.utc), "lease_token": None}]]
 
     def __enter__(self) -> "StagingWatchingClient":
         return self
@@ -372,8 +373,8 @@ class StagingWatchingClient:
                                                  for p in self.staging.rglob("*") if p.is_dir())
         return self.batches.pop() if self.batches else []
 
-    def complete(self, message_id: Any, worker: str) -> bool:
-        return True
+    def complete_batch(self, acks: list[dict], worker: str) -> list[dict]:
+        return [{"id": ack["id"], "completed": True} for ack in acks]
 
 
 def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, monkeypatch):
@@ -456,7 +457,7 @@ def exact_percentile(values: list[float], fraction: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def test_report_figures_match_an_independent_computation(spark, pg, drained, capsys):
+def test_report_figures_match_an_independent_computation(spark, pg, drained):
     catalog = drained["catalog"]
     out = drained["folder"] / "report"
     # The drain took seconds: spread its history over four minutes (and the dead letters over
@@ -465,7 +466,14 @@ def test_report_figures_match_an_independent_computation(spark, pg, drained, cap
                                     ("_dead", ("enqueued_at", "dead_at"), 3)):
         shifts = ", ".join(f"{c} = {c} - (id % {spread}) * interval '1 minute'" for c in columns)
         pg.rows(f"UPDATE {table(catalog, 'emails', suffix)} SET {shifts} RETURNING 1")
-    report = run_report(spark, pg.url, catalog, "emails", str(out))
+    logged: list[logging.LogRecord] = []
+    listener = logging.Handler()
+    listener.emit = logged.append  # type: ignore[method-assign]
+    log().addHandler(listener)
+    try:
+        report = run_report(spark, pg.url, catalog, "emails", str(out))
+    finally:
+        log().removeHandler(listener)
     history = pg.rows(f"SELECT enqueued_at, started_at, finished_at, worker, attempts "
                       f"FROM {table(catalog, 'emails', '_history')}")
     dead = pg.rows(f"SELECT dead_at, last_worker FROM {table(catalog, 'emails', '_dead')}")
@@ -514,7 +522,7 @@ def test_report_figures_match_an_independent_computation(spark, pg, drained, cap
     chart = Path(report["chart"])
     assert chart == out / "report.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 20_000
-    assert f"report chart: {chart}" in capsys.readouterr().out
+    assert any(str(chart) in record.getMessage() for record in logged), [r.getMessage() for r in logged]
 
 
 def test_jdbc_options_for_both_engines():

@@ -75,6 +75,20 @@ def check_verbs(call: V010, seen: dict[str, Any], conn: Any) -> None:
         assert dict(zip([c.name for c in cursor.description], cursor.fetchone()))["completed"] >= 1
 
 
+def without_column(tables: dict[str, Any], column: str, value: Any) -> dict[str, Any]:
+    """The snapshot with one column removed from every row, after checking it holds value."""
+    stripped: dict[str, Any] = {}
+    for table, rows in tables.items():
+        if not isinstance(rows, list):
+            stripped[table] = rows
+            continue
+        stripped[table] = []
+        for row in rows:
+            assert dict(row).get(column, value) == value, (table, row)
+            stripped[table].append(tuple(pair for pair in row if pair[0] != column))
+    return stripped
+
+
 def test_upgrade_from_0_1_0_keeps_every_message_and_every_verb_works(pg_url: str, pg_schemas: list[str]) -> None:
     schema, fresh = pg_schemas
     catalog = release_catalog(RELEASE, "option_matrix", schema)
@@ -89,11 +103,17 @@ def test_upgrade_from_0_1_0_keeps_every_message_and_every_verb_works(pg_url: str
         actions = {item.unit.name: item.action for item in result.plan.items}
         assert actions[f"{schema}.tablequeue_deploy_history"] == MIGRATE   # the history's own v1 -> v2
         storage = [item for item in result.plan.items if item.unit.type == "storage" and item.unit.queue]
-        assert {item.action for item in storage if item.unit.object != "type"} == {RECORD}, \
-            [(i.unit.name, i.action, i.reason) for i in storage]
-        # enqueue's result type was part of the table's unit in 0.1.0: now a unit of its own, found in place.
+        # The work tables take storage version 2 (the lease token); everything else is recorded as it is.
+        work_tables = {f"{schema}.{queue.name}" for queue in catalog.queues if queue.kind == "work"}
+        migrated = {item.unit.name: [m.name for m in item.migrations] for item in storage if item.action == MIGRATE}
+        assert migrated == {name: ["work_table_v1_to_v2"] for name in work_tables}
+        assert {item.action for item in storage if item.unit.object != "type" and item.unit.name not in work_tables} \
+            == {RECORD}, [(i.unit.name, i.action, i.reason) for i in storage]
+        # enqueue's result type was part of the table's unit in 0.1.0: now a unit of its own, found in
+        # place; complete_next's is new.
         assert {item.action for item in storage if item.unit.object == "type"} == {CREATE}
-        assert snapshot(conn, schema) == before
+        # Every row as it was; the work tables' new lease_token is NULL (0.1.0's leases go by name).
+        assert without_column(snapshot(conn, schema), "lease_token", None) == before
 
         history = dialect_for("postgres").read_history(conn, schema)
         recorded = [row for row in history if row["unit_type"] == "storage" and row["tool_version"] != "0.1.0"]
@@ -128,9 +148,9 @@ def test_upgrade_from_0_1_0_with_options_turned_on_in_the_same_deploy(pg_url: st
         plan = {item.unit.name: item for item in result.plan.items}
         assert plan[f"{schema}.heap_plain"].recorded.shape_text == "kind=heap payload=binary dedupe=off"
         assert [m.name for m in plan[f"{schema}.heap_plain"].migrations] == ["destructive_table_add_dedupe"]
-        assert [m.name for m in plan[f"{schema}.work_plain"].migrations] == ["work_table_add_dedupe",
+        assert [m.name for m in plan[f"{schema}.work_plain"].migrations] == ["work_table_v1_to_v2", "work_table_add_dedupe",
                                                                               "work_table_add_priority"]
-        assert plan[f"{schema}.work_all"].action == RECORD
+        assert [m.name for m in plan[f"{schema}.work_all"].migrations] == ["work_table_v1_to_v2"]
         heap = V010(conn, schema, changed.queue("heap_plain"))
         assert sorted(row["id"] for row in heap("dequeue", batch_size=10)) == sorted(seen["heap_plain"]["ready"])
         work = V010(conn, schema, changed.queue("work_plain"))

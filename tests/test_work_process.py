@@ -326,3 +326,21 @@ def test_process_without_its_handler_procedure_is_no_handler(deploy_queues) -> N
     assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
     assert counts(client) == (1, 0, 0, 0)
     conn.close()
+
+
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+def test_process_with_a_handler_of_its_name_but_other_parameter_types_is_no_handler(deploy_queues) -> None:
+    # PostgreSQL overloads: a check by name let this one through, and every message then failed at the
+    # CALL (42883) until it was dead-lettered. SQL Server has one procedure per name.
+    deployed = deploy_with_handler(deploy_queues, handler=False)
+    schema = deployed.catalog.schema
+    conn = deployed.connect(autocommit=True)
+    run(conn, "postgres", f'CREATE PROCEDURE "{schema}".work_handler(id uuid, payload jsonb) LANGUAGE sql AS $$ SELECT 1 $$')
+    client = deployed.client("jobs", conn)
+    client.enqueue({"n": 1})
+    with pytest.raises(Exception) as raised:
+        client.process(time_budget_seconds=5)
+    assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
+    assert f"{schema}.work_handler(id bigint, payload jsonb)" in str(raised.value)
+    assert counts(client) == (1, 0, 0, 0)
+    conn.close()

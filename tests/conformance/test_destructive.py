@@ -822,3 +822,43 @@ def test_times_are_utc_whatever_the_session_time_zone(deploy, variant) -> None:
     if variant == "pending":
         assert as_utc(got[0]["due_at"]) == due
         assert future not in ids(got) and client.stats()["delayed"] == 1
+
+
+# --- wait (DESIGN.md §3b) -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ALL)
+def test_wait_is_true_only_while_a_message_nobody_holds_is_ready(deploy, variant) -> None:
+    env = deploy(queue(variant))
+    waiter, producer, consumer = env.client(), env.client(autocommit=False), env.client(autocommit=False)
+    assert waiter.wait(0) is False and waiter.wait(200) is False
+    producer.enqueue({"i": 1})                          # not committed yet
+    assert waiter.wait(200) is False
+    producer.conn.commit()
+    assert waiter.wait(200) is True
+
+    held = consumer.dequeue()                           # consumed by an open transaction
+    assert len(held) == 1 and waiter.wait(200) is False
+    consumer.conn.rollback()                            # back in the queue
+    assert waiter.wait(200) is True and waiter.wait(0) is True
+
+
+def test_wait_is_false_for_a_pending_message_not_due_and_true_once_it_is(deploy) -> None:
+    env = deploy(queue("pending"), CLOCK)
+    waiter = env.client()
+    waiter.enqueue({"i": 1}, due_at=server_now(env) + timedelta(seconds=1))
+    assert waiter.wait(0) is False
+    assert waiter.wait(10_000) is True
+    assert len(waiter.dequeue()) == 1
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_wait_with_the_first_message_held_is_ready_only_where_dequeue_would_not_wait(deploy, variant) -> None:
+    # Strict FIFO hands out the head or waits for it; every other kind skips what is held.
+    env = deploy(queue(variant))
+    waiter, consumer = env.client(), env.client(autocommit=False)
+    for i in range(2):
+        waiter.enqueue({"i": i})
+    held = consumer.dequeue()
+    assert len(held) == 1
+    assert waiter.wait(200) is (not VARIANTS[variant].get("options", {}).get("strict", False))
+    consumer.conn.rollback()

@@ -1001,3 +1001,188 @@ def test_stats_counts_each_state_once(deploy) -> None:
     client.fail(leased[0]["id"], "a", "boom")
     assert counts(client) == (1, 2, 1, 1)
     assert client.stats()["oldest_ready_age_seconds"] >= 0
+
+
+# --- consumers v2: lease tokens, release, batch acknowledgement, complete_next, wait ----------------
+
+def test_every_lease_has_a_token_and_a_worker_asking_again_gets_the_same_one(deploy) -> None:
+    client = deploy(work()).client()
+    sent = ids([client.enqueue({"i": i}) for i in range(2)])
+    first = client.dequeue(batch_size=2, worker="a")
+    again = client.dequeue(batch_size=2, worker="a")
+    tokens = [m["lease_token"] for m in first]
+    assert ids(first) == sent and all(isinstance(t, uuid.UUID) for t in tokens) and len(set(tokens)) == 2
+    assert [(m["id"], m["lease_token"], m["attempts"]) for m in again] == [(m["id"], m["lease_token"], 1) for m in first]
+
+
+def test_a_stale_token_changes_nothing_even_when_the_same_worker_leased_the_message_again(deploy) -> None:
+    client = deploy(work(lease_seconds=1, max_attempts=5)).client()
+    sent = client.enqueue({"x": 1})["id"]
+    stale = client.dequeue(worker="a")[0]["lease_token"]
+    time.sleep(1.3)
+    fresh = client.dequeue(worker="a")[0]
+    assert fresh["id"] == sent and fresh["attempts"] == 2 and fresh["lease_token"] != stale
+
+    assert client.complete(sent, "a", lease_token=stale) is False
+    assert client.fail(sent, "a", "late", lease_token=stale) == "lost"
+    assert client.extend_lease(sent, "a", 60, lease_token=stale) is False
+    assert client.release(sent, "a", lease_token=stale) is False
+    assert client.complete_batch([{"id": sent, "lease_token": stale}], "a") == [{"id": sent, "completed": False}]
+    assert client.fail_batch([{"id": sent, "lease_token": stale}], "a", "late") == [{"id": sent, "outcome": "lost"}]
+    assert counts(client) == (0, 0, 1, 0)
+    assert client.extend_lease(sent, "a", 60, lease_token=fresh["lease_token"]) is True
+    assert client.complete(sent, "a", lease_token=fresh["lease_token"]) is True
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_without_a_token_the_worker_name_decides_as_in_0_1_0(deploy) -> None:
+    client = deploy(work()).client()
+    first, second = (client.enqueue({"i": i})["id"] for i in range(2))
+    client.dequeue(batch_size=2, worker="a")
+    assert client.complete(first, "b") is False
+    assert client.complete(first, "a") is True
+    assert client.complete_batch([{"id": second}], "b") == [{"id": second, "completed": False}]
+    assert client.complete_batch([{"id": second}], "a") == [{"id": second, "completed": True}]
+
+
+def test_release_gives_the_message_back_at_once_with_its_attempt(deploy) -> None:
+    client = deploy(work(max_attempts=1)).client()
+    sent = client.enqueue({"x": 1})["id"]
+    leased = client.dequeue(worker="a")[0]
+    assert client.release(sent, "b", lease_token=leased["lease_token"]) is False
+    assert client.release(sent, "a", lease_token=uuid.uuid4()) is False
+    assert counts(client) == (0, 0, 1, 0)
+
+    assert client.release(sent, "a", lease_token=leased["lease_token"]) is True
+    assert counts(client) == (1, 0, 0, 0)
+    assert client.release(sent, "a", lease_token=leased["lease_token"]) is False
+    # max_attempts 1: had the attempt been spent, this lease would be one too many (dead).
+    again = client.dequeue(worker="b")
+    assert ids(again) == [sent] and again[0]["attempts"] == 1 and again[0]["lease_token"] != leased["lease_token"]
+    assert client.complete(sent, "b", lease_token=again[0]["lease_token"]) is True
+
+
+def test_complete_batch_answers_every_item_in_id_order(deploy) -> None:
+    env = deploy(work(history=True))
+    client = env.client()
+    sent = ids([client.enqueue({"i": i}) for i in range(5)])
+    leased = client.dequeue(batch_size=4, worker="a")          # sent[4] is never leased
+    token = {m["id"]: m["lease_token"] for m in leased}
+    unknown = max(sent) + 1000 if not isinstance(sent[0], uuid.UUID) else uuid.uuid4()
+    acks = [{"id": sent[3], "lease_token": token[sent[3]]}, {"id": sent[4], "lease_token": None},
+            {"id": sent[0], "lease_token": token[sent[0]]}, {"id": unknown, "lease_token": None},
+            {"id": sent[2], "lease_token": uuid.uuid4()}, {"id": sent[1], "lease_token": None}]
+
+    answer = client.complete_batch(acks, "a")
+
+    expected = {sent[0]: True, sent[1]: True, sent[2]: False, sent[3]: True, sent[4]: False, unknown: False}
+    assert answer == [{"id": i, "completed": expected[i]} for i in sorted(expected)]
+    assert sorted(r["id"] for r in env.table_rows("_history", "id")) == sorted([sent[0], sent[1], sent[3]])
+    assert counts(client) == (1, 0, 1, 0)
+    assert client.complete_batch([], "a") == []
+
+
+def test_fail_batch_retries_buries_or_reports_lost_per_item(deploy) -> None:
+    client = deploy(work(max_attempts=2)).client()
+    sent = ids([client.enqueue({"i": i}) for i in range(3)])
+    assert ids(client.dequeue(worker="a")) == [sent[0]]
+    assert client.fail(sent[0], "a", "first", retry_after_seconds=0) == "retrying"
+    leased = {m["id"]: m for m in client.dequeue(batch_size=3, worker="a")}
+    assert {i: m["attempts"] for i, m in leased.items()} == {sent[0]: 2, sent[1]: 1, sent[2]: 1}  # sent[0]: its last
+
+    answer = client.fail_batch([{"id": sent[2], "lease_token": uuid.uuid4()},
+                                {"id": sent[0], "lease_token": leased[sent[0]]["lease_token"]},
+                                {"id": sent[1], "lease_token": leased[sent[1]]["lease_token"]}],
+                               "a", "boom", retry_after_seconds=3600)
+
+    assert answer == [{"id": sent[0], "outcome": "dead"}, {"id": sent[1], "outcome": "retrying"},
+                      {"id": sent[2], "outcome": "lost"}]
+    dead = client.dead_list()
+    assert [(d["id"], d["attempts"], d["last_error"]) for d in dead] == [(sent[0], 2, "boom")]
+    assert counts(client) == (0, 1, 1, 1)
+
+
+@pytest.mark.parametrize("verb", ["complete_batch", "fail_batch"])
+def test_batch_acks_refuse_more_than_1000_items_and_an_id_twice(deploy, verb) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})["id"]
+    leased = client.dequeue(worker="a")[0]
+    extra = {"error": "e"} if verb == "fail_batch" else {}
+    too_many = [{"id": i + 1_000_000, "lease_token": None} for i in range(1001)]
+    if client.queue.options.get("client_ids"):
+        too_many = [{"id": uuid.uuid4(), "lease_token": None} for _ in range(1001)]
+    for acks in (too_many, [{"id": sent, "lease_token": leased["lease_token"]}] * 2):
+        with raises_queue_error(client, "invalid_argument"):
+            getattr(client, verb)(acks, "a", **extra)
+    assert counts(client) == (0, 0, 1, 0)
+
+
+def test_complete_next_completes_and_leases_the_next_in_one_call(deploy) -> None:
+    client = deploy(work()).client()
+    first, second = (client.enqueue({"i": i})["id"] for i in range(2))
+    leased = client.dequeue(worker="a")[0]
+
+    completed, following = client.complete_next(first, "a", leased["lease_token"])
+    assert completed is True and ids(following) == [second] and following[0]["attempts"] == 1
+    completed, again = client.complete_next(first, "a", leased["lease_token"])   # a holds `second`: its own, as is
+    assert completed is False and [(m["id"], m["lease_token"]) for m in again] == [(second, following[0]["lease_token"])]
+    completed, nothing = client.complete_next(second, "a", following[0]["lease_token"], batch_size=5)
+    assert completed is True and nothing == []
+    assert counts(client) == (0, 0, 0, 0)
+
+
+def test_wait_is_true_only_for_a_message_dequeue_would_hand_out(deploy) -> None:
+    env = deploy(work(lease_seconds=1))
+    client, producer = env.client(), env.client(autocommit=False)
+    assert client.wait(0) is False
+    assert client.wait(200) is False
+    producer.enqueue({"x": 1})                                  # not committed: not ready
+    assert client.wait(200) is False
+    producer.conn.commit()
+    assert client.wait(200) is True and client.wait(0) is True
+    leased = client.dequeue(worker="a")[0]                      # leased: not ready until it expires
+    assert client.wait(200) is False
+    assert client.wait(5000) is True                            # the 1 s lease expired
+    assert client.complete(leased["id"], "a") is False
+
+
+def test_wait_wakes_for_a_commit_made_while_it_waits(deploy) -> None:
+    env = deploy(work())
+    client, producer = env.client(), env.client()
+    committed_at: list[float] = []
+
+    def produce() -> None:
+        time.sleep(0.5)
+        producer.enqueue({"x": 1})
+        committed_at.append(time.monotonic())
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    try:
+        ready = client.wait(15_000)
+        returned_at = time.monotonic()
+    finally:
+        thread.join()
+    assert ready is True and committed_at and returned_at >= committed_at[0]
+    assert len(client.dequeue(worker="a")) == 1
+
+
+@pytest.mark.parametrize("wait_ms", [-1, 20_001, None])
+def test_wait_refuses_a_wait_out_of_range(deploy, wait_ms) -> None:
+    client = deploy(work()).client()
+    with raises_queue_error(client, "invalid_argument"):
+        client.call("wait", {"wait_ms": wait_ms}, required=("wait_ms",)) if client.dialect == "mssql" else \
+            client.conn.execute(f"CALL {client._routine('wait')}(wait_ms => %s, ready => NULL)", (wait_ms,))
+
+
+def test_dequeue_with_wait_returns_the_message_committed_while_it_waits(deploy) -> None:
+    env = deploy(work())
+    client, producer = env.client(), env.client()
+    timer = threading.Timer(0.4, lambda: producer.enqueue({"late": True}))
+    timer.start()
+    try:
+        got = client.dequeue(worker="a", wait=15)
+    finally:
+        timer.join()
+    assert [payload_of(client, m["payload"]) for m in got] == [{"late": True}]
+    assert client.dequeue(worker="b", wait=0.2) == []

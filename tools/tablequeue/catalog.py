@@ -30,7 +30,8 @@ GENERATED_SUFFIXES = (
     "_items", "_dead", "_history", "_enqueue", "_enqueue_batch", "_dequeue", "_complete",
     "_fail", "_extend_lease", "_stats", "_purge", "_process", "_dead_list", "_dead_requeue",
     "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due", "_rewinds",
-    "_ownership", "_enqueue_result",
+    "_ownership", "_enqueue_result", "_release", "_complete_batch", "_fail_batch", "_complete_next",
+    "_wait", "_wait_step", "_acks", "_complete_next_result",
 )
 # Every constraint and index a queue owns, named <prefix><queue><suffix>. PostgreSQL puts indexes,
 # SQL Server constraints, in the namespace of tables: a queue named like one of another queue's
@@ -55,7 +56,8 @@ class OptionSpec:
     maximum: int | None = None
 
 
-COMMON_OPTIONS: dict[str, OptionSpec] = {"dedupe": OptionSpec(bool, False)}
+# notify: PostgreSQL only (SQL Server has no NOTIFY: its clients call wait); DESIGN.md §3b.
+COMMON_OPTIONS: dict[str, OptionSpec] = {"dedupe": OptionSpec(bool, False), "notify": OptionSpec(bool, False)}
 KIND_OPTIONS: dict[str, dict[str, OptionSpec]] = {
     "heap": {},
     "fifo": {"strict": OptionSpec(bool, False)},
@@ -152,6 +154,11 @@ def parse_catalog(document: Any, path: str = "<catalog>") -> Catalog:
                 raise CatalogError(path, prefix + queue.name + suffix, "name",
                                    f"collides with an object of queue '{queue.name}' (its '{prefix}{suffix}' "
                                    f"object is named '{prefix}{queue.name}{suffix}'): choose another name")
+        channel = f"{schema}.{queue.name}"
+        if queue.options.get("notify") and len(channel.encode()) > POSTGRES_MAX_IDENTIFIER:
+            raise CatalogError(path, queue.name, "options.notify",
+                               f"the channel '{channel}' (schema.queue) is {len(channel)} characters, PostgreSQL's "
+                               f"limit for a channel name is {POSTGRES_MAX_IDENTIFIER}: shorten the schema or queue name")
     return Catalog(path=path, schema=schema, queues=tuple(queues))
 
 

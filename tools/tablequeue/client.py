@@ -7,12 +7,20 @@ a transaction: with autocommit off, the caller commits (and a rolled-back dequeu
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 from .catalog import Catalog, Queue
 
 PG_PAYLOAD = {"binary": "bytea", "text": "text", "json": "jsonb"}
+# The longest single wait the contract allows (wait_ms); dequeue(wait=...) waits in steps of it.
+MAX_WAIT_MS = 20_000
+# While LISTENing, how often dequeue looks anyway: a retry coming due, a lease expiring or a delayed
+# message becoming due sends no notification.
+LISTEN_RECHECK_SECONDS = 1.0
+# The wait verb's step: how long a consumer pauses when wait said ready but dequeue found nothing.
+WAIT_STEP_SECONDS = 0.05
 # Column order of the SQL Server table type S.Q_items, per kind (it must match the templates).
 TVP_COLUMNS = {
     "heap": ("ordinal", "payload", "dedupe_key"),
@@ -32,26 +40,33 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 class QueueClient:
-    def __init__(self, conn: Any, dialect: str, schema: str, queue: Queue):
-        self.conn, self.dialect, self.schema, self.queue = conn, dialect, schema, queue
+    def __init__(self, conn: Any, dialect: str, schema: str, queue: Queue, pooled: bool = False):
+        """pooled: the connection goes through a transaction-pooling proxy (PgBouncer): the client
+        never LISTENs (a notification would reach whichever client holds the server connection
+        next); open such psycopg connections with prepare_threshold=None."""
+        self.conn, self.dialect, self.schema, self.queue, self.pooled = conn, dialect, schema, queue, pooled
+        self._listening = False
 
     @classmethod
-    def for_catalog(cls, conn: Any, dialect: str, catalog: Catalog, name: str) -> "QueueClient":
-        return cls(conn, dialect, catalog.schema, catalog.queue(name))
+    def for_catalog(cls, conn: Any, dialect: str, catalog: Catalog, name: str, pooled: bool = False) -> "QueueClient":
+        return cls(conn, dialect, catalog.schema, catalog.queue(name), pooled)
 
     # -- plumbing ---------------------------------------------------------------------------
     def _routine(self, verb: str) -> str:
         name = f"{self.queue.name}_{verb}"
         return f'"{self.schema}"."{name}"' if self.dialect == "postgres" else f"[{self.schema}].[{name}]"
 
-    def _pg_cast(self, param: str) -> str:
+    def _pg_cast(self, param: str, verb: str) -> str:
         payload = PG_PAYLOAD[self.queue.payload]
         return {"payload": payload, "payloads": f"{payload}[]", "due_at": "timestamptz",
                 "due_ats": "timestamptz[]", "dedupe_keys": "text[]", "priorities": "integer[]",
-                "ids": "uuid[]", "enqueued_ats": "timestamptz[]", "older_than": "timestamptz",
-                "max_rows": "integer",
-                "id": "uuid" if self.queue.options.get("client_ids") else "bigint",
-                "enqueued_at": "timestamptz"}.get(param, "")
+                # enqueue_batch's ids are client ids (uuid) whatever the queue; it refuses them without.
+                "ids": "uuid[]" if verb == "enqueue_batch" else f"{self._pg_id_type()}[]", "enqueued_ats": "timestamptz[]",
+                "older_than": "timestamptz", "max_rows": "integer", "id": self._pg_id_type(),
+                "enqueued_at": "timestamptz", "lease_token": "uuid", "lease_tokens": "uuid[]"}.get(param, "")
+
+    def _pg_id_type(self) -> str:
+        return "uuid" if self.queue.options.get("client_ids") else "bigint"
 
     def _payload_value(self, payload: Any) -> Any:
         if self.queue.payload == "json" and not isinstance(payload, (str, type(None))):
@@ -71,7 +86,7 @@ class QueueClient:
             # Arrays go in binary (psycopg's C dumper): the text format escapes every element in
             # Python, about a third of a 1,000-row enqueue_batch's client time.
             args = ", ".join(f"{k} => %({k})" + ("b" if isinstance(v, list) else "s")
-                             + (f"::{self._pg_cast(k)}" if self._pg_cast(k) else "")
+                             + (f"::{self._pg_cast(k, verb)}" if self._pg_cast(k, verb) else "")
                              for k, v in given.items())
             cursor = self.conn.execute(f"SELECT * FROM {self._routine(verb)}({args})", given)
             columns = [c.name for c in cursor.description or []]
@@ -138,20 +153,99 @@ class QueueClient:
         return [f"{self.queue.name}_{type_suffix}", self.schema, *rows]
 
     def dequeue(self, batch_size: int = 1, worker: str | None = None,
-                lease_seconds: int | None = None) -> list[dict]:
-        return self.call("dequeue", {"batch_size": batch_size, "worker": worker,
-                                     "lease_seconds": lease_seconds})
+                lease_seconds: int | None = None, wait: float | None = None) -> list[dict]:
+        """wait: seconds to wait for a message when none is ready (None: return at once). Waiting
+        holds no transaction, so with wait the connection must be in autocommit mode (each dequeue
+        then commits at once: a destructive kind's messages are consumed when it returns). Woken
+        by NOTIFY where the queue has notify: true (and the client is not pooled), else by the
+        wait verb."""
+        params = {"batch_size": batch_size, "worker": worker, "lease_seconds": lease_seconds}
+        if wait is None:
+            return self.call("dequeue", params)
+        if wait < 0:
+            raise ValueError(f"queue '{self.queue.name}': field 'wait': seconds to wait must be >= 0, got {wait}")
+        self._require_autocommit("dequeue(wait=...)")
+        deadline = time.monotonic() + wait
+        listen = self.dialect == "postgres" and self.queue.options.get("notify") and not self.pooled
+        if listen:
+            self._listen()
+        while True:
+            rows = self.call("dequeue", params)
+            remaining = deadline - time.monotonic()
+            if rows or remaining <= 0:
+                return rows
+            if listen:
+                for _ in self.conn.notifies(timeout=min(remaining, LISTEN_RECHECK_SECONDS), stop_after=1):
+                    pass
+            elif self.wait(min(MAX_WAIT_MS, max(1, int(remaining * 1000)))):
+                # Ready, yet the next dequeue may find nothing (another consumer was faster, or the
+                # ready message was a lease that expired for the last time and goes to the dead
+                # letters): one wait step's pause keeps that from becoming a busy loop.
+                time.sleep(WAIT_STEP_SECONDS)
 
-    def complete(self, id: Any, worker: str) -> bool:
-        return bool(self.call("complete", {"id": id, "worker": worker})[0]["completed"])
+    def _require_autocommit(self, what: str) -> None:
+        if not getattr(self.conn, "autocommit", True):
+            raise ValueError(f"queue '{self.queue.name}': {what} holds no transaction while it waits: "
+                             f"use a connection in autocommit mode")
 
-    def fail(self, id: Any, worker: str, error: str, retry_after_seconds: int | None = None) -> str:
+    def _listen(self) -> None:
+        if not self._listening:
+            channel = f"{self.schema}.{self.queue.name}".replace('"', '""')
+            self.conn.execute(f'LISTEN "{channel}"')
+            self._listening = True
+
+    def wait(self, wait_ms: int = MAX_WAIT_MS) -> bool:
+        """S.Q_wait: True as soon as a message is ready to dequeue, False after wait_ms; claims
+        nothing. PostgreSQL: a procedure that commits between its steps, so the connection must be
+        in autocommit mode."""
+        if self.dialect == "postgres":
+            self._require_autocommit("wait")
+            cursor = self.conn.execute(f"CALL {self._routine('wait')}(wait_ms => %(wait_ms)s, ready => NULL)",
+                                       {"wait_ms": wait_ms})
+            return bool(cursor.fetchone()[0])
+        return bool(self.call("wait", {"wait_ms": wait_ms}, required=("wait_ms",))[0]["ready"])
+
+    def complete(self, id: Any, worker: str, lease_token: Any = None) -> bool:
+        return bool(self.call("complete", {"id": id, "worker": worker, "lease_token": lease_token})[0]["completed"])
+
+    def fail(self, id: Any, worker: str, error: str, retry_after_seconds: int | None = None,
+             lease_token: Any = None) -> str:
         return self.call("fail", {"id": id, "worker": worker, "error": error,
-                                  "retry_after_seconds": retry_after_seconds})[0]["outcome"]
+                                  "retry_after_seconds": retry_after_seconds, "lease_token": lease_token})[0]["outcome"]
 
-    def extend_lease(self, id: Any, worker: str, lease_seconds: int | None = None) -> bool:
-        return bool(self.call("extend_lease", {"id": id, "worker": worker,
-                                               "lease_seconds": lease_seconds})[0]["extended"])
+    def extend_lease(self, id: Any, worker: str, lease_seconds: int | None = None, lease_token: Any = None) -> bool:
+        return bool(self.call("extend_lease", {"id": id, "worker": worker, "lease_seconds": lease_seconds,
+                                               "lease_token": lease_token})[0]["extended"])
+
+    def release(self, id: Any, worker: str, lease_token: Any = None) -> bool:
+        """Give a leased message back now, with its attempt (a graceful shutdown spends none)."""
+        return bool(self.call("release", {"id": id, "worker": worker, "lease_token": lease_token})[0]["released"])
+
+    def complete_batch(self, acks: Iterable[Mapping[str, Any]], worker: str) -> list[dict]:
+        """acks: mappings with id and lease_token (dequeue's rows will do). One row per ack in id
+        order: id, completed."""
+        return self.call("complete_batch", {**self._acks(acks), "worker": worker}, required=("worker",))
+
+    def fail_batch(self, acks: Iterable[Mapping[str, Any]], worker: str, error: str,
+                   retry_after_seconds: int | None = None) -> list[dict]:
+        """As complete_batch; one row per ack in id order: id, outcome (retrying, dead, lost)."""
+        return self.call("fail_batch", {**self._acks(acks), "worker": worker, "error": error,
+                                        "retry_after_seconds": retry_after_seconds}, required=("worker",))
+
+    def _acks(self, acks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        pairs = [(a["id"], a.get("lease_token")) for a in acks]
+        if self.dialect == "postgres":
+            return {"ids": [i for i, _ in pairs], "lease_tokens": [t for _, t in pairs]}
+        return {"acks": self._table_value("acks", pairs)}
+
+    def complete_next(self, id: Any, worker: str, lease_token: Any = None, batch_size: int = 1,
+                      lease_seconds: int | None = None) -> tuple[bool, list[dict]]:
+        """complete, then dequeue, in one call and one commit: (previous_completed, the dequeued
+        rows, without previous_completed; [] when nothing was ready)."""
+        rows = self.call("complete_next", {"id": id, "worker": worker, "lease_token": lease_token,
+                                           "batch_size": batch_size, "lease_seconds": lease_seconds})
+        previous = bool(rows[0]["previous_completed"])
+        return previous, [{k: v for k, v in r.items() if k != "previous_completed"} for r in rows if r["id"] is not None]
 
     def stats(self) -> dict:
         return self.call("stats", {})[0]

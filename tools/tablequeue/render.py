@@ -50,7 +50,7 @@ VERB_ROLES = {
     "enqueue": "producer", "enqueue_batch": "producer",
     "dequeue": "consumer", "complete": "consumer", "fail": "consumer", "extend_lease": "consumer",
     "release": "consumer", "complete_batch": "consumer", "fail_batch": "consumer", "complete_next": "consumer",
-    "wait": "consumer",
+    "wait": "consumer", "wait_step": "consumer",
     "stats": "admin", "purge": "admin", "process": "admin", "dead_list": "admin",
     "dead_requeue": "admin", "dead_delete": "admin", "history_purge": "admin",
 }

@@ -1,6 +1,6 @@
 -- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.emails
--- tablequeue:unit queue.emails storage v1 table
+-- tablequeue:unit queue.emails storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
@@ -15,6 +15,9 @@ CREATE TABLE IF NOT EXISTS "queue"."emails" (
     attempts integer NOT NULL DEFAULT 0,
     leased_by text,
     leased_at timestamptz,
+    -- New for every lease: complete, fail, extend_lease and release given a token act only while
+    -- it is the message's current one (a stale holder is fenced off even under the same name).
+    lease_token uuid,
     last_error text,
     dedupe_key text CONSTRAINT "ck_emails_dedupe_key" CHECK (length(dedupe_key) <= 200),
     payload jsonb NOT NULL,
@@ -45,6 +48,27 @@ WHERE leased_by IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS "ux_emails_dedupe"
 ON "queue"."emails" (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
+
+-- tablequeue:unit queue.emails_complete_next_result storage v1 type
+-- tablequeue:shape kind=work payload=json client_ids=off
+
+-- complete_next's result row: dequeue's columns and previous_completed. A type for the reason of
+-- _enqueue_result: the contract names parameters and result columns alike (id, lease_token).
+DO $type$
+BEGIN
+    IF to_regtype('"queue"."emails_complete_next_result"') IS NULL THEN
+        CREATE TYPE "queue"."emails_complete_next_result" AS (
+            id bigint,
+            payload jsonb,
+            enqueued_at timestamptz,
+            due_at timestamptz,
+            attempts integer,
+            lease_token uuid,
+            previous_completed boolean
+        );
+    END IF;
+END
+$type$;
 
 -- tablequeue:unit queue.emails_rewinds storage v1 sequence
 -- tablequeue:shape kind=work
@@ -114,7 +138,7 @@ BEGIN
         INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
         WHERE
             n.nspname = 'queue'
-            AND c.relname IN ('emails', 'emails_dead', 'emails_rewinds', 'emails_history')
+            AND c.relname IN ('emails', 'emails_dead', 'emails_rewinds', 'emails_history', 'emails_complete_next_result')
             AND c.relkind IN ('r', 'p', 'S', 'c')
             AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
             AND (c.relkind <> 'S' OR NOT EXISTS (
@@ -211,8 +235,7 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     bad_ordinal integer;
     new_ids bigint[];
-    inserted_ties bigint[] := '{}';
-    step_ties bigint[];
+    inserted_ties bigint[];
     result_ids bigint[];
     roots integer[];
     queued_positions bigint[];
@@ -284,88 +307,88 @@ BEGIN
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
         ORDER BY u.position
     );
-    result_ids := array_fill(NULL::bigint, ARRAY[item_count]);
 
     -- The firsts go in in key order: two batches that share keys then wait for each other
     -- instead of deadlocking (each would hold one the other waits for). ON CONFLICT skips one whose key
-    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
-    -- item whose duplicate a racing transaction committed while this one waited and consumed before
-    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
-    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
+    -- is queued already (waiting for a racing insert of it first).
     LOOP
-        WITH items AS (
-            SELECT
-                u.new_id,
-                u.payload,
-                u.position,
-                d.due_at,
-                k.dedupe_key,
-                p.priority,
-                e.enqueued_at
-            FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
-            LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
-            LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-            WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
-        ),
+        BEGIN
+            WITH items AS (
+                SELECT
+                    u.new_id,
+                    u.payload,
+                    u.position,
+                    d.due_at,
+                    k.dedupe_key,
+                    p.priority,
+                    e.enqueued_at
+                FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+                LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
+                LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+                WHERE roots[u.position] = u.position
+            ),
 
-        queued AS (
-            SELECT
-                i.position,
-                by_key.id AS id
-            FROM items AS i
-            LEFT JOIN "queue"."emails" AS by_key ON i.dedupe_key = by_key.dedupe_key
-        ),
+            queued AS (
+                SELECT
+                    i.position,
+                    by_key.id AS id
+                FROM items AS i
+                LEFT JOIN "queue"."emails" AS by_key ON i.dedupe_key = by_key.dedupe_key
+            ),
 
-        inserted AS (
-            INSERT INTO "queue"."emails" AS m (
-                id, enqueued_at, due_at, visible_at, dedupe_key, payload
+            inserted AS (
+                INSERT INTO "queue"."emails" AS m (
+                    id, enqueued_at, due_at, visible_at, dedupe_key, payload
+                )
+                OVERRIDING SYSTEM VALUE
+                SELECT
+                    i.new_id,
+                    now_utc,
+                    coalesce(i.due_at, now_utc),
+                    coalesce(i.due_at, now_utc),
+                    i.dedupe_key,
+                    i.payload
+                FROM items AS i
+                ORDER BY i.dedupe_key, i.position
+                ON CONFLICT DO NOTHING
+                RETURNING m.id
             )
-            OVERRIDING SYSTEM VALUE
-            SELECT
-                i.new_id,
-                now_utc,
-                coalesce(i.due_at, now_utc),
-                coalesce(i.due_at, now_utc),
-                i.dedupe_key,
-                i.payload
-            FROM items AS i
-            ORDER BY i.dedupe_key, i.position
-            ON CONFLICT DO NOTHING
-            RETURNING m.id
-        )
 
-        SELECT
-            (SELECT array_agg(n.id) FROM inserted AS n),
-            (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
-            (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
-        INTO step_ties, queued_positions, queued_ids;
-        inserted_ties := inserted_ties || coalesce(step_ties, '{}');
-
-        -- A first's id: its own when its row went in; else the message now queued with its key (a
-        -- new statement sees what racing transactions committed while this one waited on them); else,
-        -- when that message has been consumed since, the one the insert's own snapshot saw.
-        result_ids := ARRAY(
             SELECT
-                CASE
-                    WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
-                    WHEN own.tie IS NOT NULL THEN u.new_id
-                    ELSE coalesce(
-                        (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key),
-                        q.id
-                    )
-                END
-            FROM unnest(new_ids, new_ids) WITH ORDINALITY AS u (new_id, new_tie, position)
-            LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
-            LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            ORDER BY u.position
-        );
-        EXIT WHEN NOT EXISTS (
-            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
-            WHERE r.root = r.position AND r.result_id IS NULL
-        );
+                coalesce((SELECT array_agg(n.id) FROM inserted AS n), '{}'),
+                (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
+                (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
+            INTO inserted_ties, queued_positions, queued_ids;
+
+            -- A first's id: its own when its row went in; else the message now queued with its key (a
+            -- new statement sees what racing transactions committed while this one waited on them); else,
+            -- when that message has been consumed since, the one the insert's own snapshot saw.
+            result_ids := ARRAY(
+                SELECT
+                    CASE
+                        WHEN roots[u.position] <> u.position THEN NULL
+                        WHEN own.tie IS NOT NULL THEN u.new_id
+                        ELSE coalesce(
+                            (SELECT m.id FROM "queue"."emails" AS m WHERE m.dedupe_key = k.dedupe_key),
+                            q.id
+                        )
+                    END
+                FROM unnest(new_ids, new_ids) WITH ORDINALITY AS u (new_id, new_tie, position)
+                LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
+                LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                ORDER BY u.position
+            );
+            IF EXISTS (SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position) WHERE r.root = r.position AND r.result_id IS NULL) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TQ900', MESSAGE = 'a key to offer again: the batch goes in again';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            -- Rolled back: no key of this batch is held any more; the next round starts from the lowest.
+            NULL;
+        END;
     END LOOP;
 
     -- A later item duplicates its first: it reports the first's id.
@@ -395,7 +418,9 @@ CREATE OR REPLACE FUNCTION "queue"."emails_dequeue"(
     worker text DEFAULT NULL,
     lease_seconds integer DEFAULT NULL
 )
-RETURNS TABLE (id bigint, payload jsonb, enqueued_at timestamptz, due_at timestamptz, attempts integer)
+RETURNS TABLE (
+    id bigint, payload jsonb, enqueued_at timestamptz, due_at timestamptz, attempts integer, lease_token uuid
+)
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
@@ -444,8 +469,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
-        own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
+        own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
         SELECT FROM "queue"."emails" AS m WHERE m.leased_by = emails_dequeue.worker AND m.leased_at >= own_since
@@ -472,7 +497,8 @@ BEGIN
                 attempts = m.attempts + CASE WHEN m.visible_at <= now_utc THEN 1 ELSE 0 END,
                 visible_at = CASE WHEN m.visible_at <= now_utc THEN lease_until ELSE m.visible_at END,
                 leased_by = emails_dequeue.worker,
-                leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END
+                leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END,
+                lease_token = CASE WHEN m.visible_at <= now_utc THEN gen_random_uuid() ELSE m.lease_token END
             FROM next_messages AS n
             WHERE m.id = n.id
             RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -514,7 +540,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.emails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || emails_dequeue.worker, false);
+        PERFORM set_config('tablequeue.queue.emails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || emails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -524,7 +550,7 @@ BEGIN
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -536,7 +562,7 @@ BEGIN
     IF position_state <> '' THEN
         IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
-            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
         END IF;
     END IF;
     IF position_id IS NULL THEN
@@ -553,7 +579,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
     WHILE remaining > 0 LOOP
         IF remaining = 1 THEN
@@ -576,7 +602,8 @@ BEGIN
                     attempts = m.attempts + 1,
                     visible_at = lease_until,
                     leased_by = emails_dequeue.worker,
-                    leased_at = now_utc
+                    leased_at = now_utc,
+                    lease_token = gen_random_uuid()
                 FROM next_messages AS n
                 WHERE m.id = n.id
                 RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -636,7 +663,8 @@ BEGIN
                     attempts = m.attempts + 1,
                     visible_at = lease_until,
                     leased_by = emails_dequeue.worker,
-                    leased_at = now_utc
+                    leased_at = now_utc,
+                    lease_token = gen_random_uuid()
                 FROM next_messages AS n
                 WHERE m.id = n.id
                 RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -692,17 +720,17 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
     -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
     -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
     -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
     RETURN QUERY
-    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token
     FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
     CROSS JOIN LATERAL (
-        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
         FROM "queue"."emails" AS q
         WHERE q.id = c.id
         LIMIT 1
@@ -717,8 +745,13 @@ GRANT EXECUTE ON FUNCTION "queue"."emails_dequeue" TO "queue_consumer";
 
 -- tablequeue:unit queue.emails_complete code
 
--- Only the holder of a live lease: a late complete after the lease moved on changes nothing.
-CREATE OR REPLACE FUNCTION "queue"."emails_complete"(id bigint, worker text)
+-- Only the holder of a live lease (given a token, of that very lease): a late complete after the
+-- lease moved on changes nothing.
+CREATE OR REPLACE FUNCTION "queue"."emails_complete"(
+    id bigint,
+    worker text,
+    lease_token uuid DEFAULT NULL
+)
 RETURNS TABLE (completed boolean)
 LANGUAGE plpgsql
 VOLATILE
@@ -736,7 +769,9 @@ BEGIN
     -- One statement: queue table, then history table (the fixed lock order).
     WITH done AS (
         DELETE FROM "queue"."emails" AS m
-        WHERE m.id = emails_complete.id AND m.leased_by = emails_complete.worker AND m.visible_at > now_utc
+        WHERE m.id = emails_complete.id AND m.leased_by IS NOT DISTINCT FROM emails_complete.worker
+            AND (emails_complete.lease_token IS NULL OR m.lease_token = emails_complete.lease_token)
+            AND m.visible_at > now_utc
         RETURNING m.id, m.enqueued_at, m.due_at, m.leased_at, m.leased_by, m.attempts, m.payload
     ),
 
@@ -761,7 +796,12 @@ BEGIN
     SELECT count(*) INTO done_count FROM kept;
     IF done_count = 0 THEN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_complete.id FOR NO KEY UPDATE;
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_complete.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
     END IF;
     END IF;
     RETURN QUERY SELECT done_count > 0;
@@ -781,7 +821,8 @@ CREATE OR REPLACE FUNCTION "queue"."emails_fail"(
     id bigint,
     worker text,
     error text DEFAULT NULL,
-    retry_after_seconds integer DEFAULT NULL
+    retry_after_seconds integer DEFAULT NULL,
+    lease_token uuid DEFAULT NULL
 )
 RETURNS TABLE (outcome text)
 LANGUAGE plpgsql
@@ -805,10 +846,13 @@ BEGIN
     UPDATE "queue"."emails" AS m
     SET
         leased_by = NULL,
+        lease_token = NULL,
         visible_at = now_utc + make_interval(secs => retry_after),
         last_error = left(emails_fail.error, 4000)
     WHERE
-        m.id = emails_fail.id AND m.leased_by = emails_fail.worker AND m.visible_at > now_utc
+        m.id = emails_fail.id AND m.leased_by IS NOT DISTINCT FROM emails_fail.worker
+        AND (emails_fail.lease_token IS NULL OR m.lease_token = emails_fail.lease_token)
+        AND m.visible_at > now_utc
         AND m.attempts < 3;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
@@ -818,7 +862,9 @@ BEGIN
 
     WITH gone AS (
         DELETE FROM "queue"."emails" AS m
-        WHERE m.id = emails_fail.id AND m.leased_by = emails_fail.worker AND m.visible_at > now_utc
+        WHERE m.id = emails_fail.id AND m.leased_by IS NOT DISTINCT FROM emails_fail.worker
+        AND (emails_fail.lease_token IS NULL OR m.lease_token = emails_fail.lease_token)
+        AND m.visible_at > now_utc
         RETURNING m.*
     ),
 
@@ -843,7 +889,12 @@ BEGIN
     SELECT count(*) INTO changed FROM buried;
     IF changed = 0 THEN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_fail.id FOR NO KEY UPDATE;
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_fail.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
     END IF;
     END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
@@ -860,7 +911,8 @@ GRANT EXECUTE ON FUNCTION "queue"."emails_fail" TO "queue_consumer";
 CREATE OR REPLACE FUNCTION "queue"."emails_extend_lease"(
     id bigint,
     worker text,
-    lease_seconds integer DEFAULT NULL
+    lease_seconds integer DEFAULT NULL,
+    lease_token uuid DEFAULT NULL
 )
 RETURNS TABLE (extended boolean)
 LANGUAGE plpgsql
@@ -882,11 +934,18 @@ BEGIN
     END IF;
     UPDATE "queue"."emails" AS m
     SET visible_at = now_utc + make_interval(secs => effective_lease)
-    WHERE m.id = emails_extend_lease.id AND m.leased_by = emails_extend_lease.worker AND m.visible_at > now_utc;
+    WHERE m.id = emails_extend_lease.id AND m.leased_by IS NOT DISTINCT FROM emails_extend_lease.worker
+        AND (emails_extend_lease.lease_token IS NULL OR m.lease_token = emails_extend_lease.lease_token)
+        AND m.visible_at > now_utc;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed = 0 THEN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_extend_lease.id FOR NO KEY UPDATE;
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_extend_lease.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
     END IF;
     END IF;
     RETURN QUERY SELECT changed > 0;
@@ -896,6 +955,476 @@ $function$;
 ALTER FUNCTION "queue"."emails_extend_lease" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."emails_extend_lease" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."emails_extend_lease" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_release code
+
+-- Gives a leased message back at once, with its attempt: a consumer shutting down gracefully (or
+-- handing work it will not start to another) spends none of max_attempts. Only the holder of the
+-- live lease; a lost lease changes nothing (released = false).
+CREATE OR REPLACE FUNCTION "queue"."emails_release"(
+    id bigint,
+    worker text,
+    lease_token uuid DEFAULT NULL
+)
+RETURNS TABLE (released boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    changed bigint;
+BEGIN
+    IF emails_release.worker IS NULL OR length(emails_release.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_release: worker must be a name of 1 to 200 characters.';
+    END IF;
+    -- visible_at = now: at or after every claim position a consumer can have stored, so the next
+    -- dequeue finds it.
+    UPDATE "queue"."emails" AS m
+    SET
+        leased_by = NULL,
+        leased_at = NULL,
+        lease_token = NULL,
+        visible_at = now_utc,
+        attempts = greatest(m.attempts - 1, 0)
+    WHERE m.id = emails_release.id AND m.leased_by IS NOT DISTINCT FROM emails_release.worker
+        AND (emails_release.lease_token IS NULL OR m.lease_token = emails_release.lease_token)
+        AND m.visible_at > now_utc;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_release.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    RETURN QUERY SELECT changed > 0;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."emails_release" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."emails_release" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_release" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_complete_batch code
+
+-- complete for up to 1,000 messages in one statement: each item fenced by its own token (NULL: by
+-- worker name), one row per item in id order, completed = false where the lease was lost.
+CREATE OR REPLACE FUNCTION "queue"."emails_complete_batch"(
+    ids bigint[],
+    lease_tokens uuid[],
+    worker text
+)
+RETURNS TABLE (id bigint, completed boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    sorted_ids bigint[];
+    sorted_tokens uuid[];
+    distinct_count bigint;
+    done_ids bigint[];
+BEGIN
+    IF emails_complete_batch.worker IS NULL OR length(emails_complete_batch.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_complete_batch: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.emails_complete_batch: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
+    IF emails_complete_batch.ids IS NULL OR cardinality(emails_complete_batch.ids) > 1000 OR array_ndims(emails_complete_batch.ids) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_complete_batch: ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(emails_complete_batch.ids)::text, 'NULL'));
+    END IF;
+    IF cardinality(emails_complete_batch.lease_tokens) IS DISTINCT FROM cardinality(emails_complete_batch.ids) OR array_ndims(emails_complete_batch.lease_tokens) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_complete_batch: lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(emails_complete_batch.lease_tokens)::text, 'NULL'), cardinality(emails_complete_batch.ids));
+    END IF;
+    IF array_position(emails_complete_batch.ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_complete_batch: ids[%s] is NULL.', array_position(emails_complete_batch.ids, NULL));
+    END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.lease_token ORDER BY u.id), count(DISTINCT u.id)
+    INTO sorted_ids, sorted_tokens, distinct_count
+    FROM unnest(emails_complete_batch.ids, emails_complete_batch.lease_tokens) AS u (id, lease_token);
+    IF distinct_count < cardinality(emails_complete_batch.ids) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_complete_batch: an id is listed twice.';
+    END IF;
+    IF cardinality(sorted_ids) IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- One statement: the queue rows (locked in id order), then the history table (complete's order).
+    WITH held AS MATERIALIZED (
+        SELECT h.id, h.attempts
+        FROM unnest(sorted_ids, sorted_tokens) AS i (id, lease_token)
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.attempts
+            FROM "queue"."emails" AS q
+            WHERE
+                q.id = i.id AND q.leased_by IS NOT DISTINCT FROM emails_complete_batch.worker
+                AND (i.lease_token IS NULL OR q.lease_token = i.lease_token) AND q.visible_at > now_utc
+            LIMIT 1
+            FOR UPDATE
+        ) AS h
+    ),
+
+    done AS (
+        DELETE FROM "queue"."emails" AS m
+        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
+        RETURNING m.id, m.enqueued_at, m.due_at, m.leased_at, m.leased_by, m.attempts, m.payload
+    ),
+
+    kept AS (
+        INSERT INTO "queue"."emails_history" (
+            id, enqueued_at, due_at, started_at, finished_at, duration_ms, worker, attempts, payload
+        )
+        SELECT
+            d.id,
+            d.enqueued_at,
+            d.due_at,
+            d.leased_at,
+            now_utc,
+            (extract(EPOCH FROM now_utc - d.leased_at) * 1000)::bigint,
+            d.leased_by,
+            d.attempts,
+            d.payload
+        FROM done AS d
+        RETURNING 1
+    )
+    SELECT array_agg(d.id) INTO done_ids FROM done AS d;
+    IF cardinality(done_ids) IS DISTINCT FROM cardinality(sorted_ids) THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m WHERE m.id = ANY(sorted_ids) FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    RETURN QUERY
+    SELECT u.id, coalesce(u.id = ANY(done_ids), false)
+    FROM unnest(sorted_ids) AS u (id)
+    ORDER BY u.id;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."emails_complete_batch" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."emails_complete_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_complete_batch" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_fail_batch code
+
+-- fail for up to 1,000 messages in one statement, with one error for all: each item fenced by its
+-- own token (NULL: by worker name); one row per item in id order, outcome as fail's.
+CREATE OR REPLACE FUNCTION "queue"."emails_fail_batch"(
+    ids bigint[],
+    lease_tokens uuid[],
+    worker text,
+    error text DEFAULT NULL,
+    retry_after_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    retry_after integer := coalesce(emails_fail_batch.retry_after_seconds, 0);
+    sorted_ids bigint[];
+    sorted_tokens uuid[];
+    distinct_count bigint;
+    retried_ids bigint[];
+    buried_ids bigint[];
+BEGIN
+    IF emails_fail_batch.worker IS NULL OR length(emails_fail_batch.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_fail_batch: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.emails_fail_batch: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
+    IF retry_after NOT BETWEEN 0 AND 2592000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_fail_batch: retry_after_seconds must be between 0 and 2592000, got %s.', retry_after);
+    END IF;
+    IF emails_fail_batch.ids IS NULL OR cardinality(emails_fail_batch.ids) > 1000 OR array_ndims(emails_fail_batch.ids) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_fail_batch: ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(emails_fail_batch.ids)::text, 'NULL'));
+    END IF;
+    IF cardinality(emails_fail_batch.lease_tokens) IS DISTINCT FROM cardinality(emails_fail_batch.ids) OR array_ndims(emails_fail_batch.lease_tokens) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_fail_batch: lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(emails_fail_batch.lease_tokens)::text, 'NULL'), cardinality(emails_fail_batch.ids));
+    END IF;
+    IF array_position(emails_fail_batch.ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_fail_batch: ids[%s] is NULL.', array_position(emails_fail_batch.ids, NULL));
+    END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.lease_token ORDER BY u.id), count(DISTINCT u.id)
+    INTO sorted_ids, sorted_tokens, distinct_count
+    FROM unnest(emails_fail_batch.ids, emails_fail_batch.lease_tokens) AS u (id, lease_token);
+    IF distinct_count < cardinality(emails_fail_batch.ids) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_fail_batch: an id is listed twice.';
+    END IF;
+    IF cardinality(sorted_ids) IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- One statement: the queue rows (locked in id order), then the dead-letter table (fail's order).
+    WITH held AS MATERIALIZED (
+        SELECT h.id, h.attempts
+        FROM unnest(sorted_ids, sorted_tokens) AS i (id, lease_token)
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.attempts
+            FROM "queue"."emails" AS q
+            WHERE
+                q.id = i.id AND q.leased_by IS NOT DISTINCT FROM emails_fail_batch.worker
+                AND (i.lease_token IS NULL OR q.lease_token = i.lease_token) AND q.visible_at > now_utc
+            LIMIT 1
+            FOR UPDATE
+        ) AS h
+    ),
+
+    retried AS (
+        UPDATE "queue"."emails" AS m
+        SET
+            leased_by = NULL,
+            lease_token = NULL,
+            visible_at = now_utc + make_interval(secs => retry_after),
+            last_error = left(emails_fail_batch.error, 4000)
+        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h WHERE h.attempts < 3))
+        RETURNING m.id
+    ),
+
+    gone AS (
+        DELETE FROM "queue"."emails" AS m
+        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h WHERE h.attempts >= 3))
+        RETURNING m.*
+    ),
+
+    buried AS (
+        INSERT INTO "queue"."emails_dead" (
+            id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+        )
+        SELECT
+            g.id,
+            g.enqueued_at,
+            g.due_at,
+            g.dedupe_key,
+            g.attempts,
+            left(emails_fail_batch.error, 4000),
+            g.leased_by,
+            now_utc,
+            g.payload
+        FROM gone AS g
+        RETURNING id
+    )
+
+    SELECT
+        (SELECT array_agg(r.id) FROM retried AS r),
+        (SELECT array_agg(b.id) FROM buried AS b)
+    INTO retried_ids, buried_ids;
+    IF coalesce(cardinality(retried_ids), 0) + coalesce(cardinality(buried_ids), 0) < cardinality(sorted_ids) THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m WHERE m.id = ANY(sorted_ids) FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    RETURN QUERY
+    SELECT
+        u.id,
+        CASE
+            WHEN u.id = ANY(retried_ids) THEN 'retrying'
+            WHEN u.id = ANY(buried_ids) THEN 'dead'
+            ELSE 'lost'
+        END
+    FROM unnest(sorted_ids) AS u (id)
+    ORDER BY u.id;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."emails_fail_batch" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."emails_fail_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_fail_batch" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_complete_next code
+
+-- complete, then dequeue, in the caller's one transaction: one commit per message instead of two.
+-- The rows are dequeue's with previous_completed (complete's answer) added; when nothing is ready,
+-- one row with a NULL id carries it.
+CREATE OR REPLACE FUNCTION "queue"."emails_complete_next"(
+    id bigint,
+    worker text,
+    lease_token uuid DEFAULT NULL,
+    batch_size integer DEFAULT 1,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS SETOF "queue"."emails_complete_next_result"
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    completed_now boolean;
+    effective_lease integer := coalesce(emails_complete_next.lease_seconds, 600);
+BEGIN
+    IF emails_complete_next.worker IS NULL OR length(emails_complete_next.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.emails_complete_next: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_complete_next: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    IF effective_lease NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_complete_next: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
+    END IF;
+    SELECT c.completed INTO completed_now
+    FROM "queue"."emails_complete"(emails_complete_next.id, emails_complete_next.worker, emails_complete_next.lease_token) AS c;
+    RETURN QUERY
+    SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, completed_now
+    FROM "queue"."emails_dequeue"(emails_complete_next.batch_size, emails_complete_next.worker, emails_complete_next.lease_seconds) AS d;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::uuid, completed_now;
+    END IF;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."emails_complete_next" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."emails_complete_next" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_complete_next" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_wait_step code
+
+-- One step of S.Q_wait: true when a message is ready that this session's dequeue would hand out
+-- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
+-- started_at. A row an open dequeue (or complete, fail, release) has locked is not ready: FOR KEY
+-- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
+-- on the one row found, which the caller's next COMMIT ends at once.
+-- It reads from the session's claim position, as dequeue does, so an idle wait does not walk dead
+-- index entries every step.
+-- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
+-- refuses COMMIT in such a procedure (2D000), and the procedure, run with the caller's search_path,
+-- evaluates no operator.
+CREATE OR REPLACE FUNCTION "queue"."emails_wait_step"(wait_ms integer, started_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    deadline timestamptz;
+    position_time timestamptz;
+    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."emails_rewinds" AS r);
+    -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
+    position_state text := current_setting('tablequeue.queue.emails', true);
+    position_expires numeric;
+    position_id bigint;
+BEGIN
+    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
+    END IF;
+    deadline := started_at + make_interval(secs => wait_ms / 1000.0);
+    -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
+        position_state := '';
+    END IF;
+    IF position_state <> '' THEN
+        position_expires := split_part(position_state, '|', 1)::numeric;
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
+        END IF;
+    END IF;
+    IF position_state <> '' THEN
+        IF split_part(position_state, '|', 2)::bigint = rewinds THEN
+            position_id := split_part(position_state, '|', 3)::bigint;
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
+        END IF;
+    END IF;
+    IF position_id IS NULL THEN
+        position_expires := extract(EPOCH FROM now_utc) + 1;
+        position_id := 0;
+        position_time := '-infinity';
+        SELECT m.visible_at, m.id
+        INTO position_time, position_id
+        FROM "queue"."emails" AS m
+        WHERE (m.visible_at, m.id) >= (position_time, position_id)
+        ORDER BY m.visible_at, m.id
+        LIMIT 1;
+        IF position_id IS NULL OR position_time > now_utc THEN
+            position_time := now_utc;
+            position_id := 0;
+        END IF;
+        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+    END IF;
+    PERFORM
+    FROM "queue"."emails" AS m
+    WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
+    ORDER BY m.visible_at, m.id
+    LIMIT 1
+    FOR KEY SHARE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF clock_timestamp() >= deadline THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(least(0.05, extract(EPOCH FROM deadline - clock_timestamp())));
+    RETURN false;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."emails_wait_step" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."emails_wait_step" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."emails_wait_step" TO "queue_consumer";
+
+-- tablequeue:unit queue.emails_wait code
+
+-- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
+-- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of up to 50 ms); so it holds
+-- no lock and no transaction between steps, and the snapshot it holds while it sleeps is renewed
+-- every step (backend_xmin moves on: vacuum is not held back). It claims nothing: the caller
+-- dequeues next, in its own transaction. Because it commits it must be CALLed outside a transaction
+-- block (autocommit): a caller that has written is refused (TQ003), any other open transaction
+-- block by PostgreSQL at the first COMMIT (2D000). No definer rights and no pinned search_path, as
+-- S.Q_process; its step is schema-qualified and it evaluates no operator the caller's search_path
+-- could resolve. With notify: true, LISTEN on the queue's channel wakes a client sooner.
+CREATE OR REPLACE PROCEDURE "queue"."emails_wait"(
+    wait_ms integer DEFAULT 20000,
+    INOUT ready boolean DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+DECLARE
+    started_at timestamptz := pg_catalog.clock_timestamp();
+    step_ready boolean;
+BEGIN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.emails_wait: commits between its steps and cannot run inside an open transaction.';
+    END IF;
+    LOOP
+        COMMIT;
+        step_ready := "queue"."emails_wait_step"(wait_ms, started_at);
+        EXIT WHEN step_ready OR step_ready IS NULL;
+    END LOOP;
+    ready := step_ready IS NOT NULL;
+    COMMIT;
+END;
+$procedure$;
+
+ALTER PROCEDURE "queue"."emails_wait" OWNER TO "queue_owner";
+REVOKE ALL ON PROCEDURE "queue"."emails_wait" FROM public;
+GRANT EXECUTE ON PROCEDURE "queue"."emails_wait" TO "queue_consumer";
 
 -- tablequeue:unit queue.emails_stats code
 
@@ -1016,6 +1545,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_purge: max_rows must be at least 1, got %s.', emails_purge.max_rows);
     END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     WITH doomed AS (
         SELECT m.id FROM "queue"."emails" AS m
         WHERE emails_purge.older_than IS NULL OR m.enqueued_at < emails_purge.older_than
@@ -1025,7 +1557,7 @@ BEGIN
     ),
 
     deleted AS (
-        DELETE FROM "queue"."emails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        DELETE FROM "queue"."emails" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
     )
 
     SELECT count(*) INTO purged_count FROM deleted;
@@ -1188,9 +1720,9 @@ BEGIN
     IF emails_history_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_history_purge: max_rows must be at least 1, got %s.', emails_history_purge.max_rows);
     END IF;
-    -- Oldest first; LIMIT NULL is no limit.
+    -- Oldest first; LIMIT NULL is no limit. The ids as an array, not IN (a join): see purge.
     DELETE FROM "queue"."emails_history" AS h
-    WHERE h.history_id IN (
+    WHERE h.history_id = ANY(ARRAY(
         SELECT o.history_id FROM "queue"."emails_history" AS o
         WHERE o.finished_at < cutoff
         ORDER BY o.finished_at
@@ -1198,7 +1730,7 @@ BEGIN
         -- A concurrent purge's rows are skipped, not waited for: a caller looping until a call
         -- purges fewer than max_rows must not stop early because another purge got there first.
         FOR UPDATE SKIP LOCKED
-    );
+    ));
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;
 END;

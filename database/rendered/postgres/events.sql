@@ -177,7 +177,7 @@ BEGIN
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -384,6 +384,9 @@ BEGIN
     END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     IF events_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."events" AS m
@@ -393,7 +396,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."events" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."events" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -407,7 +410,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."events" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."events" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -419,3 +422,123 @@ $function$;
 ALTER FUNCTION "queue"."events_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."events_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."events_purge" TO "queue_admin";
+
+-- tablequeue:unit queue.events_wait_step code
+
+-- One step of S.Q_wait: true when a message is ready that this session's dequeue would hand out
+-- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
+-- started_at. A row an open dequeue has locked is not ready: FOR KEY
+-- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
+-- on the one row found, which the caller's next COMMIT ends at once.
+-- It reads from the session's claim position, as dequeue does, so an idle wait does not walk dead
+-- index entries every step.
+-- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
+-- refuses COMMIT in such a procedure (2D000), and the procedure, run with the caller's search_path,
+-- evaluates no operator.
+CREATE OR REPLACE FUNCTION "queue"."events_wait_step"(wait_ms integer, started_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    deadline timestamptz;
+    -- '<found again after, epoch seconds>|<id>' (see position_load).
+    position_state text := current_setting('tablequeue.queue.events', true);
+    position_expires numeric;
+    position_id bigint;
+BEGIN
+    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.events_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
+    END IF;
+    deadline := started_at + make_interval(secs => wait_ms / 1000.0);
+    -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
+        position_state := '';
+    END IF;
+    IF position_state <> '' THEN
+        position_expires := split_part(position_state, '|', 1)::numeric;
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
+        END IF;
+    END IF;
+    IF position_state <> '' THEN
+        position_id := split_part(position_state, '|', 2)::bigint;
+    END IF;
+    IF position_id IS NULL THEN
+        position_expires := extract(EPOCH FROM now_utc) + 1;
+        position_id := 0;
+        SELECT m.id
+        INTO position_id
+        FROM "queue"."events" AS m
+        WHERE m.id >= position_id
+        ORDER BY m.id
+        LIMIT 1;
+        IF position_id IS NULL THEN
+            -- Nothing visible: whatever is enqueued from now on draws a later id.
+            SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+            INTO position_id
+            FROM "queue"."events_id_seq" AS s;
+        END IF;
+        PERFORM set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
+    END IF;
+    PERFORM
+    FROM "queue"."events" AS m
+    WHERE m.id >= position_id AND true
+    ORDER BY m.id
+    LIMIT 1
+    FOR KEY SHARE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF clock_timestamp() >= deadline THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(least(0.05, extract(EPOCH FROM deadline - clock_timestamp())));
+    RETURN false;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."events_wait_step" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."events_wait_step" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."events_wait_step" TO "queue_consumer";
+
+-- tablequeue:unit queue.events_wait code
+
+-- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
+-- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of up to 50 ms); so it holds
+-- no lock and no transaction between steps, and the snapshot it holds while it sleeps is renewed
+-- every step (backend_xmin moves on: vacuum is not held back). It claims nothing: the caller
+-- dequeues next, in its own transaction. Because it commits it must be CALLed outside a transaction
+-- block (autocommit): a caller that has written is refused (TQ003), any other open transaction
+-- block by PostgreSQL at the first COMMIT (2D000). No definer rights and no pinned search_path, as
+-- S.Q_process; its step is schema-qualified and it evaluates no operator the caller's search_path
+-- could resolve. With notify: true, LISTEN on the queue's channel wakes a client sooner.
+CREATE OR REPLACE PROCEDURE "queue"."events_wait"(
+    wait_ms integer DEFAULT 20000,
+    INOUT ready boolean DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+DECLARE
+    started_at timestamptz := pg_catalog.clock_timestamp();
+    step_ready boolean;
+BEGIN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.events_wait: commits between its steps and cannot run inside an open transaction.';
+    END IF;
+    LOOP
+        COMMIT;
+        step_ready := "queue"."events_wait_step"(wait_ms, started_at);
+        EXIT WHEN step_ready OR step_ready IS NULL;
+    END LOOP;
+    ready := step_ready IS NOT NULL;
+    COMMIT;
+END;
+$procedure$;
+
+ALTER PROCEDURE "queue"."events_wait" OWNER TO "queue_owner";
+REVOKE ALL ON PROCEDURE "queue"."events_wait" FROM public;
+GRANT EXECUTE ON PROCEDURE "queue"."events_wait" TO "queue_consumer";

@@ -318,6 +318,9 @@ BEGIN
     END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     IF ledger_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."ledger" AS m
@@ -327,7 +330,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."ledger" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."ledger" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -341,7 +344,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."ledger" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."ledger" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -353,3 +356,87 @@ $function$;
 ALTER FUNCTION "queue"."ledger_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."ledger_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."ledger_purge" TO "queue_admin";
+
+-- tablequeue:unit queue.ledger_wait_step code
+
+-- One step of S.Q_wait: true when a message is ready that this session's dequeue would hand out
+-- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
+-- started_at. A row an open dequeue has locked is not ready: FOR KEY
+-- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
+-- on the one row found, which the caller's next COMMIT ends at once.
+-- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
+-- refuses COMMIT in such a procedure (2D000), and the procedure, run with the caller's search_path,
+-- evaluates no operator.
+CREATE OR REPLACE FUNCTION "queue"."ledger_wait_step"(wait_ms integer, started_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    deadline timestamptz;
+BEGIN
+    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.ledger_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
+    END IF;
+    deadline := started_at + make_interval(secs => wait_ms / 1000.0);
+    -- Strict FIFO hands out the head or nothing: a head an open dequeue holds makes the next
+    -- dequeue wait, so the head alone is probed.
+    PERFORM
+    FROM "queue"."ledger" AS m
+    WHERE m.id = (SELECT h.id FROM "queue"."ledger" AS h ORDER BY h.id LIMIT 1)
+    FOR KEY SHARE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF clock_timestamp() >= deadline THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(least(0.05, extract(EPOCH FROM deadline - clock_timestamp())));
+    RETURN false;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."ledger_wait_step" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."ledger_wait_step" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."ledger_wait_step" TO "queue_consumer";
+
+-- tablequeue:unit queue.ledger_wait code
+
+-- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
+-- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of up to 50 ms); so it holds
+-- no lock and no transaction between steps, and the snapshot it holds while it sleeps is renewed
+-- every step (backend_xmin moves on: vacuum is not held back). It claims nothing: the caller
+-- dequeues next, in its own transaction. Because it commits it must be CALLed outside a transaction
+-- block (autocommit): a caller that has written is refused (TQ003), any other open transaction
+-- block by PostgreSQL at the first COMMIT (2D000). No definer rights and no pinned search_path, as
+-- S.Q_process; its step is schema-qualified and it evaluates no operator the caller's search_path
+-- could resolve. With notify: true, LISTEN on the queue's channel wakes a client sooner.
+CREATE OR REPLACE PROCEDURE "queue"."ledger_wait"(
+    wait_ms integer DEFAULT 20000,
+    INOUT ready boolean DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+DECLARE
+    started_at timestamptz := pg_catalog.clock_timestamp();
+    step_ready boolean;
+BEGIN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.ledger_wait: commits between its steps and cannot run inside an open transaction.';
+    END IF;
+    LOOP
+        COMMIT;
+        step_ready := "queue"."ledger_wait_step"(wait_ms, started_at);
+        EXIT WHEN step_ready OR step_ready IS NULL;
+    END LOOP;
+    ready := step_ready IS NOT NULL;
+    COMMIT;
+END;
+$procedure$;
+
+ALTER PROCEDURE "queue"."ledger_wait" OWNER TO "queue_owner";
+REVOKE ALL ON PROCEDURE "queue"."ledger_wait" FROM public;
+GRANT EXECUTE ON PROCEDURE "queue"."ledger_wait" TO "queue_consumer";

@@ -142,8 +142,7 @@ DECLARE
     new_ids bigint[];
     roots integer[];
     result_ids bigint[];
-    inserted_ids bigint[] := '{}';
-    step_ids bigint[];
+    inserted_ids bigint[];
     queued_ordinals bigint[];
     queued_ids bigint[];
 BEGIN
@@ -189,77 +188,77 @@ BEGIN
     IF dedupe_keys IS NULL THEN
         roots := ARRAY(SELECT generate_series(1, item_count));
     END IF;
-    result_ids := array_fill(NULL::bigint, ARRAY[item_count]);
 
     -- The firsts go in in key order: two batches that share keys then wait for each other instead
     -- of deadlocking (each would hold a key the other waits for). The ids were drawn in item order
     -- above, so the dequeue order is still the item order. ON CONFLICT skips a key already in the
-    -- queue (waiting for a racing insert of it first). The loop runs again only for a key whose
-    -- message a racing transaction committed while this one waited and dequeued before the look-up
-    -- below: a duplicate that was queued when the insert began is reported as such even if it has
-    -- been dequeued since (offering it again could wait on a batch that waits on this one).
+    -- queue (waiting for a racing insert of it first).
     LOOP
-        WITH items AS (
-            SELECT
-                u.new_id,
-                u.due_at,
-                u.dedupe_key,
-                u.payload,
-                u.ordinal
-            FROM unnest(new_ids, payloads, due_ats, dedupe_keys) WITH ORDINALITY
-                AS u (new_id, payload, due_at, dedupe_key, ordinal)
-            WHERE roots[u.ordinal] = u.ordinal AND result_ids[u.ordinal] IS NULL
-        ),
+        BEGIN
+            WITH items AS (
+                SELECT
+                    u.new_id,
+                    u.due_at,
+                    u.dedupe_key,
+                    u.payload,
+                    u.ordinal
+                FROM unnest(new_ids, payloads, due_ats, dedupe_keys) WITH ORDINALITY
+                    AS u (new_id, payload, due_at, dedupe_key, ordinal)
+                WHERE roots[u.ordinal] = u.ordinal
+            ),
 
-        queued AS (
-            SELECT
-                i.ordinal,
-                m.id
-            FROM items AS i
-            INNER JOIN "queue"."reminders" AS m ON i.dedupe_key = m.dedupe_key
-        ),
+            queued AS (
+                SELECT
+                    i.ordinal,
+                    m.id
+                FROM items AS i
+                INNER JOIN "queue"."reminders" AS m ON i.dedupe_key = m.dedupe_key
+            ),
 
-        inserted AS (
-            INSERT INTO "queue"."reminders" AS m (id, due_at, dedupe_key, payload)
-            OVERRIDING SYSTEM VALUE
-            SELECT
-                i.new_id,
-                coalesce(i.due_at, clock_timestamp()),
-                i.dedupe_key,
-                i.payload
-            FROM items AS i
-            ORDER BY i.dedupe_key, i.ordinal
-            ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-            RETURNING m.id
-        )
+            inserted AS (
+                INSERT INTO "queue"."reminders" AS m (id, due_at, dedupe_key, payload)
+                OVERRIDING SYSTEM VALUE
+                SELECT
+                    i.new_id,
+                    coalesce(i.due_at, clock_timestamp()),
+                    i.dedupe_key,
+                    i.payload
+                FROM items AS i
+                ORDER BY i.dedupe_key, i.ordinal
+                ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+                RETURNING m.id
+            )
 
-        SELECT
-            (SELECT array_agg(n.id) FROM inserted AS n),
-            (SELECT array_agg(q.ordinal ORDER BY q.ordinal) FROM queued AS q),
-            (SELECT array_agg(q.id ORDER BY q.ordinal) FROM queued AS q)
-        INTO step_ids, queued_ordinals, queued_ids;
-        inserted_ids := inserted_ids || coalesce(step_ids, '{}');
-
-        -- A first's id: its own when its row went in; else the message now queued with its key (a
-        -- new statement sees what racing transactions committed while this one waited on them);
-        -- else, when that message has been dequeued since, the one the insert's own snapshot saw.
-        result_ids := ARRAY(
             SELECT
-                CASE
-                    WHEN roots[u.ordinal] <> u.ordinal OR result_ids[u.ordinal] IS NOT NULL THEN result_ids[u.ordinal]
-                    WHEN own.id IS NOT NULL THEN u.new_id
-                    ELSE coalesce((SELECT m.id FROM "queue"."reminders" AS m WHERE m.dedupe_key = k.dedupe_key), q.id)
-                END
-            FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
-            LEFT JOIN unnest(inserted_ids) AS own (id) ON u.new_id = own.id
-            LEFT JOIN unnest(queued_ordinals, queued_ids) AS q (ordinal, id) ON u.ordinal = q.ordinal
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, ordinal) ON u.ordinal = k.ordinal
-            ORDER BY u.ordinal
-        );
-        EXIT WHEN NOT EXISTS (
-            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, ordinal)
-            WHERE r.root = r.ordinal AND r.result_id IS NULL
-        );
+                coalesce((SELECT array_agg(n.id) FROM inserted AS n), '{}'),
+                (SELECT array_agg(q.ordinal ORDER BY q.ordinal) FROM queued AS q),
+                (SELECT array_agg(q.id ORDER BY q.ordinal) FROM queued AS q)
+            INTO inserted_ids, queued_ordinals, queued_ids;
+
+            -- A first's id: its own when its row went in; else the message now queued with its key (a
+            -- new statement sees what racing transactions committed while this one waited on them);
+            -- else, when that message has been dequeued since, the one the insert's own snapshot saw.
+            result_ids := ARRAY(
+                SELECT
+                    CASE
+                        WHEN roots[u.ordinal] <> u.ordinal THEN NULL
+                        WHEN own.id IS NOT NULL THEN u.new_id
+                        ELSE coalesce((SELECT m.id FROM "queue"."reminders" AS m WHERE m.dedupe_key = k.dedupe_key), q.id)
+                    END
+                FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
+                LEFT JOIN unnest(inserted_ids) AS own (id) ON u.new_id = own.id
+                LEFT JOIN unnest(queued_ordinals, queued_ids) AS q (ordinal, id) ON u.ordinal = q.ordinal
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, ordinal) ON u.ordinal = k.ordinal
+                ORDER BY u.ordinal
+            );
+            IF EXISTS (SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, ordinal) WHERE r.root = r.ordinal AND r.result_id IS NULL) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TQ900', MESSAGE = 'a key to offer again: the batch goes in again';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            -- Rolled back: no key of this batch is held any more; the next round starts from the lowest.
+            NULL;
+        END;
     END LOOP;
 
     -- A later item duplicates its first: it reports the first's id.
@@ -309,7 +308,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.reminders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,19}\|[0-9]{1,19}\|([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?$' THEN
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -321,7 +320,7 @@ BEGIN
     IF position_state <> '' THEN
         IF split_part(position_state, '|', 2)::bigint = rewinds THEN
             position_id := split_part(position_state, '|', 3)::bigint;
-            position_time := coalesce(nullif(split_part(position_state, '|', 4), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
         END IF;
     END IF;
     IF position_id IS NULL THEN
@@ -338,7 +337,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
@@ -381,7 +380,7 @@ BEGIN
                 position_time := reminders_dequeue.due_at;
                 position_id := reminders_dequeue.id + 1;
             END IF;
-            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
             RETURN NEXT;
         END IF;
     ELSE
@@ -416,7 +415,7 @@ BEGIN
                 position_time := now_utc;
                 position_id := 0;
             END IF;
-            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || to_char(position_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'), false);
+            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
         END IF;
     END IF;
 END;
@@ -523,6 +522,9 @@ BEGIN
     END IF;
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     IF reminders_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM "queue"."reminders" AS m
@@ -532,7 +534,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."reminders" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."reminders" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -546,7 +548,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM "queue"."reminders" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM "queue"."reminders" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -558,3 +560,127 @@ $function$;
 ALTER FUNCTION "queue"."reminders_purge" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."reminders_purge" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."reminders_purge" TO "queue_admin";
+
+-- tablequeue:unit queue.reminders_wait_step code
+
+-- One step of S.Q_wait: true when a message is ready that this session's dequeue would hand out
+-- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
+-- started_at. A row an open dequeue has locked is not ready: FOR KEY
+-- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
+-- on the one row found, which the caller's next COMMIT ends at once.
+-- It reads from the session's claim position, as dequeue does, so an idle wait does not walk dead
+-- index entries every step.
+-- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
+-- refuses COMMIT in such a procedure (2D000), and the procedure, run with the caller's search_path,
+-- evaluates no operator.
+CREATE OR REPLACE FUNCTION "queue"."reminders_wait_step"(wait_ms integer, started_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    deadline timestamptz;
+    position_time timestamptz;
+    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."reminders_rewinds" AS r);
+    -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
+    position_state text := current_setting('tablequeue.queue.reminders', true);
+    position_expires numeric;
+    position_id bigint;
+BEGIN
+    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.reminders_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
+    END IF;
+    deadline := started_at + make_interval(secs => wait_ms / 1000.0);
+    -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
+    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
+        position_state := '';
+    END IF;
+    IF position_state <> '' THEN
+        position_expires := split_part(position_state, '|', 1)::numeric;
+        IF position_expires <= extract(EPOCH FROM now_utc) OR position_expires > extract(EPOCH FROM now_utc) + 1 THEN
+            position_state := '';
+        END IF;
+    END IF;
+    IF position_state <> '' THEN
+        IF split_part(position_state, '|', 2)::bigint = rewinds THEN
+            position_id := split_part(position_state, '|', 3)::bigint;
+            position_time := coalesce('epoch'::timestamptz + nullif(split_part(position_state, '|', 4), '')::bigint * interval '1 microsecond', '-infinity');
+        END IF;
+    END IF;
+    IF position_id IS NULL THEN
+        position_expires := extract(EPOCH FROM now_utc) + 1;
+        position_id := 0;
+        position_time := '-infinity';
+        SELECT m.due_at, m.id
+        INTO position_time, position_id
+        FROM "queue"."reminders" AS m
+        WHERE (m.due_at, m.id) >= (position_time, position_id)
+        ORDER BY m.due_at, m.id
+        LIMIT 1;
+        IF position_id IS NULL OR position_time > now_utc THEN
+            position_time := now_utc;
+            position_id := 0;
+        END IF;
+        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+    END IF;
+    PERFORM
+    FROM "queue"."reminders" AS m
+    WHERE (m.due_at, m.id) >= (position_time, position_id) AND m.due_at <= now_utc
+    ORDER BY m.due_at, m.id
+    LIMIT 1
+    FOR KEY SHARE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF clock_timestamp() >= deadline THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(least(0.05, extract(EPOCH FROM deadline - clock_timestamp())));
+    RETURN false;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."reminders_wait_step" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."reminders_wait_step" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."reminders_wait_step" TO "queue_consumer";
+
+-- tablequeue:unit queue.reminders_wait code
+
+-- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
+-- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of up to 50 ms); so it holds
+-- no lock and no transaction between steps, and the snapshot it holds while it sleeps is renewed
+-- every step (backend_xmin moves on: vacuum is not held back). It claims nothing: the caller
+-- dequeues next, in its own transaction. Because it commits it must be CALLed outside a transaction
+-- block (autocommit): a caller that has written is refused (TQ003), any other open transaction
+-- block by PostgreSQL at the first COMMIT (2D000). No definer rights and no pinned search_path, as
+-- S.Q_process; its step is schema-qualified and it evaluates no operator the caller's search_path
+-- could resolve. With notify: true, LISTEN on the queue's channel wakes a client sooner.
+CREATE OR REPLACE PROCEDURE "queue"."reminders_wait"(
+    wait_ms integer DEFAULT 20000,
+    INOUT ready boolean DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+DECLARE
+    started_at timestamptz := pg_catalog.clock_timestamp();
+    step_ready boolean;
+BEGIN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.reminders_wait: commits between its steps and cannot run inside an open transaction.';
+    END IF;
+    LOOP
+        COMMIT;
+        step_ready := "queue"."reminders_wait_step"(wait_ms, started_at);
+        EXIT WHEN step_ready OR step_ready IS NULL;
+    END LOOP;
+    ready := step_ready IS NOT NULL;
+    COMMIT;
+END;
+$procedure$;
+
+ALTER PROCEDURE "queue"."reminders_wait" OWNER TO "queue_owner";
+REVOKE ALL ON PROCEDURE "queue"."reminders_wait" FROM public;
+GRANT EXECUTE ON PROCEDURE "queue"."reminders_wait" TO "queue_consumer";

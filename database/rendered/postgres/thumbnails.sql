@@ -1,6 +1,6 @@
 -- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.thumbnails
--- tablequeue:unit queue.thumbnails storage v1 table
+-- tablequeue:unit queue.thumbnails storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
@@ -18,6 +18,9 @@ CREATE TABLE IF NOT EXISTS "queue"."thumbnails" (
     attempts integer NOT NULL DEFAULT 0,
     leased_by text,
     leased_at timestamptz,
+    -- New for every lease: complete, fail, extend_lease and release given a token act only while
+    -- it is the message's current one (a stale holder is fenced off even under the same name).
+    lease_token uuid,
     last_error text,
     payload jsonb NOT NULL,
     -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
@@ -53,6 +56,27 @@ DO $type$
 BEGIN
     IF to_regtype('"queue"."thumbnails_enqueue_result"') IS NULL THEN
         CREATE TYPE "queue"."thumbnails_enqueue_result" AS (id uuid, duplicate boolean);
+    END IF;
+END
+$type$;
+
+-- tablequeue:unit queue.thumbnails_complete_next_result storage v1 type
+-- tablequeue:shape kind=work payload=json client_ids=on
+
+-- complete_next's result row: dequeue's columns and previous_completed. A type for the reason of
+-- _enqueue_result: the contract names parameters and result columns alike (id, lease_token).
+DO $type$
+BEGIN
+    IF to_regtype('"queue"."thumbnails_complete_next_result"') IS NULL THEN
+        CREATE TYPE "queue"."thumbnails_complete_next_result" AS (
+            id uuid,
+            payload jsonb,
+            enqueued_at timestamptz,
+            due_at timestamptz,
+            attempts integer,
+            lease_token uuid,
+            previous_completed boolean
+        );
     END IF;
 END
 $type$;
@@ -103,7 +127,7 @@ BEGIN
         INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
         WHERE
             n.nspname = 'queue'
-            AND c.relname IN ('thumbnails', 'thumbnails_dead', 'thumbnails_rewinds', 'thumbnails_enqueue_result')
+            AND c.relname IN ('thumbnails', 'thumbnails_dead', 'thumbnails_rewinds', 'thumbnails_enqueue_result', 'thumbnails_complete_next_result')
             AND c.relkind IN ('r', 'p', 'S', 'c')
             AND c.relowner <> (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'queue_owner')
             AND (c.relkind <> 'S' OR NOT EXISTS (
@@ -207,8 +231,7 @@ DECLARE
     new_ids uuid[];
     -- seq (the claim order's tie-breaker) drawn in item order too: rows go in in key order.
     new_seqs bigint[];
-    inserted_ties bigint[] := '{}';
-    step_ties bigint[];
+    inserted_ties bigint[];
     result_ids uuid[];
     roots integer[];
     chased integer[];
@@ -279,91 +302,91 @@ BEGIN
         EXIT WHEN chased IS NOT DISTINCT FROM roots;
         roots := chased;
     END LOOP;
-    result_ids := array_fill(NULL::uuid, ARRAY[item_count]);
 
     -- The firsts go in in id order: two batches that share ids then wait for each other
     -- instead of deadlocking (each would hold one the other waits for). ON CONFLICT skips one whose id
-    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
-    -- item whose duplicate a racing transaction committed while this one waited and consumed before
-    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
-    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
+    -- is queued already (waiting for a racing insert of it first).
     LOOP
-        WITH items AS (
-            SELECT
-                u.new_id,
-                s.new_seq,
-                u.payload,
-                u.position,
-                d.due_at,
-                k.dedupe_key,
-                p.priority,
-                e.enqueued_at
-            FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
-            INNER JOIN unnest(new_seqs) WITH ORDINALITY AS s (new_seq, position) ON u.position = s.position
-            LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
-            LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-            WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
-        ),
+        BEGIN
+            WITH items AS (
+                SELECT
+                    u.new_id,
+                    s.new_seq,
+                    u.payload,
+                    u.position,
+                    d.due_at,
+                    k.dedupe_key,
+                    p.priority,
+                    e.enqueued_at
+                FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
+                INNER JOIN unnest(new_seqs) WITH ORDINALITY AS s (new_seq, position) ON u.position = s.position
+                LEFT JOIN unnest(due_ats) WITH ORDINALITY AS d (due_at, position) ON u.position = d.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
+                LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+                WHERE roots[u.position] = u.position
+            ),
 
-        queued AS (
-            SELECT
-                i.position,
-                by_id.id AS id
-            FROM items AS i
-            LEFT JOIN "queue"."thumbnails" AS by_id ON i.new_id = by_id.id
-        ),
+            queued AS (
+                SELECT
+                    i.position,
+                    by_id.id AS id
+                FROM items AS i
+                LEFT JOIN "queue"."thumbnails" AS by_id ON i.new_id = by_id.id
+            ),
 
-        inserted AS (
-            INSERT INTO "queue"."thumbnails" AS m (
-                id, seq, enqueued_at, due_at, visible_at, priority, payload
+            inserted AS (
+                INSERT INTO "queue"."thumbnails" AS m (
+                    id, seq, enqueued_at, due_at, visible_at, priority, payload
+                )
+                OVERRIDING SYSTEM VALUE
+                SELECT
+                    i.new_id,
+                    i.new_seq,
+                    coalesce(i.enqueued_at, now_utc),
+                    coalesce(i.due_at, now_utc),
+                    coalesce(i.due_at, now_utc),
+                    coalesce(i.priority, 0),
+                    i.payload
+                FROM items AS i
+                ORDER BY i.new_id, i.position
+                ON CONFLICT DO NOTHING
+                RETURNING m.seq
             )
-            OVERRIDING SYSTEM VALUE
-            SELECT
-                i.new_id,
-                i.new_seq,
-                coalesce(i.enqueued_at, now_utc),
-                coalesce(i.due_at, now_utc),
-                coalesce(i.due_at, now_utc),
-                coalesce(i.priority, 0),
-                i.payload
-            FROM items AS i
-            ORDER BY i.new_id, i.position
-            ON CONFLICT DO NOTHING
-            RETURNING m.seq
-        )
 
-        SELECT
-            (SELECT array_agg(n.seq) FROM inserted AS n),
-            (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
-            (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
-        INTO step_ties, queued_positions, queued_ids;
-        inserted_ties := inserted_ties || coalesce(step_ties, '{}');
-
-        -- A first's id: its own when its row went in; else the message now queued with its key or id (a
-        -- new statement sees what racing transactions committed while this one waited on them); else,
-        -- when that message has been consumed since, the one the insert's own snapshot saw.
-        result_ids := ARRAY(
             SELECT
-                CASE
-                    WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
-                    WHEN own.tie IS NOT NULL THEN u.new_id
-                    ELSE coalesce(
-                        (SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id),
-                        q.id
-                    )
-                END
-            FROM unnest(new_ids, new_seqs) WITH ORDINALITY AS u (new_id, new_tie, position)
-            LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
-            LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
-            ORDER BY u.position
-        );
-        EXIT WHEN NOT EXISTS (
-            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
-            WHERE r.root = r.position AND r.result_id IS NULL
-        );
+                coalesce((SELECT array_agg(n.seq) FROM inserted AS n), '{}'),
+                (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
+                (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
+            INTO inserted_ties, queued_positions, queued_ids;
+
+            -- A first's id: its own when its row went in; else the message now queued with its key or id (a
+            -- new statement sees what racing transactions committed while this one waited on them); else,
+            -- when that message has been consumed since, the one the insert's own snapshot saw.
+            result_ids := ARRAY(
+                SELECT
+                    CASE
+                        WHEN roots[u.position] <> u.position THEN NULL
+                        WHEN own.tie IS NOT NULL THEN u.new_id
+                        ELSE coalesce(
+                            (SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = u.new_id),
+                            q.id
+                        )
+                    END
+                FROM unnest(new_ids, new_seqs) WITH ORDINALITY AS u (new_id, new_tie, position)
+                LEFT JOIN unnest(inserted_ties) AS own (tie) ON u.new_tie = own.tie
+                LEFT JOIN unnest(queued_positions, queued_ids) AS q (position, id) ON u.position = q.position
+                LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
+                ORDER BY u.position
+            );
+            IF EXISTS (SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position) WHERE r.root = r.position AND r.result_id IS NULL) THEN
+                RAISE EXCEPTION USING ERRCODE = 'TQ900', MESSAGE = 'a key to offer again: the batch goes in again';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            -- Rolled back: no key of this batch is held any more; the next round starts from the lowest.
+            NULL;
+        END;
     END LOOP;
 
     -- A later item duplicates its first: it reports the first's id.
@@ -393,7 +416,9 @@ CREATE OR REPLACE FUNCTION "queue"."thumbnails_dequeue"(
     worker text DEFAULT NULL,
     lease_seconds integer DEFAULT NULL
 )
-RETURNS TABLE (id uuid, payload jsonb, enqueued_at timestamptz, due_at timestamptz, attempts integer)
+RETURNS TABLE (
+    id uuid, payload jsonb, enqueued_at timestamptz, due_at timestamptz, attempts integer, lease_token uuid
+)
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
@@ -438,8 +463,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
-        own_since := coalesce(nullif(split_part(own_state, '|', 1), ''), '-infinity')::timestamp AT TIME ZONE 'UTC';
+    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
+        own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
         SELECT FROM "queue"."thumbnails" AS m WHERE m.leased_by = thumbnails_dequeue.worker AND m.leased_at >= own_since
@@ -466,7 +491,8 @@ BEGIN
                 attempts = m.attempts + CASE WHEN m.visible_at <= now_utc THEN 1 ELSE 0 END,
                 visible_at = CASE WHEN m.visible_at <= now_utc THEN lease_until ELSE m.visible_at END,
                 leased_by = thumbnails_dequeue.worker,
-                leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END
+                leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END,
+                lease_token = CASE WHEN m.visible_at <= now_utc THEN gen_random_uuid() ELSE m.lease_token END
             FROM next_messages AS n
             WHERE m.id = n.id
             RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -517,7 +543,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.thumbnails.own', to_char(now_utc AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC') || '|' || thumbnails_dequeue.worker, false);
+        PERFORM set_config('tablequeue.queue.thumbnails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || thumbnails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -553,7 +579,8 @@ BEGIN
                         attempts = m.attempts + 1,
                         visible_at = lease_until,
                         leased_by = thumbnails_dequeue.worker,
-                        leased_at = now_utc
+                        leased_at = now_utc,
+                        lease_token = gen_random_uuid()
                     FROM next_messages AS n
                     WHERE m.id = n.id
                     RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -622,7 +649,8 @@ BEGIN
                         attempts = m.attempts + 1,
                         visible_at = lease_until,
                         leased_by = thumbnails_dequeue.worker,
-                        leased_at = now_utc
+                        leased_at = now_utc,
+                        lease_token = gen_random_uuid()
                     FROM next_messages AS n
                     WHERE m.id = n.id
                     RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
@@ -687,10 +715,10 @@ BEGIN
     -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
     -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
     RETURN QUERY
-    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token
     FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
     CROSS JOIN LATERAL (
-        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
         FROM "queue"."thumbnails" AS q
         WHERE q.id = c.id
         LIMIT 1
@@ -705,8 +733,13 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dequeue" TO "queue_consumer";
 
 -- tablequeue:unit queue.thumbnails_complete code
 
--- Only the holder of a live lease: a late complete after the lease moved on changes nothing.
-CREATE OR REPLACE FUNCTION "queue"."thumbnails_complete"(id uuid, worker text)
+-- Only the holder of a live lease (given a token, of that very lease): a late complete after the
+-- lease moved on changes nothing.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_complete"(
+    id uuid,
+    worker text,
+    lease_token uuid DEFAULT NULL
+)
 RETURNS TABLE (completed boolean)
 LANGUAGE plpgsql
 VOLATILE
@@ -722,11 +755,18 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete: worker must be a name of 1 to 200 characters.';
     END IF;
     DELETE FROM "queue"."thumbnails" AS m
-    WHERE m.id = thumbnails_complete.id AND m.leased_by = thumbnails_complete.worker AND m.visible_at > now_utc;
+    WHERE m.id = thumbnails_complete.id AND m.leased_by IS NOT DISTINCT FROM thumbnails_complete.worker
+        AND (thumbnails_complete.lease_token IS NULL OR m.lease_token = thumbnails_complete.lease_token)
+        AND m.visible_at > now_utc;
     GET DIAGNOSTICS done_count = ROW_COUNT;
     IF done_count = 0 THEN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_complete.id FOR NO KEY UPDATE;
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_complete.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
     END IF;
     END IF;
     RETURN QUERY SELECT done_count > 0;
@@ -746,7 +786,8 @@ CREATE OR REPLACE FUNCTION "queue"."thumbnails_fail"(
     id uuid,
     worker text,
     error text DEFAULT NULL,
-    retry_after_seconds integer DEFAULT NULL
+    retry_after_seconds integer DEFAULT NULL,
+    lease_token uuid DEFAULT NULL
 )
 RETURNS TABLE (outcome text)
 LANGUAGE plpgsql
@@ -770,10 +811,13 @@ BEGIN
     UPDATE "queue"."thumbnails" AS m
     SET
         leased_by = NULL,
+        lease_token = NULL,
         visible_at = now_utc + make_interval(secs => retry_after),
         last_error = left(thumbnails_fail.error, 4000)
     WHERE
-        m.id = thumbnails_fail.id AND m.leased_by = thumbnails_fail.worker AND m.visible_at > now_utc
+        m.id = thumbnails_fail.id AND m.leased_by IS NOT DISTINCT FROM thumbnails_fail.worker
+        AND (thumbnails_fail.lease_token IS NULL OR m.lease_token = thumbnails_fail.lease_token)
+        AND m.visible_at > now_utc
         AND m.attempts < 4;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
@@ -783,7 +827,9 @@ BEGIN
 
     WITH gone AS (
         DELETE FROM "queue"."thumbnails" AS m
-        WHERE m.id = thumbnails_fail.id AND m.leased_by = thumbnails_fail.worker AND m.visible_at > now_utc
+        WHERE m.id = thumbnails_fail.id AND m.leased_by IS NOT DISTINCT FROM thumbnails_fail.worker
+        AND (thumbnails_fail.lease_token IS NULL OR m.lease_token = thumbnails_fail.lease_token)
+        AND m.visible_at > now_utc
         RETURNING m.*
     ),
 
@@ -817,7 +863,12 @@ BEGIN
     SELECT count(*) INTO changed FROM buried;
     IF changed = 0 THEN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_fail.id FOR NO KEY UPDATE;
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_fail.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
     END IF;
     END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
@@ -834,7 +885,8 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_fail" TO "queue_consumer";
 CREATE OR REPLACE FUNCTION "queue"."thumbnails_extend_lease"(
     id uuid,
     worker text,
-    lease_seconds integer DEFAULT NULL
+    lease_seconds integer DEFAULT NULL,
+    lease_token uuid DEFAULT NULL
 )
 RETURNS TABLE (extended boolean)
 LANGUAGE plpgsql
@@ -856,11 +908,18 @@ BEGIN
     END IF;
     UPDATE "queue"."thumbnails" AS m
     SET visible_at = now_utc + make_interval(secs => effective_lease)
-    WHERE m.id = thumbnails_extend_lease.id AND m.leased_by = thumbnails_extend_lease.worker AND m.visible_at > now_utc;
+    WHERE m.id = thumbnails_extend_lease.id AND m.leased_by IS NOT DISTINCT FROM thumbnails_extend_lease.worker
+        AND (thumbnails_extend_lease.lease_token IS NULL OR m.lease_token = thumbnails_extend_lease.lease_token)
+        AND m.visible_at > now_utc;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed = 0 THEN
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_extend_lease.id FOR NO KEY UPDATE;
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_extend_lease.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
     END IF;
     END IF;
     RETURN QUERY SELECT changed > 0;
@@ -870,6 +929,435 @@ $function$;
 ALTER FUNCTION "queue"."thumbnails_extend_lease" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_extend_lease" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_extend_lease" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_release code
+
+-- Gives a leased message back at once, with its attempt: a consumer shutting down gracefully (or
+-- handing work it will not start to another) spends none of max_attempts. Only the holder of the
+-- live lease; a lost lease changes nothing (released = false).
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_release"(
+    id uuid,
+    worker text,
+    lease_token uuid DEFAULT NULL
+)
+RETURNS TABLE (released boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    changed bigint;
+BEGIN
+    IF thumbnails_release.worker IS NULL OR length(thumbnails_release.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_release: worker must be a name of 1 to 200 characters.';
+    END IF;
+    -- visible_at = now: at or after every claim position a consumer can have stored, so the next
+    -- dequeue finds it.
+    UPDATE "queue"."thumbnails" AS m
+    SET
+        leased_by = NULL,
+        leased_at = NULL,
+        lease_token = NULL,
+        visible_at = now_utc,
+        attempts = greatest(m.attempts - 1, 0)
+    WHERE m.id = thumbnails_release.id AND m.leased_by IS NOT DISTINCT FROM thumbnails_release.worker
+        AND (thumbnails_release.lease_token IS NULL OR m.lease_token = thumbnails_release.lease_token)
+        AND m.visible_at > now_utc;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_release.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    RETURN QUERY SELECT changed > 0;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."thumbnails_release" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."thumbnails_release" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_release" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_complete_batch code
+
+-- complete for up to 1,000 messages in one statement: each item fenced by its own token (NULL: by
+-- worker name), one row per item in id order, completed = false where the lease was lost.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_complete_batch"(
+    ids uuid[],
+    lease_tokens uuid[],
+    worker text
+)
+RETURNS TABLE (id uuid, completed boolean)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    sorted_ids uuid[];
+    sorted_tokens uuid[];
+    distinct_count bigint;
+    done_ids uuid[];
+BEGIN
+    IF thumbnails_complete_batch.worker IS NULL OR length(thumbnails_complete_batch.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete_batch: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.thumbnails_complete_batch: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
+    IF thumbnails_complete_batch.ids IS NULL OR cardinality(thumbnails_complete_batch.ids) > 1000 OR array_ndims(thumbnails_complete_batch.ids) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_batch: ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(thumbnails_complete_batch.ids)::text, 'NULL'));
+    END IF;
+    IF cardinality(thumbnails_complete_batch.lease_tokens) IS DISTINCT FROM cardinality(thumbnails_complete_batch.ids) OR array_ndims(thumbnails_complete_batch.lease_tokens) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_batch: lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(thumbnails_complete_batch.lease_tokens)::text, 'NULL'), cardinality(thumbnails_complete_batch.ids));
+    END IF;
+    IF array_position(thumbnails_complete_batch.ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_batch: ids[%s] is NULL.', array_position(thumbnails_complete_batch.ids, NULL));
+    END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.lease_token ORDER BY u.id), count(DISTINCT u.id)
+    INTO sorted_ids, sorted_tokens, distinct_count
+    FROM unnest(thumbnails_complete_batch.ids, thumbnails_complete_batch.lease_tokens) AS u (id, lease_token);
+    IF distinct_count < cardinality(thumbnails_complete_batch.ids) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete_batch: an id is listed twice.';
+    END IF;
+    IF cardinality(sorted_ids) IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- One statement: the queue rows (locked in id order), then the history table (complete's order).
+    WITH held AS MATERIALIZED (
+        SELECT h.id, h.attempts
+        FROM unnest(sorted_ids, sorted_tokens) AS i (id, lease_token)
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.attempts
+            FROM "queue"."thumbnails" AS q
+            WHERE
+                q.id = i.id AND q.leased_by IS NOT DISTINCT FROM thumbnails_complete_batch.worker
+                AND (i.lease_token IS NULL OR q.lease_token = i.lease_token) AND q.visible_at > now_utc
+            LIMIT 1
+            FOR UPDATE
+        ) AS h
+    ),
+
+    done AS (
+        DELETE FROM "queue"."thumbnails" AS m
+        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
+        RETURNING m.id, m.enqueued_at, m.due_at, m.priority, m.leased_at, m.leased_by, m.attempts, m.payload
+    )
+    SELECT array_agg(d.id) INTO done_ids FROM done AS d;
+    IF cardinality(done_ids) IS DISTINCT FROM cardinality(sorted_ids) THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    RETURN QUERY
+    SELECT u.id, coalesce(u.id = ANY(done_ids), false)
+    FROM unnest(sorted_ids) AS u (id)
+    ORDER BY u.id;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."thumbnails_complete_batch" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."thumbnails_complete_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_complete_batch" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_fail_batch code
+
+-- fail for up to 1,000 messages in one statement, with one error for all: each item fenced by its
+-- own token (NULL: by worker name); one row per item in id order, outcome as fail's.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_fail_batch"(
+    ids uuid[],
+    lease_tokens uuid[],
+    worker text,
+    error text DEFAULT NULL,
+    retry_after_seconds integer DEFAULT NULL
+)
+RETURNS TABLE (id uuid, outcome text)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    retry_after integer := coalesce(thumbnails_fail_batch.retry_after_seconds, 0);
+    sorted_ids uuid[];
+    sorted_tokens uuid[];
+    distinct_count bigint;
+    retried_ids uuid[];
+    buried_ids uuid[];
+BEGIN
+    IF thumbnails_fail_batch.worker IS NULL OR length(thumbnails_fail_batch.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_fail_batch: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.thumbnails_fail_batch: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
+    IF retry_after NOT BETWEEN 0 AND 2592000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: retry_after_seconds must be between 0 and 2592000, got %s.', retry_after);
+    END IF;
+    IF thumbnails_fail_batch.ids IS NULL OR cardinality(thumbnails_fail_batch.ids) > 1000 OR array_ndims(thumbnails_fail_batch.ids) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(thumbnails_fail_batch.ids)::text, 'NULL'));
+    END IF;
+    IF cardinality(thumbnails_fail_batch.lease_tokens) IS DISTINCT FROM cardinality(thumbnails_fail_batch.ids) OR array_ndims(thumbnails_fail_batch.lease_tokens) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(thumbnails_fail_batch.lease_tokens)::text, 'NULL'), cardinality(thumbnails_fail_batch.ids));
+    END IF;
+    IF array_position(thumbnails_fail_batch.ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_fail_batch: ids[%s] is NULL.', array_position(thumbnails_fail_batch.ids, NULL));
+    END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.lease_token ORDER BY u.id), count(DISTINCT u.id)
+    INTO sorted_ids, sorted_tokens, distinct_count
+    FROM unnest(thumbnails_fail_batch.ids, thumbnails_fail_batch.lease_tokens) AS u (id, lease_token);
+    IF distinct_count < cardinality(thumbnails_fail_batch.ids) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_fail_batch: an id is listed twice.';
+    END IF;
+    IF cardinality(sorted_ids) IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- One statement: the queue rows (locked in id order), then the dead-letter table (fail's order).
+    WITH held AS MATERIALIZED (
+        SELECT h.id, h.attempts
+        FROM unnest(sorted_ids, sorted_tokens) AS i (id, lease_token)
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.attempts
+            FROM "queue"."thumbnails" AS q
+            WHERE
+                q.id = i.id AND q.leased_by IS NOT DISTINCT FROM thumbnails_fail_batch.worker
+                AND (i.lease_token IS NULL OR q.lease_token = i.lease_token) AND q.visible_at > now_utc
+            LIMIT 1
+            FOR UPDATE
+        ) AS h
+    ),
+
+    retried AS (
+        UPDATE "queue"."thumbnails" AS m
+        SET
+            leased_by = NULL,
+            lease_token = NULL,
+            visible_at = now_utc + make_interval(secs => retry_after),
+            last_error = left(thumbnails_fail_batch.error, 4000)
+        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h WHERE h.attempts < 4))
+        RETURNING m.id
+    ),
+
+    gone AS (
+        DELETE FROM "queue"."thumbnails" AS m
+        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h WHERE h.attempts >= 4))
+        RETURNING m.*
+    ),
+
+    buried AS (
+        INSERT INTO "queue"."thumbnails_dead" (
+            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+        )
+        SELECT
+            g.id,
+            g.enqueued_at,
+            g.due_at,
+            g.priority,
+            g.attempts,
+            left(thumbnails_fail_batch.error, 4000),
+            g.leased_by,
+            now_utc,
+            g.payload
+        FROM gone AS g
+        ON CONFLICT (id) DO UPDATE SET
+            enqueued_at = excluded.enqueued_at,
+            due_at = excluded.due_at,
+            priority = excluded.priority,
+            attempts = excluded.attempts,
+            last_error = excluded.last_error,
+            last_worker = excluded.last_worker,
+            dead_at = excluded.dead_at,
+            payload = excluded.payload
+        RETURNING id
+    )
+
+    SELECT
+        (SELECT array_agg(r.id) FROM retried AS r),
+        (SELECT array_agg(b.id) FROM buried AS b)
+    INTO retried_ids, buried_ids;
+    IF coalesce(cardinality(retried_ids), 0) + coalesce(cardinality(buried_ids), 0) < cardinality(sorted_ids) THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    RETURN QUERY
+    SELECT
+        u.id,
+        CASE
+            WHEN u.id = ANY(retried_ids) THEN 'retrying'
+            WHEN u.id = ANY(buried_ids) THEN 'dead'
+            ELSE 'lost'
+        END
+    FROM unnest(sorted_ids) AS u (id)
+    ORDER BY u.id;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."thumbnails_fail_batch" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."thumbnails_fail_batch" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_fail_batch" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_complete_next code
+
+-- complete, then dequeue, in the caller's one transaction: one commit per message instead of two.
+-- The rows are dequeue's with previous_completed (complete's answer) added; when nothing is ready,
+-- one row with a NULL id carries it.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_complete_next"(
+    id uuid,
+    worker text,
+    lease_token uuid DEFAULT NULL,
+    batch_size integer DEFAULT 1,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS SETOF "queue"."thumbnails_complete_next_result"
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    completed_now boolean;
+    effective_lease integer := coalesce(thumbnails_complete_next.lease_seconds, 120);
+BEGIN
+    IF thumbnails_complete_next.worker IS NULL OR length(thumbnails_complete_next.worker) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_complete_next: worker must be a name of 1 to 200 characters.';
+    END IF;
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_next: batch_size must be between 1 and 1000, got %s.', coalesce(batch_size::text, 'NULL'));
+    END IF;
+    IF effective_lease NOT BETWEEN 1 AND 604800 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_next: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
+    END IF;
+    SELECT c.completed INTO completed_now
+    FROM "queue"."thumbnails_complete"(thumbnails_complete_next.id, thumbnails_complete_next.worker, thumbnails_complete_next.lease_token) AS c;
+    RETURN QUERY
+    SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, completed_now
+    FROM "queue"."thumbnails_dequeue"(thumbnails_complete_next.batch_size, thumbnails_complete_next.worker, thumbnails_complete_next.lease_seconds) AS d;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::uuid, NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::uuid, completed_now;
+    END IF;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."thumbnails_complete_next" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."thumbnails_complete_next" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_complete_next" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_wait_step code
+
+-- One step of S.Q_wait: true when a message is ready that this session's dequeue would hand out
+-- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
+-- started_at. A row an open dequeue (or complete, fail, release) has locked is not ready: FOR KEY
+-- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
+-- on the one row found, which the caller's next COMMIT ends at once.
+-- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL
+-- refuses COMMIT in such a procedure (2D000), and the procedure, run with the caller's search_path,
+-- evaluates no operator.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_wait_step"(wait_ms integer, started_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    deadline timestamptz;
+    current_level integer;
+BEGIN
+    IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
+    END IF;
+    deadline := started_at + make_interval(secs => wait_ms / 1000.0);
+    -- One probe per priority level present, from the top (the loose index scan of dequeue).
+    current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
+    WHILE current_level IS NOT NULL LOOP
+        PERFORM
+        FROM "queue"."thumbnails" AS m
+        WHERE m.priority = current_level AND m.visible_at <= now_utc
+        ORDER BY m.visible_at, m.seq
+        LIMIT 1
+        FOR KEY SHARE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+        current_level := (
+            SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+        );
+    END LOOP;
+    IF clock_timestamp() >= deadline THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(least(0.05, extract(EPOCH FROM deadline - clock_timestamp())));
+    RETURN false;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."thumbnails_wait_step" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."thumbnails_wait_step" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_wait_step" TO "queue_consumer";
+
+-- tablequeue:unit queue.thumbnails_wait code
+
+-- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
+-- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of up to 50 ms); so it holds
+-- no lock and no transaction between steps, and the snapshot it holds while it sleeps is renewed
+-- every step (backend_xmin moves on: vacuum is not held back). It claims nothing: the caller
+-- dequeues next, in its own transaction. Because it commits it must be CALLed outside a transaction
+-- block (autocommit): a caller that has written is refused (TQ003), any other open transaction
+-- block by PostgreSQL at the first COMMIT (2D000). No definer rights and no pinned search_path, as
+-- S.Q_process; its step is schema-qualified and it evaluates no operator the caller's search_path
+-- could resolve. With notify: true, LISTEN on the queue's channel wakes a client sooner.
+CREATE OR REPLACE PROCEDURE "queue"."thumbnails_wait"(
+    wait_ms integer DEFAULT 20000,
+    INOUT ready boolean DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $procedure$
+DECLARE
+    started_at timestamptz := pg_catalog.clock_timestamp();
+    step_ready boolean;
+BEGIN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ003', MESSAGE = 'queue.thumbnails_wait: commits between its steps and cannot run inside an open transaction.';
+    END IF;
+    LOOP
+        COMMIT;
+        step_ready := "queue"."thumbnails_wait_step"(wait_ms, started_at);
+        EXIT WHEN step_ready OR step_ready IS NULL;
+    END LOOP;
+    ready := step_ready IS NOT NULL;
+    COMMIT;
+END;
+$procedure$;
+
+ALTER PROCEDURE "queue"."thumbnails_wait" OWNER TO "queue_owner";
+REVOKE ALL ON PROCEDURE "queue"."thumbnails_wait" FROM public;
+GRANT EXECUTE ON PROCEDURE "queue"."thumbnails_wait" TO "queue_consumer";
 
 -- tablequeue:unit queue.thumbnails_stats code
 
@@ -1002,6 +1490,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_purge: max_rows must be at least 1, got %s.', thumbnails_purge.max_rows);
     END IF;
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     WITH doomed AS (
         SELECT m.id FROM "queue"."thumbnails" AS m
         WHERE thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than
@@ -1012,7 +1503,7 @@ BEGIN
     ),
 
     deleted AS (
-        DELETE FROM "queue"."thumbnails" AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        DELETE FROM "queue"."thumbnails" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
     )
 
     SELECT count(*) INTO purged_count FROM deleted;
@@ -1210,12 +1701,17 @@ BEGIN
     -- Every transaction this procedure begins, right after each COMMIT, before any query.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
+    -- types would fail every message at the CALL (42883) until each one is dead-lettered.
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
-        INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
-        WHERE n.nspname = 'queue' AND p.proname = 'make_thumbnail' AND p.prokind = 'p'
+        WHERE
+            p.oid = pg_catalog.to_regprocedure(
+                pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
+            )
+            AND p.prokind = 'p'
     ) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail does not exist.';
+        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.';
     END IF;
 
     processed := 0;

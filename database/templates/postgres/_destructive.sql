@@ -147,6 +147,9 @@ BEGIN
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
+{% if opt.notify %}
+{{ m.notify() | indent(8, first=true) }}
+{% endif %}
             RETURN QUERY SELECT new_id, false;
             RETURN;
         END IF;
@@ -163,6 +166,9 @@ BEGIN
     INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}payload)
     VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.payload)
     RETURNING m.id INTO new_id;
+{% if opt.notify %}
+{{ m.notify() }}
+{% endif %}
     RETURN QUERY SELECT new_id, false;
 {% endif %}
 END;
@@ -190,8 +196,7 @@ DECLARE
     new_ids bigint[];
     roots integer[];
     result_ids bigint[];
-    inserted_ids bigint[] := '{}';
-    step_ids bigint[];
+    inserted_ids bigint[];
     queued_ordinals bigint[];
     queued_ids bigint[];
 {% endif %}
@@ -235,82 +240,74 @@ BEGIN
     IF dedupe_keys IS NULL THEN
         roots := ARRAY(SELECT generate_series(1, item_count));
     END IF;
-    result_ids := array_fill(NULL::bigint, ARRAY[item_count]);
 
     -- The firsts go in in key order: two batches that share keys then wait for each other instead
     -- of deadlocking (each would hold a key the other waits for). The ids were drawn in item order
     -- above, so the dequeue order is still the item order. ON CONFLICT skips a key already in the
-    -- queue (waiting for a racing insert of it first). The loop runs again only for a key whose
-    -- message a racing transaction committed while this one waited and dequeued before the look-up
-    -- below: a duplicate that was queued when the insert began is reported as such even if it has
-    -- been dequeued since (offering it again could wait on a batch that waits on this one).
-    LOOP
-        WITH items AS (
-            SELECT
-                u.new_id,
-{% if has_due %}
-                u.due_at,
-{% endif %}
-                u.dedupe_key,
-                u.payload,
-                u.ordinal
-            FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}, dedupe_keys) WITH ORDINALITY
-                AS u (new_id, payload{% if has_due %}, due_at{% endif %}, dedupe_key, ordinal)
-            WHERE roots[u.ordinal] = u.ordinal AND result_ids[u.ordinal] IS NULL
-        ),
-
-        queued AS (
-            SELECT
-                i.ordinal,
-                m.id
-            FROM items AS i
-            INNER JOIN {{ t }} AS m ON i.dedupe_key = m.dedupe_key
-        ),
-
-        inserted AS (
-            INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}dedupe_key, payload)
-            OVERRIDING SYSTEM VALUE
-            SELECT
-                i.new_id,
-{% if has_due %}
-                coalesce(i.due_at, clock_timestamp()),
-{% endif %}
-                i.dedupe_key,
-                i.payload
-            FROM items AS i
-            ORDER BY i.dedupe_key, i.ordinal
-            ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-            RETURNING m.id
-        )
-
+    -- queue (waiting for a racing insert of it first).
+{% call m.insert_in_key_order("SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, ordinal) WHERE r.root = r.ordinal AND r.result_id IS NULL") %}
+    WITH items AS (
         SELECT
-            (SELECT array_agg(n.id) FROM inserted AS n),
-            (SELECT array_agg(q.ordinal ORDER BY q.ordinal) FROM queued AS q),
-            (SELECT array_agg(q.id ORDER BY q.ordinal) FROM queued AS q)
-        INTO step_ids, queued_ordinals, queued_ids;
-        inserted_ids := inserted_ids || coalesce(step_ids, '{}');
+            u.new_id,
+{% if has_due %}
+            u.due_at,
+{% endif %}
+            u.dedupe_key,
+            u.payload,
+            u.ordinal
+        FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}, dedupe_keys) WITH ORDINALITY
+            AS u (new_id, payload{% if has_due %}, due_at{% endif %}, dedupe_key, ordinal)
+        WHERE roots[u.ordinal] = u.ordinal
+    ),
 
-        -- A first's id: its own when its row went in; else the message now queued with its key (a
-        -- new statement sees what racing transactions committed while this one waited on them);
-        -- else, when that message has been dequeued since, the one the insert's own snapshot saw.
-        result_ids := ARRAY(
-            SELECT
-                CASE
-                    WHEN roots[u.ordinal] <> u.ordinal OR result_ids[u.ordinal] IS NOT NULL THEN result_ids[u.ordinal]
-                    WHEN own.id IS NOT NULL THEN u.new_id
-                    ELSE coalesce((SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key), q.id)
-                END
-            FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
-            LEFT JOIN unnest(inserted_ids) AS own (id) ON u.new_id = own.id
-            LEFT JOIN unnest(queued_ordinals, queued_ids) AS q (ordinal, id) ON u.ordinal = q.ordinal
-            LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, ordinal) ON u.ordinal = k.ordinal
-            ORDER BY u.ordinal
-        );
-        EXIT WHEN NOT EXISTS (
-            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, ordinal)
-            WHERE r.root = r.ordinal AND r.result_id IS NULL
-        );
-    END LOOP;
+    queued AS (
+        SELECT
+            i.ordinal,
+            m.id
+        FROM items AS i
+        INNER JOIN {{ t }} AS m ON i.dedupe_key = m.dedupe_key
+    ),
+
+    inserted AS (
+        INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}dedupe_key, payload)
+        OVERRIDING SYSTEM VALUE
+        SELECT
+            i.new_id,
+{% if has_due %}
+            coalesce(i.due_at, clock_timestamp()),
+{% endif %}
+            i.dedupe_key,
+            i.payload
+        FROM items AS i
+        ORDER BY i.dedupe_key, i.ordinal
+        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING m.id
+    )
+
+    SELECT
+        coalesce((SELECT array_agg(n.id) FROM inserted AS n), '{}'),
+        (SELECT array_agg(q.ordinal ORDER BY q.ordinal) FROM queued AS q),
+        (SELECT array_agg(q.id ORDER BY q.ordinal) FROM queued AS q)
+    INTO inserted_ids, queued_ordinals, queued_ids;
+
+    -- A first's id: its own when its row went in; else the message now queued with its key (a
+    -- new statement sees what racing transactions committed while this one waited on them);
+    -- else, when that message has been dequeued since, the one the insert's own snapshot saw.
+    result_ids := ARRAY(
+        SELECT
+            CASE
+                WHEN roots[u.ordinal] <> u.ordinal THEN NULL
+                WHEN own.id IS NOT NULL THEN u.new_id
+                ELSE coalesce((SELECT m.id FROM {{ t }} AS m WHERE m.dedupe_key = k.dedupe_key), q.id)
+            END
+        FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal)
+        LEFT JOIN unnest(inserted_ids) AS own (id) ON u.new_id = own.id
+        LEFT JOIN unnest(queued_ordinals, queued_ids) AS q (ordinal, id) ON u.ordinal = q.ordinal
+        LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, ordinal) ON u.ordinal = k.ordinal
+        ORDER BY u.ordinal
+    );
+{%- endcall %}
+
 
     -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
@@ -349,6 +346,11 @@ BEGIN
     SELECT (row_number() OVER (ORDER BY i.id))::integer, i.id, false
     FROM inserted AS i
     ORDER BY i.id;
+{% endif %}
+{% if opt.notify %}
+    IF cardinality({{ 'inserted_ids' if dedupe else 'payloads' }}) > 0 THEN
+{{ m.notify() | indent(4, first=true) }}
+    END IF;
 {% endif %}
 END;
 $function$;
@@ -506,6 +508,9 @@ BEGIN
 {{ m.check_max_rows('purge') }}
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     IF {{ fn }}_purge.older_than IS NULL THEN
         WITH doomed AS (
             SELECT m.id FROM {{ t }} AS m
@@ -515,7 +520,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM {{ t }} AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -529,7 +534,7 @@ BEGIN
         ),
 
         deleted AS (
-            DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+            DELETE FROM {{ t }} AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
         )
 
         SELECT count(*) INTO purged_count FROM deleted;
@@ -539,3 +544,5 @@ END;
 $function$;
 
 {{ m.grant('purge') }}
+
+{% include 'wait.sql' %}

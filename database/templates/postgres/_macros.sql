@@ -80,6 +80,12 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 {%- endmacro %}
 
+{#- Option notify: wake the clients that LISTEN on the queue's channel (the quoted identifier
+    "S.Q") once this transaction commits. PostgreSQL folds repeats within a transaction into one. -#}
+{% macro notify() %}
+    PERFORM pg_notify('{{ schema }}.{{ queue.name }}', '');
+{%- endmacro %}
+
 {% macro throw(error, message_sql) %}
         RAISE EXCEPTION USING ERRCODE = '{{ errors[error] }}', MESSAGE = {{ message_sql }};
 {%- endmacro %}
@@ -132,18 +138,22 @@ SET search_path = pg_catalog, pg_temp
     starts in the claim index, kept between calls in a custom setting named after the queue. -#}
 {% macro position_setting(suffix='') %}'tablequeue.{{ schema }}.{{ queue.name }}{{ suffix }}'{% endmacro %}
 
-{#- What time_to_text writes: YYYY-MM-DD HH24:MI:SS.US BC, or '' for -infinity. -#}
-{% macro time_pattern() %}([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6} (AD|BC))?{% endmacro %}
+{#- What time_to_text writes: epoch microseconds, or '' for -infinity. At most 16 digits (1653 to
+    2286; a time outside them is written but not read back, and the position is found again), so
+    reading back never overflows whatever a session sets: the settings are the session's to change. -#}
+{% macro time_pattern() %}(-?[0-9]{1,16})?{% endmacro %}
 
-{#- What position_store writes: '<expiry>|<id>' or '<expiry>|<rewinds>|<tie-breaker>|<time>'. -#}
+{#- What position_store writes: '<expiry>|<id>' or '<expiry>|<rewinds>|<tie-breaker>|<time>'. Integers
+    of at most 18 digits always fit a bigint. -#}
 {% macro position_pattern(key) -%}
-^[0-9]{1,12}(\.[0-9]{1,9})?\|{% if key | length == 2 %}[0-9]{1,19}\|[0-9]{1,19}\|{{ time_pattern() }}{% else %}[0-9]{1,19}{% endif %}$
+^[0-9]{1,12}(\.[0-9]{1,9})?\|{% if key | length == 2 %}[0-9]{1,18}\|[0-9]{1,18}\|{{ time_pattern() }}{% else %}[0-9]{1,18}{% endif %}$
 {%- endmacro %}
 
-{#- A timestamptz as text and back, exact to the microsecond whatever the session's DateStyle and
-    TimeZone (ISO input is read the same under every DateStyle). to_char writes -infinity as ''. -#}
-{% macro time_to_text(expr) %}to_char({{ expr }} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US BC'){% endmacro %}
-{% macro text_to_time(expr) %}coalesce(nullif({{ expr }}, ''), '-infinity')::timestamp AT TIME ZONE 'UTC'{% endmacro %}
+{#- A timestamptz as text and back, whatever the session's DateStyle and TimeZone: an integer, which
+    no date arithmetic can reject. Exact to the microsecond while the product fits a double's 53 bits
+    (1685 to 2255), which every time a position or a lease holds does. -#}
+{% macro time_to_text(expr) %}CASE WHEN isfinite({{ expr }}) THEN (extract(EPOCH FROM {{ expr }}) * 1000000)::bigint::text ELSE '' END{% endmacro %}
+{% macro text_to_time(expr) %}coalesce('epoch'::timestamptz + nullif({{ expr }}, '')::bigint * interval '1 microsecond', '-infinity'){% endmacro %}
 
 {#- The claim position of a dequeue (docs/queue-kinds.md, "The claim position"). key is the claim
     index: ['id'], or [time column, tie-breaker] (pending: due_at, id; work: visible_at, id or seq).
@@ -297,4 +307,27 @@ CREATE SEQUENCE IF NOT EXISTS {{ names.obj('_rewinds') }};
         -- Due over a second ago: it sorts before the consumers' claim positions, which must start again.
         PERFORM nextval('{{ names.obj("_rewinds") }}');
     END IF;
+{%- endmacro %}
+
+{#- A batch's insert of keys (dedupe keys, client ids), in key order, with its look-ups (the caller's
+    block): when it leaves a first unresolved (unresolved_sql, a query, finds a row), the duplicate it
+    waited for committed and was consumed before the look-up, and the key must be offered again.
+    Offering it while this batch holds higher keys could wait on a batch that waits on one of them
+    (a deadlock), so the block is a subtransaction: it is rolled back, which lets go of every key the
+    batch took and wakes whoever waits on them, and the whole batch goes in again in key order. The
+    private SQLSTATE never leaves the function (docs/errors.md). -#}
+{% set redo_sqlstate = 'TQ900' %}
+{% macro insert_in_key_order(unresolved_sql) %}
+    LOOP
+        BEGIN
+{{ caller() | indent(8, first=true) }}
+            IF EXISTS ({{ unresolved_sql }}) THEN
+                RAISE EXCEPTION USING ERRCODE = '{{ redo_sqlstate }}', MESSAGE = 'a key to offer again: the batch goes in again';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE '{{ redo_sqlstate }}' THEN
+            -- Rolled back: no key of this batch is held any more; the next round starts from the lowest.
+            NULL;
+        END;
+    END LOOP;
 {%- endmacro %}

@@ -9,17 +9,106 @@
     caller's (any more). In a REPEATABLE READ or SERIALIZABLE transaction the statement judged the
     lease by the transaction's old snapshot, so a lease renewed since (extend_lease on another
     connection) looks lost: locking the row raises serialization_failure (40001) instead of a wrong
-    answer, and the caller retries its transaction as it must at those levels anyway. -#}
-{% macro lost_under_snapshot(verb) %}
+    answer, and the caller retries its transaction as it must at those levels anyway. The lock is
+    wanted only for that error: a subtransaction takes it and is rolled back at once (a private
+    condition), so a row whose lease really is lost stays unlocked for the rest of the caller's
+    transaction; 40001 is not caught and reaches the caller. id_sql: the row(s) the verb addressed. -#}
+{% macro lost_under_snapshot(id_sql) %}
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_{{ verb }}.id FOR NO KEY UPDATE;
+        BEGIN
+            PERFORM FROM {{ t }} AS m WHERE {{ id_sql }} FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
     END IF;
+{%- endmacro %}
+
+{#- The lease guard of complete, fail, extend_lease, release: the message, leased by this worker,
+    the lease still live and, given a token, the lease that token names (0.1.0 callers pass none and
+    keep the check by name, deprecated). IS NOT DISTINCT FROM (worker is never NULL here): with `=`
+    the planner may pick ix_lease_start over the primary key, and read through every dead entry of
+    the worker's finished leases while an old snapshot holds them back. -#}
+{% macro lease_guard(verb) -%}
+m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ verb }}.worker
+        AND ({{ fn }}_{{ verb }}.lease_token IS NULL OR m.lease_token = {{ fn }}_{{ verb }}.lease_token)
+        AND m.visible_at > now_utc
 {%- endmacro %}
 
 {% macro check_worker(verb) %}
     IF {{ fn }}_{{ verb }}.worker IS NULL OR length({{ fn }}_{{ verb }}.worker) NOT BETWEEN 1 AND 200 THEN
 {{ m.throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": worker must be a name of 1 to 200 characters.'") }}
     END IF;
+{%- endmacro %}
+
+{% macro check_retry_after(verb, variable) %}
+    IF {{ variable }} NOT BETWEEN 0 AND 2592000 THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": retry_after_seconds must be between 0 and 2592000, got %s.', " ~ variable ~ ")") }}
+    END IF;
+{%- endmacro %}
+
+{#- The arguments of complete_batch and fail_batch: ids and lease_tokens side by side (a NULL token:
+    the check by worker name), at most 1,000, no NULL id, no id twice. Sets sorted_ids and
+    sorted_tokens to the items in id order: the order the verb locks the messages in, so two batch
+    acks never wait for each other in a cycle, whatever order their callers list the ids in. -#}
+{% macro check_acks(verb) %}
+{% set here = fn ~ '_' ~ verb %}
+    IF {{ here }}.ids IS NULL OR cardinality({{ here }}.ids) > 1000 OR array_ndims({{ here }}.ids) > 1 THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(" ~ here ~ ".ids)::text, 'NULL'))") }}
+    END IF;
+    IF cardinality({{ here }}.lease_tokens) IS DISTINCT FROM cardinality({{ here }}.ids) OR array_ndims({{ here }}.lease_tokens) > 1 THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(" ~ here ~ ".lease_tokens)::text, 'NULL'), cardinality(" ~ here ~ ".ids))") }}
+    END IF;
+    IF array_position({{ here }}.ids, NULL) IS NOT NULL THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": ids[%s] is NULL.', array_position(" ~ here ~ ".ids, NULL))") }}
+    END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.lease_token ORDER BY u.id), count(DISTINCT u.id)
+    INTO sorted_ids, sorted_tokens, distinct_count
+    FROM unnest({{ here }}.ids, {{ here }}.lease_tokens) AS u (id, lease_token);
+    IF distinct_count < cardinality({{ here }}.ids) THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": an id is listed twice.'") }}
+    END IF;
+{%- endmacro %}
+
+{#- Lock the batch's messages whose lease the caller holds, one primary-key probe each, in id order
+    (sorted_ids): the CTE `held` (id, attempts). LATERAL ... LIMIT 1 keeps each probe a nested loop
+    in that order: a join the cached plan may turn into a hash join locks in whatever order it reads. -#}
+{% macro held_cte(verb) %}
+    WITH held AS MATERIALIZED (
+        SELECT h.id, h.attempts
+        FROM unnest(sorted_ids, sorted_tokens) AS i (id, lease_token)
+        CROSS JOIN LATERAL (
+            SELECT q.id, q.attempts
+            FROM {{ t }} AS q
+            WHERE
+                q.id = i.id AND q.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ verb }}.worker
+                AND (i.lease_token IS NULL OR q.lease_token = i.lease_token) AND q.visible_at > now_utc
+            LIMIT 1
+            FOR UPDATE
+        ) AS h
+    )
+{%- endmacro %}
+
+{#- INSERT the rows of CTE `done` (completed queue rows) into the history table. -#}
+{% macro history_insert() %}
+        INSERT INTO {{ history_t }} (
+            id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}started_at, finished_at, duration_ms, worker, attempts, payload
+        )
+        SELECT
+            d.id,
+            d.enqueued_at,
+            d.due_at,
+{% if has_priority %}
+            d.priority,
+{% endif %}
+            d.leased_at,
+            now_utc,
+            (extract(EPOCH FROM now_utc - d.leased_at) * 1000)::bigint,
+            d.leased_by,
+            d.attempts,
+            d.payload
+        FROM done AS d
+        RETURNING 1
 {%- endmacro %}
 
 {% macro check_lease(verb, variable) %}
@@ -43,7 +132,7 @@
 
 {#- INSERT the rows of CTE `gone` (deleted queue rows) into the dead-letter table. With client ids an
     older dead-letter copy of the same id (the id was enqueued again) is replaced. -#}
-{% macro dead_insert(attempts_sql, error_sql, worker_sql) %}
+{% macro dead_insert(attempts_sql, error_sql, worker_sql, returning='1') %}
         INSERT INTO {{ dead_t }} (
             id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}attempts, last_error, last_worker, dead_at, payload
         )
@@ -79,7 +168,7 @@
             dead_at = excluded.dead_at,
             payload = excluded.payload
 {% endif %}
-        RETURNING 1
+        RETURNING {{ returning }}
 {%- endmacro %}
 
 {#- Move the queue rows matching where_sql to the dead-letter table (queue table, then dead table:
@@ -133,12 +222,14 @@
             attempts = m.attempts + CASE WHEN m.visible_at <= now_utc THEN 1 ELSE 0 END,
             visible_at = CASE WHEN m.visible_at <= now_utc THEN lease_until ELSE m.visible_at END,
             leased_by = {{ fn }}_dequeue.worker,
-            leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END
+            leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END,
+            lease_token = CASE WHEN m.visible_at <= now_utc THEN gen_random_uuid() ELSE m.lease_token END
 {% else %}
             attempts = m.attempts + 1,
             visible_at = lease_until,
             leased_by = {{ fn }}_dequeue.worker,
-            leased_at = now_utc
+            leased_at = now_utc,
+            lease_token = gen_random_uuid()
 {% endif %}
         FROM next_messages AS n
         WHERE m.id = n.id

@@ -1,7 +1,8 @@
 {#-
   The work kind: a reliable, lease-based queue (at-least-once). See docs/work-queue.md.
-  A dequeue leases rows to a worker and counts an attempt; complete / fail / extend_lease need the
-  live lease; a lease that expires makes the message visible again; max_attempts ends in S.Q_dead.
+  A dequeue leases rows to a worker, counts an attempt and hands out the lease's token; complete /
+  fail / extend_lease / release (and the batch forms) need the live lease, fenced by its token; a
+  lease that expires makes the message visible again; max_attempts ends in S.Q_dead.
   This file holds the storage units; each procedure is a template of its own under work/, one per
   verb with the same file names in both dialects, so that a reviewer reads one verb at a time.
 -#}
@@ -21,7 +22,8 @@
 {% set position_key = ['visible_at', tie] %}
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
-{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
+{# Version 2: lease_token (migrations/work_table_v1_to_v2.sql). #}
+{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
 CREATE TABLE IF NOT EXISTS {{ t }} (
 {% if client_ids %}
@@ -43,6 +45,9 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
     attempts integer NOT NULL DEFAULT 0,
     leased_by text,
     leased_at timestamptz,
+    -- New for every lease: complete, fail, extend_lease and release given a token act only while
+    -- it is the message's current one (a stale holder is fenced off even under the same name).
+    lease_token uuid,
     last_error text,
 {% if dedupe %}
     dedupe_key text CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200),
@@ -92,6 +97,25 @@ BEGIN
 END
 $type$;
 {% endif %}
+
+{{ m.unit(names.plain('_complete_next_result'), 'storage', version=1, object='type', shape=('payload', 'client_ids')) }}
+-- complete_next's result row: dequeue's columns and previous_completed. A type for the reason of
+-- _enqueue_result: the contract names parameters and result columns alike (id, lease_token).
+DO $type$
+BEGIN
+    IF to_regtype('{{ names.obj("_complete_next_result") }}') IS NULL THEN
+        CREATE TYPE {{ names.obj("_complete_next_result") }} AS (
+            id {{ id_type }},
+            payload {{ payload_type }},
+            enqueued_at timestamptz,
+            due_at timestamptz,
+            attempts integer,
+            lease_token uuid,
+            previous_completed boolean
+        );
+    END IF;
+END
+$type$;
 
 {{ m.rewinds_unit() }}
 
@@ -147,7 +171,7 @@ CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_finished') }} ON {{ his
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_id') }} ON {{ history_t }} (id);
 {% endif %}
 
-{{ m.ownership_unit(['', '_dead', '_rewinds'] + (['_history'] if history else []) + (['_enqueue_result'] if client_ids else [])) }}
+{{ m.ownership_unit(['', '_dead', '_rewinds'] + (['_history'] if history else []) + (['_enqueue_result'] if client_ids else []) + ['_complete_next_result']) }}
 
 {% include 'work/enqueue.sql' %}
 
@@ -160,6 +184,16 @@ CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_id') }} ON {{ history_t
 {% include 'work/fail.sql' %}
 
 {% include 'work/extend_lease.sql' %}
+
+{% include 'work/release.sql' %}
+
+{% include 'work/complete_batch.sql' %}
+
+{% include 'work/fail_batch.sql' %}
+
+{% include 'work/complete_next.sql' %}
+
+{% include 'wait.sql' %}
 
 {% include 'work/stats.sql' %}
 

@@ -63,6 +63,9 @@ BEGIN
     END IF;
 {% endif %}
     DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id;
+{% if opt.notify %}
+{{ m.notify() }}
+{% endif %}
     RETURN QUERY SELECT true;
 END;
 $function$;

@@ -9,7 +9,9 @@ CREATE OR REPLACE FUNCTION {{ names.verb('dequeue') }}(
     worker text DEFAULT NULL,
     lease_seconds integer DEFAULT NULL
 )
-RETURNS TABLE (id {{ id_type }}, payload {{ payload_type }}, enqueued_at timestamptz, due_at timestamptz, attempts integer)
+RETURNS TABLE (
+    id {{ id_type }}, payload {{ payload_type }}, enqueued_at timestamptz, due_at timestamptz, attempts integer, lease_token uuid
+)
 {{ m.definer() }}
 AS $function$
 #variable_conflict use_column
@@ -104,10 +106,10 @@ BEGIN
     -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
     -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
     RETURN QUERY
-    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token
     FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
     CROSS JOIN LATERAL (
-        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
         FROM {{ t }} AS q
         WHERE q.id = c.id
         LIMIT 1

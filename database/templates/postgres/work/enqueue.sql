@@ -51,6 +51,9 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
+{% if opt.notify %}
+{{ m.notify() | indent(8, first=true) }}
+{% endif %}
             RETURN QUERY SELECT new_id, false;
             RETURN;
         END IF;
@@ -71,6 +74,9 @@ BEGIN
     INSERT INTO {{ t }} AS m ({{ columns }})
     VALUES ({{ values }})
     RETURNING m.id INTO new_id;
+{% if opt.notify %}
+{{ m.notify() }}
+{% endif %}
     RETURN QUERY SELECT new_id, false;
 {% endif %}
 END;

@@ -24,8 +24,7 @@ DECLARE
     -- seq (the claim order's tie-breaker) drawn in item order too: rows go in in key order.
     new_seqs bigint[];
 {% endif %}
-    inserted_ties bigint[] := '{}';
-    step_ties bigint[];
+    inserted_ties bigint[];
     result_ids {{ id_type }}[];
     roots integer[];
 {% if client_ids %}
@@ -113,18 +112,13 @@ BEGIN
         roots := chased;
     END LOOP;
 {% endif %}
-    result_ids := array_fill(NULL::{{ id_type }}, ARRAY[item_count]);
 
     -- The firsts go in in {{ 'key' if dedupe else 'id' }} order: two batches that share {{ 'keys' if dedupe else 'ids' }} then wait for each other
     -- instead of deadlocking (each would hold one the other waits for).{% if dedupe and client_ids %} A client id given with
     -- different keys in two overlapping batches can still deadlock (two unique indexes have no common
     -- order); PostgreSQL then ends one batch with 40P01.{% endif %} ON CONFLICT skips one whose {{ 'key or id' if client_ids and dedupe else ('key' if dedupe else 'id') }}
-    -- is queued already (waiting for a racing insert of it first). The loop runs again only for an
-    -- item whose duplicate a racing transaction committed while this one waited and consumed before
-    -- the look-up below: a duplicate that was queued when the insert began is reported as such even if
-    -- it has been consumed since (offering it again could wait on a batch that waits on this one).
-    LOOP
-{% filter indent(4, first=true) %}
+    -- is queued already (waiting for a racing insert of it first).
+{% call m.insert_in_key_order("SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position) WHERE r.root = r.position AND r.result_id IS NULL") %}
     WITH items AS (
         SELECT
             u.new_id,
@@ -145,7 +139,7 @@ BEGIN
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
         LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
         LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
-        WHERE roots[u.position] = u.position AND result_ids[u.position] IS NULL
+        WHERE roots[u.position] = u.position
     ),
 
     queued AS (
@@ -188,11 +182,10 @@ BEGIN
     )
 
     SELECT
-        (SELECT array_agg(n.{{ tie }}) FROM inserted AS n),
+        coalesce((SELECT array_agg(n.{{ tie }}) FROM inserted AS n), '{}'),
         (SELECT array_agg(q.position ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL),
         (SELECT array_agg(q.id ORDER BY q.position) FROM queued AS q WHERE q.id IS NOT NULL)
-    INTO step_ties, queued_positions, queued_ids;
-    inserted_ties := inserted_ties || coalesce(step_ties, '{}');
+    INTO inserted_ties, queued_positions, queued_ids;
 
     -- A first's id: its own when its row went in; else the message now queued with its key{% if client_ids %} or id{% endif %} (a
     -- new statement sees what racing transactions committed while this one waited on them); else,
@@ -200,7 +193,7 @@ BEGIN
     result_ids := ARRAY(
         SELECT
             CASE
-                WHEN roots[u.position] <> u.position OR result_ids[u.position] IS NOT NULL THEN result_ids[u.position]
+                WHEN roots[u.position] <> u.position THEN NULL
                 WHEN own.tie IS NOT NULL THEN u.new_id
                 ELSE coalesce(
 {% if dedupe %}
@@ -218,12 +211,8 @@ BEGIN
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
         ORDER BY u.position
     );
-{% endfilter %}
-        EXIT WHEN NOT EXISTS (
-            SELECT FROM unnest(result_ids, roots) WITH ORDINALITY AS r (result_id, root, position)
-            WHERE r.root = r.position AND r.result_id IS NULL
-        );
-    END LOOP;
+{%- endcall %}
+
 
     -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
@@ -258,6 +247,11 @@ BEGIN
     SELECT (row_number() OVER (ORDER BY i.id))::integer, i.id, false
     FROM inserted AS i
     ORDER BY i.id;
+{% endif %}
+{% if opt.notify %}
+    IF cardinality({{ 'inserted_ties' if dedupe or client_ids else 'payloads' }}) > 0 THEN
+{{ m.notify() | indent(4, first=true) }}
+    END IF;
 {% endif %}
 END;
 $function$;

@@ -4,7 +4,8 @@
 CREATE OR REPLACE FUNCTION {{ names.verb('extend_lease') }}(
     id {{ id_type }},
     worker text,
-    lease_seconds integer DEFAULT NULL
+    lease_seconds integer DEFAULT NULL,
+    lease_token uuid DEFAULT NULL
 )
 RETURNS TABLE (extended boolean)
 {{ m.definer() }}
@@ -19,10 +20,10 @@ BEGIN
 {{ w.check_lease('extend_lease', 'effective_lease') }}
     UPDATE {{ t }} AS m
     SET visible_at = now_utc + make_interval(secs => effective_lease)
-    WHERE m.id = {{ fn }}_extend_lease.id AND m.leased_by = {{ fn }}_extend_lease.worker AND m.visible_at > now_utc;
+    WHERE {{ w.lease_guard('extend_lease') }};
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed = 0 THEN
-{{ w.lost_under_snapshot('extend_lease') }}
+{{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_extend_lease.id') }}
     END IF;
     RETURN QUERY SELECT changed > 0;
 END;

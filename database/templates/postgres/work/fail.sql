@@ -7,7 +7,8 @@ CREATE OR REPLACE FUNCTION {{ names.verb('fail') }}(
     id {{ id_type }},
     worker text,
     error text DEFAULT NULL,
-    retry_after_seconds integer DEFAULT NULL
+    retry_after_seconds integer DEFAULT NULL,
+    lease_token uuid DEFAULT NULL
 )
 RETURNS TABLE (outcome text)
 {{ m.definer() }}
@@ -19,17 +20,16 @@ DECLARE
     changed bigint;
 BEGIN
 {{ w.check_worker('fail') }}
-    IF retry_after NOT BETWEEN 0 AND 2592000 THEN
-{{ m.throw('invalid_argument', "format('" ~ names.plain('_fail') ~ ": retry_after_seconds must be between 0 and 2592000, got %s.', retry_after)") }}
-    END IF;
+{{ w.check_retry_after('fail', 'retry_after') }}
 
     UPDATE {{ t }} AS m
     SET
         leased_by = NULL,
+        lease_token = NULL,
         visible_at = now_utc + make_interval(secs => retry_after),
         last_error = left({{ fn }}_fail.error, 4000)
     WHERE
-        m.id = {{ fn }}_fail.id AND m.leased_by = {{ fn }}_fail.worker AND m.visible_at > now_utc
+        {{ w.lease_guard('fail') }}
         AND m.attempts < {{ max_attempts }};
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
@@ -37,9 +37,9 @@ BEGIN
         RETURN;
     END IF;
 
-{{ w.bury("m.id = " ~ fn ~ "_fail.id AND m.leased_by = " ~ fn ~ "_fail.worker AND m.visible_at > now_utc", "g.attempts", "left(" ~ fn ~ "_fail.error, 4000)", "g.leased_by", "changed") }}
+{{ w.bury(w.lease_guard('fail'), "g.attempts", "left(" ~ fn ~ "_fail.error, 4000)", "g.leased_by", "changed") }}
     IF changed = 0 THEN
-{{ w.lost_under_snapshot('fail') }}
+{{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_fail.id') }}
     END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;

@@ -16,9 +16,9 @@ DECLARE
     purged_count bigint;
 BEGIN
 {{ m.check_max_rows('history_purge') }}
-    -- Oldest first; LIMIT NULL is no limit.
+    -- Oldest first; LIMIT NULL is no limit. The ids as an array, not IN (a join): see purge.
     DELETE FROM {{ history_t }} AS h
-    WHERE h.history_id IN (
+    WHERE h.history_id = ANY(ARRAY(
         SELECT o.history_id FROM {{ history_t }} AS o
         WHERE o.finished_at < cutoff
         ORDER BY o.finished_at
@@ -26,7 +26,7 @@ BEGIN
         -- A concurrent purge's rows are skipped, not waited for: a caller looping until a call
         -- purges fewer than max_rows must not stop early because another purge got there first.
         FOR UPDATE SKIP LOCKED
-    );
+    ));
     GET DIAGNOSTICS purged_count = ROW_COUNT;
     RETURN QUERY SELECT purged_count;
 END;

@@ -48,12 +48,17 @@ BEGIN
     -- Every transaction this procedure begins, right after each COMMIT, before any query.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
+    -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
+    -- types would fail every message at the CALL (42883) until each one is dead-lettered.
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
-        INNER JOIN pg_catalog.pg_namespace AS n ON p.pronamespace = n.oid
-        WHERE n.nspname = '{{ handler_parts[0] }}' AND p.proname = '{{ handler_parts[1] }}' AND p.prokind = 'p'
+        WHERE
+            p.oid = pg_catalog.to_regprocedure(
+                pg_catalog.format('%I.%I({{ id_type }}, {{ payload_type }})', '{{ handler_parts[0] }}', '{{ handler_parts[1] }}')
+            )
+            AND p.prokind = 'p'
     ) THEN
-{{ m.throw('no_handler', "'" ~ names.plain('_process') ~ ": handler procedure " ~ handler_parts[0] ~ "." ~ handler_parts[1] ~ " does not exist.'") }}
+{{ m.throw('no_handler', "'" ~ names.plain('_process') ~ ": handler procedure " ~ handler_parts[0] ~ "." ~ handler_parts[1] ~ "(id " ~ id_type ~ ", payload " ~ payload_type ~ ") does not exist.'") }}
     END IF;
 
     processed := 0;

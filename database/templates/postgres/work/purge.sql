@@ -15,6 +15,9 @@ DECLARE
 BEGIN
 {{ m.check_max_rows('purge') }}
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
+    -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
+    -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
+    -- scan of all of it; an array is probed on the primary key whatever its size.
     WITH doomed AS (
         SELECT m.id FROM {{ t }} AS m
         WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
@@ -29,7 +32,7 @@ BEGIN
     ),
 
     deleted AS (
-        DELETE FROM {{ t }} AS m USING doomed AS d WHERE m.id = d.id RETURNING 1
+        DELETE FROM {{ t }} AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
     )
 
     SELECT count(*) INTO purged_count FROM deleted;

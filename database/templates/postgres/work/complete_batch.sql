@@ -1,0 +1,52 @@
+{#- PostgreSQL: S.Q_complete_batch of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_complete_batch'), 'code') }}
+-- complete for up to 1,000 messages in one statement: each item fenced by its own token (NULL: by
+-- worker name), one row per item in id order, completed = false where the lease was lost.
+CREATE OR REPLACE FUNCTION {{ names.verb('complete_batch') }}(
+    ids {{ id_type }}[],
+    lease_tokens uuid[],
+    worker text
+)
+RETURNS TABLE (id {{ id_type }}, completed boolean)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz := clock_timestamp();
+    sorted_ids {{ id_type }}[];
+    sorted_tokens uuid[];
+    distinct_count bigint;
+    done_ids {{ id_type }}[];
+BEGIN
+{{ w.check_worker('complete_batch') }}
+{{ m.check_read_committed('complete_batch') }}
+{{ w.check_acks('complete_batch') }}
+    IF cardinality(sorted_ids) IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- One statement: the queue rows (locked in id order), then the history table (complete's order).
+{{ w.held_cte('complete_batch') }},
+
+    done AS (
+        DELETE FROM {{ t }} AS m
+        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
+        RETURNING m.id, m.enqueued_at, m.due_at, {% if has_priority %}m.priority, {% endif %}m.leased_at, m.leased_by, m.attempts, m.payload
+    ){% if history %},
+
+    kept AS (
+{{ w.history_insert() }}
+    ){% endif %}
+
+    SELECT array_agg(d.id) INTO done_ids FROM done AS d;
+    IF cardinality(done_ids) IS DISTINCT FROM cardinality(sorted_ids) THEN
+{{ w.lost_under_snapshot('m.id = ANY(sorted_ids)') }}
+    END IF;
+    RETURN QUERY
+    SELECT u.id, coalesce(u.id = ANY(done_ids), false)
+    FROM unnest(sorted_ids) AS u (id)
+    ORDER BY u.id;
+END;
+$function$;
+
+{{ m.grant('complete_batch') }}

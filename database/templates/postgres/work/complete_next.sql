@@ -1,0 +1,35 @@
+{#- PostgreSQL: S.Q_complete_next of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_complete_next'), 'code') }}
+-- complete, then dequeue, in the caller's one transaction: one commit per message instead of two.
+-- The rows are dequeue's with previous_completed (complete's answer) added; when nothing is ready,
+-- one row with a NULL id carries it.
+CREATE OR REPLACE FUNCTION {{ names.verb('complete_next') }}(
+    id {{ id_type }},
+    worker text,
+    lease_token uuid DEFAULT NULL,
+    batch_size integer DEFAULT 1,
+    lease_seconds integer DEFAULT NULL
+)
+RETURNS SETOF {{ names.obj("_complete_next_result") }}
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    completed_now boolean;
+    effective_lease integer := coalesce({{ fn }}_complete_next.lease_seconds, {{ lease_seconds }});
+BEGIN
+{{ w.check_worker('complete_next') }}
+{{ m.check_batch_size('complete_next') }}
+{{ w.check_lease('complete_next', 'effective_lease') }}
+    SELECT c.completed INTO completed_now
+    FROM {{ names.verb('complete') }}({{ fn }}_complete_next.id, {{ fn }}_complete_next.worker, {{ fn }}_complete_next.lease_token) AS c;
+    RETURN QUERY
+    SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, completed_now
+    FROM {{ names.verb('dequeue') }}({{ fn }}_complete_next.batch_size, {{ fn }}_complete_next.worker, {{ fn }}_complete_next.lease_seconds) AS d;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::{{ id_type }}, NULL::{{ payload_type }}, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::uuid, completed_now;
+    END IF;
+END;
+$function$;
+
+{{ m.grant('complete_next') }}

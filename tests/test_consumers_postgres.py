@@ -1,0 +1,232 @@
+"""Consumers v2 where PostgreSQL shows it (DESIGN.md §3b): wait holds no snapshot, NOTIFY and
+LISTEN, a lost lease under an old snapshot leaves no lock behind, and batch acknowledgements that
+never deadlock. What every engine must do is in tests/conformance."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import psycopg
+import pytest
+
+from tablequeue.client import QueueClient
+
+pytestmark = pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+
+
+def work(name: str = "q", **options: Any) -> dict[str, Any]:
+    return {"name": name, "kind": "work", "payload": "json", "options": options}
+
+
+@pytest.fixture
+def clients(deploy_queues: Callable[..., Any]):
+    opened: list[Any] = []
+
+    def _clients(spec: dict[str, Any], count: int = 1, autocommit: bool = True, pooled: bool = False) -> list[QueueClient]:
+        deployed = deploy_queues(spec)
+        made = []
+        for _ in range(count):
+            conn = deployed.connect(autocommit=autocommit)
+            opened.append(conn)
+            made.append(QueueClient.for_catalog(conn, "postgres", deployed.catalog, spec["name"], pooled=pooled))
+        return made
+
+    yield _clients
+    for conn in opened:
+        conn.close()
+
+
+def test_wait_inside_a_transaction_is_refused(clients) -> None:
+    client, = clients(work(), autocommit=False)
+    client.conn.execute("SELECT txid_current()")
+    with pytest.raises(psycopg.Error) as raised:
+        client.conn.execute(f"CALL {client._routine('wait')}(wait_ms => 100, ready => NULL)")
+    assert raised.value.sqlstate == "TQ003"
+    client.conn.rollback()
+    with pytest.raises(ValueError, match="autocommit"):
+        client.wait(100)
+
+
+def test_a_waiting_session_does_not_hold_back_the_xmin_horizon(clients) -> None:
+    waiter, other = clients(work(), count=2)
+    pid = waiter.conn.info.backend_pid
+    thread = threading.Thread(target=waiter.wait, args=(3000,))
+    thread.start()
+    try:
+        time.sleep(0.3)
+        committed = other.conn.execute("SELECT txid_current() % 4294967296").fetchone()[0]
+        time.sleep(0.3)
+        xmin, state = other.conn.execute(
+            "SELECT backend_xmin::text::bigint, state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    finally:
+        thread.join()
+    # Still waiting, and its snapshot is younger than a transaction that committed while it waited.
+    assert state == "active" and xmin is not None and xmin > committed
+
+
+def test_an_enqueue_notifies_the_queues_channel_when_it_commits(clients) -> None:
+    listener, producer = clients(work(notify=True), count=2)
+    producer.conn.autocommit = False
+    listener.conn.execute('LISTEN "%s"' % f"{listener.schema}.q")
+
+    producer.enqueue({"i": 1})
+    assert list(listener.conn.notifies(timeout=0.3, stop_after=1)) == []     # not committed yet
+    producer.conn.commit()
+    heard = list(listener.conn.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in heard] == [f"{listener.schema}.q"]
+
+    producer.enqueue_batch([{"payload": {"i": 2}}, {"payload": {"i": 3}}])
+    producer.conn.commit()
+    assert len(list(listener.conn.notifies(timeout=5, stop_after=1))) == 1
+
+
+def test_without_the_option_nothing_is_notified(clients) -> None:
+    listener, producer = clients(work(), count=2)
+    listener.conn.execute('LISTEN "%s"' % f"{listener.schema}.q")
+    producer.enqueue({"i": 1})
+    assert list(listener.conn.notifies(timeout=0.5, stop_after=1)) == []
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["listen", "pooled"])
+def test_dequeue_with_wait_listens_unless_pooled_and_gets_the_message(clients, pooled) -> None:
+    consumer, producer = clients(work(notify=True), count=2, pooled=pooled)
+    timer = threading.Timer(0.4, lambda: producer.enqueue({"late": True}))
+    timer.start()
+    try:
+        got = consumer.dequeue(worker="a", wait=15)
+    finally:
+        timer.join()
+    assert [m["payload"] for m in got] == [{"late": True}]
+    channels = [r[0] for r in consumer.conn.execute("SELECT pg_listening_channels()").fetchall()]
+    assert channels == ([] if pooled else [f"{consumer.schema}.q"])
+
+
+def test_a_listening_consumer_still_finds_a_retry_that_comes_due(clients) -> None:
+    consumer, = clients(work(notify=True))
+    sent = consumer.enqueue({"x": 1})["id"]
+    leased = consumer.dequeue(worker="a")[0]
+    assert consumer.fail(sent, "a", "later", retry_after_seconds=1, lease_token=leased["lease_token"]) == "retrying"
+    got = consumer.dequeue(worker="b", wait=10)           # no NOTIFY for a retry: found by the re-check
+    assert [m["id"] for m in got] == [sent] and got[0]["attempts"] == 2
+
+
+def test_a_lease_lost_under_a_repeatable_read_snapshot_leaves_no_row_lock(clients) -> None:
+    caller, other = clients(work(), count=2)
+    sent = caller.enqueue({"x": 1})["id"]
+    other.dequeue(worker="b")                              # b holds it: a's complete finds it lost
+    caller.conn.autocommit = False
+    caller.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    assert caller.complete(sent, "a") is False
+    # a's transaction is still open: b must be able to complete without waiting for it.
+    other.conn.execute("SET lock_timeout = '2s'")
+    assert other.complete(sent, "b") is True
+    caller.conn.rollback()
+
+
+def test_overlapping_batch_acks_in_shuffled_order_never_deadlock_and_complete_each_once(clients) -> None:
+    """Four sessions acknowledge shuffled, overlapping id sets under one worker name (no tokens, the
+    0.1.0 check) while a fifth claims and releases other messages of the same table: every message
+    is completed by exactly one call, and no session meets a deadlock."""
+    sessions = clients(work(history=True, lease_seconds=600), count=6)
+    producer, claimer, ackers = sessions[0], sessions[1], sessions[2:]
+    total = 1_000     # one dequeue's worth: a worker name asking again gets its own leases back
+    producer.enqueue_batch([{"payload": {"n": n}} for n in range(total)])
+    leased = [m["id"] for m in producer.dequeue(batch_size=total, worker="shared")]
+    producer.enqueue_batch([{"payload": {"churn": n}} for n in range(200)])
+    completed: dict[Any, int] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def ack(client: QueueClient, seed: int) -> None:
+        chooser = random.Random(seed)
+        try:
+            for _ in range(40):
+                chosen = chooser.sample(leased, 50)
+                for row in client.complete_batch([{"id": i} for i in chosen], "shared"):
+                    if row["completed"]:
+                        with lock:
+                            completed[row["id"]] = completed.get(row["id"], 0) + 1
+            remaining = [i for i in leased if i not in completed]
+            chooser.shuffle(remaining)
+            for start in range(0, len(remaining), 1000):
+                for row in client.complete_batch([{"id": i} for i in remaining[start:start + 1000]], "shared"):
+                    if row["completed"]:
+                        with lock:
+                            completed[row["id"]] = completed.get(row["id"], 0) + 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def churn() -> None:
+        try:
+            while not stop.is_set():
+                for row in claimer.dequeue(batch_size=10, worker="other"):
+                    assert claimer.release(row["id"], "other", row["lease_token"])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ack, args=(c, i)) for i, c in enumerate(ackers)]
+    churner = threading.Thread(target=churn)
+    churner.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    churner.join()
+    assert errors == []
+    assert len(completed) == total and set(completed.values()) == {1}
+    history = producer.conn.execute(f'SELECT count(*), count(DISTINCT id) FROM "{producer.schema}"."q_history"').fetchone()
+    assert history == (total, total)
+
+
+@pytest.mark.parametrize("verb", ["complete_batch", "fail_batch"])
+def test_batch_acks_run_only_at_read_committed(clients, verb) -> None:
+    client, = clients(work())
+    sent = client.enqueue({"x": 1})["id"]
+    leased = client.dequeue(worker="a")
+    client.conn.autocommit = False
+    client.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    extra = {"error": "e"} if verb == "fail_batch" else {}
+    with pytest.raises(psycopg.Error) as raised:
+        getattr(client, verb)(leased, "a", **extra)
+    assert raised.value.sqlstate == "TQ008"
+    client.conn.rollback()
+    client.conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    client.conn.autocommit = True
+    assert [row["id"] for row in getattr(client, verb)(leased, "a", **extra)] == [sent]
+
+
+def test_an_all_duplicate_batch_notifies_nothing(clients) -> None:
+    listener, producer = clients(work(notify=True, dedupe=True), count=2)
+    producer.enqueue({"i": 1}, dedupe_key="k")
+    listener.conn.execute('LISTEN "%s"' % f"{listener.schema}.q")
+    rows = producer.enqueue_batch([{"payload": {"i": 2}, "dedupe_key": "k"}])
+    assert [r["duplicate"] for r in rows] == [True]
+    assert list(listener.conn.notifies(timeout=0.5, stop_after=1)) == []
+
+
+def test_wait_evaluates_no_operator_a_callers_search_path_could_supply(clients) -> None:
+    """wait runs with the caller's rights and search_path (it commits, so it cannot pin its own): an
+    operator planted in a schema on that path must not run inside it."""
+    client, = clients(work())
+    conn = client.conn
+    conn.execute("CREATE SCHEMA IF NOT EXISTS planted")
+    for signature in ("integer, numeric", "integer, integer", "boolean, boolean", "timestamptz, timestamptz"):
+        left, right = (part.strip() for part in signature.split(","))
+        name = "planted_" + left.replace(" ", "_") + "_" + right.replace(" ", "_")
+        conn.execute(f"CREATE OR REPLACE FUNCTION planted.{name}(a {left}, b {right}) RETURNS boolean "
+                     f"LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'planted operator ran'; END $$")
+        for operator in ("/", ">=", "=", "<", "+"):
+            conn.execute(f"DROP OPERATOR IF EXISTS planted.{operator} ({left}, {right})")
+            conn.execute(f"CREATE OPERATOR planted.{operator} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = planted.{name})")
+    try:
+        conn.execute("SET search_path = pg_catalog, planted")
+        assert client.wait(120) is False
+        client.enqueue({"x": 1})
+        assert client.wait(120) is True
+    finally:
+        conn.execute("RESET search_path")
+        conn.execute("DROP SCHEMA planted CASCADE")

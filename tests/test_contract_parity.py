@@ -193,8 +193,8 @@ def test_the_comparison_finds_a_renamed_parameter_a_reordered_column_and_a_chang
     assert compare("emails_fail", signature, table_types, (params, results), True) == []
     renamed = [("worker_name" if n == "worker" else n, t, m) for n, t, m in params]
     assert compare("emails_fail", signature, table_types, (renamed, results), True) == [
-        "emails_fail: parameters ['id', 'worker', 'error', 'retry_after_seconds'] in SQL Server, "
-        "['id', 'worker_name', 'error', 'retry_after_seconds'] in PostgreSQL"]
+        "emails_fail: parameters ['id', 'worker', 'error', 'retry_after_seconds', 'lease_token'] in SQL Server, "
+        "['id', 'worker_name', 'error', 'retry_after_seconds', 'lease_token'] in PostgreSQL"]
     retyped = [(n, "integer" if n == "retry_after_seconds" else t, m) for n, t, m in params]
     assert compare("emails_fail", signature, table_types, (retyped, [("outcome", "boolean")]), True) == [
         "emails_fail: result column outcome is varchar(8), boolean in PostgreSQL"]

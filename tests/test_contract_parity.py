@@ -32,6 +32,8 @@ JSON_PAYLOAD = ("nvarchar(max)", "jsonb")
 #   (payloads, due_ats, dedupe_keys, priorities, ids, enqueued_ats), in the table type's column order
 #   and of the mapped type, except `ordinal`, which numbers the items in SQL Server (PostgreSQL
 #   numbers them by array position).
+#   The same holds for complete_batch and fail_batch: one table of acks (type S.Q_acks: id,
+#   lease_token) in SQL Server, the arrays ids and lease_tokens in PostgreSQL.
 # - process, wait: PostgreSQL's are PROCEDUREs, run with CALL, that report their result in INOUT
 #   parameters (a procedure returns no rows; processed/completed/failed, ready); SQL Server's return
 #   them as their result set.
@@ -191,8 +193,8 @@ def test_the_comparison_finds_a_renamed_parameter_a_reordered_column_and_a_chang
     assert compare("emails_fail", signature, table_types, (params, results), True) == []
     renamed = [("worker_name" if n == "worker" else n, t, m) for n, t, m in params]
     assert compare("emails_fail", signature, table_types, (renamed, results), True) == [
-        "emails_fail: parameters ['id', 'worker', 'error', 'retry_after_seconds'] in SQL Server, "
-        "['id', 'worker_name', 'error', 'retry_after_seconds'] in PostgreSQL"]
+        "emails_fail: parameters ['id', 'worker', 'error', 'retry_after_seconds', 'lease_token'] in SQL Server, "
+        "['id', 'worker_name', 'error', 'retry_after_seconds', 'lease_token'] in PostgreSQL"]
     retyped = [(n, "integer" if n == "retry_after_seconds" else t, m) for n, t, m in params]
     assert compare("emails_fail", signature, table_types, (retyped, [("outcome", "boolean")]), True) == [
         "emails_fail: result column outcome is varchar(8), boolean in PostgreSQL"]
@@ -205,3 +207,25 @@ def test_the_comparison_finds_a_renamed_parameter_a_reordered_column_and_a_chang
         "'enqueued_ats'] in PostgreSQL",
         "emails_enqueue_batch: result columns ['ordinal', 'id', 'duplicate'] in SQL Server, "
         "['duplicate', 'id', 'ordinal'] in PostgreSQL"]
+
+
+def test_the_acks_table_maps_to_id_and_token_arrays_and_wait_reports_ready_in_an_inout() -> None:
+    """The two mappings of the consumers v2 verbs, on the SQL Server side as rendered and the
+    PostgreSQL headers the contract gives them (contract-v2): complete_batch's S.Q_acks is the
+    arrays ids and lease_tokens, and wait, a PostgreSQL PROCEDURE, reports ready in an INOUT."""
+    checked = report(CATALOGS[0])
+    table_types = {relation.display: relation.columns for relation in checked.catalog.types.values()}
+    signatures = {s.name: s for s in checked.signatures}
+    batch = signatures["[queue].[emails_complete_batch]"]
+    params = [("ids", "bigint[]", "IN"), ("lease_tokens", "uuid[]", "IN"), ("worker", "text", "IN")]
+    results = [("id", "bigint"), ("completed", "boolean")]
+    assert compare("emails_complete_batch", batch, table_types, (params, results), True) == []
+    assert compare("emails_complete_batch", batch, table_types, (params[1::-1] + params[2:], results), True) == [
+        "emails_complete_batch: parameters ['ids', 'lease_tokens', 'worker'] in SQL Server, "
+        "['lease_tokens', 'ids', 'worker'] in PostgreSQL"]
+    wait = signatures["[queue].[emails_wait]"]
+    assert compare("emails_wait", wait, table_types, ([("wait_ms", "integer", "IN"), ("ready", "boolean", "INOUT")],
+                                                      None), True) == []
+    assert compare("emails_wait", wait, table_types, ([("wait_ms", "integer", "IN"), ("ready", "integer", "INOUT")],
+                                                      None), True) == [
+        "emails_wait: result column ready is bit, integer in PostgreSQL"]

@@ -38,7 +38,7 @@ def test_a_fresh_install_script_holds_every_unit_in_its_own_transaction_under_th
     # The deploy lock first, released last; the plan at the top for review.
     assert text.index("sys.sp_getapplock @Resource = N'tablequeue:deploy:queue'") < text.index("BEGIN TRANSACTION;")
     assert lines[-2].startswith("EXEC sys.sp_releaseapplock @Resource = N'tablequeue:deploy:queue'")
-    assert f"--   create    storage queue.emails  v1 (kind=work" in text
+    assert "--   create    storage queue.emails  v2 (kind=work" in text
     for unit in units:
         assert f"-- create {unit.type} {unit.name}" in text
         assert f"'{unit.checksum}'" in text

@@ -611,3 +611,18 @@ def test_postgres_functions_are_pinned_definers_revoked_from_public(catalog_path
             assert re.search(r"REVOKE ALL ON (FUNCTION|PROCEDURE) .* FROM public;", unit.body), unit.name
             # Owned by the schema's owner role, never by whoever deployed (a superuser, often).
             assert re.search(rf'ALTER (FUNCTION|PROCEDURE) .* OWNER TO "{catalog.schema}_owner";', unit.body), unit.name
+
+
+@pytest.mark.parametrize("verb", ["complete_batch", "fail_batch"])
+def test_an_uncapped_acks_table_is_refused(verb: str) -> None:
+    """The batch acknowledgements' table-valued parameter (S.Q_acks) is held to the same cap as
+    enqueue_batch's items: a cap above 1000, or one that throws another error, is no cap."""
+    file, text = golden("emails.sql")
+    procedure = f"emails_{verb}"
+    header = line_of(text, procedure, "CREATE OR ALTER PROCEDURE")
+    assert violations(text, "batch-cap", file, procedure) == []
+    not_refused = (f"{file}:{header}: batch-cap: @acks READONLY is not refused above 1000 rows (IF (SELECT "
+                   f"COUNT(*) FROM @acks) > 1000 THROW 51001) (procedure [queue].[{procedure}])")
+    for old, new in (("FROM @acks) > 1000", "FROM @acks) > 5000"),
+                     (f"THROW 51001, N'queue.{procedure}: at most", f"THROW 51009, N'queue.{procedure}: at most")):
+        assert violations(seed(text, procedure, replace(old, new)), "batch-cap", file, procedure) == [not_refused]

@@ -112,13 +112,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'order-42', N'{"n": 1}'
+        NULL, N'order-42', N'{"n": 1}'
     );
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -331,33 +331,33 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
         DATEADD(SECOND, -10, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
         DATEADD(SECOND, -30, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
         DATEADD(SECOND, -20, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 3}'
+        NULL, NULL, N'{"n": 3}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -365,11 +365,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue]
         @batch_size = 2,
         @worker = N'w',
@@ -428,42 +429,43 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
         DATEADD(SECOND, -30, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
         DATEADD(SECOND, -20, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     CREATE TABLE #Earlier (
         id bigint NOT NULL,
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
-    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 600;
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now),
         DATEADD(SECOND, -3600, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 3}'
+        NULL, NULL, N'{"n": 3}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -471,11 +473,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue]
         @batch_size = 1,
         @worker = N'v',
@@ -505,23 +508,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
         DATEADD(SECOND, 3600, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 1,
         N'other', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -529,11 +532,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue]
         @batch_size = 10,
         @worker = N'w',
@@ -578,23 +582,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3000, @now),
         DATEADD(SECOND, -3000, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -602,11 +606,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue]
         @batch_size = 2,
         @worker = N'w',
@@ -639,13 +644,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 3,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[emails] AS m);
     CREATE TABLE #Ignored (
@@ -653,7 +658,8 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act
@@ -667,11 +673,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue]
         @batch_size = 1,
         @worker = N'w',
@@ -730,13 +737,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -5, @now), 1,
         N'crashed', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -744,11 +751,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue]
         @batch_size = 1,
         @worker = N'w',
@@ -797,23 +805,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -20, @now), 3,
         N'crashed', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
         DATEADD(SECOND, -10, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -821,11 +829,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[emails_dequeue]
         @batch_size = 1,
         @worker = N'w',
@@ -942,23 +951,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 2,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     CREATE TABLE #Actual (completed bit NOT NULL);
 
@@ -1024,13 +1033,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (completed bit NOT NULL);
 
@@ -1075,13 +1084,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -1, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (completed bit NOT NULL);
 
@@ -1141,13 +1150,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 2,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
 
@@ -1200,13 +1209,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 3,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
 
@@ -1252,13 +1261,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 3,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
 
@@ -1321,13 +1330,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 5, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (extended bit NOT NULL);
 
@@ -1359,13 +1368,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -5, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (extended bit NOT NULL);
 
@@ -1401,6 +1410,1242 @@ BEGIN
 END;
 GO
 
+-- lease tokens ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue gives a new lease a new token, a live lease its own]
+AS
+BEGIN
+    -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
+        DATEADD(SECOND, -20, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 3}'
+    );
+    CREATE TABLE #Dequeued (
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 3,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert: what dequeue returned is each row's token; 1 kept its own; 2 and 3 got two new ones.
+    SELECT
+        d.id,
+        CONVERT(bit, IIF(d.lease_token = m.lease_token, 1, 0)) AS returned_the_stored_token,
+        CONVERT(bit, IIF(d.lease_token = '7e57ab1e-0000-0000-0000-000000000001', 1, 0)) AS the_old_token
+    INTO #Actual
+    FROM #Dequeued AS d
+    INNER JOIN [queue].[emails] AS m ON d.id = m.id;
+
+    CREATE TABLE #Expected (id bigint NOT NULL, returned_the_stored_token bit NULL, the_old_token bit NULL);
+    INSERT INTO #Expected (id, returned_the_stored_token, the_old_token)
+    VALUES
+    (1, 1, 1),
+    (2, 1, 0),
+    (3, 1, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @distinct_tokens int = (SELECT COUNT(DISTINCT d.lease_token) FROM #Dequeued AS d);
+    EXEC tSQLt.AssertEquals @Expected = 3, @Actual = @distinct_tokens, @Message = N'two leases share a token';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test a stale token changes nothing, even for the same worker]
+AS
+BEGIN
+    -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
+    -- late calls from the first attempt carry token 1.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 3,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 1}'
+    );
+    DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[emails] AS m);
+    DECLARE @stale uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Completed (completed bit NOT NULL);
+    CREATE TABLE #Failed (outcome varchar(8) NOT NULL);
+    CREATE TABLE #Extended (extended bit NOT NULL);
+    CREATE TABLE #Released (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Completed (completed)
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @stale;
+    INSERT INTO #Failed (outcome)
+    EXEC [queue].[emails_fail]
+        @id = 1,
+        @worker = N'w',
+        @error = N'late',
+        @lease_token = @stale;
+    INSERT INTO #Extended (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'w',
+        @lease_seconds = 3600,
+        @lease_token = @stale;
+    INSERT INTO #Released (released)
+    EXEC [queue].[emails_release]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @stale;
+
+    -- Assert: every verb reports the lease lost; the message is as it was (on its last attempt, a
+    -- fail that got through would have buried it).
+    DECLARE @completed bit = (SELECT c.completed FROM #Completed AS c);
+    DECLARE @outcome varchar(8) = (SELECT f.outcome FROM #Failed AS f);
+    DECLARE @extended bit = (SELECT e.extended FROM #Extended AS e);
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @completed, @Message = N'complete';
+    EXEC tSQLt.AssertEqualsString @Expected = 'lost', @Actual = @outcome, @Message = N'fail';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @extended, @Message = N'extend_lease';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @released, @Message = N'release';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 3, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @unchanged int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE m.visible_at = @expiry AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002' AND m.last_error IS NULL
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @unchanged, @Message = N'lease, token or error changed';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_dead]';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_history]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete with the current token removes the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 1}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000002';
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[emails_complete]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test a NULL token keeps the check by worker name]
+AS
+BEGIN
+    -- Assemble: w holds 1 under token 2; v holds nothing (0.1.0's calls pass no token).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 5, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #ByAnother (extended bit NOT NULL);
+    CREATE TABLE #ByTheHolder (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #ByAnother (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'v',
+        @lease_seconds = 600;
+    INSERT INTO #ByTheHolder (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert: another name is refused, the holder's name is enough, and the token stays.
+    DECLARE @by_another bit = (SELECT a.extended FROM #ByAnother AS a);
+    DECLARE @by_the_holder bit = (SELECT h.extended FROM #ByTheHolder AS h);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @by_another, @Message = N'another worker extended it';
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @by_the_holder, @Message = N'the holder could not extend it';
+    DECLARE @kept int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE m.lease_token = '7e57ab1e-0000-0000-0000-000000000002' AND m.visible_at > DATEADD(SECOND, 590, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @kept, @Message = N'lease not extended under its token';
+END;
+GO
+
+-- release -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test release returns the attempt and makes the message visible now]
+AS
+BEGIN
+    -- Assemble: w holds 1 on its second attempt (token 1), with ten minutes left.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 600, @now), 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Released (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Released (released)
+    EXEC [queue].[emails_release]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert: no lease left at all, one attempt fewer, and another worker gets it at once, its
+    -- second attempt again.
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @released;
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @lease_gone int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE m.leased_at IS NULL AND m.lease_token IS NULL
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @lease_gone, @Message = N'leased_at or lease_token kept';
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'v',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 1, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test release never takes attempts below 0]
+AS
+BEGIN
+    -- Assemble: a lease with no attempt counted (a row put back by hand, say).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 600, @now), 0,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Ignored (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (released)
+    EXEC [queue].[emails_release] @id = 1, @worker = N'w';
+
+    -- Assert
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test release of an expired lease returns 0 and changes nothing]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Actual (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (released)
+    EXEC [queue].[emails_release]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert
+    CREATE TABLE #Expected (released bit NOT NULL);
+    INSERT INTO #Expected (released) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 2, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+-- complete_batch ----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test complete_batch completes the held leases and reports a stale item]
+AS
+BEGIN
+    -- Assemble: w holds 1, 2 and 3 (tokens 1, 2, 3); the batch, out of order, carries a stale
+    -- token for 2 (an earlier lease of it); 4 is w's too but not in the batch.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', NULL, N'{"n": 3}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000004', NULL, N'{"n": 4}'
+    );
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (3, '7e57ab1e-0000-0000-0000-000000000003'),
+    (2, '7e57ab1e-0000-0000-0000-000000000009'),
+    (1, '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        completed bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC [queue].[emails_complete_batch] @acks = @acks, @worker = N'w';
+
+    -- Assert: one row per item, in id order.
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, completed bit NOT NULL);
+    INSERT INTO #Expected (position, id, completed)
+    VALUES
+    (1, 1, 1),
+    (2, 2, 0),
+    (3, 3, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (2, 2, N'w', 0),
+    (4, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+
+    SELECT
+        h.id,
+        h.worker,
+        h.attempts
+    INTO #History
+    FROM [queue].[emails_history] AS h;
+
+    CREATE TABLE #ExpectedHistory (id bigint NULL, worker nvarchar(200) NULL, attempts int NULL);
+    INSERT INTO #ExpectedHistory (id, worker, attempts)
+    VALUES
+    (1, N'w', 1),
+    (3, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHistory', @Actual = N'#History';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete_batch with a NULL token checks the worker name]
+AS
+BEGIN
+    -- Assemble: w holds 1, v holds 2; w acknowledges both without tokens.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 2}'
+    );
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (1, NULL),
+    (2, NULL);
+    CREATE TABLE #Actual (id bigint NOT NULL, completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC [queue].[emails_complete_batch] @acks = @acks, @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (id bigint NOT NULL, completed bit NOT NULL);
+    INSERT INTO #Expected (id, completed)
+    VALUES
+    (1, 1),
+    (2, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (2, 1, N'v', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete_batch of no items returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @acks [queue].[emails_acks];
+    CREATE TABLE #Actual (id bigint NOT NULL, completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC [queue].[emails_complete_batch] @acks = @acks, @worker = N'w';
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id)
+    SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
+    FROM sys.all_columns AS c;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%complete_batch: at most 1000 items%';
+
+    -- Act
+    EXEC [queue].[emails_complete_batch] @acks = @acks, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete_batch refuses a repeated id, the transaction usable]
+AS
+BEGIN
+    -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
+    -- own transaction (tSQLt's) is the caller's transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (1, '7e57ab1e-0000-0000-0000-000000000001'),
+    (1, '7e57ab1e-0000-0000-0000-000000000002');
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act: the check throws before the procedure's XACT_ABORT ON, with the session's set OFF.
+    BEGIN TRY
+        EXEC [queue].[emails_complete_batch] @acks = @acks, @worker = N'w';
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%complete_batch: acks holds id % more than once.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test fail_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id)
+    SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
+    FROM sys.all_columns AS c;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%fail_batch: at most 1000 items%';
+
+    -- Act
+    EXEC [queue].[emails_fail_batch] @acks = @acks, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test fail_batch refuses a repeated id, the transaction usable]
+AS
+BEGIN
+    -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
+    -- own transaction (tSQLt's) is the caller's transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (1, '7e57ab1e-0000-0000-0000-000000000001'),
+    (1, '7e57ab1e-0000-0000-0000-000000000002');
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act: the check throws before the procedure's XACT_ABORT ON, with the session's set OFF.
+    BEGIN TRY
+        EXEC [queue].[emails_fail_batch] @acks = @acks, @worker = N'w';
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%fail_batch: acks holds id % more than once.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
+-- fail_batch --------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test fail_batch retries, buries and reports a stale item as lost]
+AS
+BEGIN
+    -- Assemble: w holds 1 (attempts left), 2 (its token in the batch is stale) and 3 (on its last
+    -- attempt).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 3,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', NULL, N'{"n": 3}'
+    );
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (2, '7e57ab1e-0000-0000-0000-000000000008'),
+    (3, '7e57ab1e-0000-0000-0000-000000000003'),
+    (1, '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        outcome varchar(8) NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, outcome)
+    EXEC [queue].[emails_fail_batch]
+        @acks = @acks,
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
+
+    -- Assert: one row per item, in id order.
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (position, id, outcome)
+    VALUES
+    (1, 1, 'retrying'),
+    (2, 2, 'lost'),
+    (3, 3, 'dead');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, NULL, 0),
+    (2, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @retry_kept int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE
+            m.id = 1 AND m.last_error = N'timeout' AND m.lease_token IS NULL
+            AND m.visible_at > DATEADD(SECOND, 290, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @retry_kept, @Message = N'error, token or retry time not kept';
+    DECLARE @stale_untouched int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE
+            m.id = 2 AND m.last_error IS NULL
+            AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002'
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stale_untouched, @Message = N'the stale item changed its message';
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[emails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id bigint NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    (3, 3, N'timeout', N'w');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+END;
+GO
+
+-- complete_next -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test complete_next completes and leases the next messages]
+AS
+BEGIN
+    -- Assemble: w holds 1 (token 1); 2 and 3 are visible.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
+        DATEADD(SECOND, -30, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
+        DATEADD(SECOND, -20, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 3}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Next (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NULL,
+        payload nvarchar(MAX) NULL,
+        enqueued_at datetime2(7) NULL,
+        due_at datetime2(7) NULL,
+        attempts int NULL,
+        lease_token uniqueidentifier NULL,
+        previous_completed bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Next (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    EXEC [queue].[emails_complete_next]
+        @id = 1,
+        @worker = N'w',
+        @lease_token = @current,
+        @batch_size = 2,
+        @lease_seconds = 600;
+
+    -- Assert: 1 is gone; 2 and 3 are w's, in claim order, each row carrying the completion.
+    SELECT
+        n.position,
+        n.id,
+        n.attempts,
+        n.previous_completed,
+        CONVERT(bit, IIF(n.lease_token = m.lease_token, 1, 0)) AS returned_the_stored_token
+    INTO #Actual
+    FROM #Next AS n
+    INNER JOIN [queue].[emails] AS m ON n.id = m.id;
+
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id bigint NULL,
+        attempts int NULL,
+        previous_completed bit NULL,
+        returned_the_stored_token bit NULL
+    );
+    INSERT INTO #Expected (position, id, attempts, previous_completed, returned_the_stored_token)
+    VALUES
+    (1, 2, 1, 1, 1),
+    (2, 3, 1, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (2, 1, N'w', 0),
+    (3, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete_next with nothing ready returns one row with a NULL id]
+AS
+BEGIN
+    -- Assemble: 2 is not due yet, and w's message 1 is gone (completed already, say).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (
+        id bigint NULL,
+        payload nvarchar(MAX) NULL,
+        enqueued_at datetime2(7) NULL,
+        due_at datetime2(7) NULL,
+        attempts int NULL,
+        lease_token uniqueidentifier NULL,
+        previous_completed bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    EXEC [queue].[emails_complete_next] @id = 1, @worker = N'w';
+
+    -- Assert
+    SELECT TOP (0)
+        a.id,
+        a.payload,
+        a.enqueued_at,
+        a.due_at,
+        a.attempts,
+        a.lease_token,
+        a.previous_completed
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    VALUES (NULL, NULL, NULL, NULL, NULL, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (2, 0, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete_next refuses batch_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_complete_next]
+        @id = 1,
+        @worker = N'w',
+        @batch_size = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test complete_next refuses a NULL worker with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[emails_complete_next]
+        @id = 1,
+        @worker = NULL;
+END;
+GO
+
+-- wait --------------------------------------------------------------------------------------------
+-- A probe skips a row another session holds (READPAST): tSQLt runs in one session, whose own locks
+-- never block it, so that case (and the wake-up by another connection's commit) is the
+-- conformance suite's, against a real server.
+
+CREATE PROCEDURE [test_queue_emails].[test wait returns ready at once for a visible message]
+AS
+BEGIN
+    -- Assemble: 1 is leased, 2 delayed, 3 visible since its lease expired.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -1, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', NULL, N'{"n": 3}'
+    );
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act: a timeout far longer than a test may take, so only "ready" ends it in time.
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[emails_wait] @wait_ms = 20000;
+
+    -- Assert: it claimed nothing.
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, N'v', 0),
+    (2, 0, NULL, 0),
+    (3, 1, N'crashed', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test wait returns 0 at the timeout when nothing is ready]
+AS
+BEGIN
+    -- Assemble: a live lease and a delayed message only.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[emails_wait] @wait_ms = 120;
+
+    -- Assert
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test wait in implicit-transaction mode leaves the transaction count]
+AS
+BEGIN
+    -- Assemble: a manual-commit caller (IMPLICIT_TRANSACTIONS ON). tSQLt's own transaction is open,
+    -- so this shows that wait leaves the caller's transaction count as it was (no BEGIN, no
+    -- COMMIT, no error 266); the first probe opening a caller's implicit transaction at
+    -- @@TRANCOUNT = 0 needs a session of its own (the conformance suite).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -5, @now),
+        DATEADD(SECOND, -5, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (ready bit NOT NULL);
+    SET IMPLICIT_TRANSACTIONS ON;
+    DECLARE @before int = @@TRANCOUNT;
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[emails_wait] @wait_ms = 100;
+
+    -- Assert
+    DECLARE @after int = @@TRANCOUNT;
+    SET IMPLICIT_TRANSACTIONS OFF;
+    EXEC tSQLt.AssertEquals @Expected = @before, @Actual = @after, @Message = N'wait changed the transaction count';
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test wait refuses wait_ms NULL with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC [queue].[emails_wait] @wait_ms = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test wait refuses wait_ms -1 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC [queue].[emails_wait] @wait_ms = -1;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test wait refuses wait_ms 20001 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC [queue].[emails_wait] @wait_ms = 20001;
+END;
+GO
+
 -- stats -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_emails].[test stats counts ready, delayed, in_flight and dead]
@@ -1412,53 +2657,53 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -120, @now),
         DATEADD(SECOND, -120, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -5, @now), 1,
         N'crashed', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
         DATEADD(SECOND, 3600, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 3}'
+        NULL, NULL, N'{"n": 3}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 4}'
+        NULL, NULL, N'{"n": 4}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 5}'
+        NULL, NULL, N'{"n": 5}'
     );
     INSERT INTO [queue].[emails_dead] (
         id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
@@ -1517,23 +2762,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 1,
         N'w', DATEADD(SECOND, -10, @now),
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[emails] (id, enqueued_at, due_at, visible_at, attempts, payload)
     VALUES (9, @now, @now, @now, 0, N'{"n": 9}');
@@ -1577,23 +2822,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
         DATEADD(SECOND, 3600, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
@@ -1617,33 +2862,33 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 1}'
+        NULL, NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 2}'
+        NULL, NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
-        dedupe_key, payload
+        lease_token, dedupe_key, payload
     )
     VALUES (
         3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0,
         NULL, NULL,
-        NULL, N'{"n": 3}'
+        NULL, NULL, N'{"n": 3}'
     );
     CREATE TABLE #Actual (purged bigint NOT NULL);
 

@@ -763,6 +763,73 @@ BEGIN
 END;
 GO
 
+-- wait --------------------------------------------------------------------------------------------
+-- A probe skips a row another session holds (READPAST): tSQLt runs in one session, whose own locks
+-- never block it, so that case (and the wake-up by another connection's commit) is the
+-- conformance suite's, against a real server.
+
+CREATE PROCEDURE [test_queue_reminders].[test wait returns ready at once for a due message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (41, DATEADD(SECOND, -5, @now), DATEADD(SECOND, -1, @now), N'k41', N'{"n": 1}');
+
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act: a timeout far longer than a test may take, so only "ready" ends it in time.
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[reminders_wait] @wait_ms = 20000;
+
+    -- Assert: it claimed nothing.
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @left int = (SELECT COUNT(*) FROM [queue].[reminders]);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @left, @Message = N'wait took the message';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test wait returns 0 at the timeout when nothing is due]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
+    VALUES
+    (42, DATEADD(SECOND, -5, @now), DATEADD(SECOND, 3600, @now), N'k42', N'{"n": 2}');
+
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[reminders_wait] @wait_ms = 120;
+
+    -- Assert
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test wait refuses wait_ms over 20000 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC [queue].[reminders_wait] @wait_ms = 20001;
+END;
+GO
+
 -- stats -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_reminders].[test stats of an empty queue are zero with no age]

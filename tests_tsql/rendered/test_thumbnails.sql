@@ -172,13 +172,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000005', 5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 5}'
+        NULL, N'{"n": 5}'
     );
     CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
 
@@ -301,33 +301,33 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
         DATEADD(SECOND, -10, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
         DATEADD(SECOND, -30, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
         DATEADD(SECOND, -20, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 3}'
+        NULL, N'{"n": 3}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -335,11 +335,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 2,
         @worker = N'w',
@@ -398,42 +399,43 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
         DATEADD(SECOND, -30, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
         DATEADD(SECOND, -20, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     CREATE TABLE #Earlier (
         id uniqueidentifier NOT NULL,
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
-    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = N'w', @lease_seconds = 600;
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now),
         DATEADD(SECOND, -3600, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 3}'
+        NULL, N'{"n": 3}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -441,11 +443,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 1,
         @worker = N'v',
@@ -475,23 +478,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
         DATEADD(SECOND, 3600, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 1,
         N'other', DATEADD(SECOND, -10, @now),
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -499,11 +502,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 10,
         @worker = N'w',
@@ -548,23 +552,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3000, @now),
         DATEADD(SECOND, -3000, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -572,11 +576,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 2,
         @worker = N'w',
@@ -609,13 +614,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 4,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[thumbnails] AS m);
     CREATE TABLE #Ignored (
@@ -623,7 +628,8 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act
@@ -637,11 +643,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 1,
         @worker = N'w',
@@ -700,13 +707,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -5, @now), 0, 1,
         N'crashed', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -714,11 +721,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 1,
         @worker = N'w',
@@ -767,23 +775,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -20, @now), 0, 4,
         N'crashed', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
         DATEADD(SECOND, -10, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -791,11 +799,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 1,
         @worker = N'w',
@@ -861,53 +870,53 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -50, @now),
         DATEADD(SECOND, -50, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
         DATEADD(SECOND, -10, @now), 5, 0,
         NULL, NULL,
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
         DATEADD(SECOND, -30, @now), 1, 0,
         NULL, NULL,
-        N'{"n": 3}'
+        NULL, N'{"n": 3}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000004', 4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -40, @now),
         DATEADD(SECOND, -40, @now), 1, 0,
         NULL, NULL,
-        N'{"n": 4}'
+        NULL, N'{"n": 4}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000005', 5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
         DATEADD(SECOND, 3600, @now), 9, 0,
         NULL, NULL,
-        N'{"n": 5}'
+        NULL, N'{"n": 5}'
     );
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -915,11 +924,12 @@ BEGIN
         payload nvarchar(MAX) NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC [queue].[thumbnails_dequeue]
         @batch_size = 10,
         @worker = N'w',
@@ -1002,23 +1012,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 2,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     CREATE TABLE #Actual (completed bit NOT NULL);
 
@@ -1061,13 +1071,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (completed bit NOT NULL);
 
@@ -1110,13 +1120,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -1, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (completed bit NOT NULL);
 
@@ -1176,13 +1186,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 3,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
 
@@ -1235,13 +1245,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 4,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
 
@@ -1287,13 +1297,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 4,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (outcome varchar(8) NOT NULL);
 
@@ -1356,13 +1366,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 5, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (extended bit NOT NULL);
 
@@ -1394,13 +1404,13 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -5, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     CREATE TABLE #Actual (extended bit NOT NULL);
 
@@ -1436,6 +1446,1221 @@ BEGIN
 END;
 GO
 
+-- lease tokens ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dequeue gives a new lease a new token, a live lease its own]
+AS
+BEGIN
+    -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
+        DATEADD(SECOND, -20, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 3}'
+    );
+    CREATE TABLE #Dequeued (
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 3,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert: what dequeue returned is each row's token; 1 kept its own; 2 and 3 got two new ones.
+    SELECT
+        d.id,
+        CONVERT(bit, IIF(d.lease_token = m.lease_token, 1, 0)) AS returned_the_stored_token,
+        CONVERT(bit, IIF(d.lease_token = '7e57ab1e-0000-0000-0000-000000000001', 1, 0)) AS the_old_token
+    INTO #Actual
+    FROM #Dequeued AS d
+    INNER JOIN [queue].[thumbnails] AS m ON d.id = m.id;
+
+    CREATE TABLE #Expected (id uniqueidentifier NOT NULL, returned_the_stored_token bit NULL, the_old_token bit NULL);
+    INSERT INTO #Expected (id, returned_the_stored_token, the_old_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, 1),
+    ('00000000-0000-0000-0000-000000000002', 1, 0),
+    ('00000000-0000-0000-0000-000000000003', 1, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @distinct_tokens int = (SELECT COUNT(DISTINCT d.lease_token) FROM #Dequeued AS d);
+    EXEC tSQLt.AssertEquals @Expected = 3, @Actual = @distinct_tokens, @Message = N'two leases share a token';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test a stale token changes nothing, even for the same worker]
+AS
+BEGIN
+    -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
+    -- late calls from the first attempt carry token 1.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 4,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 1}'
+    );
+    DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM [queue].[thumbnails] AS m);
+    DECLARE @stale uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Completed (completed bit NOT NULL);
+    CREATE TABLE #Failed (outcome varchar(8) NOT NULL);
+    CREATE TABLE #Extended (extended bit NOT NULL);
+    CREATE TABLE #Released (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Completed (completed)
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @stale;
+    INSERT INTO #Failed (outcome)
+    EXEC [queue].[thumbnails_fail]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @error = N'late',
+        @lease_token = @stale;
+    INSERT INTO #Extended (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_seconds = 3600,
+        @lease_token = @stale;
+    INSERT INTO #Released (released)
+    EXEC [queue].[thumbnails_release]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @stale;
+
+    -- Assert: every verb reports the lease lost; the message is as it was (on its last attempt, a
+    -- fail that got through would have buried it).
+    DECLARE @completed bit = (SELECT c.completed FROM #Completed AS c);
+    DECLARE @outcome varchar(8) = (SELECT f.outcome FROM #Failed AS f);
+    DECLARE @extended bit = (SELECT e.extended FROM #Extended AS e);
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @completed, @Message = N'complete';
+    EXEC tSQLt.AssertEqualsString @Expected = 'lost', @Actual = @outcome, @Message = N'fail';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @extended, @Message = N'extend_lease';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @released, @Message = N'release';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 4, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @unchanged int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE m.visible_at = @expiry AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002' AND m.last_error IS NULL
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @unchanged, @Message = N'lease, token or error changed';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete with the current token removes the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 1}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000002';
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC [queue].[thumbnails_complete]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test a NULL token keeps the check by worker name]
+AS
+BEGIN
+    -- Assemble: w holds 1 under token 2; v holds nothing (0.1.0's calls pass no token).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 5, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 1}'
+    );
+    CREATE TABLE #ByAnother (extended bit NOT NULL);
+    CREATE TABLE #ByTheHolder (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #ByAnother (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'v',
+        @lease_seconds = 600;
+    INSERT INTO #ByTheHolder (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert: another name is refused, the holder's name is enough, and the token stays.
+    DECLARE @by_another bit = (SELECT a.extended FROM #ByAnother AS a);
+    DECLARE @by_the_holder bit = (SELECT h.extended FROM #ByTheHolder AS h);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @by_another, @Message = N'another worker extended it';
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @by_the_holder, @Message = N'the holder could not extend it';
+    DECLARE @kept int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE m.lease_token = '7e57ab1e-0000-0000-0000-000000000002' AND m.visible_at > DATEADD(SECOND, 590, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @kept, @Message = N'lease not extended under its token';
+END;
+GO
+
+-- release -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test release returns the attempt and makes the message visible now]
+AS
+BEGIN
+    -- Assemble: w holds 1 on its second attempt (token 1), with ten minutes left.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 600, @now), 0, 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Released (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Released (released)
+    EXEC [queue].[thumbnails_release]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert: no lease left at all, one attempt fewer, and another worker gets it at once, its
+    -- second attempt again.
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @released;
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @lease_gone int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE m.leased_at IS NULL AND m.lease_token IS NULL
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @lease_gone, @Message = N'leased_at or lease_token kept';
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 1,
+        @worker = N'v',
+        @lease_seconds = 600;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test release never takes attempts below 0]
+AS
+BEGIN
+    -- Assemble: a lease with no attempt counted (a row put back by hand, say).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 600, @now), 0, 0,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    CREATE TABLE #Ignored (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (released)
+    EXEC [queue].[thumbnails_release] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w';
+
+    -- Assert
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test release of an expired lease returns 0 and changes nothing]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 0, 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Actual (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (released)
+    EXEC [queue].[thumbnails_release]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert
+    CREATE TABLE #Expected (released bit NOT NULL);
+    INSERT INTO #Expected (released) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 2, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+-- complete_batch ----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_batch completes the held leases and reports a stale item]
+AS
+BEGIN
+    -- Assemble: w holds 1, 2 and 3 (tokens 1, 2, 3); the batch, out of order, carries a stale
+    -- token for 2 (an earlier lease of it); 4 is w's too but not in the batch.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 2,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', N'{"n": 3}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000004', 4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000004', N'{"n": 4}'
+    );
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000003', '7e57ab1e-0000-0000-0000-000000000003'),
+    ('00000000-0000-0000-0000-000000000002', '7e57ab1e-0000-0000-0000-000000000009'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        completed bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC [queue].[thumbnails_complete_batch] @acks = @acks, @worker = N'w';
+
+    -- Assert: one row per item, in id order.
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, completed bit NOT NULL);
+    INSERT INTO #Expected (position, id, completed)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 1),
+    (2, '00000000-0000-0000-0000-000000000002', 0),
+    (3, '00000000-0000-0000-0000-000000000003', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 2, N'w', 0),
+    ('00000000-0000-0000-0000-000000000004', 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_batch with a NULL token checks the worker name]
+AS
+BEGIN
+    -- Assemble: w holds 1, v holds 2; w acknowledges both without tokens.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 2}'
+    );
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', NULL),
+    ('00000000-0000-0000-0000-000000000002', NULL);
+    CREATE TABLE #Actual (id uniqueidentifier NOT NULL, completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC [queue].[thumbnails_complete_batch] @acks = @acks, @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (id uniqueidentifier NOT NULL, completed bit NOT NULL);
+    INSERT INTO #Expected (id, completed)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1),
+    ('00000000-0000-0000-0000-000000000002', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 1, N'v', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_batch of no items returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @acks [queue].[thumbnails_acks];
+    CREATE TABLE #Actual (id uniqueidentifier NOT NULL, completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC [queue].[thumbnails_complete_batch] @acks = @acks, @worker = N'w';
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id)
+    SELECT TOP (1001) NEWID() AS id
+    FROM sys.all_columns;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%complete_batch: at most 1000 items%';
+
+    -- Act
+    EXEC [queue].[thumbnails_complete_batch] @acks = @acks, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_batch refuses a repeated id, the transaction usable]
+AS
+BEGIN
+    -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
+    -- own transaction (tSQLt's) is the caller's transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000002');
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act: the check throws before the procedure's XACT_ABORT ON, with the session's set OFF.
+    BEGIN TRY
+        EXEC [queue].[thumbnails_complete_batch] @acks = @acks, @worker = N'w';
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%complete_batch: acks holds id % more than once.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test fail_batch refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id)
+    SELECT TOP (1001) NEWID() AS id
+    FROM sys.all_columns;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%fail_batch: at most 1000 items%';
+
+    -- Act
+    EXEC [queue].[thumbnails_fail_batch] @acks = @acks, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test fail_batch refuses a repeated id, the transaction usable]
+AS
+BEGIN
+    -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
+    -- own transaction (tSQLt's) is the caller's transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000002');
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act: the check throws before the procedure's XACT_ABORT ON, with the session's set OFF.
+    BEGIN TRY
+        EXEC [queue].[thumbnails_fail_batch] @acks = @acks, @worker = N'w';
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%fail_batch: acks holds id % more than once.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
+-- fail_batch --------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test fail_batch retries, buries and reports a stale item as lost]
+AS
+BEGIN
+    -- Assemble: w holds 1 (attempts left), 2 (its token in the batch is stale) and 3 (on its last
+    -- attempt).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000002', N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 4,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', N'{"n": 3}'
+    );
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', '7e57ab1e-0000-0000-0000-000000000008'),
+    ('00000000-0000-0000-0000-000000000003', '7e57ab1e-0000-0000-0000-000000000003'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        outcome varchar(8) NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, outcome)
+    EXEC [queue].[thumbnails_fail_batch]
+        @acks = @acks,
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
+
+    -- Assert: one row per item, in id order.
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (position, id, outcome)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 'retrying'),
+    (2, '00000000-0000-0000-0000-000000000002', 'lost'),
+    (3, '00000000-0000-0000-0000-000000000003', 'dead');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, NULL, 0),
+    ('00000000-0000-0000-0000-000000000002', 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    DECLARE @retry_kept int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE
+            m.id = '00000000-0000-0000-0000-000000000001' AND m.last_error = N'timeout' AND m.lease_token IS NULL
+            AND m.visible_at > DATEADD(SECOND, 290, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @retry_kept, @Message = N'error, token or retry time not kept';
+    DECLARE @stale_untouched int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE
+            m.id = '00000000-0000-0000-0000-000000000002' AND m.last_error IS NULL
+            AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000002'
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stale_untouched, @Message = N'the stale item changed its message';
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[thumbnails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    ('00000000-0000-0000-0000-000000000003', 4, N'timeout', N'w');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+END;
+GO
+
+-- complete_next -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_next completes and leases the next messages]
+AS
+BEGIN
+    -- Assemble: w holds 1 (token 1); 2 and 3 are visible.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -30, @now),
+        DATEADD(SECOND, -30, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -20, @now),
+        DATEADD(SECOND, -20, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 3}'
+    );
+    DECLARE @current uniqueidentifier = '7e57ab1e-0000-0000-0000-000000000001';
+    CREATE TABLE #Next (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NULL,
+        payload nvarchar(MAX) NULL,
+        enqueued_at datetime2(7) NULL,
+        due_at datetime2(7) NULL,
+        attempts int NULL,
+        lease_token uniqueidentifier NULL,
+        previous_completed bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Next (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    EXEC [queue].[thumbnails_complete_next]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @lease_token = @current,
+        @batch_size = 2,
+        @lease_seconds = 600;
+
+    -- Assert: 1 is gone; 2 and 3 are w's, in claim order, each row carrying the completion.
+    SELECT
+        n.position,
+        n.id,
+        n.attempts,
+        n.previous_completed,
+        CONVERT(bit, IIF(n.lease_token = m.lease_token, 1, 0)) AS returned_the_stored_token
+    INTO #Actual
+    FROM #Next AS n
+    INNER JOIN [queue].[thumbnails] AS m ON n.id = m.id;
+
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        previous_completed bit NULL,
+        returned_the_stored_token bit NULL
+    );
+    INSERT INTO #Expected (position, id, attempts, previous_completed, returned_the_stored_token)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 1, 1, 1),
+    (2, '00000000-0000-0000-0000-000000000003', 1, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 1, N'w', 0),
+    ('00000000-0000-0000-0000-000000000003', 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_next with nothing ready returns one row with a NULL id]
+AS
+BEGIN
+    -- Assemble: 2 is not due yet, and w's message 1 is gone (completed already, say).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (
+        id uniqueidentifier NULL,
+        payload nvarchar(MAX) NULL,
+        enqueued_at datetime2(7) NULL,
+        due_at datetime2(7) NULL,
+        attempts int NULL,
+        lease_token uniqueidentifier NULL,
+        previous_completed bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    EXEC [queue].[thumbnails_complete_next] @id = '00000000-0000-0000-0000-000000000001', @worker = N'w';
+
+    -- Assert
+    SELECT TOP (0)
+        a.id,
+        a.payload,
+        a.enqueued_at,
+        a.due_at,
+        a.attempts,
+        a.lease_token,
+        a.previous_completed
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    VALUES (NULL, NULL, NULL, NULL, NULL, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 0, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_next refuses batch_size 0 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_complete_next]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @batch_size = 0;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test complete_next refuses a NULL worker with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC [queue].[thumbnails_complete_next]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = NULL;
+END;
+GO
+
+-- wait --------------------------------------------------------------------------------------------
+-- A probe skips a row another session holds (READPAST): tSQLt runs in one session, whose own locks
+-- never block it, so that case (and the wake-up by another connection's commit) is the
+-- conformance suite's, against a real server.
+
+CREATE PROCEDURE [test_queue_thumbnails].[test wait returns ready at once for a visible message]
+AS
+BEGIN
+    -- Assemble: 1 is leased, 2 delayed, 3 visible since its lease expired.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -1, @now), 0, 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', N'{"n": 3}'
+    );
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act: a timeout far longer than a test may take, so only "ready" ends it in time.
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[thumbnails_wait] @wait_ms = 20000;
+
+    -- Assert: it claimed nothing.
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, N'v', 0),
+    ('00000000-0000-0000-0000-000000000002', 0, NULL, 0),
+    ('00000000-0000-0000-0000-000000000003', 1, N'crashed', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test wait returns 0 at the timeout when nothing is ready]
+AS
+BEGIN
+    -- Assemble: a live lease and a delayed message only.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[thumbnails_wait] @wait_ms = 120;
+
+    -- Assert
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test wait in implicit-transaction mode leaves the transaction count]
+AS
+BEGIN
+    -- Assemble: a manual-commit caller (IMPLICIT_TRANSACTIONS ON). tSQLt's own transaction is open,
+    -- so this shows that wait leaves the caller's transaction count as it was (no BEGIN, no
+    -- COMMIT, no error 266); the first probe opening a caller's implicit transaction at
+    -- @@TRANCOUNT = 0 needs a session of its own (the conformance suite).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -5, @now),
+        DATEADD(SECOND, -5, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (ready bit NOT NULL);
+    SET IMPLICIT_TRANSACTIONS ON;
+    DECLARE @before int = @@TRANCOUNT;
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC [queue].[thumbnails_wait] @wait_ms = 100;
+
+    -- Assert
+    DECLARE @after int = @@TRANCOUNT;
+    SET IMPLICIT_TRANSACTIONS OFF;
+    EXEC tSQLt.AssertEquals @Expected = @before, @Actual = @after, @Message = N'wait changed the transaction count';
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test wait refuses wait_ms NULL with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC [queue].[thumbnails_wait] @wait_ms = NULL;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test wait refuses wait_ms -1 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC [queue].[thumbnails_wait] @wait_ms = -1;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test wait refuses wait_ms 20001 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC [queue].[thumbnails_wait] @wait_ms = 20001;
+END;
+GO
+
 -- stats -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_thumbnails].[test stats counts ready, delayed, in_flight and dead]
@@ -1447,53 +2672,53 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -120, @now),
         DATEADD(SECOND, -120, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, -5, @now), 0, 1,
         N'crashed', DATEADD(SECOND, -10, @now),
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
         DATEADD(SECOND, 3600, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 3}'
+        NULL, N'{"n": 3}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000004', 4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 4}'
+        NULL, N'{"n": 4}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000005', 5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 5}'
+        NULL, N'{"n": 5}'
     );
     INSERT INTO [queue].[thumbnails_dead] (
         id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
@@ -1552,23 +2777,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
         DATEADD(SECOND, 60, @now), 0, 1,
         N'w', DATEADD(SECOND, -10, @now),
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[thumbnails] (id, seq, enqueued_at, due_at, visible_at, priority, attempts, payload)
     VALUES ('00000000-0000-0000-0000-000000000009', 9, @now, @now, @now, 0, 0, N'{"n": 9}');
@@ -1612,23 +2837,23 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
         DATEADD(SECOND, 3600, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
@@ -1652,33 +2877,33 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 1}'
+        NULL, N'{"n": 1}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 2}'
+        NULL, N'{"n": 2}'
     );
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
-        payload
+        lease_token, payload
     )
     VALUES (
         '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
         DATEADD(SECOND, -60, @now), 0, 0,
         NULL, NULL,
-        N'{"n": 3}'
+        NULL, N'{"n": 3}'
     );
     CREATE TABLE #Actual (purged bigint NOT NULL);
 

@@ -799,6 +799,69 @@ BEGIN
 END;
 GO
 
+-- wait --------------------------------------------------------------------------------------------
+-- A probe skips a row another session holds (READPAST): tSQLt runs in one session, whose own locks
+-- never block it, so that case (and the wake-up by another connection's commit) is the
+-- conformance suite's, against a real server.
+
+CREATE PROCEDURE {{ cls }}.[test wait returns ready at once for a {{ 'due ' if has_due }}message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages([{'id': 41, 'age': 5, 'due': -1, 'key': 'k41', 'n': 1}]) }}
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act: a timeout far longer than a test may take, so only "ready" ends it in time.
+    INSERT INTO #Actual (ready)
+    EXEC {{ names.verb('wait') }} @wait_ms = 20000;
+
+    -- Assert: it claimed nothing.
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @left int = (SELECT COUNT(*) FROM {{ t }});
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @left, @Message = N'wait took the message';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test wait returns 0 at the timeout {{ 'when nothing is due' if has_due else 'on an empty queue' }}]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+{% if has_due %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages([{'id': 42, 'age': 5, 'due': 3600, 'key': 'k42', 'n': 2}]) }}
+{% endif %}
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC {{ names.verb('wait') }} @wait_ms = 120;
+
+    -- Assert
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test wait refuses wait_ms over 20000 with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.invalid_argument }},
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC {{ names.verb('wait') }} @wait_ms = 20001;
+END;
+GO
+
 -- stats -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test stats of an empty queue are zero with no age]

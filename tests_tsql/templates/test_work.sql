@@ -17,6 +17,7 @@
 {% set dead_t = names.obj('_dead') %}
 {% set history_t = names.obj('_history') %}
 {% set items = names.obj('_items') %}
+{% set acks = names.obj('_acks') %}
 {% set client_ids = opt.client_ids %}
 {% set id_type = 'uniqueidentifier' if client_ids else 'bigint' %}
 {% set has_priority = opt.priority %}
@@ -32,18 +33,23 @@
 {% macro mid(n) -%}
 {% if client_ids %}'00000000-0000-0000-0000-{{ '%012d' % n }}'{% else %}{{ n }}{% endif %}
 {%- endmacro %}
+{#- Lease token n: a literal GUID that tells leases apart. -#}
+{% macro token(n) -%}
+'7e57ab1e-0000-0000-0000-{{ '%012d' % n }}'
+{%- endmacro %}
 {#- One message straight into the faked queue table (faked without @Identity: ids are given).
-    visible: seconds from @now to visible_at; leased_by: the lease holder or none. -#}
-{% macro insert_message(n, visible=-60, leased_by=none, attempts=0, priority=0, key=none) %}
+    visible: seconds from @now to visible_at; leased_by: the lease holder or none; lease: the number
+    of its lease token (token(lease)) or none. -#}
+{% macro insert_message(n, visible=-60, leased_by=none, attempts=0, priority=0, key=none, lease=none) %}
     INSERT INTO {{ t }} (
         id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}attempts, leased_by, leased_at,
-        {{ 'dedupe_key, ' if dedupe }}payload
+        lease_token, {{ 'dedupe_key, ' if dedupe }}payload
     )
     VALUES (
         {{ mid(n) }}, {{ (n ~ ', ') if client_ids }}DATEADD(SECOND, -3600, @now), DATEADD(SECOND, {{ visible if not leased_by else -600 }}, @now),
         DATEADD(SECOND, {{ visible }}, @now), {{ (priority ~ ', ') if has_priority }}{{ attempts }},
         {{ ("N'" ~ leased_by ~ "'") if leased_by else 'NULL' }}, {{ 'DATEADD(SECOND, -10, @now)' if leased_by else 'NULL' }},
-        {{ (("N'" ~ key ~ "'") if key else 'NULL') ~ ', ' if dedupe }}{{ sample(n) }}
+        {{ token(lease) if lease is not none else 'NULL' }}, {{ (("N'" ~ key ~ "'") if key else 'NULL') ~ ', ' if dedupe }}{{ sample(n) }}
     );
 {%- endmacro %}
 {#- One message straight into the faked dead-letter table. -#}
@@ -56,19 +62,24 @@
         N'{{ error }}', N'w', DATEADD(SECOND, -60, @now), {{ sample(n) }}
     );
 {%- endmacro %}
-{#- dequeue's result set, in the order it came, as #Actual (position, id, attempts). -#}
-{% macro dequeue_into_actual(batch_size, worker, lease_seconds='NULL') %}
-    CREATE TABLE #Dequeued (
-        position int IDENTITY (1, 1) NOT NULL,
+{#- The columns of dequeue's result set, for a #table that INSERT ... EXEC fills. -#}
+{% macro dequeue_columns() %}
         id {{ id_type }} NOT NULL,
         payload {{ payload_type }} NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+{%- endmacro %}
+{#- dequeue's result set, in the order it came, as #Actual (position, id, attempts). -#}
+{% macro dequeue_into_actual(batch_size, worker, lease_seconds='NULL') %}
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+{{ dequeue_columns() }}
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC {{ names.verb('dequeue') }}
         @batch_size = {{ batch_size }},
         @worker = N'{{ worker }}',
@@ -542,13 +553,9 @@ BEGIN
 {{ insert_message(1, visible=-30) }}
 {{ insert_message(2, visible=-20) }}
     CREATE TABLE #Earlier (
-        id {{ id_type }} NOT NULL,
-        payload {{ payload_type }} NOT NULL,
-        enqueued_at datetime2(7) NOT NULL,
-        due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+{{ dequeue_columns() }}
     );
-    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts)
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts, lease_token)
     EXEC {{ names.verb('dequeue') }} @batch_size = 1, @worker = N'w', @lease_seconds = 600;
 {{ insert_message(3, visible=-3600) }}
 {{ dequeue_into_actual(1, 'v', 600) }}
@@ -600,11 +607,7 @@ BEGIN
 {{ insert_message(2, visible=60, leased_by='w', attempts=max_attempts) }}
     DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM {{ t }} AS m);
     CREATE TABLE #Ignored (
-        id {{ id_type }} NOT NULL,
-        payload {{ payload_type }} NOT NULL,
-        enqueued_at datetime2(7) NOT NULL,
-        due_at datetime2(7) NOT NULL,
-        attempts int NOT NULL
+{{ dequeue_columns() }}
     );
 
     -- Act
@@ -994,6 +997,690 @@ BEGIN
 {{ assert_queue([(1, 1, 'w', true)]) }}
 END;
 GO
+
+-- lease tokens ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test dequeue gives a new lease a new token, a live lease its own]
+AS
+BEGIN
+    -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
+{{ insert_message(2, visible=-20) }}
+{{ insert_message(3, visible=-10) }}
+    CREATE TABLE #Dequeued (
+{{ dequeue_columns() }}
+    );
+
+    -- Act
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC {{ names.verb('dequeue') }}
+        @batch_size = 3,
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert: what dequeue returned is each row's token; 1 kept its own; 2 and 3 got two new ones.
+    SELECT
+        d.id,
+        CONVERT(bit, IIF(d.lease_token = m.lease_token, 1, 0)) AS returned_the_stored_token,
+        CONVERT(bit, IIF(d.lease_token = {{ token(1) }}, 1, 0)) AS the_old_token
+    INTO #Actual
+    FROM #Dequeued AS d
+    INNER JOIN {{ t }} AS m ON d.id = m.id;
+
+    CREATE TABLE #Expected (id {{ id_type }} NOT NULL, returned_the_stored_token bit NULL, the_old_token bit NULL);
+    INSERT INTO #Expected (id, returned_the_stored_token, the_old_token)
+    VALUES
+    ({{ mid(1) }}, 1, 1),
+    ({{ mid(2) }}, 1, 0),
+    ({{ mid(3) }}, 1, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @distinct_tokens int = (SELECT COUNT(DISTINCT d.lease_token) FROM #Dequeued AS d);
+    EXEC tSQLt.AssertEquals @Expected = 3, @Actual = @distinct_tokens, @Message = N'two leases share a token';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a stale token changes nothing, even for the same worker]
+AS
+BEGIN
+    -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
+    -- late calls from the first attempt carry token 1.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts, lease=2) }}
+    DECLARE @expiry datetime2(7) = (SELECT m.visible_at FROM {{ t }} AS m);
+    DECLARE @stale uniqueidentifier = {{ token(1) }};
+    CREATE TABLE #Completed (completed bit NOT NULL);
+    CREATE TABLE #Failed (outcome varchar(8) NOT NULL);
+    CREATE TABLE #Extended (extended bit NOT NULL);
+    CREATE TABLE #Released (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Completed (completed)
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @stale;
+    INSERT INTO #Failed (outcome)
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'late',
+        @lease_token = @stale;
+    INSERT INTO #Extended (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_seconds = 3600,
+        @lease_token = @stale;
+    INSERT INTO #Released (released)
+    EXEC {{ names.verb('release') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @stale;
+
+    -- Assert: every verb reports the lease lost; the message is as it was (on its last attempt, a
+    -- fail that got through would have buried it).
+    DECLARE @completed bit = (SELECT c.completed FROM #Completed AS c);
+    DECLARE @outcome varchar(8) = (SELECT f.outcome FROM #Failed AS f);
+    DECLARE @extended bit = (SELECT e.extended FROM #Extended AS e);
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @completed, @Message = N'complete';
+    EXEC tSQLt.AssertEqualsString @Expected = 'lost', @Actual = @outcome, @Message = N'fail';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @extended, @Message = N'extend_lease';
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @released, @Message = N'release';
+{{ assert_queue([(1, max_attempts, 'w', false)]) }}
+    DECLARE @unchanged int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.visible_at = @expiry AND m.lease_token = {{ token(2) }} AND m.last_error IS NULL
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @unchanged, @Message = N'lease, token or error changed';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+{% if history %}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ history_t }}';
+{% endif %}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete with the current token removes the message]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=2) }}
+    DECLARE @current uniqueidentifier = {{ token(2) }};
+    CREATE TABLE #Actual (completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (completed)
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert
+    CREATE TABLE #Expected (completed bit NOT NULL);
+    INSERT INTO #Expected (completed) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ t }}';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a NULL token keeps the check by worker name]
+AS
+BEGIN
+    -- Assemble: w holds 1 under token 2; v holds nothing (0.1.0's calls pass no token).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=5, leased_by='w', attempts=1, lease=2) }}
+    CREATE TABLE #ByAnother (extended bit NOT NULL);
+    CREATE TABLE #ByTheHolder (extended bit NOT NULL);
+
+    -- Act
+    INSERT INTO #ByAnother (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'v',
+        @lease_seconds = 600;
+    INSERT INTO #ByTheHolder (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_seconds = 600;
+
+    -- Assert: another name is refused, the holder's name is enough, and the token stays.
+    DECLARE @by_another bit = (SELECT a.extended FROM #ByAnother AS a);
+    DECLARE @by_the_holder bit = (SELECT h.extended FROM #ByTheHolder AS h);
+    EXEC tSQLt.AssertEquals @Expected = 0, @Actual = @by_another, @Message = N'another worker extended it';
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @by_the_holder, @Message = N'the holder could not extend it';
+    DECLARE @kept int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.lease_token = {{ token(2) }} AND m.visible_at > DATEADD(SECOND, 590, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @kept, @Message = N'lease not extended under its token';
+END;
+GO
+
+-- release -----------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test release returns the attempt and makes the message visible now]
+AS
+BEGIN
+    -- Assemble: w holds 1 on its second attempt (token 1), with ten minutes left.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=600, leased_by='w', attempts=2, lease=1) }}
+    DECLARE @current uniqueidentifier = {{ token(1) }};
+    CREATE TABLE #Released (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Released (released)
+    EXEC {{ names.verb('release') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert: no lease left at all, one attempt fewer, and another worker gets it at once, its
+    -- second attempt again.
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @released;
+{{ assert_queue([(1, 1, none, true)]) }}
+    DECLARE @lease_gone int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE m.leased_at IS NULL AND m.lease_token IS NULL
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @lease_gone, @Message = N'leased_at or lease_token kept';
+{{ dequeue_into_actual(1, 'v', 600) }}
+{{ expect_dequeued([(1, 2)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test release never takes attempts below 0]
+AS
+BEGIN
+    -- Assemble: a lease with no attempt counted (a row put back by hand, say).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=600, leased_by='w', attempts=0, lease=1) }}
+    CREATE TABLE #Ignored (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (released)
+    EXEC {{ names.verb('release') }} @id = {{ mid(1) }}, @worker = N'w';
+
+    -- Assert
+{{ assert_queue([(1, 0, none, true)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test release of an expired lease returns 0 and changes nothing]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-5, leased_by='w', attempts=2, lease=1) }}
+    DECLARE @current uniqueidentifier = {{ token(1) }};
+    CREATE TABLE #Actual (released bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (released)
+    EXEC {{ names.verb('release') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @current;
+
+    -- Assert
+    CREATE TABLE #Expected (released bit NOT NULL);
+    INSERT INTO #Expected (released) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 2, 'w', true)]) }}
+END;
+GO
+
+-- complete_batch ----------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test complete_batch completes the held leases and reports a stale item]
+AS
+BEGIN
+    -- Assemble: w holds 1, 2 and 3 (tokens 1, 2, 3); the batch, out of order, carries a stale
+    -- token for 2 (an earlier lease of it); 4 is w's too but not in the batch.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
+{{ insert_message(2, visible=60, leased_by='w', attempts=2, lease=2) }}
+{{ insert_message(3, visible=60, leased_by='w', attempts=1, lease=3) }}
+{{ insert_message(4, visible=60, leased_by='w', attempts=1, lease=4) }}
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(3) }}, {{ token(3) }}),
+    ({{ mid(2) }}, {{ token(9) }}),
+    ({{ mid(1) }}, {{ token(1) }});
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id {{ id_type }} NOT NULL,
+        completed bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC {{ names.verb('complete_batch') }} @acks = @acks, @worker = N'w';
+
+    -- Assert: one row per item, in id order.
+    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, completed bit NOT NULL);
+    INSERT INTO #Expected (position, id, completed)
+    VALUES
+    (1, {{ mid(1) }}, 1),
+    (2, {{ mid(2) }}, 0),
+    (3, {{ mid(3) }}, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(2, 2, 'w', false), (4, 1, 'w', false)]) }}
+{% if history %}
+
+    SELECT
+        h.id,
+        h.worker,
+        h.attempts
+    INTO #History
+    FROM {{ history_t }} AS h;
+
+    CREATE TABLE #ExpectedHistory (id {{ id_type }} NULL, worker nvarchar(200) NULL, attempts int NULL);
+    INSERT INTO #ExpectedHistory (id, worker, attempts)
+    VALUES
+    ({{ mid(1) }}, N'w', 1),
+    ({{ mid(3) }}, N'w', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHistory', @Actual = N'#History';
+{% endif %}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete_batch with a NULL token checks the worker name]
+AS
+BEGIN
+    -- Assemble: w holds 1, v holds 2; w acknowledges both without tokens.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
+{{ insert_message(2, visible=60, leased_by='v', attempts=1, lease=2) }}
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(1) }}, NULL),
+    ({{ mid(2) }}, NULL);
+    CREATE TABLE #Actual (id {{ id_type }} NOT NULL, completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC {{ names.verb('complete_batch') }} @acks = @acks, @worker = N'w';
+
+    -- Assert
+    CREATE TABLE #Expected (id {{ id_type }} NOT NULL, completed bit NOT NULL);
+    INSERT INTO #Expected (id, completed)
+    VALUES
+    ({{ mid(1) }}, 1),
+    ({{ mid(2) }}, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(2, 1, 'v', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete_batch of no items returns no rows]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @acks {{ acks }};
+    CREATE TABLE #Actual (id {{ id_type }} NOT NULL, completed bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (id, completed)
+    EXEC {{ names.verb('complete_batch') }} @acks = @acks, @worker = N'w';
+
+    -- Assert
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Actual';
+END;
+GO
+{% for verb in ('complete_batch', 'fail_batch') %}
+
+CREATE PROCEDURE {{ cls }}.[test {{ verb }} refuses more than 1000 items with 51001]
+AS
+BEGIN
+    -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id)
+{% if client_ids %}
+    SELECT TOP (1001) NEWID() AS id
+    FROM sys.all_columns;
+{% else %}
+    SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
+    FROM sys.all_columns AS c;
+{% endif %}
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.invalid_argument }},
+        @ExpectedMessagePattern = N'%{{ verb }}: at most 1000 items%';
+
+    -- Act
+    EXEC {{ names.verb(verb) }} @acks = @acks, @worker = N'w';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test {{ verb }} refuses a repeated id, the transaction usable]
+AS
+BEGIN
+    -- Assemble: the caller's session runs with XACT_ABORT ON (as drivers often set it); this test's
+    -- own transaction (tSQLt's) is the caller's transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(1) }}, {{ token(1) }}),
+    ({{ mid(1) }}, {{ token(2) }});
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act: the check throws before the procedure's XACT_ABORT ON, with the session's set OFF.
+    BEGIN TRY
+        EXEC {{ names.verb(verb) }} @acks = @acks, @worker = N'w';
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = {{ errors.invalid_argument }}, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%{{ verb }}: acks holds id % more than once.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+{% endfor %}
+
+-- fail_batch --------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test fail_batch retries, buries and reports a stale item as lost]
+AS
+BEGIN
+    -- Assemble: w holds 1 (attempts left), 2 (its token in the batch is stale) and 3 (on its last
+    -- attempt).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
+{{ insert_message(2, visible=60, leased_by='w', attempts=1, lease=2) }}
+{{ insert_message(3, visible=60, leased_by='w', attempts=max_attempts, lease=3) }}
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(2) }}, {{ token(8) }}),
+    ({{ mid(3) }}, {{ token(3) }}),
+    ({{ mid(1) }}, {{ token(1) }});
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id {{ id_type }} NOT NULL,
+        outcome varchar(8) NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, outcome)
+    EXEC {{ names.verb('fail_batch') }}
+        @acks = @acks,
+        @worker = N'w',
+        @error = N'timeout',
+        @retry_after_seconds = 300;
+
+    -- Assert: one row per item, in id order.
+    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, outcome varchar(8) NOT NULL);
+    INSERT INTO #Expected (position, id, outcome)
+    VALUES
+    (1, {{ mid(1) }}, 'retrying'),
+    (2, {{ mid(2) }}, 'lost'),
+    (3, {{ mid(3) }}, 'dead');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 1, none, false), (2, 1, 'w', false)]) }}
+    DECLARE @retry_kept int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE
+            m.id = {{ mid(1) }} AND m.last_error = N'timeout' AND m.lease_token IS NULL
+            AND m.visible_at > DATEADD(SECOND, 290, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @retry_kept, @Message = N'error, token or retry time not kept';
+    DECLARE @stale_untouched int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE
+            m.id = {{ mid(2) }} AND m.last_error IS NULL
+            AND m.lease_token = {{ token(2) }}
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @stale_untouched, @Message = N'the stale item changed its message';
+{{ assert_dead([(3, max_attempts, 'timeout', 'w')]) }}
+END;
+GO
+
+-- complete_next -----------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test complete_next completes and leases the next messages]
+AS
+BEGIN
+    -- Assemble: w holds 1 (token 1); 2 and 3 are visible.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
+{{ insert_message(2, visible=-30) }}
+{{ insert_message(3, visible=-20) }}
+    DECLARE @current uniqueidentifier = {{ token(1) }};
+    CREATE TABLE #Next (
+        position int IDENTITY (1, 1) NOT NULL,
+{{ dequeue_columns() | replace(' NOT NULL', ' NULL') }},
+        previous_completed bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Next (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    EXEC {{ names.verb('complete_next') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = @current,
+        @batch_size = 2,
+        @lease_seconds = 600;
+
+    -- Assert: 1 is gone; 2 and 3 are w's, in claim order, each row carrying the completion.
+    SELECT
+        n.position,
+        n.id,
+        n.attempts,
+        n.previous_completed,
+        CONVERT(bit, IIF(n.lease_token = m.lease_token, 1, 0)) AS returned_the_stored_token
+    INTO #Actual
+    FROM #Next AS n
+    INNER JOIN {{ t }} AS m ON n.id = m.id;
+
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id {{ id_type }} NULL,
+        attempts int NULL,
+        previous_completed bit NULL,
+        returned_the_stored_token bit NULL
+    );
+    INSERT INTO #Expected (position, id, attempts, previous_completed, returned_the_stored_token)
+    VALUES
+    (1, {{ mid(2) }}, 1, 1, 1),
+    (2, {{ mid(3) }}, 1, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(2, 1, 'w', false), (3, 1, 'w', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete_next with nothing ready returns one row with a NULL id]
+AS
+BEGIN
+    -- Assemble: 2 is not due yet, and w's message 1 is gone (completed already, say).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(2, visible=3600) }}
+    CREATE TABLE #Actual (
+{{ dequeue_columns() | replace(' NOT NULL', ' NULL') }},
+        previous_completed bit NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    EXEC {{ names.verb('complete_next') }} @id = {{ mid(1) }}, @worker = N'w';
+
+    -- Assert
+    SELECT TOP (0)
+        a.id,
+        a.payload,
+        a.enqueued_at,
+        a.due_at,
+        a.attempts,
+        a.lease_token,
+        a.previous_completed
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    VALUES (NULL, NULL, NULL, NULL, NULL, NULL, 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(2, 0, none, false)]) }}
+END;
+GO
+{% for arguments, label in ((["@id = " ~ mid(1), "@worker = N'w'", "@batch_size = 0"], 'batch_size 0'), (["@id = " ~ mid(1), "@worker = NULL"], 'a NULL worker')) %}
+
+CREATE PROCEDURE {{ cls }}.[test complete_next refuses {{ label }} with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
+
+    -- Act
+    EXEC {{ names.verb('complete_next') }}
+        {{ arguments | join(',\n        ') }};
+END;
+GO
+{% endfor %}
+
+-- wait --------------------------------------------------------------------------------------------
+-- A probe skips a row another session holds (READPAST): tSQLt runs in one session, whose own locks
+-- never block it, so that case (and the wake-up by another connection's commit) is the
+-- conformance suite's, against a real server.
+
+CREATE PROCEDURE {{ cls }}.[test wait returns ready at once for a visible message]
+AS
+BEGIN
+    -- Assemble: 1 is leased, 2 delayed, 3 visible since its lease expired.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='v', attempts=1, lease=1) }}
+{{ insert_message(2, visible=3600) }}
+{{ insert_message(3, visible=-1, leased_by='crashed', attempts=1, lease=3) }}
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act: a timeout far longer than a test may take, so only "ready" ends it in time.
+    INSERT INTO #Actual (ready)
+    EXEC {{ names.verb('wait') }} @wait_ms = 20000;
+
+    -- Assert: it claimed nothing.
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 1, 'v', false), (2, 0, none, false), (3, 1, 'crashed', true)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test wait returns 0 at the timeout when nothing is ready]
+AS
+BEGIN
+    -- Assemble: a live lease and a delayed message only.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='v', attempts=1, lease=1) }}
+{{ insert_message(2, visible=3600) }}
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC {{ names.verb('wait') }} @wait_ms = 120;
+
+    -- Assert
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test wait in implicit-transaction mode leaves the transaction count]
+AS
+BEGIN
+    -- Assemble: a manual-commit caller (IMPLICIT_TRANSACTIONS ON). tSQLt's own transaction is open,
+    -- so this shows that wait leaves the caller's transaction count as it was (no BEGIN, no
+    -- COMMIT, no error 266); the first probe opening a caller's implicit transaction at
+    -- @@TRANCOUNT = 0 needs a session of its own (the conformance suite).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-5) }}
+    CREATE TABLE #Actual (ready bit NOT NULL);
+    SET IMPLICIT_TRANSACTIONS ON;
+    DECLARE @before int = @@TRANCOUNT;
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC {{ names.verb('wait') }} @wait_ms = 100;
+
+    -- Assert
+    DECLARE @after int = @@TRANCOUNT;
+    SET IMPLICIT_TRANSACTIONS OFF;
+    EXEC tSQLt.AssertEquals @Expected = @before, @Actual = @after, @Message = N'wait changed the transaction count';
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% for value in ('NULL', '-1', '20001') %}
+
+CREATE PROCEDURE {{ cls }}.[test wait refuses wait_ms {{ value }} with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.invalid_argument }},
+        @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
+
+    -- Act
+    EXEC {{ names.verb('wait') }} @wait_ms = {{ value }};
+END;
+GO
+{% endfor %}
 
 -- stats -------------------------------------------------------------------------------------------
 

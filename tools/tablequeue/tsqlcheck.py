@@ -60,6 +60,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "AssertEmptyTable": ("@TableName", "@Message"),
     "AssertEquals": ("@Expected", "@Actual", "@Message"),
     "AssertEqualsString": ("@Expected", "@Actual", "@Message"),
+    "AssertLike": ("@ExpectedPattern", "@Actual", "@Message"),
     "ExpectException": ("@ExpectedMessage", "@ExpectedSeverity", "@ExpectedState", "@Message",
                         "@ExpectedMessagePattern", "@ExpectedErrorNumber"),
     "Fail": tuple(f"@Message{i}" for i in range(10)),

@@ -4,7 +4,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.emails storage v1 table
+-- tablequeue:unit queue.emails storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL
@@ -22,6 +22,9 @@ IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL
             CONSTRAINT [df_emails_attempts] DEFAULT (0),
             leased_by nvarchar(200) NULL,
             leased_at datetime2(7) NULL,
+            -- The lease's fencing token, new for every lease: complete, fail, extend_lease and
+            -- release given a token act only while it is the message's current one.
+            lease_token uniqueidentifier NULL,
             last_error nvarchar(4000) NULL,
             dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
             payload nvarchar(MAX) NOT NULL,
@@ -73,6 +76,21 @@ IF TYPE_ID(N'[queue].[emails_items]') IS NULL
             priority int NULL,
             id uniqueidentifier NULL,
             enqueued_at datetime2(7) NULL
+        );
+    END;
+GO
+
+-- tablequeue:unit queue.emails_acks storage v1 type
+-- tablequeue:shape kind=work client_ids=off
+
+-- complete_batch and fail_batch: one message each, by id with its lease token (NULL: the worker's
+-- name alone, as 0.1.0 checked). No key on id: an id given twice reaches the procedure, which
+-- refuses it naming the queue (a key would fail in the driver, naming neither).
+IF TYPE_ID(N'[queue].[emails_acks]') IS NULL
+    BEGIN
+        CREATE TYPE [queue].[emails_acks] AS TABLE (
+            id bigint NOT NULL,
+            lease_token uniqueidentifier NULL
         );
     END;
 GO
@@ -413,6 +431,8 @@ GO
 
 -- A dequeue by worker W first takes back W's own unfinished messages: by asking, W declares that it
 -- holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- lease_token identifies the lease: complete, fail, extend_lease and release take it back, and a
+-- live lease handed out again is the same lease with the same token.
 -- @worker is one character wider than leased_by, so that an over-long name reaches the check
 -- (invalid_argument) instead of being cut to 200 characters silently.
 CREATE OR ALTER PROCEDURE [queue].[emails_dequeue]
@@ -440,7 +460,10 @@ BEGIN
         END;
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_dequeue: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_dequeue: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 600);
@@ -463,6 +486,8 @@ BEGIN
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
         attempts int NOT NULL,
+        -- NULL only for a live lease taken before storage v2 that its worker asked for again.
+        lease_token uniqueidentifier NULL,
         payload nvarchar(MAX) NOT NULL
     );
 
@@ -494,6 +519,7 @@ BEGIN
                 m.attempts,
                 m.leased_by,
                 m.leased_at,
+                m.lease_token,
                 m.payload
             FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
@@ -503,13 +529,15 @@ BEGIN
         UPDATE own_messages
         SET
             -- The worker's own messages come back as they are while their lease lives (the same
-            -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
-            -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
-            -- row as it was before this statement.)
+            -- attempt, the same expiry, the same token: it is the same lease, and asking again neither
+            -- spends an attempt nor buys time); one whose lease has expired is leased anew, as anyone's
+            -- would be, with a new token. (Every right-hand side reads the row as it was before this
+            -- statement; NEWID() is drawn for each row.)
             attempts = attempts + IIF(visible_at <= @now, 1, 0),
             visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
             leased_by = @worker,
-            leased_at = IIF(visible_at <= @now, @now, leased_at)
+            leased_at = IIF(visible_at <= @now, @now, leased_at),
+            lease_token = IIF(visible_at <= @now, NEWID(), lease_token)
         OUTPUT
             INSERTED.id,
             1,
@@ -518,10 +546,11 @@ BEGIN
             INSERTED.enqueued_at,
             INSERTED.due_at,
             INSERTED.attempts,
+            INSERTED.lease_token,
             INSERTED.payload
         INTO @claimed (
             id, own, previous_visible_at, previous_worker,
-            enqueued_at, due_at, attempts, payload
+            enqueued_at, due_at, attempts, lease_token, payload
         );
 
         SET @exhausted = (
@@ -572,6 +601,7 @@ BEGIN
                         m.attempts,
                         m.leased_by,
                         m.leased_at,
+                        m.lease_token,
                         m.payload
                     FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE m.visible_at <= @now
@@ -583,7 +613,8 @@ BEGIN
                     attempts = attempts + 1,
                     visible_at = @lease_until,
                     leased_by = @worker,
-                    leased_at = @now
+                    leased_at = @now,
+                    lease_token = NEWID()
                 OUTPUT
                     INSERTED.id,
                     0,
@@ -592,10 +623,11 @@ BEGIN
                     INSERTED.enqueued_at,
                     INSERTED.due_at,
                     INSERTED.attempts,
+                    INSERTED.lease_token,
                     INSERTED.payload
                 INTO @claimed (
                     id, own, previous_visible_at, previous_worker,
-                    enqueued_at, due_at, attempts, payload
+                    enqueued_at, due_at, attempts, lease_token, payload
                 );
                 SET @claimed_now = @@ROWCOUNT;
 
@@ -651,7 +683,8 @@ BEGIN
         c.payload,
         c.enqueued_at,
         c.due_at,
-        c.attempts
+        c.attempts,
+        c.lease_token
     FROM @claimed AS c
     ORDER BY c.own DESC, c.previous_visible_at ASC, c.id ASC;
 END;
@@ -662,10 +695,13 @@ GO
 
 -- tablequeue:unit queue.emails_complete code
 
--- Only the holder of a live lease: a late complete, after the lease moved on, changes nothing.
+-- Only the holder of the live lease: a late complete, after the lease moved on, changes nothing.
+-- @lease_token (from dequeue) fences it to that very lease; without it (NULL, deprecated: 0.1.0's
+-- call) the worker's name alone is checked, which cannot tell a lease from the worker's next one.
 CREATE OR ALTER PROCEDURE [queue].[emails_complete]
     @id bigint,
-    @worker nvarchar(201)
+    @worker nvarchar(201),
+    @lease_token uniqueidentifier = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -676,7 +712,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_complete: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_complete: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET XACT_ABORT ON;
@@ -696,7 +735,9 @@ BEGIN
         [queue].[emails_history] (
             id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
         )
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS completed;
 END;
@@ -708,11 +749,13 @@ GO
 -- tablequeue:unit queue.emails_fail code
 
 -- outcome: retrying | dead | lost (the caller's lease had expired or moved on: nothing changed).
+-- @lease_token fences it to one lease, as complete's (NULL: the worker's name alone, deprecated).
 CREATE OR ALTER PROCEDURE [queue].[emails_fail]
     @id bigint,
     @worker nvarchar(201),
     @error nvarchar(4000) = NULL,
-    @retry_after_seconds int = NULL
+    @retry_after_seconds int = NULL,
+    @lease_token uniqueidentifier = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -723,7 +766,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_fail: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_fail: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
@@ -754,10 +800,12 @@ BEGIN
         UPDATE [queue].[emails]
         SET
             leased_by = NULL,
+            lease_token = NULL,
             visible_at = DATEADD(SECOND, @retry_after_seconds, @now),
             last_error = @error
         WHERE
             id = @id AND leased_by = @worker AND visible_at > @now
+            AND (@lease_token IS NULL OR lease_token = @lease_token)
             AND attempts < 3;
 
         IF @@ROWCOUNT = 1
@@ -783,7 +831,9 @@ BEGIN
                         last_error, last_worker, dead_at, payload
                     )
                 FROM [queue].[emails] AS m
-                WHERE m.id = @id AND m.leased_by = @worker AND m.visible_at > @now;
+                WHERE
+                    m.id = @id AND m.leased_by = @worker AND m.visible_at > @now
+                    AND (@lease_token IS NULL OR m.lease_token = @lease_token);
                 SET @buried_count = @@ROWCOUNT;
                 SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
             END;
@@ -804,11 +854,13 @@ GO
 
 -- tablequeue:unit queue.emails_extend_lease code
 
--- The new lease runs from now. An expired lease cannot be revived: another worker may hold it.
+-- The new lease runs from now, under the same token. An expired lease cannot be revived: another
+-- worker may hold it. @lease_token fences it to one lease, as complete's (NULL: deprecated).
 CREATE OR ALTER PROCEDURE [queue].[emails_extend_lease]
     @id bigint,
     @worker nvarchar(201),
-    @lease_seconds int = NULL
+    @lease_seconds int = NULL,
+    @lease_token uniqueidentifier = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -819,7 +871,10 @@ BEGIN
 
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-            SET @error_message = N'queue.emails_extend_lease: worker must be a name of 1 to 200 characters.';
+            SET @error_message = CONCAT(
+                N'queue.emails_extend_lease: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
             THROW 51001, @error_message, 1;
         END;
     SET @lease_seconds = COALESCE(@lease_seconds, 600);
@@ -837,13 +892,691 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE [queue].[emails]
     SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
 END;
 GO
 
 GRANT EXECUTE ON OBJECT::[queue].[emails_extend_lease] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_release code
+
+-- Gives a leased message back at once, with the attempt its lease counted (a consumer shutting down
+-- gracefully spends none): visible now, to any worker. Only the holder of the live lease, fenced by
+-- @lease_token as complete's (NULL: the worker's name alone, deprecated); otherwise released = 0
+-- and nothing changes.
+CREATE OR ALTER PROCEDURE [queue].[emails_release]
+    @id bigint,
+    @worker nvarchar(201),
+    @lease_token uniqueidentifier = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_release: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    UPDATE [queue].[emails]
+    SET
+        leased_by = NULL,
+        leased_at = NULL,
+        lease_token = NULL,
+        visible_at = @now,
+        attempts = IIF(attempts > 0, attempts - 1, 0)
+    WHERE
+        id = @id AND leased_by = @worker AND visible_at > @now
+        AND (@lease_token IS NULL OR lease_token = @lease_token);
+
+    SELECT CONVERT(bit, @@ROWCOUNT) AS released;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_release] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_complete_batch code
+
+-- complete for up to 1,000 messages in one statement: each item by its id and lease token (NULL:
+-- the worker's name alone, deprecated), fenced as complete is; one row per item, in id order:
+-- completed = 0 where the lease was lost (nothing changed for that item).
+CREATE OR ALTER PROCEDURE [queue].[emails_complete_batch]
+    @acks [queue].[emails_acks] READONLY,
+    @worker nvarchar(201)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_complete_batch: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    IF (SELECT COUNT_BIG(*) FROM @acks) > 1000
+        BEGIN
+            THROW 51001, N'queue.emails_complete_batch: at most 1000 items per call.', 1;
+        END;
+    DECLARE @repeated_id bigint = (
+        SELECT TOP (1) a.id
+        FROM @acks AS a
+        GROUP BY a.id
+        HAVING COUNT(*) > 1
+        ORDER BY a.id
+    );
+    IF @repeated_id IS NOT NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_complete_batch: acks holds id ',
+                @repeated_id,
+                N' more than once.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @batch TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        lease_token uniqueidentifier NULL
+    );
+    INSERT INTO @batch (id, lease_token)
+    SELECT
+        a.id,
+        a.lease_token
+    FROM @acks AS a;
+    -- The history rows of the completed messages: written to the history table after the delete,
+    -- in the same transaction (queue table, then history table, as complete).
+    DECLARE @completed TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        started_at datetime2(7) NOT NULL,
+        finished_at datetime2(7) NOT NULL,
+        worker nvarchar(200) NOT NULL,
+        attempts int NOT NULL,
+        payload nvarchar(MAX) NOT NULL
+    );
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        DELETE m
+        OUTPUT
+            DELETED.id,
+            DELETED.enqueued_at,
+            DELETED.due_at,
+            DELETED.leased_at,
+            @now,
+            DELETED.leased_by,
+            DELETED.attempts,
+            DELETED.payload
+        INTO
+            @completed (
+                id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
+            )
+        FROM @batch AS b
+        INNER JOIN [queue].[emails] AS m WITH (ROWLOCK) ON b.id = m.id
+        WHERE
+            m.leased_by = @worker AND m.visible_at > @now
+            AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
+        OPTION (LOOP JOIN, FORCE ORDER);
+
+        INSERT INTO [queue].[emails_history] (
+            id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
+        )
+        SELECT
+            c.id,
+            c.enqueued_at,
+            c.due_at,
+            c.started_at,
+            c.finished_at,
+            c.worker,
+            c.attempts,
+            c.payload
+        FROM @completed AS c;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        b.id,
+        CONVERT(bit, IIF(c.id IS NULL, 0, 1)) AS completed
+    FROM @batch AS b
+    LEFT JOIN @completed AS c ON b.id = c.id
+    ORDER BY b.id;
+END;
+GO
+
+-- The acks type serves fail_batch too (the same role).
+GRANT EXECUTE ON TYPE::[queue].[emails_acks] TO [queue_consumer];
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_complete_batch] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_fail_batch code
+
+-- fail for up to 1,000 messages, all with the same error and retry delay: each item by its id and
+-- lease token (NULL: the worker's name alone, deprecated), fenced as fail is. One row per item, in
+-- id order: outcome retrying | dead | lost (the lease was lost: nothing changed for that item).
+CREATE OR ALTER PROCEDURE [queue].[emails_fail_batch]
+    @acks [queue].[emails_acks] READONLY,
+    @worker nvarchar(201),
+    @error nvarchar(4000) = NULL,
+    @retry_after_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_fail_batch: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
+    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_fail_batch: retry_after_seconds must be between 0 and 2592000, got ',
+                @retry_after_seconds,
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    IF (SELECT COUNT_BIG(*) FROM @acks) > 1000
+        BEGIN
+            THROW 51001, N'queue.emails_fail_batch: at most 1000 items per call.', 1;
+        END;
+    DECLARE @repeated_id bigint = (
+        SELECT TOP (1) a.id
+        FROM @acks AS a
+        GROUP BY a.id
+        HAVING COUNT(*) > 1
+        ORDER BY a.id
+    );
+    IF @repeated_id IS NOT NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_fail_batch: acks holds id ',
+                @repeated_id,
+                N' more than once.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @batch TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        lease_token uniqueidentifier NULL
+    );
+    INSERT INTO @batch (id, lease_token)
+    SELECT
+        a.id,
+        a.lease_token
+    FROM @acks AS a;
+    -- The messages whose lease the caller held, with the attempts they had used.
+    DECLARE @held TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        attempts int NOT NULL
+    );
+    DECLARE @buried_count int = 0;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- 1. One statement locks every message of the batch whose lease the caller holds, in id
+        -- order: with attempts left it is visible again after the retry delay; on its last attempt
+        -- it keeps its lease, locked, for the move below.
+        UPDATE m
+        SET
+            m.leased_by = IIF(m.attempts < 3, NULL, m.leased_by),
+            m.lease_token = IIF(m.attempts < 3, NULL, m.lease_token),
+            m.visible_at = IIF(m.attempts < 3, DATEADD(SECOND, @retry_after_seconds, @now), m.visible_at),
+            m.last_error = @error
+        OUTPUT
+            INSERTED.id,
+            INSERTED.attempts
+        INTO @held (id, attempts)
+        FROM @batch AS b
+        INNER JOIN [queue].[emails] AS m WITH (ROWLOCK) ON b.id = m.id
+        WHERE
+            m.leased_by = @worker AND m.visible_at > @now
+            AND (b.lease_token IS NULL OR m.lease_token = b.lease_token)
+        OPTION (LOOP JOIN, FORCE ORDER);
+
+        -- 2. Those on their last attempt to the dead-letter table: rows this transaction holds
+        -- already (seeks on their ids only, so it waits for no other lock).
+        DELETE m
+        OUTPUT
+            DELETED.id,
+            DELETED.enqueued_at,
+            DELETED.due_at,
+            DELETED.dedupe_key,
+            DELETED.attempts,
+            @error,
+            DELETED.leased_by,
+            @now,
+            DELETED.payload
+        INTO
+            [queue].[emails_dead] (
+                id, enqueued_at, due_at, dedupe_key, attempts,
+                last_error, last_worker, dead_at, payload
+            )
+        FROM @held AS h
+        INNER JOIN [queue].[emails] AS m ON h.id = m.id
+        WHERE h.attempts >= 3
+        OPTION (LOOP JOIN, FORCE ORDER);
+        SET @buried_count = @@ROWCOUNT;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        b.id,
+        CONVERT(varchar(8), CASE
+            WHEN h.id IS NULL THEN 'lost'
+            WHEN h.attempts < 3 THEN 'retrying'
+            ELSE 'dead'
+        END) AS outcome
+    FROM @batch AS b
+    LEFT JOIN @held AS h ON b.id = h.id
+    ORDER BY b.id;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_fail_batch] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_complete_next code
+
+-- complete, then dequeue, in one transaction: one commit per message instead of two. The complete
+-- is fenced as complete's (@lease_token NULL: the worker's name alone, deprecated) and its outcome
+-- is previous_completed; the dequeue is dequeue's (the worker's own unfinished messages first). The
+-- rows are dequeue's, each with previous_completed; with nothing to lease, one row whose id (and
+-- every other dequeue column) is NULL carries it.
+CREATE OR ALTER PROCEDURE [queue].[emails_complete_next]
+    @id bigint,
+    @worker nvarchar(201),
+    @lease_token uniqueidentifier = NULL,
+    @batch_size int = 1,
+    @lease_seconds int = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+    -- The claim's hints are refused (READPAST) or lock differently under SERIALIZABLE and SNAPSHOT:
+    -- READ COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF @batch_size IS NULL OR @batch_size NOT BETWEEN 1 AND 1000
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_complete_next: batch_size must be between 1 and 1000, got ',
+                COALESCE(CONVERT(nvarchar(12), @batch_size), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_complete_next: ',
+                N'worker must be a name of 1 to 200 characters.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    SET @lease_seconds = COALESCE(@lease_seconds, 600);
+    IF @lease_seconds IS NULL OR @lease_seconds NOT BETWEEN 1 AND 604800
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_complete_next: lease_seconds must be between 1 and 604800, got ',
+                COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @claimed TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        own bit NOT NULL,
+        previous_visible_at datetime2(7) NOT NULL,
+        previous_worker nvarchar(200) NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        -- NULL only for a live lease taken before storage v2 that its worker asked for again.
+        lease_token uniqueidentifier NULL,
+        payload nvarchar(MAX) NOT NULL
+    );
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
+    DECLARE @remaining int = @batch_size;
+    DECLARE @claimed_now int = 0;
+    DECLARE @exhausted int;
+    DECLARE @started_transaction bit = 0;
+    DECLARE @buried_count int = 0;
+    DECLARE @previous_completed bit;
+
+    BEGIN TRY
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        -- Complete first: its row (queue table, then history) is locked before the claim's, the
+        -- order of complete and of dequeue (queue table, then dead-letter table).
+        DELETE FROM [queue].[emails]
+        OUTPUT
+            DELETED.id,
+            DELETED.enqueued_at,
+            DELETED.due_at,
+            DELETED.leased_at,
+            @now,
+            DELETED.leased_by,
+            DELETED.attempts,
+            DELETED.payload
+        INTO
+            [queue].[emails_history] (
+                id, enqueued_at, due_at, started_at, finished_at, worker, attempts, payload
+            )
+        WHERE
+            id = @id AND leased_by = @worker AND visible_at > @now
+            AND (@lease_token IS NULL OR lease_token = @lease_token);
+        SET @previous_completed = CONVERT(bit, @@ROWCOUNT);
+
+        -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
+        -- so that the optimizer can match it whatever @worker is.
+        WITH own_messages AS (
+            SELECT TOP (@remaining)
+                m.id,
+                m.enqueued_at,
+                m.due_at,
+                m.visible_at,
+                m.attempts,
+                m.leased_by,
+                m.leased_at,
+                m.lease_token,
+                m.payload
+            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
+            ORDER BY m.visible_at, m.id
+        )
+
+        UPDATE own_messages
+        SET
+            -- The worker's own messages come back as they are while their lease lives (the same
+            -- attempt, the same expiry, the same token: it is the same lease, and asking again neither
+            -- spends an attempt nor buys time); one whose lease has expired is leased anew, as anyone's
+            -- would be, with a new token. (Every right-hand side reads the row as it was before this
+            -- statement; NEWID() is drawn for each row.)
+            attempts = attempts + IIF(visible_at <= @now, 1, 0),
+            visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
+            leased_by = @worker,
+            leased_at = IIF(visible_at <= @now, @now, leased_at),
+            lease_token = IIF(visible_at <= @now, NEWID(), lease_token)
+        OUTPUT
+            INSERTED.id,
+            1,
+            DELETED.visible_at,
+            DELETED.leased_by,
+            INSERTED.enqueued_at,
+            INSERTED.due_at,
+            INSERTED.attempts,
+            INSERTED.lease_token,
+            INSERTED.payload
+        INTO @claimed (
+            id, own, previous_visible_at, previous_worker,
+            enqueued_at, due_at, attempts, lease_token, payload
+        );
+
+        SET @exhausted = (
+            SELECT COUNT(*)
+            FROM @claimed AS c
+            WHERE c.attempts > 3 AND c.previous_visible_at <= @now
+        );
+        IF @exhausted > 0
+            BEGIN
+                DELETE m
+                OUTPUT
+                    DELETED.id,
+                    DELETED.enqueued_at,
+                    DELETED.due_at,
+                    DELETED.dedupe_key,
+                    c.attempts - 1,
+                    N'lease expired',
+                    c.previous_worker,
+                    @now,
+                    DELETED.payload
+                INTO
+                    [queue].[emails_dead] (
+                        id, enqueued_at, due_at, dedupe_key, attempts,
+                        last_error, last_worker, dead_at, payload
+                    )
+                FROM [queue].[emails] AS m
+                INNER JOIN @claimed AS c ON m.id = c.id
+                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+                SET @buried_count = @@ROWCOUNT;
+
+                DELETE c
+                FROM @claimed AS c
+                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+            END;
+
+        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- the batch: claim again until the batch is full or nothing visible is left.
+        WHILE @remaining > 0
+            BEGIN
+                WITH next_messages AS (
+                    SELECT TOP (@remaining)
+                        m.id,
+                        m.enqueued_at,
+                        m.due_at,
+                        m.visible_at,
+                        m.attempts,
+                        m.leased_by,
+                        m.leased_at,
+                        m.lease_token,
+                        m.payload
+                    FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.visible_at <= @now
+                    ORDER BY m.visible_at, m.id
+                )
+
+                UPDATE next_messages
+                SET
+                    attempts = attempts + 1,
+                    visible_at = @lease_until,
+                    leased_by = @worker,
+                    leased_at = @now,
+                    lease_token = NEWID()
+                OUTPUT
+                    INSERTED.id,
+                    0,
+                    DELETED.visible_at,
+                    DELETED.leased_by,
+                    INSERTED.enqueued_at,
+                    INSERTED.due_at,
+                    INSERTED.attempts,
+                    INSERTED.lease_token,
+                    INSERTED.payload
+                INTO @claimed (
+                    id, own, previous_visible_at, previous_worker,
+                    enqueued_at, due_at, attempts, lease_token, payload
+                );
+                SET @claimed_now = @@ROWCOUNT;
+
+                IF @claimed_now = 0 BREAK;
+
+                SET @buried_count = 0;
+                SET @exhausted = (
+                    SELECT COUNT(*)
+                    FROM @claimed AS c
+                    WHERE c.attempts > 3 AND c.previous_visible_at <= @now
+                );
+                IF @exhausted > 0
+                    BEGIN
+                        DELETE m
+                        OUTPUT
+                            DELETED.id,
+                            DELETED.enqueued_at,
+                            DELETED.due_at,
+                            DELETED.dedupe_key,
+                            c.attempts - 1,
+                            N'lease expired',
+                            c.previous_worker,
+                            @now,
+                            DELETED.payload
+                        INTO
+                            [queue].[emails_dead] (
+                                id, enqueued_at, due_at, dedupe_key, attempts,
+                                last_error, last_worker, dead_at, payload
+                            )
+                        FROM [queue].[emails] AS m
+                        INNER JOIN @claimed AS c ON m.id = c.id
+                        WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+                        SET @buried_count = @@ROWCOUNT;
+
+                        DELETE c
+                        FROM @claimed AS c
+                        WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+                    END;
+
+                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                IF @buried_count = 0 BREAK;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    -- The one-row table on the left keeps a row when nothing was claimed.
+    SELECT
+        c.id,
+        c.payload,
+        c.enqueued_at,
+        c.due_at,
+        c.attempts,
+        c.lease_token,
+        @previous_completed AS previous_completed
+    FROM (VALUES (1)) AS one_row(n)
+    LEFT JOIN @claimed AS c ON one_row.n = 1
+    ORDER BY c.own DESC, c.previous_visible_at ASC, c.id ASC;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_complete_next] TO [queue_consumer];
+GO
+
+-- tablequeue:unit queue.emails_wait code
+
+-- Waiting instead of polling: a probe, then a pause of 50 ms, until a message is ready or wait_ms
+-- have passed (the answer comes at most one pause after the timeout). It holds no lock and no
+-- snapshot between its probes and never opens a transaction of its own: the caller dequeues
+-- afterwards, in its own transaction. In IMPLICIT_TRANSACTIONS mode (a manual-commit caller) the
+-- first probe opens the caller's implicit transaction, as any statement would; it holds nothing
+-- (READ COMMITTED releases each probe's locks) and the caller ends it as usual. Called inside an
+-- open transaction, the caller's own locks stay held while it waits: call it outside one.
+CREATE OR ALTER PROCEDURE [queue].[emails_wait]
+    @wait_ms int = 20000
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+    -- READPAST needs READ COMMITTED (or REPEATABLE READ, which would keep the probe's locks): READ
+    -- COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @wait_ms IS NULL OR @wait_ms NOT BETWEEN 0 AND 20000
+        BEGIN
+            DECLARE @error_message nvarchar(2048) = CONCAT(
+                N'queue.emails_wait: wait_ms must be between 0 and 20000, got ',
+                COALESCE(CONVERT(nvarchar(12), @wait_ms), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @deadline datetime2(7) = DATEADD(MILLISECOND, @wait_ms, SYSUTCDATETIME());
+    DECLARE @ready bit = 0;
+
+    WHILE 1 = 1
+        BEGIN
+            SELECT TOP (1) @ready = 1
+            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE m.visible_at <= SYSUTCDATETIME();
+
+            IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
+            WAITFOR DELAY '00:00:00.050';
+        END;
+
+    SELECT @ready AS ready;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_wait] TO [queue_consumer];
 GO
 
 -- tablequeue:unit queue.emails_stats code

@@ -335,6 +335,57 @@ GO
 GRANT EXECUTE ON OBJECT::[queue].[orders_dequeue] TO [queue_consumer];
 GO
 
+-- tablequeue:unit queue.orders_wait code
+
+-- Waiting instead of polling: a probe, then a pause of 50 ms, until a message is ready or wait_ms
+-- have passed (the answer comes at most one pause after the timeout). It holds no lock and no
+-- snapshot between its probes and never opens a transaction of its own: the caller dequeues
+-- afterwards, in its own transaction. In IMPLICIT_TRANSACTIONS mode (a manual-commit caller) the
+-- first probe opens the caller's implicit transaction, as any statement would; it holds nothing
+-- (READ COMMITTED releases each probe's locks) and the caller ends it as usual. Called inside an
+-- open transaction, the caller's own locks stay held while it waits: call it outside one.
+CREATE OR ALTER PROCEDURE [queue].[orders_wait]
+    @wait_ms int = 20000
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+    -- READPAST needs READ COMMITTED (or REPEATABLE READ, which would keep the probe's locks): READ
+    -- COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @wait_ms IS NULL OR @wait_ms NOT BETWEEN 0 AND 20000
+        BEGIN
+            DECLARE @error_message nvarchar(2048) = CONCAT(
+                N'queue.orders_wait: wait_ms must be between 0 and 20000, got ',
+                COALESCE(CONVERT(nvarchar(12), @wait_ms), N'NULL'),
+                N'.'
+            );
+            THROW 51001, @error_message, 1;
+
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @deadline datetime2(7) = DATEADD(MILLISECOND, @wait_ms, SYSUTCDATETIME());
+    DECLARE @ready bit = 0;
+
+    WHILE 1 = 1
+        BEGIN
+            SELECT TOP (1) @ready = 1
+            FROM [queue].[orders] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
+
+            IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
+            WAITFOR DELAY '00:00:00.050';
+        END;
+
+    SELECT @ready AS ready;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[orders_wait] TO [queue_consumer];
+GO
+
 -- tablequeue:unit queue.orders_stats code
 
 -- EXECUTE AS OWNER: the estimate reads sys.partitions, whose rows a caller holding only the admin

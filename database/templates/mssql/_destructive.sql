@@ -431,6 +431,18 @@ GO
 {{ m.grant('dequeue') }}
 GO
 
+{# Ready: what dequeue would hand out now, a row no consumer holds (pending: a due one). Strict
+    FIFO's dequeue does not skip a held head: a caller told ready waits for it there. #}
+{% call m.wait_procedure() %}
+            SELECT TOP (1) @ready = 1
+{% if has_due %}
+            FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE m.due_at <= SYSUTCDATETIME();
+{% else %}
+            FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
+{% endif %}
+{% endcall %}
+
 {{ m.unit(names.plain('_stats'), 'code') }}
 -- EXECUTE AS OWNER: the estimate reads sys.partitions, whose rows a caller holding only the admin
 -- role could not see. The procedure only reads.

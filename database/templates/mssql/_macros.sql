@@ -118,3 +118,56 @@ IIF(@max_rows IS NULL OR @max_rows - @purged > 1000, 1000, @max_rows - @purged)
         END;
 {%- endmacro %}
 
+
+{#- S.Q_wait, every kind: ready = 1 as soon as a message is ready to dequeue, 0 once wait_ms have
+    passed; it claims nothing. The caller's block ({% call %}) is the probe, statements that set
+    @ready to 1 when what the kind's dequeue would hand out now exists; they read WITH (ROWLOCK,
+    READPAST, READCOMMITTEDLOCK): a row a consumer holds is not ready, and the read takes no lock it
+    keeps (ROWLOCK: READPAST skips row locks, not a page lock the engine might choose) and no
+    snapshot (READCOMMITTEDLOCK under READ_COMMITTED_SNAPSHOT). declarations: what the probe needs. -#}
+{% macro wait_procedure(declarations='') %}
+{{ unit(names.plain('_wait'), 'code') }}
+-- Waiting instead of polling: a probe, then a pause of 50 ms, until a message is ready or wait_ms
+-- have passed (the answer comes at most one pause after the timeout). It holds no lock and no
+-- snapshot between its probes and never opens a transaction of its own: the caller dequeues
+-- afterwards, in its own transaction. In IMPLICIT_TRANSACTIONS mode (a manual-commit caller) the
+-- first probe opens the caller's implicit transaction, as any statement would; it holds nothing
+-- (READ COMMITTED releases each probe's locks) and the caller ends it as usual. Called inside an
+-- open transaction, the caller's own locks stay held while it waits: call it outside one.
+CREATE OR ALTER PROCEDURE {{ names.verb('wait') }}
+    @wait_ms int = 20000
+AS
+BEGIN
+    SET NOCOUNT ON;
+{{ begin_argument_checks() }}
+    -- READPAST needs READ COMMITTED (or REPEATABLE READ, which would keep the probe's locks): READ
+    -- COMMITTED whatever the caller's level (SQL Server resets it on return).
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+    IF @wait_ms IS NULL OR @wait_ms NOT BETWEEN 0 AND 20000
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_wait') ~ ": wait_ms must be between 0 and 20000, got '",
+                              "COALESCE(CONVERT(nvarchar(12), @wait_ms), N'NULL')", "N'.'"]) }}
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @deadline datetime2(7) = DATEADD(MILLISECOND, @wait_ms, SYSUTCDATETIME());
+    DECLARE @ready bit = 0;
+{% if declarations %}
+{{ declarations }}
+{% endif %}
+
+    WHILE 1 = 1
+        BEGIN
+{{ caller() }}
+            IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
+            WAITFOR DELAY '00:00:00.050';
+        END;
+
+    SELECT @ready AS ready;
+END;
+GO
+
+{{ grant('wait') }}
+GO
+{% endmacro %}

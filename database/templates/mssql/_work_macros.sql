@@ -1,6 +1,7 @@
 {#-
   T-SQL fragments of the work kind that more than one procedure runs: argument checks, the claim
-  (dequeue and the in-database worker), complete, fail and the move to the dead-letter table. They
+  (dequeue, complete_next and the in-database worker), the lease check, complete, fail and the move
+  to the dead-letter table. They
   are macros, not procedure calls, because a called procedure's SELECT would reach the caller of
   S.Q_process as a result set (and INSERT ... EXEC cannot nest).
   Imported "with context" by work.sql, which sets: t, dead_t, history_t, id_type, tie, has_priority,
@@ -33,7 +34,7 @@
 {% macro check_worker(verb) %}
     IF @worker IS NULL OR LEN(@worker) = 0 OR LEN(@worker) > 200
         BEGIN
-{{ throw('invalid_argument', "N'" ~ names.plain('_' ~ verb) ~ ": worker must be a name of 1 to 200 characters.'") }}
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": '", "N'worker must be a name of 1 to 200 characters.'"]) }}
         END;
 {%- endmacro %}
 
@@ -42,6 +43,15 @@
         BEGIN
 {{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": lease_seconds must be between 1 and 604800, got '",
                               "COALESCE(CONVERT(nvarchar(12), @lease_seconds), N'NULL')", "N'.'"]) }}
+        END;
+{%- endmacro %}
+
+{#- A fail's retry delay: NULL is 0 (visible again at once), at most 30 days. -#}
+{% macro check_retry_after(verb) %}
+    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
+    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": retry_after_seconds must be between 0 and 2592000, got '", "@retry_after_seconds", "N'.'"]) }}
         END;
 {%- endmacro %}
 
@@ -68,8 +78,21 @@ last_error, last_worker, dead_at, payload
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
         attempts int NOT NULL,
+        -- NULL only for a live lease taken before storage v2 that its worker asked for again.
+        lease_token uniqueidentifier NULL,
         payload {{ payload_type }} NOT NULL
     );
+{%- endmacro %}
+
+{#- The fence of every verb that acts on a lease: the live lease of worker_sql and, given a token
+    (token_sql not NULL), that very lease: a worker whose lease expired and that leased the message
+    again holds a new token, so a late call from its first attempt changes nothing. A NULL token
+    checks the worker's name alone, as 0.1.0 did (deprecated: a worker name that is reused, or a
+    restarted worker, cannot tell its leases apart). prefix: the table alias and its dot, or ''; the
+    token's test goes on a line of its own, at the indentation `indent` (spaces). -#}
+{% macro holds_lease(worker_sql, token_sql, prefix='', indent=8) -%}
+{{ prefix }}leased_by = {{ worker_sql }} AND {{ prefix }}visible_at > @now
+{{ ' ' * indent }}AND ({{ token_sql }} IS NULL OR {{ prefix }}lease_token = {{ token_sql }})
 {%- endmacro %}
 
 {#- With client ids, a dead-letter copy of the same id may exist (the id was enqueued again): the
@@ -167,6 +190,7 @@ last_error, last_worker, dead_at, payload
             m.attempts,
             m.leased_by,
             m.leased_at,
+            m.lease_token,
             m.payload
         FROM {{ t }} AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         WHERE {{ where_sql }}
@@ -177,18 +201,21 @@ last_error, last_worker, dead_at, payload
     SET
 {% if own %}
         -- The worker's own messages come back as they are while their lease lives (the same
-        -- attempt, the same expiry: asking again neither spends an attempt nor buys time); one whose
-        -- lease has expired is leased anew, as anyone's would be. (Every right-hand side reads the
-        -- row as it was before this statement.)
+        -- attempt, the same expiry, the same token: it is the same lease, and asking again neither
+        -- spends an attempt nor buys time); one whose lease has expired is leased anew, as anyone's
+        -- would be, with a new token. (Every right-hand side reads the row as it was before this
+        -- statement; NEWID() is drawn for each row.)
         attempts = attempts + IIF(visible_at <= @now, 1, 0),
         visible_at = IIF(visible_at <= @now, @lease_until, visible_at),
         leased_by = @worker,
-        leased_at = IIF(visible_at <= @now, @now, leased_at)
+        leased_at = IIF(visible_at <= @now, @now, leased_at),
+        lease_token = IIF(visible_at <= @now, NEWID(), lease_token)
 {% else %}
         attempts = attempts + 1,
         visible_at = @lease_until,
         leased_by = @worker,
-        leased_at = @now
+        leased_at = @now,
+        lease_token = NEWID()
 {% endif %}
     OUTPUT
         INSERTED.id,
@@ -204,10 +231,11 @@ last_error, last_worker, dead_at, payload
         INSERTED.enqueued_at,
         INSERTED.due_at,
         INSERTED.attempts,
+        INSERTED.lease_token,
         INSERTED.payload
     INTO @claimed (
         id, {{ 'seq, ' if client_ids }}own, {{ 'priority, ' if has_priority }}previous_visible_at, previous_worker,
-        enqueued_at, due_at, attempts, payload
+        enqueued_at, due_at, attempts, lease_token, payload
     );
 {%- endmacro %}
 
@@ -257,14 +285,17 @@ last_error, last_worker, dead_at, payload
     );
 {%- endmacro %}
 
-{#- The claim: expects @batch_size, @worker, @lease_seconds (validated) and @claimed, declares @now.
-    Opens a transaction when the caller has none, so that the lease and any move to the
-    dead-letter table are one unit. Two claim statements, never an OR (DESIGN.md §4):
+{#- The claim: expects @batch_size, @worker, @lease_seconds (validated) and @claimed. Two claim
+    statements, never an OR (DESIGN.md §4):
       1. the worker's own unfinished messages (leased, even unexpired: a restarted worker; a live
          lease comes back as it is), on ix_<queue>_lease;
       2. anyone's visible messages (visible_at <= now: new, due, retried or lease expired),
-         on ix_<queue>_claim{% if has_priority %}, one priority level at a time{% endif %}. -#}
-{% macro claim() %}
+         on ix_<queue>_claim{% if has_priority %}, one priority level at a time{% endif %}.
+    claim() is the whole of it: it opens a transaction when the caller has none, so that the lease
+    and any move to the dead-letter table are one unit. complete_next runs the parts itself, to
+    complete in the same transaction first: claim_declarations() (declares @now and
+    @started_transaction), then claim_statements() inside its transaction. -#}
+{% macro claim_declarations() %}
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @lease_until datetime2(7) = DATEADD(SECOND, @lease_seconds, @now);
     DECLARE @remaining int = @batch_size;
@@ -275,6 +306,51 @@ last_error, last_worker, dead_at, payload
 {% endif %}
     DECLARE @started_transaction bit = 0;
 {{ buried_table() }}
+{%- endmacro %}
+
+{% macro claim_statements() %}
+    -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
+    -- so that the optimizer can match it whatever @worker is.
+{{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true) }}
+
+{{ bury_exhausted() }}
+
+    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+    -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+    -- the batch: claim again until the batch is full or nothing visible is left.
+    WHILE @remaining > 0
+        BEGIN
+{% if has_priority %}
+            -- A loose index scan: one seek per priority level present, each claim an equality
+            -- and range seek on (priority DESC, visible_at, {{ tie }}). A single ORDER BY
+            -- priority DESC would read past every delayed or leased row of the higher levels
+            -- on each claim, and the whole index whenever nothing is ready.
+            SET @claimed_now = 0;
+{{ next_level(false) | indent(8, first=true) }}
+            WHILE @priority IS NOT NULL AND @claimed_now < @remaining
+                BEGIN
+{{ claim_statement('next_messages', '@remaining - @claimed_now', 'm.priority = @priority AND m.visible_at <= @now', false) | indent(16, first=true) }}
+                    SET @claimed_now = @claimed_now + @@ROWCOUNT;
+{{ next_level(true) | indent(16, first=true) }}
+                END;
+{% else %}
+{{ claim_statement('next_messages', '@remaining', 'm.visible_at <= @now', false) | indent(8, first=true) }}
+            SET @claimed_now = @@ROWCOUNT;
+{% endif %}
+
+            IF @claimed_now = 0 BREAK;
+
+            SET @buried_count = 0;
+{{ bury_exhausted() | indent(8, first=true) }}
+
+            SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+            IF @buried_count = 0 BREAK;
+        END;
+{%- endmacro %}
+
+{% macro claim() %}
+{{ claim_declarations() }}
 
     BEGIN TRY
         -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
@@ -285,44 +361,7 @@ last_error, last_worker, dead_at, payload
                 SET @started_transaction = 1;
             END;
 
-        -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
-        -- so that the optimizer can match it whatever @worker is.
-{{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true) | indent(4, first=true) }}
-
-{{ bury_exhausted() | indent(4, first=true) }}
-
-        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-
-        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
-        -- the batch: claim again until the batch is full or nothing visible is left.
-        WHILE @remaining > 0
-            BEGIN
-{% if has_priority %}
-                -- A loose index scan: one seek per priority level present, each claim an equality
-                -- and range seek on (priority DESC, visible_at, {{ tie }}). A single ORDER BY
-                -- priority DESC would read past every delayed or leased row of the higher levels
-                -- on each claim, and the whole index whenever nothing is ready.
-                SET @claimed_now = 0;
-{{ next_level(false) | indent(12, first=true) }}
-                WHILE @priority IS NOT NULL AND @claimed_now < @remaining
-                    BEGIN
-{{ claim_statement('next_messages', '@remaining - @claimed_now', 'm.priority = @priority AND m.visible_at <= @now', false) | indent(20, first=true) }}
-                        SET @claimed_now = @claimed_now + @@ROWCOUNT;
-{{ next_level(true) | indent(20, first=true) }}
-                    END;
-{% else %}
-{{ claim_statement('next_messages', '@remaining', 'm.visible_at <= @now', false) | indent(12, first=true) }}
-                SET @claimed_now = @@ROWCOUNT;
-{% endif %}
-
-                IF @claimed_now = 0 BREAK;
-
-                SET @buried_count = 0;
-{{ bury_exhausted() | indent(12, first=true) }}
-
-                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                IF @buried_count = 0 BREAK;
-            END;
+{{ claim_statements() | indent(4, first=true) }}
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY
@@ -332,12 +371,14 @@ last_error, last_worker, dead_at, payload
     END CATCH;
 {%- endmacro %}
 
-{#- Complete: delete the row if, and only if, worker_sql holds a live lease on it; with history the
-    same statement writes the history row (queue table, then history table). Expects @now. The
-    caller reads @@ROWCOUNT right after. -#}
-{% macro complete_statement(id_sql, worker_sql) %}
-    DELETE FROM {{ t }}
-{% if history %}
+{#- The columns of a history row that a completing DELETE writes, in this order. -#}
+{% macro history_columns() -%}
+id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_at, worker, attempts, payload
+{%- endmacro %}
+
+{#- The OUTPUT clause of a completing DELETE: the history row, into `into` (the history table, or
+    a table variable with the history_columns()). Expects @now. -#}
+{% macro history_output(into) %}
     OUTPUT
         DELETED.id,
         DELETED.enqueued_at,
@@ -351,25 +392,36 @@ last_error, last_worker, dead_at, payload
         DELETED.attempts,
         DELETED.payload
     INTO
-        {{ history_t }} (
-            id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_at, worker, attempts, payload
+        {{ into }} (
+            {{ history_columns() }}
         )
-{% endif %}
-    WHERE id = {{ id_sql }} AND leased_by = {{ worker_sql }} AND visible_at > @now;
 {%- endmacro %}
 
-{#- Fail: with attempts left, release the lease and make the message visible again after the retry
-    delay; on the last attempt, move it to the dead-letter table. Only the holder of a live lease
-    changes anything. Expects @now, @outcome varchar(8) and the buried_table() declarations; runs
-    inside a transaction. -#}
-{% macro fail_statements(id_sql, worker_sql, error_sql, retry_sql) %}
+{#- Complete: delete the row if, and only if, worker_sql holds its live lease (token_sql, when not
+    NULL, its current token); with history the same statement writes the history row (queue table,
+    then history table). Expects @now. The caller reads @@ROWCOUNT right after. -#}
+{% macro complete_statement(id_sql, worker_sql, token_sql) %}
+    DELETE FROM {{ t }}
+{% if history %}
+{{ history_output(history_t) }}
+{% endif %}
+    WHERE
+        id = {{ id_sql }} AND {{ holds_lease(worker_sql, token_sql) }};
+{%- endmacro %}
+
+{#- Fail: with attempts left, end the lease and make the message visible again after the retry
+    delay; on the last attempt, move it to the dead-letter table. Only the holder of the live lease
+    (token_sql, when not NULL, its current token) changes anything. Expects @now, @outcome
+    varchar(8) and the buried_table() declarations; runs inside a transaction. -#}
+{% macro fail_statements(id_sql, worker_sql, error_sql, retry_sql, token_sql) %}
     UPDATE {{ t }}
     SET
         leased_by = NULL,
+        lease_token = NULL,
         visible_at = DATEADD(SECOND, {{ retry_sql }}, @now),
         last_error = {{ error_sql }}
     WHERE
-        id = {{ id_sql }} AND leased_by = {{ worker_sql }} AND visible_at > @now
+        id = {{ id_sql }} AND {{ holds_lease(worker_sql, token_sql) }}
         AND attempts < {{ max_attempts }};
 
     IF @@ROWCOUNT = 1
@@ -378,8 +430,43 @@ last_error, last_worker, dead_at, payload
         END;
     ELSE
         BEGIN
-{{ bury("FROM " ~ t ~ " AS m\nWHERE m.id = " ~ id_sql ~ " AND m.leased_by = " ~ worker_sql ~ " AND m.visible_at > @now",
+{{ bury("FROM " ~ t ~ " AS m\nWHERE\n    m.id = " ~ id_sql ~ " AND " ~ holds_lease(worker_sql, token_sql, 'm.', 4),
         "DELETED.attempts", error_sql, "DELETED.leased_by") | indent(8, first=true) }}
             SET @outcome = IIF(@buried_count = 1, 'dead', 'lost');
         END;
+{%- endmacro %}
+
+{#- The argument checks of a batch acknowledgement (complete_batch, fail_batch) on @acks, after the
+    cap (m.check_batch_items): an id twice is refused (its two tokens could not both be the lease's,
+    and one row per item would not say which was meant). A NULL id cannot reach it: the type's id is
+    NOT NULL. -#}
+{% macro check_acks(verb) %}
+    DECLARE @repeated_id {{ id_type }} = (
+        SELECT TOP (1) a.id
+        FROM @acks AS a
+        GROUP BY a.id
+        HAVING COUNT(*) > 1
+        ORDER BY a.id
+    );
+    IF @repeated_id IS NOT NULL
+        BEGIN
+{{ throw('invalid_argument', ["N'" ~ names.plain('_' ~ verb) ~ ": acks holds id '", "@repeated_id", "N' more than once.'"]) }}
+        END;
+{%- endmacro %}
+
+{#- The acks in id order (declares @batch and fills it from @acks). The batch statements walk it
+    first, one seek per item (LOOP JOIN, FORCE ORDER), so a batch locks its messages in id order
+    whatever the order of its items: two batches with overlapping ids wait for each other instead of
+    deadlocking. ROWLOCK on the queue table keeps the engine from locking pages, which a claim's
+    READPAST could not skip. -#}
+{% macro batch_in_id_order() %}
+    DECLARE @batch TABLE (
+        id {{ id_type }} NOT NULL PRIMARY KEY,
+        lease_token uniqueidentifier NULL
+    );
+    INSERT INTO @batch (id, lease_token)
+    SELECT
+        a.id,
+        a.lease_token
+    FROM @acks AS a;
 {%- endmacro %}

@@ -1,8 +1,9 @@
 {#-
   The work kind: a reliable, lease-based queue (at-least-once). docs/work-queue.md explains the
   storage, the indexes, the claim and the lease/attempt rules; keep it in step.
-  A dequeue leases rows to a worker and counts an attempt; complete / fail / extend_lease need the
-  live lease; a lease that expires makes the message visible again; max_attempts ends in S.Q_dead.
+  A dequeue leases rows to a worker, counts an attempt and hands out the lease's token; complete /
+  fail / extend_lease / release (and their batch forms) need the live lease, fenced by its token; a
+  lease that expires makes the message visible again; max_attempts ends in S.Q_dead.
   This file holds the storage units; each procedure is a template of its own under work/, one per
   verb with the same file names in both dialects, so that a reviewer reads one verb at a time.
 -#}
@@ -10,6 +11,7 @@
 {% set dead_t = names.obj('_dead') %}
 {% set history_t = names.obj('_history') %}
 {% set items = names.obj('_items') %}
+{% set acks = names.obj('_acks') %}
 {% set client_ids = opt.client_ids %}
 {% set id_type = 'uniqueidentifier' if client_ids else 'bigint' %}
 {% set tie = 'seq' if client_ids else 'id' %}
@@ -27,7 +29,8 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
-{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
+{# Storage v2: lease_token (migrations/work_table_v1_to_v2.sql). #}
+{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN
         CREATE TABLE {{ t }} (
@@ -54,6 +57,9 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
             CONSTRAINT {{ names.index('df', 'attempts') }} DEFAULT (0),
             leased_by nvarchar(200) NULL,
             leased_at datetime2(7) NULL,
+            -- The lease's fencing token, new for every lease: complete, fail, extend_lease and
+            -- release given a token act only while it is the message's current one.
+            lease_token uniqueidentifier NULL,
             last_error nvarchar(4000) NULL,
 {% if dedupe %}
             dedupe_key {{ key_type }} NULL, -- noqa: CP02
@@ -118,6 +124,19 @@ IF TYPE_ID(N'{{ items }}') IS NULL
             priority int NULL,
             id uniqueidentifier NULL,
             enqueued_at datetime2(7) NULL
+        );
+    END;
+GO
+
+{{ m.unit(names.plain('_acks'), 'storage', version=1, object='type', shape=('client_ids',)) }}
+-- complete_batch and fail_batch: one message each, by id with its lease token (NULL: the worker's
+-- name alone, as 0.1.0 checked). No key on id: an id given twice reaches the procedure, which
+-- refuses it naming the queue (a key would fail in the driver, naming neither).
+IF TYPE_ID(N'{{ acks }}') IS NULL
+    BEGIN
+        CREATE TYPE {{ acks }} AS TABLE (
+            id {{ id_type }} NOT NULL,
+            lease_token uniqueidentifier NULL
         );
     END;
 GO
@@ -187,6 +206,16 @@ GO
 {% include 'work/fail.sql' %}
 
 {% include 'work/extend_lease.sql' %}
+
+{% include 'work/release.sql' %}
+
+{% include 'work/complete_batch.sql' %}
+
+{% include 'work/fail_batch.sql' %}
+
+{% include 'work/complete_next.sql' %}
+
+{% include 'work/wait.sql' %}
 
 {% include 'work/stats.sql' %}
 

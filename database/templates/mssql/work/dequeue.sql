@@ -2,6 +2,8 @@
 {{ m.unit(names.plain('_dequeue'), 'code') }}
 -- A dequeue by worker W first takes back W's own unfinished messages: by asking, W declares that it
 -- holds nothing else. A worker name is therefore one single-threaded consumer at a time.
+-- lease_token identifies the lease: complete, fail, extend_lease and release take it back, and a
+-- live lease handed out again is the same lease with the same token.
 -- @worker is one character wider than leased_by, so that an over-long name reaches the check
 -- (invalid_argument) instead of being cut to 200 characters silently.
 CREATE OR ALTER PROCEDURE {{ names.verb('dequeue') }}
@@ -32,7 +34,8 @@ BEGIN
         c.payload,
         c.enqueued_at,
         c.due_at,
-        c.attempts
+        c.attempts,
+        c.lease_token
     FROM @claimed AS c
     ORDER BY c.own DESC, {{ 'c.priority DESC, ' if has_priority }}c.previous_visible_at ASC, c.{{ tie }} ASC;
 END;

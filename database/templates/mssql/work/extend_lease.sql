@@ -1,10 +1,12 @@
 {#- T-SQL: S.Q_extend_lease of the work kind (included by work.sql, whose variables and imports it uses). -#}
 {{ m.unit(names.plain('_extend_lease'), 'code') }}
--- The new lease runs from now. An expired lease cannot be revived: another worker may hold it.
+-- The new lease runs from now, under the same token. An expired lease cannot be revived: another
+-- worker may hold it. @lease_token fences it to one lease, as complete's (NULL: deprecated).
 CREATE OR ALTER PROCEDURE {{ names.verb('extend_lease') }}
     @id {{ id_type }},
     @worker nvarchar(201),
-    @lease_seconds int = NULL
+    @lease_seconds int = NULL,
+    @lease_token uniqueidentifier = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -20,7 +22,8 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     UPDATE {{ t }}
     SET visible_at = DATEADD(SECOND, @lease_seconds, @now)
-    WHERE id = @id AND leased_by = @worker AND visible_at > @now;
+    WHERE
+        id = @id AND {{ w.holds_lease('@worker', '@lease_token') }};
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS extended;
 END;

@@ -1,11 +1,13 @@
 {#- T-SQL: S.Q_fail of the work kind (included by work.sql, whose variables and imports it uses). -#}
 {{ m.unit(names.plain('_fail'), 'code') }}
 -- outcome: retrying | dead | lost (the caller's lease had expired or moved on: nothing changed).
+-- @lease_token fences it to one lease, as complete's (NULL: the worker's name alone, deprecated).
 CREATE OR ALTER PROCEDURE {{ names.verb('fail') }}
     @id {{ id_type }},
     @worker nvarchar(201),
     @error nvarchar(4000) = NULL,
-    @retry_after_seconds int = NULL
+    @retry_after_seconds int = NULL,
+    @lease_token uniqueidentifier = NULL
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -14,11 +16,7 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
 
 {{ w.check_worker('fail') }}
-    SET @retry_after_seconds = COALESCE(@retry_after_seconds, 0);
-    IF @retry_after_seconds NOT BETWEEN 0 AND 2592000
-        BEGIN
-{{ w.throw('invalid_argument', ["N'" ~ names.plain('_fail') ~ ": retry_after_seconds must be between 0 and 2592000, got '", "@retry_after_seconds", "N'.'"]) }}
-        END;
+{{ w.check_retry_after('fail') }}
     SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
@@ -34,7 +32,7 @@ BEGIN
                 SET @started_transaction = 1;
             END;
 
-{{ w.fail_statements('@id', '@worker', '@error', '@retry_after_seconds') | indent(4, first=true) }}
+{{ w.fail_statements('@id', '@worker', '@error', '@retry_after_seconds', '@lease_token') | indent(4, first=true) }}
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY

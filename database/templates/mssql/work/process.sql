@@ -4,7 +4,8 @@
 -- are durable before the handler runs, so a session that dies mid-message still counts it), run
 -- the handler, complete in the same transaction as the handler's own writes, commit; or, when the
 -- handler raises, roll its writes back and record its error with fail. Safe to run from many
--- sessions (SQL Agent jobs) at once: each is its own worker, 'process:<session id>'.
+-- sessions (SQL Agent jobs) at once: each is its own worker, 'process:<session id>', and completes
+-- or fails with the token of its lease, as any consumer does.
 CREATE OR ALTER PROCEDURE {{ names.verb('process') }}
     @time_budget_seconds int = 60
 AS
@@ -44,6 +45,7 @@ BEGIN
     DECLARE @failed bigint = 0;
     DECLARE @id {{ id_type }};
     DECLARE @payload {{ payload_type }};
+    DECLARE @lease_token uniqueidentifier;
     DECLARE @error nvarchar(4000);
     DECLARE @error_number int;
     DECLARE @transient_retries int;
@@ -74,7 +76,8 @@ BEGIN
             SET @id = NULL;
             SELECT
                 @id = c.id,
-                @payload = c.payload
+                @payload = c.payload,
+                @lease_token = c.lease_token
             FROM @claimed AS c;
             IF @id IS NULL BREAK;
             SET @processed = @processed + 1;
@@ -91,7 +94,7 @@ BEGIN
                         EXEC @handler_name @id = @id, @payload = @payload;
 
                         SET @now = SYSUTCDATETIME();
-{{ w.complete_statement('@id', '@worker') | indent(20, first=true) }}
+{{ w.complete_statement('@id', '@worker', '@lease_token') | indent(20, first=true) }}
                         IF @@ROWCOUNT = 1
                             BEGIN
                                 COMMIT TRANSACTION;
@@ -126,7 +129,7 @@ BEGIN
                     BEGIN TRY
                         SET @now = SYSUTCDATETIME();
                         BEGIN TRANSACTION;
-{{ w.fail_statements('@id', '@worker', '@error', '0') | indent(20, first=true) }}
+{{ w.fail_statements('@id', '@worker', '@error', '0', '@lease_token') | indent(20, first=true) }}
                         COMMIT TRANSACTION;
                         IF @outcome <> 'lost' SET @failed = @failed + 1;
                         SET @error = NULL;

@@ -598,10 +598,10 @@ def test_postgres_functions_are_pinned_definers_revoked_from_public(catalog_path
         for unit in rendered.units:
             if unit.type != "code" or unit.name.endswith(("tablequeue_roles", "_ownership")):
                 continue
-            if unit.name.endswith("_process"):
-                # The in-database worker COMMITs, which PostgreSQL refuses in a procedure with
-                # SECURITY DEFINER or a SET clause (2D000): it runs as its caller and reaches the
-                # tables only through the definer functions (docs/work-queue.md).
+            if unit.name.endswith(("_process", "_wait")):
+                # The in-database worker and wait COMMIT, which PostgreSQL refuses in a procedure
+                # with SECURITY DEFINER or a SET clause (2D000): they run as their caller and reach
+                # the tables only through the definer functions (docs/work-queue.md).
                 code = _mask_pg(unit.body)
                 assert "SECURITY DEFINER" not in code and "SET search_path" not in code, unit.name
                 assert re.search(r"REVOKE ALL ON PROCEDURE .* FROM public;", unit.body), unit.name

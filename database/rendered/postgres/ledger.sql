@@ -385,11 +385,11 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.ledger_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
-    -- Strict FIFO hands out the head or nothing: a head an open dequeue holds makes the next
-    -- dequeue wait, so the head alone is probed.
     PERFORM
     FROM "queue"."ledger" AS m
-    WHERE m.id = (SELECT h.id FROM "queue"."ledger" AS h ORDER BY h.id LIMIT 1)
+    WHERE true
+    ORDER BY m.id
+    LIMIT 1
     FOR KEY SHARE SKIP LOCKED;
     IF FOUND THEN
         RETURN true;

@@ -60,16 +60,6 @@ BEGIN
             SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
         );
     END LOOP;
-{% elif not is_work and strict %}
-    -- Strict FIFO hands out the head or nothing: a head an open dequeue holds makes the next
-    -- dequeue wait, so the head alone is probed.
-    PERFORM
-    FROM {{ t }} AS m
-    WHERE m.id = (SELECT h.id FROM {{ t }} AS h ORDER BY h.id LIMIT 1)
-    FOR KEY SHARE SKIP LOCKED;
-    IF FOUND THEN
-        RETURN true;
-    END IF;
 {% else %}
 {% if probe_position %}
 {{ m.position_load(position_key) }}

@@ -230,3 +230,37 @@ def test_wait_evaluates_no_operator_a_callers_search_path_could_supply(clients) 
     finally:
         conn.execute("RESET search_path")
         conn.execute("DROP SCHEMA planted CASCADE")
+
+
+def test_four_consumers_acking_in_batches_complete_20000_messages_exactly_once(clients) -> None:
+    sessions = clients(work(history=True), count=5)
+    producer, consumers = sessions[0], sessions[1:]
+    total = 20_000
+    for start in range(0, total, 1000):
+        producer.enqueue_batch([{"payload": {"n": n}} for n in range(start, start + 1000)])
+    completed: list[Any] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def consume(client: QueueClient, name: str) -> None:
+        try:
+            while True:
+                leased = client.dequeue(batch_size=100, worker=name)
+                if not leased:
+                    return
+                answer = client.complete_batch(list(reversed(leased)), name)
+                assert all(row["completed"] for row in answer), answer
+                with lock:
+                    completed.extend(row["id"] for row in answer)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(c, f"c{i}")) for i, c in enumerate(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(completed) == total == len(set(completed))
+    history = producer.conn.execute(f'SELECT count(*), count(DISTINCT id) FROM "{producer.schema}"."q_history"').fetchone()
+    assert history == (total, total) and producer.stats()["ready"] == 0

@@ -157,3 +157,14 @@ def test_an_id_of_the_wrong_type_is_refused_naming_the_queue_and_the_field(optio
     with pytest.raises(ValueError, match=r"queue jobs_schema\.jobs: after_id must be "):
         client.dead_list(after_id=value)
     assert conn.executed == []   # nothing was sent
+
+
+@pytest.mark.parametrize("dialect", ["mssql", "postgres"])
+def test_a_malformed_lease_token_is_refused_before_anything_is_sent(dialect) -> None:
+    queue = parse_catalog({"schema": "s", "queues": [{"name": "jobs", "kind": "work"}]}).queue("jobs")
+    client = QueueClient(None, dialect, "s", queue)          # no connection: nothing may be sent
+    for call in (lambda: client.complete(1, "w", lease_token="not-a-token"),
+                 lambda: client.release(1, "w", lease_token="not-a-token"),
+                 lambda: client.complete_batch([{"id": 1, "lease_token": "not-a-token"}], "w")):
+        with pytest.raises(ValueError, match=r"queue s\.jobs: (acks\.)?lease_token must be a UUID"):
+            call()

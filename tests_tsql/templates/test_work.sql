@@ -1617,6 +1617,31 @@ BEGIN
 END;
 GO
 
+{% if has_priority %}
+CREATE PROCEDURE {{ cls }}.[test wait walks down to a lower priority level with a ready message]
+AS
+BEGIN
+    -- Assemble: the top level holds only a live lease and a delayed message; a lower level holds
+    -- a visible one. A probe of the top level alone would wait out the timeout and say 0.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='v', attempts=1, priority=9, lease=1) }}
+{{ insert_message(2, visible=3600, priority=9) }}
+{{ insert_message(3, priority=1) }}
+    CREATE TABLE #Actual (ready bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (ready)
+    EXEC {{ names.verb('wait') }} @wait_ms = 120;
+
+    -- Assert
+    CREATE TABLE #Expected (ready bit NOT NULL);
+    INSERT INTO #Expected (ready) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+{% endif %}
 CREATE PROCEDURE {{ cls }}.[test wait returns 0 at the timeout when nothing is ready]
 AS
 BEGIN

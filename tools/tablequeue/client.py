@@ -99,6 +99,17 @@ class QueueClient:
         wanted = "a UUID (the queue has client_ids)" if client_ids else "an integer"
         raise ValueError(f"queue {self.schema}.{self.queue.name}: {field} must be {wanted}, got {value!r}")
 
+    def _token(self, value: Any, field: str = "lease_token") -> uuid.UUID | None:
+        """A lease token as uuid.UUID (dequeue returns a str through pyodbc, a UUID through psycopg);
+        None stays None (the check by worker name). A malformed one is refused here, naming the queue
+        and the field, instead of failing to convert on the server inside the caller's transaction."""
+        if value is None or isinstance(value, uuid.UUID):
+            return value
+        try:
+            return uuid.UUID(str(value))
+        except ValueError:
+            raise ValueError(f"queue {self.schema}.{self.queue.name}: {field} must be a UUID, got {value!r}") from None
+
     def call(self, verb: str, params: Mapping[str, Any], required: tuple[str, ...] = ()) -> list[dict]:
         """Run S.Q_<verb> with named parameters; None values are left out (the parameter's
         default applies) except those named in required, which are passed as NULL."""
@@ -227,27 +238,28 @@ class QueueClient:
         return bool(self.call("wait", {"wait_ms": wait_ms}, required=("wait_ms",))[0]["ready"])
 
     def complete(self, id: Any, worker: str, lease_token: Any = None) -> bool:
-        return bool(self.call("complete", {"id": self._id(id), "worker": worker, "lease_token": lease_token},
+        return bool(self.call("complete", {"id": self._id(id), "worker": worker, "lease_token": self._token(lease_token)},
                               required=("id", "worker"))[0]["completed"])
 
     def fail(self, id: Any, worker: str, error: str, retry_after_seconds: int | None = None,
              lease_token: Any = None) -> str:
         return self.call("fail", {"id": self._id(id), "worker": worker, "error": error,
-                                  "retry_after_seconds": retry_after_seconds, "lease_token": lease_token},
+                                  "retry_after_seconds": retry_after_seconds, "lease_token": self._token(lease_token)},
                          required=("id", "worker"))[0]["outcome"]
 
     def extend_lease(self, id: Any, worker: str, lease_seconds: int | None = None, lease_token: Any = None) -> bool:
         return bool(self.call("extend_lease", {"id": self._id(id), "worker": worker, "lease_seconds": lease_seconds,
-                                               "lease_token": lease_token}, required=("id", "worker"))[0]["extended"])
+                                               "lease_token": self._token(lease_token)}, required=("id", "worker"))[0]["extended"])
 
     def release(self, id: Any, worker: str, lease_token: Any = None) -> bool:
         """Give a leased message back now, with its attempt (a graceful shutdown spends none)."""
-        return bool(self.call("release", {"id": self._id(id), "worker": worker, "lease_token": lease_token},
+        return bool(self.call("release", {"id": self._id(id), "worker": worker, "lease_token": self._token(lease_token)},
                               required=("id", "worker"))[0]["released"])
 
     def complete_batch(self, acks: Iterable[Mapping[str, Any]], worker: str) -> list[dict]:
-        """acks: mappings with id and lease_token (dequeue's rows will do). One row per ack in id
-        order: id, completed."""
+        """acks: mappings with id and lease_token (dequeue's rows will do). One row per ack in the
+        engine's id order: match rows to acks by id, never by position (SQL Server orders a
+        uniqueidentifier by its last bytes first). Returns id, completed."""
         return self.call("complete_batch", {**self._acks(acks), "worker": worker}, required=("worker",))
 
     def fail_batch(self, acks: Iterable[Mapping[str, Any]], worker: str, error: str,
@@ -257,7 +269,7 @@ class QueueClient:
                                         "retry_after_seconds": retry_after_seconds}, required=("worker",))
 
     def _acks(self, acks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-        pairs = [(self._id(a["id"], "acks.id"), a.get("lease_token")) for a in acks]
+        pairs = [(self._id(a["id"], "acks.id"), self._token(a.get("lease_token"), "acks.lease_token")) for a in acks]
         if self.dialect == "postgres":
             return {"ids": [i for i, _ in pairs], "lease_tokens": [t for _, t in pairs]}
         return {"acks": self._table_value("acks", pairs)}
@@ -266,7 +278,7 @@ class QueueClient:
                       lease_seconds: int | None = None) -> tuple[bool, list[dict]]:
         """complete, then dequeue, in one call and one commit: (previous_completed, the dequeued
         rows, without previous_completed; [] when nothing was ready)."""
-        rows = self.call("complete_next", {"id": self._id(id), "worker": worker, "lease_token": lease_token,
+        rows = self.call("complete_next", {"id": self._id(id), "worker": worker, "lease_token": self._token(lease_token),
                                            "batch_size": batch_size, "lease_seconds": lease_seconds},
                          required=("id", "worker"))
         previous = bool(rows[0]["previous_completed"])

@@ -84,12 +84,13 @@ GO
 -- tablequeue:shape kind=work client_ids=off
 
 -- complete_batch and fail_batch: one message each, by id with its lease token (NULL: the worker's
--- name alone, as 0.1.0 checked). No key on id: an id given twice reaches the procedure, which
--- refuses it naming the queue (a key would fail in the driver, naming neither).
+-- name alone, as 0.1.0 checked). No key on id and no NOT NULL: an id given twice or a NULL id
+-- reaches the procedure, which refuses it naming the queue (the type would fail in the driver,
+-- naming neither).
 IF TYPE_ID(N'[queue].[emails_acks]') IS NULL
     BEGIN
         CREATE TYPE [queue].[emails_acks] AS TABLE (
-            id bigint NOT NULL,
+            id bigint NULL,
             lease_token uniqueidentifier NULL
         );
     END;
@@ -978,6 +979,16 @@ BEGIN
         BEGIN
             THROW 51001, N'queue.emails_complete_batch: at most 1000 items per call.', 1;
         END;
+    DECLARE @null_ids int = (
+        SELECT COUNT(*)
+        FROM @acks AS a
+        WHERE a.id IS NULL
+    );
+    IF @null_ids > 0
+        BEGIN
+            SET @error_message = N'queue.emails_complete_batch: acks holds a NULL id.';
+            THROW 51001, @error_message, 1;
+        END;
     DECLARE @repeated_id bigint = (
         SELECT TOP (1) a.id
         FROM @acks AS a
@@ -1126,6 +1137,16 @@ BEGIN
         BEGIN
             THROW 51001, N'queue.emails_fail_batch: at most 1000 items per call.', 1;
         END;
+    DECLARE @null_ids int = (
+        SELECT COUNT(*)
+        FROM @acks AS a
+        WHERE a.id IS NULL
+    );
+    IF @null_ids > 0
+        BEGIN
+            SET @error_message = N'queue.emails_fail_batch: acks holds a NULL id.';
+            THROW 51001, @error_message, 1;
+        END;
     DECLARE @repeated_id bigint = (
         SELECT TOP (1) a.id
         FROM @acks AS a
@@ -1191,7 +1212,9 @@ BEGIN
         OPTION (LOOP JOIN, FORCE ORDER);
 
         -- 2. Those on their last attempt to the dead-letter table: rows this transaction holds
-        -- already (seeks on their ids only, so it waits for no other lock).
+        -- already (step 1). On a client-id queue the seek also takes the nonclustered primary key
+        -- entry again, which a late single verb on that message may hold while it waits for the
+        -- row: a deadlock one of the two retries (docs/errors.md).
         DELETE m
         OUTPUT
             DELETED.id,
@@ -1706,7 +1729,8 @@ BEGIN
     SET XACT_ABORT ON;
     -- Purge can deadlock with consumers: it locks a row, then the row's other index entries, while
     -- claims (through the claim index) lock an entry first, then the row. The purge is the victim,
-    -- never the consumer (restored when the procedure returns); a consumer's 1205 is retryable.
+    -- never the consumer (restored when the procedure returns); a consumer's 1205 is retryable, and
+    -- so is the purge's own: the chunks before it are committed, call it again.
     SET DEADLOCK_PRIORITY LOW;
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep

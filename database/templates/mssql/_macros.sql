@@ -88,8 +88,8 @@ GRANT EXECUTE ON OBJECT::{{ names.verb(verb) }} TO {{ names.role(verb) }};
 
 {#- max_rows bounds one purge call (NULL: everything matching, in chunks that each commit on their
     own); a caller that wants short transactions loops until a call purges fewer than max_rows. In a
-    transaction (the caller's, or an implicit one) every chunk's locks would last until it ends, so
-    there max_rows is required. -#}
+    transaction (the caller's, or an implicit one: a driver with autocommit off) every chunk's locks
+    would last until it ends, so there max_rows is required. -#}
 {% macro check_max_rows(verb) %}
     IF @max_rows < 1
         BEGIN

@@ -441,6 +441,15 @@ id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_
     and one row per item would not say which was meant). A NULL id cannot reach it: the type's id is
     NOT NULL. -#}
 {% macro check_acks(verb) %}
+    DECLARE @null_ids int = (
+        SELECT COUNT(*)
+        FROM @acks AS a
+        WHERE a.id IS NULL
+    );
+    IF @null_ids > 0
+        BEGIN
+{{ throw('invalid_argument', "N'" ~ names.plain('_' ~ verb) ~ ": acks holds a NULL id.'") }}
+        END;
     DECLARE @repeated_id {{ id_type }} = (
         SELECT TOP (1) a.id
         FROM @acks AS a

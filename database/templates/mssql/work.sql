@@ -130,12 +130,13 @@ GO
 
 {{ m.unit(names.plain('_acks'), 'storage', version=1, object='type', shape=('client_ids',)) }}
 -- complete_batch and fail_batch: one message each, by id with its lease token (NULL: the worker's
--- name alone, as 0.1.0 checked). No key on id: an id given twice reaches the procedure, which
--- refuses it naming the queue (a key would fail in the driver, naming neither).
+-- name alone, as 0.1.0 checked). No key on id and no NOT NULL: an id given twice or a NULL id
+-- reaches the procedure, which refuses it naming the queue (the type would fail in the driver,
+-- naming neither).
 IF TYPE_ID(N'{{ acks }}') IS NULL
     BEGIN
         CREATE TYPE {{ acks }} AS TABLE (
-            id {{ id_type }} NOT NULL,
+            id {{ id_type }} NULL,
             lease_token uniqueidentifier NULL
         );
     END;

@@ -59,7 +59,9 @@ BEGIN
         OPTION (LOOP JOIN, FORCE ORDER);
 
         -- 2. Those on their last attempt to the dead-letter table: rows this transaction holds
-        -- already (seeks on their ids only, so it waits for no other lock).
+        -- already (step 1). On a client-id queue the seek also takes the nonclustered primary key
+        -- entry again, which a late single verb on that message may hold while it waits for the
+        -- row: a deadlock one of the two retries (docs/errors.md).
 {{ w.bury("FROM @held AS h\nINNER JOIN " ~ t ~ " AS m ON h.id = m.id\nWHERE h.attempts >= " ~ max_attempts ~ "\nOPTION (LOOP JOIN, FORCE ORDER)",
           "DELETED.attempts", "@error", "DELETED.leased_by") | indent(4, first=true) }}
 

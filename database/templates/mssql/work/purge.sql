@@ -16,7 +16,8 @@ BEGIN
     -- Purge can deadlock with consumers: it locks a row, then the row's other index entries, while
     -- claims (through the claim index){% if client_ids %} and complete, fail, extend_lease (through the
     -- nonclustered primary key){% endif %} lock an entry first, then the row. The purge is the victim,
-    -- never the consumer (restored when the procedure returns); a consumer's 1205 is retryable.
+    -- never the consumer (restored when the procedure returns); a consumer's 1205 is retryable, and
+    -- so is the purge's own: the chunks before it are committed, call it again.
     SET DEADLOCK_PRIORITY LOW;
 
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep

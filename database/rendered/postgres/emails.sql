@@ -772,7 +772,7 @@ BEGIN
         WHERE m.id = emails_complete.id AND m.leased_by IS NOT DISTINCT FROM emails_complete.worker
             AND (emails_complete.lease_token IS NULL OR m.lease_token = emails_complete.lease_token)
             AND m.visible_at > now_utc
-        RETURNING m.id, m.enqueued_at, m.due_at, m.leased_at, m.leased_by, m.attempts, m.payload
+        RETURNING m.*
     ),
 
     kept AS (
@@ -1077,7 +1077,7 @@ BEGIN
     done AS (
         DELETE FROM "queue"."emails" AS m
         WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
-        RETURNING m.id, m.enqueued_at, m.due_at, m.leased_at, m.leased_by, m.attempts, m.payload
+        RETURNING m.*
     ),
 
     kept AS (

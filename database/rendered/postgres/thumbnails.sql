@@ -1051,7 +1051,7 @@ BEGIN
     done AS (
         DELETE FROM "queue"."thumbnails" AS m
         WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
-        RETURNING m.id, m.enqueued_at, m.due_at, m.priority, m.leased_at, m.leased_by, m.attempts, m.payload
+        RETURNING m.*
     )
     SELECT array_agg(d.id) INTO done_ids FROM done AS d;
     IF cardinality(done_ids) IS DISTINCT FROM cardinality(sorted_ids) THEN

@@ -89,7 +89,7 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
     )
 {%- endmacro %}
 
-{#- INSERT the rows of CTE `done` (completed queue rows) into the history table. -#}
+{#- INSERT the rows of CTE `done` (queue rows a DELETE ... RETURNING m.* completed) into the history table. -#}
 {% macro history_insert() %}
         INSERT INTO {{ history_t }} (
             id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}started_at, finished_at, duration_ms, worker, attempts, payload

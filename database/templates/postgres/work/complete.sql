@@ -21,7 +21,7 @@ BEGIN
     WITH done AS (
         DELETE FROM {{ t }} AS m
         WHERE {{ w.lease_guard('complete') | indent(4) }}
-        RETURNING m.id, m.enqueued_at, m.due_at, {% if has_priority %}m.priority, {% endif %}m.leased_at, m.leased_by, m.attempts, m.payload
+        RETURNING m.*
     ),
 
     kept AS (

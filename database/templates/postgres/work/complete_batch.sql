@@ -31,7 +31,7 @@ BEGIN
     done AS (
         DELETE FROM {{ t }} AS m
         WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
-        RETURNING m.id, m.enqueued_at, m.due_at, {% if has_priority %}m.priority, {% endif %}m.leased_at, m.leased_by, m.attempts, m.payload
+        RETURNING m.*
     ){% if history %},
 
     kept AS (

@@ -1,4 +1,5 @@
-"""Command line: tablequeue render | deploy | script | status | test-tsql | selftest | check-tsql | demo.
+"""Command line: tablequeue render | deploy | script | status | test-tsql | selftest | check-tsql | demo |
+worker.
 
 Exit codes: 0 success; 1 a database or runtime error; 2 invalid input (catalog, arguments);
 3 deploy refused (a change no migration can make without losing messages).
@@ -236,6 +237,41 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.catalog or example_catalog(), args.messages, args.spark)
 
 
+def _log_to_stderr() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+def _until_signalled(on_signal) -> None:
+    """Call on_signal at the first SIGTERM or SIGINT (systemd's stop, Ctrl-C)."""
+    import signal
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: on_signal())
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import Worker, WorkerError
+
+    catalog = load_catalog(args.catalog)
+    try:
+        worker = Worker(args.url, catalog, args.queue, args.handler, concurrency=args.concurrency,
+                        batch_size=args.batch_size, worker_name=args.worker_name, grace_seconds=args.grace_seconds,
+                        transactional=args.transactional, metrics_port=args.metrics_port)
+    except WorkerError as exc:
+        print(f"tablequeue worker: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    _log_to_stderr()
+    _until_signalled(worker.stop)
+    try:
+        worker.run()
+    except WorkerError as exc:
+        print(f"tablequeue worker: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -323,6 +359,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="T-SQL files, Python modules (their SQL strings), or directories of both")
     p.set_defaults(func=cmd_check_tsql)
+
+    p = sub.add_parser("worker", help="consume a work queue with a Python handler (docs/operations.md)")
+    p.add_argument("--url", required=True, help="postgresql://... or mssql+pyodbc://...")
+    p.add_argument("--catalog", required=True, help="the catalog that deployed the queue")
+    p.add_argument("--queue", required=True, help="a work queue of the catalog")
+    p.add_argument("--handler", required=True, metavar="PACKAGE.MODULE:FUNCTION",
+                   help="called with each message (tablequeue.worker.Message); raising fails the attempt")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="slots: threads with a connection and a worker name each, NAME/1..NAME/N (default 1)")
+    p.add_argument("--batch-size", type=int, default=10,
+                   help="messages a slot leases at once and acknowledges together, 1..1000 (default 10)")
+    p.add_argument("--worker-name", help="NAME of the slots NAME/1..NAME/N; keep it across restarts so a "
+                                         "restarted worker gets its unfinished messages back (default: the host name)")
+    p.add_argument("--grace-seconds", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, how long running handlers may take to finish before what is left "
+                        "is released (default 30)")
+    p.add_argument("--transactional", action="store_true",
+                   help="run the handler and complete in one transaction on the handler's connection "
+                        "(message.connection): its writes and the ack commit together")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve the worker's Prometheus counters on this port (0: any free port)")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="deploy the catalog to a throwaway PostgreSQL and run every queue")
     p.add_argument("--catalog", help=EXAMPLE_CATALOG_HELP)

@@ -18,10 +18,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tablequeue.cli import main
+from tablequeue.demo import show_stats
 
 REPO = Path(__file__).resolve().parents[1]
 QUEUES = (
@@ -161,3 +163,13 @@ def test_metrics_endpoint_serves_each_queues_stats_over_http(deploy_queues, tmp_
     assert set(gauges) == {(schema, name, kind) for name, kind in kinds.items()}
     reported = {queue: {**values, "kind": kind} for (_, queue, kind), values in gauges.items()}
     assert_reports(reported, before, after, kinds)
+
+
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)   # the demo runs on PostgreSQL
+def test_the_demo_ends_with_the_stats_of_its_catalogs_queues(deploy_queues) -> None:
+    deployed = deploy_queues(*QUEUES)
+    scripted_load(deployed, deployed.connect())
+    lines = show_stats(deployed.url, deployed.catalog).splitlines()
+    assert lines[0].split()[:4] == ["schema", "queue", "kind", "ready"]
+    assert [line.split()[:7] for line in lines[1:]] == [
+        [deployed.catalog.schema, q["name"], q["kind"], *map(str, EXPECTED[q["name"]])] for q in QUEUES]

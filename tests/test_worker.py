@@ -448,3 +448,18 @@ def test_retry_kind_finds_an_engine_error_a_handler_wrapped() -> None:
             raise RuntimeError("could not save the order") from exc
     except RuntimeError as wrapped:
         assert retry_kind(wrapped) == DISCONNECT
+
+
+def test_the_errors_page_lists_every_engine_error_a_client_retries() -> None:
+    from tablequeue.errors import (
+        MSSQL_DISCONNECT_NUMBERS, MSSQL_TRANSIENT_NUMBERS, ODBC_DISCONNECT_STATES, POSTGRES_DISCONNECT_STATES,
+        POSTGRES_TRANSIENT_STATES,
+    )
+
+    page = (REPO / "docs" / "errors.md").read_text().split("## Engine errors a client retries", 1)[1]
+    rows = [line for line in page.splitlines() if line.startswith("| ")]
+    _, disconnect, transient = rows
+    for value in (*MSSQL_DISCONNECT_NUMBERS, *ODBC_DISCONNECT_STATES, *POSTGRES_DISCONNECT_STATES):
+        assert re.search(rf"\b{value}\b", disconnect), value
+    for value in (*MSSQL_TRANSIENT_NUMBERS, *POSTGRES_TRANSIENT_STATES):
+        assert re.search(rf"\b{value}\b", transient), value

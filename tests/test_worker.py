@@ -150,6 +150,31 @@ def test_sigterm_during_a_batch_loses_doubles_and_spends_nothing(deploy_queues, 
     assert [(i, attempts) for i, attempts, _ in history(conn, schema)] == [(i, 1) for i in sorted(ids)]
 
 
+def test_a_handler_outlasting_the_grace_period_has_its_messages_released(deploy_queues) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=60))
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    deployed.client(QUEUE, conn).enqueue_batch({"payload": {"n": n}} for n in range(3))
+    started, finish = threading.Event(), threading.Event()
+
+    def stuck(message: Message) -> None:
+        started.set()
+        finish.wait(30)
+
+    worker = Worker(deployed.url, deployed.catalog, QUEUE, stuck, worker_name="stuck", batch_size=3,
+                    grace_seconds=0.5)
+    with running(worker):
+        assert started.wait(30)
+    # run() returned with the handler still running: every message of the batch, the running one
+    # included, is back in the queue with its attempt given back.
+    assert worker.counts["released"] == 3
+    assert [(row[1], row[2], row[5]) for row in queued(conn, schema)] == [(0, None, False)] * 3
+    finish.set()
+    # The handler's late return acknowledges nothing: its slot's thread ends without a call.
+    wait_until(lambda: all(thread.name != "stuck/1" for thread in threading.enumerate()), "the slot's thread ends")
+    assert history(conn, schema) == [] and worker.counts["completed"] == 0
+
+
 def test_sigkill_leaves_leases_that_expire_and_another_worker_completes(deploy_queues, tmp_path: Path) -> None:
     queue = work_queue(max_attempts=3, lease_seconds=2)
     deployed = deploy_queues(queue)
@@ -413,7 +438,7 @@ def test_worker_refuses_a_queue_that_is_not_a_work_queue_and_a_handler_it_cannot
     assert missing.returncode == 2
     assert missing.stderr.strip() == ("tablequeue worker: --handler 'json:no_such_function': module 'json' has no "
                                       "attribute 'no_such_function'")
-    with pytest.raises(WorkerError, match=r"queue 'jobs': --batch-size must be 1\.\.1000, got 1001"):
+    with pytest.raises(WorkerError, match=r"queue 'jobs': --batch-size must be 1\.\.1000 \(the contract's batch cap\), got 1001"):
         Worker("postgresql://nobody@127.0.0.1:1/none", parse_catalog({"schema": "queue", "queues": [work_queue()]}),
                QUEUE, print, batch_size=1001)
 

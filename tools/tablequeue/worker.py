@@ -159,9 +159,10 @@ class Worker:
         if self.queue.kind != "work":
             raise WorkerError(f"{catalog.path}: queue '{queue}': field 'kind': the worker runs work queues, "
                               f"this one is {self.queue.kind}")
-        for name, value, low, high in (("--concurrency", concurrency, 1, None), ("--batch-size", batch_size, 1, 1000)):
-            if value < low or (high is not None and value > high):
-                raise WorkerError(f"queue '{queue}': {name} must be {low}..{high or 'any'}, got {value}")
+        if concurrency < 1:
+            raise WorkerError(f"queue '{queue}': --concurrency must be at least 1, got {concurrency}")
+        if not 1 <= batch_size <= 1000:
+            raise WorkerError(f"queue '{queue}': --batch-size must be 1..1000 (the contract's batch cap), got {batch_size}")
         if grace_seconds < 0:
             raise WorkerError(f"queue '{queue}': --grace-seconds must be 0 or more, got {grace_seconds}")
         self.url, self.catalog, self.dialect = url, catalog, parse_url(url).dialect
@@ -286,7 +287,10 @@ class Worker:
                 remaining = self._give_up_at - time.monotonic()
                 if remaining <= 0:
                     raise _GiveUp() from exc
-                time.sleep(min(remaining, pause * (1 + self.rng.random())))
+                delay = min(remaining, pause * (1 + self.rng.random()))
+                LOG.warning("%s %s: cannot connect (%s); trying again in %.1fs", self.label, slot.name,
+                            _one_line(exc), delay)
+                time.sleep(delay)
                 pause = min(RECONNECT_MAX_SECONDS, pause * 2)
 
     def _slot_loop(self, slot: _Slot) -> None:
@@ -512,12 +516,13 @@ class Worker:
         for slot in slots:
             with slot.lock:
                 slot.abandoned = True
-                for held in slot.held:
-                    if held.state in taken:
-                        taken[held.state].append((slot, held))
-                        held.state = HANDED_OVER
-            LOG.warning("%s %s: grace period over with a handler still running: releasing what it holds",
-                        self.label, slot.name)
+                handed_over = [held for held in slot.held if held.state in taken]
+                for held in handed_over:
+                    taken[held.state].append((slot, held))
+                    held.state = HANDED_OVER
+            if handed_over:
+                LOG.warning("%s %s: the grace period is over: acknowledging or releasing its %d message(s), "
+                            "a handler may still be running", self.label, slot.name, len(handed_over))
         try:
             conn = connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - nothing left to do but say so

@@ -104,13 +104,16 @@ class Counter:
             time.sleep(0.2)
         raise RuntimeError(f"bench: callgrind wrote no totals for server process {pid} in {timeout:.0f}s")
 
-    def pgbench(self, url: str, script: str, transactions: int) -> int:
-        """Runs `script` `transactions` times in one pgbench client; returns the instructions of the
-        server processes pgbench connected to."""
+    def pgbench(self, url: str, script: str, transactions: int, defines: dict[str, str] | None = None) -> int:
+        """Runs `script` `transactions` times in one pgbench client (`defines`: its variables' first
+        values); returns the instructions of the server processes pgbench connected to."""
+        from .ceiling import pgbench_defines
+
         path = self.workdir / "script.sql"
         path.write_text(script)
         offset = self.log.stat().st_size
-        cmd = ["pgbench", "-n", "-M", "prepared", "-c", "1", "-t", str(transactions), "-f", str(path), url]
+        cmd = ["pgbench", "-n", "-M", "prepared", "-c", "1", "-t", str(transactions), *pgbench_defines(defines),
+               "-f", str(path), url]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.workdir,
                               env={**os.environ, "PGAPPNAME": APPLICATION})
         failed = re.search(r"number of failed transactions: (\d+)", proc.stdout)
@@ -155,10 +158,14 @@ def rows_written(env: Env, queue: str, op: str) -> int:
 
 
 def marginal(runs: list[dict]) -> dict:
-    """The SHORT and LONG runs, and what one more message cost between them."""
+    """The SHORT and LONG runs, and what one more message cost between them (and the WAL bytes
+    it wrote, when the runs measured them)."""
     moved = runs[1]["messages"] - runs[0]["messages"]
-    return {"runs": runs, "per_message": (runs[1]["instructions"] - runs[0]["instructions"]) / moved
-            if moved > 0 else None}
+    out = {"runs": runs, "per_message": (runs[1]["instructions"] - runs[0]["instructions"]) / moved
+           if moved > 0 else None}
+    if all("wal_bytes" in r for r in runs):
+        out["wal_per_message"] = (runs[1]["wal_bytes"] - runs[0]["wal_bytes"]) / moved if moved > 0 else None
+    return out
 
 
 def compared(log: Any, what: str, reference: tuple[str, dict], measured: tuple[str, dict]) -> float | None:

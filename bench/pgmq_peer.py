@@ -17,7 +17,7 @@ other parts run with all three off); with TABLEQUEUE_PG_URL it is that server, w
 results record.
 
 Per run: messages per second (pgbench's transactions per second times the messages a transaction
-moved, counted from the tables), and WAL bytes per message (`pg_current_wal_lsn()` before and
+moved, counted from the tables), and WAL bytes per message (`pg_current_wal_insert_lsn()` before and
 after, over the messages moved: full-page images after checkpoints and autovacuum included, as a
 production server pays them). The load-independent figures, server instructions and WAL bytes per
 message with one client on a server under callgrind (full_page_writes off there, so WAL is the
@@ -166,8 +166,9 @@ def _load(env: Env, pgmq_conn: psycopg.Connection, side: Side, depth: int) -> No
 
 
 def _wal(conn: psycopg.Connection) -> tuple[int, int]:
-    """(WAL position in bytes, full-page images written so far)."""
-    row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, "
+    """(WAL inserted so far in bytes, full-page images written so far). The insert position, not
+    pg_current_wal_lsn(): with synchronous_commit off the WAL written lags what was inserted."""
+    row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint, "
                        "(SELECT wal_fpi FROM pg_stat_wal)").fetchone()
     return int(row[0]), int(row[1])
 

@@ -177,9 +177,11 @@ def wal_written(conn, statements: list[str]) -> list[dict]:  # noqa: ANN001
     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
     start = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
     with conn.transaction():
+        # pg_walinspect reads only WAL that has been flushed: this commit waits for its flush.
+        conn.execute("SET LOCAL synchronous_commit = on")
         for statement in statements:
             conn.execute(statement)
-    end = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+    end = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
     rows = conn.execute(
         r"""SELECT r.resource_manager, r.record_type,
                    coalesce((SELECT string_agg(coalesce(pg_filenode_relation(

@@ -140,6 +140,16 @@ def lease_designs(queue: str) -> list[LeaseDesign]:
             # operation), then the ready messages: two statements, never an OR.
             ("WITH l AS (" + _claim("m.leased_by IS NOT NULL AND m.visible_at <= now()") + ") SELECT count(*) FROM l",
              _claim("m.leased_by IS NULL AND m.visible_at <= now()")), _DONE),
+        LeaseDesign(
+            "C, indexes by lease state, leases by worker: pk, ready (visible_at, id) where not leased, lease start "
+            "(leased_by, leased_at) where leased", f"{queue}_design_c",
+            ("CREATE INDEX ON {t} (visible_at, id) WHERE leased_by IS NULL",
+             "CREATE INDEX ON {t} (leased_by, leased_at) WHERE leased_by IS NOT NULL"),
+            "SELECT EXISTS (SELECT FROM {t} AS m WHERE m.leased_by = {w} AND m.leased_at >= '-infinity')",
+            # Expired leases are not in index order here: a session reclaims them when the ready
+            # claim comes up short and once a second (as it refreshes its claim position), by
+            # reading the live leases; so the per-message cycle is the probe and the ready claim.
+            (_claim("m.leased_by IS NULL AND m.visible_at <= now()"),), _DONE),
     ]
 
 

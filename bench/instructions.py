@@ -82,6 +82,7 @@ def count_from_now_on(pg: EmbeddedPostgres) -> "Counter":
 class Counter:
     def __init__(self, url: str, out: Path, log: Path):
         self.url, self.out, self.log = url, out, log
+        self.last_pids: list[int] = []
         self.workdir = Path(tempfile.mkdtemp(prefix="tq-counted-"))
         os.chmod(self.workdir, 0o755)
 
@@ -123,7 +124,24 @@ class Counter:
         pids = self._pids_since(offset)
         if not pids:
             raise RuntimeError(f"bench: no {APPLICATION} connection in {self.log}")
-        return sum(self._totals(pid) for pid in pids)
+        total = sum(self._totals(pid) for pid in pids)
+        self.last_pids = pids
+        return total
+
+    def functions(self, names: dict[str, tuple[str, ...]]) -> dict[str, int]:
+        """The inclusive instructions of the last run's server processes in each group of server
+        functions (callgrind_annotate --inclusive): where a run's instructions went. Groups may
+        overlap (WAL records are written from inside heap and index changes)."""
+        wanted = {fn: group for group, fns in names.items() for fn in fns}
+        out = dict.fromkeys(names, 0)
+        for pid in self.last_pids:
+            text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no",
+                                   str(self.out / f"cg.{pid}")], capture_output=True, text=True, check=True).stdout
+            for found in re.finditer(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*?:([A-Za-z_][\w]*)\b", text, re.M):
+                group = wanted.get(found.group(2))
+                if group:
+                    out[group] += int(found.group(1).replace(",", ""))
+        return out
 
     def close(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

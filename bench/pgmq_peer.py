@@ -378,10 +378,27 @@ def count_work(batches: tuple[int, ...], enqueue_batches: tuple[int, ...], log: 
                 env.shared.close()
 
 
+# Where a cycle's server instructions go (inclusive, per message; groups overlap: WAL records are
+# assembled inside the heap and index changes, and everything runs inside the executor).
+PROFILE = {
+    "parse and analyse": ("pg_parse_query", "pg_analyze_and_rewrite_fixedparams", "pg_analyze_and_rewrite_withcb",
+                          "pg_analyze_and_rewrite_varparams"),
+    "plan": ("pg_plan_queries",),
+    "executor start and end": ("standard_ExecutorStart", "standard_ExecutorEnd"),
+    "index scans": ("index_getnext_slot",),
+    "index entries written": ("btinsert",),
+    "heap insert, update, delete, lock": ("heap_insert", "heap_update", "heap_delete", "heap_lock_tuple",
+                                          "heap_multi_insert"),
+    "WAL records": ("XLogInsert",),
+    "commit": ("CommitTransaction",),
+}
+
+
 def counted_side(counter, conn: psycopg.Connection, url: str, script: str, table: str, op: str, batch: int,
                  load: Callable[[], None], defines: dict[str, str] | None = None) -> dict:  # noqa: ANN001
-    """Instructions and WAL bytes per message of `script`; a batch of b runs SHORT/b and LONG/b
-    transactions, so every shape moves about as many messages."""
+    """Instructions and WAL bytes per message of `script`, and where the instructions went
+    (PROFILE); a batch of b runs SHORT/b and LONG/b transactions, so every shape moves about as
+    many messages."""
     from .instructions import LONG, SHORT, marginal
 
     schema, name = (part.strip('"') for part in table.split("."))
@@ -394,8 +411,13 @@ def counted_side(counter, conn: psycopg.Connection, url: str, script: str, table
         instructions = counter.pgbench(url, script, transactions, defines)
         wal = _wal(conn)[0] - wal_before
         runs.append({"transactions": transactions, "instructions": instructions, "wal_bytes": wal,
+                     "functions": counter.functions(PROFILE),
                      "messages": _stat(conn, schema, name, column) - moved_before})
-    return marginal(runs)
+    out = marginal(runs)
+    moved = runs[1]["messages"] - runs[0]["messages"]
+    out["profile"] = {group: (runs[1]["functions"][group] - runs[0]["functions"][group]) / moved if moved > 0 else None
+                      for group in PROFILE}
+    return out
 
 
 def _stat(conn: psycopg.Connection, schema: str, table: str, column: str) -> int:

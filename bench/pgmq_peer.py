@@ -42,7 +42,6 @@ from .work_raw import (WORKER, create_design_table, design_script, index_entries
 
 QUEUE = "bench"
 TABLE = 'pgmq."q_bench"'
-ARCHIVE = 'pgmq."a_bench"'
 # The durable server: what PostgreSQL does by default (the embedded cluster turns all three off).
 DURABLE = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"}
 REGIMES = ("on", "off")
@@ -390,7 +389,8 @@ PROFILE = {
     "heap insert, update, delete, lock": ("heap_insert", "heap_update", "heap_delete", "heap_lock_tuple",
                                           "heap_multi_insert"),
     "WAL records": ("XLogInsert",),
-    "commit": ("CommitTransaction",),
+    # CommitTransaction itself is static: its exported caller.
+    "commit": ("CommitTransactionCommand",),
 }
 
 

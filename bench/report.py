@@ -472,7 +472,7 @@ def write_report(results: dict, out_root: Path) -> Path:
     w("## Reproduce")
     w("")
     w("```sh")
-    w("make bench        # installs the bench extra (pgqueuer==1.6.0, matplotlib), then:")
+    w("make bench        # installs the test and bench extras (pgmq==1.1.4, pgqueuer==1.6.0, matplotlib), then:")
     w(".venv/bin/python -m bench.run" + (" --quick" if results.get("quick") else ""))
     w("```")
     w("")
@@ -852,10 +852,12 @@ def pgmq_section(measured: dict, w: Any) -> None:
       "after the run over the messages moved, full-page images and autovacuum included. Reproduce: "
       "`make bench BENCH_ARGS=\"--parts pgmq\"`.")
     w("")
-    w(f"Measured from {measured.get('started_at')}; load average at start "
+    w(f"Measured from {measured.get('started_at')} (commit `{measured.get('git_head', '?')}`); load average at start "
       f"{tuple(round(x, 2) for x in measured.get('loadavg_start', ()))}, at the end of the throughput runs "
       f"{tuple(round(x, 2) for x in measured.get('loadavg_end', ()))}: on a shared machine the msg/s move with the "
-      "load; the instruction and WAL counts below do not.")
+      "load; the instruction and WAL counts below do not."
+      + (f" The host check at the start of that run: a busy loop lost {measured['host']['stalls_start']['lost_seconds']:.2f}s "
+         f"of {measured['host']['stalls_start']['seconds']:.0f}s to gaps over 20 ms." if measured.get("host") else ""))
     w("")
     for regime, rows in measured["regimes"].items():
         w(f"**synchronous_commit = {regime}**")
@@ -887,6 +889,28 @@ def pgmq_section(measured: dict, w: Any) -> None:
             for who, side in row["sides"].items():
                 w(f"| {row['shape']} | {who} | {_f(side['per_message'])} | {_f(side.get('wal_per_message'))} | "
                   f"{_ratio(row['instruction_ratios'].get(who))} | {_ratio(row['wal_ratios'].get(who))} |")
+        w("")
+    if counted and any(side.get("profile") for row in counted["shapes"] for side in row["sides"].values()):
+        # A group whose functions callgrind did not resolve counts nothing anywhere: left out.
+        groups = [g for g in next(side["profile"] for row in counted["shapes"] for side in row["sides"].values()
+                                  if side.get("profile"))
+                  if any((side.get("profile") or {}).get(g) for row in counted["shapes"] for side in row["sides"].values())]
+        w("Where those instructions go: per message, the inclusive instructions of the server functions behind "
+          "each step (callgrind_annotate over the same runs). The rows overlap: WAL records are assembled inside "
+          "the heap and index changes, and most of it runs inside the executor; the rest of the total is the "
+          "protocol, PL/pgSQL, expression evaluation and the functions' own statements.")
+        w("")
+        w("| shape | side | total | " + " | ".join(groups) + " |")
+        w("|---|---|---:|" + "---:|" * len(groups))
+        for row in counted["shapes"]:
+            for who, side in row["sides"].items():
+                profile = side.get("profile") or {}
+                w(f"| {row['shape']} | {who} | {_f(side['per_message'])} | "
+                  + " | ".join(_f(profile.get(g)) for g in groups) + " |")
+        for d in counted.get("designs", []):
+            profile = d.get("profile") or {}
+            w(f"| lease design | {d['design'].split(':')[0]} | {_f(d['per_message'])} | "
+              + " | ".join(_f(profile.get(g)) for g in groups) + " |")
         w("")
     lease = measured.get("lease_wal")
     if lease:

@@ -296,6 +296,8 @@ def run_part(part: str, results: dict, env, kinds: list[str], plan: Plan, admin_
     elif part == "pgmq":
         results["pgmq"] = pgmq_peer.run(plan.pgmq_clients, plan.pgmq_seconds, plan.pgmq_rounds, plan.pgmq_transactions,
                                         plan.pgmq_batches, plan.pgmq_enqueue_batches, plan.pgmq_counted, _log)
+        # The section can be merged into a report of an earlier full run: it names its own commit.
+        results["pgmq"]["git_head"] = results["facts"].get("git_head")
     elif part == "instructions":
         results["instructions"] = instructions.run(kinds, _log)
     elif part == "consumers":

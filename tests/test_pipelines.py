@@ -789,3 +789,63 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
                       f"FROM {table(catalog, 'stream', '_history')}")[0]
     # A retried task and a replayed micro-batch took their own leases back: no attempt was spent.
     assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
+
+
+# -- credentials, options, retries (no Spark job) -------------------------------------------------------
+def test_a_url_with_a_password_is_refused_and_taken_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    from pipelines.common import URL_ENV, resolve_url
+
+    with pytest.raises(PipelineError, match=r"--url holds a password, which the Spark UI, the event log and `ps`"):
+        resolve_url("postgresql://ada:secret@db/queues")
+    assert resolve_url("postgresql://ada@db/queues") == "postgresql://ada@db/queues"
+    url_file = tmp_path / "url"
+    url_file.write_text("\npostgresql://ada:secret@db/queues\n")
+    assert resolve_url(None, str(url_file)) == "postgresql://ada:secret@db/queues"
+    monkeypatch.setenv(URL_ENV, "postgresql://ada:env@db/queues")
+    assert resolve_url() == "postgresql://ada:env@db/queues"
+    monkeypatch.delenv(URL_ENV)
+    with pytest.raises(PipelineError, match=rf"no database URL: give --url \(without a password\), a URL file, or set \${URL_ENV}"):
+        resolve_url()
+
+
+def test_job_options_come_from_spark_conf_and_the_command_line_wins(spark):
+    from pipelines.common import conf_arguments
+    from pipelines.drain_job import build_parser
+
+    parser = build_parser()
+    spark.conf.set("spark.tablequeue.batch-size", "500")
+    spark.conf.set("spark.tablequeue.finalize-only", "true")
+    spark.conf.set("spark.tablequeue.queue", "emails")
+    try:
+        args = parser.parse_args(conf_arguments(spark, parser) + ["--queue", "orders"])
+    finally:
+        for name in ("batch-size", "finalize-only", "queue"):
+            spark.conf.unset(f"spark.tablequeue.{name}")
+    assert (args.batch_size, args.finalize_only, args.queue) == (500, True, "orders")
+
+
+def test_transient_errors_are_retried_after_jittered_pauses_and_others_are_not():
+    import psycopg
+
+    from pipelines.common import with_retries
+
+    pauses: list[float] = []
+    calls: list[int] = []
+    reconnects: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return "sent"
+
+    assert with_retries("enqueue", flaky, retries=5, on_retry=lambda: reconnects.append(1), sleep=pauses.append) == "sent"
+    assert len(calls) == 3 and len(reconnects) == 2
+    assert 0 <= pauses[0] <= 0.5 and 0 <= pauses[1] <= 1.0
+    with pytest.raises(ValueError):
+        with_retries("enqueue", lambda: (_ for _ in ()).throw(ValueError("bad payload")), retries=5,
+                     sleep=pauses.append)
+    assert len(pauses) == 2        # a non-transient error is not retried
+    with pytest.raises(psycopg.OperationalError):
+        with_retries("enqueue", lambda: (_ for _ in ()).throw(psycopg.OperationalError("down")), retries=1,
+                     sleep=pauses.append)

@@ -104,15 +104,16 @@ class TaskStaging:
         for folder in self.folders.values():
             self.fs.create_dir(folder, recursive=True)
 
-    def write(self, kind: str, rows: list[dict], schema: Any, batch: int) -> None:
-        """Write a Parquet file under a temporary name (ignored by Spark readers: leading '_'), then
-        rename it: a reader sees the whole file or nothing."""
+    def write(self, kind: str, rows: list[dict], schema: Any, batch: int, name: str | None = None) -> None:
+        """Write a Parquet file (batch-<batch>, or `name`) under a temporary name (ignored by Spark
+        readers: leading '_'), then rename it: a reader sees the whole file or nothing."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         folder = self.folders[kind]
-        final = f"{folder}/batch-{batch:06d}.parquet"
-        temporary = f"{folder}/_tmp-batch-{batch:06d}-{secrets.token_hex(4)}.parquet"
+        name = name or f"batch-{batch:06d}"
+        final = f"{folder}/{name}.parquet"
+        temporary = f"{folder}/_tmp-{name}-{secrets.token_hex(4)}.parquet"
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary, filesystem=self.fs)
         self.fs.move(temporary, final)
 
@@ -205,11 +206,11 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
         with target.client() as client:
             # The attempts before this one died or were given up: take back what they held, so their
             # messages come back now (not when their leases run out) and no zombie completes them.
+            # Their markers are batch 0 of this attempt (before its first lease), one file per predecessor.
             for earlier in range(attempt):
-                def record(rows: list[dict]) -> None:
-                    nonlocal batch
-                    batch += 1
-                    staging.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch)
+                def record(rows: list[dict], earlier: int = earlier) -> None:
+                    staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
+                                  name=f"released-from-attempt-{earlier}")
                 counts["released"] += take_back(client, config.worker(partition, earlier), config.batch_size, record)
             while time.monotonic() < deadline:
                 messages = client.dequeue(config.batch_size, worker=worker, lease_seconds=config.lease_seconds)
@@ -391,6 +392,13 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, ba
     return summary
 
 
+def _exists(path: str) -> bool:
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(path)
+    return filesystem_.get_file_info(inner).type != fs.FileType.NotFound
+
+
 def staging_path(output: str, run_id: str) -> str:
     return f"{output.rstrip('/')}/_staging/run_id={run_id}"
 
@@ -434,14 +442,18 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
     if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
         raise PipelineError("spark.speculation is on: a speculative copy of a drain task would be a second "
                             "consumer of the same batch; run the drain job with spark.speculation=false")
-    run_id = run_id or f"{secrets.token_hex(6)}"
+    resuming = run_id is not None
+    run_id = run_id or f"r{secrets.token_hex(6)}"
     staging = staging_path(output, run_id)
+    if resuming and not _exists(staging) and _exists(f"{output.rstrip('/')}/results/run_id={run_id}"):
+        raise PipelineError(f"drain {target.name}: run {run_id} is finished (its output is written and its staging "
+                            f"removed): going on would overwrite that output; start a new run")
     started = time.monotonic()
     summary: dict[str, Any] = {"queue": target.name, "run_id": run_id, "tasks": [], "retried_tasks": []}
     failure: BaseException | None = None
     if not finalize_only:
         require_shared_storage(spark, staging)
-        config = DrainConfig(run_id=run_id, launch=secrets.token_hex(3), staging=staging, transform=transform,
+        config = DrainConfig(run_id=run_id, launch=f"l{secrets.token_hex(3)}", staging=staging, transform=transform,
                              batch_size=batch_size, lease_seconds=lease_seconds,
                              time_budget_seconds=time_budget_seconds, retry_after_seconds=retry_after_seconds,
                              idle_seconds=idle_seconds, probe=probe, probe_args=dict(probe_args or {}))

@@ -365,9 +365,9 @@ def test_drain_result_staged_for_a_message_that_later_dies_is_not_output(spark, 
 
 def test_drain_task_killed_twice_keeps_one_row_per_message(spark, pg, tmp_path):
     """Attempt 0 of task 0 dies after staging its 2nd batch; attempt 1 takes its predecessor's 50
-    leases back (released, recorded), leases them anew, stages them again, commits their completes
-    and dies before the marker. Attempt 0's rows are traced (their leases were released) and left
-    out; attempt 1's have no trace after staging: confirmed. One row per message."""
+    leases back (released, recorded), leases a batch (some of them again), stages it, commits its
+    completes and dies before the marker. Attempt 0's rows are traced (their leases were released) and
+    left out; attempt 1's have no trace after staging: confirmed. One row per message."""
     catalog = pg.deploy(work_queue("twice"))
     run_enqueue(spark, pg.url, catalog, "twice", customers(spark, tmp_path / "input", 600, files=2), key="id")
     summary = run_drain(spark, pg.url, catalog, "twice", "pipelines.transforms:uppercase_name",
@@ -377,7 +377,9 @@ def test_drain_task_killed_twice_keeps_one_row_per_message(spark, pg, tmp_path):
                                              {"at": "committed", "attempt": 1, "batch": 1}],
                                     "hold": str(tmp_path / "hold")})
     assert [(t["partition"], t["attempt"]) for t in summary["tasks"]] == [(0, 2), (1, 0)]
-    assert summary["confirmed_unmarked"] == 50
+    # Attempt 1's first batch, committed and unmarked (how many of attempt 0's released messages it
+    # leased again, and how many task 1 took first, is a race).
+    assert summary["confirmed_unmarked"] > 0
     output = output_rows(summary["output"])
     assert len(output) == len({row["id"] for row in output}) == 600
     assert {row["id"] for row in output} == {str(h["id"]) for h in pg.rows(
@@ -638,11 +640,11 @@ def test_spark_demo_on_the_example_catalog(spark, pg, tmp_path):
 
 # -- the drain across a driver's death, storage the driver cannot see --------------------------------
 def test_drain_killed_mid_run_is_finalized_by_the_next_run(spark, pg, tmp_path, monkeypatch):
-    """A client_ids queue (ids are GUIDs). Run 1: task 0 dies on every attempt right after its 2nd
-    batch's completes committed (before their marker), so Spark gives up on the job, and the driver
-    dies before it can finalise (task 1 was cancelled holding a batch). Run 2 (--finalize-only with the
-    run id) takes the run's leases back and writes out everything that was completed; run 3 (the same
-    run id) drains the rest. Nothing is lost and nothing doubled."""
+    """A client_ids queue (ids are GUIDs). Run 1: its one task dies on every attempt right after its
+    2nd batch's completes committed (before their marker), so Spark gives up on the job, and the
+    driver dies before it can finalise. Run 2 (--finalize-only with the run id, keeping the staging
+    to go on) takes the run's leases back and writes out everything that was completed; run 3 (the
+    same run id) drains the rest. Nothing is lost and nothing doubled."""
     import uuid
 
     import pipelines.drain_job as drain_job
@@ -665,25 +667,28 @@ def test_drain_killed_mid_run_is_finalized_by_the_next_run(spark, pg, tmp_path, 
 
     monkeypatch.setattr(drain_job, "finalize_drain", driver_dies)
     with pytest.raises(DriverDied):
-        run_drain(spark, pg.url, catalog, "resumable", "pipelines.transforms:uppercase_name", output, tasks=2,
+        run_drain(spark, pg.url, catalog, "resumable", "pipelines.transforms:uppercase_name", output, tasks=1,
                   batch_size=20, lease_seconds=60, time_budget_seconds=120, run_id="r1",
                   probe="pipelines.faults:crash_plan", probe_args={"plan": plan, "how": "raise"})
     monkeypatch.undo()
     history = lambda: {str(h["id"]) for h in pg.rows(  # noqa: E731
         f"SELECT id FROM {table(catalog, 'resumable', '_history')}")}
-    assert len(history()) >= 4 * 40         # each of task 0's 4 attempts completed two batches
+    assert len(history()) == 4 * 40         # each of the task's 4 attempts completed two batches
     assert output_rows_or_none(output) is None
 
     finalized = run_drain(spark, pg.url, catalog, "resumable", None, output, run_id="r1", finalize_only=True,
-                          batch_size=20)
+                          batch_size=20, keep_staging=True)
     written = output_rows(finalized["output"])
     assert len(written) == len({r["id"] for r in written}) and {r["id"] for r in written} == history()
-    assert finalized["confirmed_unmarked"] >= 4 * 20    # the 2nd batch of every attempt of task 0
+    assert finalized["confirmed_unmarked"] == 4 * 20    # the 2nd batch of every attempt
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'resumable')} WHERE leased_by IS NOT NULL "
                      f"AND visible_at > now()") == 0  # nothing left held by the run's workers
 
     resumed = run_drain(spark, pg.url, catalog, "resumable", "pipelines.transforms:uppercase_name", output,
                         tasks=2, batch_size=20, lease_seconds=60, time_budget_seconds=120, run_id="r1")
+    # A finished run (its staging removed) cannot be gone on with: its output would be overwritten.
+    with pytest.raises(PipelineError, match="run r1 is finished"):
+        run_drain(spark, pg.url, catalog, "resumable", None, output, run_id="r1", finalize_only=True)
     written = output_rows(resumed["output"])
     assert len(written) == len({r["id"] for r in written}) == 1_000
     assert {r["id"] for r in written} == history() == {str(i) for i in ids}

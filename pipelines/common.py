@@ -14,6 +14,8 @@ import importlib
 import json
 import logging
 import os
+import random
+import secrets
 import shutil
 import sys
 import tempfile
@@ -33,6 +35,10 @@ from tablequeue.engines import connect, mssql_connection_string, parse_url
 PIPELINES_PARENT = Path(__file__).resolve().parents[1]
 POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")   # Debian: libpostgresql-jdbc-java
 LOGGER_NAME = "tablequeue.pipelines"
+# Where the jobs and the data sources find the database URL when no file names it (see resolve_url).
+URL_ENV = "TABLEQUEUE_URL"
+# Job options set with `spark-submit --conf spark.tablequeue.<option>=...` (see options_from_conf).
+CONF_PREFIX = "spark.tablequeue."
 
 # Sane defaults for a laptop or a 2-core CI machine; a cluster's spark-submit settings win.
 LOCAL_DEFAULTS = {
@@ -64,6 +70,201 @@ def log() -> logging.Logger:
         logger.setLevel(os.environ.get("TABLEQUEUE_PIPELINES_LOG", "INFO"))
         logger.propagate = False
     return logger
+
+
+# -- credentials ---------------------------------------------------------------------------------
+def resolve_url(url: str | None = None, url_file: str | None = None, *, given_as: str = "--url") -> str:
+    """The database URL: `url` when it holds no password, else the first line of `url_file`, else
+    $TABLEQUEUE_URL. A password in `url` is refused: a command line, a Spark option or a conf value
+    shows in `ps`, the Spark UI and the event log; a file or the environment does not."""
+    if url:
+        if urlsplit(url).password is not None:
+            raise PipelineError(f"{given_as} holds a password, which the Spark UI, the event log and `ps` "
+                                f"would show: put the URL in a file (--url-file, option urlFile) or in "
+                                f"${URL_ENV}, or leave the password to the driver's own means (PGPASSFILE, "
+                                f"Kerberos)")
+        return url
+    if url_file:
+        try:
+            lines = Path(url_file).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise PipelineError(f"cannot read the database URL from {url_file}: {exc.strerror}") from None
+        first = next((line.strip() for line in lines if line.strip()), "")
+        if not first:
+            raise PipelineError(f"{url_file} holds no database URL (expected one line: postgresql://... "
+                                f"or mssql+pyodbc://...)")
+        return first
+    if os.environ.get(URL_ENV):
+        return os.environ[URL_ENV]
+    raise PipelineError(f"no database URL: give {given_as} (without a password), a URL file, or set ${URL_ENV}")
+
+
+def conf_arguments(spark: Any, parser: Any) -> list[str]:
+    """Command-line arguments from the Spark conf: `--conf spark.tablequeue.<option>=<value>` (the
+    option as spelled on the command line without its dashes: spark.tablequeue.batch-size=500) gives
+    `--<option> <value>`, a flag's value true gives the flag. Put them before the real arguments,
+    which then win."""
+    found: list[str] = []
+    for action in parser._actions:                      # argparse keeps no public list of options
+        long = next((o for o in action.option_strings if o.startswith("--")), None)
+        if long is None or long == "--help":
+            continue
+        value = spark.conf.get(CONF_PREFIX + long[2:], None)
+        if value is None:
+            continue
+        if action.nargs == 0:                           # a flag (store_true)
+            if value.strip().lower() in ("true", "1", "yes"):
+                found.append(long)
+        else:
+            found += [long, value]
+    return found
+
+
+def require_options(args: Any, names: tuple[str, ...], prog: str) -> None:
+    missing = [f"--{n}" for n in names if getattr(args, n.replace("-", "_")) in (None, "")]
+    if missing:
+        raise PipelineError(f"{prog}: missing {', '.join(missing)} (on the command line or as "
+                            f"--conf {CONF_PREFIX}<option>)")
+
+
+@contextlib.contextmanager
+def job_description(spark: Any, text: str) -> Iterator[None]:
+    """Name the Spark jobs started inside the block in the UI (and the event log). Spark Connect
+    sessions have no SparkContext: there the block just runs."""
+    try:
+        context = spark.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext, nothing to name
+        yield
+        return
+    previous = context.getLocalProperty("spark.job.description")
+    context.setJobDescription(text)
+    try:
+        yield
+    finally:
+        context.setJobDescription(previous)
+
+
+# -- transient errors ------------------------------------------------------------------------------
+# SQL Server error numbers the contract calls transient (DESIGN.md §4) and SQLSTATE classes of both
+# engines that mean "try again": serialization failure, deadlock, lock timeout, connection trouble,
+# a server shutting down or not yet accepting connections (a failover).
+TRANSIENT_MSSQL_NUMBERS = ("1205", "1222", "3960")
+TRANSIENT_SQLSTATES = ("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08000", "08001", "08003",
+                       "08004", "08006", "08S01", "HYT00", "HYT01")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Would the same call succeed later (deadlock, lock timeout, failover, dropped connection)?"""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is None and getattr(exc, "args", None) and isinstance(exc.args[0], str):
+        sqlstate = exc.args[0]                      # pyodbc: args = (SQLSTATE, message)
+    if sqlstate in TRANSIENT_SQLSTATES:
+        return True
+    text = str(exc)
+    if any(f"({number})" in text for number in TRANSIENT_MSSQL_NUMBERS):
+        return True
+    module = type(exc).__module__ or ""
+    return type(exc).__name__ == "OperationalError" and module.split(".")[0] in ("psycopg", "pyodbc")
+
+
+def backoff_seconds(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
+    """Full jitter: a random pause up to base * 2**attempt (at most cap), so that the tasks a
+    failover interrupted at the same moment do not come back at the same moment."""
+    return random.uniform(0.0, min(cap, base * (2 ** attempt)))
+
+
+def with_retries(what: str, call: Callable[[], Any], retries: int, on_retry: Callable[[], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> Any:
+    """call(), again after a jittered pause when it fails with a transient error, up to `retries`
+    more times; on_retry runs before each new try (to reconnect). Other errors are raised at once."""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - sorted by is_transient below
+            if attempt == retries or not is_transient(exc):
+                raise
+            pause = backoff_seconds(attempt)
+            log().warning("%s: transient error (%s), try %s of %s in %.1fs", what,
+                          str(exc).splitlines()[0] if str(exc) else type(exc).__name__, attempt + 2,
+                          retries + 1, pause)
+            sleep(pause)
+            if on_retry is not None:
+                on_retry()
+    raise AssertionError("unreachable")
+
+
+# -- connections that outlive a failover, leases that outlive a slow batch ---------------------------
+class Reconnecting:
+    """A QueueClient whose connection is opened on first use and again after reset() (a transient
+    error: a failover drops the connection)."""
+
+    def __init__(self, target: QueueTarget) -> None:
+        self.target, self._conn, self._client = target, None, None
+
+    def client(self) -> Any:
+        if self._client is None:
+            self._conn = connect(self.target.url, autocommit=True)
+            self._client = QueueClient(self._conn, self.target.dialect, self.target.schema, self.target.queue)
+        return self._client
+
+    def reset(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):   # a dropped connection may not close cleanly
+                self._conn.close()
+        self._conn, self._client = None, None
+
+
+class LeaseHeartbeat:
+    """Keeps leases alive while their work runs: every third of the lease, extend_lease on each
+    lease held (by its worker and token), from a thread with its own connection, so that neither a
+    slow transform call nor a slow micro-batch lets a lease run out. Leases are held under a key
+    (a batch) as [{"worker": name, "acks": [[id, lease token], ...]}, ...] and dropped when settled."""
+
+    def __init__(self, target: QueueTarget, lease_seconds: int | None) -> None:
+        self.target = target
+        self.lease_seconds = lease_seconds or int(target.queue.options["lease_seconds"])
+        self._held: dict[Any, list] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, key: Any, leases: list) -> None:
+        with self._lock:
+            self._held[key] = leases
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.target.name}", daemon=True)
+            self._thread.start()
+
+    def drop(self, key: Any) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        connection = Reconnecting(self.target)
+        try:
+            while not self._stop.wait(self.lease_seconds / 3):
+                with self._lock:
+                    held = [(lease["worker"], ack) for leases in self._held.values() for lease in leases
+                            for ack in lease["acks"]]
+                try:
+                    client = connection.client()
+                    for worker, (message_id, token) in held:
+                        client.extend_lease(message_id, worker, self.lease_seconds, lease_token=token)
+                except Exception as exc:  # noqa: BLE001 - the next beat tries again on a new connection
+                    log().warning("%s: lease heartbeat failed (%s)%s", self.target.name,
+                                  str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                                  "; reconnecting" if is_transient(exc) else "")
+                    connection.reset()
+        finally:
+            connection.close()
 
 
 # -- the SparkSession ---------------------------------------------------------------------------
@@ -105,6 +306,9 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    from pipelines.sources import register
+
+    register(spark)
     if local and master and "spark.jars" in settings:
         existing = spark.sparkContext.getConf().get("spark.jars", "")
         if str(POSTGRES_JDBC_JAR) not in existing:
@@ -333,6 +537,43 @@ def filesystem(path: str) -> tuple[Any, str]:
         # Spark's Hadoop connectors say s3a:// where Arrow says s3://: the same bucket and key.
         return fs.FileSystem.from_uri(("s3://" + rest) if scheme in ("s3a", "s3n") else path)
     return fs.LocalFileSystem(), os.path.abspath(path)
+
+
+def require_shared_storage(spark: Any, folder: str, *, local: bool | None = None) -> None:
+    """On a cluster, refuse a folder the driver cannot see what executors write to: one executor
+    task writes a probe file under `folder`, and the driver must find it. A path without a scheme
+    is each node's own disk, so staged results would be invisible to the driver's finalisation.
+    local: whether executors share the driver's filesystem (default: the master is local[...])."""
+    import socket
+
+    from pyarrow import fs
+
+    if local is None:
+        local = str(spark.conf.get("spark.master", "local")).startswith("local")
+    if local:
+        return
+    token = secrets.token_hex(8)
+    probe = f"{folder.rstrip('/')}/_probe-{token}"
+
+    def write(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        filesystem_, inner = filesystem(probe)
+        filesystem_.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+        with filesystem_.open_output_stream(inner) as stream:
+            stream.write(token.encode("ascii"))
+        yield pa.RecordBatch.from_pydict({"host": [socket.gethostname()]})
+
+    with job_description(spark, f"probe: can the driver see what an executor writes to {folder}?"):
+        host = spark.range(0, 1, 1, 1).mapInArrow(write, "host string").collect()[0]["host"]
+    filesystem_, inner = filesystem(probe)
+    if filesystem_.get_file_info(inner).type == fs.FileType.NotFound:
+        raise PipelineError(f"an executor on {host} wrote {probe} and the driver on {socket.gethostname()} cannot "
+                            f"see it: the output folder must be on storage both reach (hdfs://, s3a://, a shared "
+                            f"mount); a path without a scheme is each node's own disk")
+    filesystem_.delete_file(inner)
 
 
 def remove_tree(path: str) -> None:

@@ -54,7 +54,7 @@ def run_spark_demo(url: str, catalog: Any, queue: str, rows: int = 20_000, *, wo
     started = time.monotonic()
     try:
         dataset = generate_dataset(spark, rows, str(folder / "input"))
-        enqueued = run_enqueue(spark, url, catalog, queue, dataset, dedupe_column="id")
+        enqueued = run_enqueue(spark, url, catalog, queue, dataset, key="id")
         drained = run_drain(spark, url, catalog, queue, DEMO_TRANSFORM, str(folder / "output"), tasks=tasks,
                             batch_size=100, lease_seconds=60, retry_after_seconds=0,
                             time_budget_seconds=time_budget_seconds)

@@ -1,15 +1,17 @@
 """Drain a `work` queue with N Spark tasks as consumers; results to Parquet, one row per message.
 
-Each task is one consumer (worker name from the Spark application, the run and the partition). It
-leases a batch, applies the transform to each payload, fails the messages whose transform raised,
-writes the others' results to a staging file, completes them in one transaction and then records
-what complete() returned in a marker file. It stops when the queue is drained or the time budget
-ends. When every task is done, the driver keeps the staged results that were completed (by marker,
-or confirmed in the history table), one per message id, and writes them to
-<output>/results/run_id=<run>/. docs/pipelines.md has the exactly-once argument.
+Each task attempt is one consumer (worker name from the run, the launch, the partition and the
+attempt). It leases a batch, keeps its leases alive from a heartbeat thread, applies the transform
+to each payload, fails the messages whose transform raised, writes the others' results to a staging
+file, completes them in one transaction and then records what complete() returned in a marker file.
+It stops when nothing is ready for --idle-seconds or the time budget ends. When the tasks are done,
+or have failed, the driver takes back what the run's workers still hold and finalises: the staged
+results that were completed, one per message id, go to <output>/results/run_id=<run>/. A run that
+died is finished by starting it again with --run-id (and --finalize-only to drain no further).
+docs/pipelines.md has the exactly-once argument.
 
-    python -m pipelines.drain_job --url postgresql://... --catalog database/queues.yml --queue emails \
-        --transform pipelines.transforms:uppercase_name --output /data/emails-out --tasks 4
+    TABLEQUEUE_URL=postgresql://... python -m pipelines.drain_job --catalog database/queues.yml \
+        --queue emails --transform pipelines.transforms:uppercase_name --output /data/emails-out --tasks 4
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ import json
 import secrets
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,45 +29,60 @@ from typing import Any, Callable, Iterator
 if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, build_session, canonical_json,  # noqa: E402
-                              elapsed_since, filesystem, load_callable, log, progress_monitor,
-                              remove_tree, transaction)
+from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, build_session,  # noqa: E402
+                              canonical_json, conf_arguments, elapsed_since, filesystem, job_description,
+                              load_callable, log, progress_monitor, remove_tree, require_options,
+                              require_shared_storage, resolve_url, transaction)
 
 ERROR_TEXT_LIMIT = 4000
 OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processed_at")
+# Outcomes a marker file records. "released": the lease was given back (a retried attempt taking
+# over its predecessors' leases, or the driver's sweep at the end of the run), so the worker holding
+# it did not complete the message.
+OUTCOMES = ("completed", "lease_lost", "retrying", "dead", "released")
+SWEEP_PARTITION = -1      # the driver's sweep writes its markers as this partition
 
 
 @dataclass(frozen=True)
 class DrainConfig:
-    """What every task of one drain run needs; pickled to the executors."""
+    """What every task of one launch of a drain run needs; pickled to the executors. A run (run_id)
+    may take several launches (a job started again with --run-id): each launch's workers and
+    staging folders carry its own launch tag, so no two attempts ever share either."""
     run_id: str
-    worker_prefix: str
+    launch: str
     staging: str
     transform: str
     batch_size: int = 100
     lease_seconds: int | None = None
     time_budget_seconds: float = 600.0
     retry_after_seconds: int = 0
-    wait_for_retries: bool = True
-    poll_seconds: float = 1.0
+    idle_seconds: float = 5.0
     log_every_batches: int = 10
     probe: str | None = None
     probe_args: dict[str, Any] = field(default_factory=dict)
 
-    def worker(self, partition: int) -> str:
-        return f"{self.worker_prefix}-p{partition}"
+    def worker(self, partition: int, attempt: int) -> str:
+        return worker_name(self.run_id, self.launch, partition, attempt)
+
+
+def worker_name(run_id: str, launch: str, partition: int, attempt: int) -> str:
+    """One name per task attempt: a retried attempt is a new consumer, and a zombie of the attempt
+    before it cannot complete what the new one holds (each lease is fenced by its token as well)."""
+    return f"spark-{run_id}-{launch}-p{partition}-a{attempt}"
 
 
 # -- staging files (executor side) -------------------------------------------------------------------
-def _schemas(client_ids: bool) -> tuple[Any, Any]:
+def _schemas() -> tuple[Any, Any]:
+    """Message ids are staged as text: bigint ids and client-supplied GUIDs alike (the output's id
+    column is text too, so that a GUID never has to pass through Spark's isin or a join as a UUID)."""
     import pyarrow as pa
 
-    id_type = pa.string() if client_ids else pa.int64()
-    results = pa.schema([("id", id_type), ("result", pa.string()),
+    results = pa.schema([("id", pa.string()), ("result", pa.string()),
                          ("enqueued_at", pa.timestamp("us", tz="UTC")), ("attempts", pa.int32()),
-                         ("worker", pa.string()), ("processed_at", pa.timestamp("us", tz="UTC")),
-                         ("batch", pa.int32())])
-    markers = pa.schema([("id", id_type), ("outcome", pa.string()), ("batch", pa.int32())])
+                         ("lease_token", pa.string()), ("worker", pa.string()),
+                         ("processed_at", pa.timestamp("us", tz="UTC")), ("batch", pa.int32())])
+    markers = pa.schema([("id", pa.string()), ("outcome", pa.string()), ("attempts", pa.int32()),
+                         ("lease_token", pa.string()), ("batch", pa.int32())])
     return results, markers
 
 
@@ -79,25 +95,48 @@ class TaskStaging:
     credential lookup). On a loaded executor they take seconds to tens of seconds, and a first batch
     that paid them could outlive its lease and be processed twice."""
 
-    def __init__(self, root: str, partition: int, attempt: int) -> None:
+    def __init__(self, root: str, launch: str, partition: int, attempt: int) -> None:
         import pyarrow.parquet  # noqa: F401
 
         self.fs, base = filesystem(root)
-        self.folders = {kind: f"{base}/{kind}/part={partition}/attempt={attempt}" for kind in STAGING_KINDS}
+        self.folders = {kind: f"{base}/{kind}/launch={launch}/part={partition}/attempt={attempt}"
+                        for kind in STAGING_KINDS}
         for folder in self.folders.values():
             self.fs.create_dir(folder, recursive=True)
 
-    def write(self, kind: str, rows: list[dict], schema: Any, batch: int) -> None:
-        """Write a Parquet file under a temporary name (ignored by Spark readers: leading '_'), then
-        rename it: a reader sees the whole file or nothing."""
+    def write(self, kind: str, rows: list[dict], schema: Any, batch: int, name: str | None = None) -> None:
+        """Write a Parquet file (batch-<batch>, or `name`) under a temporary name (ignored by Spark
+        readers: leading '_'), then rename it: a reader sees the whole file or nothing."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         folder = self.folders[kind]
-        final = f"{folder}/batch-{batch:06d}.parquet"
-        temporary = f"{folder}/_tmp-batch-{batch:06d}-{secrets.token_hex(4)}.parquet"
+        name = name or f"batch-{batch:06d}"
+        final = f"{folder}/{name}.parquet"
+        temporary = f"{folder}/_tmp-{name}-{secrets.token_hex(4)}.parquet"
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), temporary, filesystem=self.fs)
         self.fs.move(temporary, final)
+
+
+def _marker(message: dict, outcome: str, batch: int) -> dict[str, Any]:
+    """What a marker file records of one lease: the message, the lease (its attempt count and
+    token, which is how finalisation orders it against a staged result) and what became of it."""
+    return {"id": _key(message["id"]), "outcome": outcome, "attempts": message.get("attempts"),
+            "lease_token": _token(message.get("lease_token")), "batch": batch}
+
+
+def take_back(client: Any, worker: str, batch_size: int, record: Callable[[list[dict]], None]) -> int:
+    """Give back whatever `worker` still holds. A dequeue under its name returns its own leases
+    first (live ones unchanged, expired ones leased again), and fills the batch with other ready
+    messages; all of them are recorded as released (record runs before the first release, so a
+    crash in between never leaves a released message unrecorded) and released, attempt included.
+    The released tokens are void: a zombie of that worker can no longer complete them."""
+    rows = client.dequeue(batch_size, worker=worker)
+    if rows:
+        record(rows)
+        for row in rows:
+            client.release(row["id"], worker, lease_token=row["lease_token"])
+    return len(rows)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -119,9 +158,13 @@ def _aware(value: Any) -> Any:
     return value
 
 
-def _key(value: Any) -> Any:
-    """Message ids as the output stores them: bigint as is, client-supplied GUIDs as text."""
-    return str(value) if isinstance(value, uuid.UUID) else value
+def _key(value: Any) -> str:
+    """Message ids as staging and the output store them: text, for bigint ids and GUIDs alike."""
+    return str(value)
+
+
+def _token(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _takes_message(function: Callable) -> bool:
@@ -134,113 +177,107 @@ def _takes_message(function: Callable) -> bool:
 
 
 def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
-    """Run on an executor: one consumer until the queue is drained or the time budget ends."""
+    """Run on an executor: one consumer until nothing is ready for idle_seconds or the time budget ends."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     partition = context.partitionId() if context else 0
     attempt = context.attemptNumber() if context else 0
-    worker = config.worker(partition)
+    worker = config.worker(partition, attempt)
     transform = load_callable(config.transform)
     with_message = _takes_message(transform)
     probe = load_callable(config.probe) if config.probe else None
-    results_schema, markers_schema = _schemas(bool(target.queue.options.get("client_ids")))
+    results_schema, markers_schema = _schemas()
+    lease_seconds = config.lease_seconds or int(target.queue.options["lease_seconds"])
     started = time.monotonic()
     deadline = started + config.time_budget_seconds
     counts = {"partition": partition, "attempt": attempt, "worker": worker, "batches": 0, "leased": 0,
-              "completed": 0, "lease_lost": 0, "retrying": 0, "dead": 0, "stopped": "time budget"}
+              "completed": 0, "lease_lost": 0, "retrying": 0, "dead": 0, "released": 0, "stopped": "time budget"}
 
     def fire(event: str, batch: int, completed_in_batch: int = 0) -> None:
         if probe is not None:
             probe(event, {"partition": partition, "attempt": attempt, "batch": batch, "worker": worker,
                           "completed_in_batch": completed_in_batch}, **config.probe_args)
 
-    log().info("drain %s: task %s attempt %s starts as worker %s", target.name, partition, attempt, worker)
-    staging = TaskStaging(config.staging, partition, attempt)
-    with target.client() as client:
-        batch = 0
-        while time.monotonic() < deadline:
-            messages = client.dequeue(config.batch_size, worker=worker, lease_seconds=config.lease_seconds)
-            if not messages:
-                if config.wait_for_retries and _more_to_come(client):
-                    time.sleep(config.poll_seconds)
-                    continue
-                counts["stopped"] = "drained"
-                break
-            batch += 1
-            counts["batches"] += 1
-            counts["leased"] += len(messages)
-            leases = {_key(m["id"]): m for m in messages}
-            lease_seconds = config.lease_seconds or target.queue.options["lease_seconds"]
-            renewed_at = time.monotonic()
-            staged: list[dict[str, Any]] = []
-            outcomes: list[dict[str, Any]] = []
-            for message in messages:
-                if time.monotonic() - renewed_at > lease_seconds / 3:
-                    # A slow transform must not let the batch's leases run out before they are
-                    # completed: renew those still open (each by its token) at a third of the lease.
-                    settled = {o["id"] for o in outcomes}
-                    for key, lease in leases.items():
-                        if key not in settled:
-                            client.extend_lease(lease["id"], worker, lease_seconds, lease_token=lease["lease_token"])
-                    renewed_at = time.monotonic()
-                payload = _payload(target, message["payload"])
-                try:
-                    value = transform(payload, dict(message)) if with_message else transform(payload)
-                    result = canonical_json(value)
-                except Exception as exc:  # noqa: BLE001 - any error of the transform fails the message
-                    outcome = client.fail(message["id"], worker, _error_text(exc), config.retry_after_seconds,
-                                          lease_token=message["lease_token"])
-                    # retrying | dead | lost (the lease had expired: another worker may have it)
-                    outcome = outcome if outcome in ("retrying", "dead") else "lease_lost"
-                    outcomes.append({"id": _key(message["id"]), "outcome": outcome, "batch": batch})
-                    counts[outcome] += 1
-                    continue
-                staged.append({"id": _key(message["id"]), "result": result,
-                               "enqueued_at": _aware(message.get("enqueued_at")),
-                               "attempts": message.get("attempts"), "worker": worker,
-                               "processed_at": datetime.now(timezone.utc), "batch": batch})
-            if staged:
-                # 1. results are durable before any of them is completed ...
-                staging.write("results", staged, results_schema, batch)
-                fire("staged", batch)
-                # 2. ... the batch's completes commit together (one statement, each fenced by its
-                # lease token: a crash rolls them all back) ...
-                with transaction(client):
-                    answer = client.complete_batch([leases[row["id"]] for row in staged], worker)
-                    completed = {_key(row["id"]): bool(row["completed"]) for row in answer}
-                    for row in staged:
-                        outcomes.append({"id": row["id"], "outcome": "completed" if completed[row["id"]] else "lease_lost",
-                                         "batch": batch})
-                    fire("completed", batch, len(staged))
-                fire("committed", batch)
-            # 3. ... and what complete() returned is recorded; the driver keeps only completed results.
-            staging.write("markers", outcomes, markers_schema, batch)
-            fire("marked", batch)
-            for outcome in outcomes[len(outcomes) - len(staged):]:
-                counts[outcome["outcome"]] += 1
-            if batch % config.log_every_batches == 0:
-                log().info("drain %s: task %s attempt %s: %s batches, %s leased, %s completed, %s retrying, "
-                           "%s dead, %s leases lost", target.name, partition, attempt, counts["batches"],
-                           counts["leased"], counts["completed"], counts["retrying"], counts["dead"],
-                           counts["lease_lost"])
-    counts["seconds"] = elapsed_since(started)
-    log().info("drain %s: task %s attempt %s %s after %.1fs: %s leased, %s completed, %s retrying, %s dead, "
-               "%s leases lost", target.name, partition, attempt, counts["stopped"], counts["seconds"],
-               counts["leased"], counts["completed"], counts["retrying"], counts["dead"], counts["lease_lost"])
-    return counts
-
-
-def _more_to_come(client: Any) -> bool:
-    """Is anything delayed (a retry after retry_after_seconds) or leased (another consumer's batch,
-    or a crashed one's, which comes back when its lease ends)? stats is an admin verb: without the
-    right to call it, a consumer stops at the first empty dequeue."""
+    staging = TaskStaging(config.staging, config.launch, partition, attempt)
+    heartbeat = LeaseHeartbeat(target, lease_seconds)
+    batch = 0
     try:
-        stats = client.stats()
-    except Exception as exc:  # noqa: BLE001
-        log().warning("stats unavailable (%s): stopping at the first empty dequeue", _error_text(exc))
-        return False
-    return bool((stats.get("ready") or 0) + (stats.get("delayed") or 0) + (stats.get("in_flight") or 0))
+        with target.client() as client:
+            # The attempts before this one died or were given up: take back what they held, so their
+            # messages come back now (not when their leases run out) and no zombie completes them.
+            # Their markers are batch 0 of this attempt (before its first lease), one file per predecessor.
+            for earlier in range(attempt):
+                def record(rows: list[dict], earlier: int = earlier) -> None:
+                    staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
+                                  name=f"released-from-attempt-{earlier}")
+                counts["released"] += take_back(client, config.worker(partition, earlier), config.batch_size, record)
+            while time.monotonic() < deadline:
+                messages = client.dequeue(config.batch_size, worker=worker, lease_seconds=config.lease_seconds)
+                if not messages:
+                    # wait claims nothing and holds no lock; a retry delayed beyond idle_seconds, or a
+                    # lease another consumer holds, is left to the next run.
+                    if client.wait(max(1, int(min(config.idle_seconds, deadline - time.monotonic()) * 1000))):
+                        continue
+                    counts["stopped"] = "drained"
+                    break
+                batch += 1
+                counts["batches"] += 1
+                counts["leased"] += len(messages)
+                leases = {_key(m["id"]): m for m in messages}
+                heartbeat.hold(batch, [{"worker": worker, "acks": [[m["id"], m["lease_token"]] for m in messages]}])
+                staged: list[dict[str, Any]] = []
+                outcomes: list[dict[str, Any]] = []
+                for message in messages:
+                    payload = _payload(target, message["payload"])
+                    try:
+                        value = transform(payload, dict(message)) if with_message else transform(payload)
+                        result = canonical_json(value)
+                    except Exception as exc:  # noqa: BLE001 - any error of the transform fails the message
+                        outcome = client.fail(message["id"], worker, _error_text(exc), config.retry_after_seconds,
+                                              lease_token=message["lease_token"])
+                        # retrying | dead | lost (the lease had expired: another worker may have it)
+                        outcome = outcome if outcome in ("retrying", "dead") else "lease_lost"
+                        outcomes.append(_marker(message, outcome, batch))
+                        counts[outcome] += 1
+                        continue
+                    staged.append({"id": _key(message["id"]), "result": result,
+                                   "enqueued_at": _aware(message.get("enqueued_at")),
+                                   "attempts": message.get("attempts"), "worker": worker,
+                                   "lease_token": _token(message.get("lease_token")),
+                                   "processed_at": datetime.now(timezone.utc), "batch": batch})
+                if staged:
+                    # 1. results are durable before any of them is completed ...
+                    staging.write("results", staged, results_schema, batch)
+                    fire("staged", batch)
+                    # 2. ... the batch's completes commit together (one statement, each fenced by its
+                    # lease token: a crash rolls them all back) ...
+                    with transaction(client):
+                        answer = client.complete_batch([leases[row["id"]] for row in staged], worker)
+                        completed = {_key(row["id"]): bool(row["completed"]) for row in answer}
+                        for row in staged:
+                            outcomes.append(_marker(leases[row["id"]], "completed" if completed[row["id"]]
+                                                    else "lease_lost", batch))
+                        fire("completed", batch, len(staged))
+                    fire("committed", batch)
+                heartbeat.drop(batch)
+                # 3. ... and what complete() returned is recorded; the driver keeps only completed results.
+                staging.write("markers", outcomes, markers_schema, batch)
+                fire("marked", batch)
+                for outcome in outcomes[len(outcomes) - len(staged):]:
+                    counts[outcome["outcome"]] += 1
+                if counts["batches"] % config.log_every_batches == 0:
+                    log().info("drain %s: worker %s: %s batches, %s leased, %s completed, %s retrying, %s dead, "
+                               "%s leases lost", target.name, worker, counts["batches"], counts["leased"],
+                               counts["completed"], counts["retrying"], counts["dead"], counts["lease_lost"])
+    finally:
+        heartbeat.close()
+    counts["seconds"] = elapsed_since(started)
+    log().info("drain %s: worker %s %s after %.1fs: %s leased, %s completed, %s retrying, %s dead, %s leases "
+               "lost, %s taken back from earlier attempts", target.name, worker, counts["stopped"],
+               counts["seconds"], counts["leased"], counts["completed"], counts["retrying"], counts["dead"],
+               counts["lease_lost"], counts["released"])
+    return counts
 
 
 # -- finalisation (driver side) ------------------------------------------------------------------------
@@ -256,89 +293,114 @@ def _has_staged_files(path: str) -> bool:
                for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True, allow_not_found=True)))
 
 
-def confirm_completed(target: QueueTarget, ids: list[Any], worker_prefix: str) -> set[Any] | None:
-    """Of these message ids, those the history table shows completed by one of this run's workers;
-    None when the queue keeps no history (then nothing can be confirmed)."""
-    if not target.queue.options.get("history"):
-        return None
-    confirmed: set[Any] = set()
-    table = target.table("_history")
+def run_workers(staging: str, run_id: str) -> list[str]:
+    """Every worker name the run has used: each attempt made its folders before its first lease."""
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(f"{staging}/markers")
+    names = []
+    for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True, allow_not_found=True)):
+        parts = dict(p.split("=", 1) for p in info.path[len(inner):].strip("/").split("/") if "=" in p)
+        if info.type == fs.FileType.Directory and {"launch", "part", "attempt"} <= set(parts) \
+                and int(parts["part"]) != SWEEP_PARTITION:
+            names.append(worker_name(run_id, parts["launch"], int(parts["part"]), int(parts["attempt"])))
+    return sorted(set(names))
+
+
+def sweep(target: QueueTarget, staging: str, run_id: str, batch_size: int) -> int:
+    """The driver takes back what every worker of the run still holds (a task that died, a zombie,
+    a leased batch whose task was cancelled), recording each message as released first: those were
+    not completed by the run. Returns how many were released."""
+    _, markers_schema = _schemas()
+    sweeper = TaskStaging(staging, f"sweep{secrets.token_hex(3)}", SWEEP_PARTITION, 0)
+    released = batch = 0
     with target.client() as client:
-        for start in range(0, len(ids), 1000):
-            chunk = ids[start:start + 1000]
-            if target.dialect == "postgres":
-                cast = "uuid[]" if target.queue.options.get("client_ids") else "bigint[]"
-                rows = client.conn.execute(
-                    f"SELECT h.id FROM {table} AS h WHERE h.id = ANY(%s::{cast}) AND h.worker LIKE %s",
-                    (chunk, worker_prefix + "-p%")).fetchall()
-            else:
-                cursor = client.conn.cursor()
-                marks = ", ".join("?" for _ in chunk)
-                cursor.execute(f"SELECT h.id FROM {table} AS h WHERE h.id IN ({marks}) AND h.worker LIKE ?",
-                               *chunk, worker_prefix + "-p%")
-                rows = cursor.fetchall()
-                cursor.close()
-            confirmed.update(row[0] for row in rows)
-    return confirmed
+        for worker in run_workers(staging, run_id):
+            def record(rows: list[dict]) -> None:
+                nonlocal batch
+                batch += 1
+                sweeper.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch)
+            released += take_back(client, worker, batch_size, record)
+    return released
 
 
-def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, worker_prefix: str,
-                   staging: str) -> dict[str, Any]:
+def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, batch_size: int = 100) -> dict[str, Any]:
     """Staged results -> <output>/results/run_id=<run_id>: completed ones only, one row per id.
 
-    Re-runnable: it reads only the staging folder and the history table, and overwrites its folder.
+    First the sweep (what the run's workers still hold goes back to the queue, recorded as
+    released). Then a staged row is kept when its batch's marker says completed; or, for a batch
+    without a marker (its task died between commit and marker), when nothing is recorded about its
+    lease after it was staged (no marker of that lease, none of a later lease of the message, and
+    the sweep did not find it held): a completed message leaves the queue without a trace, every
+    other fate of a lease leaves one in the run's markers. Re-runnable:
+    it reads only the run's staging folder and overwrites the run's output folder.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    staging = staging_path(output, run_id)
     final_path = f"{output.rstrip('/')}/results/run_id={run_id}"
     results_dir, markers_dir = f"{staging}/results", f"{staging}/markers"
-    summary: dict[str, Any] = {"output": final_path, "staged_rows": 0, "completed": 0, "unconfirmed": 0,
-                               "confirmed_from_history": 0, "dead": 0, "retrying": 0, "lease_lost": 0}
-    markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
-    if markers is not None:
-        for row in markers.groupBy("outcome").agg(F.count("*").alias("n")).collect():
-            if row["outcome"] in ("dead", "retrying", "lease_lost"):
-                summary[row["outcome"]] = row["n"]
-    if not _has_staged_files(results_dir):
-        results_schema, _ = _schemas(bool(target.queue.options.get("client_ids")))
-        empty = spark.createDataFrame([], _spark_schema(results_schema)).select(*OUTPUT_COLUMNS)
-        empty.write.mode("overwrite").parquet(final_path)
-        return summary
-    staged = spark.read.parquet(results_dir).cache()
-    summary["staged_rows"] = staged.count()
-    keys = ["id", "part", "attempt", "batch"]
-    if markers is not None:
-        completed = (markers.filter(F.col("outcome") == "completed").select(*keys)
-                     .withColumn("marked", F.lit(True)))
-    else:
-        completed = staged.select(*keys).limit(0).withColumn("marked", F.lit(True))
-    joined = staged.join(completed, keys, "left")
-    marked_ids = completed.select("id").distinct()
-    uncertain = [row["id"] for row in staged.select("id").distinct().join(marked_ids, "id", "left_anti").collect()]
-    keep = F.col("marked")
-    if uncertain:
-        confirmed = confirm_completed(target, uncertain, worker_prefix)
-        if confirmed is None:
-            summary["unconfirmed"] = len(uncertain)
-            log().warning("drain %s: %s staged result(s) have no completion marker and the queue keeps no "
-                          "history to confirm them; they are left out of %s (see docs/pipelines.md)",
-                          target.name, len(uncertain), final_path)
-        else:
-            summary["confirmed_from_history"] = len(confirmed)
-            if confirmed:
-                keep = keep | F.col("id").isin(sorted(confirmed))
-    ranked = Window.partitionBy("id").orderBy(F.col("marked").desc_nulls_last(), "part", "attempt", "batch")
-    final = (joined.filter(F.coalesce(keep, F.lit(False)))
-             .withColumn("_rank", F.row_number().over(ranked))
-             .filter(F.col("_rank") == 1)
-             .select(*OUTPUT_COLUMNS))
-    final.write.mode("overwrite").parquet(final_path)
-    summary["completed"] = spark.read.parquet(final_path).count()
-    staged.unpersist()
-    if markers is not None:
+    summary: dict[str, Any] = {"output": final_path, "staged_rows": 0, "completed": 0,
+                               "confirmed_unmarked": 0, **{o: 0 for o in OUTCOMES if o != "completed"}}
+    with job_description(spark, f"drain {target.name}: finalize run {run_id}"):
+        summary["swept"] = sweep(target, staging, run_id, batch_size)
+        markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
+        if markers is not None:
+            for row in markers.filter(F.col("part") != SWEEP_PARTITION).groupBy("outcome").agg(F.count("*").alias("n")).collect():
+                if row["outcome"] in summary and row["outcome"] != "completed":
+                    summary[row["outcome"]] = row["n"]
+        if not _has_staged_files(results_dir):
+            results_schema, _ = _schemas()
+            empty = spark.createDataFrame([], _spark_schema(results_schema)).select(*OUTPUT_COLUMNS)
+            empty.write.mode("overwrite").parquet(final_path)
+            return summary
+        staged = spark.read.parquet(results_dir).cache()
+        summary["staged_rows"] = staged.count()
+        keys = ["id", "launch", "part", "attempt", "batch"]
+        if markers is None:
+            markers = staged.select(*keys).limit(0).withColumn("outcome", F.lit(None).cast("string"))
+        completed = markers.filter(F.col("outcome") == "completed").select(*keys).withColumn("marked", F.lit(True))
+        batch_keys = ["launch", "part", "attempt", "batch"]
+        marked_batches = markers.select(*batch_keys).distinct().withColumn("has_marker", F.lit(True))
+        # A trace of a staged lease: a marker of the same lease (same token: released, failed, lost)
+        # or of a later lease of the message (more attempts; a released lease gives its attempt back,
+        # so an equal count with another token is an earlier lease). A completed message has none.
+        later = (staged.select(*keys, "attempts", "lease_token")
+                 .join(markers.select("id", F.col("attempts").alias("marker_attempts"),
+                                      F.col("lease_token").alias("marker_token")), "id")
+                 .filter((F.col("marker_attempts") > F.col("attempts")) | (F.col("marker_token") == F.col("lease_token")))
+                 .select(*keys).distinct().withColumn("traced", F.lit(True)))
+        rows = (staged.join(completed, keys, "left")
+                .join(marked_batches, batch_keys, "left")
+                .join(later, keys, "left"))
+        # Unmarked: the batch has no marker file. Confirmed: unmarked, and no trace of the lease after it
+        # was staged, and the sweep did not find it held (that too is a released marker).
+        unmarked = F.col("has_marker").isNull()
+        confirmed = unmarked & F.col("traced").isNull()
+        confirmed_count = rows.agg(F.sum(F.when(confirmed, 1).otherwise(0)).alias("n")).collect()[0]["n"]
+        ranked = Window.partitionBy("id").orderBy(F.col("marked").desc_nulls_last(), "launch", "part", "attempt", "batch")
+        final = (rows.filter(F.coalesce(F.col("marked"), F.lit(False)) | confirmed)
+                 .withColumn("_rank", F.row_number().over(ranked))
+                 .filter(F.col("_rank") == 1)
+                 .select(*OUTPUT_COLUMNS))
+        final.write.mode("overwrite").parquet(final_path)
+        summary["completed"] = spark.read.parquet(final_path).count()
+        summary["confirmed_unmarked"] = int(confirmed_count or 0)
+        staged.unpersist()
         markers.unpersist()
     return summary
+
+
+def _exists(path: str) -> bool:
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(path)
+    return filesystem_.get_file_info(inner).type != fs.FileType.NotFound
+
+
+def staging_path(output: str, run_id: str) -> str:
+    return f"{output.rstrip('/')}/_staging/run_id={run_id}"
 
 
 def _spark_schema(arrow_schema: Any) -> Any:
@@ -352,105 +414,134 @@ def _spark_schema(arrow_schema: Any) -> Any:
     return T.StructType(fields)
 
 
-def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | Callable, output: str, *,
+def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | Callable | None, output: str, *,
               tasks: int = 2, batch_size: int = 100, lease_seconds: int | None = None,
-              time_budget_seconds: float = 600.0, retry_after_seconds: int = 0, wait_for_retries: bool = True,
-              poll_seconds: float = 1.0, probe: str | None = None, probe_args: dict[str, Any] | None = None,
-              keep_staging: bool = False) -> dict[str, Any]:
-    """Drain `queue` with `tasks` consumers; return the summary (output path, counts, per task)."""
+              time_budget_seconds: float = 600.0, retry_after_seconds: int = 0, idle_seconds: float = 5.0,
+              probe: str | None = None, probe_args: dict[str, Any] | None = None, keep_staging: bool = False,
+              run_id: str | None = None, finalize_only: bool = False) -> dict[str, Any]:
+    """Drain `queue` with `tasks` consumers and finalise; return the summary (output path, counts,
+    per task). run_id: go on with (or, with finalize_only, just finish) a run that was started before
+    and died; its results, old and new, land in one output folder. When tasks fail, the run is
+    finalised all the same (what was completed is written out) and the failure raised after."""
     target = QueueTarget.of(url, catalog, queue)
     target.require_kind("work")
-    if not isinstance(transform, str):
-        transform = f"{transform.__module__}:{transform.__qualname__}"
-    load_callable(transform)          # fail on the driver, not in every task
+    if finalize_only and not run_id:
+        raise PipelineError("finalize_only needs the run_id of the run to finish (logged when it started)")
+    if not finalize_only:
+        if transform is None:
+            raise PipelineError("transform is missing: package.module:function")
+        if not isinstance(transform, str):
+            transform = f"{transform.__module__}:{transform.__qualname__}"
+        load_callable(transform)          # fail on the driver, not in every task
     if probe:
         load_callable(probe)
     if not 1 <= batch_size <= 1000:
         raise PipelineError(f"batch_size must be between 1 and 1000, got {batch_size}")
     if tasks < 1:
         raise PipelineError(f"tasks must be at least 1, got {tasks}")
-    context = spark.sparkContext
-    if context.getConf().get("spark.speculation", "false").lower() == "true":
+    if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
         raise PipelineError("spark.speculation is on: a speculative copy of a drain task would be a second "
-                            "consumer under the same worker name (the work queue hands a worker's leased "
-                            "messages back to it); run the drain job with spark.speculation=false")
-    if tasks > context.defaultParallelism:
-        log().warning("drain: %s tasks but %s cores: the extra tasks start only when others finish",
-                      tasks, context.defaultParallelism)
-    run_id = f"{context.applicationId}-{secrets.token_hex(4)}"
-    staging = f"{output.rstrip('/')}/_staging/{run_id}"
-    config = DrainConfig(run_id=run_id, worker_prefix=f"spark-{run_id}", staging=staging, transform=transform,
-                         batch_size=batch_size, lease_seconds=lease_seconds,
-                         time_budget_seconds=time_budget_seconds, retry_after_seconds=retry_after_seconds,
-                         wait_for_retries=wait_for_retries, poll_seconds=poll_seconds, probe=probe,
-                         probe_args=dict(probe_args or {}))
+                            "consumer of the same batch; run the drain job with spark.speculation=false")
+    resuming = run_id is not None
+    run_id = run_id or f"r{secrets.token_hex(6)}"
+    staging = staging_path(output, run_id)
+    if resuming and not _exists(staging) and _exists(f"{output.rstrip('/')}/results/run_id={run_id}"):
+        raise PipelineError(f"drain {target.name}: run {run_id} is finished (its output is written and its staging "
+                            f"removed): going on would overwrite that output; start a new run")
     started = time.monotonic()
-    log().info("drain %s: run %s with %s tasks, batches of %s, time budget %ss", target.describe(), run_id,
-               tasks, batch_size, time_budget_seconds)
-
-    def task(_: int, __: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        yield drain_partition(target, config)
-
-    with progress_monitor(spark, f"drain {target.name}"):
-        per_task = sorted(context.parallelize(range(tasks), tasks).mapPartitionsWithIndex(task).collect(),
-                          key=lambda c: c["partition"])
-    summary: dict[str, Any] = {"queue": target.name, "run_id": run_id, "worker_prefix": config.worker_prefix}
-    summary.update(finalize_drain(spark, target, output, run_id, config.worker_prefix, staging))
-    summary["tasks"] = per_task
-    summary["retried_tasks"] = [c["partition"] for c in per_task if c["attempt"] > 0]
-    summary["seconds"] = elapsed_since(started)
-    with target.client() as client:
+    summary: dict[str, Any] = {"queue": target.name, "run_id": run_id, "tasks": [], "retried_tasks": []}
+    failure: BaseException | None = None
+    if not finalize_only:
+        require_shared_storage(spark, staging)
+        config = DrainConfig(run_id=run_id, launch=f"l{secrets.token_hex(3)}", staging=staging, transform=transform,
+                             batch_size=batch_size, lease_seconds=lease_seconds,
+                             time_budget_seconds=time_budget_seconds, retry_after_seconds=retry_after_seconds,
+                             idle_seconds=idle_seconds, probe=probe, probe_args=dict(probe_args or {}))
+        log().info("drain %s: run %s (launch %s) with %s tasks, batches of %s, time budget %ss", target.describe(),
+                   run_id, config.launch, tasks, batch_size, time_budget_seconds)
         try:
-            summary["queue_after"] = {k: v for k, v in client.stats().items()}
-        except Exception as exc:  # noqa: BLE001 - stats is an admin verb; the summary does without it
-            summary["queue_after"] = {"error": str(exc).splitlines()[0]}
-    if not keep_staging:
+            summary["tasks"] = _run_tasks(spark, target, config, tasks)
+        except Exception as exc:  # noqa: BLE001 - finalised below, raised after
+            failure = exc
+            log().error("drain %s: run %s: the tasks failed (%s); finalising what they completed", target.name,
+                        run_id, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        summary["retried_tasks"] = [c["partition"] for c in summary["tasks"] if c["attempt"] > 0]
+    summary.update(finalize_drain(spark, target, output, run_id, batch_size))
+    summary["seconds"] = elapsed_since(started)
+    if failure is None and not keep_staging:
         remove_tree(staging)
     else:
         summary["staging"] = staging
-    line = (f"drain {target.name}: {summary['completed']} completed (one output row each, {summary['output']}), "
-            f"{summary['dead']} dead, {summary['retrying']} retries, {summary['lease_lost']} leases lost, "
+    line = (f"drain {target.name}: run {run_id}: {summary['completed']} completed (one output row each, "
+            f"{summary['output']}), {summary['dead']} dead, {summary['retrying']} retries, "
+            f"{summary['lease_lost']} leases lost, {summary['swept']} taken back from the run's workers, "
             f"{len(summary['retried_tasks'])} task(s) retried by Spark ({summary['seconds']:.1f}s)")
-    if summary["unconfirmed"]:
-        line += f"; {summary['unconfirmed']} result(s) unconfirmed and left out"
     log().info(line)
+    if failure is not None:
+        raise PipelineError(f"drain {target.name}: run {run_id} failed after writing its {summary['completed']} "
+                            f"completed result(s) to {summary['output']}; start it again with --run-id {run_id} "
+                            f"to go on (its staging stays in {staging})") from failure
     return summary
+
+
+def _run_tasks(spark: Any, target: QueueTarget, config: DrainConfig, tasks: int) -> list[dict[str, Any]]:
+    """The consumers as one Spark job over `tasks` partitions (DataFrame API: Spark Connect works)."""
+    import pyarrow as pa
+
+    def consume(batches: Iterator[Any]) -> Iterator[Any]:
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"counts": [json.dumps(drain_partition(target, config))]})
+
+    with job_description(spark, f"drain {target.name}: run {config.run_id}, {tasks} consumers"), \
+            progress_monitor(spark, f"drain {target.name}"):
+        rows = spark.range(0, tasks, 1, tasks).mapInArrow(consume, "counts string").collect()
+    return sorted((json.loads(row["counts"]) for row in rows), key=lambda c: c["partition"])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.drain_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True, help="postgresql://... or mssql+pyodbc://...")
-    parser.add_argument("--catalog", required=True)
-    parser.add_argument("--queue", required=True, help="a queue of kind work")
-    parser.add_argument("--transform", required=True, help="package.module:function")
-    parser.add_argument("--output", required=True, help="folder shared by driver and executors")
+    parser.add_argument("--url", help=f"postgresql://... or mssql+pyodbc://... without a password "
+                                      f"(default: --url-file, else $TABLEQUEUE_URL)")
+    parser.add_argument("--url-file", help="a file whose first line is the database URL")
+    parser.add_argument("--catalog")
+    parser.add_argument("--queue", help="a queue of kind work")
+    parser.add_argument("--transform", help="package.module:function")
+    parser.add_argument("--output", help="folder shared by driver and executors")
     parser.add_argument("--tasks", type=int, default=2, help="consumers (Spark tasks)")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--lease-seconds", type=int, help="default: the queue's lease_seconds")
     parser.add_argument("--time-budget", type=float, default=600.0, help="seconds; then tasks stop leasing")
+    parser.add_argument("--idle-seconds", type=float, default=5.0,
+                        help="a task stops when nothing is ready for this long")
     parser.add_argument("--retry-after", type=int, default=0, help="retry_after_seconds passed to fail")
-    parser.add_argument("--no-wait", action="store_true",
-                        help="stop at the first empty dequeue, even while retries are delayed")
+    parser.add_argument("--run-id", help="go on with the run of this id (logged when it started)")
+    parser.add_argument("--finalize-only", action="store_true",
+                        help="with --run-id: take back the run's leases and write its output, lease nothing")
     parser.add_argument("--keep-staging", action="store_true")
     parser.add_argument("--master", help="Spark master when run with python (default local[*])")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     spark = build_session("tablequeue-drain", master=args.master)
     try:
-        summary = run_drain(spark, args.url, args.catalog, args.queue, args.transform, args.output,
-                            tasks=args.tasks, batch_size=args.batch_size, lease_seconds=args.lease_seconds,
-                            time_budget_seconds=args.time_budget, retry_after_seconds=args.retry_after,
-                            wait_for_retries=not args.no_wait, keep_staging=args.keep_staging)
+        args = parser.parse_args(conf_arguments(spark, parser) + argv)
+        require_options(args, ("catalog", "queue", "output") + (() if args.finalize_only else ("transform",)),
+                        parser.prog)
+        url = resolve_url(args.url, args.url_file)
+        run_drain(spark, url, args.catalog, args.queue, args.transform, args.output, tasks=args.tasks,
+                  batch_size=args.batch_size, lease_seconds=args.lease_seconds, time_budget_seconds=args.time_budget,
+                  retry_after_seconds=args.retry_after, idle_seconds=args.idle_seconds,
+                  keep_staging=args.keep_staging, run_id=args.run_id, finalize_only=args.finalize_only)
     except PipelineError as exc:
         print(f"drain_job: {exc}", file=sys.stderr)
         return 2
     finally:
         spark.stop()
-    for task in summary["tasks"]:
-        print(json.dumps(task, default=str))
     return 0
 
 

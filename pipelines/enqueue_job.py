@@ -1,53 +1,33 @@
-"""Enqueue a dataset (Parquet, CSV or JSON) into a queue, one connection per Spark partition.
+"""Enqueue a dataset (Parquet, CSV or JSON) into a queue through format("tablequeue").
 
 Each row becomes one message: its payload is the JSON of the row (or of the columns picked and
-renamed with --columns), its dedupe key a column of the row (--dedupe-column) or a SHA-256 of the
-row's canonical JSON. The queue must have `dedupe: true`: then a Spark task that is retried, or a
-whole job that is run again, re-sends rows the queue already has and they come back as duplicates
-instead of second messages.
+renamed with --columns), its dedupe key the SHA-256 of the key columns (--key), both computed in the
+JVM (pipelines.sources.to_messages). The queue must have `dedupe: true`: then a Spark task that is
+retried, or a whole job that is run again, re-sends rows the queue still holds and they come back as
+duplicates instead of second messages; --ledger extends that to rows already consumed.
 
-    python -m pipelines.enqueue_job --url postgresql://... --catalog database/queues.yml \
-        --queue emails --input data/customers.parquet --columns id,name:customer_name
+    TABLEQUEUE_URL=postgresql://... python -m pipelines.enqueue_job --catalog database/queues.yml \
+        --queue emails --input data/customers.parquet --key id --columns id,name:customer_name
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
+import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 if __package__ in (None, ""):  # `spark-submit pipelines/enqueue_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, build_session, canonical_json,  # noqa: E402
-                              elapsed_since, load_callable, log, progress_monitor)
+from pipelines.common import (PipelineError, QueueTarget, build_session, conf_arguments,  # noqa: E402
+                              elapsed_since, job_description, load_callable, require_options, resolve_url)
+from pipelines.sources import FORMAT, require_dedupe, target_options, to_messages  # noqa: E402
 
 FORMATS = ("parquet", "csv", "json")
-MAX_DEDUPE_KEY = 200   # the templates' CHECK (length(dedupe_key) <= 200)
-
-
-def parse_columns(spec: str | Sequence[str] | Mapping[str, str] | None) -> dict[str, str] | None:
-    """'a,b:new_b' or ['a', 'b:new_b'] or {'a': 'a', 'b': 'new_b'} -> {source: payload field}."""
-    if spec is None:
-        return None
-    if isinstance(spec, Mapping):
-        mapping = dict(spec)
-    else:
-        items = spec.split(",") if isinstance(spec, str) else list(spec)
-        mapping = {}
-        for item in (i.strip() for i in items):
-            if not item:
-                continue
-            source, _, target = item.partition(":")
-            mapping[source.strip()] = (target or source).strip()
-    if not mapping:
-        raise PipelineError("--columns is empty: name at least one column (source or source:field)")
-    targets = list(mapping.values())
-    if len(set(targets)) != len(targets):
-        raise PipelineError(f"--columns maps two columns to the same payload field: {targets}")
-    return mapping
 
 
 def read_dataset(spark: Any, source: str, fmt: str | None = None,
@@ -66,155 +46,75 @@ def read_dataset(spark: Any, source: str, fmt: str | None = None,
         reader = reader.option(key, value)
     return reader.load(source)
 
-
-def row_payload(row: Mapping[str, Any], columns: Mapping[str, str] | None) -> dict[str, Any]:
-    if columns is None:
-        return dict(row)
-    return {target: row[source] for source, target in columns.items()}
-
-
-def row_dedupe_key(row: Mapping[str, Any], dedupe_column: str | None) -> str:
-    """The given column's value, or the SHA-256 of the whole row's canonical JSON (stable across
-    runs, partitionings and nodes: sorted keys, fixed encodings for dates, decimals and bytes)."""
-    if dedupe_column is not None:
-        value = row[dedupe_column]
-        if value is None:
-            raise PipelineError(f"row has no value in dedupe column {dedupe_column!r}: without a key the "
-                                f"row could be enqueued twice on a retry; fix the data or derive the key")
-        key = value if isinstance(value, str) else canonical_json(value)
-        if len(key) > MAX_DEDUPE_KEY:
-            raise PipelineError(f"dedupe key from column {dedupe_column!r} is {len(key)} characters; the "
-                                f"queue accepts at most {MAX_DEDUPE_KEY}")
-        return key
-    return hashlib.sha256(canonical_json(dict(row)).encode("utf-8")).hexdigest()
-
-
-def _payload_for(target: QueueTarget, payload: dict[str, Any]) -> Any:
-    """The row's canonical JSON (dates, decimals, bytes as json_default has them): as text for json
-    and text queues (a json queue parses it once), as UTF-8 bytes for binary ones."""
-    text = canonical_json(payload)
-    return text.encode("utf-8") if target.queue.payload == "binary" else text
-
-
-def enqueue_partition(target: QueueTarget, rows: Iterable[Any], columns: Mapping[str, str] | None,
-                      dedupe_column: str | None, batch_size: int, log_every: int,
-                      probe: str | None = None, probe_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Run on an executor: enqueue one partition's rows in batches over one connection (each batch
-    its own transaction). probe (a dotted path, see pipelines.faults) is called after each batch."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    partition = context.partitionId() if context else 0
-    attempt = context.attemptNumber() if context else 0
-    started = time.monotonic()
-    counts = {"partition": partition, "attempt": attempt, "rows": 0, "enqueued": 0, "duplicates": 0,
-              "batches": 0}
-    next_log = log_every
-    on_batch = load_callable(probe) if probe else None
-    with target.client() as client:
-        batch: list[dict[str, Any]] = []
-
-        def flush() -> None:
-            results = client.enqueue_batch(batch)
-            duplicates = sum(1 for r in results if r["duplicate"])
-            counts["duplicates"] += duplicates
-            counts["enqueued"] += len(results) - duplicates
-            counts["rows"] += len(results)
-            counts["batches"] += 1
-            batch.clear()
-            if on_batch is not None:
-                on_batch("enqueued", {"partition": partition, "attempt": attempt, "batch": counts["batches"],
-                                      "completed_in_batch": len(results)}, **dict(probe_args or {}))
-
-        for spark_row in rows:
-            row = spark_row.asDict(recursive=True)
-            batch.append({"payload": _payload_for(target, row_payload(row, columns)),
-                          "dedupe_key": row_dedupe_key(row, dedupe_column)})
-            if len(batch) >= batch_size:
-                flush()
-                if counts["rows"] >= next_log:
-                    log().info("enqueue %s partition %s (attempt %s): %s rows, %s new, %s duplicates",
-                               target.name, partition, attempt, counts["rows"], counts["enqueued"],
-                               counts["duplicates"])
-                    next_log += log_every
-        if batch:
-            flush()
-    counts["seconds"] = elapsed_since(started)
-    log().info("enqueue %s partition %s (attempt %s) done: %s rows, %s new, %s duplicates in %.1fs",
-               target.name, partition, attempt, counts["rows"], counts["enqueued"], counts["duplicates"],
-               counts["seconds"])
-    return counts
-
-
-def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, fmt: str | None = None,
-                columns: str | Sequence[str] | Mapping[str, str] | None = None,
-                dedupe_column: str | None = None, batch_size: int = 1000, partitions: int | None = None,
-                read_options: Mapping[str, str] | None = None, log_every: int = 10_000,
+def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, key: str | Sequence[str],
+                fmt: str | None = None, columns: str | Sequence[str] | Mapping[str, str] | None = None,
+                batch_size: int = 1000, max_connections: int | None = 16,
+                read_options: Mapping[str, str] | None = None, ledger: str | None = None,
                 probe: str | None = None, probe_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Enqueue every row of `source` (a path, or a DataFrame) into `queue`; return the counts.
 
-    `enqueued` counts rows the queue did not have, `duplicates` rows whose dedupe key it already had
-    (from an earlier run, or from an attempt of the same task that Spark retried).
+    `enqueued` counts rows the queue did not have, `duplicates` rows whose dedupe key it still held
+    (from an earlier run, or from an attempt of the same task that Spark retried), `refused` rows
+    with NaN or an infinity (the job fails after writing the others).
     """
     target = QueueTarget.of(url, catalog, queue)
-    if not target.queue.options.get("dedupe"):
-        raise PipelineError(
-            f"{target.name} has dedupe: false; the enqueue job needs dedupe: true, because Spark re-runs "
-            f"failed tasks and only a dedupe key makes a re-sent row a duplicate instead of a second "
-            f"message (set options: {{dedupe: true}} in the catalog; it changes the table, so deploy it "
-            f"under a new queue name)")
-    if not 1 <= batch_size <= 1000:
-        raise PipelineError(f"batch_size must be between 1 and 1000, got {batch_size}")
-    mapping = parse_columns(columns)
+    require_dedupe(target)
     if probe:
         load_callable(probe)
-    frame = source if hasattr(source, "rdd") else read_dataset(spark, str(source), fmt, read_options)
-    missing = [c for c in list(mapping or {}) + ([dedupe_column] if dedupe_column else [])
-               if c not in frame.columns]
-    if missing:
-        raise PipelineError(f"column(s) {missing} not in the dataset (columns: {frame.columns})")
-    if partitions:
-        frame = frame.repartition(partitions)
+    frame = source if hasattr(source, "sparkSession") else read_dataset(spark, str(source), fmt, read_options)
+    messages = to_messages(frame, key, columns=columns, binary=target.queue.payload == "binary",
+                           max_connections=max_connections, ledger=ledger)
     started = time.monotonic()
-
-    def task(_: int, rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        yield enqueue_partition(target, rows, mapping, dedupe_column, batch_size, log_every, probe, probe_args)
-
-    with progress_monitor(spark, f"enqueue {target.name}"):
-        # Counts come back as the partitions' results, so only the successful attempt of each task
-        # is counted (an accumulator in a transformation could count a retried task twice).
-        per_partition = sorted(frame.rdd.mapPartitionsWithIndex(task).collect(),
-                               key=lambda c: c["partition"])
-    summary = {
-        "queue": target.name,
-        "rows": sum(c["rows"] for c in per_partition),
-        "enqueued": sum(c["enqueued"] for c in per_partition),
-        "duplicates": sum(c["duplicates"] for c in per_partition),
-        "partitions": per_partition,
-        "seconds": elapsed_since(started),
-    }
-    retried = [c["partition"] for c in per_partition if c["attempt"] > 0]
-    summary["retried_partitions"] = retried
-    line = (f"enqueue {target.name}: {summary['rows']} rows in {len(per_partition)} partitions -> "
-            f"{summary['enqueued']} enqueued, {summary['duplicates']} duplicates "
-            f"({summary['seconds']:.1f}s)")
-    if retried:
-        line += f"; partitions {retried} were retried by Spark (their re-sent rows count as duplicates)"
-    log().info(line)
+    folder = tempfile.mkdtemp(prefix="tablequeue-enqueue-")     # mode 0700: the URL may hold a password
+    url_file, summary_file = os.path.join(folder, "url"), os.path.join(folder, "summary.json")
+    try:
+        with open(os.open(url_file, os.O_WRONLY | os.O_CREAT, 0o600), "w", encoding="utf-8") as handle:
+            handle.write(url)
+        writer = messages.write.format(FORMAT).mode("append").options(**target_options(target, url_file))
+        writer = writer.option("batchSize", str(batch_size)).option("summaryFile", summary_file)
+        if max_connections is not None:
+            writer = writer.option("maxConnections", str(max_connections))
+        if ledger is not None:
+            writer = writer.option("ledger", ledger)
+        if probe:
+            writer = writer.option("probe", probe).option("probeArgs", json.dumps(dict(probe_args or {})))
+        failure: Exception | None = None
+        with job_description(spark, f"enqueue {target.name}"):
+            try:
+                writer.save()
+            except Exception as exc:  # noqa: BLE001 - refused rows fail the job after the rest is written
+                failure = exc
+        summary = json.loads(Path(summary_file).read_text()) if Path(summary_file).exists() else None
+    finally:
+        for name in (url_file, summary_file):
+            if os.path.exists(name):
+                os.unlink(name)
+        os.rmdir(folder)
+    if failure is not None:
+        if summary is not None and summary["refused"]:
+            raise PipelineError(f"{target.name}: {summary['refused']} row(s) refused and not enqueued, the other "
+                                f"{summary['rows'] - summary['refused']} written; first: "
+                                f"{'; '.join(summary['refused_samples'])}") from None
+        raise failure
+    summary["seconds"] = elapsed_since(started)
     return summary
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.enqueue_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True, help="postgresql://... or mssql+pyodbc://...")
-    parser.add_argument("--catalog", required=True, help="the catalog YAML the queue was deployed from")
-    parser.add_argument("--queue", required=True)
-    parser.add_argument("--input", required=True, help="file or folder (local, hdfs://, s3a://, ...)")
+    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
+                                      "(default: --url-file, else $TABLEQUEUE_URL)")
+    parser.add_argument("--url-file", help="a file whose first line is the database URL")
+    parser.add_argument("--catalog", help="the catalog YAML the queue was deployed from")
+    parser.add_argument("--queue")
+    parser.add_argument("--input", help="file or folder (local, hdfs://, s3a://, ...)")
     parser.add_argument("--format", choices=FORMATS, help="default: from the file extension")
+    parser.add_argument("--key", help="the columns that identify a row: col,col,... (hashed into the dedupe key)")
     parser.add_argument("--columns", help="payload fields: col,col:renamed,... (default: every column)")
-    parser.add_argument("--dedupe-column", help="column holding the dedupe key (default: hash of the row)")
     parser.add_argument("--batch-size", type=int, default=1000, help="items per enqueue_batch call")
-    parser.add_argument("--partitions", type=int, help="repartition the input first (= connections)")
+    parser.add_argument("--max-connections", type=int, default=16,
+                        help="at most this many partitions, and so connections, at once (coalesce, no shuffle)")
+    parser.add_argument("--ledger", help="folder of the keys sent before: skip them, record the new ones")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a reader option, e.g. --option delimiter=';' (repeatable)")
     parser.add_argument("--master", help="Spark master when run with python (default local[*])")
@@ -222,13 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    options = dict(o.split("=", 1) for o in args.option)
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     spark = build_session("tablequeue-enqueue", master=args.master)
     try:
-        run_enqueue(spark, args.url, args.catalog, args.queue, args.input, fmt=args.format,
-                    columns=args.columns, dedupe_column=args.dedupe_column, batch_size=args.batch_size,
-                    partitions=args.partitions, read_options=options)
+        args = parser.parse_args(conf_arguments(spark, parser) + argv)
+        require_options(args, ("catalog", "queue", "input", "key"), parser.prog)
+        options = dict(o.split("=", 1) for o in args.option)
+        run_enqueue(spark, resolve_url(args.url, args.url_file), args.catalog, args.queue, args.input,
+                    key=args.key, fmt=args.format, columns=args.columns, batch_size=args.batch_size,
+                    max_connections=args.max_connections, read_options=options, ledger=args.ledger)
     except PipelineError as exc:
         print(f"enqueue_job: {exc}", file=sys.stderr)
         return 2

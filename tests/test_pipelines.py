@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import secrets
 import shutil
 import threading
@@ -34,7 +35,7 @@ from pipelines.demo import run_spark_demo  # noqa: E402
 from pipelines.drain_job import run_drain  # noqa: E402
 from pipelines.faults import SimulatedCrash, crash_plan  # noqa: E402
 from pipelines.enqueue_job import run_enqueue  # noqa: E402
-from pipelines.report_job import run_report  # noqa: E402
+from pipelines.report_job import PERCENTILE_ACCURACY, run_report  # noqa: E402
 from tablequeue.catalog import Catalog, load_catalog, parse_catalog  # noqa: E402
 from tablequeue.deploy import deploy  # noqa: E402
 from tablequeue.engines import connect, dialect_for  # noqa: E402
@@ -137,14 +138,13 @@ def table(catalog: Catalog, name: str, suffix: str = "") -> str:
 # -- enqueue ---------------------------------------------------------------------------------------
 def test_enqueue_100k_rows_twice_leaves_100k_messages(spark, pg, tmp_path):
     catalog = pg.deploy(work_queue("bulk"))
-    dataset = customers(spark, tmp_path / "customers", 100_000, files=8)
+    dataset = spark.read.parquet(customers(spark, tmp_path / "customers", 100_000, files=8)).repartition(8)
 
-    first = run_enqueue(spark, pg.url, catalog, "bulk", dataset, partitions=8, batch_size=1000)
-    assert (first["rows"], first["enqueued"], first["duplicates"]) == (100_000, 100_000, 0)
-    assert len(first["partitions"]) == 8 and all(p["rows"] > 0 for p in first["partitions"])
+    first = run_enqueue(spark, pg.url, catalog, "bulk", dataset, key="id", max_connections=8, batch_size=1000)
+    assert (first["rows"], first["enqueued"], first["duplicates"], first["partitions"]) == (100_000, 100_000, 0, 8)
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'bulk')}") == 100_000
 
-    second = run_enqueue(spark, pg.url, catalog, "bulk", dataset, partitions=8, batch_size=1000)
+    second = run_enqueue(spark, pg.url, catalog, "bulk", dataset, key="id", max_connections=8, batch_size=1000)
     assert (second["rows"], second["enqueued"], second["duplicates"]) == (100_000, 0, 100_000)
     depth = pg.rows(f"SELECT count(*) AS n, count(DISTINCT dedupe_key) AS keys, "
                     f"count(DISTINCT payload->>'id') AS ids FROM {table(catalog, 'bulk')}")[0]
@@ -154,30 +154,29 @@ def test_enqueue_100k_rows_twice_leaves_100k_messages(spark, pg, tmp_path):
     assert sample == {"id": 4242, "name": "customer 4242", "amount": 24.2, "poison": False, "flaky": False}
 
 
-def test_enqueue_column_mapping_and_dedupe_column(spark, pg, tmp_path):
+def test_enqueue_column_mapping_and_key_columns(spark, pg, tmp_path):
     catalog = pg.deploy(work_queue("mapped"))
     dataset = customers(spark, tmp_path / "mapped", 500, files=2)
-    summary = run_enqueue(spark, pg.url, catalog, "mapped", dataset, columns="id,name:customer_name",
-                          dedupe_column="id")
+    summary = run_enqueue(spark, pg.url, catalog, "mapped", dataset, columns="id,name:customer_name", key="id")
     assert summary["enqueued"] == 500
     rows = pg.rows(f"SELECT dedupe_key, payload FROM {table(catalog, 'mapped')} ORDER BY id")
-    assert {r["dedupe_key"] for r in rows} == {str(i) for i in range(500)}
+    assert len({r["dedupe_key"] for r in rows}) == 500 and all(len(r["dedupe_key"]) == 64 for r in rows)
     assert all(set(r["payload"]) == {"id", "customer_name"} for r in rows)
     assert all(r["payload"]["customer_name"] == f"customer {r['payload']['id']}" for r in rows)
-    # A CSV of the same rows with the same dedupe column: all duplicates.
+    # A CSV of the same rows (its id column inferred as int, not bigint) with the same key: all duplicates.
     csv = tmp_path / "mapped.csv"
     spark.read.parquet(dataset).write.option("header", "true").csv(str(csv))
     again = run_enqueue(spark, pg.url, catalog, "mapped", str(csv), fmt="csv", columns="id,name:customer_name",
-                        dedupe_column="id")
+                        key="id")
     assert (again["enqueued"], again["duplicates"]) == (0, 500)
 
 
 def test_enqueue_task_retried_by_spark_enqueues_nothing_twice(spark, pg, tmp_path):
     catalog = pg.deploy(work_queue("retried"))
-    dataset = customers(spark, tmp_path / "retried", 20_000, files=4)
+    dataset = spark.read.parquet(customers(spark, tmp_path / "retried", 20_000, files=4)).repartition(4)
     # Attempt 0 of partition 1 dies after its 2nd batch of 1000 was committed; Spark runs it again.
-    summary = run_enqueue(spark, pg.url, catalog, "retried", dataset, partitions=4, batch_size=1000,
-                          probe=CRASH, probe_args={"at": "enqueued", "partition": 1, "batch": 2})
+    summary = run_enqueue(spark, pg.url, catalog, "retried", dataset, key="id", max_connections=4,
+                          batch_size=1000, probe=CRASH, probe_args={"at": "enqueued", "partition": 1, "batch": 2})
     assert summary["retried_partitions"] == [1]
     assert summary["rows"] == 20_000
     # The retry re-sent the 2,000 rows the dead attempt had committed: they came back as duplicates.
@@ -186,11 +185,90 @@ def test_enqueue_task_retried_by_spark_enqueues_nothing_twice(spark, pg, tmp_pat
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'retried')}") == 20_000
 
 
+def message_keys(spark: Any, rows: list[tuple], schema: str, key: list[str]) -> list[str]:
+    from pipelines.sources import to_messages
+
+    frame = spark.createDataFrame(rows, schema)
+    return [r["dedupe_key"] for r in to_messages(frame, key).orderBy("payload").collect()]
+
+
+def test_keys_are_the_same_under_other_time_zones_and_column_orders(spark):
+    """The key is made in the JVM from the instant (not a wall-clock reading) and the named columns
+    (not their order): another session time zone (what an executor's local zone was to Python's
+    naive datetimes), another column order and another order of the key's names give the same keys;
+    the autumn hour that a New York wall clock shows twice gives two keys."""
+    first = datetime(2024, 11, 3, 5, 30, tzinfo=timezone.utc)     # 01:30 EDT
+    second = datetime(2024, 11, 3, 6, 30, tzinfo=timezone.utc)    # 01:30 EST, the same wall clock
+    rows = [(1, "a", first), (2, "b", second)]
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+        in_new_york = message_keys(spark, rows, "id long, name string, at timestamp", ["id", "at"])
+        spark.conf.set("spark.sql.session.timeZone", "Asia/Kolkata")
+        reordered = message_keys(spark, [(at, name, i) for i, name, at in rows],
+                                 "at timestamp, name string, id long", ["at", "id"])
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+    assert in_new_york == reordered
+    assert len(set(in_new_york)) == 2
+    # Only the key columns count: another value elsewhere in the row keeps the key.
+    renamed = message_keys(spark, [(1, "z", first)], "id long, name string, at timestamp", ["id", "at"])
+    assert renamed == in_new_york[:1]
+
+
+def test_writer_refuses_nan_rows_by_name_and_writes_the_rest(spark, pg, tmp_path):
+    catalog = pg.deploy(work_queue("nan"))
+    frame = spark.createDataFrame([(i, float("nan") if i == 3 else i / 2) for i in range(10)], "id long, amount double")
+    with pytest.raises(PipelineError, match=r"1 row\(s\) refused and not enqueued, the other 9 written; "
+                                            r"first: key [0-9a-f]{16}\.\.\.: column amount is NaN or infinite"):
+        run_enqueue(spark, pg.url, catalog, "nan", frame, key="id")
+    assert sorted(r["id"] for r in pg.rows(f"SELECT (payload->>'id')::int AS id FROM {table(catalog, 'nan')}")) \
+        == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_writer_caps_connections_and_keeps_a_ledger_of_what_it_sent(spark, pg, tmp_path):
+    """Re-running an input after some of it was consumed: dedupe covers only the messages still in
+    the queue, so the consumed rows would come back as new messages; the ledger leaves them out."""
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("ledgered"))
+    frame = spark.range(0, 400, 1, 4).selectExpr("id", "concat('c', id) AS name")
+    ledger = str(tmp_path / "ledger")
+    first = run_enqueue(spark, pg.url, catalog, "ledgered", frame, key="id", max_connections=2, ledger=ledger)
+    assert (first["enqueued"], first["partitions"]) == (400, 2)
+    conn = connect(pg.url, autocommit=True)
+    try:
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "ledgered")
+        consumed = client.dequeue(100, worker="consumer")
+        assert all(r["completed"] for r in client.complete_batch(consumed, "consumer"))
+    finally:
+        conn.close()
+    with_ledger = run_enqueue(spark, pg.url, catalog, "ledgered", frame, key="id", max_connections=2, ledger=ledger)
+    assert (with_ledger["rows"], with_ledger["enqueued"]) == (0, 0)
+    without = run_enqueue(spark, pg.url, catalog, "ledgered", frame, key="id", max_connections=2)
+    assert (without["enqueued"], without["duplicates"]) == (100, 300)
+    # An input of more partitions than maxConnections is refused before it connects, not shuffled.
+    from pipelines.sources import target_options
+    from pipelines.common import QueueTarget
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    with pytest.raises(Exception, match="partition [1-3] of the input is beyond maxConnections=1"):
+        (to_messages_of(frame).write.format("tablequeue").mode("append")
+         .options(**target_options(QueueTarget.of(pg.url, catalog, "ledgered"), str(url_file)))
+         .option("maxConnections", "1").save())
+
+
+def to_messages_of(frame: Any) -> Any:
+    from pipelines.sources import to_messages
+
+    return to_messages(frame, "id")
+
+
 def test_enqueue_refuses_a_queue_without_dedupe(spark, pg, tmp_path):
     catalog = parse_catalog({"schema": "nodedupe", "queues": [
         {"name": "plain", "kind": "work", "payload": "json", "options": {"history": True}}]})
     with pytest.raises(PipelineError, match=r"nodedupe\.plain has dedupe: false.*dedupe: true"):
-        run_enqueue(spark, pg.url, catalog, "plain", str(tmp_path / "never-read"))
+        run_enqueue(spark, pg.url, catalog, "plain", str(tmp_path / "never-read"), key="id")
 
 
 # -- drain -----------------------------------------------------------------------------------------
@@ -201,7 +279,7 @@ def drained(spark, pg, tmp_path_factory) -> dict:
     catalog = pg.deploy(work_queue("emails"))
     folder = tmp_path_factory.mktemp("drain")
     dataset = customers(spark, folder / "input", 5_000, files=4, poison_every=50, flaky_every=10)
-    enqueued = run_enqueue(spark, pg.url, catalog, "emails", dataset)
+    enqueued = run_enqueue(spark, pg.url, catalog, "emails", dataset, key="id")
     started = datetime.now(timezone.utc)
     summary = run_drain(spark, pg.url, catalog, "emails", TRANSFORM, str(folder / "output"), tasks=2,
                         batch_size=100, lease_seconds=30, time_budget_seconds=240)
@@ -227,8 +305,10 @@ def test_drain_leaves_one_output_row_per_completed_message(drained, pg):
     # Exactly one output row per completed message, and only for completed ones.
     ids = Counter(row["id"] for row in output)
     assert len(output) == len(ids) == len(history) == summary["completed"] == 4_900
-    assert set(ids) == {h["id"] for h in history}
-    assert all(h["worker"].startswith(summary["worker_prefix"]) for h in history)
+    assert set(ids) == {str(h["id"]) for h in history}
+    # One worker name per task attempt, under the run's id.
+    assert {h["worker"] for h in history} == {t["worker"] for t in summary["tasks"]}
+    assert all(w.startswith(f"spark-{summary['run_id']}-") for w in {h["worker"] for h in history})
     # The transform's result is what was written; flaky messages took two attempts.
     for row in output:
         result = json.loads(row["result"])
@@ -245,7 +325,7 @@ def test_drain_task_killed_between_its_completes_and_retried_by_spark_leaves_no_
     (twice with history, nohist without), so each point's Spark retry is paid for once."""
     catalog = pg.deploy(work_queue("crashy"))
     dataset = customers(spark, tmp_path / "input", 1_000, files=2)
-    run_enqueue(spark, pg.url, catalog, "crashy", dataset)
+    run_enqueue(spark, pg.url, catalog, "crashy", dataset, key="id")
     summary = run_drain(spark, pg.url, catalog, "crashy", "pipelines.transforms:uppercase_name",
                         str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
                         time_budget_seconds=180, probe=CRASH,
@@ -257,10 +337,11 @@ def test_drain_task_killed_between_its_completes_and_retried_by_spark_leaves_no_
     assert len(history) == 1_000
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'crashy', '_dead')}") == 0
     assert len(output) == len({row["id"] for row in output}) == 1_000
-    assert {row["id"] for row in output} == {h["id"] for h in history}
-    # The killed attempt's results were staged but its completes rolled back: the retry did them again.
+    assert {row["id"] for row in output} == {str(h["id"]) for h in history}
+    # The killed attempt's results were staged but its completes rolled back: the retry took its
+    # leases back (released, attempt returned) and did them again.
     assert summary["staged_rows"] >= 1_050
-    assert summary["confirmed_from_history"] == 0
+    assert summary["confirmed_unmarked"] == 0 and summary["released"] >= 50
 
 
 def test_drain_result_staged_for_a_message_that_later_dies_is_not_output(spark, pg, tmp_path):
@@ -269,7 +350,7 @@ def test_drain_result_staged_for_a_message_that_later_dies_is_not_output(spark, 
     (the downstream went away with the first attempt): with max_attempts 1 they end dead. Their
     results staged before the crash were never completed: none of them may reach the output."""
     catalog = pg.deploy(work_queue("doomed", max_attempts=1))
-    run_enqueue(spark, pg.url, catalog, "doomed", customers(spark, tmp_path / "input", 600, files=2))
+    run_enqueue(spark, pg.url, catalog, "doomed", customers(spark, tmp_path / "input", 600, files=2), key="id")
     summary = run_drain(spark, pg.url, catalog, "doomed", "pipelines.faults:first_task_attempt_only",
                         str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=30,
                         time_budget_seconds=180, probe=CRASH,
@@ -279,17 +360,16 @@ def test_drain_result_staged_for_a_message_that_later_dies_is_not_output(spark, 
     history = {h["id"] for h in pg.rows(f"SELECT id FROM {table(catalog, 'doomed', '_history')}")}
     assert len(dead) >= 50 and len(dead) + len(history) == 600 and not dead & history
     output = output_rows(summary["output"])
-    assert len(output) == len(history) and {row["id"] for row in output} == history
+    assert len(output) == len(history) and {row["id"] for row in output} == {str(h) for h in history}
 
 
 def test_drain_task_killed_twice_keeps_one_row_per_message(spark, pg, tmp_path):
-    """Attempt 0 of task 0 dies after staging its 2nd batch; attempt 1 takes those 50 messages back
-    (its own leases), stages them again, commits their completes and dies before the marker. Both
-    attempts' rows for those ids are unmarked and confirmed in history: one of each pair is kept."""
+    """Attempt 0 of task 0 dies after staging its 2nd batch; attempt 1 takes its predecessor's 50
+    leases back (released, recorded), leases a batch (some of them again), stages it, commits its
+    completes and dies before the marker. Attempt 0's rows are traced (their leases were released) and
+    left out; attempt 1's have no trace after staging: confirmed. One row per message."""
     catalog = pg.deploy(work_queue("twice"))
-    run_enqueue(spark, pg.url, catalog, "twice", customers(spark, tmp_path / "input", 600, files=2))
-    # The lease outlasts a slow machine's task retry (seconds to tens of seconds): attempt 1 must find
-    # attempt 0's messages still leased to it, not taken over by task 1 after the lease ran out.
+    run_enqueue(spark, pg.url, catalog, "twice", customers(spark, tmp_path / "input", 600, files=2), key="id")
     summary = run_drain(spark, pg.url, catalog, "twice", "pipelines.transforms:uppercase_name",
                         str(tmp_path / "output"), tasks=2, batch_size=50, lease_seconds=150,
                         time_budget_seconds=180, probe="pipelines.faults:crash_plan",
@@ -297,25 +377,28 @@ def test_drain_task_killed_twice_keeps_one_row_per_message(spark, pg, tmp_path):
                                              {"at": "committed", "attempt": 1, "batch": 1}],
                                     "hold": str(tmp_path / "hold")})
     assert [(t["partition"], t["attempt"]) for t in summary["tasks"]] == [(0, 2), (1, 0)]
-    assert summary["confirmed_from_history"] == 50
+    # Attempt 1's first batch, committed and unmarked (how many of attempt 0's released messages it
+    # leased again, and how many task 1 took first, is a race).
+    assert summary["confirmed_unmarked"] > 0
     output = output_rows(summary["output"])
     assert len(output) == len({row["id"] for row in output}) == 600
-    assert {row["id"] for row in output} == {h["id"] for h in pg.rows(
+    assert {row["id"] for row in output} == {str(h["id"]) for h in pg.rows(
         f"SELECT id FROM {table(catalog, 'twice', '_history')}")}
 
 
-def test_drain_without_history_reports_what_it_cannot_confirm(spark, pg, tmp_path):
-    """Without a history table, a batch completed just before a crash, whose marker was never
-    written, cannot be told apart from one that was not: it is left out and counted, not guessed."""
+def test_drain_without_history_confirms_a_batch_completed_just_before_a_crash(spark, pg, tmp_path):
+    """A batch completed just before a crash, whose marker was never written, is confirmed from the
+    run's own records (no later trace of its leases), not from the history table: a queue without
+    history, and a consumer login that may not read it, lose nothing."""
     catalog = pg.deploy(work_queue("nohist", history=False))
-    run_enqueue(spark, pg.url, catalog, "nohist", customers(spark, tmp_path / "input", 300, files=1))
+    run_enqueue(spark, pg.url, catalog, "nohist", customers(spark, tmp_path / "input", 300, files=1), key="id")
     summary = run_drain(spark, pg.url, catalog, "nohist", "pipelines.transforms:uppercase_name",
                         str(tmp_path / "output"), tasks=1, batch_size=50, lease_seconds=30,
                         time_budget_seconds=120, probe=CRASH, probe_args={"at": "committed", "batch": 2})
     assert summary["retried_tasks"] == [0]
-    assert summary["unconfirmed"] == 50
+    assert summary["confirmed_unmarked"] == 50
     output = output_rows(summary["output"])
-    assert len(output) == len({row["id"] for row in output}) == 250
+    assert len(output) == len({row["id"] for row in output}) == 300
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'nohist')}") == 0
 
 
@@ -376,6 +459,9 @@ class StagingWatchingClient:
     def complete_batch(self, acks: list[dict], worker: str) -> list[dict]:
         return [{"id": ack["id"], "completed": True} for ack in acks]
 
+    def wait(self, wait_ms: int) -> bool:
+        return False
+
 
 def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, monkeypatch):
     """The task's one-time costs (the Parquet writer, its folders) come before it holds a lease: on a
@@ -390,13 +476,13 @@ def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, m
                                       parse_catalog({"schema": "s", "queues": [work_queue("jobs")]}), "jobs")
     monkeypatch.setattr(drain_job.QueueTarget, "client", lambda self: client)
     monkeypatch.setattr(drain_job, "transaction", lambda c: nullcontext())
-    monkeypatch.setattr(drain_job, "_more_to_come", lambda c: False)
-    config = drain_job.DrainConfig(run_id="r", worker_prefix="w", staging=str(staging),
+    config = drain_job.DrainConfig(run_id="r", launch="l", staging=str(staging),
                                    transform="pipelines.transforms:uppercase_name")
     counts = drain_job.drain_partition(target, config)
     assert counts["completed"] == 1 and counts["stopped"] == "drained"
-    assert client.folders_at_first_lease == ["markers", "markers/part=0", "markers/part=0/attempt=0",
-                                             "results", "results/part=0", "results/part=0/attempt=0"]
+    assert client.folders_at_first_lease == [
+        "markers", "markers/launch=l", "markers/launch=l/part=0", "markers/launch=l/part=0/attempt=0",
+        "results", "results/launch=l", "results/launch=l/part=0", "results/launch=l/part=0/attempt=0"]
 
 
 def test_staged_files_are_only_finished_batch_files(tmp_path):
@@ -404,17 +490,17 @@ def test_staged_files_are_only_finished_batch_files(tmp_path):
 
     root = tmp_path / "results"
     assert not _has_staged_files(str(root))
-    for attempt in ("part=0/attempt=0", "part=1/attempt=0", "part=1/attempt=1"):
+    for attempt in ("launch=l/part=0/attempt=0", "launch=l/part=1/attempt=0", "launch=l/part=1/attempt=1"):
         (root / attempt).mkdir(parents=True)
     assert not _has_staged_files(str(root))                  # idle tasks' folders
-    (root / "part=1/attempt=0/_tmp-batch-000001-0a1b2c3d.parquet").write_bytes(b"PAR1")
+    (root / "launch=l/part=1/attempt=0/_tmp-batch-000001-0a1b2c3d.parquet").write_bytes(b"PAR1")
     assert not _has_staged_files(str(root))                  # a write its task never finished
-    (root / "part=1/attempt=1/batch-000001.parquet").write_bytes(b"PAR1")
+    (root / "launch=l/part=1/attempt=1/batch-000001.parquet").write_bytes(b"PAR1")
     assert _has_staged_files(str(root))
 
 
 def staging_folders(output: Path) -> list[str]:
-    return sorted(str(p.relative_to(output)) for p in output.glob("_staging/*/*/part=*/attempt=*"))
+    return sorted(str(p.relative_to(output)) for p in output.glob("_staging/*/*/launch=*/part=[0-9]*/attempt=*"))
 
 
 def test_drain_of_an_empty_queue_writes_an_empty_output(spark, pg, tmp_path):
@@ -433,7 +519,7 @@ def test_drain_of_an_empty_queue_writes_an_empty_output(spark, pg, tmp_path):
 def test_drain_keeps_the_one_staged_result_next_to_idle_tasks_folders(spark, pg, tmp_path):
     """One message, three tasks: two find nothing and leave empty folders beside the third's files."""
     catalog = pg.deploy(work_queue("lonely"))
-    run_enqueue(spark, pg.url, catalog, "lonely", customers(spark, tmp_path / "input", 1, files=1))
+    run_enqueue(spark, pg.url, catalog, "lonely", customers(spark, tmp_path / "input", 1, files=1), key="id")
     summary = run_drain(spark, pg.url, catalog, "lonely", "pipelines.transforms:uppercase_name",
                         str(tmp_path / "output"), tasks=3, batch_size=10, time_budget_seconds=60,
                         keep_staging=True)
@@ -449,12 +535,13 @@ def test_drain_refuses_a_destructive_queue(spark, pg, tmp_path):
 
 
 # -- report ----------------------------------------------------------------------------------------
-def exact_percentile(values: list[float], fraction: float) -> float:
-    """Linear interpolation between the closest ranks (what Spark's exact percentile computes)."""
+def approximate_percentile_bounds(values: list[float], fraction: float, accuracy: int) -> tuple[float, float]:
+    """The values percentile_approx may answer: those whose rank is within count / accuracy of the
+    exact percentile's rank."""
     ordered = sorted(values)
+    slack = math.ceil(len(ordered) / accuracy)
     position = (len(ordered) - 1) * fraction
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return (ordered[max(0, math.floor(position) - slack)], ordered[min(len(ordered) - 1, math.ceil(position) + slack)])
 
 
 def test_report_figures_match_an_independent_computation(spark, pg, drained):
@@ -497,8 +584,9 @@ def test_report_figures_match_an_independent_computation(spark, pg, drained):
         assert latency[metric]["count"] == len(values)
         for fraction in (0.5, 0.95, 0.99):
             key = f"p{int(fraction * 100)}"
-            assert latency[metric][key] == pytest.approx(exact_percentile(values, fraction), abs=1e-6), (metric, key)
-            assert report["latency"][metric][key] == pytest.approx(exact_percentile(values, fraction), abs=1e-6)
+            low, high = approximate_percentile_bounds(values, fraction, PERCENTILE_ACCURACY)
+            assert low - 1e-6 <= latency[metric][key] <= high + 1e-6, (metric, key)
+            assert report["latency"][metric][key] == latency[metric][key]
         assert latency[metric]["max"] == pytest.approx(max(values), abs=1e-6)
 
     # Failure and retry rates per worker.
@@ -548,3 +636,221 @@ def test_spark_demo_on_the_example_catalog(spark, pg, tmp_path):
     assert history == summary["completed"]
     assert Path(summary["chart"]).is_file()
     assert len(output_rows(summary["output"])) == summary["completed"]
+
+
+# -- the drain across a driver's death, storage the driver cannot see --------------------------------
+def test_drain_killed_mid_run_is_finalized_by_the_next_run(spark, pg, tmp_path, monkeypatch):
+    """A client_ids queue (ids are GUIDs). Run 1: its one task dies on every attempt right after its
+    2nd batch's completes committed (before their marker), so Spark gives up on the job, and the
+    driver dies before it can finalise. Run 2 (--finalize-only with the run id, keeping the staging
+    to go on) takes the run's leases back and writes out everything that was completed; run 3 (the
+    same run id) drains the rest. Nothing is lost and nothing doubled."""
+    import uuid
+
+    import pipelines.drain_job as drain_job
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("resumable", client_ids=True))
+    conn = connect(pg.url, autocommit=True)
+    try:
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "resumable")
+        ids = [uuid.uuid4() for _ in range(1_000)]
+        client.enqueue_batch([{"payload": {"id": n, "name": f"customer {n}"}, "dedupe_key": str(i), "id": i,
+                               "enqueued_at": datetime.now(timezone.utc)} for n, i in enumerate(ids)])
+    finally:
+        conn.close()
+    output = str(tmp_path / "output")
+    plan = [{"at": "committed", "partition": 0, "batch": 2, "attempt": a} for a in range(4)]
+
+    def driver_dies(*args: Any, **kwargs: Any) -> dict:
+        raise DriverDied()
+
+    monkeypatch.setattr(drain_job, "finalize_drain", driver_dies)
+    with pytest.raises(DriverDied):
+        run_drain(spark, pg.url, catalog, "resumable", "pipelines.transforms:uppercase_name", output, tasks=1,
+                  batch_size=20, lease_seconds=60, time_budget_seconds=120, run_id="r1",
+                  probe="pipelines.faults:crash_plan", probe_args={"plan": plan, "how": "raise"})
+    monkeypatch.undo()
+    history = lambda: {str(h["id"]) for h in pg.rows(  # noqa: E731
+        f"SELECT id FROM {table(catalog, 'resumable', '_history')}")}
+    assert len(history()) == 4 * 40         # each of the task's 4 attempts completed two batches
+    assert output_rows_or_none(output) is None
+
+    finalized = run_drain(spark, pg.url, catalog, "resumable", None, output, run_id="r1", finalize_only=True,
+                          batch_size=20, keep_staging=True)
+    written = output_rows(finalized["output"])
+    assert len(written) == len({r["id"] for r in written}) and {r["id"] for r in written} == history()
+    assert finalized["confirmed_unmarked"] == 4 * 20    # the 2nd batch of every attempt
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'resumable')} WHERE leased_by IS NOT NULL "
+                     f"AND visible_at > now()") == 0  # nothing left held by the run's workers
+
+    resumed = run_drain(spark, pg.url, catalog, "resumable", "pipelines.transforms:uppercase_name", output,
+                        tasks=2, batch_size=20, lease_seconds=60, time_budget_seconds=120, run_id="r1")
+    # A finished run (its staging removed) cannot be gone on with: its output would be overwritten.
+    with pytest.raises(PipelineError, match="run r1 is finished"):
+        run_drain(spark, pg.url, catalog, "resumable", None, output, run_id="r1", finalize_only=True)
+    written = output_rows(resumed["output"])
+    assert len(written) == len({r["id"] for r in written}) == 1_000
+    assert {r["id"] for r in written} == history() == {str(i) for i in ids}
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'resumable')}") == 0
+
+
+class DriverDied(BaseException):
+    """The driver process ending between the tasks and the finalisation."""
+
+
+def output_rows_or_none(output: str) -> list[dict] | None:
+    folders = list(Path(output).glob("results/run_id=*"))
+    return output_rows(str(folders[0])) if folders else None
+
+
+def test_output_the_driver_cannot_see_is_refused_before_any_lease(spark, tmp_path):
+    """mock:// is a filesystem of each process's own memory: what the executor writes there, the
+    driver cannot see, as with a plain path on a cluster. A shared folder passes and is left clean."""
+    from pipelines.common import require_shared_storage
+
+    with pytest.raises(PipelineError, match=r"an executor on .* wrote mock:///out/_staging/_probe-[0-9a-f]+ "
+                                            r"and the driver on .* cannot see it"):
+        require_shared_storage(spark, "mock:///out/_staging", local=False)
+    require_shared_storage(spark, str(tmp_path / "shared"), local=False)
+    assert list((tmp_path / "shared").iterdir()) == []
+
+
+# -- the stream reader ------------------------------------------------------------------------------
+# The issue asks for 20,000 (TABLEQUEUE_STREAM_MESSAGES=20000: about 160 s of this machine's test
+# time); make test reads 6,000, three micro-batches of 2 x 1,000 and the replayed one.
+STREAM_MESSAGES = int(os.environ.get("TABLEQUEUE_STREAM_MESSAGES", "6000"))
+
+
+def kill_first_attempts_at(ids: list[int], fatal: str) -> Any:
+    """A UDF that kills the Python worker (os._exit) in the first attempt of a task that meets one
+    of `ids`, and raises in every attempt while the file `fatal` exists and the task meets ids[0]."""
+    import os
+
+    from pyspark import TaskContext
+
+    @F.udf("string")
+    def result(payload: str) -> str:
+        value = json.loads(payload)
+        if value["id"] in ids and TaskContext.get().attemptNumber() == 0:
+            os._exit(19)
+        if value["id"] == ids[-1] and os.path.exists(fatal):
+            raise RuntimeError("the sink's downstream is gone")
+        return value["name"].upper()
+    return result
+
+
+def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_restart(spark, pg, tmp_path):
+    """STREAM_MESSAGES messages read as a stream in micro-batches of 2 x 1,000 leases into a Parquet sink. Two
+    tasks are killed in their first attempt (Spark retries them: the retry gets the same leases
+    back), then a micro-batch fails on every attempt and stops the query; it is restarted from its
+    checkpoint and replays that micro-batch with its recorded leases. Every message ends completed
+    once, and the sink holds each message's result exactly once."""
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("stream", lease_seconds=120))
+    conn = connect(pg.url, autocommit=True)
+    try:
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "stream")
+        for start in range(0, STREAM_MESSAGES, 1000):
+            client.enqueue_batch([{"payload": {"id": i, "name": f"customer {i}"}, "dedupe_key": str(i)}
+                                  for i in range(start, start + 1000)])
+    finally:
+        conn.close()
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "stream"), str(url_file)),
+               "partitions": "2", "messagesPerPartition": "1000", "consumer": "stream-test"}
+    fatal = tmp_path / "fatal"
+    fatal.touch()
+    checkpoint, sink = str(tmp_path / "checkpoint"), str(tmp_path / "sink")
+
+    def start() -> Any:
+        source = spark.readStream.format("tablequeue").options(**options).load()
+        kills = [STREAM_MESSAGES // 8, STREAM_MESSAGES * 3 // 8, STREAM_MESSAGES * 5 // 8 + 7]
+        results = source.select("id", "payload", kill_first_attempts_at(kills, str(fatal))(
+            F.col("payload")).alias("result"))
+        return (results.writeStream.format("parquet").option("checkpointLocation", checkpoint)
+                .option("path", sink).trigger(processingTime="0 seconds").start())
+
+    query = start()
+    with pytest.raises(Exception, match="the sink's downstream is gone"):
+        query.awaitTermination(timeout=600)
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'stream', '_history')}") < STREAM_MESSAGES
+    fatal.unlink()
+    query = start()
+    query.processAllAvailable()
+    query.stop()
+
+    delivered = spark.read.parquet(sink)
+    counts = delivered.groupBy("id").count()
+    assert counts.count() == STREAM_MESSAGES and counts.filter("count > 1").count() == 0
+    assert delivered.filter(F.col("result") != F.upper(F.get_json_object("payload", "$.name"))).count() == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'stream')}") == 0
+    history = pg.rows(f"SELECT count(*) AS n, count(DISTINCT id) AS ids, max(attempts) AS most "
+                      f"FROM {table(catalog, 'stream', '_history')}")[0]
+    # A retried task and a replayed micro-batch took their own leases back: no attempt was spent.
+    assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
+
+
+# -- credentials, options, retries (no Spark job) -------------------------------------------------------
+def test_a_url_with_a_password_is_refused_and_taken_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    from pipelines.common import URL_ENV, resolve_url
+
+    with pytest.raises(PipelineError, match=r"--url holds a password, which the Spark UI, the event log and `ps`"):
+        resolve_url("postgresql://ada:secret@db/queues")
+    assert resolve_url("postgresql://ada@db/queues") == "postgresql://ada@db/queues"
+    url_file = tmp_path / "url"
+    url_file.write_text("\npostgresql://ada:secret@db/queues\n")
+    assert resolve_url(None, str(url_file)) == "postgresql://ada:secret@db/queues"
+    monkeypatch.setenv(URL_ENV, "postgresql://ada:env@db/queues")
+    assert resolve_url() == "postgresql://ada:env@db/queues"
+    monkeypatch.delenv(URL_ENV)
+    with pytest.raises(PipelineError, match=rf"no database URL: give --url \(without a password\), a URL file, or set \${URL_ENV}"):
+        resolve_url()
+
+
+def test_job_options_come_from_spark_conf_and_the_command_line_wins(spark):
+    from pipelines.common import conf_arguments
+    from pipelines.drain_job import build_parser
+
+    parser = build_parser()
+    spark.conf.set("spark.tablequeue.batch-size", "500")
+    spark.conf.set("spark.tablequeue.finalize-only", "true")
+    spark.conf.set("spark.tablequeue.queue", "emails")
+    try:
+        args = parser.parse_args(conf_arguments(spark, parser) + ["--queue", "orders"])
+    finally:
+        for name in ("batch-size", "finalize-only", "queue"):
+            spark.conf.unset(f"spark.tablequeue.{name}")
+    assert (args.batch_size, args.finalize_only, args.queue) == (500, True, "orders")
+
+
+def test_transient_errors_are_retried_after_jittered_pauses_and_others_are_not():
+    import psycopg
+
+    from pipelines.common import with_retries
+
+    pauses: list[float] = []
+    calls: list[int] = []
+    reconnects: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return "sent"
+
+    assert with_retries("enqueue", flaky, retries=5, on_retry=lambda: reconnects.append(1), sleep=pauses.append) == "sent"
+    assert len(calls) == 3 and len(reconnects) == 2
+    assert 0 <= pauses[0] <= 0.5 and 0 <= pauses[1] <= 1.0
+    with pytest.raises(ValueError):
+        with_retries("enqueue", lambda: (_ for _ in ()).throw(ValueError("bad payload")), retries=5,
+                     sleep=pauses.append)
+    assert len(pauses) == 2        # a non-transient error is not retried
+    with pytest.raises(psycopg.OperationalError):
+        with_retries("enqueue", lambda: (_ for _ in ()).throw(psycopg.OperationalError("down")), retries=1,
+                     sleep=pauses.append)

@@ -1,0 +1,511 @@
+"""tablequeue as a Spark data source (PySpark 4's Python Data Source API: no RDD, Spark Connect works).
+
+Writing, to any queue kind with `dedupe: true`:
+
+    to_messages(df, key=["customer_id", "created_at"], max_connections=8) \\
+        .write.format("tablequeue").mode("append") \\
+        .option("catalog", "queues.yml").option("queue", "emails").option("urlFile", "/secrets/url").save()
+
+to_messages builds each row's payload (JSON) and dedupe key (SHA-256) in the JVM, so that neither
+depends on an executor's time zone, the column order or Python's view of the values; the writer sends
+them with enqueue_batch, each batch its own transaction, retried after a jittered pause on transient
+errors.
+
+Reading a `work` queue as a stream, one micro-batch at a time:
+
+    spark.readStream.format("tablequeue").option("catalog", ...).option("queue", "emails").load()
+
+An offset is a set of leases: for micro-batch s and partition p the driver leases up to
+messagesPerPartition messages under the worker name <consumer>-s<s>-p<p> and records each lease's id
+and token in the offset (Spark writes it to the checkpoint before the batch runs). The partition's
+task asks for that worker's leases again (a worker's own live leases come back unchanged: the same
+token, no attempt spent) and yields those whose token matches; commit() completes them with
+complete_batch, fenced by the recorded tokens. docs/pipelines.md has the exactly-once argument.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterator, Mapping, Sequence
+
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamReader, InputPartition,
+                                    WriterCommitMessage)
+
+from tablequeue.catalog import Queue
+from tablequeue.engines import parse_url
+
+from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem,
+                              load_callable, log, resolve_url, with_retries)
+
+FORMAT = "tablequeue"
+MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
+MAX_DEDUPE_KEY = 200             # the templates' CHECK (length(dedupe_key) <= 200)
+# What the writer takes: payload and dedupe_key always (to_messages makes them), the rest when given.
+WRITER_COLUMNS = ("payload", "dedupe_key", "refused", "due_at", "priority", "group_key")
+REFUSED_SAMPLES = 5
+
+
+def register(spark: Any) -> None:
+    """Make format("tablequeue") known to this session (build_session calls it)."""
+    spark.dataSource.register(TableQueueSource)
+
+
+# -- rows to messages, in the JVM -------------------------------------------------------------------
+JSON_OPTIONS = {"timeZone": "UTC", "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+                "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS", "ignoreNullFields": "false"}
+
+
+def _key_text(name: str, data_type: Any) -> Any:
+    """One key column as text that names the instant or value, never the session's view of it:
+    a timestamp as microseconds since the epoch (the autumn hour that repeats on a wall clock is two
+    different numbers), a timestamp without zone and a date as ISO text, binary as base64, nested
+    values as UTC JSON. Length-prefixed, so that no value can imitate a separator."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    column = F.col(f"`{name}`")
+    if isinstance(data_type, T.TimestampType):
+        text = F.unix_micros(column).cast("string")
+    elif isinstance(data_type, T.TimestampNTZType):
+        text = F.date_format(column, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS")
+    elif isinstance(data_type, T.DateType):
+        text = F.date_format(column, "yyyy-MM-dd")
+    elif isinstance(data_type, T.BinaryType):
+        text = F.base64(column)
+    elif isinstance(data_type, (T.StructType, T.ArrayType, T.MapType)):
+        text = F.to_json(column, JSON_OPTIONS)
+    else:
+        text = column.cast("string")
+    return F.when(column.isNull(), F.lit(f"{name}:null")).otherwise(
+        F.concat(F.lit(f"{name}="), F.length(text).cast("string"), F.lit(":"), text))
+
+
+def _refusals(fields: Sequence[Any]) -> Any:
+    """A row's reasons to be refused (NaN or an infinity: JSON has neither), or NULL."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    checks = []
+    for field in fields:
+        if isinstance(field.dataType, (T.FloatType, T.DoubleType)):
+            column = F.col(f"`{field.name}`")
+            bad = F.isnan(column) | column.isin(float("inf"), float("-inf"))
+            checks.append(F.when(bad, F.lit(f"column {field.name} is NaN or infinite (JSON has neither)")))
+    if not checks:
+        return F.lit(None).cast("string")
+    reasons = F.concat_ws("; ", *checks)
+    return F.when(reasons != "", reasons)
+
+
+def parse_columns(spec: str | Sequence[str] | Mapping[str, str] | None) -> dict[str, str] | None:
+    """'a,b:new_b' or ['a', 'b:new_b'] or {'a': 'a', 'b': 'new_b'} -> {source: payload field}."""
+    if spec is None:
+        return None
+    if isinstance(spec, Mapping):
+        mapping = dict(spec)
+    else:
+        items = spec.split(",") if isinstance(spec, str) else list(spec)
+        mapping = {}
+        for item in (i.strip() for i in items):
+            if item:
+                source, _, target = item.partition(":")
+                mapping[source.strip()] = (target or source).strip()
+    if not mapping:
+        raise PipelineError("columns is empty: name at least one column (source or source:field)")
+    targets = list(mapping.values())
+    if len(set(targets)) != len(targets):
+        raise PipelineError(f"columns maps two columns to the same payload field: {targets}")
+    return mapping
+
+
+def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence[str] | Mapping[str, str] | None = None,
+                binary: bool = False, max_connections: int | None = None, ledger: str | None = None) -> Any:
+    """frame -> (payload, dedupe_key, refused): what format("tablequeue") writes.
+
+    key: the columns that identify a row (a name, a comma-separated list or a list); the dedupe key
+      is the SHA-256 of their names and values (sorted by name: the frame's column order and the order
+      they are named in do not matter), so schema drift in other columns changes no key.
+    columns: the payload's fields (see parse_columns; default every column), as JSON with sorted
+      field names, timestamps in UTC, null fields kept. binary: the payload as UTF-8 bytes.
+    max_connections: coalesce to at most this many partitions (one connection each; no shuffle).
+    ledger: a folder of keys written before (the writer's ledger option): rows whose key is in it
+      are left out, so a re-run sends nothing that was sent, even after it was consumed.
+    """
+    from pyspark.sql import functions as F
+
+    keys = [k.strip() for k in (key.split(",") if isinstance(key, str) else key) if k.strip()]
+    mapping = parse_columns(columns) or {c: c for c in frame.columns}
+    missing = [c for c in dict.fromkeys(keys + list(mapping)) if c not in frame.columns]
+    if not keys:
+        raise PipelineError("key names no column: the dedupe key is made from explicit key columns")
+    if missing:
+        raise PipelineError(f"column(s) {missing} not in the dataset (columns: {frame.columns})")
+    if max_connections is not None and max_connections < 1:
+        raise PipelineError(f"max_connections must be at least 1, got {max_connections}")
+    types = {f.name: f for f in frame.schema.fields}
+    payload_fields = sorted(mapping.items(), key=lambda item: item[1])
+    payload = F.to_json(F.struct(*[F.col(f"`{source}`").alias(target) for source, target in payload_fields]),
+                        JSON_OPTIONS)
+    dedupe_key = F.sha2(F.concat_ws("\n", *[_key_text(k, types[k].dataType) for k in sorted(set(keys))]), 256)
+    checked = [types[c] for c in dict.fromkeys(list(mapping) + keys)]
+    messages = frame.select((F.encode(payload, "UTF-8") if binary else payload).alias("payload"),
+                            dedupe_key.alias("dedupe_key"), _refusals(checked).alias("refused"))
+    if ledger is not None and ledger_exists(ledger):
+        sent = frame.sparkSession.read.parquet(ledger).select("dedupe_key").distinct()
+        messages = messages.join(sent, "dedupe_key", "left_anti").select("payload", "dedupe_key", "refused")
+    if max_connections is not None:
+        messages = messages.coalesce(max_connections)
+    return messages
+
+
+def ledger_exists(path: str) -> bool:
+    from pyarrow import fs
+
+
+    filesystem_, inner = filesystem(path)
+    return any(info.type == fs.FileType.File and info.base_name.endswith(".parquet")
+               for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True, allow_not_found=True)))
+
+
+# -- options ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SourceOptions:
+    target: QueueTarget
+    options: dict[str, str]
+
+    @classmethod
+    def of(cls, options: Mapping[str, str]) -> "SourceOptions":
+        lowered = {k.lower(): v for k, v in options.items()}
+        url = resolve_url(lowered.get("url"), lowered.get("urlfile"), given_as="option url")
+        if lowered.get("queuespec"):
+            # A queue already resolved from a catalog on the driver (target_options): the jobs pass
+            # Catalog objects, which have no file to name.
+            spec = json.loads(lowered["queuespec"])
+            queue = Queue(spec["name"], spec["kind"], spec["payload"], spec["options"])
+            return cls(QueueTarget(url, parse_url(url).dialect, spec["schema"], queue), lowered)
+        for required in ("catalog", "queue"):
+            if not lowered.get(required):
+                raise PipelineError(f"format('{FORMAT}') needs option {required!r}")
+        return cls(QueueTarget.of(url, lowered["catalog"], lowered["queue"]), lowered)
+
+
+    def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        raw = self.options.get(name.lower())
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise PipelineError(f"{self.target.name}: option {name} must be an integer from {low} to {high}, "
+                                f"got {raw!r}")
+        return value
+
+
+def target_options(target: QueueTarget, url_file: str) -> dict[str, str]:
+    """Options naming an already resolved queue (and a file holding the URL) for format('tablequeue')."""
+    spec = {"schema": target.schema, "name": target.queue.name, "kind": target.queue.kind,
+            "payload": target.queue.payload, "options": target.queue.options}
+    return {"queueSpec": json.dumps(spec, default=str), "urlFile": url_file}
+
+
+class TableQueueSource(DataSource):
+    """format("tablequeue"): a batch writer for every kind, a stream reader for work queues."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        target = SourceOptions.of(self.options).target
+        id_type = "string" if target.queue.options.get("client_ids") else "bigint"
+        payload_type = "binary" if target.queue.payload == "binary" else "string"
+        return f"id {id_type}, payload {payload_type}, enqueued_at timestamp, attempts int, worker string"
+
+    def writer(self, schema: Any, overwrite: bool) -> "QueueWriter":
+        return QueueWriter(SourceOptions.of(self.options), schema, overwrite)
+
+    def streamReader(self, schema: Any) -> "QueueStreamReader":
+        return QueueStreamReader(SourceOptions.of(self.options))
+
+
+# -- the writer ---------------------------------------------------------------------------------------
+@dataclass
+class WriteCounts(WriterCommitMessage):
+    partition: int
+    attempt: int
+    rows: int = 0
+    enqueued: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    retries: int = 0
+    refused_samples: tuple = ()
+
+
+def require_dedupe(target: QueueTarget) -> None:
+    if not target.queue.options.get("dedupe"):
+        raise PipelineError(
+            f"{target.name} has dedupe: false; format('{FORMAT}') needs dedupe: true, because Spark "
+            f"re-runs failed tasks and only a dedupe key makes a re-sent row a duplicate instead of a "
+            f"second message (set options: {{dedupe: true}} in the catalog; it changes the table, so "
+            f"deploy it under a new queue name)")
+
+
+class QueueWriter(DataSourceArrowWriter):
+    """Runs write() in each task: one connection, batches of batchSize (default 1000) through
+    enqueue_batch, each its own transaction; a transient error reconnects and sends the batch again
+    (dedupe makes a batch that had committed come back as duplicates)."""
+
+    def __init__(self, source: SourceOptions, schema: Any, overwrite: bool) -> None:
+        target = source.target
+        if overwrite:
+            raise PipelineError(f"{target.name}: a queue is appended to; write with mode('append')")
+        require_dedupe(target)
+        names = [f.name for f in schema.fields]
+        missing = [c for c in ("payload", "dedupe_key") if c not in names]
+        unknown = [c for c in names if c not in WRITER_COLUMNS]
+        if missing or unknown:
+            raise PipelineError(f"{target.name}: format('{FORMAT}') writes the columns {', '.join(WRITER_COLUMNS[:2])} "
+                                f"(and optionally {', '.join(WRITER_COLUMNS[2:])}); "
+                                f"{'missing ' + str(missing) if missing else ''}"
+                                f"{' ' if missing and unknown else ''}{'unknown ' + str(unknown) if unknown else ''}: "
+                                f"build them with pipelines.sources.to_messages(df, key=[...])")
+        self.target = target
+        self.batch_size = source.integer("batchSize", MAX_BATCH, 1, MAX_BATCH)
+        self.max_connections = source.integer("maxConnections", None, 1, 100_000)
+        self.retries = source.integer("retries", 5, 0, 100)
+        self.ledger = source.options.get("ledger")
+        self.summary_file = source.options.get("summaryfile")
+        self.probe = source.options.get("probe")
+        self.probe_args = json.loads(source.options.get("probeargs", "{}"))
+
+    def write(self, batches: Iterator[Any]) -> WriteCounts:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context else 0
+        attempt = context.attemptNumber() if context else 0
+        if self.max_connections is not None and partition >= self.max_connections:
+            raise PipelineError(f"{self.target.name}: partition {partition} of the input is beyond maxConnections="
+                                f"{self.max_connections}: coalesce the input to at most that many partitions "
+                                f"first (to_messages(..., max_connections=N) does)")
+        counts = WriteCounts(partition, attempt)
+        on_batch = load_callable(self.probe) if self.probe else None
+        samples: list[str] = []
+        connection = Reconnecting(self.target)
+        try:
+            pending: list[dict[str, Any]] = []
+            for record_batch in batches:
+                for row in record_batch.to_pylist():
+                    counts.rows += 1
+                    if row.get("refused"):
+                        counts.refused += 1
+                        if len(samples) < REFUSED_SAMPLES:
+                            samples.append(f"key {row['dedupe_key'][:16]}...: {row['refused']}")
+                        continue
+                    pending.append({k: v for k, v in row.items() if k != "refused" and v is not None})
+                    if len(pending) >= self.batch_size:
+                        self._send(connection, pending, counts, on_batch)
+            if pending:
+                self._send(connection, pending, counts, on_batch)
+        finally:
+            connection.close()
+        counts.refused_samples = tuple(samples)
+        return counts
+
+    def _send(self, connection: "Reconnecting", items: list[dict[str, Any]], counts: WriteCounts,
+              on_batch: Any) -> None:
+        def send() -> list[dict]:
+            return connection.client().enqueue_batch(items)
+
+        def reconnect() -> None:
+            counts.retries += 1
+            connection.reset()
+
+        results = with_retries(f"enqueue {self.target.name} partition {counts.partition}", send, self.retries,
+                               on_retry=reconnect)
+        duplicates = sum(1 for r in results if r["duplicate"])
+        counts.duplicates += duplicates
+        counts.enqueued += len(results) - duplicates
+        if self.ledger:
+            self._record(items, results, counts)
+        items.clear()
+        if on_batch is not None:
+            on_batch("enqueued", {"partition": counts.partition, "attempt": counts.attempt,
+                                  "batch": (counts.enqueued + counts.duplicates + self.batch_size - 1) // self.batch_size,
+                                  "completed_in_batch": len(results)}, **self.probe_args)
+
+    def _record(self, items: list[dict[str, Any]], results: list[dict], counts: WriteCounts) -> None:
+        """One ledger file per committed batch (written after its commit: a crash in between leaves
+        the batch out of the ledger, and dedupe still covers it while its messages are queued)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        filesystem_, folder = filesystem(self.ledger)
+        filesystem_.create_dir(folder, recursive=True)
+        by_ordinal = {int(r.get("ordinal", i + 1)): r for i, r in enumerate(results)}
+        now = datetime.now(timezone.utc)
+        table = pa.table({"dedupe_key": [i["dedupe_key"] for i in items],
+                          "id": [str(by_ordinal[n + 1]["id"]) for n in range(len(items))],
+                          "duplicate": [bool(by_ordinal[n + 1]["duplicate"]) for n in range(len(items))],
+                          "written_at": pa.array([now] * len(items), pa.timestamp("us", tz="UTC"))})
+        name = f"{folder}/part-{counts.partition:05d}-{uuid.uuid4().hex}.parquet"
+        temporary = f"{folder}/_tmp-{uuid.uuid4().hex}.parquet"
+        pq.write_table(table, temporary, filesystem=filesystem_)
+        filesystem_.move(temporary, name)
+
+    def commit(self, messages: list[WriteCounts | None]) -> None:
+        done = [m for m in messages if m is not None]
+        summary = {"queue": self.target.name, "partitions": len(done),
+                   "retried_partitions": sorted(m.partition for m in done if m.attempt > 0)}
+        for field in ("rows", "enqueued", "duplicates", "refused", "retries"):
+            summary[field] = sum(getattr(m, field) for m in done)
+        samples = [s for m in done for s in m.refused_samples][:REFUSED_SAMPLES]
+        summary["refused_samples"] = samples
+        if self.summary_file:
+            with open(self.summary_file, "w", encoding="utf-8") as handle:
+                json.dump(summary, handle)
+        log().info("enqueue %s: %s rows in %s partitions -> %s enqueued, %s duplicates, %s refused, %s retries",
+                   self.target.name, summary["rows"], summary["partitions"], summary["enqueued"],
+                   summary["duplicates"], summary["refused"], summary["retries"])
+        if summary["refused"]:
+            raise PipelineError(f"{self.target.name}: {summary['refused']} row(s) refused and not enqueued, the "
+                                f"other {summary['rows'] - summary['refused']} written; first: {'; '.join(samples)}")
+
+
+# -- the stream reader ------------------------------------------------------------------------------
+@dataclass
+class LeasePartition(InputPartition):
+    worker: str
+    acks: list          # [[id as text, lease token as text], ...]
+
+    def __init__(self, worker: str, acks: list) -> None:
+        super().__init__((worker, acks))
+        self.worker, self.acks = worker, acks
+
+
+class QueueStreamReader(DataSourceStreamReader):
+    """Options: partitions (default 2), messagesPerPartition (1..1000, default 100), leaseSeconds
+    (default the queue's), consumer (the worker names' prefix; default spark-<random>)."""
+
+    def __init__(self, source: SourceOptions) -> None:
+        source.target.require_kind("work")
+        self.target = source.target
+        self.partition_count = source.integer("partitions", 2, 1, 1000)
+        self.per_partition = source.integer("messagesPerPartition", 100, 1, MAX_BATCH)
+        self.lease_seconds = source.integer("leaseSeconds", None, 1, 86_400)
+        self.consumer = source.options.get("consumer") or f"spark-{uuid.uuid4().hex[:10]}"
+        self._driver: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The driver's connection, heartbeat and bookkeeping stay on the driver.
+        return {k: v for k, v in self.__dict__.items() if k != "_driver"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._driver = {}
+
+    # driver side
+    def _client(self) -> Any:
+        if "connection" not in self._driver:
+            self._driver["connection"] = Reconnecting(self.target)
+            self._driver["completed"] = set()
+            self._driver["heartbeat"] = LeaseHeartbeat(self.target, self.lease_seconds)
+        return self._driver["connection"].client()
+
+    def initialOffset(self) -> dict:
+        return {"seq": 0, "leases": []}
+
+    def latestOffset(self, start: dict, limit: Any = None) -> dict:
+        client = self._client()
+        # start is the end of the last committed micro-batch; commit() may not have run for it (the
+        # driver died in between): completing it again is harmless.
+        self._complete(start)
+        seq = int(start["seq"]) + 1
+        leases = []
+        for partition in range(self.partition_count):
+            worker = f"{self.consumer}-s{seq}-p{partition}"
+            rows = with_retries(f"lease {self.target.name}", lambda: client.dequeue(
+                self.per_partition, worker=worker, lease_seconds=self.lease_seconds), 3,
+                on_retry=self._driver["connection"].reset)
+            if rows:
+                leases.append({"worker": worker, "acks": [[str(r["id"]), str(r["lease_token"])] for r in rows]})
+        if not leases:
+            return start
+        offset = {"seq": seq, "leases": leases}
+        self._driver["heartbeat"].hold(seq, leases)
+        log().info("stream %s: micro-batch offset %s leased %s message(s) in %s partition(s)", self.target.name,
+                   seq, sum(len(lease["acks"]) for lease in leases), len(leases))
+        return offset
+
+    def partitions(self, start: dict, end: dict) -> Sequence[LeasePartition]:
+        if int(end["seq"]) == int(start["seq"]):
+            return []
+        return [LeasePartition(lease["worker"], lease["acks"]) for lease in end["leases"]]
+
+    def commit(self, end: dict) -> None:
+        self._client()
+        self._complete(end)
+
+    def _complete(self, offset: dict) -> None:
+        seq = int(offset["seq"])
+        if seq == 0 or seq in self._driver["completed"]:
+            return
+        client = self._client()
+        completed = lost = 0
+        for lease in offset["leases"]:
+            acks = [{"id": i, "lease_token": t} for i, t in lease["acks"]]
+            answer = with_retries(f"complete {self.target.name}", lambda: client.complete_batch(acks, lease["worker"]),
+                                  3, on_retry=self._driver["connection"].reset)
+            done = sum(1 for row in answer if row["completed"])
+            completed, lost = completed + done, lost + len(answer) - done
+        self._driver["completed"].add(seq)
+        self._driver["heartbeat"].drop(seq)
+        log().info("stream %s: micro-batch offset %s committed: %s completed, %s no longer held (completed "
+                   "before, or the lease ran out)", self.target.name, seq, completed, lost)
+
+    def stop(self) -> None:
+        if self._driver:
+            self._driver["heartbeat"].close()
+            self._driver["connection"].close()
+
+    # executor side
+    def read(self, partition: LeasePartition) -> Iterator[tuple]:
+        from tablequeue.client import QueueClient
+        from tablequeue.engines import connect
+
+        wanted = dict((i, t) for i, t in partition.acks)
+        conn = connect(self.target.url, autocommit=True)
+        try:
+            client = QueueClient(conn, self.target.dialect, self.target.schema, self.target.queue)
+            # The worker's own live leases come back unchanged; a lease that ran out comes back with a
+            # new token (or went to another worker), and anything else fills the batch: those are not
+            # this micro-batch's messages and are given back at once, attempt included.
+            rows = client.dequeue(len(wanted), worker=partition.worker, lease_seconds=self.lease_seconds)
+            mine = []
+            for row in rows:
+                if wanted.get(str(row["id"])) == str(row["lease_token"]):
+                    mine.append(row)
+                else:
+                    client.release(row["id"], partition.worker, lease_token=row["lease_token"])
+            if len(mine) < len(wanted):
+                log().warning("stream %s: %s of %s leases of %s ran out before the micro-batch read them; "
+                              "their messages come again in a later micro-batch", self.target.name,
+                              len(wanted) - len(mine), len(wanted), partition.worker)
+        finally:
+            conn.close()
+        client_ids = bool(self.target.queue.options.get("client_ids"))
+        for row in mine:
+            payload = row["payload"]
+            if self.target.queue.payload == "json" and not isinstance(payload, (str, bytes)):
+                payload = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+            elif isinstance(payload, memoryview):
+                payload = bytes(payload)
+            enqueued_at = row.get("enqueued_at")
+            if isinstance(enqueued_at, datetime) and enqueued_at.tzinfo is None:
+                enqueued_at = enqueued_at.replace(tzinfo=timezone.utc)   # SQL Server datetime2 is UTC
+            yield (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
+                   partition.worker)

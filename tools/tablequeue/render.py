@@ -278,7 +278,16 @@ def render_framework(catalog: Catalog, dialect: str, extra_root: Path | None = N
     return RenderedFile(f"{FRAMEWORK}.sql", None, header + body)
 
 
+# The (dialect, kind) pairs whose templates render option groups (issue 21). The catalog accepts the
+# option on fifo and work; a pair not listed refuses it here, so that no deploy creates a queue without
+# groups that its catalog says has them.
+GROUPS_RENDERED: frozenset[tuple[str, str]] = frozenset()
+
+
 def render_queue(catalog: Catalog, queue: Queue, dialect: str, extra_root: Path | None = None) -> RenderedFile:
+    if queue.options.get("groups") and (dialect, queue.kind) not in GROUPS_RENDERED:
+        raise RenderError(f"{catalog.path}: queue '{queue.name}': field 'options.groups': the {dialect} templates "
+                          f"of kind '{queue.kind}' do not render message groups yet (issue 21)")
     template = f"{queue.kind}.sql"
     env = _environment(dialect, _dialect_root(extra_root, dialect))
     try:

@@ -42,7 +42,7 @@ STEP_MARKER = re.compile(r"^-- tablequeue:step (?P<mode>transaction|concurrent)(
 MIGRATIONS = "migrations"
 # Kinds whose storage templates are shared (_destructive.sql) also share their migrations.
 # Catalog options that shape storage (a change is a migration); payload and kind shape it too.
-BOOLEAN_SHAPE_KEYS = ("client_ids", "dedupe", "priority")
+BOOLEAN_SHAPE_KEYS = ("client_ids", "dedupe", "priority", "groups")
 KIND_FAMILIES = {"heap": "destructive", "fifo": "destructive", "lifo": "destructive", "pending": "destructive"}
 
 # Which role may execute which verb (DESIGN.md §3).
@@ -281,7 +281,7 @@ def render_framework(catalog: Catalog, dialect: str, extra_root: Path | None = N
 # The (dialect, kind) pairs whose templates render option groups (issue 21). The catalog accepts the
 # option on fifo and work; a pair not listed refuses it here, so that no deploy creates a queue without
 # groups that its catalog says has them.
-GROUPS_RENDERED: frozenset[tuple[str, str]] = frozenset()
+GROUPS_RENDERED: frozenset[tuple[str, str]] = frozenset({("postgres", "work")})
 
 
 def render_queue(catalog: Catalog, queue: Queue, dialect: str, extra_root: Path | None = None) -> RenderedFile:

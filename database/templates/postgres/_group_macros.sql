@@ -1,0 +1,195 @@
+{#-
+  Message groups (option groups, fifo and work; docs/queue-kinds.md, "Message groups"): the PL/pgSQL
+  fragments that producers and consumers share. Imported "with context" by work.sql and
+  _destructive.sql, which set t (the queue table) and, for work, tie.
+  The groups row S.Q_groups(group_key) is the group's lock. Whoever holds it (FOR NO KEY UPDATE) may
+  change which message of the group is its head and makes the group's flags exact; a producer that
+  cannot take it at once flags its message as a head candidate and pins the row (FOR KEY SHARE), so
+  that it never waits for a consumer. Fixed lock order everywhere: groups rows (in key order), then
+  message rows.
+-#}
+{% import '_macros.sql' as m with context %}
+{% set groups_t = names.obj('_groups') %}
+{% set is_work = queue.kind == 'work' %}
+{% set group_tie = tie if is_work else 'id' %}
+
+{#- Both dialects' limit on a key, and the batch form's per-item check. -#}
+{% macro check_group_key(verb, key_sql) %}
+    IF length({{ key_sql }}) > 200 THEN
+{{ m.throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": group_key is longer than 200 characters.'") }}
+    END IF;
+{%- endmacro %}
+
+{% macro check_group_keys(verb, keys_sql, count_sql) %}
+    IF {{ keys_sql }} IS NOT NULL AND cardinality({{ keys_sql }}) <> {{ count_sql }} THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": group_keys has %s elements but payloads has %s.', cardinality(" ~ keys_sql ~ "), " ~ count_sql ~ ")") }}
+    END IF;
+    SELECT min(u.ordinal) INTO bad_ordinal
+    FROM unnest({{ keys_sql }}) WITH ORDINALITY AS u (group_key, ordinal)
+    WHERE length(u.group_key) > 200;
+    IF bad_ordinal IS NOT NULL THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_' ~ verb) ~ ": item %s has a group_key over 200 characters.', bad_ordinal)") }}
+    END IF;
+{%- endmacro %}
+
+{#- A producer joins group key_sql (not NULL) and learns whether its message is a head candidate
+    (head_var). It never waits for a consumer: only for another producer's uncommitted first insert
+    of the same new key, or for a purge deleting the group's row (then it inserts the row again). -#}
+{% macro join_group(key_sql, head_var) %}
+    LOOP
+        INSERT INTO {{ groups_t }} AS g (group_key) VALUES ({{ key_sql }}) ON CONFLICT DO NOTHING;
+        PERFORM FROM {{ groups_t }} AS g WHERE g.group_key = {{ key_sql }} FOR NO KEY UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            -- Nobody else holds the group until this transaction ends, so its head stays; this new
+            -- statement sees every message committed before the lock. The message leads only an
+            -- empty group.
+            {{ head_var }} := NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = {{ key_sql }});
+            EXIT;
+        END IF;
+        -- A consumer (or another producer) holds it: the message is a head candidate, maybe a spurious
+        -- one that the group's next holder demotes. The pin keeps purge from deleting the row while
+        -- the message is uncommitted (a message whose groups row is gone is never claimed); it
+        -- conflicts with nothing a consumer takes.
+        PERFORM FROM {{ groups_t }} AS g WHERE g.group_key = {{ key_sql }} FOR KEY SHARE;
+        IF FOUND THEN
+            {{ head_var }} := true;
+            EXIT;
+        END IF;
+    END LOOP;
+{%- endmacro %}
+
+{#- The batch form: every distinct key of keys_sql joined in one statement per round, in key order.
+    Sets heads_var (one per item, NULL for an item without a key): every item of a group that was
+    empty, or held by someone else, is a candidate (also its later items: the first may be a dedupe
+    duplicate that is never inserted); items of a group this batch holds that has messages wait.
+    Expects batch_keys, got_keys, pinned_keys, empty_keys (text[]). -#}
+{% macro join_groups(keys_sql, heads_var) %}
+    batch_keys := ARRAY(SELECT DISTINCT u.group_key FROM unnest({{ keys_sql }}) AS u (group_key) WHERE u.group_key IS NOT NULL ORDER BY 1);
+    got_keys := '{}';
+    pinned_keys := '{}';
+    WHILE cardinality(got_keys) + cardinality(pinned_keys) < cardinality(batch_keys) LOOP
+        INSERT INTO {{ groups_t }} AS g (group_key)
+        SELECT u.group_key FROM unnest(batch_keys) AS u (group_key) ORDER BY u.group_key
+        ON CONFLICT DO NOTHING;
+        got_keys := got_keys || ARRAY(
+            SELECT g.group_key FROM {{ groups_t }} AS g
+            WHERE g.group_key = ANY(batch_keys) AND NOT g.group_key = ANY(got_keys || pinned_keys)
+            ORDER BY g.group_key
+            FOR NO KEY UPDATE SKIP LOCKED
+        );
+        pinned_keys := pinned_keys || ARRAY(
+            SELECT g.group_key FROM {{ groups_t }} AS g
+            WHERE g.group_key = ANY(batch_keys) AND NOT g.group_key = ANY(got_keys || pinned_keys)
+            ORDER BY g.group_key
+            FOR KEY SHARE
+        );
+    END LOOP;
+    empty_keys := ARRAY(
+        SELECT k.group_key FROM unnest(got_keys) AS k (group_key)
+        WHERE NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = k.group_key)
+    );
+    {{ heads_var }} := ARRAY(
+        SELECT CASE WHEN u.group_key IS NULL THEN NULL ELSE u.group_key = ANY(pinned_keys || empty_keys) END
+        FROM unnest({{ keys_sql }}) WITH ORDINALITY AS u (group_key, ordinal)
+        ORDER BY u.ordinal
+    );
+{%- endmacro %}
+
+{#- Lock, waiting, the groups of the messages ids_sql addresses (in key order), into keys_var: the
+    acknowledgements change a group's head, and take its row before any message row. A message's
+    key never changes, so it is read without a lock. -#}
+{% macro lock_groups_of(ids_sql, keys_var) %}
+    {{ keys_var }} := ARRAY(
+        SELECT g.group_key FROM {{ groups_t }} AS g
+        WHERE g.group_key IN (SELECT m.group_key FROM {{ t }} AS m WHERE m.id = ANY({{ ids_sql }}))
+        ORDER BY g.group_key
+        FOR NO KEY UPDATE
+    );
+{%- endmacro %}
+
+{#- A holder of the groups keys_sql makes their flags exact: each group's head (work: its in-flight
+    message while it has one; else its oldest message, two probes on ix_<q>_group) is flagged, every
+    other candidate it sees is demoted. Sets head_ids to the heads. -#}
+{% macro settle(keys_sql) %}
+{% if is_work %}
+    -- An in-flight message that is gone (completed, dead, purged) no longer holds its group back.
+    UPDATE {{ groups_t }} AS g
+    SET in_flight = NULL
+    WHERE
+        g.group_key = ANY({{ keys_sql }}) AND g.in_flight IS NOT NULL
+        AND NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = g.in_flight);
+{% endif %}
+    head_ids := array_remove(ARRAY(
+        SELECT {% if is_work %}coalesce(g.in_flight, {% endif %}(
+            SELECT f.id FROM (
+                (
+                    SELECT m.id, m.{{ group_tie }} AS tie FROM {{ t }} AS m
+                    WHERE m.group_key = g.group_key AND NOT m.group_head
+                    ORDER BY m.{{ group_tie }}
+                    LIMIT 1
+                )
+                UNION ALL
+                (
+                    SELECT m.id, m.{{ group_tie }} AS tie FROM {{ t }} AS m
+                    WHERE m.group_key = g.group_key AND m.group_head
+                    ORDER BY m.{{ group_tie }}
+                    LIMIT 1
+                )
+            ) AS f
+            ORDER BY f.tie
+            LIMIT 1
+        ){% if is_work %}){% endif %}
+
+        FROM {{ groups_t }} AS g
+        WHERE g.group_key = ANY({{ keys_sql }})
+    ), NULL);
+    UPDATE {{ t }} AS m
+    SET group_head = false
+    WHERE m.group_key = ANY({{ keys_sql }}) AND m.group_head AND NOT m.id = ANY(head_ids);
+    UPDATE {{ t }} AS m
+    SET group_head = true
+    WHERE m.id = ANY(head_ids) AND NOT m.group_head;
+{%- endmacro %}
+
+{#- The claim's first statement: from the start of ix_<q>_heads, lock up to limit_sql groups whose
+    candidate is there (work: due), stepping over the groups someone holds, into keys_var. It locks
+    only groups rows: the candidate just led here, the group's real head is settled next. -#}
+{% macro discover_groups(limit_sql, keys_var, skip_var=none) %}
+    {{ keys_var }} := ARRAY(
+        SELECT DISTINCT d.group_key FROM (
+            SELECT g.group_key
+            FROM {{ t }} AS m
+            INNER JOIN {{ groups_t }} AS g ON m.group_key = g.group_key
+            WHERE m.group_head{% if is_work %} AND m.visible_at <= now_utc{% endif %}{% if skip_var %} AND NOT m.group_key = ANY({{ skip_var }}){% endif %}
+
+            ORDER BY {% if is_work %}m.visible_at, m.{{ tie }}{% else %}m.id{% endif %}
+
+            LIMIT {{ limit_sql }}
+            FOR NO KEY UPDATE OF g SKIP LOCKED
+        ) AS d
+    );
+{%- endmacro %}
+
+{#- purge: the groups of the messages it is about to delete that nobody holds (SKIP LOCKED, key
+    order), into keys_var; rows of held groups stay for the next purge. Then (delete_empty_groups)
+    the rows of groups without messages that nobody holds or pins, one statement to lock them and a
+    new one, which sees what committed before the locks, to delete those still empty. -#}
+{% macro lock_groups_skipping(ids_sql, keys_var) %}
+    {{ keys_var }} := ARRAY(
+        SELECT g.group_key FROM {{ groups_t }} AS g
+        WHERE g.group_key IN (SELECT m.group_key FROM {{ t }} AS m WHERE m.id = ANY({{ ids_sql }}))
+        ORDER BY g.group_key
+        FOR NO KEY UPDATE SKIP LOCKED
+    );
+{%- endmacro %}
+
+{% macro delete_empty_groups() %}
+    empty_keys := ARRAY(
+        SELECT g.group_key FROM {{ groups_t }} AS g
+        WHERE NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = g.group_key)
+        ORDER BY g.group_key
+        FOR UPDATE SKIP LOCKED
+    );
+    DELETE FROM {{ groups_t }} AS g
+    WHERE g.group_key = ANY(empty_keys) AND NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = g.group_key);
+{%- endmacro %}

@@ -107,18 +107,9 @@
     );
 {%- endmacro %}
 
-{#- A holder of the groups keys_sql makes their flags exact: each group's head (work: its in-flight
-    message while it has one; else its oldest message, two probes on ix_<q>_group) is flagged, every
-    other candidate it sees is demoted. Sets head_ids to the heads. -#}
-{% macro settle(keys_sql) %}
-{% if is_work %}
-    -- An in-flight message that is gone (completed, dead, purged) no longer holds its group back.
-    UPDATE {{ groups_t }} AS g
-    SET in_flight = NULL
-    WHERE
-        g.group_key = ANY({{ keys_sql }}) AND g.in_flight IS NOT NULL
-        AND NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = g.in_flight);
-{% endif %}
+{#- The heads of the groups keys_sql, into head_ids: work: a group's in-flight message while it has
+    one; else its oldest message (two probes on ix_<q>_group: the waiting ones and the flagged ones). -#}
+{% macro find_heads(keys_sql) %}
     head_ids := array_remove(ARRAY(
         SELECT {% if is_work %}coalesce(g.in_flight, {% endif %}(
             SELECT f.id FROM (
@@ -143,6 +134,20 @@
         FROM {{ groups_t }} AS g
         WHERE g.group_key = ANY({{ keys_sql }})
     ), NULL);
+{%- endmacro %}
+
+{#- A holder of the groups keys_sql makes their flags exact: each group's head (find_heads) is
+    flagged, every other candidate it sees is demoted. Sets head_ids to the heads. -#}
+{% macro settle(keys_sql) %}
+{% if is_work %}
+    -- An in-flight message that is gone (completed, dead, purged) no longer holds its group back.
+    UPDATE {{ groups_t }} AS g
+    SET in_flight = NULL
+    WHERE
+        g.group_key = ANY({{ keys_sql }}) AND g.in_flight IS NOT NULL
+        AND NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = g.in_flight);
+{% endif %}
+{{ find_heads(keys_sql) }}
     UPDATE {{ t }} AS m
     SET group_head = false
     WHERE m.group_key = ANY({{ keys_sql }}) AND m.group_head AND NOT m.id = ANY(head_ids);

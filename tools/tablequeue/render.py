@@ -87,6 +87,13 @@ class Storage:
             return values[key]
         return "off" if key in BOOLEAN_SHAPE_KEYS else None
 
+    def matches(self, other: "Storage") -> bool:
+        """The same version and the same value of every shape key either names: a boolean key one of
+        them omits is off there (option groups is in a unit's shape only when on, so that the units
+        of queues without it keep the shape they were recorded with)."""
+        keys = dict(self.shape).keys() | dict(other.shape).keys()
+        return self.version == other.version and all(self.value(key) == other.value(key) for key in keys)
+
     def describe(self) -> str:
         return f"v{self.version}" + (f" ({self.shape_text})" if self.shape else "")
 

@@ -34,10 +34,11 @@
 
 {#- A producer joins group key_sql (not NULL) and learns whether its message is a head candidate
     (head_var). It never waits for a consumer: only for another producer's uncommitted first insert
-    of the same new key, or for a purge deleting the group's row (then it inserts the row again). -#}
+    of the same new key, or for a purge deleting the group's row (then it inserts the row again).
+    The row is inserted only when a read finds none: an insert that meets a row a holder has updated
+    (work: in_flight) would wait for the holder's transaction to end. -#}
 {% macro join_group(key_sql, head_var) %}
     LOOP
-        INSERT INTO {{ groups_t }} AS g (group_key) VALUES ({{ key_sql }}) ON CONFLICT DO NOTHING;
         PERFORM FROM {{ groups_t }} AS g WHERE g.group_key = {{ key_sql }} FOR NO KEY UPDATE SKIP LOCKED;
         IF FOUND THEN
             -- Nobody else holds the group until this transaction ends, so its head stays; this new
@@ -46,15 +47,16 @@
             {{ head_var }} := NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = {{ key_sql }});
             EXIT;
         END IF;
-        -- A consumer (or another producer) holds it: the message is a head candidate, maybe a spurious
-        -- one that the group's next holder demotes. The pin keeps purge from deleting the row while
-        -- the message is uncommitted (a message whose groups row is gone is never claimed); it
-        -- conflicts with nothing a consumer takes.
+        -- Held by a consumer (or another producer), or missing. Held: the message is a head
+        -- candidate, maybe a spurious one that the group's next holder demotes. The pin keeps purge
+        -- from deleting the row while the message is uncommitted (a message whose groups row is
+        -- gone is never claimed); it conflicts with nothing a consumer takes.
         PERFORM FROM {{ groups_t }} AS g WHERE g.group_key = {{ key_sql }} FOR KEY SHARE;
         IF FOUND THEN
             {{ head_var }} := true;
             EXIT;
         END IF;
+        INSERT INTO {{ groups_t }} AS g (group_key) VALUES ({{ key_sql }}) ON CONFLICT DO NOTHING;
     END LOOP;
 {%- endmacro %}
 
@@ -67,10 +69,7 @@
     batch_keys := ARRAY(SELECT DISTINCT u.group_key FROM unnest({{ keys_sql }}) AS u (group_key) WHERE u.group_key IS NOT NULL ORDER BY 1);
     got_keys := '{}';
     pinned_keys := '{}';
-    WHILE cardinality(got_keys) + cardinality(pinned_keys) < cardinality(batch_keys) LOOP
-        INSERT INTO {{ groups_t }} AS g (group_key)
-        SELECT u.group_key FROM unnest(batch_keys) AS u (group_key) ORDER BY u.group_key
-        ON CONFLICT DO NOTHING;
+    LOOP
         got_keys := got_keys || ARRAY(
             SELECT g.group_key FROM {{ groups_t }} AS g
             WHERE g.group_key = ANY(batch_keys) AND NOT g.group_key = ANY(got_keys || pinned_keys)
@@ -83,6 +82,13 @@
             ORDER BY g.group_key
             FOR KEY SHARE
         );
+        EXIT WHEN cardinality(got_keys) + cardinality(pinned_keys) = cardinality(batch_keys);
+        -- The keys without a row (as join_group: inserted only when none was found), in key order.
+        INSERT INTO {{ groups_t }} AS g (group_key)
+        SELECT u.group_key FROM unnest(batch_keys) AS u (group_key)
+        WHERE NOT u.group_key = ANY(got_keys || pinned_keys)
+        ORDER BY u.group_key
+        ON CONFLICT DO NOTHING;
     END LOOP;
     empty_keys := ARRAY(
         SELECT k.group_key FROM unnest(got_keys) AS k (group_key)

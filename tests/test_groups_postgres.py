@@ -256,3 +256,240 @@ def test_work_many_consumers_complete_once_or_dead_in_group_order_with_failures_
         assert expected == PER_GROUP, f"group {group}: {sequence}"
         assert all((group, n) in dead for n, outcome in sequence if outcome == "dead")
     assert {outcome for handouts in ledger.handouts.values() for *_, outcome in handouts} >= {"completed", "retrying"}
+
+
+# --- a held group ------------------------------------------------------------------------------------
+
+def no_wait(conn: Any) -> None:
+    conn.execute("SET lock_timeout = '500ms'")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_a_held_group_lets_the_others_drain_and_producers_add_to_it_without_waiting(deploy_queues, kind) -> None:
+    deployed = deploy_queues(grouped(kind))
+    setup = deployed.connect()
+    holder_conn = deployed.connect(autocommit=False)
+    producer_conn = deployed.connect()
+    try:
+        admin = deployed.client("q", setup)
+        held = [admin.enqueue({"g": "held", "n": n}, group_key="held")["id"] for n in range(20)]
+        others = admin.enqueue_batch([{"payload": {"g": f"o{g}", "n": n}, "group_key": f"o{g}"}
+                                      for n in range(5) for g in range(50)])
+        holder = deployed.client("q", holder_conn)
+        # fifo: the dequeuing transaction stays open; work: the head is leased for an hour, and the
+        # complete that ends it waits in an open transaction too (it holds the group's row).
+        got = holder.dequeue(worker="holder", lease_seconds=3600) if kind == "work" else holder.dequeue()
+        assert [row["id"] for row in got] == [held[0]]
+        if kind == "work":
+            holder_conn.commit()
+
+        drained: list[int] = []
+
+        def drain(seed: int) -> None:
+            conn = deployed.connect()
+            no_wait(conn)
+            client = deployed.client("q", conn)
+            try:
+                while True:
+                    rows = client.dequeue(batch_size=3, worker=f"d{seed}") if kind == "work" else client.dequeue(batch_size=3)
+                    if not rows:
+                        return
+                    for row in rows:
+                        assert row["group_key"] != "held"
+                        if kind == "work":
+                            assert client.complete(row["id"], f"d{seed}", row["lease_token"])
+                        drained.append(row["id"])
+            finally:
+                conn.close()
+
+        no_wait(producer_conn)
+        producer = deployed.client("q", producer_conn)
+        added: list[int] = []
+
+        def add() -> None:
+            for n in range(20, 30):
+                added.append(producer.enqueue({"g": "held", "n": n}, group_key="held")["id"])
+            added.extend(row["id"] for row in producer.enqueue_batch(
+                [{"payload": {"g": "held", "n": n}, "group_key": "held"} for n in range(30, 35)]))
+
+        run_threads([add] + [lambda seed=seed: drain(seed) for seed in range(4)])
+        assert sorted(drained) == sorted(row["id"] for row in others) and len(added) == 15
+
+        if kind == "work":
+            assert holder.complete(held[0], "holder", got[0]["lease_token"])   # holds the row until commit
+            assert producer.enqueue({"g": "held", "n": 35}, group_key="held")["id"]
+        holder_conn.commit()
+        rest = []
+        while True:
+            rows = admin.dequeue(batch_size=10, worker="after") if kind == "work" else admin.dequeue(batch_size=10)
+            if not rows:
+                break
+            assert len(rows) == 1
+            rest.append(rows[0]["payload"]["n"])
+            if kind == "work":
+                assert admin.complete(rows[0]["id"], "after", rows[0]["lease_token"])
+        assert rest == list(range(1, 36 if kind == "work" else 35))
+    finally:
+        for conn in (setup, holder_conn, producer_conn):
+            conn.close()
+
+
+# --- the races the design closes -----------------------------------------------------------------------
+
+def test_a_message_enqueued_while_a_consumer_holds_its_group_is_not_stranded(deploy_queues) -> None:
+    """The consumer settles its group without seeing the producer's uncommitted message; the producer,
+    which could not take the group, made its message a head candidate itself. Both commit orders."""
+    deployed = deploy_queues(grouped("fifo"))
+    conns = [deployed.connect(autocommit=False) for _ in range(3)]
+    try:
+        consumer, producer, other = (deployed.client("q", conn) for conn in conns)
+        for producer_first in (True, False):
+            first = producer.enqueue({"n": 0}, group_key="g")["id"]
+            conns[1].commit()
+            assert [row["id"] for row in consumer.dequeue()] == [first]   # holds g, its last message
+            late = producer.enqueue({"n": 1}, group_key="g")["id"]        # cannot take g: a candidate
+            order = [conns[1], conns[0]] if producer_first else [conns[0], conns[1]]
+            for conn in order:
+                conn.commit()
+            assert [row["id"] for row in other.dequeue(batch_size=10)] == [late]
+            conns[2].commit()
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_purge_never_deletes_the_row_of_a_group_whose_producer_has_not_committed(deploy_queues) -> None:
+    """A group looks empty to purge while a producer's message in it is uncommitted: the producer
+    holds the group's row (it took it) or pins it (FOR KEY SHARE, when a consumer held it), and purge
+    skips such rows. A purge that deleted the row first makes the producer wait for it, then the
+    producer puts the row back."""
+    deployed = deploy_queues(grouped("fifo"))
+    conns = [deployed.connect(autocommit=False) for _ in range(3)]
+    admin_conn = deployed.connect()
+    try:
+        consumer, producer, purger = (deployed.client("q", conn) for conn in conns)
+        admin = deployed.client("q", admin_conn)
+        no_wait(admin_conn)
+
+        # Taken: the producer holds the row of a group with no message.
+        taken = producer.enqueue({"n": 0}, group_key="taken")["id"]
+        assert admin.purge() == 0
+        conns[1].commit()
+        assert [row["id"] for row in admin.dequeue()] == [taken]
+
+        # Pinned: a consumer held the group, committed its last message away; the producer's message
+        # is still uncommitted when purge looks.
+        admin.enqueue({"n": 0}, group_key="pinned")
+        assert consumer.dequeue()
+        pinned = producer.enqueue({"n": 1}, group_key="pinned")["id"]
+        conns[0].commit()
+        assert admin.purge() == 0
+        conns[1].commit()
+        assert [row["id"] for row in admin.dequeue()] == [pinned]
+
+        # Purge first: it deletes the empty row in its open transaction; the producer waits for it.
+        assert purger.purge(max_rows=10) == 0
+        result: list[int] = []
+        thread = threading.Thread(target=lambda: result.append(
+            deployed.client("q", conns[1]).enqueue({"n": 2}, group_key="pinned")["id"]))
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive(), "the producer did not wait for the purge that deleted its group's row"
+        conns[2].commit()
+        thread.join(10)
+        conns[1].commit()
+        assert [row["id"] for row in admin.dequeue()] == result
+    finally:
+        for conn in conns + [admin_conn]:
+            conn.close()
+
+
+def test_a_retrying_head_comes_before_a_lower_id_that_committed_late(deploy_queues) -> None:
+    """work: the group's in-flight message is its head while it retries, even when a message with a
+    lower id (its producer could not take the group, and committed after) becomes visible meanwhile."""
+    deployed = deploy_queues(grouped("work"))
+    holder_conn, late_conn, conn = (deployed.connect(autocommit=False), deployed.connect(autocommit=False),
+                                    deployed.connect())
+    try:
+        holder, late_producer, client = (deployed.client("q", c) for c in (holder_conn, late_conn, conn))
+        first = client.enqueue({"n": 0}, group_key="g")["id"]
+        lease = client.dequeue(worker="w1")[0]["lease_token"]
+        assert holder.complete(first, "w1", lease)                       # holds g until it commits
+        low = late_producer.enqueue({"n": 1}, group_key="g")["id"]       # cannot take g: a candidate
+        holder_conn.commit()
+        high = client.enqueue({"n": 2}, group_key="g")["id"]             # takes g, sees no message
+        assert low < high
+        leased = client.dequeue(worker="w2")
+        assert [row["id"] for row in leased] == [high]
+        assert client.fail(high, "w2", "boom", retry_after_seconds=0, lease_token=leased[0]["lease_token"]) == "retrying"
+        late_conn.commit()                                               # the lower id is visible now
+
+        again = client.dequeue(batch_size=10, worker="w3")
+        assert [row["id"] for row in again] == [high]
+        assert client.complete(high, "w3", again[0]["lease_token"])
+        assert [row["id"] for row in client.dequeue(batch_size=10, worker="w4")] == [low]
+    finally:
+        for c in (holder_conn, late_conn, conn):
+            c.close()
+
+
+# --- at depth ----------------------------------------------------------------------------------------
+
+BACKLOG = 20_000
+
+
+def plans_of(conn: Any, call: Callable[[], Any]) -> list[str]:
+    """The plans of every statement the call runs inside the functions (auto_explain, with rows)."""
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
+                           ("auto_explain.log_timing", "off"), ("auto_explain.log_nested_statements", "on"),
+                           ("client_min_messages", "log")):
+        conn.execute(f"SET {setting} = {value}")
+    try:
+        call()
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    return [n for n in notices if "Query Text:" in n]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_at_depth_the_claim_reads_the_head_index_and_never_a_blocked_backlog(deploy_queues, kind) -> None:
+    deployed = deploy_queues(grouped(kind))
+    setup, holder_conn, consumer_conn = deployed.connect(), deployed.connect(autocommit=False), deployed.connect()
+    try:
+        admin = deployed.client("q", setup)
+        for start in range(0, BACKLOG, 1000):
+            admin.enqueue_batch([{"payload": {"n": n}, "group_key": "blocked"} for n in range(start, start + 1000)])
+        admin.enqueue_batch([{"payload": {"n": n}, "group_key": f"g{g}"} for n in range(5) for g in range(100)]
+                            + [{"payload": {"n": n}} for n in range(100)])
+        setup.execute(f'ANALYZE "{deployed.catalog.schema}"."q"')
+        holder = deployed.client("q", holder_conn)
+        assert holder.dequeue(worker="holder", lease_seconds=3600) if kind == "work" else holder.dequeue()
+        if kind == "work":
+            holder_conn.commit()   # leased for an hour: the blocked group's head is in flight
+
+        consumer_conn.execute("LOAD 'auto_explain'")
+        consumer = deployed.client("q", consumer_conn)
+        plans: list[str] = []
+        for _ in range(20):
+            got: list[dict] = []
+            plans += plans_of(consumer_conn, lambda: got.extend(
+                consumer.dequeue(batch_size=3, worker="c") if kind == "work" else consumer.dequeue(batch_size=3)))
+            assert got and all(row["group_key"] != "blocked" for row in got)
+            if kind == "work":
+                for row in got:
+                    assert consumer.complete(row["id"], "c", row["lease_token"])
+
+        inner = [p for p in plans if "_dequeue" not in p.split("Query Text:", 1)[1][:120]]
+        text = "\n".join(inner)
+        assert "Seq Scan" not in text, text
+        assert "ix_q_heads" in text and "ix_q_group" in text
+        assert ("ix_q_claim" if kind == "work" else "ix_q_ungrouped") in text
+        # No node of any statement reads the blocked group's backlog.
+        rows = [int(n) for n in __import__("re").findall(r"(?:actual rows|Rows Removed by Filter)[=:] ?(\d+)", text)]
+        assert rows and max(rows) < 1000, "\n".join([p for p in inner if "1003" in p][:1])
+    finally:
+        for conn in (setup, holder_conn, consumer_conn):
+            conn.close()

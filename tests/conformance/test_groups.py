@@ -228,3 +228,16 @@ def test_work_a_producer_does_not_wait_for_a_consumer_completing_in_the_same_gro
     consumer.conn.commit()
     assert ids(consumer.dequeue(batch_size=10, worker="w2")) == [later]
     consumer.conn.commit()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_a_batch_whose_first_item_of_a_group_is_a_duplicate_still_leads_to_that_group(grouped_deploy, kind) -> None:
+    client = grouped_deploy(kind, dedupe=True).client()
+    queued = client.enqueue({"n": 0}, dedupe_key="k", group_key="a")["id"]
+    rows = client.enqueue_batch([{"payload": {"n": 1}, "dedupe_key": "k", "group_key": "b"},
+                                 {"payload": {"n": 2}, "group_key": "b"},
+                                 {"payload": {"n": 3}, "group_key": "b"}])
+    assert rows[0]["id"] == queued and rows[0]["duplicate"]
+
+    batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
+    assert sorted(ids(batch)) == sorted([queued, rows[1]["id"]])

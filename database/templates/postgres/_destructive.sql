@@ -471,6 +471,9 @@ BEGIN
     );
 {%- endcall %}
 
+{% if groups %}
+{{ grp.flag_first_inserted("SELECT u.new_id, u.new_id, k.group_key FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal) INNER JOIN unnest(group_keys) WITH ORDINALITY AS k (group_key, ordinal) ON u.ordinal = k.ordinal WHERE u.new_id = ANY(inserted_ids)") }}
+{% endif %}
 
     -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY

@@ -61,10 +61,11 @@
 {%- endmacro %}
 
 {#- The batch form: every distinct key of keys_sql joined in one statement per round, in key order.
-    Sets heads_var (one per item, NULL for an item without a key): every item of a group that was
-    empty, or held by someone else, is a candidate (also its later items: the first may be a dedupe
-    duplicate that is never inserted); items of a group this batch holds that has messages wait.
-    Expects batch_keys, got_keys, pinned_keys, empty_keys (text[]). -#}
+    Sets heads_var (one per item, NULL for an item without a key): the first item of a group that
+    was empty, or held by someone else, is a candidate; every other item waits (a candidate per item
+    would cost every claim a skipped row each while the group is held). With dedupe or client ids
+    that first item may not be inserted: flag_first_inserted then flags the group's first one that
+    was. Expects batch_keys, got_keys, pinned_keys, empty_keys (text[]). -#}
 {% macro join_groups(keys_sql, heads_var) %}
     batch_keys := ARRAY(SELECT DISTINCT u.group_key FROM unnest({{ keys_sql }}) AS u (group_key) WHERE u.group_key IS NOT NULL ORDER BY 1);
     got_keys := '{}';
@@ -95,10 +96,31 @@
         WHERE NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = k.group_key)
     );
     {{ heads_var }} := ARRAY(
-        SELECT CASE WHEN u.group_key IS NULL THEN NULL ELSE u.group_key = ANY(pinned_keys || empty_keys) END
+        SELECT CASE
+            WHEN u.group_key IS NULL THEN NULL
+            ELSE u.group_key = ANY(pinned_keys || empty_keys)
+                AND u.ordinal = min(u.ordinal) OVER (PARTITION BY u.group_key)
+        END
         FROM unnest({{ keys_sql }}) WITH ORDINALITY AS u (group_key, ordinal)
         ORDER BY u.ordinal
     );
+{%- endmacro %}
+
+{#- After a batch's insert that may have skipped items (dedupe, client ids): in each group that
+    needed a candidate, the first row the batch inserted is one (a no-op when the first item went
+    in). inserted_sql: a query of (id, tie, group_key) of the rows the batch inserted. -#}
+{% macro flag_first_inserted(inserted_sql) %}
+    IF cardinality(pinned_keys || empty_keys) > 0 THEN
+        UPDATE {{ t }} AS m
+        SET group_head = true
+        FROM (
+            SELECT DISTINCT ON (i.group_key) i.id
+            FROM ({{ inserted_sql }}) AS i (id, tie, group_key)
+            WHERE i.group_key = ANY(pinned_keys || empty_keys)
+            ORDER BY i.group_key, i.tie
+        ) AS f
+        WHERE m.id = f.id AND NOT m.group_head;
+    END IF;
 {%- endmacro %}
 
 {#- Lock, waiting, the groups of the messages ids_sql addresses (in key order), into keys_var: the

@@ -239,6 +239,9 @@ BEGIN
     );
 {%- endcall %}
 
+{% if groups %}
+{{ grp.flag_first_inserted("SELECT u.new_id, u.new_tie, k.group_key FROM unnest(new_ids, " ~ new_ties ~ ") WITH ORDINALITY AS u (new_id, new_tie, position) INNER JOIN unnest(group_keys) WITH ORDINALITY AS k (group_key, position) ON u.position = k.position WHERE u.new_tie = ANY(inserted_ties)") }}
+{% endif %}
 
     -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY

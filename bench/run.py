@@ -15,13 +15,13 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ceiling, consumers, instructions, overhead, peer, vacuum
+from . import ceiling, consumers, groups, instructions, overhead, peer, vacuum
 from .cells import cell
 from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim, planning_vs_execution
 from .env import (REPO, available_kinds, cpu_accounting, cpu_share, create_database, deploy_env, drop_database,
                   host_stall_probe, machine_facts, queue_entries, server, set_depth)
 
-PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "instructions", "consumers")
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "instructions", "consumers", "groups")
 # The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
 STALLING = 0.05
 # The exit code of a full run refused on a stalling host (argparse's is 2, a failed check's 1).
@@ -54,6 +54,8 @@ class Plan:
     peer_batches: tuple[int, ...] = (1, 10, 100)
     peer_messages: dict = field(default_factory=lambda: {1: 12_000, 10: 40_000, 100: 100_000})
     peer_rounds: dict = field(default_factory=lambda: {1: 2})
+    # Message groups: tiny fills and depths on --quick (bench/groups.py).
+    groups_quick: bool = False
 
 
 def quick_plan() -> Plan:
@@ -62,7 +64,7 @@ def quick_plan() -> Plan:
                 depth_pairs=(("dequeue", 4, 1, 1),),
                 vacuum_shapes=((4, 1),), vacuum_seconds=0.5, vacuum_timeline_seconds=2.0, vacuum_slices=2,
                 ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
-                peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000})
+                peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000}, groups_quick=True)
 
 
 def _log(message: str) -> None:
@@ -286,6 +288,9 @@ def run_part(part: str, results: dict, env, kinds: list[str], plan: Plan, admin_
         results["instructions"] = instructions.run(kinds, _log)
     elif part == "consumers":
         results["consumers"] = consumers.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds), _log)
+    elif part == "groups":
+        results["groups"] = groups.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds), _log,
+                                       quick=plan.groups_quick)
 
 
 def all_checks_ok(results: dict) -> bool:

@@ -119,13 +119,7 @@
     rollback restores heads and flags alike. -#}
 {% macro grouped_claim() %}
     WHILE remaining > 0 LOOP
-        IF remaining = 1 THEN
-{{ grp.discover_groups('1', 'locked_keys', 'visited_keys') | indent(8, first=true) }}
-        ELSE
-{{ grp.discover_groups('remaining', 'locked_keys', 'visited_keys') | indent(8, first=true) }}
-        END IF;
-        EXIT WHEN cardinality(locked_keys) = 0;
-        visited_keys := visited_keys || locked_keys;
+{{ grp.discover_round() }}
 {{ grp.find_heads('locked_keys') | indent(4, first=true) }}
         RETURN QUERY
         WITH claimed AS (
@@ -272,10 +266,7 @@ BEGIN
 {{ m.rewind_when(fn ~ "_enqueue.due_at", "clock_timestamp()") }}
 {% endif %}
 {% if groups %}
-{{ grp.check_group_key('enqueue', fn ~ '_enqueue.group_key') }}
-    IF {{ fn }}_enqueue.group_key IS NOT NULL THEN
-{{ grp.join_group(fn ~ '_enqueue.group_key', 'is_head') | indent(4, first=true) }}
-    END IF;
+{{ grp.enqueue_join() }}
 {% endif %}
 {% if dedupe %}
 {{ m.check_dedupe_key('enqueue') }}
@@ -335,11 +326,7 @@ DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     bad_ordinal integer;
 {% if groups %}
-    item_heads boolean[];
-    batch_keys text[];
-    got_keys text[];
-    pinned_keys text[];
-    empty_keys text[];
+{{ grp.join_groups_declare() }}
 {% endif %}
 {% if dedupe %}
     new_ids bigint[];

@@ -60,6 +60,23 @@
     END LOOP;
 {%- endmacro %}
 
+{#- enqueue's: its group_key checked and, given, joined (is_head). -#}
+{% macro enqueue_join() %}
+{{ check_group_key('enqueue', fn ~ '_enqueue.group_key') }}
+    IF {{ fn }}_enqueue.group_key IS NOT NULL THEN
+{{ join_group(fn ~ '_enqueue.group_key', 'is_head') | indent(4, first=true) }}
+    END IF;
+{%- endmacro %}
+
+{#- The variables join_groups uses. -#}
+{% macro join_groups_declare() %}
+    item_heads boolean[];
+    batch_keys text[];
+    got_keys text[];
+    pinned_keys text[];
+    empty_keys text[];
+{%- endmacro %}
+
 {#- The batch form: every distinct key of keys_sql joined in one statement per round, in key order.
     Sets heads_var (one per item, NULL for an item without a key): the first item of a group that
     was empty, or held by someone else, is a candidate; every other item waits (a candidate per item
@@ -201,6 +218,19 @@
             FOR NO KEY UPDATE OF g SKIP LOCKED
         ) AS d
     );
+{%- endmacro %}
+
+{#- One round of a dequeue's grouped claim, inside its WHILE remaining > 0 loop: discover (a literal
+    LIMIT 1 for one message: the generic plan of a variable limit is a sort) up to `remaining` groups
+    this call has not been to, into locked_keys; leave the loop when there is none. -#}
+{% macro discover_round() %}
+        IF remaining = 1 THEN
+{{ discover_groups('1', 'locked_keys', 'visited_keys') | indent(8, first=true) }}
+        ELSE
+{{ discover_groups('remaining', 'locked_keys', 'visited_keys') | indent(8, first=true) }}
+        END IF;
+        EXIT WHEN cardinality(locked_keys) = 0;
+        visited_keys := visited_keys || locked_keys;
 {%- endmacro %}
 
 {#- purge: the groups of the messages it is about to delete that nobody holds (SKIP LOCKED, key

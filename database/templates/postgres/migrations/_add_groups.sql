@@ -6,7 +6,6 @@
     claim order's tie-breaker; fifo: id). -#}
 {% import '_macros.sql' as m with context %}
 {% set t = names.obj() %}
-{% set check = names.index_name('ck', 'group_key') %}
 {% set is_work = queue.kind == 'work' %}
 {% set build_locks = 'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions' %}
 {{ m.step('transaction', 'add columns group_key (its length check NOT VALID) and group_head',
@@ -15,17 +14,7 @@ ALTER TABLE {{ t }} ADD COLUMN IF NOT EXISTS group_key text;
 
 ALTER TABLE {{ t }} ADD COLUMN IF NOT EXISTS group_head boolean;
 
-DO $check$
-BEGIN
-    IF NOT EXISTS (
-        SELECT FROM pg_catalog.pg_constraint AS k
-        WHERE k.conrelid = '{{ t }}'::regclass AND k.conname = '{{ check }}'
-    ) THEN
-        ALTER TABLE {{ t }}
-        ADD CONSTRAINT {{ names.index('ck', 'group_key') }} CHECK (length(group_key) <= 200) NOT VALID;
-    END IF;
-END
-$check$;
+{{ m.add_length_check_not_valid('group_key') }}
 
 {{ m.step('transaction', 'validate the length check',
           'the table, SHARE UPDATE EXCLUSIVE (reads and writes go on) for one scan of the table') }}

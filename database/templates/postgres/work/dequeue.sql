@@ -16,13 +16,7 @@
     dequeue. At most one message per group, so a batch never holds two of a group. -#}
 {% macro grouped_claim() %}
     WHILE remaining > 0 LOOP
-        IF remaining = 1 THEN
-{{ grp.discover_groups('1', 'locked_keys', 'visited_keys') | indent(8, first=true) }}
-        ELSE
-{{ grp.discover_groups('remaining', 'locked_keys', 'visited_keys') | indent(8, first=true) }}
-        END IF;
-        EXIT WHEN cardinality(locked_keys) = 0;
-        visited_keys := visited_keys || locked_keys;
+{{ grp.discover_round() }}
 {{ grp.settle('locked_keys') | indent(4, first=true) }}
 {{ w.claim_statement("m.id = ANY(head_ids) AND m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
         UPDATE {{ grp.groups_t }} AS g

@@ -48,10 +48,7 @@ BEGIN
     END IF;
 {% endif %}
 {% if groups %}
-{{ grp.check_group_key('enqueue', fn ~ '_enqueue.group_key') }}
-    IF {{ fn }}_enqueue.group_key IS NOT NULL THEN
-{{ grp.join_group(fn ~ '_enqueue.group_key', 'is_head') | indent(4, first=true) }}
-    END IF;
+{{ grp.enqueue_join() }}
 {% endif %}
 {% set columns = ('id, ' if client_ids else '') ~ 'enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ ('group_key, group_head, ' if groups else '') ~ 'payload' %}
 {% set values = ('coalesce(' ~ fn ~ '_enqueue.id, gen_random_uuid()), coalesce(' ~ fn ~ '_enqueue.enqueued_at, now_utc), ' if client_ids else 'now_utc, ') ~ 'coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), ' ~ ('coalesce(' ~ fn ~ '_enqueue.priority, 0), ' if has_priority else '') ~ (fn ~ '_enqueue.dedupe_key, ' if dedupe else '') ~ (fn ~ '_enqueue.group_key, is_head, ' if groups else '') ~ fn ~ '_enqueue.payload' %}

@@ -21,11 +21,7 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     bad_ordinal integer;
 {% if groups %}
-    item_heads boolean[];
-    batch_keys text[];
-    got_keys text[];
-    pinned_keys text[];
-    empty_keys text[];
+{{ grp.join_groups_declare() }}
 {% endif %}
 {% if dedupe or client_ids %}
     new_ids {{ id_type }}[];

@@ -8,6 +8,7 @@ by name, so that the count of what did not run says so.
 """
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -241,3 +242,15 @@ def test_a_batch_whose_first_item_of_a_group_is_a_duplicate_still_leads_to_that_
 
     batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
     assert sorted(ids(batch)) == sorted([queued, rows[1]["id"]])
+
+
+def test_work_a_head_whose_last_lease_expired_goes_dead_and_the_same_dequeue_moves_its_group_on(
+        grouped_deploy) -> None:
+    client = grouped_deploy("work", max_attempts=1).client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(2)])
+    assert ids(client.dequeue(worker="w1", lease_seconds=1)) == [a[0]]
+    time.sleep(1.2)   # the lease expires: its one attempt is spent
+
+    assert ids(client.dequeue(batch_size=10, worker="w2")) == [a[1]]
+    dead = client.dead_list()
+    assert [row["id"] for row in dead] == [a[0]] and dead[0]["last_error"] == "lease expired"

@@ -12,8 +12,9 @@
 {#- The claim of grouped messages, in rounds: lock up to `remaining` groups with a due candidate
     (stepping over held ones and those this call has been to), settle each (its real head, flags
     exact), lease the heads that are due and make them their groups' in-flight message. A head
-    buried instead ('lease expired') frees its group: its next message is flagged, for the next
-    dequeue. At most one message per group, so a batch never holds two of a group. -#}
+    buried instead ('lease expired') frees its group: its next message is flagged, and the group
+    may be found again in the next round (each such round buries a message: the loop ends). At most
+    one message per group, so a batch never holds two of a group. -#}
 {% macro grouped_claim() %}
     WHILE remaining > 0 LOOP
 {{ grp.discover_round() }}
@@ -25,6 +26,8 @@
         WHERE m.id = ANY(step_ids) AND g.group_key = m.group_key AND g.in_flight IS DISTINCT FROM m.id;
         IF buried_count > 0 THEN
 {{ grp.settle('locked_keys') | indent(8, first=true) }}
+            -- Their next heads may be due: this round's groups may be found again.
+            visited_keys := ARRAY(SELECT v.key FROM unnest(visited_keys) AS v (key) WHERE NOT v.key = ANY(locked_keys));
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
         remaining := batch_size - cardinality(claimed_ids);

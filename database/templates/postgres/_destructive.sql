@@ -121,10 +121,16 @@
     WHILE remaining > 0 LOOP
 {{ grp.discover_round() }}
 {{ grp.find_heads('locked_keys') | indent(4, first=true) }}
+        -- SKIP LOCKED: a head a wait step is probing this instant stays for the next dequeue.
         RETURN QUERY
-        WITH claimed AS (
+        WITH heads AS (
+            SELECT m.id FROM {{ t }} AS m WHERE m.id = ANY(head_ids) FOR UPDATE SKIP LOCKED
+        ),
+
+        claimed AS (
             DELETE FROM {{ t }} AS m
-            WHERE m.id = ANY(head_ids)
+            USING heads AS h
+            WHERE m.id = h.id
             RETURNING m.id, m.payload, m.enqueued_at, m.group_key
         )
 

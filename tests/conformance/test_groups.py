@@ -9,6 +9,7 @@ by name, so that the count of what did not run says so.
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -231,17 +232,19 @@ def test_work_a_producer_does_not_wait_for_a_consumer_completing_in_the_same_gro
     consumer.conn.commit()
 
 
-@pytest.mark.parametrize("kind", ["fifo", "work"])
-def test_a_batch_whose_first_item_of_a_group_is_a_duplicate_still_leads_to_that_group(grouped_deploy, kind) -> None:
-    client = grouped_deploy(kind, dedupe=True).client()
-    queued = client.enqueue({"n": 0}, dedupe_key="k", group_key="a")["id"]
-    rows = client.enqueue_batch([{"payload": {"n": 1}, "dedupe_key": "k", "group_key": "b"},
+@pytest.mark.parametrize("kind,option", [("fifo", "dedupe"), ("work", "dedupe"), ("work", "client_ids")])
+def test_a_batch_whose_first_item_of_a_group_is_a_duplicate_still_leads_to_that_group(grouped_deploy, kind,
+                                                                                       option) -> None:
+    client = grouped_deploy(kind, **{option: True}).client()
+    same = {"dedupe_key": "k"} if option == "dedupe" else {"id": str(uuid.uuid4())}
+    queued = client.enqueue({"n": 0}, group_key="a", **same)["id"]
+    rows = client.enqueue_batch([{"payload": {"n": 1}, "group_key": "b", **same},
                                  {"payload": {"n": 2}, "group_key": "b"},
                                  {"payload": {"n": 3}, "group_key": "b"}])
     assert rows[0]["id"] == queued and rows[0]["duplicate"]
 
     batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
-    assert sorted(ids(batch)) == sorted([queued, rows[1]["id"]])
+    assert sorted(map(str, ids(batch))) == sorted(map(str, [queued, rows[1]["id"]]))
 
 
 def test_work_a_head_whose_last_lease_expired_goes_dead_and_the_same_dequeue_moves_its_group_on(

@@ -130,18 +130,27 @@ def work_shapes(env: Env, queue: str) -> list[Shape]:
     return shapes
 
 
-def run_pgbench(url: str, script: str, clients: int, seconds: float, workdir: Path) -> dict:
+def run_pgbench(url: str, script: str, clients: int, seconds: float, workdir: Path,
+                settings: dict[str, str] | None = None, transactions: int = 0,
+                defines: dict[str, str] | None = None) -> dict:
+    """`script` from `clients` clients for `seconds` (or, given `transactions`, that many per
+    client); `settings` are set in every client's session (PGOPTIONS), `defines` are the
+    script's variables' first values (-D)."""
     path = workdir / "script.sql"
     path.write_text(script)
     for old in glob.glob(str(workdir / "log*")):
         os.unlink(old)
+    length = ["-t", str(transactions)] if transactions else ["-T", str(max(1, round(seconds)))]
     cmd = ["pgbench", "-n", "-M", "prepared", "-f", str(path), "-c", str(clients),
-           "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(max(1, round(seconds))),
+           "-j", str(min(clients, os.cpu_count() or 1)), *length, *pgbench_defines(defines),
            "-l", "--log-prefix", str(workdir / "log"), url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+    options = " ".join(f"-c {name}={value}" for name, value in (settings or {}).items())
+    env = {**os.environ, "PGOPTIONS": (os.environ.get("PGOPTIONS", "") + " " + options).strip()} if options else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, env=env)
     out = proc.stdout + proc.stderr
     tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
     failed = re.search(r"number of failed transactions: (\d+)", out)
+    processed = re.search(r"number of transactions actually processed: (\d+)", out)
     lat = []
     for log in glob.glob(str(workdir / "log*")):
         with open(log) as fh:
@@ -152,7 +161,12 @@ def run_pgbench(url: str, script: str, clients: int, seconds: float, workdir: Pa
     if proc.returncode != 0 or not tps:
         raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{' '.join(cmd)}\n{out[-3000:]}\n{script}")
     return {"tps": float(tps.group(1)), "failed": int(failed.group(1)) if failed else 0,
+            "processed": int(processed.group(1)) if processed else len(lat),
             "p50_ms": percentile(lat, 0.5), "p99_ms": percentile(lat, 0.99), "transactions": len(lat)}
+
+
+def pgbench_defines(defines: dict[str, str] | None) -> list[str]:
+    return [arg for name, value in (defines or {}).items() for arg in ("-D", f"{name}={value}")]
 
 
 def measure(env: Env, shape: Shape, variant: str, clients: int, seconds: float, depth: int,

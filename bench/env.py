@@ -48,15 +48,16 @@ def queue_entries(kinds: list[str], extra_work_history: bool = False, deep: bool
 
 
 @contextlib.contextmanager
-def server() -> Iterator[dict]:
-    """{'url', 'embedded', 'bindir'}: TABLEQUEUE_PG_URL when set, else a throwaway cluster."""
+def server(settings: dict[str, str] | None = None) -> Iterator[dict]:
+    """{'url', 'embedded', 'bindir'}: TABLEQUEUE_PG_URL when set, else a throwaway cluster started
+    with `settings` added to the embedded defaults."""
     configured = os.environ.get("TABLEQUEUE_PG_URL")
     if configured:
         yield {"url": configured, "embedded": False, "bindir": None}
         return
     from tablequeue.embedded import start_embedded
 
-    pg = start_embedded()
+    pg = start_embedded(settings)
     try:
         yield {"url": pg.url, "embedded": True, "bindir": str(pg.bindir), "server": pg}
     finally:

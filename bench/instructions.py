@@ -82,6 +82,7 @@ def count_from_now_on(pg: EmbeddedPostgres) -> "Counter":
 class Counter:
     def __init__(self, url: str, out: Path, log: Path):
         self.url, self.out, self.log = url, out, log
+        self.last_pids: list[int] = []
         self.workdir = Path(tempfile.mkdtemp(prefix="tq-counted-"))
         os.chmod(self.workdir, 0o755)
 
@@ -104,13 +105,16 @@ class Counter:
             time.sleep(0.2)
         raise RuntimeError(f"bench: callgrind wrote no totals for server process {pid} in {timeout:.0f}s")
 
-    def pgbench(self, url: str, script: str, transactions: int) -> int:
-        """Runs `script` `transactions` times in one pgbench client; returns the instructions of the
-        server processes pgbench connected to."""
+    def pgbench(self, url: str, script: str, transactions: int, defines: dict[str, str] | None = None) -> int:
+        """Runs `script` `transactions` times in one pgbench client (`defines`: its variables' first
+        values); returns the instructions of the server processes pgbench connected to."""
+        from .ceiling import pgbench_defines
+
         path = self.workdir / "script.sql"
         path.write_text(script)
         offset = self.log.stat().st_size
-        cmd = ["pgbench", "-n", "-M", "prepared", "-c", "1", "-t", str(transactions), "-f", str(path), url]
+        cmd = ["pgbench", "-n", "-M", "prepared", "-c", "1", "-t", str(transactions), *pgbench_defines(defines),
+               "-f", str(path), url]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.workdir,
                               env={**os.environ, "PGAPPNAME": APPLICATION})
         failed = re.search(r"number of failed transactions: (\d+)", proc.stdout)
@@ -120,7 +124,24 @@ class Counter:
         pids = self._pids_since(offset)
         if not pids:
             raise RuntimeError(f"bench: no {APPLICATION} connection in {self.log}")
-        return sum(self._totals(pid) for pid in pids)
+        total = sum(self._totals(pid) for pid in pids)
+        self.last_pids = pids
+        return total
+
+    def functions(self, names: dict[str, tuple[str, ...]]) -> dict[str, int]:
+        """The inclusive instructions of the last run's server processes in each group of server
+        functions (callgrind_annotate --inclusive): where a run's instructions went. Groups may
+        overlap (WAL records are written from inside heap and index changes)."""
+        wanted = {fn: group for group, fns in names.items() for fn in fns}
+        out = dict.fromkeys(names, 0)
+        for pid in self.last_pids:
+            text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no",
+                                   str(self.out / f"cg.{pid}")], capture_output=True, text=True, check=True).stdout
+            for found in re.finditer(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*?:([A-Za-z_][\w]*)\b", text, re.M):
+                group = wanted.get(found.group(2))
+                if group:
+                    out[group] += int(found.group(1).replace(",", ""))
+        return out
 
     def close(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -155,10 +176,14 @@ def rows_written(env: Env, queue: str, op: str) -> int:
 
 
 def marginal(runs: list[dict]) -> dict:
-    """The SHORT and LONG runs, and what one more message cost between them."""
+    """The SHORT and LONG runs, and what one more message cost between them (and the WAL bytes
+    it wrote, when the runs measured them)."""
     moved = runs[1]["messages"] - runs[0]["messages"]
-    return {"runs": runs, "per_message": (runs[1]["instructions"] - runs[0]["instructions"]) / moved
-            if moved > 0 else None}
+    out = {"runs": runs, "per_message": (runs[1]["instructions"] - runs[0]["instructions"]) / moved
+           if moved > 0 else None}
+    if all("wal_bytes" in r for r in runs):
+        out["wal_per_message"] = (runs[1]["wal_bytes"] - runs[0]["wal_bytes"]) / moved if moved > 0 else None
+    return out
 
 
 def compared(log: Any, what: str, reference: tuple[str, dict], measured: tuple[str, dict]) -> float | None:

@@ -46,6 +46,12 @@ def failed_checks(results: dict) -> list[str]:
         for who in ["pgqueuer", *results["peer"]["queues"]]:
             if not row[who]["check"]["ok"]:
                 failures.append(f"peer {who} batch {row['batch']}: {row[who]['check']}")
+    for regime, rows in ((results.get("pgmq") or {}).get("regimes") or {}).items():
+        for row in rows:
+            for who, side in row["sides"].items():
+                if side["failed"] or side["drained"]:
+                    failures.append(f"pgmq synchronous_commit={regime} {row['shape']} {who}: drained={side['drained']} "
+                                    f"failed={side['failed']}")
     for e in results.get("ceiling") or []:
         for variant in ("raw", "fn"):
             if e[variant]["drained"] or e[variant]["failed"]:
@@ -88,6 +94,7 @@ def targets(results: dict) -> list[dict]:
                         "want": ">= 2.00x",
                         "shape": f"{q} {via['throughput'][q]:.0f}/s vs PgQueuer SQL {via['throughput']['pgqueuer']:.0f}/s",
                         "value": ratio, "met": ratio >= 2.0, "gap": ratio / 2.0 - 1, "headline": False})
+    out += pgmq_targets(results)
     for e in results.get("ceiling") or []:
         if e["batch"] != 1 or e["ratio"] is None:
             continue
@@ -129,6 +136,61 @@ def targets(results: dict) -> list[dict]:
                     "shape": f"{v['kind']}: {t['throughput']['held']:.0f}/s vs {t['throughput']['clean']:.0f}/s; "
                              f"pair ratios {_pair_ratios(t)}",
                     "value": ratio, "met": ratio >= 0.8, "gap": ratio / 0.8 - 1, "headline": v["kind"] == kind})
+    return out
+
+
+# (shape key, contender, target ratio over pgmq's throughput, what is compared)
+PGMQ_TARGETS = (("cycle", "tablequeue", 1.2, "dequeue + complete vs pgmq read + delete (batch 1)"),
+                ("history", "tablequeue", 1.2, "dequeue + complete with history vs pgmq read + archive (batch 1)"),
+                ("cycle", "complete_next", 1.5, "complete_next vs pgmq read + delete (batch 1)"),
+                ("batch_10", "tablequeue", 1.5, "dequeue + complete_batch vs pgmq read + delete(array) (batch 10)"),
+                ("batch_100", "tablequeue", 1.5, "dequeue + complete_batch vs pgmq read + delete(array) (batch 100)"))
+
+
+def pgmq_targets(results: dict) -> list[dict]:
+    """Issue 22's throughput targets against pgmq, in each commit regime."""
+    measured = results.get("pgmq") or {}
+    out = []
+    for regime, rows in (measured.get("regimes") or {}).items():
+        by_key = {r["key"]: r for r in rows}
+        for key, who, want, what in PGMQ_TARGETS:
+            row = by_key.get(key)
+            ratio = row and row["ratios"].get(who)
+            if ratio is None:
+                continue
+            out.append({"target": f"{what}, pgbench, {measured['clients']} clients, synchronous_commit={regime}",
+                        "want": f">= {want:.2f}x",
+                        "shape": f"{row['sides'][who]['messages_per_s']:.0f}/s vs pgmq "
+                                 f"{row['sides']['pgmq']['messages_per_s']:.0f}/s",
+                        "value": ratio, "met": ratio >= want, "gap": ratio / want - 1, "headline": key == "cycle"})
+    return out
+
+
+def pgmq_counted_targets(results: dict) -> list[dict]:
+    """Issue 22's work targets: instructions and WAL bytes per message no more than pgmq's (shown
+    as pgmq's over ours, higher is better, as for throughput), enqueue within 1.2x the bare INSERT."""
+    counted = (results.get("pgmq") or {}).get("counted")
+    if not counted:
+        return []
+    out = []
+    for row in counted["shapes"]:
+        sides = row["sides"]
+        if row["key"].startswith("enqueue"):
+            ours, bare = sides["tablequeue"]["per_message"], sides["bare INSERT"]["per_message"]
+            if ours and bare:
+                out.append({"target": f"{row['shape']}: bare INSERT / enqueue, instructions", "want": ">= 0.83",
+                            "shape": f"enqueue {ours:,.0f} vs bare INSERT {bare:,.0f} per message",
+                            "value": bare / ours, "met": bare / ours >= 1 / 1.2, "gap": bare / ours * 1.2 - 1,
+                            "headline": row["key"] == "enqueue_1"})
+            continue
+        for who, ratio in row["instruction_ratios"].items():
+            out.append({"target": f"{row['shape']}: pgmq / {who}, instructions per message", "want": ">= 1.00",
+                        "shape": f"{sides[who]['per_message']:,.0f} vs pgmq {sides['pgmq']['per_message']:,.0f}",
+                        "value": 1 / ratio, "met": ratio <= 1, "gap": 1 / ratio - 1, "headline": row["key"] == "cycle"})
+        for who, ratio in row["wal_ratios"].items():
+            out.append({"target": f"{row['shape']}: pgmq / {who}, WAL bytes per message", "want": ">= 1.00",
+                        "shape": f"{sides[who]['wal_per_message']:,.0f} vs pgmq {sides['pgmq']['wal_per_message']:,.0f}",
+                        "value": 1 / ratio, "met": ratio <= 1, "gap": 1 / ratio - 1, "headline": row["key"] == "cycle"})
     return out
 
 
@@ -412,7 +474,7 @@ def write_report(results: dict, out_root: Path) -> Path:
     w("## Reproduce")
     w("")
     w("```sh")
-    w("make bench        # installs the bench extra (pgqueuer==1.6.0, matplotlib), then:")
+    w("make bench        # installs the test and bench extras (pgmq==1.1.4, pgqueuer==1.6.0, matplotlib), then:")
     w(".venv/bin/python -m bench.run" + (" --quick" if results.get("quick") else ""))
     w("```")
     w("")
@@ -477,7 +539,7 @@ def write_report(results: dict, out_root: Path) -> Path:
     if measured:
         target_table(measured, w)
         w("")
-    counted = instruction_targets(results, headline_kind(results))
+    counted = instruction_targets(results, headline_kind(results)) + pgmq_counted_targets(results)
     if counted:
         w("The targets' comparisons in the server's instructions per message, one pgbench client, counted by "
           "callgrind (*Server work per message*): what the throughput ratios are made of, whatever the host did. They "
@@ -760,6 +822,8 @@ def write_report(results: dict, out_root: Path) -> Path:
             w("```")
             w("</details>")
             w("")
+    if results.get("pgmq"):
+        pgmq_section(results["pgmq"], w)
     if results.get("instructions"):
         instruction_section(results["instructions"], w)
     if results.get("consumers"):
@@ -772,6 +836,123 @@ def write_report(results: dict, out_root: Path) -> Path:
     path = out_root / "BENCHMARKS.md"
     path.write_text("\n".join(L) + "\n")
     return path
+
+
+def pgmq_section(measured: dict, w: Any) -> None:
+    srv = measured.get("server") or {}
+    w("## A second peer: pgmq, in both commit regimes")
+    w("")
+    w(f"pgmq {measured['pgmq_sql']} (the SQL that PyPI's `pgmq=={measured['pgmq_package']}` ships, installed as plain "
+      "SQL by its own installer, no extension build) in its own database, one queue; the work kind's `q_work` and "
+      "`q_work_with_history` beside it on the same server. Both sides are pgbench scripts (`-M prepared`, "
+      f"{measured['clients']} clients, "
+      + (f"{measured['transactions']} transactions per client" if measured.get("transactions") else
+         f"{measured['seconds']:.0f}s per run")
+      + f", {measured['rounds']} round(s), the sides' order alternating by round and shape), each run from a freshly "
+      "loaded queue, vacuumed. tablequeue's calls pass the lease token (fenced), as the contract recommends. "
+      f"The server: fsync={srv.get('fsync')}, full_page_writes={srv.get('full_page_writes')} "
+      f"({'an embedded cluster of its own' if srv.get('embedded') else 'TABLEQUEUE_PG_URL'}); the commit regime is "
+      "`synchronous_commit` set in every pgbench session. WAL bytes per message: `pg_current_wal_insert_lsn()` before and "
+      "after the run over the messages moved, full-page images and autovacuum included. Reproduce: "
+      "`make bench BENCH_ARGS=\"--parts pgmq\"`.")
+    w("")
+    w(f"Measured from {measured.get('started_at')} (commit `{measured.get('git_head', '?')}`); load average at start "
+      f"{tuple(round(x, 2) for x in measured.get('loadavg_start', ()))}, at the end of the throughput runs "
+      f"{tuple(round(x, 2) for x in measured.get('loadavg_end', ()))}: on a shared machine the msg/s move with the "
+      "load; the instruction and WAL counts below do not."
+      + (f" The host check at the start of that run: a busy loop lost {measured['host']['stalls_start']['lost_seconds']:.2f}s "
+         f"of {measured['host']['stalls_start']['seconds']:.0f}s to gaps over 20 ms." if measured.get("host") else ""))
+    w("")
+    for regime, rows in measured["regimes"].items():
+        w(f"**synchronous_commit = {regime}**")
+        w("")
+        w("| shape | pgmq msg/s (p50 ms) | tablequeue msg/s (p50 ms) | / pgmq | WAL B/msg pgmq → tablequeue | "
+          "full-page images per 1,000 msgs, pgmq → tablequeue |")
+        w("|---|---:|---:|---:|---:|---:|")
+        for row in rows:
+            ref = row["sides"]["pgmq"]
+            for who, side in row["sides"].items():
+                if who == "pgmq":
+                    continue
+                w(f"| {row['shape']}: {ref['label']} vs {side['label']} | {_f(ref['messages_per_s'])} "
+                  f"({_ms(ref['p50_ms'])}) | {_f(side['messages_per_s'])} ({_ms(side['p50_ms'])}) | "
+                  f"{_ratio(row['ratios'].get(who))} | {_f(ref['wal_bytes_per_message'])} → "
+                  f"{_f(side['wal_bytes_per_message'])} | {_f((ref['fpi_per_message'] or 0) * 1000, 1)} → "
+                  f"{_f((side['fpi_per_message'] or 0) * 1000, 1)} |")
+        w("")
+    counted = measured.get("counted")
+    if counted:
+        w(f"The same scripts with one client on a server under callgrind (*Server work per message*: "
+          f"{counted['short']} and {counted['long']} messages' worth of transactions, the difference over the "
+          f"messages moved; {counted['depth']:,} waiting; full_page_writes off there, so the WAL is the records "
+          "alone). The commit regime does not change these: the flush is the kernel's work and the WAL is the same.")
+        w("")
+        w("| shape | side | instructions per message | WAL bytes per message | instructions / pgmq's | WAL / pgmq's |")
+        w("|---|---|---:|---:|---:|---:|")
+        for row in counted["shapes"]:
+            for who, side in row["sides"].items():
+                w(f"| {row['shape']} | {who} | {_f(side['per_message'])} | {_f(side.get('wal_per_message'))} | "
+                  f"{_ratio(row['instruction_ratios'].get(who))} | {_ratio(row['wal_ratios'].get(who))} |")
+        w("")
+    if counted and any(side.get("profile") for row in counted["shapes"] for side in row["sides"].values()):
+        # A group whose functions callgrind did not resolve counts nothing anywhere: left out.
+        groups = [g for g in next(side["profile"] for row in counted["shapes"] for side in row["sides"].values()
+                                  if side.get("profile"))
+                  if any((side.get("profile") or {}).get(g) for row in counted["shapes"] for side in row["sides"].values())]
+        w("Where those instructions go: per message, the inclusive instructions of the server functions behind "
+          "each step (callgrind_annotate over the same runs). The rows overlap: WAL records are assembled inside "
+          "the heap and index changes, and most of it runs inside the executor; the rest of the total is the "
+          "protocol, PL/pgSQL, expression evaluation and the functions' own statements.")
+        w("")
+        w("| shape | side | total | " + " | ".join(groups) + " |")
+        w("|---|---|---:|" + "---:|" * len(groups))
+        for row in counted["shapes"]:
+            for who, side in row["sides"].items():
+                profile = side.get("profile") or {}
+                w(f"| {row['shape']} | {who} | {_f(side['per_message'])} | "
+                  + " | ".join(_f(profile.get(g)) for g in groups) + " |")
+        for d in counted.get("designs", []):
+            profile = d.get("profile") or {}
+            w(f"| lease design | {d['design'].split(':')[0]} | {_f(d['per_message'])} | "
+              + " | ".join(_f(profile.get(g)) for g in groups) + " |")
+        w("")
+    lease = measured.get("lease_wal")
+    if lease:
+        w("**What one lease writes** (pg_walinspect over one batch-of-one lease: the probe and the claims in one "
+          "transaction): the index entries per index, and whether the row's new version was a HOT update; then the "
+          "whole cycle (lease + complete) counted as above. Today's storage, two alternative designs as raw SQL "
+          "(`bench/work_raw.py`, *Analysis*), and pgmq's `read` + `delete` (its functions, as in the tables above).")
+        w("")
+        w("| design | index entries a lease writes | HOT " + ("| instructions per cycle | WAL bytes per cycle "
+                                                                  if counted else "") + "|")
+        w("|---|---|---|" + ("---:|---:|" if counted else ""))
+        designs = {d["design"]: d for d in (counted or {}).get("designs", [])}
+        pgmq_cycle = next((r["sides"]["pgmq"] for r in (counted or {}).get("shapes", []) if r["key"] == "cycle"), None)
+        for e in lease:
+            entries = ", ".join(f"`{name.split('.')[-1]}` {n}" for name, n in sorted(e["lease_index_entries"].items()))
+            total = sum(e["lease_index_entries"].values())
+            cells = ""
+            if counted:
+                d = pgmq_cycle if e["design"].startswith("pgmq") else designs.get(e["design"])
+                cells = f"| {_f(d['per_message']) if d else '–'} | {_f(d.get('wal_per_message')) if d else '–'} "
+            w(f"| {e['design']} | {total}: {entries} | {'yes' if e['hot'] else 'no'} {cells}|")
+        w("")
+    w("<details><summary>the pgbench scripts</summary>")
+    w("")
+    first = next(iter(measured["regimes"].values()))
+    for row in first:
+        for who, side in row["sides"].items():
+            w(f"**{row['shape']}, {who}** ({side['label']}):")
+            w("```sql")
+            w(side["script"].rstrip())
+            w("```")
+    for d in (counted or {}).get("designs", []):
+        w(f"**lease design {d['design']}**:")
+        w("```sql")
+        w(d["script"].rstrip())
+        w("```")
+    w("</details>")
+    w("")
 
 
 def consumers_section(measured: dict, w: Any) -> None:

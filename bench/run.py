@@ -15,13 +15,13 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ceiling, consumers, groups, instructions, overhead, peer, vacuum
+from . import ceiling, consumers, groups, instructions, overhead, peer, pgmq_peer, vacuum
 from .cells import cell
 from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim, planning_vs_execution
 from .env import (REPO, available_kinds, cpu_accounting, cpu_share, create_database, deploy_env, drop_database,
                   host_stall_probe, machine_facts, queue_entries, server, set_depth)
 
-PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "instructions", "consumers", "groups")
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "pgmq", "instructions", "consumers", "groups")
 # The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
 STALLING = 0.05
 # The exit code of a full run refused on a stalling host (argparse's is 2, a failed check's 1).
@@ -54,6 +54,15 @@ class Plan:
     peer_batches: tuple[int, ...] = (1, 10, 100)
     peer_messages: dict = field(default_factory=lambda: {1: 12_000, 10: 40_000, 100: 100_000})
     peer_rounds: dict = field(default_factory=lambda: {1: 2})
+    # pgmq, in both commit regimes: pgbench runs of pgmq_seconds (or, when pgmq_transactions is set,
+    # that many transactions per client), then the instruction counts under callgrind.
+    pgmq_clients: int = 4
+    pgmq_seconds: float = 3.0
+    pgmq_rounds: int = 2
+    pgmq_transactions: int = 0
+    pgmq_batches: tuple[int, ...] = (10, 100)
+    pgmq_enqueue_batches: tuple[int, ...] = (1, 10, 100)
+    pgmq_counted: bool = True
     # Message groups: tiny fills and depths on --quick (bench/groups.py).
     groups_quick: bool = False
 
@@ -64,7 +73,9 @@ def quick_plan() -> Plan:
                 depth_pairs=(("dequeue", 4, 1, 1),),
                 vacuum_shapes=((4, 1),), vacuum_seconds=0.5, vacuum_timeline_seconds=2.0, vacuum_slices=2,
                 ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
-                peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000}, groups_quick=True)
+                peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000},
+                pgmq_clients=2, pgmq_rounds=1, pgmq_transactions=10, pgmq_batches=(10,), pgmq_enqueue_batches=(1, 10),
+                pgmq_counted=False, groups_quick=True)
 
 
 def _log(message: str) -> None:
@@ -197,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds:
         plan.matrix_seconds = plan.depth_seconds = plan.vacuum_seconds = args.seconds
         plan.vacuum_timeline_seconds = max(args.seconds, 1.0)
-        plan.ceiling_seconds = max(1.0, args.seconds)
+        plan.ceiling_seconds = plan.pgmq_seconds = max(1.0, args.seconds)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:
@@ -284,6 +295,11 @@ def run_part(part: str, results: dict, env, kinds: list[str], plan: Plan, admin_
                                            plan.ceiling_rounds, _log)
     elif part == "peer":
         results["peer"] = run_peer(env, kinds, plan, _log, admin_url)
+    elif part == "pgmq":
+        results["pgmq"] = pgmq_peer.run(plan.pgmq_clients, plan.pgmq_seconds, plan.pgmq_rounds, plan.pgmq_transactions,
+                                        plan.pgmq_batches, plan.pgmq_enqueue_batches, plan.pgmq_counted, _log)
+        # The section can be merged into a report of an earlier full run: it names its own commit.
+        results["pgmq"]["git_head"] = results["facts"].get("git_head")
     elif part == "instructions":
         results["instructions"] = instructions.run(kinds, _log)
     elif part == "consumers":

@@ -10,6 +10,7 @@ possible lease cycle costs, for scale.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from .ceiling import position_at_head, rendered_unit
 
@@ -74,8 +75,140 @@ def work_minimal_cycle(env, queue: str, lease: int = 300) -> str:  # noqa: ANN00
     return claim + done
 
 
-def work_fn_cycle(env, queue: str, lease: int = 300) -> str:  # noqa: ANN001
-    """The same cycle through the functions: dequeue a batch of one, complete it."""
-    return (f'SELECT id FROM "{env.schema}"."{queue}_dequeue"(batch_size => 1, worker => {WORKER}, '
-            f"lease_seconds => {lease}) \\gset\n"
-            f'SELECT * FROM "{env.schema}"."{queue}_complete"(id => :id, worker => {WORKER});\n')
+def work_fn_cycle(env, queue: str, lease: int = 300, fenced: bool = False) -> str:  # noqa: ANN001
+    """The same cycle through the functions: dequeue a batch of one, complete it (`fenced`: with
+    the lease token, as the contract recommends; else by worker name, as the raw shapes check)."""
+    token = ", lease_token => :lease_token" if fenced else ""
+    return (f'SELECT id{", lease_token" if fenced else ""} FROM "{env.schema}"."{queue}_dequeue"(batch_size => 1, '
+            f"worker => {WORKER}, lease_seconds => {lease}) \\gset\n"
+            f'SELECT * FROM "{env.schema}"."{queue}_complete"(id => :id, worker => {WORKER}{token});\n')
+
+
+# -- a cheaper lease: the storage designs compared (issue 22, item 2) ------------------------------
+@dataclass(frozen=True)
+class LeaseDesign:
+    """One storage design for the work kind, as raw SQL: the indexes its table carries and the
+    statements of one batch-of-one work cycle on it (the own-messages probe, the claims, the
+    complete). Statements name the table `{t}`, the worker `{w}`, the claimed id `{id}`."""
+
+    name: str
+    table: str                    # today's: the deployed queue table; the others: prototypes beside it
+    indexes: tuple[str, ...]      # CREATE INDEX ... ON {t} (...); empty: the table as deployed
+    probe: str
+    claims: tuple[str, ...]       # the last claim hands out the message; any before it reclaims
+    done: str
+
+
+_LEASE_SET = ("SET attempts = m.attempts + 1, visible_at = now() + make_interval(secs => 300), leased_by = {w}, "
+              "leased_at = now(), lease_token = gen_random_uuid()")
+
+
+def _claim(where: str, order: str = "m.visible_at, m.id") -> str:
+    return (f"WITH n AS (SELECT m.id FROM {{t}} AS m WHERE {where} ORDER BY {order} LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {{t}} AS m {_LEASE_SET} FROM n WHERE m.id = n.id "
+            "RETURNING m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token")
+
+
+_DONE = "DELETE FROM {t} AS m WHERE m.id = {id} AND m.leased_by = {w} AND m.visible_at > now()"
+
+
+def lease_designs(queue: str) -> list[LeaseDesign]:
+    """Today's storage and two that write fewer index entries per lease. Every design keeps the
+    worker's own unfinished messages first (its probe) and the claim's exact index order."""
+    return [
+        LeaseDesign(
+            "today: pk, claim (visible_at, id), lease (leased_by, visible_at, id), lease start (leased_by, "
+            "leased_at)", queue, (),
+            "SELECT EXISTS (SELECT FROM {t} AS m WHERE m.leased_by = {w} AND m.leased_at >= '-infinity')",
+            (_claim("m.visible_at <= now()"),), _DONE),
+        LeaseDesign(
+            "A, one lease index: pk, claim (visible_at, id), lease start (leased_by, leased_at)",
+            f"{queue}_design_a",
+            ("CREATE INDEX ON {t} (visible_at, id)",
+             "CREATE INDEX ON {t} (leased_by, leased_at) WHERE leased_by IS NOT NULL"),
+            "SELECT EXISTS (SELECT FROM {t} AS m WHERE m.leased_by = {w} AND m.leased_at >= '-infinity')",
+            (_claim("m.visible_at <= now()"),), _DONE),
+        LeaseDesign(
+            "B, indexes by lease state: pk, ready (visible_at, id) where not leased, leased (visible_at, id) "
+            "where leased", f"{queue}_design_b",
+            ("CREATE INDEX ON {t} (visible_at, id) WHERE leased_by IS NULL",
+             "CREATE INDEX ON {t} (visible_at, id) WHERE leased_by IS NOT NULL"),
+            # The live leases are few (consumers x batch); the probe reads them in expiry order.
+            "SELECT EXISTS (SELECT FROM {t} AS m WHERE m.leased_by IS NOT NULL AND m.leased_by = {w} "
+            "AND m.leased_at >= '-infinity')",
+            # Expired leases first (a probe of the leased index's head that finds none in normal
+            # operation), then the ready messages: two statements, never an OR.
+            ("WITH l AS (" + _claim("m.leased_by IS NOT NULL AND m.visible_at <= now()") + ") SELECT count(*) FROM l",
+             _claim("m.leased_by IS NULL AND m.visible_at <= now()")), _DONE),
+        LeaseDesign(
+            "C, indexes by lease state, leases by worker: pk, ready (visible_at, id) where not leased, lease start "
+            "(leased_by, leased_at) where leased", f"{queue}_design_c",
+            ("CREATE INDEX ON {t} (visible_at, id) WHERE leased_by IS NULL",
+             "CREATE INDEX ON {t} (leased_by, leased_at) WHERE leased_by IS NOT NULL"),
+            "SELECT EXISTS (SELECT FROM {t} AS m WHERE m.leased_by = {w} AND m.leased_at >= '-infinity')",
+            # Expired leases are not in index order here: a session reclaims them when the ready
+            # claim comes up short and once a second (as it refreshes its claim position), by
+            # reading the live leases; so the per-message cycle is the probe and the ready claim.
+            (_claim("m.leased_by IS NULL AND m.visible_at <= now()"),), _DONE),
+    ]
+
+
+def create_design_table(conn, schema: str, queue: str, design: LeaseDesign) -> None:  # noqa: ANN001
+    """The prototype's table: the queue table's columns, defaults, checks and storage settings,
+    with the design's indexes instead of the deployed ones."""
+    if not design.indexes:
+        return
+    t = f'"{schema}"."{design.table}"'
+    conn.execute(f"DROP TABLE IF EXISTS {t}")
+    conn.execute(f'CREATE TABLE {t} (LIKE "{schema}"."{queue}" INCLUDING ALL EXCLUDING INDEXES, PRIMARY KEY (id)) '
+                 "WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, "
+                 "autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 1000)")
+    for ddl in design.indexes:
+        conn.execute(ddl.format(t=t))
+
+
+def design_script(schema: str, design: LeaseDesign) -> str:
+    """The design's cycle as a pgbench script: the probe, the claims and the claim that hands out
+    the message in one transaction (as inside dequeue), then the complete in its own."""
+    t = f'"{schema}"."{design.table}"'
+    *reclaims, claim = design.claims
+    lines = ["BEGIN;", design.probe.format(t=t, w=WORKER) + ";"]
+    lines += [c.format(t=t, w=WORKER) + ";" for c in reclaims]
+    lines += [claim.format(t=t, w=WORKER) + " \\gset p_", "COMMIT;",
+              design.done.format(t=t, w=WORKER, id=":p_id") + ";"]
+    return "\n".join(lines) + "\n"
+
+
+def wal_written(conn, statements: list[str]) -> list[dict]:  # noqa: ANN001
+    """What `statements`, run in one transaction on the autocommit connection `conn`, wrote to the
+    WAL (pg_walinspect), one row per relation and record type: the heap update (HOT or not) and
+    every index entry, named. Meant for a quiet server: records other sessions write in between
+    are counted too."""
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    start = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+    with conn.transaction():
+        # pg_walinspect reads only WAL that has been flushed: this commit waits for its flush.
+        conn.execute("SET LOCAL synchronous_commit = on")
+        for statement in statements:
+            conn.execute(statement)
+    end = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+    rows = conn.execute(
+        r"""SELECT r.resource_manager, r.record_type,
+                   coalesce((SELECT string_agg(coalesce(pg_filenode_relation(
+                                 CASE WHEN b[1]::oid = 1663 THEN 0 ELSE b[1]::oid END, b[3]::oid)::text,
+                                 'relfilenode ' || b[3]), ', ')
+                             FROM regexp_matches(r.block_ref, 'rel (\d+)/(\d+)/(\d+)', 'g') AS b), '') AS relation,
+                   count(*), sum(r.record_length)
+            FROM pg_get_wal_records_info(%s, %s) AS r
+            GROUP BY 1, 2, 3 ORDER BY 1, 2, 3""", (start, end)).fetchall()
+    return [{"rmgr": r[0], "record": r[1], "relation": r[2], "count": r[3], "bytes": int(r[4])} for r in rows]
+
+
+def index_entries(records: list[dict]) -> dict[str, int]:
+    """Index entries written, per index, from wal_written's records."""
+    out: dict[str, int] = {}
+    for r in records:
+        # A split carries the entry that caused it; INSERT_UPPER is a downlink, not a message's entry.
+        if r["rmgr"] == "Btree" and r["record"] in ("INSERT_LEAF", "INSERT_POST", "SPLIT_L", "SPLIT_R"):
+            out[r["relation"]] = out.get(r["relation"], 0) + r["count"]
+    return out

@@ -35,6 +35,8 @@ def test_the_server_under_callgrind_counts_each_run_and_the_function_over_its_st
                                                 lambda: instructions.at_depth(env, "q_heap", 0))
                        for script in (one_row.raw, one_row.fn))
             ratio = instructions.compared(lines.append, "heap enqueue", ("raw", raw), ("functions", fn))
+            # The last run (the function's, 25 one-row enqueues): its inserts, inside its total.
+            inside = counter.functions({"insert": ("heap_insert", "btinsert"), "absent": ("no_such_function",)})
         finally:
             counter.close()
             env.shared.close()
@@ -46,3 +48,4 @@ def test_the_server_under_callgrind_counts_each_run_and_the_function_over_its_st
     assert fn["per_message"] > raw["per_message"]
     assert ratio == pytest.approx(raw["per_message"] / fn["per_message"])
     assert lines and "raw / functions" in lines[0]
+    assert 0 < inside["insert"] < fn["runs"][1]["instructions"] and inside["absent"] == 0

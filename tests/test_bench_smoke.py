@@ -122,6 +122,51 @@ def test_quick_vacuum_alternates_a_held_queue_with_its_clean_twin_and_drops_the_
     assert (tmp_path / "bench" / "vacuum.png").stat().st_size > 0
 
 
+def test_quick_pgmq_part_runs_every_shape_in_both_commit_regimes_and_moves_what_it_counts(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from bench import run
+
+    monkeypatch.setenv("TABLEQUEUE_PG_URL", pg_url)
+    code = run.main(["--quick", "--parts", "pgmq", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+
+    assert code == 0, results.get("errors")
+    measured = results["pgmq"]
+    clients, transactions = measured["clients"], measured["transactions"]
+    assert measured["pgmq_sql"] == "1.13.0"
+    assert list(measured["regimes"]) == ["on", "off"]
+    for regime, rows in measured["regimes"].items():
+        assert [r["key"] for r in rows] == ["cycle", "history", "batch_10", "enqueue_1", "enqueue_10"]
+        for row in rows:
+            assert row["sides"]["pgmq"]["messages_per_s"] > 0
+            for who, side in row["sides"].items():
+                # complete_next's first call in each client only leases: it completes nothing.
+                per_client = transactions - 1 if who == "complete_next" else transactions
+                for r in side["runs"]:
+                    assert r["transactions"] == clients * transactions, (regime, row["key"], who)
+                    assert r["messages"] == clients * per_client * row["batch"], (regime, row["key"], who)
+                    assert r["failed"] == 0 and not r["drained"]
+                    assert r["wal_bytes_per_message"] > 0
+            assert set(row["ratios"]) == set(row["sides"]) - {"pgmq"}
+    # A lease is never a HOT update and writes one entry into every index of the queue table; the
+    # designs write fewer, B and C as few as pgmq's read.
+    lease = {e["design"].split(":")[0].split(",")[0]: e for e in measured["lease_wal"]}
+    assert not any(e["hot"] for e in lease.values())
+    with psycopg.connect(pg_url) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'bench_pgmq%'").fetchall()
+    assert left == []
+    today = sum(lease["today"]["lease_index_entries"].values())
+    assert today >= 4
+    assert sum(lease["A"]["lease_index_entries"].values()) == 3
+    for design in ("B", "C", "pgmq"):
+        assert sum(lease[design]["lease_index_entries"].values()) == 2, design
+    report = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "A second peer: pgmq" in report and "**synchronous_commit = off**" in report
+    assert "dequeue + complete vs pgmq read + delete (batch 1)" in report
+
+
 def test_groups_part_runs_tiny_and_hands_out_every_message_once(pg_url: str) -> None:
     """bench/groups.py on tiny sizes: the raw fill is the state enqueue leaves (every message is
     handed out once, one group at a time), and the section renders. No timing is asserted."""

@@ -4,12 +4,14 @@
 #                    the tool runs its own, so nothing keeps running after tests or the demo)
 #   unixodbc tdsodbc ODBC driver manager and FreeTDS, for pyodbc -> SQL Server
 #   openjdk-17-jre-headless, libpostgresql-jdbc-java   Spark (PySpark) and its JDBC reader
+#   openjdk-17-jdk-headless  the compiler module that runs examples/postgres/Example.java as one
+#                    file (`java Example.java`), and compiles the SQL Server twin (tests/test_examples.py)
 #   valgrind         the benchmark's instruction counts (callgrind runs a second throwaway server)
 #   pgbouncer        the transaction-pooling tests (tests/test_pgbouncer.py starts its own, never the service)
 #   python3-venv     only where the Python in use cannot create a virtual environment
 set -euo pipefail
 
-packages=(postgresql postgresql-contrib unixodbc tdsodbc openjdk-17-jre-headless libpostgresql-jdbc-java valgrind pgbouncer)
+packages=(postgresql postgresql-contrib unixodbc tdsodbc openjdk-17-jre-headless openjdk-17-jdk-headless libpostgresql-jdbc-java valgrind pgbouncer)
 if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
     packages+=(python3-venv)
 fi

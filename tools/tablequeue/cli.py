@@ -1,4 +1,5 @@
-"""Command line: tablequeue render | deploy | script | status | test-tsql | selftest | check-tsql | demo.
+"""Command line: tablequeue render | deploy | script | status | test-tsql | selftest | check-tsql | demo |
+worker | stats | metrics.
 
 Exit codes: 0 success; 1 a database or runtime error; 2 invalid input (catalog, arguments);
 3 deploy refused (a change no migration can make without losing messages).
@@ -236,6 +237,95 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.catalog or example_catalog(), args.messages, args.spark)
 
 
+def _log_to_stderr() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+def _until_signalled(on_signal) -> None:
+    """Call on_signal at the first SIGTERM or SIGINT (systemd's stop, Ctrl-C)."""
+    import signal
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: on_signal())
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import Worker, WorkerError
+
+    catalog = load_catalog(args.catalog)
+    try:
+        worker = Worker(args.url, catalog, args.queue, args.handler, concurrency=args.concurrency,
+                        batch_size=args.batch_size, worker_name=args.worker_name, grace_seconds=args.grace_seconds,
+                        transactional=args.transactional, metrics_port=args.metrics_port)
+    except WorkerError as exc:
+        print(f"tablequeue worker: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    _log_to_stderr()
+    _until_signalled(worker.stop)
+    try:
+        worker.run()
+    except WorkerError as exc:
+        print(f"tablequeue worker: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import time
+    from datetime import datetime, timezone
+
+    from .engines import connect, parse_url
+    from .stats import StatsError, find_queues, format_table, read_stats, to_json
+
+    catalog = load_catalog(args.catalog) if args.catalog else None
+    target = parse_url(args.url)
+    conn = connect(args.url, autocommit=True)
+    try:
+        while True:
+            rows = read_stats(conn, target.dialect, find_queues(conn, target.dialect, catalog))
+            at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            if args.json:
+                print(to_json(rows, at), flush=True)
+            elif not rows:
+                print(f"no queues whose stats this login may call in {target.describe()}", flush=True)
+            else:
+                print((f"{at}\n" if args.watch else "") + format_table(rows), flush=True)
+            if not args.watch:
+                return 0
+            time.sleep(args.watch)
+            if not args.json:
+                print(flush=True)
+    except StatsError as exc:
+        print(f"tablequeue stats: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        conn.close()
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    import threading
+
+    from .engines import parse_url
+    from .metrics import serve
+
+    catalog = load_catalog(args.catalog) if args.catalog else None
+    _log_to_stderr()
+    server, collector = serve(args.url, args.port, catalog, args.timeout)
+    stopped = threading.Event()
+    _until_signalled(stopped.set)
+    print(f"tablequeue metrics: serving http://0.0.0.0:{server.server_port}/metrics for "
+          f"{parse_url(args.url).describe()}", flush=True)
+    stopped.wait()
+    server.shutdown()
+    server.server_close()
+    collector.close()
+    return 0
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -323,6 +413,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="T-SQL files, Python modules (their SQL strings), or directories of both")
     p.set_defaults(func=cmd_check_tsql)
+
+    p = sub.add_parser("worker", help="consume a work queue with a Python handler (docs/operations.md)")
+    p.add_argument("--url", required=True, help="postgresql://... or mssql+pyodbc://...")
+    p.add_argument("--catalog", required=True, help="the catalog that deployed the queue")
+    p.add_argument("--queue", required=True, help="a work queue of the catalog")
+    p.add_argument("--handler", required=True, metavar="PACKAGE.MODULE:FUNCTION",
+                   help="called with each message (tablequeue.worker.Message); raising fails the attempt")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="slots: threads with a connection and a worker name each, NAME/1..NAME/N (default 1)")
+    p.add_argument("--batch-size", type=int, default=10,
+                   help="messages a slot leases at once and acknowledges together, 1..1000 (default 10)")
+    p.add_argument("--worker-name", help="NAME of the slots NAME/1..NAME/N; keep it across restarts so a "
+                                         "restarted worker gets its unfinished messages back (default: the host name)")
+    p.add_argument("--grace-seconds", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, how long running handlers may take to finish before what is left "
+                        "is released (default 30)")
+    p.add_argument("--transactional", action="store_true",
+                   help="run the handler and complete in one transaction on the handler's connection "
+                        "(message.connection): its writes and the ack commit together")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve the worker's Prometheus counters on this port (0: any free port)")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("stats", help="one row per queue: ready, delayed, in flight, dead, oldest ready age")
+    p.add_argument("--url", required=True)
+    p.add_argument("--catalog", help="the catalog's queues with their exact kinds (default: every queue the login "
+                                     "may call stats on; heap, fifo and lifo then show as heap|fifo|lifo)")
+    p.add_argument("--watch", type=_positive, metavar="SECONDS", help="print again every SECONDS until Ctrl-C")
+    p.add_argument("--json", action="store_true", help='one JSON line per reading: {"at": ..., "queues": [...]}')
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("metrics", help="a Prometheus endpoint with every queue's stats, read at scrape time")
+    p.add_argument("--url", required=True)
+    p.add_argument("--port", type=int, required=True, help="port of the endpoint /metrics (0: any free port)")
+    p.add_argument("--catalog", help="as for stats")
+    p.add_argument("--timeout", type=_positive, default=5.0,
+                   help="seconds a scrape may take to connect and to run each stats call (default 5)")
+    p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("demo", help="deploy the catalog to a throwaway PostgreSQL and run every queue")
     p.add_argument("--catalog", help=EXAMPLE_CATALOG_HELP)

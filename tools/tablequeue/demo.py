@@ -21,6 +21,7 @@ from .distribution import data_root
 from .embedded import postgres_url
 from .engines import connect, dialect_for, parse_url
 from .render import render_catalog
+from .stats import catalog_queues, format_table, read_stats
 
 PRODUCERS, CONSUMERS, BATCH = 2, 2, 50
 
@@ -182,11 +183,20 @@ def run_demo(catalog_path: str | Path, messages: int, spark: bool) -> int:
             print()
             for queue in handled:
                 print(run_handler(url, catalog, queue, min(messages, 500)))
-        if spark:
-            failed_spark = _spark_demo(url, catalog)
-            if failed_spark:
-                return 1
-        return 1 if failed else 0
+        failed_spark = _spark_demo(url, catalog) if spark else False
+        print()
+        print(f"tablequeue stats --url ... --catalog {catalog_path}")
+        print(show_stats(url, catalog))
+        return 1 if failed or failed_spark else 0
+
+
+def show_stats(url: str, catalog: Catalog) -> str:
+    """What `tablequeue stats` prints for the catalog's queues."""
+    conn = connect(url, autocommit=True)
+    try:
+        return format_table(read_stats(conn, "postgres", catalog_queues(conn, "postgres", catalog)))
+    finally:
+        conn.close()
 
 
 def _spark_demo(url: str, catalog: Catalog) -> bool:

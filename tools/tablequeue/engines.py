@@ -146,15 +146,19 @@ def _odbc_with_database(odbc: str, database: str) -> str:
     return ";".join(f"{key}={value}" for key, value in kept + [("DATABASE", "{" + database.replace("}", "}}") + "}")])
 
 
-def connect(url: str, autocommit: bool = True) -> Any:
+def connect(url: str, autocommit: bool = True, connect_timeout: int | None = None) -> Any:
+    """connect_timeout: seconds a login may take (None: the driver's default), for callers that must
+    answer in time (a metrics scrape) or notice a server that is down (a worker reconnecting)."""
     target = parse_url(url)
     if target.dialect == "postgres":
         import psycopg
 
-        return psycopg.connect(url, autocommit=autocommit)
+        return psycopg.connect(url, autocommit=autocommit,
+                               **({"connect_timeout": connect_timeout} if connect_timeout else {}))
     import pyodbc
 
-    conn = pyodbc.connect(mssql_connection_string(url), autocommit=autocommit)
+    conn = pyodbc.connect(mssql_connection_string(url), autocommit=autocommit,
+                          **({"timeout": connect_timeout} if connect_timeout else {}))
     cursor = conn.cursor()
     # Filtered indexes need both when the procedures that write the table are created.
     cursor.execute("SET ANSI_NULLS ON; SET QUOTED_IDENTIFIER ON; SET XACT_ABORT ON;")

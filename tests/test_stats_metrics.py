@@ -1,0 +1,175 @@
+"""`tablequeue stats` and `tablequeue metrics` report what each queue's own stats verb says.
+
+A scripted load leaves every count non-zero somewhere (ready, delayed, in flight, dead); the command
+line's numbers must equal the stats verb's, read just before and just after (ages lie between the
+two readings). The metrics endpoint is read over HTTP from a `tablequeue metrics` process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tablequeue.cli import main
+from tablequeue.demo import show_stats
+
+REPO = Path(__file__).resolve().parents[1]
+QUEUES = (
+    {"name": "events", "kind": "heap", "payload": "json"},
+    {"name": "reminders", "kind": "pending", "payload": "json"},
+    {"name": "jobs", "kind": "work", "payload": "json", "options": {"max_attempts": 1, "lease_seconds": 600}},
+)
+COUNTS = ("ready", "delayed", "in_flight", "dead")
+EXPECTED = {"events": (3, 0, 0, 0), "reminders": (2, 3, 0, 0), "jobs": (2, 1, 2, 1)}
+
+
+def scripted_load(deployed: Any, conn: Any) -> None:
+    now = datetime.now(timezone.utc)
+    deployed.client("events", conn).enqueue_batch({"payload": {"n": n}} for n in range(3))
+    deployed.client("reminders", conn).enqueue_batch(
+        [{"payload": {"n": n}, "due_at": now - timedelta(minutes=1)} for n in range(2)]
+        + [{"payload": {"n": n}, "due_at": now + timedelta(hours=1)} for n in range(3)])
+    jobs = deployed.client("jobs", conn)
+    jobs.enqueue_batch({"payload": {"n": n}} for n in range(5))
+    jobs.enqueue({"n": "later"}, due_at=now + timedelta(hours=1))
+    assert len(jobs.dequeue(batch_size=2, worker="busy")) == 2
+    [doomed] = jobs.dequeue(worker="clumsy")
+    assert jobs.fail(doomed["id"], "clumsy", "bad input", lease_token=doomed["lease_token"]) == "dead"
+
+
+def stats_of(deployed: Any, conn: Any) -> dict[str, dict]:
+    return {q["name"]: deployed.client(q["name"], conn).stats() for q in QUEUES}
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def tablequeue(capsys: Any, *args: str) -> Result:
+    """The command line, in this process (what it prints is captured)."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return Result(code, out, err)
+
+
+def write_catalog(folder: Path, schema: str, queues: tuple[dict, ...] = QUEUES) -> Path:
+    path = folder / "queues.yml"
+    path.write_text(yaml.safe_dump({"schema": schema, "queues": list(queues)}), encoding="utf-8")
+    return path
+
+
+def assert_reports(reported: dict[str, dict], before: dict[str, dict], after: dict[str, dict],
+                   kinds: dict[str, str]) -> None:
+    assert set(reported) == set(EXPECTED)
+    for name, row in reported.items():
+        assert tuple(row[c] for c in COUNTS) == EXPECTED[name]
+        assert tuple(before[name][c] for c in COUNTS) == tuple(after[name][c] for c in COUNTS) == EXPECTED[name]
+        assert row["kind"] == kinds[name]
+        low, high = before[name]["oldest_ready_age_seconds"], after[name]["oldest_ready_age_seconds"]
+        assert low <= row["oldest_ready_age_seconds"] <= high, (name, low, row, high)
+
+
+def test_stats_equals_each_queues_stats_verb(deploy_queues, tmp_path: Path, capsys) -> None:
+    deployed = deploy_queues(*QUEUES)
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    scripted_load(deployed, conn)
+    catalog = write_catalog(tmp_path, schema)
+
+    before = stats_of(deployed, conn)
+    from_catalog = tablequeue(capsys, "stats", "--url", deployed.url, "--catalog", str(catalog), "--json")
+    discovered = tablequeue(capsys, "stats", "--url", deployed.url, "--json")
+    table = tablequeue(capsys, "stats", "--url", deployed.url, "--catalog", str(catalog))
+    after = stats_of(deployed, conn)
+
+    assert from_catalog.returncode == 0, from_catalog.stderr
+    document = json.loads(from_catalog.stdout)
+    datetime.fromisoformat(document["at"])
+    assert [(row["schema"], row["queue"]) for row in document["queues"]] == [(schema, q["name"]) for q in QUEUES]
+    assert_reports({row["queue"]: row for row in document["queues"]}, before, after,
+                   {"events": "heap", "reminders": "pending", "jobs": "work"})
+    # Without the catalog: every queue of the database (other tests' schemas too); heap, fifo and lifo
+    # have the same verbs, so discovery cannot tell them apart and says so.
+    assert discovered.returncode == 0, discovered.stderr
+    ours = {row["queue"]: row for row in json.loads(discovered.stdout)["queues"] if row["schema"] == schema}
+    assert_reports(ours, before, after, {"events": "heap|fifo|lifo", "reminders": "pending", "jobs": "work"})
+
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["schema", "queue", "kind", "ready", "delayed", "in_flight", "dead", "oldest_ready_age"]
+    assert re.fullmatch(rf"{schema}\s+jobs\s+work\s+2\s+1\s+2\s+1\s+\d+\.\ds", lines[3]), lines[3]
+
+
+def test_stats_names_the_catalog_and_the_queue_that_is_not_deployed(deploy_queues, tmp_path: Path, capsys) -> None:
+    deployed = deploy_queues(*QUEUES)
+    catalog = write_catalog(tmp_path, deployed.catalog.schema,
+                            QUEUES + ({"name": "missing", "kind": "fifo", "payload": "text"},))
+    result = tablequeue(capsys, "stats", "--url", deployed.url, "--catalog", str(catalog))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"tablequeue stats: {catalog}: queue 'missing': "
+                                     f"{deployed.catalog.schema}.missing_stats is not deployed in this database, "
+                                     "or the login may not execute it")
+
+
+def scrape(port: int) -> dict[tuple[str, str, str], dict[str, float]]:
+    """{(schema, queue, kind): {gauge name: value}} of the tablequeue_queue_* gauges."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    gauges: dict[tuple[str, str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("tablequeue_queue_"):
+                key = (sample.labels["schema"], sample.labels["queue"], sample.labels["kind"])
+                gauges.setdefault(key, {})[sample.name.removeprefix("tablequeue_queue_")] = sample.value
+    return gauges
+
+
+def test_metrics_endpoint_serves_each_queues_stats_over_http(deploy_queues, tmp_path: Path) -> None:
+    deployed = deploy_queues(*QUEUES)
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    scripted_load(deployed, conn)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tools"), str(REPO)])}
+    process = subprocess.Popen([sys.executable, "-m", "tablequeue", "metrics", "--url", deployed.url, "--port", "0",
+                                "--catalog", str(write_catalog(tmp_path, schema))],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = process.stdout.readline()
+        match = re.match(r"tablequeue metrics: serving http://0\.0\.0\.0:(\d+)/metrics for \S+", first)
+        assert match, first
+        before = stats_of(deployed, conn)
+        gauges = scrape(int(match[1]))
+        after = stats_of(deployed, conn)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    assert code == 0, process.stderr.read()
+    kinds = {"events": "heap", "reminders": "pending", "jobs": "work"}
+    assert set(gauges) == {(schema, name, kind) for name, kind in kinds.items()}
+    reported = {queue: {**values, "kind": kind} for (_, queue, kind), values in gauges.items()}
+    assert_reports(reported, before, after, kinds)
+
+
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)   # the demo runs on PostgreSQL
+def test_the_demo_ends_with_the_stats_of_its_catalogs_queues(deploy_queues) -> None:
+    deployed = deploy_queues(*QUEUES)
+    scripted_load(deployed, deployed.connect())
+    lines = show_stats(deployed.url, deployed.catalog).splitlines()
+    assert lines[0].split()[:4] == ["schema", "queue", "kind", "ready"]
+    assert [line.split()[:7] for line in lines[1:]] == [
+        [deployed.catalog.schema, q["name"], q["kind"], *map(str, EXPECTED[q["name"]])] for q in QUEUES]

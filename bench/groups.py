@@ -8,7 +8,9 @@ seconds, not minutes. Consumers are threads with one connection each (the server
 """
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import threading
 import time
 from typing import Callable
@@ -148,6 +150,9 @@ def run(url: str, consumers: int, seconds: float, rounds: int, log: Callable[[st
     group_counts = (1, 10, 1_000)
     depth_groups = (1_000, 10_000)
     messages, depth, calls = (2_000, 20_000, 50) if quick else (60_000, 1_000_000, 2_000)
+    facts = {"started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "loadavg_start": os.getloadavg(),
+             "nproc": os.cpu_count(), "git_head": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                                 capture_output=True, text=True).stdout.strip()}
     env = deploy_env(url, entries(KINDS, tuple(sorted(set(group_counts) | set(depth_groups)))))
     try:
         log(f"groups: throughput at {consumers} consumers, {rounds} round(s) of {seconds:.1f} s")
@@ -156,12 +161,20 @@ def run(url: str, consumers: int, seconds: float, rounds: int, log: Callable[[st
         deep = [row for kind in KINDS for row in dequeue_at_depth(env, kind, depth, depth_groups, calls, log)]
     finally:
         env.drop()
-    return {"throughput": rates, "depth": deep}
+    return {"throughput": rates, "depth": deep, **facts, "loadavg_end": os.getloadavg()}
 
 
 def section(measured: dict, w: Callable[[str], None]) -> None:
     w("## Message groups: throughput and depth")
     w("")
+    if "loadavg_start" in measured:
+        busy = max(measured["loadavg_start"][0], measured["loadavg_end"][0]) > (measured.get("nproc") or 1)
+        w(f"Measured from {measured['started_at']} (commit `{measured.get('git_head') or '?'}`, "
+          "`python -m bench.run --parts groups`); load average at start "
+          f"{measured['loadavg_start'][0]:.1f}, at the end {measured['loadavg_end'][0]:.1f} on {measured.get('nproc')} "
+          "CPUs." + (" **The host was busy with other work: the figures measure it more than tablequeue; read only "
+                     "the comparisons within each table.**" if busy else ""))
+        w("")
     rates = measured["throughput"]
     consumers = rates[0]["consumers"] if rates else 0
     w(f"{consumers} consumer threads (one connection each) dequeue one message per call (work: and complete "

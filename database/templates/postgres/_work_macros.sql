@@ -89,6 +89,19 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
     )
 {%- endmacro %}
 
+{#- The storage parameters of a work table whose rows are updated (the queue table, the groups
+    table): room on the page for a row's next version, and vacuum and analyze after a fixed number of
+    changed rows. -#}
+{% macro updated_table_parameters() %}
+WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
+{%- endmacro %}
+
 {#- INSERT the rows of CTE `done` (queue rows a DELETE ... RETURNING m.* completed) into the history table. -#}
 {% macro history_insert() %}
         INSERT INTO {{ history_t }} (

@@ -71,13 +71,7 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
 -- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a
 -- fixed number of changed rows rather than a fraction of a (small, or huge) live count, so index
 -- scans from the head do not wade through dead entries (as the destructive kinds).
-WITH (
-    fillfactor = 80,
-    autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000,
-    autovacuum_analyze_scale_factor = 0,
-    autovacuum_analyze_threshold = 1000
-);
+{{ w.updated_table_parameters() }}
 
 -- The claim's exact WHERE and ORDER BY{% if has_priority %} (one priority level per range scan){% endif %}{% if groups %} (of messages without a group){% endif %}.
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'claim') }}
@@ -213,13 +207,7 @@ CREATE TABLE IF NOT EXISTS {{ names.obj('_groups') }} (
     CONSTRAINT {{ names.index('pk', 'groups') }} PRIMARY KEY (group_key)
 )
 -- in_flight is not indexed: its updates are HOT, on the page's free space.
-WITH (
-    fillfactor = 80,
-    autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000,
-    autovacuum_analyze_scale_factor = 0,
-    autovacuum_analyze_threshold = 1000
-);
+{{ w.updated_table_parameters() }}
 {% endif %}
 
 {{ m.ownership_unit(['', '_dead', '_rewinds'] + (['_history'] if history else []) + (['_enqueue_result'] if client_ids else []) + ['_complete_next_result'] + (['_groups'] if groups else [])) }}

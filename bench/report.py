@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .groups import section as groups_section  # noqa: E402
+
 NOTES = Path(__file__).with_name("notes.md")
 TARGET_SHAPE = {"processes": 4, "batch": 1}
 KIND_ORDER = ("heap", "fifo", "lifo", "pending", "work")
@@ -826,6 +828,8 @@ def write_report(results: dict, out_root: Path) -> Path:
         instruction_section(results["instructions"], w)
     if results.get("consumers"):
         consumers_section(results["consumers"], w)
+    if results.get("groups"):
+        groups_section(results["groups"], w)
     if NOTES.exists():
         w(NOTES.read_text().rstrip())
         w("")

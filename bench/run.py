@@ -15,13 +15,13 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ceiling, consumers, instructions, overhead, peer, pgmq_peer, vacuum
+from . import ceiling, consumers, groups, instructions, overhead, peer, pgmq_peer, vacuum
 from .cells import cell
 from .profile import consuming_session_buffers, enqueue_batch_buffers, explain_claim, planning_vs_execution
 from .env import (REPO, available_kinds, cpu_accounting, cpu_share, create_database, deploy_env, drop_database,
                   host_stall_probe, machine_facts, queue_entries, server, set_depth)
 
-PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "pgmq", "instructions", "consumers")
+PARTS = ("matrix", "depth", "vacuum", "ceiling", "overhead", "peer", "pgmq", "instructions", "consumers", "groups")
 # The share of the host check's loop lost to stalls above which a run is reported as measuring the host.
 STALLING = 0.05
 # The exit code of a full run refused on a stalling host (argparse's is 2, a failed check's 1).
@@ -63,6 +63,8 @@ class Plan:
     pgmq_batches: tuple[int, ...] = (10, 100)
     pgmq_enqueue_batches: tuple[int, ...] = (1, 10, 100)
     pgmq_counted: bool = True
+    # Message groups: tiny fills and depths on --quick (bench/groups.py).
+    groups_quick: bool = False
 
 
 def quick_plan() -> Plan:
@@ -73,7 +75,7 @@ def quick_plan() -> Plan:
                 ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
                 peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000},
                 pgmq_clients=2, pgmq_rounds=1, pgmq_transactions=10, pgmq_batches=(10,), pgmq_enqueue_batches=(1, 10),
-                pgmq_counted=False)
+                pgmq_counted=False, groups_quick=True)
 
 
 def _log(message: str) -> None:
@@ -302,6 +304,9 @@ def run_part(part: str, results: dict, env, kinds: list[str], plan: Plan, admin_
         results["instructions"] = instructions.run(kinds, _log)
     elif part == "consumers":
         results["consumers"] = consumers.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds), _log)
+    elif part == "groups":
+        results["groups"] = groups.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds), _log,
+                                       quick=plan.groups_quick)
 
 
 def all_checks_ok(results: dict) -> bool:

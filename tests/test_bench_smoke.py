@@ -165,3 +165,28 @@ def test_quick_pgmq_part_runs_every_shape_in_both_commit_regimes_and_moves_what_
     report = (tmp_path / "BENCHMARKS.md").read_text()
     assert "A second peer: pgmq" in report and "**synchronous_commit = off**" in report
     assert "dequeue + complete vs pgmq read + delete (batch 1)" in report
+
+
+def test_groups_part_runs_tiny_and_hands_out_every_message_once(pg_url: str) -> None:
+    """bench/groups.py on tiny sizes: the raw fill is the state enqueue leaves (every message is
+    handed out once, one group at a time), and the section renders. No timing is asserted."""
+    from bench import groups
+    from bench.env import deploy_env
+
+    env = deploy_env(pg_url, groups.entries(("fifo", "work"), (3,)))
+    try:
+        for kind in ("fifo", "work"):
+            groups.fill(env, kind, 3, 30)
+            drained = groups.consume_calls(env, kind, 3, 30)
+            assert drained["calls"] == 30
+            with env.conn() as conn:
+                assert conn.execute(f"SELECT count(*) FROM {env.table(groups.name_of(kind, 3))}").fetchone()[0] == 0
+        rates = groups.throughput(env, ("fifo",), (3,), 2, 0.2, 5_000, 1, lambda line: None)
+        deep = groups.dequeue_at_depth(env, "work", 100, (3,), 5, lambda line: None)
+    finally:
+        env.drop()
+    assert [(row["kind"], row["groups"]) for row in rates] == [("fifo", None), ("fifo", 3)]
+    assert all(row["per_s"] > 0 for row in rates) and deep[0]["calls"] == 5
+    lines: list[str] = []
+    groups.section({"throughput": rates, "depth": deep}, lines.append)
+    assert "| fifo | 3 |" in "\n".join(lines)

@@ -49,6 +49,13 @@ def test_example_catalog_is_valid_and_fills_defaults() -> None:
     ({"name": "orders", "kind": "work", "options": {"history_retention_days": 3}}, "options.history_retention_days",
      "only meaningful with history"),
     ({"name": "orders", "kind": "heap", "options": {"bogus": 1}}, "options.bogus", "unknown option"),
+    ({"name": "orders", "kind": "pending", "options": {"groups": True}}, "options.groups",
+     "belongs to kind fifo, work"),
+    ({"name": "orders", "kind": "work", "options": {"groups": True, "priority": True}}, "options.groups",
+     "cannot be combined with priority"),
+    ({"name": "orders", "kind": "fifo", "options": {"groups": True, "strict": True}}, "options.groups",
+     "cannot be combined with strict"),
+    ({"name": "orders", "kind": "fifo", "options": {"groups": "yes"}}, "options.groups", "must be bool"),
 ])
 def test_bad_queue_is_rejected_naming_file_queue_and_field(tmp_path: Path, queue: dict, field: str,
                                                            words: str) -> None:

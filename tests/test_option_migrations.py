@@ -14,6 +14,7 @@ import pytest
 
 from releases import V010, deploy_catalog, describe_postgres_schema, populate, snapshot
 from tablequeue.catalog import Catalog, parse_catalog
+from tablequeue.client import QueueClient
 from tablequeue.deploy import CREATE, MIGRATE, UNCHANGED, DeployRefused, LockPolicy, deploy
 from tablequeue.engines import EngineError, connect, dialect_for
 from tablequeue.render import MigrationSource, render_catalog
@@ -320,3 +321,67 @@ def test_a_migration_behind_a_long_transaction_retries_without_stalling_the_queu
             pass
         holder.close()
         traffic.close()
+
+
+GROUPED = [{"name": "f", "kind": "fifo", "payload": "json"},
+           {"name": "w", "kind": "work", "payload": "json", "options": {"max_attempts": 2, "history": True}}]
+
+
+def test_groups_turned_on_keep_every_message_first_and_turned_off_keep_them_in_order(
+        pg_url: str, pg_schemas: list[str]) -> None:
+    """groups: true on deployed fifo and work queues: the messages waiting become messages without a
+    group, in their order, ahead of grouped ones enqueued later; the schema is a fresh install's.
+    Turned off again, grouped messages waiting become plain ones, in enqueue order."""
+    schema, fresh = pg_schemas
+    plain = catalog(schema, GROUPED)
+    grouped_queues = [{**queue, "options": {**queue.get("options", {}), "groups": True}} for queue in GROUPED]
+    grouped = catalog(schema, grouped_queues)
+    deploy_catalog(pg_url, schema, plain)
+    conn = connect(pg_url)
+    try:
+        seen = {queue.name: populate(V010(conn, schema, queue)) for queue in plain.queues}
+        before = snapshot(conn, schema)
+
+        result = deploy_catalog(pg_url, schema, grouped)
+        plan = {item.unit.name: item for item in result.plan.items}
+        assert [m.name for m in plan[f"{schema}.f"].migrations] == ["fifo_table_add_groups"]
+        assert [m.name for m in plan[f"{schema}.w"].migrations] == ["work_table_add_groups"]
+        assert [m.name for m in plan[f"{schema}.w_dead"].migrations] == ["work_dead_add_groups"]
+        assert [m.name for m in plan[f"{schema}.w_history"].migrations] == ["work_history_add_groups"]
+        assert plan[f"{schema}.f_groups"].action == CREATE and plan[f"{schema}.w_groups"].action == CREATE
+        after = snapshot(conn, schema)
+        added = {"group_key", "group_head"}
+        assert set(after) - set(before) == {"f_groups", "w_groups"} and not after["f_groups"] and not after["w_groups"]
+        for table, rows in before.items():
+            if isinstance(rows, list):
+                assert without(after[table], added) == without(rows, added), table
+                assert all(dict(row).get("group_key") is None for row in after[table]), table
+        deploy_catalog(pg_url, fresh, catalog(fresh, grouped_queues))
+        assert describe_postgres_schema(conn, schema) == describe_postgres_schema(conn, fresh)
+        assert {item.action for item in deploy_catalog(pg_url, schema, grouped).plan.items} == {UNCHANGED}
+
+        # The messages that were waiting come first (older), then a group's messages one at a time.
+        fifo = QueueClient.for_catalog(conn, "postgres", grouped, "f")
+        fifo_late = [fifo.enqueue({"n": n}, group_key="g")["id"] for n in range(2)]
+        assert [row["id"] for row in fifo.dequeue(batch_size=10)] == seen["f"]["ready"] + fifo_late[:1]
+        work = QueueClient.for_catalog(conn, "postgres", grouped, "w")
+        work_late = [work.enqueue({"n": n}, group_key="g")["id"] for n in range(2)]
+        assert [row["id"] for row in work.dequeue(batch_size=10, worker="w-1")] == seen["w"]["ready"] + work_late[:1]
+
+        # Off again: the grouped messages waiting are plain ones, in enqueue order.
+        waiting = fifo_late[1:] + [fifo.enqueue({"n": n}, group_key=f"g{n % 2}")["id"] for n in range(4)]
+        result = deploy_catalog(pg_url, schema, plain)
+        plan = {item.unit.name: item for item in result.plan.items}
+        assert [m.name for m in plan[f"{schema}.f"].migrations] == ["fifo_table_drop_groups"]
+        assert [m.name for m in plan[f"{schema}.w"].migrations] == ["work_table_drop_groups"]
+        # Recorded as rendered (a shape without groups): the next deploy changes nothing.
+        assert {item.action for item in deploy_catalog(pg_url, schema, plain).plan.items} == {UNCHANGED}
+        fifo = QueueClient.for_catalog(conn, "postgres", plain, "f")
+        assert [row["id"] for row in fifo.dequeue(batch_size=10)] == waiting
+        deploy_catalog(pg_url, fresh, catalog(fresh, GROUPED))
+        # The groups tables stay, emptied (tablequeue leaves a table it no longer renders).
+        conn.execute(f'DROP TABLE "{schema}"."f_groups", "{schema}"."w_groups"')
+        conn.execute(f'DROP TABLE "{fresh}"."f_groups", "{fresh}"."w_groups"')
+        assert describe_postgres_schema(conn, schema) == describe_postgres_schema(conn, fresh)
+    finally:
+        conn.close()

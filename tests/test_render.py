@@ -9,7 +9,7 @@ import pytest
 from tablequeue.catalog import load_catalog, parse_catalog
 from tablequeue.deploy import CREATE, REFUSED, UNCHANGED, UPDATE, make_plan
 from tablequeue.gosplit import split_batches
-from tablequeue.render import DIALECTS, RenderError, Storage, parse_units, render_catalog, render_tsqlt
+from tablequeue.render import DIALECTS, GROUPS_RENDERED, RenderError, Storage, parse_units, render_catalog, render_tsqlt
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "database" / "queues.yml"
@@ -153,3 +153,12 @@ def test_a_storage_unit_is_identified_by_version_and_shape_not_by_its_text() -> 
     newer = _row(unit, version=2, shape="kind=heap payload=json")
     refused = make_plan([unit], [newer]).refused
     assert refused and "newer than the v1" in refused[0].reason and "does not downgrade" in refused[0].reason
+
+
+@pytest.mark.parametrize("dialect,kind", sorted({(d, k) for d in DIALECTS for k in ("fifo", "work")} - GROUPS_RENDERED))
+def test_groups_are_refused_by_templates_that_do_not_render_them_yet(dialect: str, kind: str) -> None:
+    # Until a kind's templates implement message groups (issue 21), rendering must fail naming the
+    # queue and the field rather than deploy a queue without the ordering its catalog asks for.
+    catalog = parse_catalog({"queues": [{"name": "orders", "kind": kind, "options": {"groups": True}}]})
+    with pytest.raises(RenderError, match=r"queue 'orders': field 'options.groups': .* do not render message groups"):
+        render_catalog(catalog, dialect)

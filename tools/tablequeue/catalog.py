@@ -31,7 +31,7 @@ GENERATED_SUFFIXES = (
     "_fail", "_extend_lease", "_stats", "_purge", "_process", "_dead_list", "_dead_requeue",
     "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due", "_rewinds",
     "_ownership", "_enqueue_result", "_release", "_complete_batch", "_fail_batch", "_complete_next",
-    "_wait", "_wait_step", "_acks", "_complete_next_result",
+    "_wait", "_wait_step", "_acks", "_complete_next_result", "_groups",
 )
 # Every constraint and index a queue owns, named <prefix><queue><suffix>. PostgreSQL puts indexes,
 # SQL Server constraints, in the namespace of tables: a queue named like one of another queue's
@@ -40,7 +40,8 @@ GENERATED_SUFFIXES = (
 PREFIXED_NAMES = (
     ("pk_", ""), ("pk_", "_dead"), ("pk_", "_history"),
     ("ix_", "_claim"), ("ix_", "_claim_new"), ("ix_", "_lease"), ("ix_", "_lease_start"), ("ix_", "_due"),
-    ("ix_", "_history_finished"), ("ix_", "_history_id"),
+    ("ix_", "_history_finished"), ("ix_", "_history_id"), ("ix_", "_heads"), ("ix_", "_group"),
+    ("ix_", "_ungrouped"), ("pk_", "_groups"), ("ck_", "_group_key"),
     ("ux_", "_dedupe"), ("ux_", "_seq"),
     ("ck_", "_dedupe_key"), ("ck_", "_payload_json"),
     ("df_", "_enqueued_at"), ("df_", "_attempts"), ("df_", "_priority"), ("df_", "_dead_priority"),
@@ -60,7 +61,7 @@ class OptionSpec:
 COMMON_OPTIONS: dict[str, OptionSpec] = {"dedupe": OptionSpec(bool, False), "notify": OptionSpec(bool, False)}
 KIND_OPTIONS: dict[str, dict[str, OptionSpec]] = {
     "heap": {},
-    "fifo": {"strict": OptionSpec(bool, False)},
+    "fifo": {"strict": OptionSpec(bool, False), "groups": OptionSpec(bool, False)},
     "lifo": {},
     "pending": {},
     "work": {
@@ -71,6 +72,7 @@ KIND_OPTIONS: dict[str, dict[str, OptionSpec]] = {
         "priority": OptionSpec(bool, False),
         "client_ids": OptionSpec(bool, False),
         "handler": OptionSpec(str, None),
+        "groups": OptionSpec(bool, False),
     },
 }
 QUEUE_KEYS = ("name", "kind", "payload", "options")
@@ -229,6 +231,14 @@ def _parse_options(raw: Any, name: str, kind: str, path: str) -> dict[str, Any]:
         options[key] = value
     for key, spec in specs.items():
         options.setdefault(key, spec.default)
+    # Message groups order each group by enqueue order and serve groups in parallel: a priority
+    # would reorder a group, and strict FIFO already serialises the whole queue (DESIGN.md §3b).
+    if options.get("groups"):
+        for rival in ("priority", "strict"):
+            if options.get(rival):
+                raise CatalogError(path, name, "options.groups",
+                                   f"cannot be combined with {rival}: true (groups keep each group in enqueue "
+                                   f"order and serve groups in parallel)")
     if kind == "work":
         handler = options["handler"]
         if handler is not None and not HANDLER_NAME.match(handler):

@@ -30,6 +30,8 @@ TVP_COLUMNS = {
     "pending": ("ordinal", "payload", "due_at", "dedupe_key"),
     "work": ("ordinal", "payload", "due_at", "dedupe_key", "priority", "id", "enqueued_at"),
 }
+# A queue with option groups has one more column, last: the item's group_key.
+TVP_GROUP_COLUMNS = ("group_key",)
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -61,6 +63,7 @@ class QueueClient:
         payload = PG_PAYLOAD[self.queue.payload]
         return {"payload": payload, "payloads": f"{payload}[]", "due_at": "timestamptz",
                 "due_ats": "timestamptz[]", "dedupe_keys": "text[]", "priorities": "integer[]",
+                "group_key": "text", "group_keys": "text[]",
                 # enqueue_batch's ids are client ids (uuid) whatever the queue; it refuses them without.
                 "ids": "uuid[]" if verb == "enqueue_batch" else f"{self._pg_id_type()}[]", "enqueued_ats": "timestamptz[]",
                 "older_than": "timestamptz", "max_rows": "integer", "id": self._pg_id_type(),
@@ -140,20 +143,25 @@ class QueueClient:
 
     # -- the contract -----------------------------------------------------------------------
     def enqueue(self, payload: Any, due_at: datetime | None = None, dedupe_key: str | None = None,
-                priority: int | None = None, id: Any = None, enqueued_at: datetime | None = None) -> dict:
+                priority: int | None = None, id: Any = None, enqueued_at: datetime | None = None,
+                group_key: str | None = None) -> dict:
+        """group_key: the message's group (option groups): messages of one group are handed out one
+        at a time, in enqueue order."""
         params = {"payload": self._payload_value(payload), "due_at": self._time(due_at),
                   "dedupe_key": dedupe_key, "priority": priority, "id": id,
-                  "enqueued_at": self._time(enqueued_at)}
+                  "enqueued_at": self._time(enqueued_at), "group_key": group_key}
         return self.call("enqueue", params, required=("payload",))[0]
 
     def enqueue_batch(self, items: Iterable[Mapping[str, Any]]) -> list[dict]:
         """items: mappings with payload and optionally due_at, dedupe_key, priority (and id,
-        enqueued_at for client-supplied ids). Returns one row per item: ordinal, id, duplicate."""
+        enqueued_at for client-supplied ids), group_key (option groups). Returns one row per item:
+        ordinal, id, duplicate."""
         items = list(items)
         if self.dialect == "postgres":
             params: dict[str, Any] = {"payloads": [self._payload_value(i.get("payload")) for i in items]}
             for key, array in (("due_at", "due_ats"), ("dedupe_key", "dedupe_keys"),
-                               ("priority", "priorities"), ("id", "ids"), ("enqueued_at", "enqueued_ats")):
+                               ("priority", "priorities"), ("id", "ids"), ("enqueued_at", "enqueued_ats"),
+                               ("group_key", "group_keys")):
                 if any(i.get(key) is not None for i in items):
                     values = [i.get(key) for i in items]
                     if key in ("due_at", "enqueued_at"):
@@ -163,7 +171,7 @@ class QueueClient:
         return self.call("enqueue_batch", {"items": self._table_value("items", self._item_rows(items))})
 
     def _item_rows(self, items: list[Mapping[str, Any]]) -> list[tuple]:
-        columns = TVP_COLUMNS[self.queue.kind]
+        columns = TVP_COLUMNS[self.queue.kind] + (TVP_GROUP_COLUMNS if self.queue.options.get("groups") else ())
         rows = []
         for ordinal, item in enumerate(items, start=1):
             row = []

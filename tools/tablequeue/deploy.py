@@ -251,7 +251,7 @@ class _Planner:
                 f"{unit.name} is at storage v{recorded.version} (recorded by tablequeue {row['tool_version']}), "
                 f"newer than the v{wanted.version} this tablequeue {version()} renders; it does not downgrade "
                 "storage: deploy with the newer tablequeue"))
-        if recorded == wanted:
+        if recorded.matches(wanted):
             if legacy:
                 return PlanItem(unit, RECORD, f"deployed by tablequeue {row['tool_version']}, which recorded no "
                                 "storage version: recorded as it is", recorded=recorded,
@@ -276,6 +276,10 @@ class _Planner:
         wanted = unit.storage
         queue_shape = self.queue_shapes.get(unit.queue or "", {})
         # Keys the recorded shape lacks were added to the unit's shape later: at their default then.
+        # A boolean key the recorded shape names and the wanted one omits is off now (groups).
+        omitted = tuple((key, "off") for key, _ in recorded.shape
+                        if key in BOOLEAN_SHAPE_KEYS and key not in dict(wanted.shape))
+        wanted = Storage(wanted.version, wanted.shape + omitted)
         shape = [(key, recorded.value(key) or value) for key, value in wanted.shape]
         migrations: list[Migration] = []
         for version in range(recorded.version, wanted.version):
@@ -297,7 +301,9 @@ class _Planner:
                 return self._refuse(unit, f"turning {key} {value}", table=unit.name)
             before = Storage(wanted.version, tuple(shape))
             shape[index] = (key, value)
-            migrations.append(source.render(name, unit, before, Storage(wanted.version, tuple(shape)), queue_shape))
+            # Recorded as rendered: without the keys the unit's shape omits.
+            after = tuple((k, v) for k, v in shape if (k, v) not in omitted)
+            migrations.append(source.render(name, unit, before, Storage(wanted.version, after), queue_shape))
         return PlanItem(unit, MIGRATE, recorded=recorded, migrations=tuple(migrations))
 
     def _rebuild(self, unit: Unit, recorded: Storage) -> PlanItem:
@@ -544,7 +550,7 @@ def _catalog_differs(unit: Unit, row: dict) -> bool:
     if unit.storage is None:
         return unit.checksum != row["unit_checksum"]
     recorded = recorded_storage(row)
-    return recorded is not None and recorded != unit.storage
+    return recorded is not None and not recorded.matches(unit.storage)
 
 
 def status(conn: Any, dialect: Dialect, schema: str, units: list[Unit] | None = None) -> list[StatusRow]:

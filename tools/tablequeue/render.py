@@ -42,7 +42,7 @@ STEP_MARKER = re.compile(r"^-- tablequeue:step (?P<mode>transaction|concurrent)(
 MIGRATIONS = "migrations"
 # Kinds whose storage templates are shared (_destructive.sql) also share their migrations.
 # Catalog options that shape storage (a change is a migration); payload and kind shape it too.
-BOOLEAN_SHAPE_KEYS = ("client_ids", "dedupe", "priority")
+BOOLEAN_SHAPE_KEYS = ("client_ids", "dedupe", "priority", "groups")
 KIND_FAMILIES = {"heap": "destructive", "fifo": "destructive", "lifo": "destructive", "pending": "destructive"}
 
 # Which role may execute which verb (DESIGN.md §3).
@@ -86,6 +86,13 @@ class Storage:
         if key in values:
             return values[key]
         return "off" if key in BOOLEAN_SHAPE_KEYS else None
+
+    def matches(self, other: "Storage") -> bool:
+        """The same version and the same value of every shape key either names: a boolean key one of
+        them omits is off there (option groups is in a unit's shape only when on, so that the units
+        of queues without it keep the shape they were recorded with)."""
+        keys = dict(self.shape).keys() | dict(other.shape).keys()
+        return self.version == other.version and all(self.value(key) == other.value(key) for key in keys)
 
     def describe(self) -> str:
         return f"v{self.version}" + (f" ({self.shape_text})" if self.shape else "")
@@ -278,7 +285,16 @@ def render_framework(catalog: Catalog, dialect: str, extra_root: Path | None = N
     return RenderedFile(f"{FRAMEWORK}.sql", None, header + body)
 
 
+# The (dialect, kind) pairs whose templates render option groups (issue 21). The catalog accepts the
+# option on fifo and work; a pair not listed refuses it here, so that no deploy creates a queue without
+# groups that its catalog says has them.
+GROUPS_RENDERED: frozenset[tuple[str, str]] = frozenset({("postgres", "work"), ("postgres", "fifo")})
+
+
 def render_queue(catalog: Catalog, queue: Queue, dialect: str, extra_root: Path | None = None) -> RenderedFile:
+    if queue.options.get("groups") and (dialect, queue.kind) not in GROUPS_RENDERED:
+        raise RenderError(f"{catalog.path}: queue '{queue.name}': field 'options.groups': the {dialect} templates "
+                          f"of kind '{queue.kind}' do not render message groups yet (issue 21)")
     template = f"{queue.kind}.sql"
     env = _environment(dialect, _dialect_root(extra_root, dialect))
     try:

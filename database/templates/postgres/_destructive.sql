@@ -3,10 +3,13 @@
   hands out, in the caller's transaction. The including template sets:
     claim_order  'none' | 'oldest' | 'newest' | 'due'
     strict       true only for strict FIFO (consumers serialise on an advisory lock)
+  fifo also reads option groups (message groups: docs/queue-kinds.md, Message groups).
   docs/queue-kinds.md explains the storage, index and locking choices; keep it in step.
 -#}
 {% set has_due = claim_order == 'due' %}
 {% set dedupe = opt.dedupe %}
+{% set groups = opt.get('groups', false) %}
+{% set group_shape = ('groups',) if groups else () %}
 {% set t = names.obj() %}
 {% set fn = queue.name %}
 {% if has_due %}
@@ -20,9 +23,12 @@
     of its index is where consumed rows leave their entries. lifo claims from the other end, where new
     rows land. Strict fifo claims from the head: a position stored while a producer's lower id is
     still uncommitted would hand out later ids before it. -#}
-{% set has_position = claim_order != 'newest' and not strict %}
+{% set has_position = claim_order != 'newest' and not strict and not groups %}
 {% set position_key = ['due_at', 'id'] if has_due else ['id'] %}
 {% import '_macros.sql' as m with context %}
+{% if groups %}
+{% import '_group_macros.sql' as grp with context %}
+{% endif %}
 {#- The claim's two CTEs: lock up to limit_sql rows in claim order (next_messages) and delete them,
     returning them (claimed). -#}
 {% macro claim_ctes(limit_sql) %}
@@ -70,7 +76,99 @@
 
 {{ m.position_seen(position_key, 'c') | indent(4, first=true) }}{% endif %};
 {%- endmacro %}
-{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe')) }}
+{% if groups %}
+{#- fifo with groups: messages without a group are claimed on ix_<q>_ungrouped, grouped ones a group
+    at a time (docs/queue-kinds.md, Message groups), each from the head of its index: no claim
+    position (a promoted head can be old). The source whose first message is older goes first, the
+    other fills the batch. -#}
+{% macro ungrouped_claim_statement(limit_sql) %}
+        RETURN QUERY
+        WITH next_messages AS (
+            SELECT m.id
+            FROM {{ t }} AS m
+            WHERE m.group_key IS NULL
+            ORDER BY m.id
+            LIMIT {{ limit_sql }}
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        claimed AS (
+            DELETE FROM {{ t }} AS m
+            USING next_messages AS n
+            WHERE m.id = n.id
+            RETURNING m.id, m.payload, m.enqueued_at
+        )
+
+        SELECT c.id, c.payload, c.enqueued_at, NULL::text
+        FROM claimed AS c
+        ORDER BY c.id;
+{%- endmacro %}
+{#- With a literal LIMIT 1 for one message (the generic plan of a variable limit is a sort). -#}
+{% macro ungrouped_claim() %}
+        IF remaining = 1 THEN
+{{ ungrouped_claim_statement('1') | indent(4, first=true) }}
+        ELSE
+{{ ungrouped_claim_statement('remaining') | indent(4, first=true) }}
+        END IF;
+        GET DIAGNOSTICS claimed_count = ROW_COUNT;
+        remaining := remaining - claimed_count;
+{%- endmacro %}
+{#- Rounds of: lock up to `remaining` groups that have a candidate (stepping over held ones and
+    those this call has been to), delete each one's real head, flag its next one. The groups stay
+    locked until the caller's transaction ends: that is the consumer holding its groups, and a
+    rollback restores heads and flags alike. -#}
+{% macro grouped_claim() %}
+    WHILE remaining > 0 LOOP
+{{ grp.discover_round() }}
+{{ grp.find_heads('locked_keys') | indent(4, first=true) }}
+        -- SKIP LOCKED: a head a wait step is probing this instant stays for the next dequeue.
+        RETURN QUERY
+        WITH heads AS (
+            SELECT m.id FROM {{ t }} AS m WHERE m.id = ANY(head_ids) FOR UPDATE SKIP LOCKED
+        ),
+
+        claimed AS (
+            DELETE FROM {{ t }} AS m
+            USING heads AS h
+            WHERE m.id = h.id
+            RETURNING m.id, m.payload, m.enqueued_at, m.group_key
+        )
+
+        SELECT c.id, c.payload, c.enqueued_at, c.group_key
+        FROM claimed AS c
+        ORDER BY c.id;
+        GET DIAGNOSTICS claimed_count = ROW_COUNT;
+        remaining := remaining - claimed_count;
+{{ grp.settle('locked_keys') | indent(4, first=true) }}
+    END LOOP;
+{%- endmacro %}
+{% macro grouped_dequeue_body() %}
+DECLARE
+    remaining integer := batch_size;
+    claimed_count bigint;
+    locked_keys text[];
+    visited_keys text[] := '{}';
+    head_ids bigint[];
+    oldest_ungrouped bigint;
+    oldest_head bigint;
+    grouped_first boolean;
+BEGIN
+{{ m.check_batch_size('dequeue') }}
+{{ m.check_read_committed('dequeue') }}
+    oldest_ungrouped := (SELECT m.id FROM {{ t }} AS m WHERE m.group_key IS NULL ORDER BY m.id LIMIT 1);
+    oldest_head := (SELECT m.id FROM {{ t }} AS m WHERE m.group_head ORDER BY m.id LIMIT 1);
+    grouped_first := coalesce(oldest_head < oldest_ungrouped, oldest_ungrouped IS NULL);
+    IF NOT grouped_first THEN
+{{ ungrouped_claim() }}
+    END IF;
+{{ grouped_claim() }}
+    IF grouped_first THEN
+{{ ungrouped_claim() }}
+    END IF;
+END;
+{%- endmacro %}
+{% endif %}
+{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe') + group_shape) }}
 CREATE TABLE IF NOT EXISTS {{ t }} (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {{ names.obj('_id_seq') }}),
     enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -79,6 +177,12 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
 {% endif %}
 {% if dedupe %}
     dedupe_key text CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200),
+{% endif %}
+{% if groups %}
+    group_key text CONSTRAINT {{ names.index('ck', 'group_key') }} CHECK (length(group_key) <= 200),
+    -- NULL: no group; true: a head candidate of its group (in ix_{{ queue.name }}_heads); false: it
+    -- waits behind its group's head (docs/queue-kinds.md, Message groups).
+    group_head boolean,
 {% endif %}
     payload {{ payload_type }} NOT NULL,
 {% if is_json %}
@@ -106,12 +210,37 @@ CREATE UNIQUE INDEX IF NOT EXISTS {{ names.index('ux', 'dedupe') }}
 ON {{ t }} (dedupe_key)
 WHERE dedupe_key IS NOT NULL;
 {% endif %}
+{% if groups %}
+
+-- The claim of messages without a group.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'ungrouped') }}
+ON {{ t }} (id)
+WHERE group_key IS NULL;
+
+-- The claim of grouped messages: only head candidates, so a held group's backlog is never read.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'heads') }}
+ON {{ t }} (id)
+WHERE group_head;
+
+-- One group's head (the oldest waiting or flagged message) and its candidates.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'group') }}
+ON {{ t }} (group_key, group_head, id)
+WHERE group_key IS NOT NULL;
+
+{{ m.unit(names.plain('_groups'), 'storage', version=1, object='table') }}
+-- One row per group key that has messages: the group's lock (docs/queue-kinds.md, Message groups),
+-- held by the consumer that dequeued the group's head until its transaction ends. Never updated.
+CREATE TABLE IF NOT EXISTS {{ names.obj('_groups') }} (
+    group_key text NOT NULL,
+    CONSTRAINT {{ names.index('pk', 'groups') }} PRIMARY KEY (group_key)
+);
+{% endif %}
 {% if has_due %}
 
 {{ m.rewinds_unit() }}
 {% endif %}
 
-{{ m.ownership_unit(['', '_rewinds'] if has_due else ['']) }}
+{{ m.ownership_unit((['', '_rewinds'] if has_due else ['']) + (['_groups'] if groups else [])) }}
 
 {{ m.unit(names.plain('_enqueue'), 'code') }}
 CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
@@ -119,7 +248,9 @@ CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
 {% if has_due %}
     due_at timestamptz DEFAULT NULL,
 {% endif %}
-    dedupe_key text DEFAULT NULL
+    dedupe_key text DEFAULT NULL{% if groups %},
+    group_key text DEFAULT NULL{% endif %}
+
 )
 RETURNS TABLE (id bigint, duplicate boolean)
 {{ m.definer() }}
@@ -127,6 +258,9 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     new_id bigint;
+{% if groups %}
+    is_head boolean;
+{% endif %}
 BEGIN
 {{ m.check_payload('enqueue') }}
 {% if is_json %}
@@ -137,13 +271,16 @@ BEGIN
 {% if has_due %}
 {{ m.rewind_when(fn ~ "_enqueue.due_at", "clock_timestamp()") }}
 {% endif %}
+{% if groups %}
+{{ grp.enqueue_join() }}
+{% endif %}
 {% if dedupe %}
 {{ m.check_dedupe_key('enqueue') }}
     -- ON CONFLICT waits for a racing insert of the same key and then does nothing; the row is looked
     -- up in a new statement, which sees it. If it is gone again by then (dequeued), insert again.
     LOOP
-        INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
-        VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.dedupe_key, {{ fn }}_enqueue.payload)
+        INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}dedupe_key, {% if groups %}group_key, group_head, {% endif %}payload)
+        VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.dedupe_key, {% if groups %}{{ fn }}_enqueue.group_key, is_head, {% endif %}{{ fn }}_enqueue.payload)
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
@@ -163,8 +300,8 @@ BEGIN
     IF {{ fn }}_enqueue.dedupe_key IS NOT NULL THEN
 {{ m.throw('invalid_argument', "'" ~ names.plain('_enqueue') ~ ": dedupe_key needs option dedupe.'") }}
     END IF;
-    INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}payload)
-    VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{{ fn }}_enqueue.payload)
+    INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}{% if groups %}group_key, group_head, {% endif %}payload)
+    VALUES ({% if has_due %}coalesce({{ fn }}_enqueue.due_at, clock_timestamp()), {% endif %}{% if groups %}{{ fn }}_enqueue.group_key, is_head, {% endif %}{{ fn }}_enqueue.payload)
     RETURNING m.id INTO new_id;
 {% if opt.notify %}
 {{ m.notify() }}
@@ -183,7 +320,9 @@ CREATE OR REPLACE FUNCTION {{ names.verb('enqueue_batch') }}(
 {% if has_due %}
     due_ats timestamptz[] DEFAULT NULL,
 {% endif %}
-    dedupe_keys text[] DEFAULT NULL
+    dedupe_keys text[] DEFAULT NULL{% if groups %},
+    group_keys text[] DEFAULT NULL{% endif %}
+
 )
 RETURNS TABLE (ordinal integer, id bigint, duplicate boolean)
 {{ m.definer() }}
@@ -192,6 +331,9 @@ AS $function$
 DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     bad_ordinal integer;
+{% if groups %}
+{{ grp.join_groups_declare() }}
+{% endif %}
 {% if dedupe %}
     new_ids bigint[];
     roots integer[];
@@ -215,6 +357,12 @@ BEGIN
     END IF;
 {% if has_due %}
 {{ m.rewind_when("u.due_at", "clock_timestamp()", "unnest(due_ats) AS u (due_at)") }}
+{% endif %}
+{% if groups %}
+{{ grp.check_group_keys('enqueue_batch', 'group_keys', 'item_count') }}
+    -- Groups first (their rows, then message rows: the fixed lock order), outside the insert's
+    -- subtransaction, so that a second round of it keeps them.
+{{ grp.join_groups('group_keys', 'item_heads') }}
 {% endif %}
 {% if dedupe %}
     SELECT min(u.ordinal) INTO bad_ordinal
@@ -253,10 +401,14 @@ BEGIN
             u.due_at,
 {% endif %}
             u.dedupe_key,
+{% if groups %}
+            u.group_key,
+            u.group_head,
+{% endif %}
             u.payload,
             u.ordinal
-        FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}, dedupe_keys) WITH ORDINALITY
-            AS u (new_id, payload{% if has_due %}, due_at{% endif %}, dedupe_key, ordinal)
+        FROM unnest(new_ids, payloads{% if has_due %}, due_ats{% endif %}, dedupe_keys{% if groups %}, group_keys, item_heads{% endif %}) WITH ORDINALITY
+            AS u (new_id, payload{% if has_due %}, due_at{% endif %}, dedupe_key, {% if groups %}group_key, group_head, {% endif %}ordinal)
         WHERE roots[u.ordinal] = u.ordinal
     ),
 
@@ -269,7 +421,7 @@ BEGIN
     ),
 
     inserted AS (
-        INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}dedupe_key, payload)
+        INSERT INTO {{ t }} AS m (id, {% if has_due %}due_at, {% endif %}dedupe_key, {% if groups %}group_key, group_head, {% endif %}payload)
         OVERRIDING SYSTEM VALUE
         SELECT
             i.new_id,
@@ -277,6 +429,10 @@ BEGIN
             coalesce(i.due_at, clock_timestamp()),
 {% endif %}
             i.dedupe_key,
+{% if groups %}
+            i.group_key,
+            i.group_head,
+{% endif %}
             i.payload
         FROM items AS i
         ORDER BY i.dedupe_key, i.ordinal
@@ -308,6 +464,9 @@ BEGIN
     );
 {%- endcall %}
 
+{% if groups %}
+{{ grp.flag_first_inserted("SELECT u.new_id, u.new_id, k.group_key FROM unnest(new_ids) WITH ORDINALITY AS u (new_id, ordinal) INNER JOIN unnest(group_keys) WITH ORDINALITY AS k (group_key, ordinal) ON u.ordinal = k.ordinal WHERE u.new_id = ANY(inserted_ids)") }}
+{% endif %}
 
     -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
@@ -332,13 +491,17 @@ BEGIN
     -- (a batch is dequeued in item order) and item n's id is the n-th smallest.
     RETURN QUERY
     WITH inserted AS (
-        INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}payload)
+        INSERT INTO {{ t }} AS m ({% if has_due %}due_at, {% endif %}{% if groups %}group_key, group_head, {% endif %}payload)
         SELECT
 {% if has_due %}
             coalesce(u.due_at, clock_timestamp()),
 {% endif %}
+{% if groups %}
+            u.group_key,
+            u.group_head,
+{% endif %}
             u.payload
-        FROM unnest(payloads{% if has_due %}, due_ats{% endif %}) WITH ORDINALITY AS u (payload, {% if has_due %}due_at, {% endif %}ordinal)
+        FROM unnest(payloads{% if has_due %}, due_ats{% endif %}{% if groups %}, group_keys, item_heads{% endif %}) WITH ORDINALITY AS u (payload, {% if has_due %}due_at, {% endif %}{% if groups %}group_key, group_head, {% endif %}ordinal)
         ORDER BY u.ordinal
         RETURNING m.id
     )
@@ -359,10 +522,13 @@ $function$;
 
 {{ m.unit(names.plain('_dequeue'), 'code') }}
 CREATE OR REPLACE FUNCTION {{ names.verb('dequeue') }}(batch_size integer DEFAULT 1)
-RETURNS TABLE (id bigint, payload {{ payload_type }}, enqueued_at timestamptz{% if has_due %}, due_at timestamptz{% endif %})
+RETURNS TABLE (id bigint, payload {{ payload_type }}, enqueued_at timestamptz{% if has_due %}, due_at timestamptz{% endif %}{% if groups %}, group_key text{% endif %})
 {{ m.definer() }}
 AS $function$
 #variable_conflict use_column
+{% if groups %}
+{{ grouped_dequeue_body() }}
+{% else %}
 {% if has_position %}
 DECLARE
 {% if has_due %}
@@ -411,6 +577,7 @@ BEGIN
 {% endif %}
     END IF;
 END;
+{% endif %}
 $function$;
 
 {{ m.grant('dequeue') }}
@@ -504,8 +671,40 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     purged_count bigint;
+{% if groups %}
+    candidate_ids bigint[];
+    held_keys text[];
+    head_ids bigint[];
+    empty_keys text[];
+{% endif %}
 BEGIN
 {{ m.check_max_rows('purge') }}
+{% if groups %}
+    -- Grouped messages go only with their group held (SKIP LOCKED: the messages of a group a
+    -- consumer or producer holds stay for the next purge), groups rows first (the fixed lock
+    -- order); the holder then flags each group's new head, and groups left empty are deleted.
+    candidate_ids := ARRAY(
+        SELECT m.id FROM {{ t }} AS m
+        WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
+        ORDER BY m.id
+        LIMIT {{ fn }}_purge.max_rows
+    );
+{{ grp.lock_groups_skipping('candidate_ids', 'held_keys') }}
+    WITH doomed AS (
+        SELECT m.id FROM {{ t }} AS m
+        WHERE m.id = ANY(candidate_ids) AND (m.group_key IS NULL OR m.group_key = ANY(held_keys))
+        ORDER BY m.id
+        FOR UPDATE SKIP LOCKED
+    ),
+
+    deleted AS (
+        DELETE FROM {{ t }} AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
+    )
+
+    SELECT count(*) INTO purged_count FROM deleted;
+{{ grp.settle('held_keys') }}
+{{ grp.delete_empty_groups() }}
+{% else %}
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.
     -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
@@ -539,6 +738,7 @@ BEGIN
 
         SELECT count(*) INTO purged_count FROM deleted;
     END IF;
+{% endif %}
     RETURN QUERY SELECT purged_count;
 END;
 $function$;

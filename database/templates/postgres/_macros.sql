@@ -24,6 +24,22 @@
 -- locks: {{ locks | wordwrap(100, wrapstring='\n--        ') }}
 {%- endmacro %}
 
+{#- A migration's length check of a text column (at most 200 characters), added NOT VALID so that the
+    step holding the table's exclusive lock scans nothing; a step of its own validates it. -#}
+{% macro add_length_check_not_valid(column) %}
+DO $check$
+BEGIN
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_constraint AS k
+        WHERE k.conrelid = '{{ names.obj() }}'::regclass AND k.conname = '{{ names.index_name('ck', column) }}'
+    ) THEN
+        ALTER TABLE {{ names.obj() }}
+        ADD CONSTRAINT {{ names.index('ck', column) }} CHECK (length({{ column }}) <= 200) NOT VALID;
+    END IF;
+END
+$check$;
+{%- endmacro %}
+
 {#- Functions are granted by name only: the deploy tool drops stale overloads, so the name is unique.
     The schema's owner role owns every routine, so a SECURITY DEFINER function runs with its rights,
     not with the rights of whoever deployed it. -#}

@@ -89,10 +89,23 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
     )
 {%- endmacro %}
 
+{#- The storage parameters of a work table whose rows are updated (the queue table, the groups
+    table): room on the page for a row's next version, and vacuum and analyze after a fixed number of
+    changed rows. -#}
+{% macro updated_table_parameters() %}
+WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000
+);
+{%- endmacro %}
+
 {#- INSERT the rows of CTE `done` (queue rows a DELETE ... RETURNING m.* completed) into the history table. -#}
 {% macro history_insert() %}
         INSERT INTO {{ history_t }} (
-            id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}started_at, finished_at, duration_ms, worker, attempts, payload
+            id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}{% if groups %}group_key, {% endif %}started_at, finished_at, duration_ms, worker, attempts, payload
         )
         SELECT
             d.id,
@@ -100,6 +113,9 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
             d.due_at,
 {% if has_priority %}
             d.priority,
+{% endif %}
+{% if groups %}
+            d.group_key,
 {% endif %}
             d.leased_at,
             now_utc,
@@ -134,7 +150,7 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
     older dead-letter copy of the same id (the id was enqueued again) is replaced. -#}
 {% macro dead_insert(attempts_sql, error_sql, worker_sql, returning='1') %}
         INSERT INTO {{ dead_t }} (
-            id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}attempts, last_error, last_worker, dead_at, payload
+            id, enqueued_at, due_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}{% if groups %}group_key, {% endif %}attempts, last_error, last_worker, dead_at, payload
         )
         SELECT
             g.id,
@@ -145,6 +161,9 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
 {% endif %}
 {% if dedupe %}
             g.dedupe_key,
+{% endif %}
+{% if groups %}
+            g.group_key,
 {% endif %}
             {{ attempts_sql }},
             {{ error_sql }},
@@ -161,6 +180,9 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
 {% endif %}
 {% if dedupe %}
             dedupe_key = excluded.dedupe_key,
+{% endif %}
+{% if groups %}
+            group_key = excluded.group_key,
 {% endif %}
             attempts = excluded.attempts,
             last_error = excluded.last_error,

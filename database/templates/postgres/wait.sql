@@ -1,10 +1,11 @@
 {#- PostgreSQL: S.Q_wait of every kind and the definer step it calls (included by work.sql and
     _destructive.sql, whose variables and imports it uses). -#}
 {% set is_work = queue.kind == 'work' %}
+{% set grouped = opt.get('groups', false) %}
 {% if is_work %}
 {% set ready_sql = 'm.visible_at <= now_utc' %}
 {% set probe_order_sql = 'm.visible_at, m.' ~ tie %}
-{% set probe_position = not has_priority %}
+{% set probe_position = not has_priority and not grouped %}
 {% else %}
 {% set ready_sql = 'm.due_at <= now_utc' if has_due else 'true' %}
 {% set probe_order_sql = claim_order_sql %}
@@ -60,6 +61,17 @@ BEGIN
             SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
         );
     END LOOP;
+{% elif grouped %}
+    -- A message without a group on its claim index, else a group's head candidate: a spurious
+    -- candidate of a held group can make this true while dequeue then finds nothing, a step early.
+{{ probe("m.group_key IS NULL AND " ~ ready_sql) }}
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+{{ probe("m.group_head AND " ~ ready_sql) }}
+    IF FOUND THEN
+        RETURN true;
+    END IF;
 {% else %}
 {% if probe_position %}
 {{ m.position_load(position_key) }}

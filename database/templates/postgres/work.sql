@@ -19,11 +19,14 @@
 {% set max_attempts = opt.max_attempts %}
 {% set lease_seconds = opt.lease_seconds %}
 {% set handler = opt.handler %}
+{% set groups = opt.groups %}
+{% set group_shape = ('groups',) if groups else () %}
 {% set position_key = ['visible_at', tie] %}
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
+{% import '_group_macros.sql' as grp with context %}
 {# Version 2: lease_token (migrations/work_table_v1_to_v2.sql). #}
-{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
+{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
 CREATE TABLE IF NOT EXISTS {{ t }} (
 {% if client_ids %}
@@ -52,6 +55,12 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
 {% if dedupe %}
     dedupe_key text CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200),
 {% endif %}
+{% if groups %}
+    group_key text CONSTRAINT {{ names.index('ck', 'group_key') }} CHECK (length(group_key) <= 200),
+    -- NULL: no group; true: a head candidate of its group (in ix_{{ queue.name }}_heads); false: it
+    -- waits behind its group's head (docs/queue-kinds.md, Message groups).
+    group_head boolean,
+{% endif %}
     payload {{ payload_type }} NOT NULL,
 {% if is_json %}
     -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
@@ -62,17 +71,25 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
 -- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a
 -- fixed number of changed rows rather than a fraction of a (small, or huge) live count, so index
 -- scans from the head do not wade through dead entries (as the destructive kinds).
-WITH (
-    fillfactor = 80,
-    autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000,
-    autovacuum_analyze_scale_factor = 0,
-    autovacuum_analyze_threshold = 1000
-);
+{{ w.updated_table_parameters() }}
 
--- The claim's exact WHERE and ORDER BY{% if has_priority %} (one priority level per range scan){% endif %}.
+-- The claim's exact WHERE and ORDER BY{% if has_priority %} (one priority level per range scan){% endif %}{% if groups %} (of messages without a group){% endif %}.
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'claim') }}
-ON {{ t }} ({% if has_priority %}priority DESC, {% endif %}visible_at, {{ tie }});
+ON {{ t }} ({% if has_priority %}priority DESC, {% endif %}visible_at, {{ tie }}){% if groups %}
+
+WHERE group_key IS NULL{% endif %};
+{% if groups %}
+
+-- The claim of grouped messages: only head candidates, so a held group's backlog is never read.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'heads') }}
+ON {{ t }} (visible_at, {{ tie }})
+WHERE group_head;
+
+-- One group's head (the oldest waiting or flagged message) and its candidates.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'group') }}
+ON {{ t }} (group_key, group_head, {{ tie }})
+WHERE group_key IS NOT NULL;
+{% endif %}
 
 -- A worker's own messages (the restart path) and the in-flight count; only leased rows.
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease') }}
@@ -98,7 +115,7 @@ END
 $type$;
 {% endif %}
 
-{{ m.unit(names.plain('_complete_next_result'), 'storage', version=1, object='type', shape=('payload', 'client_ids')) }}
+{{ m.unit(names.plain('_complete_next_result'), 'storage', version=1, object='type', shape=('payload', 'client_ids') + group_shape) }}
 -- complete_next's result row: dequeue's columns and previous_completed. A type for the reason of
 -- _enqueue_result: the contract names parameters and result columns alike (id, lease_token).
 DO $type$
@@ -111,6 +128,9 @@ BEGIN
             due_at timestamptz,
             attempts integer,
             lease_token uuid,
+{% if groups %}
+            group_key text,
+{% endif %}
             previous_completed boolean
         );
     END IF;
@@ -126,7 +146,7 @@ CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease_start') }}
 ON {{ t }} (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
-{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
+{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
 CREATE TABLE IF NOT EXISTS {{ dead_t }} (
     id {{ id_type }} NOT NULL,
@@ -138,6 +158,9 @@ CREATE TABLE IF NOT EXISTS {{ dead_t }} (
 {% if dedupe %}
     dedupe_key text,
 {% endif %}
+{% if groups %}
+    group_key text,
+{% endif %}
     attempts integer NOT NULL,
     last_error text,
     last_worker text,
@@ -147,7 +170,7 @@ CREATE TABLE IF NOT EXISTS {{ dead_t }} (
 );
 {% if history %}
 
-{{ m.unit(names.plain('_history'), 'storage', version=1, object='table', shape=('payload', 'priority', 'client_ids')) }}
+{{ m.unit(names.plain('_history'), 'storage', version=1, object='table', shape=('payload', 'priority', 'client_ids') + group_shape) }}
 -- Completed messages; history_purge deletes by finish time.
 CREATE TABLE IF NOT EXISTS {{ history_t }} (
     history_id bigint GENERATED ALWAYS AS IDENTITY,
@@ -156,6 +179,9 @@ CREATE TABLE IF NOT EXISTS {{ history_t }} (
     due_at timestamptz NOT NULL,
 {% if has_priority %}
     priority integer NOT NULL,
+{% endif %}
+{% if groups %}
+    group_key text,
 {% endif %}
     started_at timestamptz NOT NULL,
     finished_at timestamptz NOT NULL,
@@ -170,8 +196,21 @@ CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_finished') }} ON {{ his
 
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'history_id') }} ON {{ history_t }} (id);
 {% endif %}
+{% if groups %}
 
-{{ m.ownership_unit(['', '_dead', '_rewinds'] + (['_history'] if history else []) + (['_enqueue_result'] if client_ids else []) + ['_complete_next_result']) }}
+{{ m.unit(names.plain('_groups'), 'storage', version=1, object='table', shape=('client_ids',)) }}
+-- One row per group key that has messages: the group's lock (docs/queue-kinds.md, Message groups).
+-- in_flight: the group's message that is leased or waiting for its retry, written only by a holder.
+CREATE TABLE IF NOT EXISTS {{ names.obj('_groups') }} (
+    group_key text NOT NULL,
+    in_flight {{ id_type }},
+    CONSTRAINT {{ names.index('pk', 'groups') }} PRIMARY KEY (group_key)
+)
+-- in_flight is not indexed: its updates are HOT, on the page's free space.
+{{ w.updated_table_parameters() }}
+{% endif %}
+
+{{ m.ownership_unit(['', '_dead', '_rewinds'] + (['_history'] if history else []) + (['_enqueue_result'] if client_ids else []) + ['_complete_next_result'] + (['_groups'] if groups else [])) }}
 
 {% include 'work/enqueue.sql' %}
 

@@ -3,22 +3,11 @@
     validated in a step of its own, so that no step scans the table under an exclusive lock. -#}
 {% import '_macros.sql' as m with context %}
 {% set t = names.obj() %}
-{% set check = names.index_name('ck', 'dedupe_key') %}
 {{ m.step('transaction', 'add column dedupe_key and its length check (NOT VALID)',
           'the table, ACCESS EXCLUSIVE for a catalog update (no rewrite, no scan)') }}
 ALTER TABLE {{ t }} ADD COLUMN IF NOT EXISTS dedupe_key text;
 
-DO $check$
-BEGIN
-    IF NOT EXISTS (
-        SELECT FROM pg_catalog.pg_constraint AS k
-        WHERE k.conrelid = '{{ t }}'::regclass AND k.conname = '{{ check }}'
-    ) THEN
-        ALTER TABLE {{ t }}
-        ADD CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200) NOT VALID;
-    END IF;
-END
-$check$;
+{{ m.add_length_check_not_valid('dedupe_key') }}
 
 {{ m.step('transaction', 'validate the length check',
           'the table, SHARE UPDATE EXCLUSIVE (reads and writes go on) for one scan of the table') }}

@@ -14,8 +14,16 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     done_count bigint;
+{% if groups %}
+    held_keys text[];
+    head_ids {{ id_type }}[];
+{% endif %}
 BEGIN
 {{ w.check_worker('complete') }}
+{% if groups %}
+    -- The message's group first (the fixed lock order): completing its in-flight message moves its head.
+{{ grp.lock_groups_of('ARRAY[' ~ fn ~ '_complete.id]', 'held_keys') }}
+{% endif %}
 {% if history %}
     -- One statement: queue table, then history table (the fixed lock order).
     WITH done AS (
@@ -36,6 +44,10 @@ BEGIN
 {% endif %}
     IF done_count = 0 THEN
 {{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_complete.id') }}
+{% if groups %}
+    ELSIF cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
+{% endif %}
     END IF;
     RETURN QUERY SELECT done_count > 0;
 END;

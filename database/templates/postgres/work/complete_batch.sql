@@ -17,6 +17,10 @@ DECLARE
     sorted_tokens uuid[];
     distinct_count bigint;
     done_ids {{ id_type }}[];
+{% if groups %}
+    held_keys text[];
+    head_ids {{ id_type }}[];
+{% endif %}
 BEGIN
 {{ w.check_worker('complete_batch') }}
 {{ m.check_read_committed('complete_batch') }}
@@ -24,6 +28,10 @@ BEGIN
     IF cardinality(sorted_ids) IS NULL THEN
         RETURN;
     END IF;
+{% if groups %}
+    -- Their groups first, in key order (the fixed lock order).
+{{ grp.lock_groups_of('sorted_ids', 'held_keys') }}
+{% endif %}
 
     -- One statement: the queue rows (locked in id order), then the history table (complete's order).
 {{ w.held_cte('complete_batch') }},
@@ -42,6 +50,11 @@ BEGIN
     IF cardinality(done_ids) IS DISTINCT FROM cardinality(sorted_ids) THEN
 {{ w.lost_under_snapshot('m.id = ANY(sorted_ids)') }}
     END IF;
+{% if groups %}
+    IF cardinality(done_ids) > 0 AND cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
+    END IF;
+{% endif %}
     RETURN QUERY
     SELECT u.id, coalesce(u.id = ANY(done_ids), false)
     FROM unnest(sorted_ids) AS u (id)

@@ -24,10 +24,10 @@ BEGIN
     SELECT c.completed INTO completed_now
     FROM {{ names.verb('complete') }}({{ fn }}_complete_next.id, {{ fn }}_complete_next.worker, {{ fn }}_complete_next.lease_token) AS c;
     RETURN QUERY
-    SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, completed_now
+    SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, {% if groups %}d.group_key, {% endif %}completed_now
     FROM {{ names.verb('dequeue') }}({{ fn }}_complete_next.batch_size, {{ fn }}_complete_next.worker, {{ fn }}_complete_next.lease_seconds) AS d;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT NULL::{{ id_type }}, NULL::{{ payload_type }}, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::uuid, completed_now;
+        RETURN QUERY SELECT NULL::{{ id_type }}, NULL::{{ payload_type }}, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::uuid, {% if groups %}NULL::text, {% endif %}completed_now;
     END IF;
 END;
 $function$;

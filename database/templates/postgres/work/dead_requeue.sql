@@ -10,6 +10,9 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     dead_row record;
+{% if groups %}
+    is_head boolean;
+{% endif %}
 {% if dedupe or client_ids %}
     moved bigint;
 {% endif %}
@@ -33,10 +36,17 @@ BEGIN
     IF NOT FOUND THEN
 {{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") }}
     END IF;
-{% set requeue_columns = 'id, enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ 'attempts, last_error, payload' %}
+{% if groups %}
+    -- Back into its group, under its id: its group serves it in id order, so it comes before the
+    -- group's later messages that are not yet in flight.
+    IF dead_row.group_key IS NOT NULL THEN
+{{ grp.join_group('dead_row.group_key', 'is_head') | indent(4, first=true) }}
+    END IF;
+{% endif %}
+{% set requeue_columns = 'id, enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ ('group_key, group_head, ' if groups else '') ~ 'attempts, last_error, payload' %}
 {% macro requeue_values(key_sql) %}
     VALUES (
-        dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, {% if has_priority %}dead_row.priority, {% endif %}{% if dedupe %}{{ key_sql }}, {% endif %}0,
+        dead_row.id, dead_row.enqueued_at, dead_row.due_at, now_utc, {% if has_priority %}dead_row.priority, {% endif %}{% if dedupe %}{{ key_sql }}, {% endif %}{% if groups %}dead_row.group_key, is_head, {% endif %}0,
         dead_row.last_error, dead_row.payload
     )
 {%- endmacro %}

@@ -1,4 +1,39 @@
 {#- PostgreSQL: S.Q_dequeue of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{% if groups %}
+{#- The claim of messages without a group: the kind's claim, on the partial ix_<q>_claim. -#}
+{% macro ungrouped_claim() %}
+        WHILE remaining > 0 LOOP
+{{ w.claim_by_limit("m.group_key IS NULL AND m.visible_at <= now_utc", "remaining") | indent(8, first=true) }}
+            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+            remaining := batch_size - cardinality(claimed_ids);
+            EXIT WHEN buried_count = 0;
+        END LOOP;
+{%- endmacro %}
+{#- The claim of grouped messages, in rounds: lock up to `remaining` groups with a due candidate
+    (stepping over held ones and those this call has been to), settle each (its real head, flags
+    exact), lease the heads that are due and make them their groups' in-flight message. A head
+    buried instead ('lease expired') frees its group: its next message is flagged, and the group
+    may be found again in the next round (each such round buries a message: the loop ends). At most
+    one message per group, so a batch never holds two of a group. -#}
+{% macro grouped_claim() %}
+    WHILE remaining > 0 LOOP
+{{ grp.discover_round() }}
+{{ grp.settle('locked_keys') | indent(4, first=true) }}
+{{ w.claim_statement("m.id = ANY(head_ids) AND m.visible_at <= now_utc", "remaining") | indent(4, first=true) }}
+        UPDATE {{ grp.groups_t }} AS g
+        SET in_flight = m.id
+        FROM {{ t }} AS m
+        WHERE m.id = ANY(step_ids) AND g.group_key = m.group_key AND g.in_flight IS DISTINCT FROM m.id;
+        IF buried_count > 0 THEN
+{{ grp.settle('locked_keys') | indent(8, first=true) }}
+            -- Their next heads may be due: this round's groups may be found again.
+            visited_keys := ARRAY(SELECT v.key FROM unnest(visited_keys) AS v (key) WHERE NOT v.key = ANY(locked_keys));
+        END IF;
+        claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+        remaining := batch_size - cardinality(claimed_ids);
+    END LOOP;
+{%- endmacro %}
+{% endif %}
 {{ m.unit(names.plain('_dequeue'), 'code') }}
 -- A dequeue by worker W first takes back W's own unfinished messages: W declares, by asking, that
 -- it holds nothing else. A worker name is therefore one single-threaded consumer at a time.
@@ -10,7 +45,9 @@ CREATE OR REPLACE FUNCTION {{ names.verb('dequeue') }}(
     lease_seconds integer DEFAULT NULL
 )
 RETURNS TABLE (
-    id {{ id_type }}, payload {{ payload_type }}, enqueued_at timestamptz, due_at timestamptz, attempts integer, lease_token uuid
+    id {{ id_type }}, payload {{ payload_type }}, enqueued_at timestamptz, due_at timestamptz, attempts integer, lease_token uuid{% if groups %},
+    group_key text{% endif %}
+
 )
 {{ m.definer() }}
 AS $function$
@@ -34,6 +71,16 @@ DECLARE
     current_level integer;
     level_ids {{ id_type }}[];
     level_buried bigint;
+{% elif groups %}
+    own_keys text[];
+    locked_keys text[];
+    visited_keys text[] := '{}';
+    head_ids {{ id_type }}[];
+    ungrouped_at timestamptz;
+    ungrouped_tie bigint;
+    head_at timestamptz;
+    head_tie bigint;
+    grouped_first boolean;
 {% else %}
     own_count integer;
 {{ m.position_declare(position_key, seen=false) }}
@@ -56,8 +103,25 @@ BEGIN
     IF EXISTS (
         SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
     ) THEN
+{% if groups %}
+        -- Their groups first (the fixed lock order): one whose lease expired too often goes to the
+        -- dead-letter table, and its group's next message becomes the head.
+        own_keys := ARRAY(
+            SELECT g.group_key FROM {{ grp.groups_t }} AS g
+            WHERE g.group_key IN (
+                SELECT m.group_key FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
+            )
+            ORDER BY g.group_key
+            FOR NO KEY UPDATE
+        );
+{% endif %}
 {{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since", "batch_size", own=true) | indent(4, first=true) }}
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+{% if groups %}
+        IF buried_count > 0 THEN
+{{ grp.settle('own_keys') | indent(8, first=true) }}
+        END IF;
+{% endif %}
     ELSE
         PERFORM set_config({{ m.position_setting('.own') }}, {{ m.time_to_text('now_utc') }} || '|' || {{ fn }}_dequeue.worker, false);
     END IF;
@@ -68,11 +132,34 @@ BEGIN
     -- its place in the batch, so claim again until the batch is full or nothing visible is left.
 {% if has_priority %}
     -- Priority levels claim from the head of each level (no claim position: docs/work-queue.md).
+{% elif groups %}
+    -- Messages without a group on ix_{{ queue.name }}_claim, grouped ones on ix_{{ queue.name }}_heads, each from the head of
+    -- its index (no claim position: a promoted head can be old). The source with the older first
+    -- message is claimed from first, the other fills the batch (docs/queue-kinds.md, Message groups).
+    SELECT m.visible_at, m.{{ tie }} INTO ungrouped_at, ungrouped_tie
+    FROM {{ t }} AS m
+    WHERE m.group_key IS NULL AND m.visible_at <= now_utc
+    ORDER BY m.visible_at, m.{{ tie }}
+    LIMIT 1;
+    SELECT m.visible_at, m.{{ tie }} INTO head_at, head_tie
+    FROM {{ t }} AS m
+    WHERE m.group_head AND m.visible_at <= now_utc
+    ORDER BY m.visible_at, m.{{ tie }}
+    LIMIT 1;
+    grouped_first := head_at IS NOT NULL AND (ungrouped_at IS NULL OR (head_at, head_tie) < (ungrouped_at, ungrouped_tie));
+    IF NOT grouped_first THEN
+{{ ungrouped_claim() }}
+    END IF;
+{{ grouped_claim() }}
+    IF grouped_first THEN
+{{ ungrouped_claim() }}
+    END IF;
 {% else %}
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
 {{ m.position_load(position_key) }}
 {% endif %}
+{% if not groups %}
     WHILE remaining > 0 LOOP
 {% if has_priority %}
         -- A loose index scan: one range scan per priority level present. A single ORDER BY
@@ -96,7 +183,8 @@ BEGIN
         remaining := batch_size - cardinality(claimed_ids);
         EXIT WHEN buried_count = 0;
     END LOOP;
-{% if not has_priority %}
+{% endif %}
+{% if not has_priority and not groups %}
     IF cardinality(claimed_ids) > own_count THEN
 {{ m.position_find(position_key) | indent(4, first=true) }}
     END IF;
@@ -106,10 +194,12 @@ BEGIN
     -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
     -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
     RETURN QUERY
-    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token
+    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token{% if groups %}, m.group_key{% endif %}
+
     FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
     CROSS JOIN LATERAL (
-        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token{% if groups %}, q.group_key{% endif %}
+
         FROM {{ t }} AS q
         WHERE q.id = c.id
         LIMIT 1

@@ -3,15 +3,19 @@
 CREATE OR REPLACE FUNCTION {{ names.verb('enqueue') }}(
     payload {{ payload_type }},
     due_at timestamptz DEFAULT NULL,
-    dedupe_key text DEFAULT NULL{% if has_priority or client_ids %},{% endif %}
+    dedupe_key text DEFAULT NULL{% if has_priority or client_ids or groups %},{% endif %}
 
 {% if has_priority %}
-    priority integer DEFAULT NULL{% if client_ids %},{% endif %}
+    priority integer DEFAULT NULL{% if client_ids or groups %},{% endif %}
 
 {% endif %}
 {% if client_ids %}
     id uuid DEFAULT NULL,
-    enqueued_at timestamptz DEFAULT NULL
+    enqueued_at timestamptz DEFAULT NULL{% if groups %},{% endif %}
+
+{% endif %}
+{% if groups %}
+    group_key text DEFAULT NULL
 {% endif %}
 )
 {% if client_ids %}
@@ -25,6 +29,9 @@ AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
     new_id {{ id_type }};
+{% if groups %}
+    is_head boolean;
+{% endif %}
 BEGIN
 {{ m.check_payload('enqueue') }}
 {% if is_json %}
@@ -40,8 +47,11 @@ BEGIN
 {{ m.throw('invalid_argument', "'" ~ names.plain('_enqueue') ~ ": dedupe_key needs option dedupe.'") }}
     END IF;
 {% endif %}
-{% set columns = ('id, ' if client_ids else '') ~ 'enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ 'payload' %}
-{% set values = ('coalesce(' ~ fn ~ '_enqueue.id, gen_random_uuid()), coalesce(' ~ fn ~ '_enqueue.enqueued_at, now_utc), ' if client_ids else 'now_utc, ') ~ 'coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), ' ~ ('coalesce(' ~ fn ~ '_enqueue.priority, 0), ' if has_priority else '') ~ (fn ~ '_enqueue.dedupe_key, ' if dedupe else '') ~ fn ~ '_enqueue.payload' %}
+{% if groups %}
+{{ grp.enqueue_join() }}
+{% endif %}
+{% set columns = ('id, ' if client_ids else '') ~ 'enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ ('group_key, group_head, ' if groups else '') ~ 'payload' %}
+{% set values = ('coalesce(' ~ fn ~ '_enqueue.id, gen_random_uuid()), coalesce(' ~ fn ~ '_enqueue.enqueued_at, now_utc), ' if client_ids else 'now_utc, ') ~ 'coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), coalesce(' ~ fn ~ '_enqueue.due_at, now_utc), ' ~ ('coalesce(' ~ fn ~ '_enqueue.priority, 0), ' if has_priority else '') ~ (fn ~ '_enqueue.dedupe_key, ' if dedupe else '') ~ (fn ~ '_enqueue.group_key, is_head, ' if groups else '') ~ fn ~ '_enqueue.payload' %}
 {% if dedupe or client_ids %}
     -- ON CONFLICT waits for a racing insert of the same key{% if client_ids %} or id{% endif %}; if that row is gone again by the
     -- time we look it up (completed), try the insert once more.

@@ -8,7 +8,9 @@ CREATE OR REPLACE FUNCTION {{ names.verb('enqueue_batch') }}(
     dedupe_keys text[] DEFAULT NULL,
     priorities integer[] DEFAULT NULL,
     ids uuid[] DEFAULT NULL,
-    enqueued_ats timestamptz[] DEFAULT NULL
+    enqueued_ats timestamptz[] DEFAULT NULL{% if groups %},
+    group_keys text[] DEFAULT NULL{% endif %}
+
 )
 RETURNS TABLE (ordinal integer, id {{ id_type }}, duplicate boolean)
 {{ m.definer() }}
@@ -18,6 +20,9 @@ DECLARE
     item_count integer := coalesce(cardinality(payloads), 0);
     now_utc timestamptz := clock_timestamp();
     bad_ordinal integer;
+{% if groups %}
+{{ grp.join_groups_declare() }}
+{% endif %}
 {% if dedupe or client_ids %}
     new_ids {{ id_type }}[];
 {% if client_ids %}
@@ -72,6 +77,12 @@ BEGIN
     {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": item %s has a dedupe_key, which needs option dedupe.', bad_ordinal)") }}
         END IF;
     END IF;
+{% endif %}
+{% if groups %}
+{{ grp.check_group_keys('enqueue_batch', 'group_keys', 'item_count') }}
+    -- Groups first (their rows, then message rows: the fixed lock order), outside the insert's
+    -- subtransaction, so that a second round of it keeps them.
+{{ grp.join_groups('group_keys', 'item_heads') }}
 {% endif %}
 {% if dedupe or client_ids %}
 
@@ -130,6 +141,10 @@ BEGIN
             d.due_at,
             k.dedupe_key,
             p.priority,
+{% if groups %}
+            gk.group_key,
+            gk.group_head,
+{% endif %}
             e.enqueued_at
         FROM unnest(new_ids, payloads) WITH ORDINALITY AS u (new_id, payload, position)
 {% if client_ids %}
@@ -139,6 +154,9 @@ BEGIN
         LEFT JOIN unnest(dedupe_keys) WITH ORDINALITY AS k (dedupe_key, position) ON u.position = k.position
         LEFT JOIN unnest(priorities) WITH ORDINALITY AS p (priority, position) ON u.position = p.position
         LEFT JOIN unnest(enqueued_ats) WITH ORDINALITY AS e (enqueued_at, position) ON u.position = e.position
+{% if groups %}
+        LEFT JOIN unnest(group_keys, item_heads) WITH ORDINALITY AS gk (group_key, group_head, position) ON u.position = gk.position
+{% endif %}
         WHERE roots[u.position] = u.position
     ),
 
@@ -157,7 +175,7 @@ BEGIN
 
     inserted AS (
         INSERT INTO {{ t }} AS m (
-            id, {% if client_ids %}seq, {% endif %}enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}payload
+            id, {% if client_ids %}seq, {% endif %}enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if dedupe %}dedupe_key, {% endif %}{% if groups %}group_key, group_head, {% endif %}payload
         )
         OVERRIDING SYSTEM VALUE
         SELECT
@@ -173,6 +191,10 @@ BEGIN
 {% endif %}
 {% if dedupe %}
             i.dedupe_key,
+{% endif %}
+{% if groups %}
+            i.group_key,
+            i.group_head,
 {% endif %}
             i.payload
         FROM items AS i
@@ -213,6 +235,9 @@ BEGIN
     );
 {%- endcall %}
 
+{% if groups %}
+{{ grp.flag_first_inserted("SELECT u.new_id, u.new_tie, k.group_key FROM unnest(new_ids, " ~ new_ties ~ ") WITH ORDINALITY AS u (new_id, new_tie, position) INNER JOIN unnest(group_keys) WITH ORDINALITY AS k (group_key, position) ON u.position = k.position WHERE u.new_tie = ANY(inserted_ties)") }}
+{% endif %}
 
     -- A later item duplicates its first: it reports the first's id.
     RETURN QUERY
@@ -229,7 +254,7 @@ BEGIN
     -- and item n's id is the n-th smallest.
     RETURN QUERY
     WITH inserted AS (
-        INSERT INTO {{ t }} AS m (enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}payload)
+        INSERT INTO {{ t }} AS m (enqueued_at, due_at, visible_at, {% if has_priority %}priority, {% endif %}{% if groups %}group_key, group_head, {% endif %}payload)
         SELECT
             now_utc,
             coalesce(u.due_at, now_utc),
@@ -237,9 +262,13 @@ BEGIN
 {% if has_priority %}
             coalesce(u.priority, 0),
 {% endif %}
+{% if groups %}
+            u.group_key,
+            u.group_head,
+{% endif %}
             u.payload
-        FROM unnest(payloads, due_ats{% if has_priority %}, priorities{% endif %}) WITH ORDINALITY
-            AS u (payload, due_at, {% if has_priority %}priority, {% endif %}position)
+        FROM unnest(payloads, due_ats{% if has_priority %}, priorities{% endif %}{% if groups %}, group_keys, item_heads{% endif %}) WITH ORDINALITY
+            AS u (payload, due_at, {% if has_priority %}priority, {% endif %}{% if groups %}group_key, group_head, {% endif %}position)
         ORDER BY u.position
         RETURNING m.id
     )

@@ -18,9 +18,18 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     retry_after integer := coalesce({{ fn }}_fail.retry_after_seconds, 0);
     changed bigint;
+{% if groups %}
+    held_keys text[];
+    head_ids {{ id_type }}[];
+{% endif %}
 BEGIN
 {{ w.check_worker('fail') }}
 {{ w.check_retry_after('fail', 'retry_after') }}
+{% if groups %}
+    -- The message's group first (the fixed lock order): a last attempt buries its in-flight message
+    -- and moves its head. A retry keeps it in flight, the head of its group.
+{{ grp.lock_groups_of('ARRAY[' ~ fn ~ '_fail.id]', 'held_keys') }}
+{% endif %}
 
     UPDATE {{ t }} AS m
     SET
@@ -40,6 +49,10 @@ BEGIN
 {{ w.bury(w.lease_guard('fail'), "g.attempts", "left(" ~ fn ~ "_fail.error, 4000)", "g.leased_by", "changed") }}
     IF changed = 0 THEN
 {{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_fail.id') }}
+{% if groups %}
+    ELSIF cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
+{% endif %}
     END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
 END;

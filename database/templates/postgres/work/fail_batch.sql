@@ -21,6 +21,10 @@ DECLARE
     distinct_count bigint;
     retried_ids {{ id_type }}[];
     buried_ids {{ id_type }}[];
+{% if groups %}
+    held_keys text[];
+    head_ids {{ id_type }}[];
+{% endif %}
 BEGIN
 {{ w.check_worker('fail_batch') }}
 {{ m.check_read_committed('fail_batch') }}
@@ -29,6 +33,10 @@ BEGIN
     IF cardinality(sorted_ids) IS NULL THEN
         RETURN;
     END IF;
+{% if groups %}
+    -- Their groups first, in key order (the fixed lock order).
+{{ grp.lock_groups_of('sorted_ids', 'held_keys') }}
+{% endif %}
 
     -- One statement: the queue rows (locked in id order), then the dead-letter table (fail's order).
 {{ w.held_cte('fail_batch') }},
@@ -61,6 +69,11 @@ BEGIN
     IF coalesce(cardinality(retried_ids), 0) + coalesce(cardinality(buried_ids), 0) < cardinality(sorted_ids) THEN
 {{ w.lost_under_snapshot('m.id = ANY(sorted_ids)') }}
     END IF;
+{% if groups %}
+    IF cardinality(buried_ids) > 0 AND cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
+    END IF;
+{% endif %}
     RETURN QUERY
     SELECT
         u.id,

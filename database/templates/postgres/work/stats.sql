@@ -62,11 +62,19 @@ BEGIN
     SELECT count(*) INTO delayed_count FROM (
         SELECT 1 FROM {{ t }} AS m WHERE m.visible_at > now_utc AND m.leased_by IS NULL LIMIT exact_limit + 1
     ) AS counted;
+{% if groups %}
+    -- The oldest of either claim index (the ungrouped one is partial): no index orders them all.
+    oldest_ready := least(
+        (SELECT m.visible_at FROM {{ t }} AS m WHERE m.group_key IS NULL AND m.visible_at <= now_utc ORDER BY m.visible_at, m.{{ tie }} LIMIT 1),
+        (SELECT m.visible_at FROM {{ t }} AS m WHERE m.group_head AND m.visible_at <= now_utc ORDER BY m.visible_at, m.{{ tie }} LIMIT 1)
+    );
+{% else %}
     SELECT m.visible_at INTO oldest_ready
     FROM {{ t }} AS m
     WHERE m.visible_at <= now_utc
     ORDER BY m.visible_at, m.{{ tie }}
     LIMIT 1;
+{% endif %}
 {% endif %}
     SELECT count(*) INTO in_flight_count FROM (
         SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1

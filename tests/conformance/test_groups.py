@@ -1,0 +1,259 @@
+"""Conformance: message groups (option groups on fifo and work; DESIGN.md §3b, docs/queue-kinds.md).
+
+Engine-agnostic: every test runs once per configured engine and talks to the queue through
+tablequeue.client only. A group's messages are handed out one at a time in enqueue order; different
+groups and messages without a group are served beside them; a dead message unblocks its group.
+An engine whose templates do not render groups yet (tablequeue.render.GROUPS_RENDERED) is skipped,
+by name, so that the count of what did not run says so.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any, Callable
+
+import pytest
+
+from tablequeue.client import QueueClient
+from tablequeue.render import GROUPS_RENDERED
+
+from test_work import Env, deploy, ids, raises_queue_error, server_now  # noqa: F401 - deploy is a fixture
+
+# The time a call that must not wait gets: far below LOCK_TIMEOUT_SECONDS, far above a call's cost.
+NO_WAIT_MS = 2000
+
+
+def grouped(kind: str, **options: Any) -> dict[str, Any]:
+    return {"name": "q", "kind": kind, "payload": "json", "options": {"groups": True, **options}}
+
+
+@pytest.fixture
+def grouped_deploy(deploy: Callable[..., Env]) -> Callable[..., Env]:
+    def _deploy(kind: str, **options: Any) -> Env:
+        env = deploy(grouped(kind, **options))
+        if (env.dialect, kind) not in GROUPS_RENDERED:
+            pytest.skip(f"the {env.dialect} templates of kind {kind} do not render message groups yet")
+        return env
+    return _deploy
+
+
+def no_wait(client: QueueClient) -> None:
+    """Make the client's next calls fail fast instead of waiting on a lock (they must not wait)."""
+    if client.dialect == "postgres":
+        client.conn.execute(f"SET lock_timeout = '{NO_WAIT_MS}ms'")
+    else:
+        client.conn.execute(f"SET LOCK_TIMEOUT {NO_WAIT_MS}")
+
+
+def keys(rows: list[dict]) -> list[Any]:
+    return [row["group_key"] for row in rows]
+
+
+# --- both kinds ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_dequeue_returns_the_group_key_and_a_batch_holds_one_message_per_group(grouped_deploy, kind) -> None:
+    client = grouped_deploy(kind).client()
+    sent = [client.enqueue({"n": n}, group_key=group) for n, group in
+            enumerate(["a", "a", None, "b", "a", None, "b"])]
+
+    batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
+
+    # The oldest message of each group, and every message without a group.
+    assert sorted(ids(batch)) == sorted(ids([sent[0], sent[2], sent[3], sent[5]]))
+    assert sorted(keys(batch), key=str) == sorted(["a", None, "b", None], key=str)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_a_group_is_handed_out_in_enqueue_order_one_message_at_a_time(grouped_deploy, kind) -> None:
+    client = grouped_deploy(kind).client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(4)])
+    b = ids(client.enqueue_batch([{"payload": {"n": n}, "group_key": "b"} for n in range(4)]))
+
+    order: dict[str, list[Any]] = {"a": [], "b": []}
+    for _ in range(4):
+        batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
+        assert sorted(keys(batch)) == ["a", "b"]
+        for row in batch:
+            order[row["group_key"]].append(row["id"])
+            if kind == "work":
+                assert client.complete(row["id"], "w", row["lease_token"])
+    assert order == {"a": a, "b": b}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_a_group_key_over_200_characters_is_refused(grouped_deploy, kind) -> None:
+    client = grouped_deploy(kind).client()
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue({"n": 1}, group_key="k" * 201)
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue_batch([{"payload": {"n": 1}, "group_key": "k"}, {"payload": {"n": 2}, "group_key": "k" * 201}])
+    assert client.enqueue({"n": 3}, group_key="k" * 200)["id"] is not None
+
+
+# --- fifo: the consumer's transaction holds the group ----------------------------------------------
+
+def test_fifo_a_group_is_held_until_the_dequeuing_transaction_ends_and_a_rollback_gives_it_back(
+        grouped_deploy) -> None:
+    env = grouped_deploy("fifo")
+    producer, other = env.client(), env.client()
+    holder = env.client(autocommit=False)
+    a = ids([producer.enqueue({"n": n}, group_key="a") for n in range(3)])
+    b = producer.enqueue({"n": 0}, group_key="b")["id"]
+
+    assert ids(holder.dequeue()) == [a[0]]
+    # Another consumer steps over the held group without waiting, to the other group.
+    no_wait(other)
+    assert ids(other.dequeue(batch_size=10)) == [b]
+    assert other.dequeue(batch_size=10) == []
+    # A producer adds to the held group without waiting.
+    no_wait(producer)
+    a.append(producer.enqueue({"n": 3}, group_key="a")["id"])
+
+    holder.conn.rollback()
+    # Each autocommitted dequeue held the group until it returned: one message of it each time.
+    assert [ids(other.dequeue(batch_size=10)) for _ in range(5)] == [[a[0]], [a[1]], [a[2]], [a[3]], []]
+
+
+def test_fifo_purge_leaves_a_held_group_and_the_group_goes_on_after_it(grouped_deploy) -> None:
+    env = grouped_deploy("fifo")
+    admin = env.client()
+    holder = env.client(autocommit=False)
+    a = ids([admin.enqueue({"n": n}, group_key="a") for n in range(3)])
+    b = ids([admin.enqueue({"n": n}, group_key="b") for n in range(2)])
+    loose = admin.enqueue({"n": 9})["id"]
+
+    assert ids(holder.dequeue()) == [a[0]]
+    no_wait(admin)
+    assert admin.purge() == len(b) + 1   # b's messages and the one without a group
+    holder.conn.commit()
+    assert ids(admin.dequeue(batch_size=10)) == [a[1]]
+    assert ids(admin.dequeue(batch_size=10)) == [a[2]]
+    assert admin.dequeue(batch_size=10) == [] and loose not in a
+
+
+# --- work: leased, retrying and not-yet-due heads hold their group ---------------------------------
+
+def test_work_a_head_waiting_for_its_retry_holds_its_group(grouped_deploy) -> None:
+    client = grouped_deploy("work").client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(3)])
+    b = client.enqueue({"n": 0}, group_key="b")["id"]
+
+    first = client.dequeue(worker="w")
+    assert ids(first) == [a[0]]
+    assert client.fail(a[0], "w", "boom", retry_after_seconds=3600, lease_token=first[0]["lease_token"]) == "retrying"
+    assert ids(client.dequeue(batch_size=10, worker="w")) == [b]
+    assert client.dequeue(batch_size=10, worker="w2") == []
+
+
+def test_work_a_head_not_yet_due_holds_its_group(grouped_deploy) -> None:
+    client = grouped_deploy("work").client()
+    later = server_now(client) + timedelta(hours=1)
+    delayed = client.enqueue({"n": 0}, group_key="a", due_at=later)["id"]
+    client.enqueue({"n": 1}, group_key="a")
+    assert client.dequeue(batch_size=10, worker="w") == []
+    assert delayed is not None
+
+
+def test_work_the_head_comes_back_after_a_release_and_the_group_moves_on_when_it_is_dead(grouped_deploy) -> None:
+    client = grouped_deploy("work", max_attempts=2).client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(3)])
+    b = client.enqueue({"n": 0}, group_key="b")["id"]
+
+    first = client.dequeue(batch_size=10, worker="w")
+    assert sorted(ids(first)) == sorted([a[0], b])
+    lease = {row["id"]: row["lease_token"] for row in first}
+    assert client.release(a[0], "w", lease[a[0]]) is True
+    again = client.dequeue(batch_size=10, worker="w2")
+    assert ids(again) == [a[0]]   # released: the same message, not the next one of its group
+    assert client.fail(a[0], "w2", "boom", retry_after_seconds=0, lease_token=again[0]["lease_token"]) == "retrying"
+    last = client.dequeue(batch_size=10, worker="w3")
+    assert ids(last) == [a[0]] and last[0]["attempts"] == 2
+    assert client.fail(a[0], "w3", "boom", lease_token=last[0]["lease_token"]) == "dead"
+
+    # Dead: its group goes on with the next message.
+    assert ids(client.dequeue(batch_size=10, worker="w4")) == [a[1]]
+    assert [row["id"] for row in client.dead_list()] == [a[0]]
+
+
+def test_work_a_dead_message_requeued_rejoins_its_group_in_id_order(grouped_deploy) -> None:
+    client = grouped_deploy("work", max_attempts=1).client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(3)])
+    first = client.dequeue(worker="w")
+    assert client.fail(a[0], "w", "boom", lease_token=first[0]["lease_token"]) == "dead"
+    second = client.dequeue(worker="w2")
+    assert ids(second) == [a[1]]
+
+    assert client.dead_requeue(a[0]) is True
+    # a[1] is in flight: the group waits for it, then serves a[0] (the lower id) before a[2].
+    assert client.dequeue(batch_size=10, worker="w3") == []
+    assert client.complete(a[1], "w2", second[0]["lease_token"])
+    order = []
+    for worker in ("w4", "w5"):
+        row = client.dequeue(batch_size=10, worker=worker)
+        assert len(row) == 1 and row[0]["group_key"] == "a"
+        order.append(row[0]["id"])
+        assert client.complete(row[0]["id"], worker, row[0]["lease_token"])
+    assert order == [a[0], a[2]]
+
+
+def test_work_complete_batch_moves_every_group_on(grouped_deploy) -> None:
+    client = grouped_deploy("work").client()
+    sent = {group: ids([client.enqueue({"n": n}, group_key=group) for n in range(2)]) for group in "abc"}
+    first = client.dequeue(batch_size=10, worker="w")
+    assert sorted(ids(first)) == sorted(sent[g][0] for g in "abc")
+
+    done = client.complete_batch([{"id": r["id"], "lease_token": r["lease_token"]} for r in first], "w")
+    assert all(row["completed"] for row in done)
+    assert sorted(ids(client.dequeue(batch_size=10, worker="w2"))) == sorted(sent[g][1] for g in "abc")
+
+
+def test_work_complete_next_hands_out_the_next_message_of_the_same_group(grouped_deploy) -> None:
+    client = grouped_deploy("work").client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(2)])
+    first = client.dequeue(worker="w")
+    completed, rows = client.complete_next(a[0], "w", first[0]["lease_token"])
+    assert completed and ids(rows) == [a[1]] and rows[0]["group_key"] == "a"
+
+
+def test_work_a_producer_does_not_wait_for_a_consumer_completing_in_the_same_group(grouped_deploy) -> None:
+    env = grouped_deploy("work")
+    producer, consumer = env.client(), env.client(autocommit=False)
+    a = producer.enqueue({"n": 0}, group_key="a")["id"]
+    leased = consumer.dequeue(worker="w")
+    consumer.conn.commit()
+    assert consumer.complete(a, "w", leased[0]["lease_token"])   # its open transaction holds the group
+
+    no_wait(producer)
+    later = producer.enqueue({"n": 1}, group_key="a")["id"]
+    consumer.conn.commit()
+    assert ids(consumer.dequeue(batch_size=10, worker="w2")) == [later]
+    consumer.conn.commit()
+
+
+@pytest.mark.parametrize("kind,option", [("fifo", "dedupe"), ("work", "dedupe"), ("work", "client_ids")])
+def test_a_batch_whose_first_item_of_a_group_is_a_duplicate_still_leads_to_that_group(grouped_deploy, kind,
+                                                                                       option) -> None:
+    client = grouped_deploy(kind, **{option: True}).client()
+    same = {"dedupe_key": "k"} if option == "dedupe" else {"id": str(uuid.uuid4())}
+    queued = client.enqueue({"n": 0}, group_key="a", **same)["id"]
+    rows = client.enqueue_batch([{"payload": {"n": 1}, "group_key": "b", **same},
+                                 {"payload": {"n": 2}, "group_key": "b"},
+                                 {"payload": {"n": 3}, "group_key": "b"}])
+    assert rows[0]["id"] == queued and rows[0]["duplicate"]
+
+    batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
+    assert sorted(map(str, ids(batch))) == sorted(map(str, [queued, rows[1]["id"]]))
+
+
+def test_work_a_head_whose_last_lease_expired_goes_dead_and_the_same_dequeue_moves_its_group_on(
+        grouped_deploy) -> None:
+    client = grouped_deploy("work", max_attempts=1).client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(2)])
+    assert ids(client.dequeue(worker="w1", lease_seconds=1)) == [a[0]]
+    time.sleep(1.2)   # the lease expires: its one attempt is spent
+
+    assert ids(client.dequeue(batch_size=10, worker="w2")) == [a[1]]
+    dead = client.dead_list()
+    assert [row["id"] for row in dead] == [a[0]] and dead[0]["last_error"] == "lease expired"

@@ -400,21 +400,18 @@ def test_a_claim_needs_readpast_unless_it_is_the_strict_delete() -> None:
 
 # Each claim and probe names its index (docs/queue-kinds.md, "Plans at depth"): the pin removed, or
 # made to disagree with its index, in a real rendered procedure.
+NO_INDEX = ("a {what} of queue.{queue} without INDEX (ix): a plan compiled on an empty queue may scan it at depth; "
+            "name the index whose key is its WHERE and ORDER BY")
 PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, new), the violation)
     "a claim without its hints": (
         "emails.sql", "emails_dequeue", "INDEX ([ix_emails_claim])",
-        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""),
-        "a claim of queue.emails without INDEX (ix): a plan compiled on an empty queue may scan it at depth; name the "
-        "index whose key is its WHERE and ORDER BY"),
+        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""), NO_INDEX.format(what="claim", queue="emails")),
     "a wait probe without its hints": (
         "emails.sql", "emails_wait", "INDEX ([ix_emails_claim])",
-        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""),
-        "a probe of queue.emails without INDEX (ix): a plan compiled on an empty queue may scan it at depth; name the "
-        "index whose key is its WHERE and ORDER BY"),
+        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""), NO_INDEX.format(what="probe", queue="emails")),
     "a strict FIFO claim without its hint": (
         "ledger.sql", "ledger_dequeue", "INDEX ([pk_ledger])", ("INDEX ([pk_ledger]), ", ""),
-        "a claim of queue.ledger without INDEX (ix): a plan compiled on an empty queue may scan it at depth; name the "
-        "index whose key is its WHERE and ORDER BY"),
+        NO_INDEX.format(what="claim", queue="ledger")),
     "a range seek without FORCESEEK": (
         "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])", ("FORCESEEK, ", ""),
         "a claim that compares due_at, the first key column of pk_reminders, without FORCESEEK: a plan compiled on an "
@@ -472,8 +469,7 @@ def test_a_claim_that_cannot_carry_an_index_hint_is_refused() -> None:
     seeded = seed(text, "events_dequeue", lambda batch: seeded_batch)
     line = text[:text.index(cte)].count("\n") + cte[:start].count("\n") + 2
     assert violations(seeded, "claim-pin", file) == [
-        f"{file}:{line}: claim-pin: a claim of queue.events without INDEX (ix): a plan compiled on an empty queue may "
-        "scan it at depth; name the index whose key is its WHERE and ORDER BY (procedure [queue].[events_dequeue])"]
+        f"{file}:{line}: claim-pin: {NO_INDEX.format(what='claim', queue='events')} (procedure [queue].[events_dequeue])"]
 
 
 def test_a_procedure_touching_dead_before_queue_is_refused() -> None:

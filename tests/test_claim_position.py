@@ -12,12 +12,12 @@ sees (order, nothing lost or handed out twice) is in tests/conformance.
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 import pytest
 
 from tablequeue.client import QueueClient
+from pg_buffers import buffers_of, buffers_of_dequeues, start_explaining, stop_explaining
 
 pytestmark = pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
 
@@ -42,47 +42,6 @@ def consume(client: QueueClient, count: int) -> None:
             for row in rows:
                 assert client.complete(row["id"], "w")
         done += len(rows)
-
-
-def buffers_of_dequeues(client: QueueClient, count: int) -> list[tuple[int, list[str]]]:
-    """For each of `count` back-to-back dequeues: the shared buffers (hit + read) of every statement
-    it runs, and their plans."""
-    notices: list[str] = []
-    conn = client.conn
-    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
-    for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
-                           ("auto_explain.log_buffers", "on"), ("auto_explain.log_timing", "off"),
-                           ("auto_explain.log_nested_statements", "on"), ("client_min_messages", "log")):
-        conn.execute(f"SET {setting} = {value}")
-    measured = []
-    try:
-        for _ in range(count):
-            notices.clear()
-            rows = client.dequeue(worker="w") if client.queue.kind == "work" else client.dequeue()
-            assert len(rows) == 1
-            measured.append(buffers_of(notices))
-            if client.queue.kind == "work":
-                # Finished, as in `consume`: a message left leased would be this worker's own message,
-                # claimed back first by the next dequeue, which is another path (the restart claim).
-                conn.execute("SET auto_explain.log_min_duration = -1")
-                assert client.complete(rows[0]["id"], "w")
-                conn.execute("SET auto_explain.log_min_duration = 0")
-    finally:
-        conn.execute("RESET client_min_messages")
-        conn.execute("SET auto_explain.log_min_duration = -1")
-    return measured
-
-
-def buffers_of(notices: list[str]) -> tuple[int, list[str]]:
-    # Not the caller's own statement (SELECT * FROM "s"."q_dequeue"(...)): it counts the others again.
-    inner = [n for n in notices if "Query Text:" in n
-             and not re.search(r'_dequeue"?\(', n.split("Query Text:", 1)[1][:200])]
-    total = 0
-    for plan in inner:
-        top = re.search(r"Buffers: shared((?: \w+=\d+)+)", plan)
-        if top:
-            total += sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", top.group(1)))
-    return total, inner
 
 
 @pytest.mark.parametrize("variant", KINDS)
@@ -211,26 +170,16 @@ def test_an_enqueue_due_at_the_transaction_start_does_not_send_consumers_back_to
 
 def buffers_of_wait_steps(conn: Any, schema: str, count: int) -> list[tuple[int, list[str]]]:
     """For each of `count` wait steps with nothing ready: the shared buffers its probe reads."""
-    notices: list[str] = []
-    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
-    for setting, value in (("auto_explain.log_min_duration", "0"), ("auto_explain.log_analyze", "on"),
-                           ("auto_explain.log_buffers", "on"), ("auto_explain.log_timing", "off"),
-                           ("auto_explain.log_nested_statements", "on"), ("client_min_messages", "log")):
-        conn.execute(f"SET {setting} = {value}")
+    notices = start_explaining(conn)
     measured = []
     try:
         for _ in range(count):
             notices.clear()
             ready = conn.execute(f'SELECT "{schema}"."q_wait_step"(0, clock_timestamp())').fetchone()[0]
             assert ready is None      # nothing ready, and wait_ms 0 is up at once
-            inner = [n for n in notices if "Query Text:" in n
-                     and not re.search(r'_wait_step"?\(', n.split("Query Text:", 1)[1][:200])]
-            total = sum(sum(int(v) for v in re.findall(r"(?:hit|read)=(\d+)", top.group(1)))
-                        for top in (re.search(r"Buffers: shared((?: \w+=\d+)+)", plan) for plan in inner) if top)
-            measured.append((total, inner))
+            measured.append(buffers_of(notices, "wait_step"))
     finally:
-        conn.execute("RESET client_min_messages")
-        conn.execute("SET auto_explain.log_min_duration = -1")
+        stop_explaining(conn)
     return measured
 
 

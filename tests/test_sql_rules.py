@@ -22,7 +22,8 @@ from tablequeue.tsqltree import child, descendants, parse_batch
 from tsql_renders import CATALOGS, MATRIX, REPO, report
 
 RULES = ["readpast", "nolock", "transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap",
-         "transient-retry", "bury-guard", "select-star", "dynamic-sql", "abs-checksum", "options", "grants"]
+         "transient-retry", "bury-guard", "select-star", "dynamic-sql", "abs-checksum", "options", "grants",
+         "claim-pin"]
 TOOL_MODULES = sorted((REPO / "tools" / "tablequeue").glob("*.py")) + sorted((REPO / "pipelines").glob("*.py"))
 
 
@@ -70,6 +71,13 @@ ACCEPTED = """\
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
+CREATE TABLE [s].[q] (
+    id bigint NOT NULL,
+    priority int NOT NULL,
+    CONSTRAINT [pk_q] PRIMARY KEY CLUSTERED (id)
+);
+CREATE NONCLUSTERED INDEX [ix_q_claim] ON [s].[q] (priority DESC, id);
+GO
 CREATE OR ALTER PROCEDURE [s].[q_take]
     @batch_size int = 1,
     @items [s].[q_items] READONLY
@@ -97,13 +105,14 @@ BEGIN
             END;
         WITH head AS (
             SELECT TOP (@batch_size) m.id
-            FROM [s].[q] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+            FROM [s].[q] AS m WITH (INDEX ([pk_q]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
             ORDER BY m.id
         )
         DELETE FROM head
         OUTPUT DELETED.id INTO [s].[q_history] (id);
         SET @priority = (
-            SELECT TOP (1) m.priority FROM [s].[q] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            SELECT TOP (1) m.priority FROM [s].[q] AS m WITH (INDEX ([ix_q_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            WHERE m.priority < @priority
             ORDER BY m.priority DESC
         );
         SELECT @key_holder = m.id FROM [s].[q] AS m WITH (UPDLOCK, HOLDLOCK) WHERE m.id = 0;
@@ -131,7 +140,13 @@ BEGIN
         THROW 51003, N's.q_process: cannot run inside an open transaction.', 1;
     SET XACT_ABORT ON;
     BEGIN TRANSACTION;
-    DELETE TOP (1) FROM [s].[q] WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+    WITH head AS (
+        SELECT TOP (1) m.id
+        FROM [s].[q] AS m WITH (INDEX ([ix_q_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+        WHERE m.priority = 1
+        ORDER BY m.id
+    )
+    DELETE FROM head
     OUTPUT DELETED.id INTO [s].[q_dead] (id);
     COMMIT TRANSACTION;
     BEGIN TRANSACTION;
@@ -228,7 +243,8 @@ PROBE_DEFECTS = {   # rule: (the probe's hints, the violation)
 
 # The priority probe of a claim (a loose index scan: which level to claim from next) skips locked
 # rows and takes none it keeps: ROWLOCK so that READPAST skips row locks reliably, never UPDLOCK.
-PRIORITY_PROBE = re.compile(r"(SELECT TOP \(1\) m\.priority\s+FROM \[queue\]\.\[thumbnails\] AS m WITH \()[^)]*\)")
+PRIORITY_PROBE = re.compile(r"(SELECT TOP \(1\) m\.priority\s+FROM \[queue\]\.\[thumbnails\] AS m WITH \()"
+                            r"(?:[^()]|\([^()]*\))*\)")
 
 
 def test_the_priority_probe_reads_past_with_row_locks_and_never_updlock() -> None:
@@ -367,19 +383,93 @@ def test_nocount_must_come_first() -> None:
 
 def test_a_claim_needs_readpast_unless_it_is_the_strict_delete() -> None:
     file, text = golden("emails.sql")
-    claim = "WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)"
+    claim = "ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)"
     line = line_of(text, "emails_dequeue", claim)
-    seeded = seed(text, "emails_dequeue", replace(claim, "WITH (ROWLOCK, UPDLOCK, READCOMMITTEDLOCK)"))
+    seeded = seed(text, "emails_dequeue", replace(claim, "ROWLOCK, UPDLOCK, READCOMMITTEDLOCK)"))
     assert violations(seeded, "updlock", file, "emails_dequeue") == [
         f"{file}:{line}: updlock: a claim without READPAST is only the strict FIFO's CTE-then-DELETE "
         "(procedure [queue].[emails_dequeue])"]
-    seeded = seed(text, "emails_dequeue", replace(claim, "WITH (READPAST, UPDLOCK)"))
+    seeded = seed(text, "emails_dequeue", replace(claim, "READPAST, UPDLOCK)"))
     assert violations(seeded, "updlock", file, "emails_dequeue") == [
         f"{file}:{line}: updlock: a claim without ROWLOCK and READCOMMITTEDLOCK (procedure [queue].[emails_dequeue])"]
     # The real claims, the strict FIFO's and the key checks WITH (UPDLOCK, HOLDLOCK) are accepted.
     for name in ("emails.sql", "ledger.sql"):
         path, original = golden(name)
         assert [v for v in violations(original, "updlock", path) if "_dequeue]" in v or "_enqueue]" in v] == []
+
+
+# Each claim and probe names its index (docs/queue-kinds.md, "Plans at depth"): the pin removed, or
+# made to disagree with its index, in a real rendered procedure.
+NO_INDEX = ("a {what} of queue.{queue} without INDEX (ix): a plan compiled on an empty queue may scan it at depth; "
+            "name the index whose key is its WHERE and ORDER BY")
+PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, new), the violation)
+    "a claim without its hints": (
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_claim])",
+        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""), NO_INDEX.format(what="claim", queue="emails")),
+    "a wait probe without its hints": (
+        "emails.sql", "emails_wait", "INDEX ([ix_emails_claim])",
+        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""), NO_INDEX.format(what="probe", queue="emails")),
+    "a strict FIFO claim without its hint": (
+        "ledger.sql", "ledger_dequeue", "INDEX ([pk_ledger])", ("INDEX ([pk_ledger]), ", ""),
+        NO_INDEX.format(what="claim", queue="ledger")),
+    "a range seek without FORCESEEK": (
+        "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])", ("FORCESEEK, ", ""),
+        "a claim that compares due_at, the first key column of pk_reminders, without FORCESEEK: a plan compiled on an "
+        "empty queue may scan the index at depth"),
+    "the next priority level without FORCESEEK": (
+        "thumbnails.sql", "thumbnails_dequeue", "WHERE m.priority < @priority",
+        # The first such hint list of the procedure: the claim's has UPDLOCK, the first level's no FORCESEEK.
+        ("FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)", "ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
+        "a probe that compares priority, the first key column of ix_thumbnails_claim, without FORCESEEK: a plan "
+        "compiled on an empty queue may scan the index at depth"),
+    "FORCESEEK with nothing to seek on": (
+        "orders.sql", "orders_dequeue", "INDEX ([pk_orders])", ("INDEX ([pk_orders]), ", "INDEX ([pk_orders]), FORCESEEK, "),
+        "FORCESEEK on a claim that does not compare id, the first key column of pk_orders: no seek plan exists (8622)"),
+    "an index the file does not create": (
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_claim])", ("[ix_emails_claim]", "[ix_emails_visible]"),
+        "INDEX (ix_emails_visible) names no index created on queue.emails"),
+    "an index whose key is not the ORDER BY": (
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_claim])", ("INDEX ([ix_emails_claim]), FORCESEEK", "INDEX ([pk_emails])"),
+        "INDEX (pk_emails): its key (id) is not, after the =-compared columns, the ORDER BY visible_at, id in one "
+        "direction: a sort of every matching row"),
+    "an ORDER BY the index does not serve": (
+        "undo.sql", "undo_dequeue", "INDEX ([pk_undo])", ("ORDER BY m.id DESC", "ORDER BY m.enqueued_at DESC"),
+        "INDEX (pk_undo): its key (id) is not, after the =-compared columns, the ORDER BY enqueued_at DESC in one "
+        "direction: a sort of every matching row"),
+    "a filtered index whose filter the claim does not repeat": (
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease])",
+        ("m.leased_by = @worker AND m.leased_by IS NOT NULL", "m.leased_by = @worker"),
+        "INDEX (ix_emails_lease): its key (leased_by, visible_at, id) is filtered (WHERE LEASED_BY IS NOT NULL) and "
+        "the claim does not repeat LEASED_BY IS NOT NULL: the optimizer cannot use the index (8622)"),
+}
+
+
+@pytest.mark.parametrize("defect", PIN_DEFECTS)
+def test_a_claim_or_probe_without_its_pin_is_refused(defect: str) -> None:
+    name, procedure, anchor, (old, new), message = PIN_DEFECTS[defect]
+    file, text = golden(name)
+    assert violations(text, "claim-pin", file) == []
+    seeded = seed(text, procedure, replace(old, new))
+    line = line_of(text, procedure, anchor)
+    if anchor.startswith("WHERE"):          # the hint list is on the line above its WHERE
+        line -= 1
+    assert violations(seeded, "claim-pin", file) == [
+        f"{file}:{line}: claim-pin: {message} (procedure [queue].[{procedure}])"]
+
+
+def test_a_claim_that_cannot_carry_an_index_hint_is_refused() -> None:
+    """DELETE TOP (n) FROM t WITH (...): the target of a DELETE takes only the limited table hints."""
+    file, text = golden("events.sql")
+    cte = procedure_batch(text, "events_dequeue")
+    start = cte.index("    WITH next_messages AS (")
+    end = cte.index("    DELETE FROM next_messages\n") + len("    DELETE FROM next_messages\n")
+    delete_top = ("    DELETE TOP (@batch_size)\n"
+                  "    FROM [queue].[events] WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)\n")
+    seeded_batch = cte[:start] + delete_top + "\n" * (cte[start:end].count("\n") - 2) + cte[end:]
+    seeded = seed(text, "events_dequeue", lambda batch: seeded_batch)
+    line = text[:text.index(cte)].count("\n") + cte[:start].count("\n") + 2
+    assert violations(seeded, "claim-pin", file) == [
+        f"{file}:{line}: claim-pin: {NO_INDEX.format(what='claim', queue='events')} (procedure [queue].[events_dequeue])"]
 
 
 def test_a_procedure_touching_dead_before_queue_is_refused() -> None:

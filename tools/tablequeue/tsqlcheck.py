@@ -854,6 +854,8 @@ class BatchAnalysis:
     violations: tuple[Violation, ...]
     claims: tuple[Claim, ...]
     error: Finding | None
+    reads: tuple[tsqlrules.PinnedRead, ...] = ()
+    indexes: tuple[tsqlrules.IndexKey, ...] = ()
 
 
 def analyse_batch(item: tuple[str, int, str]) -> BatchAnalysis:
@@ -863,8 +865,8 @@ def analyse_batch(item: tuple[str, int, str]) -> BatchAnalysis:
     except TsqlParseError as exc:
         return BatchAnalysis(None, (), (), Finding(file, first_line + exc.line - 1, str(exc).split(": ", 1)[1]))
     model = m.extract(tree, file, first_line, parse=parse_batch)
-    violations, claims = tsqlrules.check_batch(tree, file, first_line)
-    return BatchAnalysis(model, tuple(violations), tuple(claims), None)
+    violations, claims, reads, indexes = tsqlrules.check_batch(tree, file, first_line)
+    return BatchAnalysis(model, tuple(violations), tuple(claims), None, tuple(reads), tuple(indexes))
 
 
 _ANALYSES: dict[tuple[str, int, str], BatchAnalysis] = {}
@@ -939,6 +941,8 @@ def check_sources(sources: list[tuple[str, str]], python: Iterable[Path] = ()) -
     violations = [v for b in batches for v in b.violations if not _in_test_class(v, catalog)]
     for file_models in by_file.values():
         violations.extend(tsqlrules.check_file(file_models, catalog.test_classes))
+    pins = tsqlrules.check_pins([r for b in batches for r in b.reads], [i for b in batches for i in b.indexes])
+    violations.extend(v for v in pins if not _in_test_class(v, catalog))
     violations.extend(tsqlrules.check_python(python))
     return Report(len(sources) + len(python), batches, catalog, findings, violations, skipped, signatures, resolved)
 

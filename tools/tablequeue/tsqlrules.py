@@ -52,6 +52,13 @@ select-star         no SELECT * in a procedure: its result columns are the contr
 dynamic-sql         EXEC (...) runs one string literal only; no sp_executesql
 abs-checksum        no ABS(CHECKSUM(...)): CHECKSUM returns -2147483648 one time in 2^32, whose ABS
                     overflows (8115); take the remainder first, ABS(CHECKSUM(...) % n)
+claim-pin           every claim (a claim's hinted read with UPDLOCK) and every probe (a read WITH (ROWLOCK,
+                    READPAST, READCOMMITTEDLOCK) outside a claim: wait's, the priority walk's) names its
+                    index, INDEX (ix), an index or key the SQL creates on that table, whose key is the
+                    read's =-compared columns, then its ORDER BY in one direction (or its range column);
+                    a filtered index's filter is repeated in the read's WHERE; FORCESEEK when the WHERE
+                    compares the key's first column, never without (no seek plan: 8622). A plan compiled
+                    on an empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
 options             a file sets ANSI_NULLS ON and QUOTED_IDENTIFIER ON before it creates anything
 grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once
 
@@ -60,6 +67,7 @@ A table here is a schema-qualified name: table variables, #temp tables and CTEs 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -98,6 +106,34 @@ class Claim:
     procedure: str
     table: str
     hints: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class IndexKey:
+    """An index or key constraint the SQL creates: what a claim's INDEX hint is matched against."""
+
+    file: str
+    table: str                              # folded schema.table
+    name: str                               # folded
+    columns: tuple[tuple[str, bool], ...]   # the key: (folded column, descending)
+    filter: tuple[str, ...]                 # a filtered index's WHERE conjuncts, normalised, aliases removed
+
+
+@dataclass(frozen=True)
+class PinnedRead:
+    """A claim or probe of a table: its pin (INDEX, FORCESEEK) and what its index has to serve."""
+
+    file: str
+    line: int
+    procedure: str
+    what: str                               # "claim" or "probe"
+    table: str                              # folded schema.table
+    indexes: tuple[str, ...]                # folded names in INDEX (...), none without the hint
+    forceseek: bool
+    equal: tuple[str, ...]                  # columns compared with = (column on the left)
+    ranged: tuple[str, ...]                 # columns compared with <, <=, >, >=
+    order: tuple[tuple[str, bool], ...]     # ORDER BY: (folded column, descending)
+    conditions: tuple[str, ...]             # every WHERE conjunct, normalised, aliases removed
 
 
 # ------------------------------------------------------------------------------------------------
@@ -634,7 +670,7 @@ PROCEDURE_RULES = (rule_transaction_guard, rule_xact_abort, rule_updlock, rule_t
                    rule_transient_retry, rule_bury_guard, rule_select_star)
 # The rules about a procedure's own work; tSQLt test procedures are exempt (they are not the contract).
 PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap", "transient-retry",
-                        "bury-guard", "select-star"}
+                        "bury-guard", "select-star", "claim-pin"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -684,9 +720,164 @@ def rule_abs_checksum(tree: BaseSegment, where) -> list[Violation]:
     return out
 
 
-def check_batch(tree: BaseSegment, file: str, first_line: int) -> tuple[list[Violation], list[Claim]]:
-    """Every rule on one parsed batch, and the claims it makes. Test-class procedures are included:
-    tsqlcheck leaves out their procedure rules (it knows the tSQLt classes of all files)."""
+# ------------------------------------------------------------------------------------------------
+# Pins: every claim and probe names the index its plan must seek on (checked once every batch is
+# read: the index is created in another batch, of the same file or, failing that, of another)
+
+
+PROBE_HINTS = {"ROWLOCK", "READPAST", "READCOMMITTEDLOCK"}
+_ALIAS = re.compile(r"\b\w+ \. ")      # normalised text spells m.col as "M . COL"
+_COMPARISON = re.compile(r"(\w+) (=|<=|<|>=|>) .+")
+
+
+def _table_name(reference: BaseSegment) -> str:
+    return ".".join(fold(p.raw) for p in code(reference) if kind(p) in m.IDENTIFIER_LEAVES)
+
+
+def _key_columns(segment: BaseSegment) -> tuple[tuple[str, bool], ...]:
+    return tuple((fold(next(i for i in code(c) if kind(i) in m.IDENTIFIER_LEAVES).raw), "DESC" in keywords(c))
+                 for c in descendants(segment, "index_column_definition"))
+
+
+def _conditions(where: BaseSegment | None) -> tuple[str, ...]:
+    expression = child(where, "expression") if where is not None else None
+    parts = conjuncts(expression) if expression is not None else []
+    return tuple(_ALIAS.sub("", p.text) for p in parts or [])
+
+
+def index_keys(tree: BaseSegment, file: str) -> list[IndexKey]:
+    """The indexes and key constraints (PRIMARY KEY, UNIQUE) a batch creates."""
+    out = []
+    for statement in descendants(tree, "create_index_statement"):
+        name = next(i for i in code(child(statement, "index_reference")) if kind(i) in m.IDENTIFIER_LEAVES)
+        out.append(IndexKey(file, _table_name(child(statement, "table_reference")), fold(name.raw),
+                            _key_columns(statement), _conditions(child(statement, "where_clause"))))
+    for statement in descendants(tree, "create_table_statement"):
+        table = _table_name(child(statement, "table_reference"))
+        for constraint in descendants(statement, "table_constraint"):
+            name = child(constraint, "object_reference")
+            if name is not None and {"PRIMARY", "UNIQUE"} & set(keywords(constraint)):
+                out.append(IndexKey(file, table, fold(name.raw), _key_columns(constraint), ()))
+    return out
+
+
+def _order(select: BaseSegment) -> tuple[tuple[str, bool], ...]:
+    clause = child(select, "orderby_clause")
+    order: list[list] = []
+    for c in code(clause) if clause is not None else []:
+        if kind(c) == "column_reference":
+            order.append([fold(code(c)[-1].raw), False])
+        elif kind(c) == "keyword" and c.raw.upper() == "DESC" and order:
+            order[-1][1] = True
+    return tuple((column, descending) for column, descending in order)
+
+
+def _pinned_read(procedure: Procedure, what: str, bracketed: BaseSegment, hints: list[str],
+                 reference: BaseSegment, select: BaseSegment | None) -> PinnedRead:
+    indexes = tuple(fold(r.raw) for q in children(bracketed, "query_hint_segment") if keywords(q)[:1] == ["INDEX"]
+                    for r in descendants(q, "index_reference"))
+    conditions = _conditions(child(select, "where_clause")) if select is not None else ()
+    compared = [match.groups() for match in map(_COMPARISON.fullmatch, conditions) if match]
+    return PinnedRead(procedure.file, procedure.line(bracketed), procedure.name, what, _table_name(reference),
+                      indexes, "FORCESEEK" in hints, tuple(c.lower() for c, op in compared if op == "="),
+                      tuple(c.lower() for c, op in compared if op != "="),
+                      _order(select) if select is not None else (), conditions)
+
+
+def pinned_reads(procedure: Procedure) -> list[PinnedRead]:
+    """The claims (claims() whose hints take UPDLOCK: a purge's chunk is not one) and the probes of
+    a procedure."""
+    claimed = {id(bracketed): hints for bracketed, hints, _, _ in claims(procedure)}
+    out = []
+    for select in descendants(procedure.segment, "select_statement"):
+        from_clause = child(select, "from_clause")
+        for element in descendants(from_clause, "from_expression_element", stop=("select_statement",)) \
+                if from_clause is not None else []:
+            reference = next(descendants(element, "table_reference", stop=("select_statement",)), None)
+            for bracketed, hints in hint_lists(element, nested=False):
+                if id(bracketed) in claimed:
+                    what = "claim" if "UPDLOCK" in hints else None
+                else:
+                    what = "probe" if PROBE_HINTS <= set(hints) and "UPDLOCK" not in hints else None
+                if what is not None and reference is not None:
+                    out.append(_pinned_read(procedure, what, bracketed, hints, reference, select))
+    for delete in descendants(procedure.segment, "delete_statement"):     # DELETE TOP (n) FROM t WITH (...)
+        if "TOP" in keywords(delete):
+            for bracketed, hints in hint_lists(delete, nested=False):
+                if "UPDLOCK" in hints:
+                    out.append(_pinned_read(procedure, "claim", bracketed, hints, child(delete, "table_reference"),
+                                            None))
+    return out
+
+
+def _written(columns) -> str:
+    return ", ".join(f"{c}{' DESC' if d else ''}" for c, d in columns)
+
+
+def _key_mismatch(key: IndexKey, read: PinnedRead) -> str | None:
+    """Why the index cannot hand the read its rows in order with one seek, or None."""
+    columns = key.columns
+    equal = len(read.equal)
+    if {c for c, _ in columns[:equal]} != set(read.equal):
+        return f"does not start with the columns the {read.what} compares with = ({', '.join(read.equal)})"
+    rest = columns[equal:]
+    if read.order:
+        head = rest[:len(read.order)]
+        if [c for c, _ in head] != [c for c, _ in read.order] or len(
+                {kd != od for (_, kd), (_, od) in zip(head, read.order)}) > 1:
+            return (f"is not, after the =-compared columns, the ORDER BY {_written(read.order)} in one direction: "
+                    "a sort of every matching row")
+    if read.ranged and (len(set(read.ranged)) > 1 or not rest or rest[0][0] != read.ranged[0]):
+        return (f"does not have the range column{'s' if len(set(read.ranged)) > 1 else ''} "
+                f"{', '.join(sorted(set(read.ranged)))} next after the =-compared columns: no range seek")
+    missing = [f for f in key.filter if f not in read.conditions]
+    if missing:
+        return (f"is filtered (WHERE {' AND '.join(key.filter)}) and the {read.what} does not repeat "
+                f"{' AND '.join(missing)}: the optimizer cannot use the index (8622)")
+    return None
+
+
+def check_pins(reads: Iterable[PinnedRead], indexes: Iterable[IndexKey]) -> list[Violation]:
+    """The claim-pin rule: each read's INDEX hint against the indexes created (by its own file when
+    that creates the index, or else by any)."""
+    indexes = list(indexes)
+    out = []
+    for read in reads:
+        def violation(message: str, read: PinnedRead = read) -> Violation:
+            return Violation(read.file, read.line, read.procedure, "claim-pin", message)
+
+        if len(read.indexes) != 1:
+            out.append(violation(f"a {read.what} of {read.table} without INDEX (ix): a plan compiled on an empty queue "
+                                 "may scan it at depth; name the index whose key is its WHERE and ORDER BY"
+                                 if not read.indexes else
+                                 f"a {read.what} of {read.table} names {len(read.indexes)} indexes in INDEX (...)"))
+            continue
+        name = read.indexes[0]
+        found = [i for i in indexes if i.table == read.table and i.name == name]
+        key = ([i for i in found if i.file == read.file] or found or [None])[-1]
+        if key is None:
+            out.append(violation(f"INDEX ({name}) names no index created on {read.table}"))
+            continue
+        mismatch = _key_mismatch(key, read)
+        if mismatch:
+            out.append(violation(f"INDEX ({name}): its key ({_written(key.columns)}) {mismatch}"))
+            continue
+        leading = key.columns[0][0] if key.columns else None
+        seekable = leading in read.equal or leading in read.ranged
+        if seekable and not read.forceseek:
+            out.append(violation(f"a {read.what} that compares {leading}, the first key column of {name}, without "
+                                 "FORCESEEK: a plan compiled on an empty queue may scan the index at depth"))
+        elif read.forceseek and not seekable:
+            out.append(violation(f"FORCESEEK on a {read.what} that does not compare {leading}, the first key column "
+                                 f"of {name}: no seek plan exists (8622)"))
+    return out
+
+
+def check_batch(tree: BaseSegment, file: str, first_line: int
+                ) -> tuple[list[Violation], list[Claim], list[PinnedRead], list[IndexKey]]:
+    """Every rule on one parsed batch, the claims it makes, its claims' and probes' pins and the
+    indexes it creates (the claim-pin rule runs per file: check_pins). Test-class procedures are
+    included: tsqlcheck leaves out their procedure rules (it knows the tSQLt classes of all files)."""
     found = procedures(tree, file, first_line)
 
     def where(segment: BaseSegment, rule: str, message: str) -> Violation:
@@ -698,12 +889,14 @@ def check_batch(tree: BaseSegment, file: str, first_line: int) -> tuple[list[Vio
     violations = (rule_readpast(tree, where) + rule_nolock(tree, where) + rule_dynamic_sql(tree, where)
                   + rule_abs_checksum(tree, where))
     found_claims = []
+    reads = []
     for procedure in found:
         for rule in PROCEDURE_RULES:
             violations.extend(rule(procedure))
         for bracketed, hints, table, _ in claims(procedure):
             found_claims.append(Claim(file, procedure.line(bracketed), procedure.name, table, tuple(hints)))
-    return violations, found_claims
+        reads.extend(pinned_reads(procedure))
+    return violations, found_claims, reads, index_keys(tree, file)
 
 
 # ------------------------------------------------------------------------------------------------

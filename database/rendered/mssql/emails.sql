@@ -522,7 +522,7 @@ BEGIN
                 m.leased_at,
                 m.lease_token,
                 m.payload
-            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
             ORDER BY m.visible_at, m.id
         )
@@ -604,7 +604,7 @@ BEGIN
                         m.leased_at,
                         m.lease_token,
                         m.payload
-                    FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE m.visible_at <= @now
                     ORDER BY m.visible_at, m.id
                 )
@@ -1375,7 +1375,7 @@ BEGIN
                 m.leased_at,
                 m.lease_token,
                 m.payload
-            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.leased_by = @worker AND m.leased_by IS NOT NULL
             ORDER BY m.visible_at, m.id
         )
@@ -1457,7 +1457,7 @@ BEGIN
                         m.leased_at,
                         m.lease_token,
                         m.payload
-                    FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE m.visible_at <= @now
                     ORDER BY m.visible_at, m.id
                 )
@@ -1588,7 +1588,7 @@ BEGIN
     WHILE 1 = 1
         BEGIN
             SELECT TOP (1) @ready = 1
-            FROM [queue].[emails] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.visible_at <= SYSUTCDATETIME();
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;

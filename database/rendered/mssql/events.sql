@@ -194,10 +194,18 @@ BEGIN
         enqueued_at datetime2(7) NOT NULL
     );
 
-    -- A heap promises no order: DELETE TOP takes the first unlocked rows the clustered index
-    -- offers, with no sort. READCOMMITTEDLOCK keeps the hints locking under READ_COMMITTED_SNAPSHOT.
-    DELETE TOP (@batch_size)
-    FROM [queue].[events] WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+    -- A heap promises no order: the first unlocked rows the clustered index offers, with no sort.
+    -- A CTE rather than DELETE TOP, whose target takes no INDEX hint. READCOMMITTEDLOCK keeps the
+    -- hints locking under READ_COMMITTED_SNAPSHOT.
+    WITH next_messages AS (
+        SELECT TOP (@batch_size)
+            m.id,
+            m.payload,
+            m.enqueued_at
+        FROM [queue].[events] AS m WITH (INDEX ([pk_events]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+    )
+
+    DELETE FROM next_messages
     OUTPUT DELETED.id, DELETED.payload, DELETED.enqueued_at
     INTO @claimed (id, payload, enqueued_at);
 
@@ -251,7 +259,7 @@ BEGIN
     WHILE 1 = 1
         BEGIN
             SELECT TOP (1) @ready = 1
-            FROM [queue].[events] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
+            FROM [queue].[events] WITH (INDEX ([pk_events]), ROWLOCK, READPAST, READCOMMITTEDLOCK); -- noqa: LT05
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';

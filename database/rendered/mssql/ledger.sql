@@ -202,7 +202,7 @@ BEGIN
             m.id,
             m.payload,
             m.enqueued_at
-        FROM [queue].[ledger] AS m WITH (ROWLOCK, UPDLOCK, READCOMMITTEDLOCK)
+        FROM [queue].[ledger] AS m WITH (INDEX ([pk_ledger]), ROWLOCK, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         ORDER BY m.id
     )
 
@@ -260,7 +260,7 @@ BEGIN
     WHILE 1 = 1
         BEGIN
             SELECT TOP (1) @ready = 1
-            FROM [queue].[ledger] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
+            FROM [queue].[ledger] WITH (INDEX ([pk_ledger]), ROWLOCK, READPAST, READCOMMITTEDLOCK); -- noqa: LT05
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';

@@ -315,7 +315,7 @@ BEGIN
             m.id,
             m.payload,
             m.enqueued_at
-        FROM [queue].[orders] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+        FROM [queue].[orders] AS m WITH (INDEX ([pk_orders]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         ORDER BY m.id
     )
 
@@ -373,7 +373,7 @@ BEGIN
     WHILE 1 = 1
         BEGIN
             SELECT TOP (1) @ready = 1
-            FROM [queue].[orders] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
+            FROM [queue].[orders] WITH (INDEX ([pk_orders]), ROWLOCK, READPAST, READCOMMITTEDLOCK); -- noqa: LT05
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';

@@ -321,7 +321,7 @@ BEGIN
             m.payload,
             m.due_at,
             m.enqueued_at
-        FROM [queue].[reminders] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+        FROM [queue].[reminders] AS m WITH (INDEX ([pk_reminders]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         WHERE m.due_at <= SYSUTCDATETIME()
         ORDER BY m.due_at, m.id
     )
@@ -381,7 +381,7 @@ BEGIN
     WHILE 1 = 1
         BEGIN
             SELECT TOP (1) @ready = 1
-            FROM [queue].[reminders] AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            FROM [queue].[reminders] AS m WITH (INDEX ([pk_reminders]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.due_at <= SYSUTCDATETIME();
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;

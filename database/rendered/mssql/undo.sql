@@ -200,7 +200,7 @@ BEGIN
             m.id,
             m.payload,
             m.enqueued_at
-        FROM [queue].[undo] AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK)
+        FROM [queue].[undo] AS m WITH (INDEX ([pk_undo]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         ORDER BY m.id DESC
     )
 
@@ -258,7 +258,7 @@ BEGIN
     WHILE 1 = 1
         BEGIN
             SELECT TOP (1) @ready = 1
-            FROM [queue].[undo] WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
+            FROM [queue].[undo] WITH (INDEX ([pk_undo]), ROWLOCK, READPAST, READCOMMITTEDLOCK); -- noqa: LT05
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';

@@ -10,7 +10,12 @@
 {% set dedupe = opt.dedupe %}
 {% set t = names.obj() %}
 {% set items = names.obj("_items") %}
-{% set claim_hints = 'ROWLOCK, UPDLOCK, READCOMMITTEDLOCK' if strict else 'ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK' %}
+{#- Every claim and probe reads the clustered index, whose key is the claim's ORDER BY (docs/queue-kinds.md,
+    "Plans at depth"); FORCESEEK where the claim has a predicate on that key (pending's due_at): without
+    one there is nothing to seek and FORCESEEK would find no plan (8622). -#}
+{% set pk = names.index('pk') %}
+{% set pin = 'INDEX (' ~ pk ~ '), FORCESEEK' if has_due else 'INDEX (' ~ pk ~ ')' %}
+{% set claim_hints = pin ~ (', ROWLOCK, UPDLOCK, READCOMMITTEDLOCK' if strict else ', ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK') %}
 {#- Dedupe keys compare byte for byte, as text does on PostgreSQL (a case-insensitive database
     collation would make 'A' and 'a' the same key). Trailing spaces still compare equal on SQL Server. -#}
 {% set key_type = 'nvarchar(200) COLLATE Latin1_General_100_BIN2' %}
@@ -44,7 +49,7 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
 {% endif %}
             -- The clustered key is the claim's ORDER BY, so a claim is a seek to one end of it. A heap
             -- is clustered too: a real heap keeps its emptied pages and every claim scans them.
-            CONSTRAINT {{ names.index('pk') }} PRIMARY KEY CLUSTERED ({{ 'due_at, id' if has_due else 'id' }})
+            CONSTRAINT {{ pk }} PRIMARY KEY CLUSTERED ({{ 'due_at, id' if has_due else 'id' }})
         );
 {% if dedupe %}
 
@@ -382,14 +387,10 @@ BEGIN
     );
 
 {% if claim_order == 'none' %}
-    -- A heap promises no order: DELETE TOP takes the first unlocked rows the clustered index
-    -- offers, with no sort. READCOMMITTEDLOCK keeps the hints locking under READ_COMMITTED_SNAPSHOT.
-    DELETE TOP (@batch_size)
-    FROM {{ t }} WITH ({{ claim_hints }})
-    OUTPUT DELETED.id, DELETED.payload, DELETED.enqueued_at
-    INTO @claimed (id, payload, enqueued_at);
-{% else %}
-{% if strict %}
+    -- A heap promises no order: the first unlocked rows the clustered index offers, with no sort.
+    -- A CTE rather than DELETE TOP, whose target takes no INDEX hint. READCOMMITTEDLOCK keeps the
+    -- hints locking under READ_COMMITTED_SNAPSHOT.
+{% elif strict %}
     -- Strict order: locked rows are not skipped. A consumer waits on the first row another one holds
     -- until that transaction ends: committed, the row is gone and the scan moves on; rolled back,
     -- this consumer gets it, in order. It also waits on an uncommitted enqueue with a lower id.
@@ -405,17 +406,18 @@ BEGIN
             m.due_at,
 {% endif %}
             m.enqueued_at
-        FROM {{ t }} AS m WITH ({{ claim_hints }})
+        FROM {{ t }} AS m WITH ({{ claim_hints }}) -- noqa: LT05
 {% if has_due %}
         WHERE m.due_at <= SYSUTCDATETIME()
 {% endif %}
+{% if claim_order != 'none' %}
         ORDER BY {{ claim_order_sql }}
+{% endif %}
     )
 
     DELETE FROM next_messages
     OUTPUT DELETED.id, DELETED.payload, {% if has_due %}DELETED.due_at, {% endif %}DELETED.enqueued_at
     INTO @claimed (id, payload, {% if has_due %}due_at, {% endif %}enqueued_at);
-{% endif %}
 
     SELECT
         c.id,
@@ -436,10 +438,10 @@ GO
 {% call m.wait_procedure() %}
             SELECT TOP (1) @ready = 1
 {% if has_due %}
-            FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            FROM {{ t }} AS m WITH ({{ pin }}, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.due_at <= SYSUTCDATETIME();
 {% else %}
-            FROM {{ t }} WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK);
+            FROM {{ t }} WITH ({{ pin }}, ROWLOCK, READPAST, READCOMMITTEDLOCK); -- noqa: LT05
 {% endif %}
 {% endcall %}
 

@@ -173,8 +173,10 @@ last_error, last_worker, dead_at, payload
 {%- endif %}
 {%- endmacro %}
 
-{#- One claim statement: lease up to top_sql rows matching where_sql to @worker, in claim order. -#}
-{% macro claim_statement(cte, top_sql, where_sql, own) %}
+{#- One claim statement: lease up to top_sql rows matching where_sql to @worker, in claim order,
+    seeking on `index` (docs/queue-kinds.md, "Plans at depth": a plan compiled on an empty queue
+    must still seek at depth). -#}
+{% macro claim_statement(cte, top_sql, where_sql, own, index) %}
     WITH {{ cte }} AS (
         SELECT TOP ({{ top_sql }})
             m.id,
@@ -192,7 +194,7 @@ last_error, last_worker, dead_at, payload
             m.leased_at,
             m.lease_token,
             m.payload
-        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+        FROM {{ t }} AS m WITH (INDEX ({{ index }}), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         WHERE {{ where_sql }}
         ORDER BY m.visible_at, m.{{ tie }}
     )
@@ -273,11 +275,17 @@ last_error, last_worker, dead_at, payload
     A probe, not a claim: it takes no lock it keeps (an update lock would be held to the end of the
     claim's transaction and block other workers' complete of that row); READPAST steps over rows
     other claims hold (ROWLOCK: READPAST skips row locks, not a page lock the engine might choose),
-    READCOMMITTEDLOCK keeps it from reading versions under RCSI. -#}
+    READCOMMITTEDLOCK keeps it from reading versions under RCSI. The claim index leads with
+    priority: the first level is its first entry (no predicate to seek on: INDEX alone), the next
+    ones a seek below the current one. -#}
 {% macro next_level(below) %}
     SET @priority = (
         SELECT TOP (1) m.priority
-        FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+{% if below %}
+        FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+{% else %}
+        FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+{% endif %}
 {% if below %}
         WHERE m.priority < @priority
 {% endif %}
@@ -311,7 +319,7 @@ last_error, last_worker, dead_at, payload
 {% macro claim_statements() %}
     -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
     -- so that the optimizer can match it whatever @worker is.
-{{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true) }}
+{{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true, lease_index) }}
 
 {{ bury_exhausted() }}
 
@@ -330,12 +338,12 @@ last_error, last_worker, dead_at, payload
 {{ next_level(false) | indent(8, first=true) }}
             WHILE @priority IS NOT NULL AND @claimed_now < @remaining
                 BEGIN
-{{ claim_statement('next_messages', '@remaining - @claimed_now', 'm.priority = @priority AND m.visible_at <= @now', false) | indent(16, first=true) }}
+{{ claim_statement('next_messages', '@remaining - @claimed_now', 'm.priority = @priority AND m.visible_at <= @now', false, claim_index) | indent(16, first=true) }}
                     SET @claimed_now = @claimed_now + @@ROWCOUNT;
 {{ next_level(true) | indent(16, first=true) }}
                 END;
 {% else %}
-{{ claim_statement('next_messages', '@remaining', 'm.visible_at <= @now', false) | indent(8, first=true) }}
+{{ claim_statement('next_messages', '@remaining', 'm.visible_at <= @now', false, claim_index) | indent(8, first=true) }}
             SET @claimed_now = @@ROWCOUNT;
 {% endif %}
 

@@ -23,6 +23,10 @@
 {% set handler = opt.handler %}
 {#- Dedupe keys compare byte for byte, as text does on PostgreSQL (as in the destructive kinds). -#}
 {% set key_type = 'nvarchar(200) COLLATE Latin1_General_100_BIN2' %}
+{#- The indexes the claims and probes name in their INDEX hints (docs/queue-kinds.md, "Plans at
+    depth"): one source for the CREATE INDEX below and for the hints. -#}
+{% set claim_index = names.index('ix', 'claim') %}
+{% set lease_index = names.index('ix', 'lease') %}
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
 SET ANSI_NULLS ON;
@@ -84,11 +88,11 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
 {% endif %}
 
         -- The claim's exact WHERE and ORDER BY{% if has_priority %}, one priority level per seek{% endif %}.
-        CREATE NONCLUSTERED INDEX {{ names.index('ix', 'claim') }}
+        CREATE NONCLUSTERED INDEX {{ claim_index }}
             ON {{ t }} ({% if has_priority %}priority DESC, {% endif %}visible_at, {{ tie }});
 
         -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
-        CREATE NONCLUSTERED INDEX {{ names.index('ix', 'lease') }}
+        CREATE NONCLUSTERED INDEX {{ lease_index }}
             ON {{ t }} (leased_by, visible_at, {{ tie }})
             WHERE leased_by IS NOT NULL;
 {% if dedupe %}

@@ -9,7 +9,7 @@
             WHILE @priority IS NOT NULL AND @ready = 0
                 BEGIN
                     SELECT TOP (1) @ready = 1
-                    FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE m.priority = @priority AND m.visible_at <= @now;
 {{ w.next_level(true) | indent(16, first=true) }}
                 END;
@@ -17,7 +17,7 @@
 {% else %}
 {% call m.wait_procedure() %}
             SELECT TOP (1) @ready = 1
-            FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+            FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.visible_at <= SYSUTCDATETIME();
 {% endcall %}
 {% endif %}

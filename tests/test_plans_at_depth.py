@@ -1,0 +1,97 @@
+"""Plans at depth (PostgreSQL): a plan cached while the queue was empty still seeks at 10^6 rows.
+
+PL/pgSQL caches each statement's plan for the session; a consumer that starts on an empty queue (a
+fresh deploy, a drained backlog) keeps the plans it made then. Each session here calls the verbs on
+the empty queue first (plan_cache_mode auto, which settles on the generic plan after five calls, and
+force_generic_plan), the queue is then filled to 10^6 rows by one INSERT ... SELECT, and the next
+dequeues of those same sessions are measured: auto_explain shows the plans they actually ran and the
+shared buffers each statement read. Autovacuum is off for the table so that no ANALYZE replaces the
+cached plans half way (it would invalidate them: the test would then measure fresh plans). The
+negative control drops the claim's index: the plans are made again, without it, and the same
+measure reads the whole table. SQL Server pins its claims instead (docs/queue-kinds.md, "Plans at
+depth"; check-tsql's claim-pin rule).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from pg_buffers import buffers_of_dequeues
+
+pytestmark = pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+
+DEPTH = 1_000_000
+# A claim that seeks reads a few index and heap pages, plus the work kind's bookkeeping statements;
+# the whole table is some 10,000 pages.
+HANDFUL = 60
+
+# variant: (catalog entry, the columns the fill gives, the claim's index)
+VARIANTS = {
+    "heap": ({"kind": "heap"}, {}, "pk_q"),
+    "fifo": ({"kind": "fifo"}, {}, "pk_q"),
+    "lifo": ({"kind": "lifo"}, {}, "pk_q"),
+    "pending": ({"kind": "pending"}, {"due_at": "now()"}, "ix_q_due"),
+    "work": ({"kind": "work"}, {"due_at": "now()", "visible_at": "now()"}, "ix_q_claim"),
+    "work_priority": ({"kind": "work", "options": {"priority": True}},
+                      {"due_at": "now()", "visible_at": "now()", "priority": "n % 3"}, "ix_q_claim"),
+}
+
+
+def warm_up_on_empty(client: Any) -> None:
+    """Every verb a consumer's loop runs, on the empty queue, more than five times (plan_cache_mode
+    auto makes five custom plans before it settles on the generic one)."""
+    work = client.queue.kind == "work"
+
+    def dequeue() -> list[dict]:
+        return client.dequeue(worker="w") if work else client.dequeue()
+
+    for _ in range(7):
+        assert dequeue() == []
+        assert client.wait(0) is False
+        sent = client.enqueue({"warm": True})["id"]
+        assert [row["id"] for row in dequeue()] == [sent]
+        if work:
+            assert client.complete(sent, "w")
+
+
+def drop_index(conn: Any, schema: str, index: str) -> None:
+    if index.startswith("pk_"):
+        conn.execute(f'ALTER TABLE "{schema}"."q" DROP CONSTRAINT "{index}"')
+    else:
+        conn.execute(f'DROP INDEX "{schema}"."{index}"')
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_plan_cached_on_an_empty_queue_reads_a_handful_of_pages_at_depth(
+        deploy_queues: Callable[..., Any], variant: str) -> None:
+    entry, columns, claim_index = VARIANTS[variant]
+    deployed = deploy_queues({"name": "q", "payload": "json", **entry})
+    schema = deployed.catalog.schema
+    admin = deployed.connect()
+    sessions = {mode: deployed.connect() for mode in ("auto", "force_generic_plan")}
+    try:
+        admin.execute(f'ALTER TABLE "{schema}"."q" SET (autovacuum_enabled = false)')
+        clients = {}
+        for mode, conn in sessions.items():
+            conn.execute(f"SET plan_cache_mode = {mode}")
+            conn.execute("LOAD 'auto_explain'")
+            clients[mode] = deployed.client("q", conn)
+            warm_up_on_empty(clients[mode])
+
+        names = ", ".join(["payload", *columns])
+        values = ", ".join(["'{}'::jsonb", *columns.values()])
+        admin.execute(f'INSERT INTO "{schema}"."q" ({names}) SELECT {values} FROM generate_series(1, {DEPTH}) AS n')
+
+        at_depth = {mode: min(buffers_of_dequeues(client, 3)) for mode, client in clients.items()}
+        drop_index(admin, schema, claim_index)
+        [without_index] = buffers_of_dequeues(clients["force_generic_plan"], 1)
+    finally:
+        for conn in (admin, *sessions.values()):
+            conn.close()
+
+    for mode, (buffers, plans) in at_depth.items():
+        assert buffers < HANDFUL, f"{mode}: a dequeue at depth read {buffers} buffers:\n" + "\n\n".join(plans)
+    # The control: the same measure, the plans made again without the claim's index, reads the table.
+    buffers, plans = without_index
+    assert buffers > DEPTH / 1_000, f"without {claim_index} a dequeue read only {buffers} buffers:\n" + "\n\n".join(plans)

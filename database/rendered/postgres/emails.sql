@@ -168,6 +168,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -228,6 +229,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -425,6 +427,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -432,6 +435,7 @@ DECLARE
     effective_lease integer := coalesce(emails_dequeue.lease_seconds, 600);
     lease_until timestamptz;
     claimed_ids bigint[] := '{}';
+    claimed_id bigint;
     step_ids bigint[];
     buried_count bigint;
     exhausted_ids bigint[];
@@ -723,19 +727,16 @@ BEGIN
         PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
-    -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
-    -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
-    -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
-    RETURN QUERY
-    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token
-    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
-    CROSS JOIN LATERAL (
+    -- In claim order: the array keeps it. One primary-key probe per claimed id, as its own statement:
+    -- a single statement over unnest(claimed_ids) is re-planned on every call (its custom plan, costed
+    -- with the array's real length, always beats the generic plan's ten ids), which cost more than
+    -- the probes; this probe's generic plan is cached after five calls.
+    FOREACH claimed_id IN ARRAY claimed_ids LOOP
+        RETURN QUERY
         SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
         FROM "queue"."emails" AS q
-        WHERE q.id = c.id
-        LIMIT 1
-    ) AS m
-    ORDER BY c.position;
+        WHERE q.id = claimed_id;
+    END LOOP;
 END;
 $function$;
 
@@ -757,6 +758,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -829,6 +831,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -919,6 +922,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -971,6 +975,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1025,6 +1030,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1135,6 +1141,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1272,6 +1279,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1320,6 +1328,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
@@ -1443,6 +1452,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1536,6 +1546,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1595,6 +1606,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 BEGIN
@@ -1633,6 +1645,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1685,6 +1698,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1717,6 +1731,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE

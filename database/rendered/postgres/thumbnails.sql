@@ -160,6 +160,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -222,6 +223,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -423,6 +425,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -430,6 +433,7 @@ DECLARE
     effective_lease integer := coalesce(thumbnails_dequeue.lease_seconds, 120);
     lease_until timestamptz;
     claimed_ids uuid[] := '{}';
+    claimed_id uuid;
     step_ids uuid[];
     buried_count bigint;
     exhausted_ids uuid[];
@@ -711,19 +715,16 @@ BEGIN
         EXIT WHEN buried_count = 0;
     END LOOP;
 
-    -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
-    -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
-    -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
-    RETURN QUERY
-    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token
-    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
-    CROSS JOIN LATERAL (
+    -- In claim order: the array keeps it. One primary-key probe per claimed id, as its own statement:
+    -- a single statement over unnest(claimed_ids) is re-planned on every call (its custom plan, costed
+    -- with the array's real length, always beats the generic plan's ten ids), which cost more than
+    -- the probes; this probe's generic plan is cached after five calls.
+    FOREACH claimed_id IN ARRAY claimed_ids LOOP
+        RETURN QUERY
         SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
         FROM "queue"."thumbnails" AS q
-        WHERE q.id = c.id
-        LIMIT 1
-    ) AS m
-    ORDER BY c.position;
+        WHERE q.id = claimed_id;
+    END LOOP;
 END;
 $function$;
 
@@ -745,6 +746,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -794,6 +796,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -893,6 +896,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -945,6 +949,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -999,6 +1004,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1091,6 +1097,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1237,6 +1244,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1283,6 +1291,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
@@ -1376,6 +1385,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1481,6 +1491,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1541,6 +1552,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 BEGIN
@@ -1579,6 +1591,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1639,6 +1652,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE

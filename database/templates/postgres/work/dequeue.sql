@@ -57,6 +57,7 @@ DECLARE
     effective_lease integer := coalesce({{ fn }}_dequeue.lease_seconds, {{ lease_seconds }});
     lease_until timestamptz;
     claimed_ids {{ id_type }}[] := '{}';
+    claimed_id {{ id_type }};
     step_ids {{ id_type }}[];
     buried_count bigint;
     exhausted_ids {{ id_type }}[];
@@ -190,21 +191,17 @@ BEGIN
     END IF;
 {% endif %}
 
-    -- In claim order: the array keeps it. One primary-key probe per claimed id: LIMIT 1 keeps the
-    -- subquery from being merged into a join, which the cached plan (costing the array at ten ids)
-    -- would run as a hash join over a sequential scan of a small queue, dead rows and all.
-    RETURN QUERY
-    SELECT m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token{% if groups %}, m.group_key{% endif %}
-
-    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, position)
-    CROSS JOIN LATERAL (
+    -- In claim order: the array keeps it. One primary-key probe per claimed id, as its own statement:
+    -- a single statement over unnest(claimed_ids) is re-planned on every call (its custom plan, costed
+    -- with the array's real length, always beats the generic plan's ten ids), which cost more than
+    -- the probes; this probe's generic plan is cached after five calls.
+    FOREACH claimed_id IN ARRAY claimed_ids LOOP
+        RETURN QUERY
         SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token{% if groups %}, q.group_key{% endif %}
 
         FROM {{ t }} AS q
-        WHERE q.id = c.id
-        LIMIT 1
-    ) AS m
-    ORDER BY c.position;
+        WHERE q.id = claimed_id;
+    END LOOP;
 END;
 $function$;
 

@@ -450,15 +450,29 @@ def test_worker_refuses_a_queue_that_is_not_a_work_queue_and_a_handler_it_cannot
     (psycopg.errors.DeadlockDetected("deadlock detected"), TRANSIENT),
     (psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"), TRANSIENT),
     (psycopg.errors.UniqueViolation("duplicate key"), None),
-    (pyodbc.Error("08S01", "[Microsoft][ODBC Driver 18 for SQL Server]Communication link failure (10054)"), DISCONNECT),
-    (pyodbc.Error("42000", "[SQL Server]Database 'q' on server 's' is not currently available. (40613) "
-                           "(SQLExecDirectW)"), DISCONNECT),
-    (pyodbc.Error("42000", "[SQL Server]The service has encountered an error processing your request. (40197)"),
-     DISCONNECT),
-    (pyodbc.Error("42000", "[SQL Server]Cannot open database \"q\" requested by the login. (4060)"), DISCONNECT),
-    (pyodbc.Error("40001", "[SQL Server]Transaction (Process ID 52) was deadlocked (1205) (SQLExecDirectW)"),
-     TRANSIENT),
-    (pyodbc.Error("42000", "[SQL Server]Invalid argument (51001) (SQLExecDirectW)"), None),
+    # pyodbc's text: "[state] message (native error) (SQLFunction)" per record, records joined by "; ".
+    (pyodbc.Error("08S01", "[08S01] [Microsoft][ODBC Driver 18 for SQL Server]TCP Provider: An existing connection "
+                           "was forcibly closed by the remote host. (10054) (SQLExecDirectW)"), DISCONNECT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Database 'q' on server 's' "
+                           "is not currently available. (40613) (SQLExecDirectW)"), DISCONNECT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]The service has encountered "
+                           "an error processing your request. (40197) (SQLExecDirectW)"), DISCONNECT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Cannot open database \"q\" "
+                           "requested by the login. (4060) (SQLDriverConnect); [42000] [Microsoft][ODBC Driver 18 for "
+                           "SQL Server][SQL Server]Login failed for user 'w'. (18456) (SQLDriverConnect)"), DISCONNECT),
+    (pyodbc.Error("40001", "[40001] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Transaction (Process ID 52) "
+                           "was deadlocked on lock resources with another process. (1205) (SQLExecDirectW)"), TRANSIENT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Invalid argument (51001) "
+                           "(SQLExecDirectW)"), None),
+    # Numbers in parentheses inside the message text are data, not error numbers.
+    (pyodbc.IntegrityError("23000", "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Violation of "
+                                    "PRIMARY KEY constraint 'PK_t'. Cannot insert duplicate key in object 'dbo.t'. "
+                                    "The duplicate key value is (64). (2627) (SQLExecDirectW)"), None),
+    (pyodbc.IntegrityError("23000", "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Violation of "
+                                    "PRIMARY KEY constraint 'PK_t'. Cannot insert duplicate key in object 'dbo.t'. "
+                                    "The duplicate key value is (1205). (2627) (SQLExecDirectW)"), None),
+    (pyodbc.ProgrammingError("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]s.jobs_complete: "
+                                      "id (4060) is not valid (51001) (SQLExecDirectW)"), None),
     (ValueError("no database involved"), None),
 ])
 def test_retry_kind_sorts_engine_errors(error: BaseException, kind: str | None) -> None:

@@ -13,6 +13,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+import psycopg
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tablequeue.catalog import load_catalog
 from tablequeue.cli import main
 from tablequeue.demo import show_stats
-from tablequeue.metrics import QueueStatsCollector
+from tablequeue import metrics
+from tablequeue.metrics import QueueStatsCollector, ScrapeError
 
 REPO = Path(__file__).resolve().parents[1]
 QUEUES = (
@@ -237,3 +240,38 @@ def test_stats_and_metrics_need_only_the_admin_role(deploy_queues, tmp_path: Pat
         gauges.setdefault((sample.labels["queue"], sample.labels["kind"]), {})[
             sample.name.removeprefix("tablequeue_queue_")] = sample.value
     assert_reports({queue: {**values, "kind": kind} for (queue, kind), values in gauges.items()}, before, after, kinds)
+
+
+def test_a_scrape_does_not_wait_behind_a_scrape_still_running(pg_url: str) -> None:
+    collector = QueueStatsCollector(pg_url, timeout_seconds=0.5)
+    outcome: list[BaseException | None] = []
+
+    def scrape_once() -> None:
+        try:
+            list(collector.collect())
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            outcome.append(exc)
+
+    with collector._lock:                     # an earlier scrape holds the connection
+        thread = threading.Thread(target=scrape_once, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "the scrape waited for the earlier one instead of failing"
+    [error] = outcome
+    assert isinstance(error, ScrapeError) and "an earlier scrape is still running after 0.5s" in str(error)
+    collector.close()
+
+
+def test_a_scrape_whose_connect_fails_does_not_try_again(monkeypatch) -> None:
+    attempts: list[str] = []
+
+    def refused(url: str, **kwargs: Any) -> Any:
+        attempts.append(url)
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(metrics, "connect", refused)
+    collector = QueueStatsCollector("postgresql://nobody@127.0.0.1:1/none", timeout_seconds=0.5)
+    with pytest.raises(psycopg.OperationalError, match="connection refused"):
+        list(collector.collect())
+    assert len(attempts) == 1

@@ -8,8 +8,9 @@ S.Q_stats, so the admin role suffices.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .catalog import Catalog, Queue
 from .client import QueueClient
@@ -109,11 +110,15 @@ def find_queues(conn: Any, dialect: str, catalog: Catalog | None) -> list[QueueR
     return catalog_queues(conn, dialect, catalog) if catalog is not None else discover_queues(conn, dialect)
 
 
-def read_stats(conn: Any, dialect: str, queues: list[QueueRef]) -> list[dict]:
+def read_stats(conn: Any, dialect: str, queues: list[QueueRef],
+               before_each: Callable[[], None] | None = None) -> list[dict]:
     """One row per queue: schema, queue, kind, the stats verb's counts, oldest_ready_age_seconds
-    (None when nothing is ready) and estimated (counts past 10,000 are estimates)."""
+    (None when nothing is ready) and estimated (counts past 10,000 are estimates). before_each runs
+    before each queue's call (metrics sets the statement timeout to what is left of its deadline)."""
     rows = []
     for ref in queues:
+        if before_each is not None:
+            before_each()
         # The stats verb takes no argument: neither the kind nor the payload type (the client needs
         # them only to pass arguments) plays a part in the call.
         client = QueueClient(conn, dialect, ref.schema, Queue(ref.name, "work", "binary"))
@@ -126,11 +131,12 @@ def read_stats(conn: Any, dialect: str, queues: list[QueueRef]) -> list[dict]:
 
 
 def set_statement_timeout(conn: Any, dialect: str, seconds: float) -> None:
-    """Every later statement of the connection is cancelled after `seconds`."""
+    """Every later statement of the connection is cancelled after `seconds` (SQL Server: whole
+    seconds, at least 1)."""
     if dialect == "postgres":
         conn.execute(f"SET statement_timeout = {max(1, int(seconds * 1000))}")
     else:
-        conn.timeout = max(1, int(seconds))
+        conn.timeout = max(1, math.ceil(seconds))
 
 
 def format_table(rows: list[dict]) -> str:

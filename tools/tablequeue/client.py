@@ -203,7 +203,7 @@ class QueueClient:
             self._listen()
         while True:
             rows = self.call("dequeue", params)
-            if listen:
+            if listen and rows:
                 self._drop_notifications()
             remaining = deadline - time.monotonic()
             if rows or remaining <= 0:
@@ -229,8 +229,8 @@ class QueueClient:
             self._listening = True
 
     def _drop_notifications(self) -> None:
-        """Forget the notifications that came since the last wait: the dequeue just run has seen
-        their messages. psycopg keeps every notification received outside notifies() in an unbounded
+        """Forget the notifications that came since the last wait: the dequeue that just found
+        messages has seen theirs. psycopg keeps every notification received outside notifies() in an unbounded
         list, so a consumer that is never idle would keep one per enqueue for as long as it lives."""
         for _ in self.conn.notifies(timeout=0):
             pass

@@ -2,8 +2,10 @@
 
 They call queue.emails of the example catalog (database/queues.yml). The test deploys that queue into
 a database of its own, runs the Java file with `java` (single-file source launch, the JDBC driver of
-the Spark set-up) and the psql script with `psql`, and checks that they exit 0 and leave the queue
-empty, their message in the history. The SQL Server twins cannot run here (no SQL Server): the Java
+the Spark set-up) and the psql script with `psql`, and checks that they exit 0 with their first
+message in the history and their second (no recipient) failed: back in the queue, not leased, with
+its attempt spent and its error recorded, which a lease taken in the transaction that the failed work
+rolls back could not give. The SQL Server twins cannot run here (no SQL Server): the Java
 one is compiled, the sqlcmd script goes through check-tsql with the golden T-SQL of the example
 catalog, so a renamed procedure, parameter or result column fails here too.
 """
@@ -20,7 +22,6 @@ import psycopg
 import pytest
 
 from tablequeue.catalog import Catalog, load_catalog
-from tablequeue.client import QueueClient
 from tablequeue.deploy import deploy
 from tablequeue.embedded import find_bindir
 from tablequeue.engines import SCHEMA_ROLES, connect, dialect_for
@@ -65,13 +66,14 @@ def jdbc_url(url: str) -> str:
             f"?user={quote(parts.username or '', safe='')}&password={quote(parts.password or '', safe='')}")
 
 
-def history_of_an_emptied_queue(url: str) -> list[tuple]:
-    """(worker, attempts) of each completed message, once the queue is seen empty."""
+def what_the_example_left(url: str) -> tuple[list[tuple], list[tuple]]:
+    """(worker, attempts) of each completed message; (attempts, leased_by, last_error, retry due in
+    the future) of each message still queued."""
     with connect(url) as conn:
-        stats = QueueClient.for_catalog(conn, "postgres", EMAILS, "emails").stats()
         done = conn.execute('SELECT worker, attempts FROM "queue"."emails_history"').fetchall()
-    assert (stats["ready"], stats["delayed"], stats["in_flight"], stats["dead"]) == (0, 0, 0, 0)
-    return done
+        queued = conn.execute('SELECT attempts, leased_by, last_error, visible_at > clock_timestamp() '
+                              'FROM "queue"."emails"').fetchall()
+    return done, queued
 
 
 def test_the_java_example_runs_against_postgresql(examples_database: str) -> None:
@@ -81,7 +83,9 @@ def test_the_java_example_runs_against_postgresql(examples_database: str) -> Non
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("enqueued message ") and lines[-1] == "refused as documented: TQ001 invalid_argument"
-    assert history_of_an_emptied_queue(examples_database) == [("java-example", 1)]
+    assert what_the_example_left(examples_database) == (
+        [("java-example", 1)],
+        [(1, None, "java.lang.IllegalArgumentException: no recipient (payload.to)", True)])
 
 
 def test_the_psql_script_runs_against_postgresql(examples_database: str) -> None:
@@ -93,7 +97,8 @@ def test_the_psql_script_runs_against_postgresql(examples_database: str) -> None
     assert result.stdout.splitlines()[-1] == "refused as documented: TQ001 invalid_argument"
     # The one error the script provokes, and no other.
     assert result.stderr.count("ERROR:") == 1
-    assert history_of_an_emptied_queue(examples_database) == [("psql-example", 1)]
+    assert what_the_example_left(examples_database) == ([("psql-example", 1)],
+                                                        [(1, None, "no recipient (payload.to)", True)])
 
 
 def test_the_sql_server_java_twin_compiles(tmp_path: Path) -> None:

@@ -9,21 +9,28 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import psycopg
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tablequeue.catalog import load_catalog
 from tablequeue.cli import main
 from tablequeue.demo import show_stats
+from tablequeue import metrics
+from tablequeue.metrics import QueueStatsCollector, ScrapeError
 
 REPO = Path(__file__).resolve().parents[1]
 QUEUES = (
@@ -173,3 +180,98 @@ def test_the_demo_ends_with_the_stats_of_its_catalogs_queues(deploy_queues) -> N
     assert lines[0].split()[:4] == ["schema", "queue", "kind", "ready"]
     assert [line.split()[:7] for line in lines[1:]] == [
         [deployed.catalog.schema, q["name"], q["kind"], *map(str, EXPECTED[q["name"]])] for q in QUEUES]
+
+
+@contextmanager
+def admin_login(deployed: Any) -> Iterator[str]:
+    """A URL of a new login that holds the schema's admin role and nothing else (dropped afterwards)."""
+    name, password = f"monitor_{secrets.token_hex(3)}", f"Mon-{secrets.token_hex(8)}"
+    role = f"{deployed.catalog.schema}_admin"
+    url, count = re.subn(r"://[^@/]+@", f"://{name}:{password}@", deployed.url, count=1)
+    assert count == 1, "the test needs a URL with user:password@ to put the new login's in its place"
+    with deployed.connect() as conn:
+        if deployed.dialect == "postgres":
+            conn.execute(f'CREATE ROLE "{name}" LOGIN PASSWORD \'{password}\' IN ROLE "{role}"')
+        else:
+            conn.execute(f"CREATE LOGIN [{name}] WITH PASSWORD = N'{password}', CHECK_POLICY = OFF; "
+                         f"CREATE USER [{name}] FOR LOGIN [{name}]; ALTER ROLE [{role}] ADD MEMBER [{name}];")
+    try:
+        yield url
+    finally:
+        with deployed.connect() as conn:
+            if deployed.dialect == "postgres":
+                conn.execute(f'DROP ROLE "{name}"')
+            else:
+                conn.execute(f"DROP USER [{name}]; DROP LOGIN [{name}];")
+
+
+def test_stats_and_metrics_need_only_the_admin_role(deploy_queues, tmp_path: Path, capsys) -> None:
+    deployed = deploy_queues(*QUEUES)
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    scripted_load(deployed, conn)
+    catalog_path = write_catalog(tmp_path, schema)
+    kinds = {"events": "heap", "reminders": "pending", "jobs": "work"}
+    # SQL Server shows a login only the procedures it may execute: an admin-only login cannot see
+    # enqueue, so it cannot tell pending from the other kinds without the catalog.
+    discovered_kinds = ({"events": "heap|fifo|lifo", "reminders": "pending", "jobs": "work"}
+                        if deployed.dialect == "postgres" else
+                        {"events": "heap|fifo|lifo|pending", "reminders": "heap|fifo|lifo|pending", "jobs": "work"})
+    with admin_login(deployed) as url:
+        before = stats_of(deployed, conn)
+        from_catalog = tablequeue(capsys, "stats", "--url", url, "--catalog", str(catalog_path), "--json")
+        discovered = tablequeue(capsys, "stats", "--url", url, "--json")
+        collector = QueueStatsCollector(url, load_catalog(catalog_path))
+        try:
+            samples = [sample for family in collector.collect() for sample in family.samples]
+        finally:
+            collector.close()
+        after = stats_of(deployed, conn)
+
+    assert from_catalog.returncode == 0, from_catalog.stderr
+    assert_reports({row["queue"]: row for row in json.loads(from_catalog.stdout)["queues"]}, before, after, kinds)
+    assert discovered.returncode == 0, discovered.stderr
+    # The admin role of this schema only: no other schema's queue is found.
+    document = json.loads(discovered.stdout)
+    assert {row["schema"] for row in document["queues"]} == {schema}
+    assert_reports({row["queue"]: row for row in document["queues"]}, before, after, discovered_kinds)
+    gauges: dict[tuple[str, str], dict[str, float]] = {}
+    for sample in samples:
+        gauges.setdefault((sample.labels["queue"], sample.labels["kind"]), {})[
+            sample.name.removeprefix("tablequeue_queue_")] = sample.value
+    assert_reports({queue: {**values, "kind": kind} for (queue, kind), values in gauges.items()}, before, after, kinds)
+
+
+def test_a_scrape_does_not_wait_behind_a_scrape_still_running(pg_url: str) -> None:
+    collector = QueueStatsCollector(pg_url, timeout_seconds=0.5)
+    outcome: list[BaseException | None] = []
+
+    def scrape_once() -> None:
+        try:
+            list(collector.collect())
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            outcome.append(exc)
+
+    with collector._lock:                     # an earlier scrape holds the connection
+        thread = threading.Thread(target=scrape_once, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "the scrape waited for the earlier one instead of failing"
+    [error] = outcome
+    assert isinstance(error, ScrapeError) and "an earlier scrape is still running after 0.5s" in str(error)
+    collector.close()
+
+
+def test_a_scrape_whose_connect_fails_does_not_try_again(monkeypatch) -> None:
+    attempts: list[str] = []
+
+    def refused(url: str, **kwargs: Any) -> Any:
+        attempts.append(url)
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(metrics, "connect", refused)
+    collector = QueueStatsCollector("postgresql://nobody@127.0.0.1:1/none", timeout_seconds=0.5)
+    with pytest.raises(psycopg.OperationalError, match="connection refused"):
+        list(collector.collect())
+    assert len(attempts) == 1

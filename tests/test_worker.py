@@ -11,6 +11,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ from tablequeue.embedded import start_embedded
 from tablequeue.engines import connect, dialect_for
 from tablequeue.errors import DISCONNECT, TRANSIENT, retry_kind
 from tablequeue.render import render_catalog
-from tablequeue.worker import Message, Worker, WorkerError, retry_after_seconds
+from tablequeue.worker import DISCONNECT_RERUNS, Message, Worker, WorkerError, retry_after_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 QUEUE = "jobs"
@@ -154,7 +155,7 @@ def test_a_handler_outlasting_the_grace_period_has_its_messages_released(deploy_
     deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=60))
     schema = deployed.catalog.schema
     conn = deployed.connect()
-    deployed.client(QUEUE, conn).enqueue_batch({"payload": {"n": n}} for n in range(3))
+    ids = [row["id"] for row in deployed.client(QUEUE, conn).enqueue_batch({"payload": {"n": n}} for n in range(3))]
     started, finish = threading.Event(), threading.Event()
 
     def stuck(message: Message) -> None:
@@ -165,10 +166,14 @@ def test_a_handler_outlasting_the_grace_period_has_its_messages_released(deploy_
                     grace_seconds=0.5)
     with running(worker):
         assert started.wait(30)
-    # run() returned with the handler still running: every message of the batch, the running one
-    # included, is back in the queue with its attempt given back.
-    assert worker.counts["released"] == 3
-    assert [(row[1], row[2], row[5]) for row in queued(conn, schema)] == [(0, None, False)] * 3
+    # run() returned with the handler still running: the messages it never started are back in the
+    # queue with their attempts given back; the one it hangs on is failed, its attempt spent, so that
+    # a message that hangs the handler every time reaches max_attempts instead of cycling for ever.
+    assert (worker.counts["released"], worker.counts["retrying"]) == (2, 1)
+    left = {row[0]: (row[1], row[2], row[4]) for row in queued(conn, schema)}
+    assert left == {ids[0]: (1, None, "the worker stopped: the handler was still running when the grace period "
+                                      "ended"),
+                    ids[1]: (0, None, None), ids[2]: (0, None, None)}
     finish.set()
     # The handler's late return acknowledges nothing: its slot's thread ends without a call.
     wait_until(lambda: all(thread.name != "stuck/1" for thread in threading.enumerate()), "the slot's thread ends")
@@ -368,6 +373,190 @@ def test_worker_metrics_count_outcomes_and_time_the_handler(deploy_queues) -> No
     assert samples[("tablequeue_worker_handler_duration_seconds_count", ())] == 3
 
 
+def test_transactional_a_handler_error_from_another_connection_spends_the_attempt(deploy_queues) -> None:
+    """An OperationalError of the handler's own connection elsewhere (a service that is down) looks
+    like a lost connection, but the slot's connection is fine: it is a failed attempt, not a rerun."""
+    deployed = deploy_queues(work_queue(max_attempts=1, lease_seconds=30))
+    conn = deployed.connect()
+    client = deployed.client(QUEUE, conn)
+    client.enqueue({"n": 1})
+    attempts: list[int] = []
+
+    def call_a_service_that_is_down(message: Message) -> None:
+        attempts.append(message.attempts)
+        psycopg.connect("postgresql://nobody@127.0.0.1:1/none", connect_timeout=1)
+
+    worker = Worker(deployed.url, deployed.catalog, QUEUE, call_a_service_that_is_down, worker_name="tx",
+                    transactional=True)
+    with running(worker):
+        wait_until(lambda: client.stats()["dead"] == 1, "the only attempt fails", timeout=20)
+    assert attempts == [1]
+    assert worker.counts["dead"] == 1
+
+
+def test_transactional_a_handler_that_breaks_the_slots_connection_every_time_ends_dead(deploy_queues) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=1, lease_seconds=30))
+    conn = deployed.connect()
+    client = deployed.client(QUEUE, conn)
+    client.enqueue({"n": 1})
+    runs: list[int] = []
+
+    def break_the_connection(message: Message) -> None:
+        runs.append(message.attempts)
+        message.connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    worker = Worker(deployed.url, deployed.catalog, QUEUE, break_the_connection, worker_name="tx", transactional=True)
+    with running(worker):
+        wait_until(lambda: client.stats()["dead"] == 1, "the attempt is failed after the reruns", timeout=30)
+    # The first run and DISCONNECT_RERUNS reruns under the same attempt, then the attempt fails.
+    assert runs == [1] * (DISCONNECT_RERUNS + 1)
+    [(attempts, last_error)] = rows(conn, f'SELECT attempts, last_error FROM "{deployed.catalog.schema}"."{QUEUE}_dead"')
+    assert attempts == 1 and f"the connection was lost in {DISCONNECT_RERUNS + 1} runs" in last_error
+
+
+def test_a_deadlock_on_an_acknowledgement_is_retried(deploy_queues, monkeypatch) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=30))
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    ids = [row["id"] for row in deployed.client(QUEUE, conn).enqueue_batch({"payload": {"n": n}} for n in range(5))]
+    complete_batch, calls = QueueClient.complete_batch, []
+
+    def deadlocked_once(self: QueueClient, *args: Any, **kwargs: Any) -> list[dict]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise psycopg.errors.DeadlockDetected("deadlock detected")
+        return complete_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(QueueClient, "complete_batch", deadlocked_once)
+    handled_ids: list[int] = []
+    worker = Worker(deployed.url, deployed.catalog, QUEUE, lambda m: handled_ids.append(m.id), worker_name="ack",
+                    batch_size=5)
+    with running(worker):
+        wait_until(lambda: worker.counts["completed"] == 5, "the batch is completed after the deadlock")
+    assert sorted(handled_ids) == sorted(ids) and len(calls) >= 2
+    assert [(i, attempts) for i, attempts, _ in history(conn, schema)] == [(i, 1) for i in sorted(ids)]
+
+
+def test_a_slot_stopping_on_an_error_hands_back_what_it_holds(deploy_queues, monkeypatch) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=60))
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    ids = [row["id"] for row in deployed.client(QUEUE, conn).enqueue_batch({"payload": {"n": n}} for n in range(3))]
+
+    def refused(self: QueueClient, *args: Any, **kwargs: Any) -> list[dict]:
+        raise psycopg.errors.InsufficientPrivilege("permission denied for function jobs_complete_batch")
+
+    monkeypatch.setattr(QueueClient, "complete_batch", refused)
+    worker = Worker(deployed.url, deployed.catalog, QUEUE, lambda m: None, worker_name="doomed", batch_size=3)
+    with pytest.raises(WorkerError, match="InsufficientPrivilege: permission denied"):
+        worker.run()
+    # The handled messages were completed on a connection of their own, not left leased to be
+    # handled again once their leases expire.
+    assert [(i, attempts, name) for i, attempts, name in history(conn, schema)] == [(i, 1, "doomed/1") for i in ids]
+    assert queued(conn, schema) == [] and worker.counts["completed"] == 3
+
+
+def test_a_notify_queue_keeps_no_notifications_while_busy(deploy_queues) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=30, notify=True))
+    producer = deployed.client(QUEUE, deployed.connect())
+    consumer_conn = deployed.connect()
+    consumer = deployed.client(QUEUE, consumer_conn)
+    assert consumer.dequeue(worker="busy", wait=0.05) == []      # LISTENing from now on
+    for n in range(200):                                          # one NOTIFY per committed enqueue
+        producer.enqueue({"n": n})
+    assert len(consumer.dequeue(worker="busy", wait=1)) == 1
+    # psycopg keeps notifications that arrive outside notifies() in an unbounded list: a consumer that
+    # never waits (its queue never empties) must not keep one per enqueue for as long as it runs.
+    assert len(consumer_conn._notifies_backlog) == 0
+
+
+def test_a_handler_past_its_timeout_loses_its_lease_and_spends_the_attempt(deploy_queues) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=2))
+    conn = deployed.connect()
+    client = deployed.client(QUEUE, conn)
+    message_id = client.enqueue({"n": 1})["id"]
+    started, finish = threading.Event(), threading.Event()
+
+    def hang(message: Message) -> None:
+        started.set()
+        finish.wait(30)
+
+    worker = Worker(deployed.url, deployed.catalog, QUEUE, hang, worker_name="hung", handler_timeout_seconds=0.5,
+                    metrics_port=0)
+    with running(worker):
+        assert started.wait(30)
+        taken: list[dict] = []
+        wait_until(lambda: taken.extend(client.dequeue(worker="other")) or taken, "the hung handler's lease expires",
+                   timeout=20)
+        finish.set()
+        wait_until(lambda: worker.counts["lost"] == 1, "the late handler's ack is refused")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_server.server_port}/metrics",
+                                      timeout=10).read().decode()
+    [message] = taken
+    assert (message["id"], message["attempts"]) == (message_id, 2)
+    assert "tablequeue_worker_handler_timeouts_total 1.0" in text
+    assert worker.counts["completed"] == 0
+
+
+def test_a_message_whose_lease_was_lost_is_not_handled(deploy_queues, caplog) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=3))
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    client = deployed.client(QUEUE, conn)
+    first, *others = [row["id"] for row in client.enqueue_batch({"payload": {"n": n}} for n in range(3))]
+    caplog.set_level("INFO", logger="tablequeue.worker")
+    ran: list[int] = []
+
+    def lose_the_others(message: Message) -> None:
+        ran.append(message.id)
+        if len(ran) == 1:
+            # An operator (or an expired lease taken over) hands the rest of the batch to another consumer.
+            for message_id, token in rows(conn, f'SELECT id, lease_token FROM "{schema}"."{QUEUE}" WHERE id <> %s',
+                                          message.id):
+                assert client.release(message_id, "batch/1", token)
+            assert len(client.dequeue(batch_size=2, worker="thief")) == 2
+            wait_until(lambda: caplog.text.count("the lease could not be extended") == 2,
+                       "the keeper finds both leases lost", timeout=20)
+
+    worker = Worker(deployed.url, deployed.catalog, QUEUE, lose_the_others, worker_name="batch", batch_size=3)
+    with running(worker):
+        wait_until(lambda: worker.counts["completed"] + worker.counts["lost"] == 3, "the batch is finished")
+    assert ran == [first]
+    assert (worker.counts["completed"], worker.counts["lost"]) == (1, 2)
+    assert [(row[0], row[2]) for row in queued(conn, schema)] == [(i, "thief") for i in others]
+
+
+def test_two_workers_with_one_name_are_refused(deploy_queues) -> None:
+    deployed = deploy_queues(work_queue(max_attempts=3, lease_seconds=30))
+    first = Worker(deployed.url, deployed.catalog, QUEUE, lambda m: None, worker_name="twin")
+    with running(first):
+        wait_until(lambda: first.slots[0].client is not None, "the first worker's slot is connected")
+        second = Worker(deployed.url, deployed.catalog, QUEUE, lambda m: None, worker_name="twin")
+        outcome: list[BaseException] = []
+        thread = threading.Thread(target=lambda: outcome.append(pytest.raises(WorkerError, second.run).value))
+        thread.start()
+        thread.join(30)
+        if thread.is_alive():
+            second.stop()
+            thread.join(30)
+            raise AssertionError("the second worker of the same name ran")
+    [error] = outcome
+    assert "worker name twin/1 is in use by another process: give each process a --worker-name of its own" \
+        in str(error)
+
+
+def test_a_metrics_port_in_use_is_told_plainly(deploy_queues) -> None:
+    deployed = deploy_queues(work_queue())
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = Worker(deployed.url, deployed.catalog, QUEUE, lambda m: None, worker_name="port", metrics_port=port)
+        with pytest.raises(WorkerError, match=rf"--metrics-port {port}: cannot serve the worker's metrics: "
+                                              r"Address already in use"):
+            worker.run()
+
+
 def test_the_database_restarting_under_two_workers_loses_and_doubles_nothing(tmp_path: Path) -> None:
     """10,000 messages, two worker processes of two slots each: A transactional (its handler inserts
     the id in the transaction that completes it), B acknowledging in batches. The cluster is stopped
@@ -409,6 +598,8 @@ def test_the_database_restarting_under_two_workers_loses_and_doubles_nothing(tmp
             outputs.append((tmp_path / f"{name}.out").read_text())
             assert code == 0, outputs[-1][-3000:]
         assert all("connection lost" in output for output in outputs), "a worker did not see the restart"
+        counts = [stopped_counts(output) for output in outputs]
+        started = [handled(tmp_path / f"{name}.log", "started") for name in "ab"]
 
         with connect(server.url) as conn:
             done = history(conn, schema)
@@ -419,8 +610,26 @@ def test_the_database_restarting_under_two_workers_loses_and_doubles_nothing(tmp
             assert sorted(written) == sorted(row[0] for row in done if row[2].startswith("A/"))
             stats = QueueClient.for_catalog(conn, "postgres", catalog, QUEUE).stats()
             assert (stats["ready"], stats["delayed"], stats["in_flight"], stats["dead"]) == (0, 0, 0, 0)
+        # Each completion counted once, by the process that made it; nothing released or dead.
+        assert [c["completed"] for c in counts] == [sum(row[2].startswith(n + "/") for row in done) for n in "AB"]
+        assert all(c["retrying"] == c["dead"] == c["released"] == 0 for c in counts), counts
+        # No message handled by both workers: a lease outlived the restart.
+        assert not set(started[0]) & set(started[1])
+        # B acknowledges in batches with the lease token: after reconnecting it acknowledges what it
+        # had handled, so it runs no handler twice and loses no acknowledgement.
+        assert len(started[1]) == len(set(started[1])) and counts[1]["lost"] == 0, counts
+        # A runs a handler again only when the restart cut its transaction (at most once per slot);
+        # a rerun whose first commit had gone through finds its lease gone and counts as lost.
+        reruns = len(started[0]) - len(set(started[0]))
+        assert counts[0]["lost"] <= reruns <= 2, (reruns, counts)
     finally:
         server.stop()
+
+
+def stopped_counts(output: str) -> dict[str, int]:
+    """The outcome counts of a worker's last log line, "worker NAME stopped: 5 completed, ..."."""
+    [line] = re.findall(r"worker \S+ stopped: (.*)", output)
+    return {outcome: int(count) for count, outcome in re.findall(r"(\d+) (\w+)", line)}
 
 
 def test_worker_refuses_a_queue_that_is_not_a_work_queue_and_a_handler_it_cannot_import(tmp_path: Path) -> None:
@@ -450,15 +659,29 @@ def test_worker_refuses_a_queue_that_is_not_a_work_queue_and_a_handler_it_cannot
     (psycopg.errors.DeadlockDetected("deadlock detected"), TRANSIENT),
     (psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"), TRANSIENT),
     (psycopg.errors.UniqueViolation("duplicate key"), None),
-    (pyodbc.Error("08S01", "[Microsoft][ODBC Driver 18 for SQL Server]Communication link failure (10054)"), DISCONNECT),
-    (pyodbc.Error("42000", "[SQL Server]Database 'q' on server 's' is not currently available. (40613) "
-                           "(SQLExecDirectW)"), DISCONNECT),
-    (pyodbc.Error("42000", "[SQL Server]The service has encountered an error processing your request. (40197)"),
-     DISCONNECT),
-    (pyodbc.Error("42000", "[SQL Server]Cannot open database \"q\" requested by the login. (4060)"), DISCONNECT),
-    (pyodbc.Error("40001", "[SQL Server]Transaction (Process ID 52) was deadlocked (1205) (SQLExecDirectW)"),
-     TRANSIENT),
-    (pyodbc.Error("42000", "[SQL Server]Invalid argument (51001) (SQLExecDirectW)"), None),
+    # pyodbc's text: "[state] message (native error) (SQLFunction)" per record, records joined by "; ".
+    (pyodbc.Error("08S01", "[08S01] [Microsoft][ODBC Driver 18 for SQL Server]TCP Provider: An existing connection "
+                           "was forcibly closed by the remote host. (10054) (SQLExecDirectW)"), DISCONNECT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Database 'q' on server 's' "
+                           "is not currently available. (40613) (SQLExecDirectW)"), DISCONNECT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]The service has encountered "
+                           "an error processing your request. (40197) (SQLExecDirectW)"), DISCONNECT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Cannot open database \"q\" "
+                           "requested by the login. (4060) (SQLDriverConnect); [42000] [Microsoft][ODBC Driver 18 for "
+                           "SQL Server][SQL Server]Login failed for user 'w'. (18456) (SQLDriverConnect)"), DISCONNECT),
+    (pyodbc.Error("40001", "[40001] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Transaction (Process ID 52) "
+                           "was deadlocked on lock resources with another process. (1205) (SQLExecDirectW)"), TRANSIENT),
+    (pyodbc.Error("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Invalid argument (51001) "
+                           "(SQLExecDirectW)"), None),
+    # Numbers in parentheses inside the message text are data, not error numbers.
+    (pyodbc.IntegrityError("23000", "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Violation of "
+                                    "PRIMARY KEY constraint 'PK_t'. Cannot insert duplicate key in object 'dbo.t'. "
+                                    "The duplicate key value is (64). (2627) (SQLExecDirectW)"), None),
+    (pyodbc.IntegrityError("23000", "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Violation of "
+                                    "PRIMARY KEY constraint 'PK_t'. Cannot insert duplicate key in object 'dbo.t'. "
+                                    "The duplicate key value is (1205). (2627) (SQLExecDirectW)"), None),
+    (pyodbc.ProgrammingError("42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]s.jobs_complete: "
+                                      "id (4060) is not valid (51001) (SQLExecDirectW)"), None),
     (ValueError("no database involved"), None),
 ])
 def test_retry_kind_sorts_engine_errors(error: BaseException, kind: str | None) -> None:

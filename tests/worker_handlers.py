@@ -3,7 +3,8 @@
 The command line passes a handler only the message, so these take their settings from the
 environment: TQ_TEST_LOG (a file: one line "started <id>" before the work, "finished <id>" after),
 TQ_TEST_SECONDS (how long the work takes), TQ_TEST_DONE_TABLE (schema.table the transactional
-handler inserts the message id into).
+handler inserts the message id into; it logs "started <id>" too, so a run whose transaction rolled
+back shows).
 """
 from __future__ import annotations
 
@@ -31,5 +32,6 @@ def record(message: Message) -> None:
 def insert_done(message: Message) -> None:
     """Transactional mode: the id goes into TQ_TEST_DONE_TABLE in the transaction that completes it."""
     assert message.connection is not None, "insert_done runs in transactional mode only"
+    _log(f"started {message.id}")
     schema, table = os.environ["TQ_TEST_DONE_TABLE"].split(".")
     message.connection.execute(f'INSERT INTO "{schema}"."{table}" (id) VALUES (%s)', (message.id,))

@@ -1,6 +1,6 @@
 // A producer and a consumer in Java of the work queue queue.emails of the example catalog
 // (database/queues.yml, what `make demo` deploys), through the queue's functions only: enqueue,
-// wait, dequeue with a lease token, complete, and an error told by its SQLSTATE (docs/errors.md).
+// wait, dequeue with a lease token, complete, fail, and an error told by its SQLSTATE (docs/errors.md).
 // One file, no build:
 //
 //   TABLEQUEUE_JDBC_URL='jdbc:postgresql://host:5432/db?user=app&password=secret' \
@@ -43,33 +43,20 @@ public class Example {
                 check(single(wait).getBoolean("ready"), "a message is ready within 5 s");
             }
 
-            // Lease it, do the work, complete it with the lease token: in one transaction, so the
-            // work's own writes (none here) commit together with the acknowledgement.
-            conn.setAutoCommit(false);
-            long id;
-            UUID token;
-            try (PreparedStatement dequeue = conn.prepareStatement(
-                    "SELECT id, payload, attempts, lease_token FROM queue.emails_dequeue(batch_size => 1, worker => ?, lease_seconds => 60)")) {
-                dequeue.setString(1, WORKER);
-                ResultSet message = single(dequeue);
-                id = message.getLong("id");
-                token = message.getObject("lease_token", UUID.class);
-                System.out.println("dequeued message " + id + " (attempt " + message.getInt("attempts") + "): "
-                        + message.getString("payload"));
+            check(consume(conn).equals("completed " + enqueued), "the message enqueued is completed");
+
+            // Work that fails: a message without a recipient is failed, its attempt spent.
+            long poison;
+            try (PreparedStatement enqueue = conn.prepareStatement(
+                    "SELECT id FROM queue.emails_enqueue(payload => ?::jsonb)")) {
+                enqueue.setString(1, "{\"template\": \"welcome\"}");
+                poison = single(enqueue).getLong("id");
             }
-            check(id == enqueued, "the message dequeued is the one enqueued");
-            try (PreparedStatement complete = conn.prepareStatement(
-                    "SELECT completed FROM queue.emails_complete(id => ?, worker => ?, lease_token => ?)")) {
-                complete.setLong(1, id);
-                complete.setString(2, WORKER);
-                complete.setObject(3, token);
-                check(single(complete).getBoolean("completed"), "complete reports the message completed");
-            }
-            conn.commit();
-            System.out.println("completed message " + id);
+            check(consume(conn).equals("retrying " + poison), "the message without a recipient is failed");
 
             // An error told by its number: a batch size of 0 is invalid_argument. PostgreSQL aborts the
             // transaction on any error: roll back and go on.
+            conn.setAutoCommit(false);
             try (PreparedStatement invalid = conn.prepareStatement(
                     "SELECT id FROM queue.emails_dequeue(batch_size => 0, worker => ?)")) {
                 invalid.setString(1, WORKER);
@@ -82,6 +69,62 @@ public class Example {
                 conn.rollback();
                 System.out.println("refused as documented: " + e.getSQLState() + " invalid_argument");
             }
+        }
+    }
+
+    // One message: "<outcome> <id>". The lease is taken on its own, in autocommit, so that it and the
+    // attempt it counts commit at once: a consumer that dies during the work still spends the attempt,
+    // and a message that kills every consumer reaches max_attempts and the dead letters. The work and
+    // complete then run in one transaction, so the work's own writes commit with the acknowledgement;
+    // work that fails rolls back and is failed with its error, visible again after 60 s.
+    static String consume(Connection conn) throws SQLException {
+        long id;
+        UUID token;
+        String payload;
+        try (PreparedStatement dequeue = conn.prepareStatement(
+                "SELECT id, payload, attempts, lease_token FROM queue.emails_dequeue(batch_size => 1, worker => ?, lease_seconds => 60)")) {
+            dequeue.setString(1, WORKER);
+            ResultSet message = single(dequeue);
+            id = message.getLong("id");
+            token = message.getObject("lease_token", UUID.class);
+            payload = message.getString("payload");
+            System.out.println("dequeued message " + id + " (attempt " + message.getInt("attempts") + "): " + payload);
+        }
+        conn.setAutoCommit(false);
+        try {
+            send(payload);
+            try (PreparedStatement complete = conn.prepareStatement(
+                    "SELECT completed FROM queue.emails_complete(id => ?, worker => ?, lease_token => ?)")) {
+                complete.setLong(1, id);
+                complete.setString(2, WORKER);
+                complete.setObject(3, token);
+                check(single(complete).getBoolean("completed"), "complete reports the message completed");
+            }
+            conn.commit();
+            System.out.println("completed message " + id);
+            return "completed " + id;
+        } catch (Exception e) {
+            conn.rollback();
+            conn.setAutoCommit(true);
+            try (PreparedStatement fail = conn.prepareStatement(
+                    "SELECT outcome FROM queue.emails_fail(id => ?, worker => ?, error => ?, retry_after_seconds => 60, lease_token => ?)")) {
+                fail.setLong(1, id);
+                fail.setString(2, WORKER);
+                fail.setString(3, e.toString());
+                fail.setObject(4, token);
+                String outcome = single(fail).getString("outcome");
+                System.out.println("failed message " + id + ": " + outcome + " (" + e + ")");
+                return outcome + " " + id;
+            }
+        } finally {
+            conn.setAutoCommit(true);
+        }
+    }
+
+    // The work: a stand-in for sending the email (its database writes would go through conn).
+    static void send(String payload) {
+        if (!payload.contains("\"to\"")) {
+            throw new IllegalArgumentException("no recipient (payload.to)");
         }
     }
 

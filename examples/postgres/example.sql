@@ -1,6 +1,7 @@
 -- A producer and a consumer in psql of the work queue queue.emails of the example catalog
 -- (database/queues.yml, what `make demo` deploys), through the queue's functions only: enqueue,
--- wait, dequeue with a lease token, complete, and an error told by its SQLSTATE (docs/errors.md).
+-- wait, dequeue with a lease token, complete, fail, and an error told by its SQLSTATE
+-- (docs/errors.md).
 --
 --   psql "postgresql://app:secret@host:5432/db" -v ON_ERROR_STOP=1 -f examples/postgres/example.sql
 --
@@ -23,9 +24,9 @@ CALL queue.emails_wait(wait_ms => 5000, ready => NULL) \gset
     DO $$ BEGIN RAISE EXCEPTION 'FAILED: nothing was ready within 5 s'; END $$;
 \endif
 
--- Lease it, do the work, complete it with the lease token: one transaction, so the work's own
--- writes (none here) commit together with the acknowledgement.
-BEGIN;
+-- Lease it on its own, in autocommit: the lease and the attempt it counts commit at once, so a
+-- consumer that dies during the work still spends the attempt (and a message that kills every
+-- consumer reaches max_attempts and the dead letters).
 SELECT d.id, d.lease_token, d.attempts
 FROM queue.emails_dequeue(batch_size => 1, worker => :'worker', lease_seconds => 60) AS d \gset
 \echo dequeued message :id (attempt :attempts)
@@ -34,6 +35,9 @@ SELECT :id = :enqueued AS same_message \gset
 \else
     DO $$ BEGIN RAISE EXCEPTION 'FAILED: the message dequeued is not the one enqueued'; END $$;
 \endif
+-- Then the work and complete with the lease token in one transaction: the work's own writes (none
+-- here) commit together with the acknowledgement, or neither does.
+BEGIN;
 SELECT c.completed
 FROM queue.emails_complete(id => :id, worker => :'worker', lease_token => :'lease_token') AS c \gset
 COMMIT;
@@ -41,6 +45,24 @@ COMMIT;
     \echo completed message :id
 \else
     DO $$ BEGIN RAISE EXCEPTION 'FAILED: complete did not complete the message'; END $$;
+\endif
+
+-- Work that fails: a message without a recipient. The work's transaction rolls back, and fail
+-- records the error: the attempt is spent, the message comes back after retry_after_seconds.
+SELECT e.id AS poison FROM queue.emails_enqueue(payload => '{"template": "welcome"}') AS e \gset
+SELECT d.id, d.lease_token, d.payload ? 'to' AS deliverable
+FROM queue.emails_dequeue(batch_size => 1, worker => :'worker', lease_seconds => 60) AS d \gset
+\if :deliverable
+    DO $$ BEGIN RAISE EXCEPTION 'FAILED: the message without a recipient has one'; END $$;
+\endif
+SELECT f.outcome
+FROM queue.emails_fail(id => :id, worker => :'worker', error => 'no recipient (payload.to)',
+                       retry_after_seconds => 60, lease_token => :'lease_token') AS f \gset
+SELECT :id = :poison AND :'outcome' = 'retrying' AS failed_as_documented \gset
+\if :failed_as_documented
+    \echo failed message :id: :outcome
+\else
+    DO $$ BEGIN RAISE EXCEPTION 'FAILED: fail did not record the failed attempt'; END $$;
 \endif
 
 -- An error told by its number: a batch size of 0 is invalid_argument (TQ001). psql prints the

@@ -1,6 +1,6 @@
 // The SQL Server twin of examples/postgres/Example.java: a producer and a consumer of the work queue
 // queue.emails of the example catalog (database/queues.yml) through the queue's procedures only:
-// enqueue, wait, dequeue with a lease token, complete, and an error told by its number
+// enqueue, wait, dequeue with a lease token, complete, fail, and an error told by its number
 // (docs/errors.md). Not run on this project's machines (no SQL Server there); tests/test_examples.py
 // compiles it. With Microsoft's JDBC driver (mssql-jdbc, Maven com.microsoft.sqlserver:mssql-jdbc):
 //
@@ -41,34 +41,19 @@ public class Example {
                 check(single(wait).getBoolean("ready"), "a message is ready within 5 s");
             }
 
-            // Lease it, do the work, complete it with the lease token: in one transaction, so the
-            // work's own writes (none here) commit together with the acknowledgement. (Manual commit
-            // runs with IMPLICIT_TRANSACTIONS ON; the procedures take the caller's transaction as theirs.)
-            conn.setAutoCommit(false);
-            long id;
-            String token;
-            try (PreparedStatement dequeue = conn.prepareStatement(
-                    "EXEC queue.emails_dequeue @batch_size = 1, @worker = ?, @lease_seconds = 60")) {
-                dequeue.setString(1, WORKER);
-                ResultSet message = single(dequeue);
-                id = message.getLong("id");
-                token = message.getString("lease_token");
-                System.out.println("dequeued message " + id + " (attempt " + message.getInt("attempts") + "): "
-                        + message.getString("payload"));
+            check(consume(conn).equals("completed " + enqueued), "the message enqueued is completed");
+
+            // Work that fails: a message without a recipient is failed, its attempt spent.
+            long poison;
+            try (PreparedStatement enqueue = conn.prepareStatement("EXEC queue.emails_enqueue @payload = ?")) {
+                enqueue.setString(1, "{\"template\": \"welcome\"}");
+                poison = single(enqueue).getLong("id");
             }
-            check(id == enqueued, "the message dequeued is the one enqueued");
-            try (PreparedStatement complete = conn.prepareStatement(
-                    "EXEC queue.emails_complete @id = ?, @worker = ?, @lease_token = ?")) {
-                complete.setLong(1, id);
-                complete.setString(2, WORKER);
-                complete.setString(3, token);
-                check(single(complete).getBoolean("completed"), "complete reports the message completed");
-            }
-            conn.commit();
-            System.out.println("completed message " + id);
+            check(consume(conn).equals("retrying " + poison), "the message without a recipient is failed");
 
             // An error told by its number: a batch size of 0 is invalid_argument. The procedure checks
             // its arguments before XACT_ABORT ON, so the open transaction survives the error.
+            conn.setAutoCommit(false);
             try (PreparedStatement invalid = conn.prepareStatement(
                     "EXEC queue.emails_dequeue @batch_size = 0, @worker = ?")) {
                 invalid.setString(1, WORKER);
@@ -81,6 +66,63 @@ public class Example {
                 conn.rollback();
                 System.out.println("refused as documented: " + e.getErrorCode() + " invalid_argument");
             }
+        }
+    }
+
+    // One message: "<outcome> <id>". The lease is taken on its own, in autocommit, so that it and the
+    // attempt it counts commit at once: a consumer that dies during the work still spends the attempt,
+    // and a message that kills every consumer reaches max_attempts and the dead letters. The work and
+    // complete then run in one transaction (manual commit runs with IMPLICIT_TRANSACTIONS ON; the
+    // procedures take the caller's transaction as theirs), so the work's own writes commit with the
+    // acknowledgement; work that fails rolls back and is failed with its error, visible again after 60 s.
+    static String consume(Connection conn) throws SQLException {
+        long id;
+        String token;
+        String payload;
+        try (PreparedStatement dequeue = conn.prepareStatement(
+                "EXEC queue.emails_dequeue @batch_size = 1, @worker = ?, @lease_seconds = 60")) {
+            dequeue.setString(1, WORKER);
+            ResultSet message = single(dequeue);
+            id = message.getLong("id");
+            token = message.getString("lease_token");
+            payload = message.getString("payload");
+            System.out.println("dequeued message " + id + " (attempt " + message.getInt("attempts") + "): " + payload);
+        }
+        conn.setAutoCommit(false);
+        try {
+            send(payload);
+            try (PreparedStatement complete = conn.prepareStatement(
+                    "EXEC queue.emails_complete @id = ?, @worker = ?, @lease_token = ?")) {
+                complete.setLong(1, id);
+                complete.setString(2, WORKER);
+                complete.setString(3, token);
+                check(single(complete).getBoolean("completed"), "complete reports the message completed");
+            }
+            conn.commit();
+            System.out.println("completed message " + id);
+            return "completed " + id;
+        } catch (Exception e) {
+            conn.rollback();
+            conn.setAutoCommit(true);
+            try (PreparedStatement fail = conn.prepareStatement(
+                    "EXEC queue.emails_fail @id = ?, @worker = ?, @error = ?, @retry_after_seconds = 60, @lease_token = ?")) {
+                fail.setLong(1, id);
+                fail.setString(2, WORKER);
+                fail.setString(3, e.toString());
+                fail.setString(4, token);
+                String outcome = single(fail).getString("outcome");
+                System.out.println("failed message " + id + ": " + outcome + " (" + e + ")");
+                return outcome + " " + id;
+            }
+        } finally {
+            conn.setAutoCommit(true);
+        }
+    }
+
+    // The work: a stand-in for sending the email (its database writes would go through conn).
+    static void send(String payload) {
+        if (!payload.contains("\"to\"")) {
+            throw new IllegalArgumentException("no recipient (payload.to)");
         }
     }
 

@@ -10,12 +10,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .catalog import Catalog, CatalogError, load_catalog
 from .distribution import DistributionError, example_catalog, version
 from .render import DIALECTS, RenderError, Unit, render_catalog, render_migrations, render_tsqlt, write_files
 
 EXIT_ERROR, EXIT_INVALID, EXIT_REFUSED = 1, 2, 3
+# A second SIGTERM or SIGINT: the shell's code for a process ended by Ctrl-C.
+EXIT_INTERRUPTED = 130
 EXAMPLE_CATALOG_HELP = "default: the example catalog, database/queues.yml (a copy ships in the package)"
 
 
@@ -244,11 +247,22 @@ def _log_to_stderr() -> None:
 
 
 def _until_signalled(on_signal) -> None:
-    """Call on_signal at the first SIGTERM or SIGINT (systemd's stop, Ctrl-C)."""
+    """Call on_signal at the first SIGTERM or SIGINT (systemd's stop, Ctrl-C); a second one exits at
+    once with 130 (what is still leased waits for its leases to expire)."""
     import signal
 
+    signalled = []
+
+    def handle(number: int, _frame: Any) -> None:
+        if signalled:
+            print(f"tablequeue: {signal.Signals(number).name} again: exiting without waiting", file=sys.stderr,
+                  flush=True)
+            os._exit(EXIT_INTERRUPTED)
+        signalled.append(number)
+        on_signal()
+
     for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, lambda *_: on_signal())
+        signal.signal(number, handle)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -258,7 +272,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         worker = Worker(args.url, catalog, args.queue, args.handler, concurrency=args.concurrency,
                         batch_size=args.batch_size, worker_name=args.worker_name, grace_seconds=args.grace_seconds,
-                        transactional=args.transactional, metrics_port=args.metrics_port)
+                        transactional=args.transactional, metrics_port=args.metrics_port,
+                        handler_timeout_seconds=args.handler_timeout)
     except WorkerError as exc:
         print(f"tablequeue worker: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -432,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transactional", action="store_true",
                    help="run the handler and complete in one transaction on the handler's connection "
                         "(message.connection): its writes and the ack commit together")
+    p.add_argument("--handler-timeout", type=_positive, metavar="SECONDS",
+                   help="once a handler has run this long its lease is no longer extended: it expires, the attempt "
+                        "counts and the message goes to another consumer (default: no limit)")
     p.add_argument("--metrics-port", type=int,
                    help="serve the worker's Prometheus counters on this port (0: any free port)")
     p.set_defaults(func=cmd_worker)

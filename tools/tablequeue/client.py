@@ -211,6 +211,8 @@ class QueueClient:
             self._listen()
         while True:
             rows = self.call("dequeue", params)
+            if listen and rows:
+                self._drop_notifications()
             remaining = deadline - time.monotonic()
             if rows or remaining <= 0:
                 return rows
@@ -233,6 +235,13 @@ class QueueClient:
             channel = f"{self.schema}.{self.queue.name}".replace('"', '""')
             self.conn.execute(f'LISTEN "{channel}"')
             self._listening = True
+
+    def _drop_notifications(self) -> None:
+        """Forget the notifications that came since the last wait: the dequeue that just found
+        messages has seen theirs. psycopg keeps every notification received outside notifies() in an unbounded
+        list, so a consumer that is never idle would keep one per enqueue for as long as it lives."""
+        for _ in self.conn.notifies(timeout=0):
+            pass
 
     def wait(self, wait_ms: int = MAX_WAIT_MS) -> bool:
         """S.Q_wait: True as soon as a message is ready to dequeue, False after wait_ms; claims

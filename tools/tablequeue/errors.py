@@ -53,6 +53,11 @@ POSTGRES_TRANSIENT_STATES = frozenset({"40P01", "40001", "55P03"})
 
 DISCONNECT, TRANSIENT = "disconnect", "transient"
 
+# pyodbc writes each diagnostic record as "[SQLSTATE] message (native error) (SQLFunction)" and joins
+# the records with "; ". Only the number right before the function name is the engine's error
+# number: a number in parentheses inside the message is data (a duplicate key value, an object id).
+PYODBC_NATIVE_ERROR = re.compile(r"\((-?\d+)\) \(SQL\w+\)(?=;|$)")
+
 
 def retry_kind(exc: BaseException) -> str | None:
     """DISCONNECT, TRANSIENT or None (not retryable) for an exception of psycopg or pyodbc, also
@@ -84,7 +89,7 @@ def _retry_kind_of(exc: BaseException) -> str | None:
         return None
     if module == "pyodbc":
         state = str(exc.args[0]) if exc.args else ""
-        numbers = {int(n) for n in re.findall(r"\((\d+)\)", " ".join(str(a) for a in exc.args[1:]))}
+        numbers = {int(n) for text in exc.args[1:] for n in PYODBC_NATIVE_ERROR.findall(str(text).rstrip())}
         if numbers & MSSQL_TRANSIENT_NUMBERS:
             return TRANSIENT
         if state in ODBC_DISCONNECT_STATES or numbers & MSSQL_DISCONNECT_NUMBERS:

@@ -1,21 +1,27 @@
 """`tablequeue metrics`: a Prometheus endpoint with every queue's stats, read at scrape time.
 
 Each scrape finds the queues (the catalog's, or every queue the login may call stats on) and calls
-each one's stats verb on one connection, with a statement timeout: a scrape that cannot read every
-queue in time fails as a whole (HTTP 500), so Prometheus records the target as down instead of
-keeping stale numbers. The worker's own counters are served by the worker (tablequeue.worker).
+each one's stats verb on one connection, all within one deadline (--timeout): a scrape that cannot
+read every queue in time fails as a whole (HTTP 500), so Prometheus records the target as down
+instead of keeping stale numbers. The worker's own counters are served by the worker
+(tablequeue.worker).
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
+import time
 from typing import Any, Iterator
 
 from .catalog import Catalog
 from .engines import connect, parse_url
 from .errors import DISCONNECT, retry_kind
 from .stats import AGE, COUNTS, find_queues, read_stats, set_statement_timeout
+
+
+class ScrapeError(RuntimeError):
+    """A scrape that could not read every queue within its deadline."""
 
 LOG = logging.getLogger("tablequeue.metrics")
 LABELS = ("schema", "queue", "kind")
@@ -43,8 +49,16 @@ class QueueStatsCollector:
         yield from self._families().values()
 
     def collect(self) -> Iterator[Any]:
-        with self._lock:
-            rows = self._read()
+        deadline = time.monotonic() + self.timeout_seconds
+        # A scrape still running holds the connection; one that waited for it would only pile up
+        # threads and sockets while the database is slow.
+        if not self._lock.acquire(timeout=self.timeout_seconds):
+            self._log_failure(ScrapeError(f"an earlier scrape is still running after {self.timeout_seconds:g}s"))
+            raise ScrapeError(f"an earlier scrape is still running after {self.timeout_seconds:g}s")
+        try:
+            rows = self._read(deadline)
+        finally:
+            self._lock.release()
         families = self._families()
         for row in rows:
             labels = [row["schema"], row["queue"], row["kind"]]
@@ -60,26 +74,41 @@ class QueueStatsCollector:
         return {name: GaugeMetricFamily(f"tablequeue_queue_{name}", HELP[name], labels=LABELS)
                 for name in (*COUNTS, AGE)}
 
-    def _read(self) -> list[dict]:
+    def _read(self, deadline: float) -> list[dict]:
+        reused = self._conn is not None
         try:
-            return self._read_once()
+            return self._read_once(deadline)
         except Exception as exc:
             self.close()
-            if retry_kind(exc) != DISCONNECT:
+            # Only a connection kept from an earlier scrape may have broken in between (a server
+            # restart) and earn one new one; a new connection that failed would fail again.
+            if not reused or retry_kind(exc) != DISCONNECT or deadline <= time.monotonic():
                 self._log_failure(exc)
                 raise
-        try:   # the connection broke since the last scrape (a server restart): one new connection
-            return self._read_once()
+        try:
+            return self._read_once(deadline)
         except Exception as exc:
             self.close()
             self._log_failure(exc)
             raise
 
-    def _read_once(self) -> list[dict]:
+    def _read_once(self, deadline: float) -> list[dict]:
         if self._conn is None:
-            self._conn = connect(self.url, autocommit=True, connect_timeout=math.ceil(self.timeout_seconds))
-            set_statement_timeout(self._conn, self.dialect, self.timeout_seconds)
-        return read_stats(self._conn, self.dialect, find_queues(self._conn, self.dialect, self.catalog))
+            self._conn = connect(self.url, autocommit=True,
+                                 connect_timeout=max(1, math.ceil(self._remaining(deadline))))
+        # Every statement gets what is left of the scrape's deadline, not a timeout of its own.
+        self._budget(deadline)
+        queues = find_queues(self._conn, self.dialect, self.catalog)
+        return read_stats(self._conn, self.dialect, queues, before_each=lambda: self._budget(deadline))
+
+    def _budget(self, deadline: float) -> None:
+        set_statement_timeout(self._conn, self.dialect, self._remaining(deadline))
+
+    def _remaining(self, deadline: float) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ScrapeError(f"the scrape did not finish within --timeout {self.timeout_seconds:g}s")
+        return remaining
 
     @staticmethod
     def _log_failure(exc: BaseException) -> None:

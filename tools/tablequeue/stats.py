@@ -2,13 +2,15 @@
 
 `tablequeue stats` prints them, `tablequeue metrics` serves them to Prometheus, the demo ends with
 them. Nothing here reads a queue's tables: finding the queues reads the system catalog (the
-routines the login may execute), the numbers come from S.Q_stats, so the admin role suffices.
+routines of the queue verbs, and which <q>_stats the login may execute), the numbers come from
+S.Q_stats, so the admin role suffices.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .catalog import Catalog, Queue
 from .client import QueueClient
@@ -19,24 +21,31 @@ AGE = "oldest_ready_age_seconds"
 # What discovery calls a queue whose routines do not tell its kind (heap, fifo and lifo queues have
 # the same verbs with the same parameters): pass the catalog for the exact kind.
 DESTRUCTIVE_UNKNOWN = "heap|fifo|lifo"
+# The same, when the login cannot see the queue's enqueue either (SQL Server shows a login only the
+# procedures it may execute: an admin-only login sees stats and purge, which pending shares too).
+NOT_WORK_UNKNOWN = "heap|fifo|lifo|pending"
 
-# Every routine the login may execute whose name ends in one of the verbs discovery looks at, with
-# whether it takes a due_at parameter (enqueue of pending and work queues).
-POSTGRES_ROUTINES = r"""SELECT n.nspname, p.proname, coalesce('due_at' = ANY(p.proargnames), false)
+# The routines discovery looks at, with whether the login may execute each and whether it takes a
+# due_at parameter (enqueue of pending and work queues). Only <q>_stats must be executable, so the
+# admin role (stats, purge, the dead letters) suffices. PostgreSQL shows every routine in pg_proc;
+# SQL Server's sys.procedures shows only those the login holds a permission on, so an admin-only
+# login tells a work queue by its <q>_dead_list, an admin verb of work queues only.
+POSTGRES_ROUTINES = r"""SELECT n.nspname, p.proname, coalesce('due_at' = ANY(p.proargnames), false),
+    has_function_privilege(p.oid, 'EXECUTE')
 FROM pg_catalog.pg_proc AS p
 JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
 WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
-  AND (p.proname LIKE '%\_stats' OR p.proname LIKE '%\_enqueue' OR p.proname LIKE '%\_dequeue'
-       OR p.proname LIKE '%\_complete')
-  AND has_function_privilege(p.oid, 'EXECUTE')"""
+  AND (p.proname LIKE '%\_stats' OR p.proname LIKE '%\_enqueue' OR p.proname LIKE '%\_complete'
+       OR p.proname LIKE '%\_dead\_list')"""
 MSSQL_ROUTINES = """SELECT SCHEMA_NAME(p.schema_id) AS schema_name, p.name,
     CASE WHEN EXISTS (
         SELECT 1 FROM sys.parameters AS a WHERE a.object_id = p.object_id AND a.name = N'@due_at'
-    ) THEN 1 ELSE 0 END AS has_due_at
+    ) THEN 1 ELSE 0 END AS has_due_at,
+    HAS_PERMS_BY_NAME(QUOTENAME(SCHEMA_NAME(p.schema_id)) + N'.' + QUOTENAME(p.name), N'OBJECT', N'EXECUTE')
+        AS executable
 FROM sys.procedures AS p
-WHERE (p.name LIKE N'%[_]stats' OR p.name LIKE N'%[_]enqueue' OR p.name LIKE N'%[_]dequeue'
-       OR p.name LIKE N'%[_]complete')
-  AND HAS_PERMS_BY_NAME(QUOTENAME(SCHEMA_NAME(p.schema_id)) + N'.' + QUOTENAME(p.name), N'OBJECT', N'EXECUTE') = 1"""
+WHERE p.name LIKE N'%[_]stats' OR p.name LIKE N'%[_]enqueue' OR p.name LIKE N'%[_]complete'
+   OR p.name LIKE N'%[_]dead[_]list'"""
 
 
 class StatsError(RuntimeError):
@@ -50,42 +59,46 @@ class QueueRef:
     kind: str    # a catalog kind, or DESTRUCTIVE_UNKNOWN where discovery cannot tell
 
 
-def discover_queues(conn: Any, dialect: str) -> list[QueueRef]:
-    """Every queue of the database whose stats the login may call: a schema's <q>_stats beside its
-    <q>_enqueue and <q>_dequeue. work: it has <q>_complete; pending: its enqueue takes due_at."""
+def _routines(conn: Any, dialect: str) -> list[tuple]:
+    """(schema, name, takes due_at, the login may execute it) of the routines discovery looks at."""
     if dialect == "postgres":
-        rows = conn.execute(POSTGRES_ROUTINES).fetchall()
-    else:
-        cursor = conn.cursor()
-        try:
-            cursor.execute(MSSQL_ROUTINES)
-            rows = cursor.fetchall()
-        finally:
-            cursor.close()
-    routines = {(schema, name) for schema, name, _ in rows}
-    due_at = {(schema, name) for schema, name, has_due_at in rows if has_due_at}
+        return conn.execute(POSTGRES_ROUTINES).fetchall()
+    cursor = conn.cursor()
+    try:
+        cursor.execute(MSSQL_ROUTINES)
+        return cursor.fetchall()
+    finally:
+        cursor.close()
+
+
+def discover_queues(conn: Any, dialect: str) -> list[QueueRef]:
+    """Every queue of the database whose stats the login may call (<q>_stats). work: it has
+    <q>_complete or <q>_dead_list; pending: its enqueue takes due_at."""
+    rows = _routines(conn, dialect)
+    routines = {(schema, name) for schema, name, _, _ in rows}
+    due_at = {(schema, name) for schema, name, has_due_at, _ in rows if has_due_at}
     found = []
-    for schema, name in sorted(routines):
-        if not name.endswith("_stats"):
-            continue
+    for schema, name in sorted((schema, name) for schema, name, _, executable in rows
+                               if executable and name.endswith("_stats")):
         queue = name[: -len("_stats")]
-        if (schema, f"{queue}_enqueue") not in routines or (schema, f"{queue}_dequeue") not in routines:
-            continue
-        if (schema, f"{queue}_complete") in routines:
+        if {(schema, f"{queue}_complete"), (schema, f"{queue}_dead_list")} & routines:
             kind = "work"
         elif (schema, f"{queue}_enqueue") in due_at:
             kind = "pending"
-        else:
+        elif (schema, f"{queue}_enqueue") in routines:
             kind = DESTRUCTIVE_UNKNOWN
+        else:
+            kind = NOT_WORK_UNKNOWN
         found.append(QueueRef(schema, queue, kind))
     return found
 
 
 def catalog_queues(conn: Any, dialect: str, catalog: Catalog) -> list[QueueRef]:
-    """The catalog's queues with their exact kinds; a queue the database does not have (or whose
-    stats the login may not call) is an error naming the catalog file and the queue."""
-    deployed = {(ref.schema, ref.name) for ref in discover_queues(conn, dialect)}
-    missing = [q.name for q in catalog.queues if (catalog.schema, q.name) not in deployed]
+    """The catalog's queues with their exact kinds; a queue whose stats the database does not have
+    (or the login may not call) is an error naming the catalog file and the queue."""
+    callable_stats = {(schema, name) for schema, name, _, executable in _routines(conn, dialect)
+                      if executable}
+    missing = [q.name for q in catalog.queues if (catalog.schema, f"{q.name}_stats") not in callable_stats]
     if missing:
         raise StatsError(f"{catalog.path}: queue '{missing[0]}': {catalog.schema}.{missing[0]}_stats is not deployed "
                          f"in this database, or the login may not execute it"
@@ -97,11 +110,15 @@ def find_queues(conn: Any, dialect: str, catalog: Catalog | None) -> list[QueueR
     return catalog_queues(conn, dialect, catalog) if catalog is not None else discover_queues(conn, dialect)
 
 
-def read_stats(conn: Any, dialect: str, queues: list[QueueRef]) -> list[dict]:
+def read_stats(conn: Any, dialect: str, queues: list[QueueRef],
+               before_each: Callable[[], None] | None = None) -> list[dict]:
     """One row per queue: schema, queue, kind, the stats verb's counts, oldest_ready_age_seconds
-    (None when nothing is ready) and estimated (counts past 10,000 are estimates)."""
+    (None when nothing is ready) and estimated (counts past 10,000 are estimates). before_each runs
+    before each queue's call (metrics sets the statement timeout to what is left of its deadline)."""
     rows = []
     for ref in queues:
+        if before_each is not None:
+            before_each()
         # The stats verb takes no argument: neither the kind nor the payload type (the client needs
         # them only to pass arguments) plays a part in the call.
         client = QueueClient(conn, dialect, ref.schema, Queue(ref.name, "work", "binary"))
@@ -114,11 +131,12 @@ def read_stats(conn: Any, dialect: str, queues: list[QueueRef]) -> list[dict]:
 
 
 def set_statement_timeout(conn: Any, dialect: str, seconds: float) -> None:
-    """Every later statement of the connection is cancelled after `seconds`."""
+    """Every later statement of the connection is cancelled after `seconds` (SQL Server: whole
+    seconds, at least 1)."""
     if dialect == "postgres":
         conn.execute(f"SET statement_timeout = {max(1, int(seconds * 1000))}")
     else:
-        conn.timeout = max(1, int(seconds))
+        conn.timeout = max(1, math.ceil(seconds))
 
 
 def format_table(rows: list[dict]) -> str:

@@ -30,6 +30,7 @@ from .catalog import Catalog
 from .client import QueueClient
 from .engines import connect, parse_url
 from .errors import DISCONNECT, TRANSIENT, retry_kind
+from .stats import set_statement_timeout
 
 LOG = logging.getLogger("tablequeue.worker")
 
@@ -38,6 +39,17 @@ IDLE_WAIT_SECONDS = 1.0
 # Reconnecting: the first pause, doubled (with jitter) up to the last; and how long a login may take.
 RECONNECT_FIRST_SECONDS, RECONNECT_MAX_SECONDS = 0.2, 10.0
 CONNECT_TIMEOUT_SECONDS = 10
+# A deadlock or lock timeout of a dequeue or an acknowledgement: the call is tried again on the same
+# connection (acknowledgements are fenced by the lease token), after a pause from the first, doubled
+# (with jitter) up to the last.
+CALL_RETRY_FIRST_SECONDS, CALL_RETRY_MAX_SECONDS = 0.05, 2.0
+# A transactional handler whose run lost the slot's own connection is run again after the reconnect
+# without spending an attempt, this often; the next loss fails the attempt (a handler that breaks the
+# connection every time must reach max_attempts and the dead letters).
+DISCONNECT_RERUNS = 3
+# The end of the grace period: the connection that acknowledges or gives back what busy slots held,
+# and each of its statements, get this long (docs/operations.md adds it to --grace-seconds).
+HAND_BACK_TIMEOUT_SECONDS = 5
 # A transient error (deadlock, lock timeout, serialization failure) of the handler's transaction is
 # retried this often at once, keeping the lease and spending no attempt, before it counts as a failure.
 TRANSIENT_RETRIES = 3
@@ -79,6 +91,9 @@ class _Held:
     extended_at: float | None = None  # time.monotonic() of the lease's start or last extension; None: unknown
     lease_lost: bool = False          # an extension was refused: its ack will say so, no use extending it
     duration: float = 0.0
+    started_at: float | None = None   # time.monotonic() the handler started; None: no handler runs on it now
+    timed_out: bool = False           # the handler ran past handler_timeout: the keeper lets the lease expire
+    reruns: int = 0                   # transactional runs that lost the slot's connection (no attempt spent)
 
 
 @dataclass(eq=False)
@@ -91,6 +106,7 @@ class _Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
     fresh: bool = True                # no claim since (re)connecting: a live lease may be an old one
     abandoned: bool = False
+    failures: int = 0                 # database errors retried since the last dequeue that worked
 
 
 class _Abandoned(Exception):
@@ -103,6 +119,10 @@ class _GiveUp(Exception):
 
 class _LeaseLost(Exception):
     """complete said the lease is no longer ours: roll the handler's writes back."""
+
+
+class _NameInUse(Exception):
+    """Another session holds the slot's worker name."""
 
 
 def load_handler(spec: str) -> Callable[[Message], Any]:
@@ -144,6 +164,9 @@ class WorkerMetrics:
             self.messages.labels(outcome=outcome)
         self.handler_duration = Histogram("tablequeue_worker_handler_duration_seconds",
                                           "Time the handler took per message", registry=self.registry)
+        self.handler_timeouts = Counter("tablequeue_worker_handler_timeouts",
+                                        "Handlers that ran past --handler-timeout: their leases were left to expire",
+                                        registry=self.registry)
 
 
 class Worker:
@@ -151,7 +174,11 @@ class Worker:
                  concurrency: int = 1, batch_size: int = 10, worker_name: str | None = None,
                  grace_seconds: float = 30.0, transactional: bool = False, metrics_port: int | None = None,
                  progress_seconds: float = PROGRESS_SECONDS, retry_base_seconds: int = RETRY_BASE_SECONDS,
-                 retry_cap_seconds: int = RETRY_CAP_SECONDS, rng: random.Random | None = None):
+                 retry_cap_seconds: int = RETRY_CAP_SECONDS, rng: random.Random | None = None,
+                 handler_timeout_seconds: float | None = None):
+        """handler_timeout_seconds: once a handler has run this long, its lease is no longer extended:
+        it expires, the attempt counts, and the message goes to another consumer (or, at
+        max_attempts, to the dead letters). None: a handler may run as long as it likes."""
         try:
             self.queue = catalog.queue(queue)
         except KeyError:
@@ -165,9 +192,12 @@ class Worker:
             raise WorkerError(f"queue '{queue}': --batch-size must be 1..1000 (the contract's batch cap), got {batch_size}")
         if grace_seconds < 0:
             raise WorkerError(f"queue '{queue}': --grace-seconds must be 0 or more, got {grace_seconds}")
+        if handler_timeout_seconds is not None and handler_timeout_seconds <= 0:
+            raise WorkerError(f"queue '{queue}': --handler-timeout must be above 0, got {handler_timeout_seconds}")
         self.url, self.catalog, self.dialect = url, catalog, parse_url(url).dialect
         self.handler = load_handler(handler) if isinstance(handler, str) else handler
         self.batch_size, self.grace_seconds, self.transactional = batch_size, grace_seconds, transactional
+        self.handler_timeout_seconds = handler_timeout_seconds
         self.lease_seconds: int = self.queue.options["lease_seconds"]
         self.name = worker_name or socket.gethostname()
         self.slots = [_Slot(n, f"{self.name}/{n}") for n in range(1, concurrency + 1)]
@@ -197,7 +227,11 @@ class Worker:
         if self.metrics_port is not None:
             from prometheus_client import start_http_server
 
-            self.metrics_server, _ = start_http_server(self.metrics_port, registry=self.metrics.registry)
+            try:
+                self.metrics_server, _ = start_http_server(self.metrics_port, registry=self.metrics.registry)
+            except OSError as exc:
+                raise WorkerError(f"{self.label}: --metrics-port {self.metrics_port}: cannot serve the worker's "
+                                  f"metrics: {exc.strerror or exc}") from exc
             LOG.info("%s: worker metrics on port %d", self.label, self.metrics_server.server_port)
         keeper_stop = threading.Event()
         keeper = threading.Thread(target=self._keep_leases, args=(keeper_stop,), name="lease-keeper", daemon=True)
@@ -209,8 +243,14 @@ class Worker:
         for thread in threads:
             thread.start()
         last = dict(self.counts)
-        while not self._stop.wait(self.progress_seconds):
-            last = self._log_progress(last)
+        try:
+            while not self._stop.wait(self.progress_seconds):
+                last = self._log_progress(last)
+        except KeyboardInterrupt:
+            # run() called without signal handlers (a library user's Ctrl-C): stop gracefully all
+            # the same, so that what the slots hold is acknowledged or released, not left to expire.
+            LOG.warning("%s: interrupted: stopping", self.label)
+            self.stop()
         for thread in threads:
             thread.join(max(0.0, self._give_up_at - time.monotonic()))
         late = [(slot, thread) for slot, thread in zip(self.slots, threads) if thread.is_alive()]
@@ -246,17 +286,32 @@ class Worker:
     # -- one slot -----------------------------------------------------------------------------
     def _slot_main(self, slot: _Slot) -> None:
         try:
-            self._connect(slot)
+            if not self._connect(slot, first=True):
+                return
             while True:
                 try:
                     self._slot_loop(slot)
                     return
                 except Exception as exc:  # noqa: BLE001 - sorted by retry_kind; the rest is fatal
-                    if isinstance(exc, (_Abandoned, _GiveUp)) or retry_kind(exc) != DISCONNECT:
+                    kind = None if isinstance(exc, (_Abandoned, _GiveUp)) else retry_kind(exc)
+                    if kind is None:
                         raise
-                    LOG.warning("%s %s: connection lost (%s); reconnecting, holding %d message(s)", self.label,
-                                slot.name, _one_line(exc), len(slot.held))
-                    self._connect(slot)
+                    slot.failures += 1
+                    pause = self._pause(CALL_RETRY_FIRST_SECONDS if kind == TRANSIENT else RECONNECT_FIRST_SECONDS,
+                                        CALL_RETRY_MAX_SECONDS if kind == TRANSIENT else RECONNECT_MAX_SECONDS,
+                                        slot.failures)
+                    if kind == TRANSIENT and not _broken(slot.conn, self.dialect):
+                        # A deadlock or lock timeout of a dequeue or an acknowledgement: the statement
+                        # rolled back and the connection is fine; what the slot holds is as it was.
+                        LOG.warning("%s %s: %s; trying again in %.2fs, holding %d message(s)", self.label,
+                                    slot.name, _one_line(exc), pause, len(slot.held))
+                        time.sleep(min(pause, max(0.0, self._give_up_at - time.monotonic())))
+                        continue
+                    LOG.warning("%s %s: connection lost (%s); reconnecting in %.1fs, holding %d message(s)",
+                                self.label, slot.name, _one_line(exc), pause, len(slot.held))
+                    self._stop.wait(pause)
+                    if not self._connect(slot):
+                        return
         except _Abandoned:
             pass
         except _GiveUp:
@@ -266,32 +321,58 @@ class Worker:
             LOG.exception("%s %s: stopped on an error it cannot retry", self.label, slot.name)
             self._fatal = self._fatal or exc
             self.stop()
+            _close(slot.conn)
+            slot.conn = None
+            # What it holds would otherwise wait for its leases to expire and be handled again.
+            self._hand_back([slot], handlers_running=False)
         finally:
             _close(slot.conn)
 
-    def _connect(self, slot: _Slot) -> None:
-        """(Re)connect the slot, pausing between tries, until it works or, once stopping, the grace
-        period ends (_GiveUp)."""
+    def _pause(self, first: float, last: float, tries: int) -> float:
+        """first, doubled per try up to last, plus up to as much again at random."""
+        return min(last, first * 2 ** (max(1, tries) - 1)) * (1 + self.rng.random())
+
+    def _connect(self, slot: _Slot, first: bool = False) -> bool:
+        """(Re)connect the slot and take its worker name, pausing between tries, until it works or,
+        once stopping, the grace period ends (_GiveUp). False: stop() came while the slot, holding
+        nothing, could not connect: there is nothing left for it to do."""
         _close(slot.conn)
         slot.conn = slot.client = None
         pause = RECONNECT_FIRST_SECONDS
         while True:
+            if self._stopping() and not slot.held:
+                return False
             try:
-                slot.conn = connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+                conn = connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+                try:
+                    _take_name(conn, self.dialect, f"tablequeue:{self.label}/{slot.name}")
+                except BaseException:
+                    _close(conn)
+                    raise
+                slot.conn = conn
                 slot.client = QueueClient(slot.conn, self.dialect, self.catalog.schema, self.queue)
                 slot.fresh = True
-                return
+                return True
+            except _NameInUse:
+                if first:
+                    raise WorkerError(f"{self.label}: worker name {slot.name} is in use by another process: give each "
+                                      f"process a --worker-name of its own") from None
+                # Our own session from before the reconnect, which the server has not noticed is gone.
+                problem = "its worker name is still held by the session it lost"
             except Exception as exc:  # noqa: BLE001 - only a lost connection is retried
                 if retry_kind(exc) != DISCONNECT:
                     raise
-                remaining = self._give_up_at - time.monotonic()
-                if remaining <= 0:
-                    raise _GiveUp() from exc
-                delay = min(remaining, pause * (1 + self.rng.random()))
-                LOG.warning("%s %s: cannot connect (%s); trying again in %.1fs", self.label, slot.name,
-                            _one_line(exc), delay)
-                time.sleep(delay)
-                pause = min(RECONNECT_MAX_SECONDS, pause * 2)
+                problem = f"cannot connect ({_one_line(exc)})"
+            remaining = self._give_up_at - time.monotonic()
+            if remaining <= 0:
+                raise _GiveUp()
+            delay = min(remaining, pause * (1 + self.rng.random()))
+            LOG.warning("%s %s: %s; trying again in %.1fs", self.label, slot.name, problem, delay)
+            if self._stopping():
+                time.sleep(delay)        # bounded by the grace period: it has messages to hand back
+            else:
+                self._stop.wait(delay)   # stop() ends the pause: a slot holding nothing then returns
+            pause = min(RECONNECT_MAX_SECONDS, pause * 2)
 
     def _slot_loop(self, slot: _Slot) -> None:
         while True:
@@ -302,7 +383,14 @@ class Worker:
             with slot.lock:
                 if slot.abandoned:
                     raise _Abandoned()
-                pending = next((held for held in slot.held if held.state == NEW), None)
+                # Another consumer may hold these by now (the keeper could not extend them): running
+                # the handler would only double its side effects.
+                lost = [held for held in slot.held if held.state == NEW and held.lease_lost]
+                pending = next((held for held in slot.held if held.state == NEW and not held.lease_lost), None)
+            for held in lost:
+                LOG.warning("%s %s: message %s: not handled, its lease was lost first", self.label, slot.name,
+                            held.message.id)
+                self._finish(slot, held, "lost")
             if pending is not None:
                 self._handle(slot, pending)
                 continue
@@ -311,6 +399,7 @@ class Worker:
             claimed_at = time.monotonic()
             rows = slot.client.dequeue(batch_size=self.batch_size, worker=slot.name,
                                        lease_seconds=self.lease_seconds, wait=IDLE_WAIT_SECONDS)
+            slot.failures = 0
             with slot.lock:
                 abandoned = slot.abandoned
                 if not abandoned:
@@ -334,13 +423,22 @@ class Worker:
         if self.transactional:
             self._handle_in_transaction(slot, held)
             return
-        started = time.monotonic()
+        started = self._started(slot, held)
         try:
             self.handler(held.message)
             error = None
         except Exception as exc:  # noqa: BLE001 - any handler error is a failed attempt
             error = _one_line(exc)
+        finally:
+            held.started_at = None
         self._handled(slot, held, started, error)
+
+    @staticmethod
+    def _started(slot: _Slot, held: _Held) -> float:
+        """Mark the handler as running on held (the keeper times it, the hand-back fails it)."""
+        with slot.lock:
+            held.started_at = time.monotonic()
+            return held.started_at
 
     def _handled(self, slot: _Slot, held: _Held, started: float, error: str | None) -> None:
         held.duration = time.monotonic() - started
@@ -358,7 +456,7 @@ class Worker:
     def _handle_in_transaction(self, slot: _Slot, held: _Held) -> None:
         message = held.message
         for transient_try in range(TRANSIENT_RETRIES + 1):
-            started = time.monotonic()
+            started = self._started(slot, held)
             try:
                 with _transaction(slot.conn, self.dialect):
                     message.connection = slot.conn
@@ -370,6 +468,7 @@ class Worker:
                         if slot.abandoned:
                             raise _Abandoned()
                         held.state = BUSY
+                        held.started_at = None
                     if not slot.client.complete(message.id, slot.name, message.lease_token):
                         raise _LeaseLost()
             except _LeaseLost:
@@ -380,11 +479,21 @@ class Worker:
                 raise
             except Exception as exc:  # noqa: BLE001 - sorted by retry_kind below
                 with slot.lock:
+                    held.started_at = None
                     if held.state == BUSY:
                         held.state = NEW
                 kind = retry_kind(exc)
-                if kind == DISCONNECT:
+                if kind is not None and _broken(slot.conn, self.dialect):
+                    held.reruns += 1
+                    if held.reruns > DISCONNECT_RERUNS:
+                        # Failed through the next connection (the slot settles before it claims again).
+                        self._handled(slot, held, started, f"{_one_line(exc)} (the connection was lost in "
+                                                          f"{held.reruns} runs of the handler)")
                     raise          # the slot reconnects and runs the handler again
+                if kind == DISCONNECT:
+                    # The handler's own connection elsewhere (another database, a service) went away,
+                    # not the slot's: a failure of the handler, retried through fail like any other.
+                    kind = None
                 if kind == TRANSIENT and transient_try < TRANSIENT_RETRIES:
                     LOG.info("%s %s: message %s: %s; transaction rolled back, running it again (the lease is kept, "
                              "no attempt spent)", self.label, slot.name, message.id, _one_line(exc))
@@ -486,8 +595,9 @@ class Worker:
                 for slot in self.slots:
                     now = time.monotonic()
                     with slot.lock:
+                        self._time_out_handlers(slot, now)
                         due = [h for h in slot.held if h.state in (NEW, DONE, FAILED) and not h.lease_lost
-                               and (h.extended_at is None or now - h.extended_at >= interval)]
+                               and not h.timed_out and (h.extended_at is None or now - h.extended_at >= interval)]
                     for held in due:
                         extended = client.extend_lease(held.message.id, slot.name, self.lease_seconds,
                                                        held.message.lease_token)
@@ -507,24 +617,48 @@ class Worker:
                 pause = min(RECONNECT_MAX_SECONDS, pause * 2)
         _close(conn)
 
-    # -- the end of the grace period ----------------------------------------------------------
-    def _hand_back(self, slots: list[_Slot]) -> None:
-        """Slots still busy when the grace period ended: acknowledge what they finished and release
-        the rest, including the messages whose handlers still run (a late ack is then refused by
-        its lease token, and a transactional handler's writes roll back)."""
+    def _time_out_handlers(self, slot: _Slot, now: float) -> None:
+        """Under slot.lock: stop extending the leases of handlers running past handler_timeout."""
+        if self.handler_timeout_seconds is None:
+            return
+        for held in slot.held:
+            if (held.started_at is not None and not held.timed_out
+                    and now - held.started_at > self.handler_timeout_seconds):
+                held.timed_out = True
+                self.metrics.handler_timeouts.inc()
+                LOG.warning("%s %s: message %s attempt %d: the handler has run past --handler-timeout (%gs): its "
+                            "lease is no longer extended and expires, spending the attempt", self.label, slot.name,
+                            held.message.id, held.message.attempts, self.handler_timeout_seconds)
+
+    # -- the end of the grace period, or of a slot that stopped on an error -------------------
+    def _hand_back(self, slots: list[_Slot], handlers_running: bool = True) -> None:
+        """What slots that can no longer acknowledge still hold: complete what their handlers
+        finished, fail what raised, and release what no handler ran on. A message whose handler
+        still runs (the grace period is over) is failed, spending its attempt: a message that hangs
+        the handler every time must reach max_attempts. A late ack of the handler is then refused
+        by its lease token, and a transactional handler's writes roll back."""
         taken: dict[str, list[tuple[_Slot, _Held]]] = {NEW: [], DONE: [], FAILED: []}
         for slot in slots:
             with slot.lock:
                 slot.abandoned = True
                 handed_over = [held for held in slot.held if held.state in taken]
                 for held in handed_over:
+                    if handlers_running and held.state == NEW and held.started_at is not None:
+                        held.state, held.error = FAILED, ("the worker stopped: the handler was still running when "
+                                                          "the grace period ended")
+                        held.retry_after = retry_after_seconds(held.message.attempts, self.rng,
+                                                               self.retry_base_seconds, self.retry_cap_seconds)
                     taken[held.state].append((slot, held))
                     held.state = HANDED_OVER
             if handed_over:
-                LOG.warning("%s %s: the grace period is over: acknowledging or releasing its %d message(s), "
-                            "a handler may still be running", self.label, slot.name, len(handed_over))
+                LOG.warning("%s %s: %s: acknowledging or releasing its %d message(s)%s", self.label, slot.name,
+                            "the grace period is over" if handlers_running else "stopped on an error",
+                            len(handed_over), ", a handler may still be running" if handlers_running else "")
+        if not any(taken.values()):
+            return
         try:
-            conn = connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+            conn = connect(self.url, autocommit=True, connect_timeout=HAND_BACK_TIMEOUT_SECONDS)
+            set_statement_timeout(conn, self.dialect, HAND_BACK_TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - nothing left to do but say so
             LOG.error("%s: cannot reach the database to release %d message(s): their leases will expire (%s)",
                       self.label, sum(map(len, taken.values())), _one_line(exc))
@@ -540,8 +674,11 @@ class Worker:
             for slot, held in taken[NEW]:
                 released = client.release(held.message.id, slot.name, held.message.lease_token)
                 self._finish(slot, held, "released" if released else "lost")
+        except Exception as exc:  # noqa: BLE001 - the rest waits for its leases to expire
+            LOG.error("%s: giving back the messages failed (%s): the rest stay leased until their leases expire",
+                      self.label, _one_line(exc))
         finally:
-            conn.close()
+            _close(conn)
 
 
 @contextlib.contextmanager
@@ -563,6 +700,42 @@ def _transaction(conn: Any, dialect: str) -> Iterator[None]:
     finally:
         with contextlib.suppress(Exception):
             conn.autocommit = True
+
+
+def _take_name(conn: Any, dialect: str, resource: str) -> None:
+    """Hold resource (a slot's worker name) for as long as the session lives, or raise _NameInUse:
+    two processes with one worker name would get each other's leases, tokens included, from dequeue."""
+    if dialect == "postgres":
+        taken = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (resource,)).fetchone()[0]
+    else:
+        cursor = conn.cursor()
+        try:
+            cursor.execute("SET NOCOUNT ON; DECLARE @result int; EXEC @result = sp_getapplock @Resource = ?, "
+                           "@LockMode = 'Exclusive', @LockOwner = 'Session', @LockTimeout = 0; SELECT @result;",
+                           resource[:255])
+            taken = cursor.fetchone()[0] >= 0
+        finally:
+            cursor.close()
+    if not taken:
+        raise _NameInUse(resource)
+
+
+def _broken(conn: Any, dialect: str) -> bool:
+    """Whether conn itself is lost (and not, say, a connection a handler opened elsewhere)."""
+    if conn is None:
+        return True
+    if dialect == "postgres":
+        return bool(conn.broken or conn.closed)
+    try:
+        cursor = conn.cursor()
+        try:
+            cursor.execute("SELECT 1")
+            cursor.fetchall()
+        finally:
+            cursor.close()
+        return False
+    except Exception:  # noqa: BLE001 - any failure of the probe is a connection we cannot use
+        return True
 
 
 def _key(message_id: Any) -> str:

@@ -1273,7 +1273,8 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_complete_next" TO "queue_consumer"
 -- now; otherwise a sleep, then false, or NULL once wait_ms have passed since started_at. The sleep
 -- is a quarter of the time waited so far, at least 5 ms and at most 50 ms: a message that comes
 -- soon after a consumer started waiting wakes it within a few ms, while a consumer that stays idle
--- probes 20 times a second (each step costs a commit and a wake-up, not only the probe). A row an open dequeue (or complete, fail, release) has locked is not ready: FOR KEY
+-- probes 20 times a second (each step costs a commit and a wake-up, not only the probe).
+-- A row an open dequeue (or complete, fail, release) has locked is not ready: FOR KEY
 -- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
 -- on the one row found, which the caller's next COMMIT ends at once.
 -- Everything but the COMMITs is here, with definer rights and a pinned search_path: PostgreSQL

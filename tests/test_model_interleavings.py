@@ -867,15 +867,19 @@ class WorkMachine(QueueMachine):
         txn.dequeue_windows.append(window)
 
     # -- complete, fail, extend, release, the batch acknowledgements, complete_next ------------------
+    def target(self, index: int, pick: int, token_kind: str) -> tuple[str, int, Any, Any] | None:
+        """(worker, serial, id, lease_token) of the message a holder verb of an idle session acts on."""
+        message = self.pick(index, pick) if self.idle(index) else None
+        if message is None:
+            return None
+        return self.worker(index), message.serial, message.id, self.token(message, token_kind)
+
     def holder_verb(self, index: int, pick: int, verb: str, token_kind: str, end: str | None,
                     lease_seconds: int | None = None) -> None:
-        if not self.idle(index):
+        target = self.target(index, pick, token_kind)
+        if target is None:
             return
-        message = self.pick(index, pick)
-        if message is None:
-            return
-        worker, serial, message_id = self.worker(index), message.serial, message.id
-        token = self.token(message, token_kind)
+        worker, serial, message_id, token = target
         arguments = f"id={message_id!r}, worker={worker!r}, lease_token={token_kind}"
         if verb == "complete":
             label, action = f"complete({arguments})", lambda c: c.complete(message_id, worker, lease_token=token)
@@ -989,13 +993,10 @@ class WorkMachine(QueueMachine):
     def complete_next(self, session: int, pick: int, token: str, batch_size: int, lease_seconds: int,
                       end: str | None) -> None:
         """complete, then dequeue, in one call: judged as the two calls would be, one after the other."""
-        if not self.idle(session):
+        target = self.target(session, pick, token)
+        if target is None:
             return
-        message = self.pick(session, pick)
-        if message is None:
-            return
-        worker, serial, message_id = self.worker(session), message.serial, message.id
-        lease_token = self.token(message, token)
+        worker, serial, message_id, lease_token = target
         label = (f"complete_next(id={message_id!r}, worker={worker!r}, lease_token={token}, "
                  f"batch_size={batch_size}, lease_seconds={lease_seconds})")
 

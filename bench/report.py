@@ -491,7 +491,8 @@ def write_report(results: dict, out_root: Path) -> Path:
     w("## The run")
     w("")
     w(f"- Started {results.get('started_at')}, took {results.get('total_seconds', 0) / 60:.1f} minutes "
-      + "(" + ", ".join(f"{k} {v / 60:.1f} min" for k, v in (results.get("part_seconds") or {}).items()) + ").")
+      + "(" + ", ".join(f"{k} {v / 60:.1f} min" for k, v in (results.get("part_seconds") or {}).items()
+                        if k not in (results.get("part_runs") or {})) + ").")
     w(f"- Machine: {facts.get('nproc')} CPUs ({facts.get('cpu_model', '?')}), {facts.get('mem_total', '?')} RAM, "
       f"{facts.get('platform', '')}; Python {facts.get('python')}, psycopg {facts.get('psycopg')}, "
       f"pgqueuer {facts.get('pgqueuer')}, {facts.get('pgbench')}.")
@@ -512,6 +513,12 @@ def write_report(results: dict, out_root: Path) -> Path:
              "A quiet machine loses next to nothing there."))
     w(f"- Code: commit `{facts.get('git_head', '?')}`; the PostgreSQL templates were "
       f"{'**modified in the working tree**' if facts.get('templates_dirty') else 'as committed'} when the run started.")
+    for part, run in (results.get("part_runs") or {}).items():
+        w(f"- The `{part}` part comes from a later run of its own: `{run['command']}`, started {run['started_at']}, "
+          f"took {run['seconds'] / 60:.1f} minutes, commit `{run.get('git_head', '?')}`"
+          + (" (PostgreSQL templates **modified in the working tree**)" if run.get("templates_dirty") else "")
+          + f", load average at start {tuple(round(x, 2) for x in run['loadavg_start'])}, at end "
+          f"{tuple(round(x, 2) for x in run['loadavg_end'])}.")
     for part, error in (results.get("errors") or {}).items():
         what = "The clean-up after the parts failed" if part == "clean-up" else \
             f"The {part} part failed, so its section is missing"
@@ -977,6 +984,40 @@ def consumers_section(measured: dict, w: Any) -> None:
     w("|---|---:|---:|---:|---:|")
     for row in measured["wake_latency"]:
         w(f"| {row['mode']} | {row['messages']} | {_f(row['p50_ms'], 1)} | {_f(row['p95_ms'], 1)} | {_f(row['max_ms'], 1)} |")
+    w("")
+    paced = measured.get("paced")
+    if paced:
+        paced_section(paced, w)
+
+
+def paced_section(paced: dict, w: Any) -> None:
+    n = paced["consumers"]
+    w(f"### {n} consumers at {paced['rate']:.0f} msg/s: waiting against polling")
+    w("")
+    w(f"One producer process enqueues one message per call at {paced['rate']:.0f} messages/s for "
+      f"{paced['seconds']:.0f} s while {n} consumer processes take one message at a time (`dequeue`, then "
+      f"`complete` with its lease token) for {paced['drain_seconds']:.0f} s longer. LISTEN: `dequeue(wait=...)` "
+      "on a queue with `notify: true`; wait verb: the same on a queue without it; polling: `dequeue`, and a "
+      "sleep when it returned nothing. Latency: from the producer's `enqueue` returning (committed) to a "
+      "consumer's `dequeue` returning that message; every message reached exactly one consumer. Statements: "
+      "what the consumers sent, each a round trip (a `CALL` of the wait verb counts once, however long it waits).")
+    w("")
+    w(f"Idle: {n} new consumer processes of the same mode with nothing to take for {paced['idle_seconds']:.0f} s. "
+      "Statements sent are counted by the client; transactions are the database's `xact_commit` over the "
+      "idle run (read once the consumers' backends have exited and reported; it includes each consumer's "
+      "first call, and anything autovacuum ran in that database); server CPU is what their "
+      "backends ran (`/proc/<pid>/schedstat`, embedded server only).")
+    w("")
+    w("| mode | p50 ms | p95 ms | p99 ms | max ms | producer behind schedule, max ms | statements/s (busy) | "
+      "idle: statements/s sent | idle: transactions/s | idle: server CPU % of a core | "
+      "load average (1 min) before → after |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in paced["runs"]:
+        w(f"| {r['mode']} | {_f(r['p50_ms'], 1)} | {_f(r['p95_ms'], 1)} | {_f(r['p99_ms'], 1)} | "
+          f"{_f(r['max_ms'], 1)} | {_f(r['producer_max_behind_ms'], 1)} | {_f(r['busy_statements_per_s'])} | "
+          f"{_f(r['idle_statements_per_s'], 2)} | "
+          f"{_f(r['idle_server_transactions_per_s'], 1)} | {_f(r['idle_server_cpu_percent'], 2)} | "
+          f"{r['load_start'][0]:.2f} → {r['load_end'][0]:.2f} |")
     w("")
 
 

@@ -65,6 +65,13 @@ class Plan:
     pgmq_counted: bool = True
     # Message groups: tiny fills and depths on --quick (bench/groups.py).
     groups_quick: bool = False
+    # Messages a waiting consumer is woken for, per way of waking.
+    consumers_wakes: int = 40
+    # A paced producer (messages/s, seconds) for four consumers per way of waiting; then the same
+    # consumers idle this long.
+    consumers_rate: float = 200.0
+    consumers_seconds: float = 20.0
+    consumers_idle_seconds: float = 20.0
 
 
 def quick_plan() -> Plan:
@@ -75,7 +82,8 @@ def quick_plan() -> Plan:
                 ceiling_seconds=1.0, ceiling_batches=(1,), ceiling_rounds=1,
                 peer_batches=(1, 10), peer_messages={1: 1_000, 10: 2_000},
                 pgmq_clients=2, pgmq_rounds=1, pgmq_transactions=10, pgmq_batches=(10,), pgmq_enqueue_batches=(1, 10),
-                pgmq_counted=False, groups_quick=True)
+                pgmq_counted=False, groups_quick=True,
+                consumers_wakes=10, consumers_seconds=1.0, consumers_idle_seconds=1.0)
 
 
 def _log(message: str) -> None:
@@ -198,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                                                    "build/bench-quick for --quick)")
     parser.add_argument("--seconds", type=float, default=0, help="override every per-cell duration")
     parser.add_argument("--no-report", action="store_true", help="results.json only: no plots, no markdown")
+    parser.add_argument("--merge", action="store_true",
+                        help="add this run's parts to the results.json already in the output folder (replacing "
+                             "those parts, keeping the others) and render the report from both; the report "
+                             "names the run each merged part came from")
     parser.add_argument("--on-a-stalling-host", action="store_true",
                         help="publish to docs/ even when the host check at the start finds this machine "
                              f"stalling (without it such a run stops before it starts, exit code {REFUSED}; "
@@ -236,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             return REFUSED
         _log("WARNING: this machine is stalling: throughput and latency will measure the host; "
              "buffer counts and plans stay valid")
+    earlier = bench_dir / "results.json"
+    if args.merge and not earlier.exists():
+        parser.error(f"--merge: no results to merge into at {earlier}")
     bench_dir.mkdir(parents=True, exist_ok=True)
     command = "make bench  (= .venv/bin/python -m bench.run" + (" " + " ".join(argv or sys.argv[1:])).rstrip() + ")"
     results: dict = {"command": command, "quick": args.quick, "parts": parts, "kinds": kinds,
@@ -251,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             for part in parts:
                 t0 = time.monotonic()
                 _log(f"part {part}")
+                keys_before = set(results)
                 try:
                     run_part(part, results, env, kinds, plan, srv["url"])
+                    results.setdefault("part_keys", {})[part] = sorted(set(results) - keys_before)
                 except Exception:  # one part's failure must not lose the others' results
                     results.setdefault("errors", {})[part] = traceback.format_exc()
                     _log(f"part {part} FAILED:\n{results['errors'][part]}")
@@ -269,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "cpu_share": cpu_share(accounting_start, cpu_accounting()),
                                 "stalling_above": STALLING}
     results["total_seconds"] = time.monotonic() - started
-    (bench_dir / "results.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
     _log(f"results: {bench_dir / 'results.json'} ({results['total_seconds']:.0f}s)")
+    if args.merge:
+        results = merged(json.loads(earlier.read_text()), results)
+    (bench_dir / "results.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
     if not args.no_report:
         from .report import write_report
 
@@ -303,10 +322,38 @@ def run_part(part: str, results: dict, env, kinds: list[str], plan: Plan, admin_
     elif part == "instructions":
         results["instructions"] = instructions.run(kinds, _log)
     elif part == "consumers":
-        results["consumers"] = consumers.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds), _log)
+        results["consumers"] = consumers.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds),
+                                             plan.consumers_wakes, plan.consumers_rate, plan.consumers_seconds,
+                                             plan.consumers_idle_seconds, _log)
     elif part == "groups":
         results["groups"] = groups.run(env.url, 4, plan.ceiling_seconds, max(2, plan.ceiling_rounds), _log,
                                        quick=plan.groups_quick)
+
+
+def merged(earlier: dict, run: dict) -> dict:
+    """The earlier results with the parts of `run` in place of theirs (a failed part keeps the
+    earlier results and records the error), and for each part the facts of the run it came from."""
+    out = dict(earlier)
+    errors = {p: e for p, e in (out.get("errors") or {}).items() if p not in run["parts"]}
+    facts = run["facts"]
+    for part in run["parts"]:
+        if part in (run.get("errors") or {}):
+            errors[part] = run["errors"][part]
+            continue
+        for key in run["part_keys"][part]:
+            out[key] = run[key]
+        out.setdefault("part_seconds", {})[part] = run["part_seconds"][part]
+        out.setdefault("part_runs", {})[part] = {
+            "command": run["command"], "started_at": run["started_at"], "seconds": run["total_seconds"],
+            "git_head": facts.get("git_head"), "templates_dirty": facts.get("templates_dirty"),
+            "loadavg_start": facts["loadavg_start"], "loadavg_end": facts["loadavg_end"], "host": facts["host"]}
+        if part not in out["parts"]:
+            out["parts"] = [*out["parts"], part]
+    errors.update({what: e for what, e in (run.get("errors") or {}).items() if what not in run["parts"]})
+    out["errors"] = errors
+    if not errors:
+        del out["errors"]
+    return out
 
 
 def all_checks_ok(results: dict) -> bool:

@@ -50,6 +50,10 @@ def test_quick_matrix_runs_every_kind_and_loses_nothing(pg_url: str, tmp_path: P
     assert (tmp_path / "bench" / "matrix_dequeue.png").stat().st_size > 0
 
 
+def quiet_probe() -> dict:
+    return {"seconds": 5.0, "lost_seconds": 0.0, "gaps": 0, "longest_gap_seconds": 0.0}
+
+
 def stalling_probe() -> dict:
     return {"seconds": 5.0, "lost_seconds": 3.6, "gaps": 12, "longest_gap_seconds": 0.6}
 
@@ -190,3 +194,39 @@ def test_groups_part_runs_tiny_and_hands_out_every_message_once(pg_url: str) -> 
     lines: list[str] = []
     groups.section({"throughput": rates, "depth": deep}, lines.append)
     assert "| fifo | 3 |" in "\n".join(lines)
+
+
+def test_quick_consumers_part_merged_into_earlier_results_keeps_their_parts(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import run
+    from bench.consumers import MODES
+
+    monkeypatch.setenv("TABLEQUEUE_PG_URL", pg_url)
+    monkeypatch.setattr(run, "host_stall_probe", quiet_probe)   # the matrix test runs the real one
+    published = json.loads((run.REPO / "docs" / "bench" / "results.json").read_text())
+    # The published run's matrix stands for its parts (the report draws fewer plots).
+    earlier = {k: v for k, v in published.items() if k in ("command", "quick", "kinds", "plan", "started_at",
+                                                            "facts", "schema", "matrix", "total_seconds")}
+    earlier.update(parts=["matrix"], part_seconds={"matrix": published["part_seconds"]["matrix"]})
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "results.json").write_text(json.dumps(earlier))
+    code = run.main(["--quick", "--parts", "consumers", "--merge", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+
+    assert code == 0 and "errors" not in results
+    for key in ("facts", "matrix", "started_at", "command"):
+        assert results[key] == earlier[key], key
+    assert results["parts"] == ["matrix", "consumers"]
+    assert "--parts consumers --merge" in results["part_runs"]["consumers"]["command"]
+    paced = results["consumers"]["paced"]
+    assert [r["mode"] for r in paced["runs"]] == list(MODES)
+    for r in paced["runs"]:   # the part itself refuses a run where a message was lost or taken twice
+        assert r["messages"] == int(paced["rate"] * paced["seconds"])
+        assert r["idle_statements_per_s"] > 0 and r["idle_server_transactions_per_s"] > 0
+    wait_verb = next(r for r in paced["runs"] if r["mode"] == "wait verb")
+    # The wait verb probes in the server: many transactions for each statement a consumer sends.
+    assert wait_verb["idle_server_transactions_per_s"] > 2 * wait_verb["idle_statements_per_s"]
+    report = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Throughput and latency by processes and batch size" in report
+    assert "The `consumers` part comes from a later run of its own" in report
+    assert "consumers at 200 msg/s: waiting against polling" in report

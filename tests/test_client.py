@@ -17,7 +17,7 @@ import pytest
 
 from fake_mssql import FakeConnection, FakeDbError, ResultSet, db_error
 from tablequeue.catalog import parse_catalog
-from tablequeue.client import TVP_COLUMNS, QueueClient
+from tablequeue.client import TVP_COLUMNS, WAIT_STEP_SECONDS, QueueClient
 
 
 class RecordingCursor:
@@ -168,3 +168,45 @@ def test_a_malformed_lease_token_is_refused_before_anything_is_sent(dialect) -> 
                  lambda: client.complete_batch([{"id": 1, "lease_token": "not-a-token"}], "w")):
         with pytest.raises(ValueError, match=r"queue s\.jobs: (acks\.)?lease_token must be a UUID"):
             call()
+
+
+class ScriptedWaits(QueueClient):
+    """A client whose server answers from a script: each dequeue the next list of rows, each wait
+    the next ready flag. Records what dequeue(wait=...) does, pauses included."""
+
+    def __init__(self, dequeues: list[list[dict]], waits: list[bool]) -> None:
+        queue = parse_catalog({"schema": "s", "queues": [{"name": "jobs", "kind": "work"}]}).queue("jobs")
+        super().__init__(None, "mssql", "s", queue)
+        self.dequeues, self.waits, self.events = dequeues, waits, []
+
+    def call(self, verb: str, params: dict, required: tuple = ()) -> list[dict]:
+        assert verb == "dequeue", verb
+        self.events.append("dequeue")
+        return self.dequeues.pop(0)
+
+    def wait(self, wait_ms: int = 0) -> bool:
+        self.events.append("wait")
+        return self.waits.pop(0)
+
+
+@pytest.fixture
+def pauses(monkeypatch) -> list[float]:
+    slept: list[float] = []
+    monkeypatch.setattr("tablequeue.client.time.sleep", slept.append)
+    return slept
+
+
+def test_dequeue_with_wait_dequeues_at_once_when_wait_says_ready(pauses) -> None:
+    # A pause between a wake and its dequeue delays every message woken by the wait verb.
+    client = ScriptedWaits(dequeues=[[], [{"id": 1}]], waits=[True])
+    assert client.dequeue(worker="w", wait=30) == [{"id": 1}]
+    assert client.events == ["dequeue", "wait", "dequeue"] and pauses == []
+
+
+def test_dequeue_with_wait_pauses_a_step_only_after_a_wake_that_found_nothing(pauses) -> None:
+    # Ready, then nothing to dequeue (another consumer was faster): without the pause a message
+    # wait keeps seeing and dequeue cannot take would become a busy loop.
+    client = ScriptedWaits(dequeues=[[], [], [], [{"id": 2}]], waits=[True, False, True])
+    assert client.dequeue(worker="w", wait=30) == [{"id": 2}]
+    assert client.events == ["dequeue", "wait", "dequeue", "wait", "dequeue", "wait", "dequeue"]
+    assert pauses == [WAIT_STEP_SECONDS]

@@ -16,9 +16,12 @@ after which the session's transaction is rolled back, which the model follows. l
 is only a guard against a harness that forgot a session.
 
 Rules: enqueue / enqueue_batch with dedupe keys (client ids on the client-ids queue) from a small
-alphabet, so batches overlap; dequeue; complete, fail, extend_lease (work); commit, roll back or
-leave open the transaction after each call; begin a REPEATABLE READ transaction; give up a wait; let
-short leases expire (work, a real sleep of about a second, at most once per example).
+alphabet, so batches overlap; dequeue; complete, fail, extend_lease, release, complete_batch,
+fail_batch, complete_next (work; each message with no lease token, its current lease's token or one
+that was never a lease), and the wait verb's probe (work, on a session without an open transaction);
+commit, roll back or leave open the transaction after each call; begin a REPEATABLE READ
+transaction; give up a wait; let short leases expire (work, a real sleep of about a second, at most
+once per example).
 
 The model. Committed messages, and per session the open transaction's own changes (new messages,
 consumed ones, leases, completions), applied on commit, dropped on roll back or on any error (which
@@ -38,6 +41,7 @@ Invariants (each names its number in its failure message):
     documents: a message whose enqueue, or fail, was still uncommitted during one of this session's
     dequeues may wait for the position to expire; rows other transactions hold are skipped). At
     the end every transaction is rolled back and a new session drains the queue: it gets all of it.
+    The wait verb says ready when such a message is there, and never when every message is leased.
 (2) Nothing delivered twice: a dequeue never hands out a message another open transaction holds or a
     committed dequeue consumed; a work message is completed at most once.
 (3) Order. Strict FIFO: every dequeue hands out exactly the lowest ids that are committed and not yet
@@ -47,10 +51,12 @@ Invariants (each names its number in its failure message):
     exactly the highest.
 (4) Leases: a live lease is never leased to another worker; a second dequeue by the same worker may
     hand its live leases back ("a worker restarting under the same name gets its own unfinished
-    messages back first") but must not re-lease them, i.e. count an attempt; only the holder of a
-    live lease completes, fails or extends.
+    messages back first", with the same lease_token) but must not re-lease them, i.e. count an
+    attempt; every new lease has a fresh token; only the holder of a live lease completes, fails,
+    extends or releases, alone or in a batch (each item judged as its single verb), and a token that
+    is not the lease's changes nothing.
 (5) Attempts count real deliveries: a new lease adds one, a hand-back of a live lease adds none, a
-    roll back takes the attempt back; the dead-letter table holds a message ('lease expired') only
+    roll back or a release takes the attempt back; the dead-letter table holds a message ('lease expired') only
     after its lease expired max_attempts times.
 (6) No deadlock (40P01) between transactions that are each in their first lock-taking call: two
     batches, or a batch and a single enqueue, must queue behind each other whatever the order of
@@ -284,6 +290,7 @@ class Message:
     state: str = "queued"           # queued | consumed (destructive) | completed | dead (work)
     attempts: int = 0
     leased_by: str | None = None
+    token: Any = None               # the current lease's lease_token
     lease: tuple[float, float] = (0.0, 0.0)   # bounds on the lease's end (wall clock seconds)
     short_lease: bool = False
     writer: int = -1                # session whose transaction made it visible (enqueue, fail)
@@ -727,7 +734,13 @@ class DestructiveMachine(QueueMachine):
 # --- work ------------------------------------------------------------------------------------------
 
 PICK = st.integers(min_value=0, max_value=7)
+HELD_PICKS = 6
+PICKS = st.lists(PICK, min_size=1, max_size=3)
 LEASE = st.sampled_from((SHORT_LEASE, LONG_LEASE))
+# The lease_token a holder verb sends: none (0.1.0's check by worker name), the message's current
+# lease's (whoever holds it), or one that was never a lease.
+TOKEN = st.sampled_from(("none", "current", "stale"))
+TOKENS = st.lists(TOKEN, min_size=3, max_size=3)
 
 
 class WorkMachine(QueueMachine):
@@ -737,6 +750,10 @@ class WorkMachine(QueueMachine):
     def __init__(self) -> None:
         super().__init__()
         self.sleeps = 0
+        self.seen_tokens: set[Any] = set()
+        # Messages an in-flight batch acknowledgement may have locked already (it locks in id order
+        # and may wait for a later one): another session cannot be sure to see them free.
+        self.batch_targets: dict[int, set[int]] = {}
         schema = self.deployed.catalog.schema
         self.dead_table = f'"{schema}"."{self.queue}_dead"'
         self.history_table = f'"{schema}"."{self.queue}_history"' if self.options.get("history") else None
@@ -756,8 +773,23 @@ class WorkMachine(QueueMachine):
         return "unknown"
 
     def pick(self, index: int, pick: int) -> Message | None:
+        """Mostly (pick < HELD_PICKS) one of the messages this session's worker holds, whose
+        outcomes depend on the lease and the token; otherwise any queued message."""
         queued = self.queued(index)
-        return queued[pick % len(queued)] if queued else None
+        held = [m for m in queued if m.leased_by == self.worker(index)]
+        pool = held if held and pick < HELD_PICKS else queued
+        return pool[pick % len(pool)] if pool else None
+
+    def on_error(self, index: int, call: Call) -> None:
+        self.batch_targets.pop(index, None)
+        super().on_error(index, call)
+
+    def maybe_locked(self, index: int, serial: int) -> bool:
+        return self.holder(index, serial) is not None or any(
+            serial in targets for other, targets in self.batch_targets.items() if other != index)
+
+    def token(self, message: Message, kind: str) -> Any:
+        return {"none": None, "current": message.token, "stale": uuid.uuid4()}[kind]
 
     # -- dequeue -----------------------------------------------------------------------------------
     @rule(session=SESSION, batch_size=st.integers(min_value=1, max_value=3), lease_seconds=LEASE, end=END)
@@ -799,6 +831,15 @@ class WorkMachine(QueueMachine):
                    f"(5) {label} handed out id {row['id']} with attempts={attempts}; the model counts "
                    f"{message.attempts} deliveries before this one (lease {lease}, held by {message.leased_by})")
             if handed_back:
+                expect(row["lease_token"] == message.token,
+                       f"(4) {label} handed id {row['id']} back to its holder with lease_token {row['lease_token']}; "
+                       f"the live lease's token is {message.token} (a hand-back is the same lease)")
+            else:
+                expect(row["lease_token"] is not None and row["lease_token"] not in self.seen_tokens,
+                       f"(4) {label} leased id {row['id']} with lease_token {row['lease_token']}, which is not "
+                       "fresh (every lease gets a new token)")
+                self.seen_tokens.add(row["lease_token"])
+            if handed_back:
                 # Whether a hand-back renews the lease is the template's choice: either end holds.
                 low, high = message.lease
                 new_lease = (min(low, call.sent + lease_seconds), max(high, call.returned + lease_seconds))
@@ -806,13 +847,13 @@ class WorkMachine(QueueMachine):
             else:
                 new_lease = (call.sent + lease_seconds, call.returned + lease_seconds)
                 short = lease_seconds == SHORT_LEASE
-            txn.writes[serial] = replace(message, attempts=attempts, leased_by=worker, lease=new_lease,
-                                         short_lease=short)
+            txn.writes[serial] = replace(message, attempts=attempts, leased_by=worker, token=row["lease_token"],
+                                         lease=new_lease, short_lease=short)
             got.append(serial)
         window = (call.start_seq, call.end_seq)
         claimable = []
         for message in before.values():
-            if message.serial in got or self.holder(index, message.serial) is not None:
+            if message.serial in got or self.maybe_locked(index, message.serial):
                 continue
             lease = "expired" if message.leased_by is None else self.lease_state(message, call)
             if message.attempts >= self.max_attempts and lease != "live":
@@ -825,71 +866,184 @@ class WorkMachine(QueueMachine):
         txn.holds_locks = True
         txn.dequeue_windows.append(window)
 
-    # -- complete, fail, extend ----------------------------------------------------------------------
-    def holder_verb(self, index: int, pick: int, verb: str, end: str | None, lease_seconds: int | None = None) -> None:
-        if not self.idle(index):
-            return
-        message = self.pick(index, pick)
+    # -- complete, fail, extend, release, the batch acknowledgements, complete_next ------------------
+    def target(self, index: int, pick: int, token_kind: str) -> tuple[str, int, Any, Any] | None:
+        """(worker, serial, id, lease_token) of the message a holder verb of an idle session acts on."""
+        message = self.pick(index, pick) if self.idle(index) else None
         if message is None:
-            return
-        worker, serial, message_id = self.worker(index), message.serial, message.id
-        if verb == "complete":
-            label, action = f"complete(id={message_id!r}, worker={worker!r})", lambda c: c.complete(message_id, worker)
-        elif verb == "fail":
-            label, action = (f"fail(id={message_id!r}, worker={worker!r})",
-                             lambda c: c.fail(message_id, worker, "model: failed", retry_after_seconds=0))
-        else:
-            label, action = (f"extend_lease(id={message_id!r}, worker={worker!r}, lease_seconds={lease_seconds})",
-                             lambda c: c.extend_lease(message_id, worker, lease_seconds))
-        self.send(index, label, action, lambda call: self.check_holder_verb(index, serial, verb, lease_seconds, call), end)
+            return None
+        return self.worker(index), message.serial, message.id, self.token(message, token_kind)
 
-    def check_holder_verb(self, index: int, serial: int, verb: str, lease_seconds: int | None, call: Call) -> None:
+    def holder_verb(self, index: int, pick: int, verb: str, token_kind: str, end: str | None,
+                    lease_seconds: int | None = None) -> None:
+        target = self.target(index, pick, token_kind)
+        if target is None:
+            return
+        worker, serial, message_id, token = target
+        arguments = f"id={message_id!r}, worker={worker!r}, lease_token={token_kind}"
+        if verb == "complete":
+            label, action = f"complete({arguments})", lambda c: c.complete(message_id, worker, lease_token=token)
+        elif verb == "fail":
+            label, action = (f"fail({arguments})",
+                             lambda c: c.fail(message_id, worker, "model: failed", retry_after_seconds=0,
+                                              lease_token=token))
+        elif verb == "release":
+            label, action = f"release({arguments})", lambda c: c.release(message_id, worker, lease_token=token)
+        else:
+            label, action = (f"extend_lease({arguments}, lease_seconds={lease_seconds})",
+                             lambda c: c.extend_lease(message_id, worker, lease_seconds, lease_token=token))
+        self.send(index, label, action, lambda call: self.check_holder_verb(
+            index, serial, verb, token_kind, lease_seconds, call, call.value, call.label), end)
+
+    def check_holder_verb(self, index: int, serial: int, verb: str, token_kind: str, lease_seconds: int | None,
+                          call: Call, value: Any, label: str) -> None:
+        """value: what the verb answered for this message (completed, outcome, extended, released)."""
         txn = self.txn(index)
-        label = f"session {index}: {call.label}"
+        label = f"session {index}: {label}"
         message = self.view(index, serial)
         mine = (message is not None and message.state == "queued" and message.leased_by == self.worker(index)
                 and self.holder(index, serial) is None)
         lease = self.lease_state(message, call) if mine else "none"
-        may_change, must_change = mine and lease != "expired", mine and lease == "live"
-        changed = call.value if verb != "fail" else call.value != "lost"
+        fenced_out = token_kind == "stale"
+        may_change, must_change = mine and lease != "expired" and not fenced_out, mine and lease == "live" and not fenced_out
+        changed = value != "lost" if verb == "fail" else value
         expect(not changed or may_change,
-               f"(4) {label} returned {call.value!r}, but {self.worker(index)} does not hold a live lease on n={serial} "
-               f"(state {message.state if message else None}, leased by {message.leased_by if message else None}, "
-               f"lease {lease}, changed in the open transaction of session {self.holder(index, serial)})")
+               f"(4) {label} returned {value!r}, but {self.worker(index)} does not hold a live lease on n={serial} "
+               f"with that token (state {message.state if message else None}, leased by "
+               f"{message.leased_by if message else None}, lease {lease}, token {token_kind}, changed in the open "
+               f"transaction of session {self.holder(index, serial)})")
         expect(changed or not must_change,
-               f"(4) {label} returned {call.value!r}, but {self.worker(index)} holds a live lease on n={serial}")
+               f"(4) {label} returned {value!r}, but {self.worker(index)} holds a live lease on n={serial}")
         if not changed:
             return
         if verb == "complete":
             txn.writes[serial] = replace(message, state="completed")
         elif verb == "fail":
             outcome = "dead" if message.attempts >= self.max_attempts else "retrying"
-            expect(call.value == outcome, f"(5) {label} returned {call.value!r} after {message.attempts} of "
-                                          f"{self.max_attempts} attempts; expected {outcome!r}")
+            expect(value == outcome, f"(5) {label} returned {value!r} after {message.attempts} of "
+                                     f"{self.max_attempts} attempts; expected {outcome!r}")
             if outcome == "dead":
                 txn.writes[serial] = replace(message, state="dead")
             else:
-                txn.writes[serial] = replace(message, leased_by=None, lease=(0.0, 0.0), writer=index,
+                txn.writes[serial] = replace(message, leased_by=None, token=None, lease=(0.0, 0.0), writer=index,
                                              write_seq=call.start_seq, visible_write=True)
+        elif verb == "release":
+            # Visible at once and the attempt given back (a graceful shutdown spends none).
+            txn.writes[serial] = replace(message, leased_by=None, token=None, lease=(0.0, 0.0),
+                                         attempts=max(message.attempts - 1, 0), writer=index,
+                                         write_seq=call.start_seq, visible_write=True)
         else:
             txn.writes[serial] = replace(message, lease=(call.sent + lease_seconds, call.returned + lease_seconds),
                                          short_lease=lease_seconds == SHORT_LEASE)
         txn.holds_locks = True
 
-    @rule(session=SESSION, pick=PICK, end=END)
+    # One rule per shape of call, the verb drawn: more rules would make dequeue, which gives a
+    # worker the leases these verbs act on, rarer in each example.
+    @rule(session=SESSION, verb=st.sampled_from(("complete", "fail", "extend_lease", "release")), pick=PICK,
+          token=TOKEN, lease_seconds=LEASE, end=END)
     @step
-    def complete(self, session: int, pick: int, end: str | None) -> None:
-        self.holder_verb(session, pick, "complete", end)
+    def settle_a_lease(self, session: int, verb: str, pick: int, token: str, lease_seconds: int,
+                       end: str | None) -> None:
+        self.holder_verb(session, pick, verb, token, end, lease_seconds if verb == "extend_lease" else None)
 
-    @rule(session=SESSION, pick=PICK, end=END)
-    @step
-    def fail(self, session: int, pick: int, end: str | None) -> None:
-        self.holder_verb(session, pick, "fail", end)
+    def batch_verb(self, index: int, picks: list[int], tokens: list[str], verb: str, end: str | None) -> None:
+        """complete_batch / fail_batch over distinct messages, each item with its own kind of token;
+        every item is judged as the single verb would be."""
+        if not self.idle(index):
+            return
+        chosen: dict[int, Message] = {}
+        for pick in picks:
+            message = self.pick(index, pick)
+            if message is not None:
+                chosen.setdefault(message.serial, message)
+        if not chosen:
+            return
+        worker = self.worker(index)
+        items = [(m.serial, m.id, kind, self.token(m, kind)) for m, kind in zip(chosen.values(), tokens)]
+        acks = [{"id": message_id, "lease_token": token} for _, message_id, _, token in items]
+        label = f"{verb}(ids={[i for _, i, _, _ in items]}, lease_tokens={[k for _, _, k, _ in items]}, worker={worker!r})"
+        if verb == "complete_batch":
+            action, answer = (lambda c: c.complete_batch(acks, worker)), "completed"
+        else:
+            action, answer = (lambda c: c.fail_batch(acks, worker, "model: failed", retry_after_seconds=0)), "outcome"
+        single = {"complete_batch": "complete", "fail_batch": "fail"}[verb]
 
-    @rule(session=SESSION, pick=PICK, lease_seconds=LEASE, end=END)
+        def check(call: Call) -> None:
+            self.batch_targets.pop(index, None)
+            rows = {row["id"]: row[answer] for row in call.value}
+            expect(len(call.value) == len(items) and set(rows) == {i for _, i, _, _ in items},
+                   f"session {index}: {label} answered {call.value}: one row per item, by id")
+            for serial, message_id, kind, _ in items:
+                self.check_holder_verb(index, serial, single, kind, None, call, rows[message_id],
+                                       f"{label}, item id={message_id!r}")
+
+        self.batch_targets[index] = set(chosen)
+        self.send(index, label, action, check, end)
+
+    @rule(session=SESSION, verb=st.sampled_from(("complete_batch", "fail_batch")), picks=PICKS, tokens=TOKENS,
+          end=END)
     @step
-    def extend_lease(self, session: int, pick: int, lease_seconds: int, end: str | None) -> None:
-        self.holder_verb(session, pick, "extend_lease", end, lease_seconds)
+    def acknowledge_a_batch(self, session: int, verb: str, picks: list[int], tokens: list[str],
+                            end: str | None) -> None:
+        self.batch_verb(session, picks, tokens, verb, end)
+
+    @rule(session=SESSION, pick=PICK, token=TOKEN, batch_size=st.integers(min_value=1, max_value=2),
+          lease_seconds=LEASE, end=END)
+    @step
+    def complete_next(self, session: int, pick: int, token: str, batch_size: int, lease_seconds: int,
+                      end: str | None) -> None:
+        """complete, then dequeue, in one call: judged as the two calls would be, one after the other."""
+        target = self.target(session, pick, token)
+        if target is None:
+            return
+        worker, serial, message_id, lease_token = target
+        label = (f"complete_next(id={message_id!r}, worker={worker!r}, lease_token={token}, "
+                 f"batch_size={batch_size}, lease_seconds={lease_seconds})")
+
+        def check(call: Call) -> None:
+            completed, rows = call.value
+            self.check_holder_verb(session, serial, "complete", token, None, call, completed, label)
+            self.check_dequeued(session, worker, batch_size, lease_seconds, replace(call, value=rows))
+
+        self.send(session, label, lambda c: c.complete_next(message_id, worker, lease_token, batch_size, lease_seconds),
+                  check, end)
+
+    @rule(session=SESSION)
+    @step
+    def wait_verb(self, session: int) -> None:
+        """wait(wait_ms => 0): one probe. It runs in autocommit (it commits between its steps), so
+        only on a session without an open transaction. Ready means a message this session's dequeue
+        would hand out is there: visible (new, retried, released, or its lease expired) and not
+        locked by another open transaction; a message made visible by a transaction that was open
+        during one of this session's dequeues (or waits) may wait for the claim position to expire."""
+        if self.session(session).busy or session in self.txns:
+            return
+
+        def probe(client: Any) -> bool:
+            client.conn.autocommit = True
+            try:
+                return client.wait(0)
+            finally:
+                client.conn.autocommit = False
+
+        def check(call: Call) -> None:
+            self.txns.pop(session, None)          # autocommit: nothing stays open
+            window = (call.start_seq, call.end_seq)
+            self.position_windows.setdefault(session, []).append(window)
+            queued = [m for m in self.committed.values() if m.state == "queued"]
+            lease = {m.serial: "expired" if m.leased_by is None else self.lease_state(m, call) for m in queued}
+            others_waiting = any(self.session(i).busy for i in range(SESSIONS) if i != session)
+            ready_for_sure = [m.serial for m in queued if lease[m.serial] == "expired" and not others_waiting
+                              and not self.maybe_locked(session, m.serial) and not self.late(session, m, window)]
+            maybe_ready = [m.serial for m in queued if lease[m.serial] != "live"]
+            label = f"session {session}: {call.label}"
+            expect(call.value or not ready_for_sure,
+                   f"(1) {label} said nothing is ready; ready and free: n={ready_for_sure}")
+            expect(not call.value or maybe_ready,
+                   f"{label} said ready; no committed message is visible (every one is leased: "
+                   f"{[(m.serial, m.leased_by) for m in queued]})")
+
+        self.send(session, "wait(wait_ms=0)", probe, check)
 
     @precondition(lambda self: self.sleeps < MAX_SLEEPS and any(
         m.short_lease and m.leased_by for m in self.committed.values() if m.state == "queued"))
@@ -1104,4 +1258,26 @@ def test_a_dequeue_under_repeatable_read_hides_nothing_from_the_session_s_next_d
         ("enqueue", {"session": 1, "key": None, "end": "commit"}),
         ("dequeue", {"session": 0, "batch_size": 1, "end": "commit", **lease}),
         ("dequeue", {"session": 0, "batch_size": 1, "end": "commit", **lease}),
+    ])
+
+
+def test_the_consumers_v2_verbs_keep_the_model_in_a_scripted_example(deploy_queues) -> None:
+    """The random examples make test runs reach a worker's own live lease only now and then; this
+    one does for each verb of consumers v2, so a wrong outcome of any fails every run: wait on a
+    free and on an all-leased queue, release (the attempt given back), a stale token fenced out,
+    complete_batch with a current and a stale token, complete_next, fail_batch."""
+    long = {"lease_seconds": LONG_LEASE}
+    replay(deploy_queues, "work_dedupe", [
+        *[("enqueue", {"session": 0, "key": None, "end": "commit"})] * 3,
+        ("wait_verb", {"session": 2}),
+        ("dequeue", {"session": 0, "batch_size": 3, "end": "commit", **long}),
+        ("wait_verb", {"session": 2}),
+        ("settle_a_lease", {"session": 0, "verb": "release", "pick": 0, "token": "current", "end": "commit", **long}),
+        ("settle_a_lease", {"session": 0, "verb": "complete", "pick": 0, "token": "stale", "end": "commit", **long}),
+        ("acknowledge_a_batch", {"session": 0, "verb": "complete_batch", "picks": [0, 1],
+                                 "tokens": ["current", "stale", "none"], "end": "commit"}),
+        ("wait_verb", {"session": 1}),
+        ("complete_next", {"session": 0, "pick": 0, "token": "current", "batch_size": 1, "end": "commit", **long}),
+        ("acknowledge_a_batch", {"session": 0, "verb": "fail_batch", "picks": [0],
+                                 "tokens": ["current", "none", "none"], "end": "commit"}),
     ])

@@ -98,6 +98,10 @@ CASES = {
     "a table variable": (
         "DECLARE @v TABLE (x int NOT NULL);\nSELECT v.x FROM @v AS v;\nSELECT v.y FROM @v AS v;",
         ["3: unresolved column 'v.y'"]),
+    "a table variable's key and CHECK name its own columns": (
+        "DECLARE @v TABLE (x int NOT NULL, y int NOT NULL CHECK (y > x), PRIMARY KEY (x));\n"
+        "DECLARE @w TABLE (x int NOT NULL, PRIMARY KEY (nope));",
+        ["2: unresolved column 'nope'"]),
     "a variable used above its DECLARE": (
         "SELECT @late AS late;\nDECLARE @late int = 1;", ["1: unresolved variable '@late'"]),
     "a variable declared twice": (

@@ -209,6 +209,7 @@ class QueueClient:
         listen = self.dialect == "postgres" and self.queue.options.get("notify") and not self.pooled
         if listen:
             self._listen()
+        woken = False
         while True:
             rows = self.call("dequeue", params)
             if listen and rows:
@@ -219,11 +220,17 @@ class QueueClient:
             if listen:
                 for _ in self.conn.notifies(timeout=min(remaining, LISTEN_RECHECK_SECONDS), stop_after=1):
                     pass
-            elif self.wait(min(MAX_WAIT_MS, max(1, int(remaining * 1000)))):
-                # Ready, yet the next dequeue may find nothing (another consumer was faster, or the
-                # ready message was a lease that expired for the last time and goes to the dead
-                # letters): one wait step's pause keeps that from becoming a busy loop.
+                continue
+            if woken:
+                # wait said ready, yet this dequeue found nothing (another consumer was faster, or
+                # the ready message was a lease that expired for the last time and went to the dead
+                # letters): one wait step's pause before waiting again keeps that from becoming a
+                # busy loop. Only then: a pause after every wake would delay every message by it.
                 time.sleep(WAIT_STEP_SECONDS)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return rows
+            woken = self.wait(min(MAX_WAIT_MS, max(1, int(remaining * 1000))))
 
     def _require_autocommit(self, what: str) -> None:
         if not getattr(self.conn, "autocommit", True):

@@ -351,6 +351,7 @@ class _Resolver:
         columns = None
         if s.table is not None:
             columns = self.column_defs(s.table)
+            self.refs(s.table_refs, Scope(None, [Bound(None, columns)]))
         elif s.user_type is not None:
             relation = self.type(s.user_type)
             columns = relation.columns if relation else None

@@ -200,6 +200,7 @@ class Declare(Statement):
     user_type: tuple[int, ...] | None
     table: list[ColumnDef] | None
     init: list[Ref]
+    table_refs: list[Ref]           # a table variable's key columns, CHECK and DEFAULT expressions
 
 
 @dataclass(eq=False)
@@ -504,7 +505,7 @@ class _Extractor:
             columns, refs = (self.column_defs(table) if is_table and table is not None else (None, []))
             sql_type, user_type = self.data_type(data_type)
             self.statements.append(Declare(self.line(variable), self.tok(variable, "variable", declares=True),
-                                           sql_type, user_type, columns, init + refs))
+                                           sql_type, user_type, columns, init, refs))
 
     # -- queries ---------------------------------------------------------------------------------
 

@@ -1018,16 +1018,19 @@ BEGIN
         a.lease_token
     FROM @acks AS a;
     -- The history rows of the completed messages: written to the history table after the delete,
-    -- in the same transaction (queue table, then history table, as complete).
+    -- in the same transaction (queue table, then history table, as complete). Not OUTPUT INTO the
+    -- history table directly, as complete does: the result needs the ids completed, a DELETE has
+    -- one OUTPUT INTO, and an INSERT over a nested DELETE (composable DML) may have none.
     DECLARE @completed TABLE (
-        id bigint NOT NULL PRIMARY KEY,
+        id bigint NOT NULL,
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
         started_at datetime2(7) NOT NULL,
         finished_at datetime2(7) NOT NULL,
         worker nvarchar(200) NOT NULL,
         attempts int NOT NULL,
-        payload nvarchar(MAX) NOT NULL
+        payload nvarchar(MAX) NOT NULL,
+        PRIMARY KEY (id)
     );
     DECLARE @started_transaction bit = 0;
 

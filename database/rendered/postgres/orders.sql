@@ -535,8 +535,11 @@ GRANT EXECUTE ON FUNCTION "queue"."orders_purge" TO "queue_admin";
 -- tablequeue:unit queue.orders_wait_step code
 
 -- One step of S.Q_wait: true when a message is ready that this session's dequeue would hand out
--- now; otherwise a sleep of up to 50 ms, then false, or NULL once wait_ms have passed since
--- started_at. A row an open dequeue has locked is not ready: FOR KEY
+-- now; otherwise a sleep, then false, or NULL once wait_ms have passed since started_at. The sleep
+-- is a quarter of the time waited so far, at least 5 ms and at most 50 ms: a message that comes
+-- soon after a consumer started waiting wakes it within a few ms, while a consumer that stays idle
+-- probes 20 times a second (each step costs a commit and a wake-up, not only the probe).
+-- A row an open dequeue has locked is not ready: FOR KEY
 -- SHARE SKIP LOCKED passes over it, as READPAST does on SQL Server; the weakest row lock there is,
 -- on the one row found, which the caller's next COMMIT ends at once.
 -- It reads from the session's claim position, as dequeue does, so an idle wait does not walk dead
@@ -606,7 +609,11 @@ BEGIN
     IF clock_timestamp() >= deadline THEN
         RETURN NULL;
     END IF;
-    PERFORM pg_sleep(least(0.05, extract(EPOCH FROM deadline - clock_timestamp())));
+    PERFORM pg_sleep(least(
+        0.05,
+        greatest(0.005, extract(EPOCH FROM now_utc - started_at) / 4),
+        extract(EPOCH FROM deadline - clock_timestamp())
+    ));
     RETURN false;
 END;
 $function$;
@@ -618,7 +625,7 @@ GRANT EXECUTE ON FUNCTION "queue"."orders_wait_step" TO "queue_consumer";
 -- tablequeue:unit queue.orders_wait code
 
 -- Returns ready = true as soon as a message is ready to dequeue, false after wait_ms. Each step is a
--- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of up to 50 ms); so it holds
+-- transaction of its own: COMMIT, then S.Q_wait_step (a probe, a sleep of 5 to 50 ms); so it holds
 -- no lock and no transaction between steps, and the snapshot it holds while it sleeps is renewed
 -- every step (backend_xmin moves on: vacuum is not held back). It claims nothing: the caller
 -- dequeues next, in its own transaction. Because it commits it must be CALLed outside a transaction

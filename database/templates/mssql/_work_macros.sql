@@ -379,9 +379,30 @@ last_error, last_worker, dead_at, payload
     END CATCH;
 {%- endmacro %}
 
-{#- The columns of a history row that a completing DELETE writes, in this order. -#}
+{#- The columns of a history row that a completing DELETE writes, in this order, with their types:
+    the history table's definition, complete_batch's table variable and every column list of the
+    completing statements take them from here. -#}
+{% set history_row = [('id', id_type), ('enqueued_at', 'datetime2(7)'), ('due_at', 'datetime2(7)')]
+    + ([('priority', 'int')] if has_priority else [])
+    + [('started_at', 'datetime2(7)'), ('finished_at', 'datetime2(7)'), ('worker', 'nvarchar(200)'),
+       ('attempts', 'int'), ('payload', payload_type)] %}
+
 {% macro history_columns() -%}
-id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}started_at, finished_at, worker, attempts, payload
+{% for name, _ in history_row %}{{ name }}{{ ', ' if not loop.last }}{% endfor %}
+{%- endmacro %}
+
+{#- history_row as column definitions, one a line, each followed by a comma; with_duration: and the
+    history table's computed duration after finished_at. -#}
+{% macro history_column_definitions(with_duration=false) -%}
+{% set lines %}
+{% for name, type in history_row %}
+{{ name }} {{ type }} NOT NULL,
+{% if with_duration and name == 'finished_at' %}
+duration_ms AS DATEDIFF_BIG(MILLISECOND, started_at, finished_at),
+{% endif %}
+{% endfor %}
+{% endset %}
+{{- lines | trim }}
 {%- endmacro %}
 
 {#- The OUTPUT clause of a completing DELETE: the history row, into `into` (the history table, or

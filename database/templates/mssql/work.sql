@@ -179,18 +179,7 @@ IF OBJECT_ID(N'{{ history_t }}', N'U') IS NULL
         -- deletes a range at the start of the clustered index.
         CREATE TABLE {{ history_t }} (
             history_id bigint IDENTITY (1, 1) NOT NULL,
-            id {{ id_type }} NOT NULL,
-            enqueued_at datetime2(7) NOT NULL,
-            due_at datetime2(7) NOT NULL,
-{% if has_priority %}
-            priority int NOT NULL,
-{% endif %}
-            started_at datetime2(7) NOT NULL,
-            finished_at datetime2(7) NOT NULL,
-            duration_ms AS DATEDIFF_BIG(MILLISECOND, started_at, finished_at),
-            worker nvarchar(200) NOT NULL,
-            attempts int NOT NULL,
-            payload {{ payload_type }} NOT NULL,
+{{ w.history_column_definitions(with_duration=true) | indent(12, first=true) }}
             CONSTRAINT {{ names.index('pk', 'history') }} PRIMARY KEY CLUSTERED (finished_at, history_id)
         );
 

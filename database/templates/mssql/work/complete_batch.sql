@@ -22,19 +22,12 @@ BEGIN
 {{ w.batch_in_id_order() }}
 {% if history %}
     -- The history rows of the completed messages: written to the history table after the delete,
-    -- in the same transaction (queue table, then history table, as complete).
+    -- in the same transaction (queue table, then history table, as complete). Not OUTPUT INTO the
+    -- history table directly, as complete does: the result needs the ids completed, a DELETE has
+    -- one OUTPUT INTO, and an INSERT over a nested DELETE (composable DML) may have none.
     DECLARE @completed TABLE (
-        id {{ id_type }} NOT NULL PRIMARY KEY,
-        enqueued_at datetime2(7) NOT NULL,
-        due_at datetime2(7) NOT NULL,
-{% if has_priority %}
-        priority int NOT NULL,
-{% endif %}
-        started_at datetime2(7) NOT NULL,
-        finished_at datetime2(7) NOT NULL,
-        worker nvarchar(200) NOT NULL,
-        attempts int NOT NULL,
-        payload {{ payload_type }} NOT NULL
+{{ w.history_column_definitions() | indent(8, first=true) }}
+        PRIMARY KEY (id)
     );
     DECLARE @started_transaction bit = 0;
 

@@ -796,6 +796,145 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
     assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
 
 
+# -- the stream reader's driver and task sides, called directly (no Spark job) -----------------------
+def stream_reader(pg: "Postgres", catalog: Catalog, queue: str, **options: str) -> Any:
+    from pipelines.common import QueueTarget
+    from pipelines.sources import QueueStreamReader, SourceOptions
+
+    lowered = {"partitions": "1", "messagesperpartition": "10", "idlewaitseconds": "0",
+               **{k.lower(): v for k, v in options.items()}}
+    return QueueStreamReader(SourceOptions(QueueTarget.of(pg.url, catalog, queue), lowered))
+
+
+def enqueue_numbered(pg: "Postgres", catalog: Catalog, queue: str, count: int, first: int = 0) -> None:
+    from tablequeue.client import QueueClient
+
+    conn = connect(pg.url, autocommit=True)
+    try:
+        QueueClient.for_catalog(conn, "postgres", catalog, queue).enqueue_batch(
+            [{"payload": {"id": i, "name": f"customer {i}"}, "dedupe_key": str(i)} for i in range(first, first + count)])
+    finally:
+        conn.close()
+
+
+def when_a_session_waits(pg: "Postgres", condition: str, then: Any, done: threading.Event) -> threading.Thread:
+    """A thread that runs then() once pg_stat_activity shows a session matching `condition` (or
+    when `done` is set: the code under test never got there)."""
+    def watch() -> None:
+        while not done.wait(0.05):
+            if pg.scalar(f"SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND ({condition})"):
+                break
+        then()
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_stream_read_waits_for_a_lease_another_session_has_locked(pg):
+    """The driver's heartbeat holds a row lock (extend_lease in its open transaction) while the task
+    reads: the task's dequeue skips that row, yet commit() completes every recorded lease, so the
+    task must deliver it too, not a subset."""
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("locked"))
+    enqueue_numbered(pg, catalog, "locked", 20)
+    reader = stream_reader(pg, catalog, "locked", messagesPerPartition="10")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start)
+    worker, acks = end["leases"][0]["worker"], end["leases"][0]["acks"]
+    victim, token = acks[3]
+    heartbeat = connect(pg.url, autocommit=False)
+    done = threading.Event()
+    try:
+        assert QueueClient.for_catalog(heartbeat, "postgres", catalog, "locked").extend_lease(
+            victim, worker, 30, lease_token=token)
+        holder = when_a_session_waits(pg, "wait_event_type = 'Lock'", heartbeat.commit, done)
+        rows = list(reader.read(reader.partitions(start, end)[0]))
+    finally:
+        done.set()
+        holder.join()
+        heartbeat.close()
+    assert sorted(r[0] for r in rows) == sorted(int(i) for i, _ in acks)
+    reader.commit(end)
+    reader.stop()
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'locked', '_history')} WHERE id = %s", int(victim)) == 1
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'locked')}") == 10
+
+
+def test_stream_driver_reconnects_after_its_connection_is_killed(pg):
+    catalog = pg.deploy(work_queue("failover"))
+    enqueue_numbered(pg, catalog, "failover", 20)
+    reader = stream_reader(pg, catalog, "failover")
+    first = reader.latestOffset(reader.initialOffset())
+    backend = reader._driver["connection"].client().conn.info.backend_pid
+    pg.scalar("SELECT pg_terminate_backend(%s)", backend)
+    try:
+        second = reader.latestOffset(first)        # completes the first micro-batch, leases the next
+    finally:
+        reader.stop()
+    assert second["seq"] == 2 and len(second["leases"][0]["acks"]) == 10
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'failover', '_history')}") == 10
+
+
+def test_stream_replayed_micro_batch_keeps_its_leases_alive(pg):
+    """After a restart Spark replays the uncommitted micro-batch through partitions() alone: its
+    leases need the heartbeat, or a replay longer than leaseSeconds reads none of them."""
+    catalog = pg.deploy(work_queue("replayed"))
+    enqueue_numbered(pg, catalog, "replayed", 10)
+    before = stream_reader(pg, catalog, "replayed", leaseSeconds="3")
+    start = before.initialOffset()
+    end = before.latestOffset(start)
+    before.stop()                                   # the driver goes away before the batch ran
+    after = stream_reader(pg, catalog, "replayed", leaseSeconds="3")
+    try:
+        partition = after.partitions(start, end)[0]
+        time.sleep(4.5)                             # the replay outlasts the lease
+        rows = list(after.read(partition))
+        after.commit(end)
+    finally:
+        after.stop()
+    assert len(rows) == 10
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'replayed', '_history')} WHERE attempts = 1") == 10
+
+
+def test_stream_queries_with_the_same_consumer_never_share_leases(pg):
+    catalog = pg.deploy(work_queue("shared"))
+    enqueue_numbered(pg, catalog, "shared", 30)
+    first, second = (stream_reader(pg, catalog, "shared", consumer="nightly") for _ in range(2))
+    try:
+        ends = [reader.latestOffset(reader.initialOffset()) for reader in (first, second)]
+    finally:
+        first.stop()
+        second.stop()
+    ids = [{i for lease in end["leases"] for i, _ in lease["acks"]} for end in ends]
+    assert len(ids[0]) == len(ids[1]) == 10 and not ids[0] & ids[1]
+
+
+def test_stream_idle_latest_offset_waits_for_a_message(pg):
+    """Nothing ready: latestOffset waits (idleWaitSeconds) and leases what arrives meanwhile, instead
+    of returning at once for Spark to call it again in a tight loop."""
+    catalog = pg.deploy(work_queue("idle"))
+    reader = stream_reader(pg, catalog, "idle", idleWaitSeconds="20")
+    start = reader.initialOffset()
+    done = threading.Event()
+    arrives = when_a_session_waits(pg, "state = 'active' AND query LIKE '%wait_ms =>%'",
+                                   lambda: enqueue_numbered(pg, catalog, "idle", 1), done)
+    try:
+        end = reader.latestOffset(start)
+    finally:
+        done.set()
+        arrives.join()
+        reader.stop()
+    assert end["seq"] == 1 and len(end["leases"][0]["acks"]) == 1
+
+
+def test_stream_offsets_are_capped(pg):
+    catalog = pg.deploy(work_queue("capped"))
+    with pytest.raises(PipelineError, match=r"capped: partitions x messagesPerPartition = 20000 leases per "
+                                            r"micro-batch; at most 10000"):
+        stream_reader(pg, catalog, "capped", partitions="20", messagesPerPartition="1000")
+
+
 # -- credentials, options, retries (no Spark job) -------------------------------------------------------
 def test_a_url_with_a_password_is_refused_and_taken_from_a_file_or_the_environment(tmp_path, monkeypatch):
     from pipelines.common import URL_ENV, resolve_url

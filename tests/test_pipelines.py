@@ -695,6 +695,21 @@ def test_drain_killed_mid_run_is_finalized_by_the_next_run(spark, pg, tmp_path, 
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'resumable')}") == 0
 
 
+def test_drain_task_rides_out_a_dropped_connection_without_a_spark_retry(spark, pg, tmp_path):
+    """Every session ends while the task's first batch is staged (a failover): the task reconnects
+    and repeats the complete (and whatever follows) itself; Spark runs no second attempt."""
+    catalog = pg.deploy(work_queue("failover"))
+    enqueue_numbered(pg, catalog, "failover", 40)
+    summary = run_drain(spark, pg.url, catalog, "failover", "pipelines.transforms:uppercase_name",
+                        str(tmp_path / "output"), tasks=1, batch_size=10, lease_seconds=30, idle_seconds=1,
+                        time_budget_seconds=120, probe="pipelines.faults:drop_connections_once",
+                        probe_args={"url": pg.url, "once": str(tmp_path / "dropped")})
+    assert (tmp_path / "dropped").exists()
+    assert summary["retried_tasks"] == [] and summary["completed"] == 40
+    assert sorted(int(r["id"]) for r in output_rows(summary["output"])) == \
+        sorted(r["id"] for r in pg.rows(f"SELECT id FROM {table(catalog, 'failover', '_history')}"))
+
+
 class DriverDied(BaseException):
     """The driver process ending between the tasks and the finalisation."""
 

@@ -528,7 +528,7 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
 
 
 def _run_tasks(spark: Any, target: QueueTarget, config: DrainConfig, tasks: int) -> list[dict[str, Any]]:
-    """The consumers as one Spark job over `tasks` partitions (DataFrame API: Spark Connect works)."""
+    """The consumers as one Spark job over `tasks` partitions (DataFrame API only, no RDD)."""
     import pyarrow as pa
 
     def consume(batches: Iterator[Any]) -> Iterator[Any]:

@@ -1,4 +1,4 @@
-"""tablequeue as a Spark data source (PySpark 4's Python Data Source API: no RDD, Spark Connect works).
+"""tablequeue as a Spark data source (PySpark 4's Python Data Source API: no RDD).
 
 Writing, to any queue kind with `dedupe: true`:
 

@@ -59,24 +59,41 @@ JSON_OPTIONS = {"timeZone": "UTC", "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSS
                 "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS", "ignoreNullFields": "false"}
 
 
+def _column(name: str) -> Any:
+    """The column of that name, whatever characters it holds (a backtick is doubled inside the quotes)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
 def _key_text(name: str, data_type: Any) -> Any:
-    """One key column as text that names the instant or value, never the session's view of it:
-    a timestamp as microseconds since the epoch (the autumn hour that repeats on a wall clock is two
-    different numbers), a timestamp without zone and a date as ISO text, binary as base64, nested
-    values as UTC JSON. Length-prefixed, so that no value can imitate a separator."""
+    """One key column as text that names the instant or value, never the session's view of it nor
+    its declared type: a timestamp as microseconds since the epoch (the autumn hour that repeats on
+    a wall clock is two different numbers), a timestamp without zone as its zone-free text, a date
+    as ISO text, binary as base64, a decimal without trailing zeros (1.5 is 1.5 at any scale), a
+    negative zero as zero, a map as its entries sorted by key, other nested values as UTC JSON.
+    Length-prefixed, so that no value can imitate a separator."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    column = F.col(f"`{name}`")
+    column = _column(name)
     if isinstance(data_type, T.TimestampType):
         text = F.unix_micros(column).cast("string")
     elif isinstance(data_type, T.TimestampNTZType):
-        text = F.date_format(column, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS")
+        text = column.cast("string")                  # no session time zone involved, unlike date_format
     elif isinstance(data_type, T.DateType):
         text = F.date_format(column, "yyyy-MM-dd")
     elif isinstance(data_type, T.BinaryType):
         text = F.base64(column)
-    elif isinstance(data_type, (T.StructType, T.ArrayType, T.MapType)):
+    elif isinstance(data_type, T.DecimalType):
+        text = F.regexp_replace(column.cast("string"), r"(\.[0-9]*[1-9])0+$|\.0+$", "$1")
+    elif isinstance(data_type, (T.FloatType, T.DoubleType)):
+        text = F.when(column == 0, F.lit(0).cast(data_type)).otherwise(column).cast("string")
+    elif isinstance(data_type, T.MapType):
+        by_key = F.array_sort(F.map_entries(column), lambda left, right: F.when(left["key"] < right["key"], -1)
+                              .when(left["key"] > right["key"], 1).otherwise(0))
+        text = F.to_json(by_key, JSON_OPTIONS)
+    elif isinstance(data_type, (T.StructType, T.ArrayType)):
         text = F.to_json(column, JSON_OPTIONS)
     else:
         text = column.cast("string")
@@ -84,17 +101,59 @@ def _key_text(name: str, data_type: Any) -> Any:
         F.concat(F.lit(f"{name}="), F.length(text).cast("string"), F.lit(":"), text))
 
 
+def _holds_float(data_type: Any) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, (T.FloatType, T.DoubleType)):
+        return True
+    if isinstance(data_type, T.StructType):
+        return any(_holds_float(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return _holds_float(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return _holds_float(data_type.keyType) or _holds_float(data_type.valueType)
+    return False
+
+
+def _non_finite(column: Any, data_type: Any) -> Any:
+    """True when the value, or any float inside it (struct fields, array elements, map keys and
+    values, at any depth), is NaN or an infinity; false or NULL otherwise."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, (T.FloatType, T.DoubleType)):
+        return F.isnan(column) | column.isin(float("inf"), float("-inf"))
+    if isinstance(data_type, T.StructType):
+        checks = [_non_finite(column.getField(f.name), f.dataType) for f in data_type.fields if _holds_float(f.dataType)]
+        result = checks[0]
+        for check in checks[1:]:
+            result = result | check
+        return result
+    if isinstance(data_type, T.ArrayType):
+        return F.exists(column, _element_check(data_type.elementType))
+    checks = [F.exists(entries, _element_check(kind))
+              for entries, kind in ((F.map_keys(column), data_type.keyType), (F.map_values(column), data_type.valueType))
+              if _holds_float(kind)]
+    return checks[0] if len(checks) == 1 else checks[0] | checks[1]
+
+
+def _element_check(data_type: Any) -> Any:
+    """_non_finite as the one-argument function that higher-order functions (exists) take."""
+    return lambda element: _non_finite(element, data_type)
+
+
 def _refusals(fields: Sequence[Any]) -> Any:
-    """A row's reasons to be refused (NaN or an infinity: JSON has neither), or NULL."""
+    """A row's reasons to be refused (NaN or an infinity, also inside a struct, array or map: JSON
+    has neither, and to_json would write them as strings), or NULL."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     checks = []
     for field in fields:
-        if isinstance(field.dataType, (T.FloatType, T.DoubleType)):
-            column = F.col(f"`{field.name}`")
-            bad = F.isnan(column) | column.isin(float("inf"), float("-inf"))
-            checks.append(F.when(bad, F.lit(f"column {field.name} is NaN or infinite (JSON has neither)")))
+        if _holds_float(field.dataType):
+            where = "is" if isinstance(field.dataType, (T.FloatType, T.DoubleType)) else "holds a value that is"
+            bad = F.coalesce(_non_finite(_column(field.name), field.dataType), F.lit(False))
+            checks.append(F.when(bad, F.lit(f"column {field.name} {where} NaN or infinite (JSON has neither)")))
     if not checks:
         return F.lit(None).cast("string")
     reasons = F.concat_ws("; ", *checks)
@@ -148,7 +207,7 @@ def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence
         raise PipelineError(f"max_connections must be at least 1, got {max_connections}")
     types = {f.name: f for f in frame.schema.fields}
     payload_fields = sorted(mapping.items(), key=lambda item: item[1])
-    payload = F.to_json(F.struct(*[F.col(f"`{source}`").alias(target) for source, target in payload_fields]),
+    payload = F.to_json(F.struct(*[_column(source).alias(target) for source, target in payload_fields]),
                         JSON_OPTIONS)
     dedupe_key = F.sha2(F.concat_ws("\n", *[_key_text(k, types[k].dataType) for k in sorted(set(keys))]), 256)
     checked = [types[c] for c in dict.fromkeys(list(mapping) + keys)]

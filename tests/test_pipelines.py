@@ -216,6 +216,51 @@ def test_keys_are_the_same_under_other_time_zones_and_column_orders(spark):
     assert renamed == in_new_york[:1]
 
 
+def test_keys_ignore_zone_scale_sign_of_zero_and_map_order(spark):
+    """A timestamp without zone (here in New York's spring gap), a decimal at two scales, zero and
+    negative zero, a map built in two orders, a column name with a backtick: each pair is one key."""
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    at = datetime(2024, 3, 10, 2, 30)
+    ntz = []
+    try:
+        for zone in ("UTC", "America/New_York"):
+            spark.conf.set("spark.sql.session.timeZone", zone)
+            ntz += message_keys(spark, [(1, at)], "id long, at timestamp_ntz", ["id", "at"])
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+    decimals = [to_messages_by(spark.sql(f"SELECT CAST(1.5 AS decimal({p},{q})) AS d"), ["d"])[0]
+                for p, q in ((10, 2), (12, 4), (2, 1))]
+    zeros = message_keys(spark, [(0.0,), (-0.0,)], "x double", ["x"])
+    maps = [to_messages_by(spark.sql(f"SELECT map({entries}) AS m"), ["m"])[0]
+            for entries in ("'a', 1, 'b', 2", "'b', 2, 'a', 1")]
+    ticked = message_keys(spark, [(1,), (2,)], "`odd``name` long", ["odd`name"])
+    assert len(set(ntz)) == 1 and len(set(decimals)) == 1 and len(set(zeros)) == 1 and len(set(maps)) == 1
+    assert len(set(ticked)) == 2
+    # Still values, not types: 1.5 and 1.25 differ, and so do 10 and 1 (no trailing zero of an integer goes).
+    assert to_messages_by(spark.sql("SELECT CAST(1.25 AS decimal(10,2)) AS d"), ["d"])[0] != decimals[0]
+    assert len(set(to_messages_by(spark.sql("SELECT CAST(10 AS decimal(10,0)) AS d UNION ALL "
+                                            "SELECT CAST(1 AS decimal(10,0))"), ["d"]))) == 2
+
+
+def to_messages_by(frame: Any, key: list[str]) -> list[str]:
+    from pipelines.sources import to_messages
+
+    return [r["dedupe_key"] for r in to_messages(frame, key).orderBy("payload").collect()]
+
+
+def test_nested_nan_and_infinity_are_refused_by_column(spark):
+    from pipelines.sources import to_messages
+
+    frame = spark.createDataFrame(
+        [(1, (float("nan"),), [1.0], {"k": 1.0}), (2, (1.0,), [float("inf")], {"k": 1.0}),
+         (3, (1.0,), [1.0], {"k": float("-inf")}), (4, (None,), None, {"k": 2.0})],
+        "id long, s struct<x: double>, a array<double>, m map<string, double>")
+    refused = {r["id"]: r["refused"] for r in to_messages(frame, "id").select(
+        F.get_json_object("payload", "$.id").cast("long").alias("id"), "refused").collect()}
+    reason = "holds a value that is NaN or infinite (JSON has neither)"
+    assert refused == {1: f"column s {reason}", 2: f"column a {reason}", 3: f"column m {reason}", 4: None}
+
+
 def test_writer_refuses_nan_rows_by_name_and_writes_the_rest(spark, pg, tmp_path):
     catalog = pg.deploy(work_queue("nan"))
     frame = spark.createDataFrame([(i, float("nan") if i == 3 else i / 2) for i in range(10)], "id long, amount double")

@@ -90,6 +90,10 @@ def _schemas() -> tuple[Any, Any]:
 
 
 STAGING_KINDS = ("results", "markers")
+# Written under the run's staging folder before the finalising sweep: a task that outlived its job
+# (an executor declared lost that still runs) sees it before its next lease and stops, instead of
+# completing messages whose results the driver has stopped collecting. A new launch removes it.
+STOP_FILE = "_stop"
 
 
 class TaskStaging:
@@ -102,10 +106,17 @@ class TaskStaging:
         import pyarrow.parquet  # noqa: F401
 
         self.fs, base = filesystem(root)
+        self.stop_file = f"{base}/{STOP_FILE}"
         self.folders = {kind: f"{base}/{kind}/launch={launch}/part={partition}/attempt={attempt}"
                         for kind in STAGING_KINDS}
         for folder in self.folders.values():
             self.fs.create_dir(folder, recursive=True)
+
+    def stopped(self) -> bool:
+        """Has the driver begun to finalise the run (written the stop file before its sweep)?"""
+        from pyarrow import fs
+
+        return self.fs.get_file_info(self.stop_file).type != fs.FileType.NotFound
 
     def write(self, kind: str, rows: list[dict], schema: Any, batch: int, name: str | None = None) -> None:
         """Write a Parquet file (batch-<batch>, or `name`) under a temporary name (ignored by Spark
@@ -233,6 +244,9 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                               name=f"released-from-attempt-{earlier}")
             counts["released"] += take_back(call, config.worker(partition, earlier), config.batch_size, record)
         while time.monotonic() < deadline:
+            if staging.stopped():
+                counts["stopped"] = "run finalised"
+                break
             messages = call("dequeue", lambda client: client.dequeue(config.batch_size, worker=worker,
                                                                      lease_seconds=config.lease_seconds))
             if not messages:
@@ -387,6 +401,10 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, ba
     summary: dict[str, Any] = {"output": final_path, "staged_rows": 0, "completed": 0,
                                "confirmed_unmarked": 0, **{o: 0 for o in OUTCOMES if o != "completed"}}
     with job_description(spark, f"drain {target.name}: finalize run {run_id}"):
+        filesystem_, inner = filesystem(f"{staging}/{STOP_FILE}")
+        filesystem_.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+        with filesystem_.open_output_stream(inner) as stream:
+            stream.write(run_id.encode("ascii"))
         summary["swept"] = sweep(target, staging, run_id, batch_size)
         markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
         if markers is not None:
@@ -442,6 +460,24 @@ def _exists(path: str) -> bool:
     return filesystem_.get_file_info(inner).type != fs.FileType.NotFound
 
 
+def _staged_runs(output: str) -> list[str]:
+    """The run ids whose staging folder is under output (runs not finalised, or kept)."""
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(f"{output.rstrip('/')}/_staging")
+    return sorted(info.base_name.split("=", 1)[1]
+                  for info in filesystem_.get_file_info(fs.FileSelector(inner, allow_not_found=True))
+                  if info.type == fs.FileType.Directory and info.base_name.startswith("run_id="))
+
+
+def remove_file(path: str) -> None:
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(path)
+    if filesystem_.get_file_info(inner).type == fs.FileType.File:
+        filesystem_.delete_file(inner)
+
+
 def staging_path(output: str, run_id: str) -> str:
     return f"{output.rstrip('/')}/_staging/run_id={run_id}"
 
@@ -461,11 +497,14 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
               tasks: int = 2, batch_size: int = 100, lease_seconds: int | None = None,
               time_budget_seconds: float = 600.0, retry_after_seconds: int = 0, idle_seconds: float = 5.0,
               probe: str | None = None, probe_args: dict[str, Any] | None = None, keep_staging: bool = False,
-              run_id: str | None = None, finalize_only: bool = False) -> dict[str, Any]:
+              run_id: str | None = None, finalize_only: bool = False, force: bool = False) -> dict[str, Any]:
     """Drain `queue` with `tasks` consumers and finalise; return the summary (output path, counts,
     per task). run_id: go on with (or, with finalize_only, just finish) a run that was started before
     and died; its results, old and new, land in one output folder. When tasks fail, the run is
-    finalised all the same (what was completed is written out) and the failure raised after."""
+    finalised all the same (what was completed is written out) and the failure raised after.
+    A new run is refused while another run's staging is under `output` (it died, or kept its
+    staging): that run must be finalised first, or a consumer of this run could complete its expired
+    leases and finalising it would then keep results this run also wrote. force: start all the same."""
     target = QueueTarget.of(url, catalog, queue)
     target.require_kind("work")
     if finalize_only and not run_id:
@@ -486,6 +525,12 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
         raise PipelineError("spark.speculation is on: a speculative copy of a drain task would be a second "
                             "consumer of the same batch; run the drain job with spark.speculation=false")
     resuming = run_id is not None
+    unfinished = [name for name in _staged_runs(output) if name != run_id]
+    if not resuming and unfinished and not force:
+        raise PipelineError(f"drain {target.name}: {output} holds the staging of run(s) {', '.join(unfinished)}, "
+                            f"not finalised: finish each with --run-id <id> --finalize-only first (a new run could "
+                            f"complete their expired leases, and their finalisation would then keep results this "
+                            f"run writes too), or pass --force")
     run_id = run_id or f"r{secrets.token_hex(6)}"
     staging = staging_path(output, run_id)
     if resuming and not _exists(staging) and _exists(f"{output.rstrip('/')}/results/run_id={run_id}"):
@@ -496,6 +541,7 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
     failure: BaseException | None = None
     if not finalize_only:
         require_shared_storage(spark, staging)
+        remove_file(f"{staging}/{STOP_FILE}")     # a launch going on with a run finalised before
         config = DrainConfig(run_id=run_id, launch=f"l{secrets.token_hex(3)}", staging=staging, transform=transform,
                              batch_size=batch_size, lease_seconds=lease_seconds,
                              time_budget_seconds=time_budget_seconds, retry_after_seconds=retry_after_seconds,
@@ -562,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--finalize-only", action="store_true",
                         help="with --run-id: take back the run's leases and write its output, lease nothing")
     parser.add_argument("--keep-staging", action="store_true")
+    parser.add_argument("--force", action="store_true",
+                        help="start a new run although another run's staging (not finalised) is under --output")
     parser.add_argument("--master", help="Spark master when run with python (default local[*])")
     return parser
 
@@ -579,7 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         run_drain(spark, url, args.catalog, args.queue, args.transform, args.output, tasks=args.tasks,
                   batch_size=args.batch_size, lease_seconds=args.lease_seconds, time_budget_seconds=args.time_budget,
                   retry_after_seconds=args.retry_after, idle_seconds=args.idle_seconds,
-                  keep_staging=args.keep_staging, run_id=args.run_id, finalize_only=args.finalize_only)
+                  keep_staging=args.keep_staging, run_id=args.run_id, finalize_only=args.finalize_only,
+                  force=args.force)
     except PipelineError as exc:
         print(f"drain_job: {exc}", file=sys.stderr)
         return 2

@@ -755,6 +755,33 @@ def test_drain_task_rides_out_a_dropped_connection_without_a_spark_retry(spark, 
         sorted(r["id"] for r in pg.rows(f"SELECT id FROM {table(catalog, 'failover', '_history')}"))
 
 
+def test_new_drain_run_is_refused_while_an_unfinished_run_is_staged(spark, pg, tmp_path):
+    catalog = pg.deploy(work_queue("unfinished"))
+    (tmp_path / "output" / "_staging" / "run_id=rdied").mkdir(parents=True)
+    with pytest.raises(PipelineError, match=r"holds the staging of run\(s\) rdied, not finalised: finish each with "
+                                            r"--run-id <id> --finalize-only first .* or pass --force"):
+        run_drain(spark, pg.url, catalog, "unfinished", "pipelines.transforms:uppercase_name",
+                  str(tmp_path / "output"))
+
+
+def test_drain_task_leases_nothing_once_the_run_is_being_finalised(pg, tmp_path):
+    """A task that outlived its job (a lost executor still running) checks the run's stop file
+    before each lease: the driver writes it before its sweep."""
+    from pipelines.common import QueueTarget
+    from pipelines.drain_job import STOP_FILE, DrainConfig, drain_partition
+
+    catalog = pg.deploy(work_queue("fenced"))
+    enqueue_numbered(pg, catalog, "fenced", 10)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / STOP_FILE).write_text("r1")
+    counts = drain_partition(QueueTarget.of(pg.url, catalog, "fenced"),
+                             DrainConfig(run_id="r1", launch="lzombie", staging=str(staging),
+                                         transform="pipelines.transforms:uppercase_name", idle_seconds=1))
+    assert (counts["leased"], counts["stopped"]) == (0, "run finalised")
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'fenced')} WHERE leased_by IS NULL") == 10
+
+
 class DriverDied(BaseException):
     """The driver process ending between the tasks and the finalisation."""
 

@@ -39,7 +39,7 @@ from tablequeue.client import MAX_WAIT_MS
 from tablequeue.engines import parse_url
 
 from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem,
-                              load_callable, log, resolve_url, with_retries)
+                              load_callable, log, require_shared_storage, resolve_url, with_retries)
 
 FORMAT = "tablequeue"
 MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
@@ -192,7 +192,8 @@ def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence
       field names, timestamps in UTC, null fields kept. binary: the payload as UTF-8 bytes.
     max_connections: coalesce to at most this many partitions (one connection each; no shuffle).
     ledger: a folder of keys written before (the writer's ledger option): rows whose key is in it
-      are left out, so a re-run sends nothing that was sent, even after it was consumed.
+      are left out, so a re-run sends nothing that was sent, even after it was consumed. It is read
+      once, here: it covers runs before this one, not a task that Spark retries within this job.
     """
     from pyspark.sql import functions as F
 
@@ -213,6 +214,10 @@ def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence
     checked = [types[c] for c in dict.fromkeys(list(mapping) + keys)]
     messages = frame.select((F.encode(payload, "UTF-8") if binary else payload).alias("payload"),
                             dedupe_key.alias("dedupe_key"), _refusals(checked).alias("refused"))
+    if ledger is not None:
+        # Executors write the ledger and the driver reads it here: a folder only each node sees
+        # would be found empty, and every row sent again without a word.
+        require_shared_storage(frame.sparkSession, ledger)
     if ledger is not None and ledger_exists(ledger):
         sent = frame.sparkSession.read.parquet(ledger).select("dedupe_key").distinct()
         messages = messages.join(sent, "dedupe_key", "left_anti").select("payload", "dedupe_key", "refused")

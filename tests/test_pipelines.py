@@ -791,14 +791,26 @@ def output_rows_or_none(output: str) -> list[dict] | None:
     return output_rows(str(folders[0])) if folders else None
 
 
-def test_output_the_driver_cannot_see_is_refused_before_any_lease(spark, tmp_path):
-    """mock:// is a filesystem of each process's own memory: what the executor writes there, the
-    driver cannot see, as with a plain path on a cluster. A shared folder passes and is left clean."""
+def test_output_the_driver_cannot_see_is_refused_before_any_lease(spark, tmp_path, monkeypatch):
+    """Each node's own disk, simulated: in the driver's process (only) a folder under `node` is
+    looked up on another disk, so what an executor (a Python worker process) wrote there is not
+    found. The same folder seen alike by both passes and is left clean."""
+    import pipelines.common as common
     from pipelines.common import require_shared_storage
 
-    with pytest.raises(PipelineError, match=r"an executor on .* wrote mock:///out/_staging/_probe-[0-9a-f]+ "
+    real, driver = common.filesystem, os.getpid()
+    node, driver_disk = str(tmp_path / "node"), str(tmp_path / "driver-disk")
+
+    def own_disk_per_process(path: str) -> tuple[Any, str]:
+        filesystem_, inner = real(path)
+        return filesystem_, (inner.replace(node, driver_disk) if os.getpid() == driver else inner)
+
+    monkeypatch.setattr(common, "filesystem", own_disk_per_process)
+    with pytest.raises(PipelineError, match=rf"an executor on .* wrote {node}/out/_probe-[0-9a-f]+ "
                                             r"and the driver on .* cannot see it"):
-        require_shared_storage(spark, "mock:///out/_staging", local=False)
+        require_shared_storage(spark, f"{node}/out", local=False)
+    assert len(list((tmp_path / "node" / "out").iterdir())) == 1      # the executor did write its probe
+    monkeypatch.undo()
     require_shared_storage(spark, str(tmp_path / "shared"), local=False)
     assert list((tmp_path / "shared").iterdir()) == []
 

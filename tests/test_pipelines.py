@@ -480,6 +480,22 @@ def test_crash_plan_holds_the_other_tasks_until_the_planned_crash(tmp_path):
     assert time.monotonic() - started < 10
 
 
+class OneClient:
+    """A Reconnecting that hands out the one client it was given."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def client(self) -> Any:
+        return self._client
+
+    def reset(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 class StagingWatchingClient:
     """A work-queue client with one batch, which records what the staging folder held when the task
     first asked for a lease."""
@@ -488,12 +504,6 @@ class StagingWatchingClient:
         self.staging, self.folders_at_first_lease, self.batches = staging, None, [[
             {"id": 1, "payload": {"id": 1, "name": "a", "flaky": False, "poison": False}, "attempts": 1,
              "enqueued_at": datetime.now(timezone.utc), "lease_token": None}]]
-
-    def __enter__(self) -> "StagingWatchingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
     def dequeue(self, batch_size: int, worker: str, lease_seconds: int | None) -> list[dict]:
         if self.folders_at_first_lease is None:
@@ -519,7 +529,7 @@ def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, m
     client = StagingWatchingClient(staging)
     target = drain_job.QueueTarget.of("postgresql://nobody@127.0.0.1:1/none",
                                       parse_catalog({"schema": "s", "queues": [work_queue("jobs")]}), "jobs")
-    monkeypatch.setattr(drain_job.QueueTarget, "client", lambda self: client)
+    monkeypatch.setattr(drain_job, "Reconnecting", lambda target: OneClient(client))
     monkeypatch.setattr(drain_job, "transaction", lambda c: nullcontext())
     config = drain_job.DrainConfig(run_id="r", launch="l", staging=str(staging),
                                    transform="pipelines.transforms:uppercase_name")

@@ -127,15 +127,19 @@ def require_options(args: Any, names: tuple[str, ...], prog: str) -> None:
                             f"--conf {CONF_PREFIX}<option>)")
 
 
+def is_connect_session(spark: Any) -> bool:
+    """A Spark Connect session: a client without a SparkContext (its sparkContext raises)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 @contextlib.contextmanager
 def job_description(spark: Any, text: str) -> Iterator[None]:
     """Name the Spark jobs started inside the block in the UI (and the event log). Spark Connect
     sessions have no SparkContext: there the block just runs."""
-    try:
-        context = spark.sparkContext
-    except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext, nothing to name
+    if is_connect_session(spark):
         yield
         return
+    context = spark.sparkContext
     previous = context.getLocalProperty("spark.job.description")
     context.setJobDescription(text)
     try:
@@ -309,6 +313,11 @@ def build_session(app_name: str, master: str | None = None, conf: dict[str, str]
     from pipelines.sources import register
 
     register(spark)
+    if is_connect_session(spark):
+        # The server owns master, jars and conf; the code reaches its Python workers as artifacts.
+        if ship_code:
+            add_code_to_executors(spark)
+        return spark
     if local and master and "spark.jars" in settings:
         existing = spark.sparkContext.getConf().get("spark.jars", "")
         if str(POSTGRES_JDBC_JAR) not in existing:
@@ -332,14 +341,21 @@ def add_code_to_executors(spark: Any) -> list[str]:
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
             for path in sorted(package_dir.rglob("*.py")):
                 zf.write(path, path.relative_to(package_dir.parent))
-        spark.sparkContext.addPyFile(str(archive))
+        if is_connect_session(spark):
+            spark.addArtifacts(str(archive), pyfile=True)
+        else:
+            spark.sparkContext.addPyFile(str(archive))
         shipped.append(str(archive))
     return shipped
 
 
 @contextlib.contextmanager
 def progress_monitor(spark: Any, label: str, interval_seconds: float = 10.0) -> Iterator[None]:
-    """Log the task progress of the running job every interval (driver side) until the block ends."""
+    """Log the task progress of the running job every interval (driver side) until the block ends.
+    Spark Connect has no status tracker on the client: there the block just runs."""
+    if is_connect_session(spark):
+        yield
+        return
     tracker = spark.sparkContext.statusTracker()
     stop = threading.Event()
 

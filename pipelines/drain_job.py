@@ -29,10 +29,10 @@ from typing import Any, Callable, Iterator
 if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, build_session,  # noqa: E402
-                              canonical_json, conf_arguments, elapsed_since, filesystem, job_description,
-                              load_callable, log, progress_monitor, remove_tree, require_options,
-                              require_shared_storage, resolve_url, transaction)
+from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting,  # noqa: E402
+                              build_session, canonical_json, conf_arguments, elapsed_since, filesystem,
+                              job_description, load_callable, log, progress_monitor, remove_tree,
+                              require_options, require_shared_storage, resolve_url, transaction, with_retries)
 
 ERROR_TEXT_LIMIT = 4000
 OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processed_at")
@@ -41,6 +41,9 @@ OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processe
 # it did not complete the message.
 OUTCOMES = ("completed", "lease_lost", "retrying", "dead", "released")
 SWEEP_PARTITION = -1      # the driver's sweep writes its markers as this partition
+# A task's tries of each queue call on transient errors (a failover): with the jittered pauses of
+# with_retries that is about half a minute before the task gives up and Spark runs it again.
+TASK_RETRIES = 8
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ def _schemas() -> tuple[Any, Any]:
 
 
 STAGING_KINDS = ("results", "markers")
+# Written under the run's staging folder before the finalising sweep: a task that outlived its job
+# (an executor declared lost that still runs) sees it before its next lease and stops, instead of
+# completing messages whose results the driver has stopped collecting. A new launch removes it.
+STOP_FILE = "_stop"
 
 
 class TaskStaging:
@@ -99,10 +106,17 @@ class TaskStaging:
         import pyarrow.parquet  # noqa: F401
 
         self.fs, base = filesystem(root)
+        self.stop_file = f"{base}/{STOP_FILE}"
         self.folders = {kind: f"{base}/{kind}/launch={launch}/part={partition}/attempt={attempt}"
                         for kind in STAGING_KINDS}
         for folder in self.folders.values():
             self.fs.create_dir(folder, recursive=True)
+
+    def stopped(self) -> bool:
+        """Has the driver begun to finalise the run (written the stop file before its sweep)?"""
+        from pyarrow import fs
+
+        return self.fs.get_file_info(self.stop_file).type != fs.FileType.NotFound
 
     def write(self, kind: str, rows: list[dict], schema: Any, batch: int, name: str | None = None) -> None:
         """Write a Parquet file (batch-<batch>, or `name`) under a temporary name (ignored by Spark
@@ -125,18 +139,34 @@ def _marker(message: dict, outcome: str, batch: int) -> dict[str, Any]:
             "lease_token": _token(message.get("lease_token")), "batch": batch}
 
 
-def take_back(client: Any, worker: str, batch_size: int, record: Callable[[list[dict]], None]) -> int:
+def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, batch_size: int,
+              record: Callable[[list[dict]], None]) -> int:
     """Give back whatever `worker` still holds. A dequeue under its name returns its own leases
     first (live ones unchanged, expired ones leased again), and fills the batch with other ready
     messages; all of them are recorded as released (record runs before the first release, so a
     crash in between never leaves a released message unrecorded) and released, attempt included.
-    The released tokens are void: a zombie of that worker can no longer complete them."""
-    rows = client.dequeue(batch_size, worker=worker)
+    The released tokens are void: a zombie of that worker can no longer complete them.
+    call(what, function of the client): see retrying_calls; a repeated dequeue under the same name
+    returns the same leases, a repeated release answers false."""
+    rows = call("take back", lambda client: client.dequeue(batch_size, worker=worker))
     if rows:
         record(rows)
         for row in rows:
-            client.release(row["id"], worker, lease_token=row["lease_token"])
+            call("release", lambda client, row=row: client.release(row["id"], worker, lease_token=row["lease_token"]))
     return len(rows)
+
+
+def retrying_calls(target: QueueTarget, connection: Reconnecting, retries: int = TASK_RETRIES
+                   ) -> Callable[[str, Callable[[Any], Any]], Any]:
+    """call(what, function) runs function(client) on the connection, and again on a new connection
+    after a transient error (a failover drops it), up to `retries` more times. Every verb the drain
+    uses is safe to repeat: dequeue under the same worker gives back that worker's own leases,
+    complete, fail and release are fenced by the lease token (a repeat of one that committed answers
+    'lost'), and a function holding a transaction is rolled back whole before it is repeated."""
+    def call(what: str, function: Callable[[Any], Any]) -> Any:
+        return with_retries(f"{what} {target.name}", lambda: function(connection.client()), retries,
+                            on_retry=connection.reset)
+    return call
 
 
 def _error_text(exc: BaseException) -> str:
@@ -202,76 +232,99 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
     staging = TaskStaging(config.staging, config.launch, partition, attempt)
     heartbeat = LeaseHeartbeat(target, lease_seconds)
     batch = 0
+    connection = Reconnecting(target)
+    call = retrying_calls(target, connection)
     try:
-        with target.client() as client:
-            # The attempts before this one died or were given up: take back what they held, so their
-            # messages come back now (not when their leases run out) and no zombie completes them.
-            # Their markers are batch 0 of this attempt (before its first lease), one file per predecessor.
-            for earlier in range(attempt):
-                def record(rows: list[dict], earlier: int = earlier) -> None:
-                    staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
-                                  name=f"released-from-attempt-{earlier}")
-                counts["released"] += take_back(client, config.worker(partition, earlier), config.batch_size, record)
-            while time.monotonic() < deadline:
-                messages = client.dequeue(config.batch_size, worker=worker, lease_seconds=config.lease_seconds)
-                if not messages:
-                    # wait claims nothing and holds no lock; a retry delayed beyond idle_seconds, or a
-                    # lease another consumer holds, is left to the next run.
-                    if client.wait(max(1, int(min(config.idle_seconds, deadline - time.monotonic()) * 1000))):
-                        continue
-                    counts["stopped"] = "drained"
-                    break
-                batch += 1
-                counts["batches"] += 1
-                counts["leased"] += len(messages)
-                leases = {_key(m["id"]): m for m in messages}
-                heartbeat.hold(batch, [{"worker": worker, "acks": [[m["id"], m["lease_token"]] for m in messages]}])
-                staged: list[dict[str, Any]] = []
-                outcomes: list[dict[str, Any]] = []
-                for message in messages:
-                    payload = _payload(target, message["payload"])
-                    try:
-                        value = transform(payload, dict(message)) if with_message else transform(payload)
-                        result = canonical_json(value)
-                    except Exception as exc:  # noqa: BLE001 - any error of the transform fails the message
-                        outcome = client.fail(message["id"], worker, _error_text(exc), config.retry_after_seconds,
-                                              lease_token=message["lease_token"])
-                        # retrying | dead | lost (the lease had expired: another worker may have it)
-                        outcome = outcome if outcome in ("retrying", "dead") else "lease_lost"
-                        outcomes.append(_marker(message, outcome, batch))
-                        counts[outcome] += 1
-                        continue
-                    staged.append({"id": _key(message["id"]), "result": result,
-                                   "enqueued_at": _aware(message.get("enqueued_at")),
-                                   "attempts": message.get("attempts"), "worker": worker,
-                                   "lease_token": _token(message.get("lease_token")),
-                                   "processed_at": datetime.now(timezone.utc), "batch": batch})
-                if staged:
-                    # 1. results are durable before any of them is completed ...
-                    staging.write("results", staged, results_schema, batch)
-                    fire("staged", batch)
-                    # 2. ... the batch's completes commit together (one statement, each fenced by its
-                    # lease token: a crash rolls them all back) ...
+        # The attempts before this one died or were given up: take back what they held, so their
+        # messages come back now (not when their leases run out) and no zombie completes them.
+        # Their markers are batch 0 of this attempt (before its first lease), one file per predecessor.
+        for earlier in range(attempt):
+            def record(rows: list[dict], earlier: int = earlier) -> None:
+                staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
+                              name=f"released-from-attempt-{earlier}")
+            counts["released"] += take_back(call, config.worker(partition, earlier), config.batch_size, record)
+        while time.monotonic() < deadline:
+            if staging.stopped():
+                counts["stopped"] = "run finalised"
+                break
+            messages = call("dequeue", lambda client: client.dequeue(config.batch_size, worker=worker,
+                                                                     lease_seconds=config.lease_seconds))
+            if not messages:
+                # wait claims nothing and holds no lock; a retry delayed beyond idle_seconds, or a
+                # lease another consumer holds, is left to the next run.
+                wait_ms = max(1, int(min(config.idle_seconds, deadline - time.monotonic()) * 1000))
+                if call("wait", lambda client: client.wait(wait_ms)):
+                    continue
+                counts["stopped"] = "drained"
+                break
+            batch += 1
+            counts["batches"] += 1
+            counts["leased"] += len(messages)
+            leases = {_key(m["id"]): m for m in messages}
+            heartbeat.hold(batch, [{"worker": worker, "acks": [[m["id"], m["lease_token"]] for m in messages]}])
+            staged: list[dict[str, Any]] = []
+            outcomes: list[dict[str, Any]] = []
+            for message in messages:
+                payload = _payload(target, message["payload"])
+                try:
+                    value = transform(payload, dict(message)) if with_message else transform(payload)
+                    result = canonical_json(value)
+                except Exception as exc:  # noqa: BLE001 - any error of the transform fails the message
+                    error = _error_text(exc)
+                    outcome = call("fail", lambda client: client.fail(
+                        message["id"], worker, error, config.retry_after_seconds,
+                        lease_token=message["lease_token"]))
+                    # retrying | dead | lost (the lease had expired: another worker may have it)
+                    outcome = outcome if outcome in ("retrying", "dead") else "lease_lost"
+                    outcomes.append(_marker(message, outcome, batch))
+                    counts[outcome] += 1
+                    continue
+                staged.append({"id": _key(message["id"]), "result": result,
+                               "enqueued_at": _aware(message.get("enqueued_at")),
+                               "attempts": message.get("attempts"), "worker": worker,
+                               "lease_token": _token(message.get("lease_token")),
+                               "processed_at": datetime.now(timezone.utc), "batch": batch})
+            if staged:
+                # 1. results are durable before any of them is completed ...
+                staging.write("results", staged, results_schema, batch)
+                fire("staged", batch)
+                # 2. ... the batch's completes commit together (one statement, each fenced by its
+                # lease token: a crash rolls them all back; a transient error repeats the whole
+                # transaction) ...
+                tries = []
+
+                def complete(client: Any) -> list[dict]:
+                    tries.append(1)
                     with transaction(client):
                         answer = client.complete_batch([leases[row["id"]] for row in staged], worker)
                         completed = {_key(row["id"]): bool(row["completed"]) for row in answer}
-                        for row in staged:
-                            outcomes.append(_marker(leases[row["id"]], "completed" if completed[row["id"]]
-                                                    else "lease_lost", batch))
                         fire("completed", batch, len(staged))
-                    fire("committed", batch)
-                heartbeat.drop(batch)
-                # 3. ... and what complete() returned is recorded; the driver keeps only completed results.
-                staging.write("markers", outcomes, markers_schema, batch)
-                fire("marked", batch)
-                for outcome in outcomes[len(outcomes) - len(staged):]:
-                    counts[outcome["outcome"]] += 1
-                if counts["batches"] % config.log_every_batches == 0:
-                    log().info("drain %s: worker %s: %s batches, %s leased, %s completed, %s retrying, %s dead, "
-                               "%s leases lost", target.name, worker, counts["batches"], counts["leased"],
-                               counts["completed"], counts["retrying"], counts["dead"], counts["lease_lost"])
+                    return [_marker(leases[row["id"]], "completed" if completed[row["id"]] else "lease_lost",
+                                    batch) for row in staged]
+                outcomes += call("complete", complete)
+                fire("committed", batch)
+            heartbeat.drop(batch)
+            if staged and len(tries) > 1 and any(o["outcome"] != "completed" for o in outcomes[-len(staged):]):
+                # A try whose answer the dropped connection lost may have committed: a lease the repeat
+                # found gone may be one it completed. The batch stays unmarked, as when a task dies
+                # between commit and marker, and finalisation keeps a staged result that has no trace
+                # after it (a completed message leaves none).
+                log().warning("drain %s: worker %s: batch %s's complete was repeated after a transient error "
+                              "and found leases gone; left unmarked for finalisation to decide", target.name,
+                              worker, batch)
+                continue
+            # 3. ... and what complete() returned is recorded; the driver keeps only completed results.
+            staging.write("markers", outcomes, markers_schema, batch)
+            fire("marked", batch)
+            for outcome in outcomes[len(outcomes) - len(staged):]:
+                counts[outcome["outcome"]] += 1
+            if counts["batches"] % config.log_every_batches == 0:
+                log().info("drain %s: worker %s: %s batches, %s leased, %s completed, %s retrying, %s dead, "
+                           "%s leases lost", target.name, worker, counts["batches"], counts["leased"],
+                           counts["completed"], counts["retrying"], counts["dead"], counts["lease_lost"])
     finally:
         heartbeat.close()
+        connection.close()
     counts["seconds"] = elapsed_since(started)
     log().info("drain %s: worker %s %s after %.1fs: %s leased, %s completed, %s retrying, %s dead, %s leases "
                "lost, %s taken back from earlier attempts", target.name, worker, counts["stopped"],
@@ -314,13 +367,17 @@ def sweep(target: QueueTarget, staging: str, run_id: str, batch_size: int) -> in
     _, markers_schema = _schemas()
     sweeper = TaskStaging(staging, f"sweep{secrets.token_hex(3)}", SWEEP_PARTITION, 0)
     released = batch = 0
-    with target.client() as client:
+    connection = Reconnecting(target)
+    call = retrying_calls(target, connection)
+    try:
         for worker in run_workers(staging, run_id):
             def record(rows: list[dict]) -> None:
                 nonlocal batch
                 batch += 1
                 sweeper.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch)
-            released += take_back(client, worker, batch_size, record)
+            released += take_back(call, worker, batch_size, record)
+    finally:
+        connection.close()
     return released
 
 
@@ -344,6 +401,10 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, ba
     summary: dict[str, Any] = {"output": final_path, "staged_rows": 0, "completed": 0,
                                "confirmed_unmarked": 0, **{o: 0 for o in OUTCOMES if o != "completed"}}
     with job_description(spark, f"drain {target.name}: finalize run {run_id}"):
+        filesystem_, inner = filesystem(f"{staging}/{STOP_FILE}")
+        filesystem_.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+        with filesystem_.open_output_stream(inner) as stream:
+            stream.write(run_id.encode("ascii"))
         summary["swept"] = sweep(target, staging, run_id, batch_size)
         markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
         if markers is not None:
@@ -399,6 +460,24 @@ def _exists(path: str) -> bool:
     return filesystem_.get_file_info(inner).type != fs.FileType.NotFound
 
 
+def _staged_runs(output: str) -> list[str]:
+    """The run ids whose staging folder is under output (runs not finalised, or kept)."""
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(f"{output.rstrip('/')}/_staging")
+    return sorted(info.base_name.split("=", 1)[1]
+                  for info in filesystem_.get_file_info(fs.FileSelector(inner, allow_not_found=True))
+                  if info.type == fs.FileType.Directory and info.base_name.startswith("run_id="))
+
+
+def remove_file(path: str) -> None:
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(path)
+    if filesystem_.get_file_info(inner).type == fs.FileType.File:
+        filesystem_.delete_file(inner)
+
+
 def staging_path(output: str, run_id: str) -> str:
     return f"{output.rstrip('/')}/_staging/run_id={run_id}"
 
@@ -418,11 +497,14 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
               tasks: int = 2, batch_size: int = 100, lease_seconds: int | None = None,
               time_budget_seconds: float = 600.0, retry_after_seconds: int = 0, idle_seconds: float = 5.0,
               probe: str | None = None, probe_args: dict[str, Any] | None = None, keep_staging: bool = False,
-              run_id: str | None = None, finalize_only: bool = False) -> dict[str, Any]:
+              run_id: str | None = None, finalize_only: bool = False, force: bool = False) -> dict[str, Any]:
     """Drain `queue` with `tasks` consumers and finalise; return the summary (output path, counts,
     per task). run_id: go on with (or, with finalize_only, just finish) a run that was started before
     and died; its results, old and new, land in one output folder. When tasks fail, the run is
-    finalised all the same (what was completed is written out) and the failure raised after."""
+    finalised all the same (what was completed is written out) and the failure raised after.
+    A new run is refused while another run's staging is under `output` (it died, or kept its
+    staging): that run must be finalised first, or a consumer of this run could complete its expired
+    leases and finalising it would then keep results this run also wrote. force: start all the same."""
     target = QueueTarget.of(url, catalog, queue)
     target.require_kind("work")
     if finalize_only and not run_id:
@@ -443,6 +525,12 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
         raise PipelineError("spark.speculation is on: a speculative copy of a drain task would be a second "
                             "consumer of the same batch; run the drain job with spark.speculation=false")
     resuming = run_id is not None
+    unfinished = [name for name in _staged_runs(output) if name != run_id]
+    if not resuming and unfinished and not force:
+        raise PipelineError(f"drain {target.name}: {output} holds the staging of run(s) {', '.join(unfinished)}, "
+                            f"not finalised: finish each with --run-id <id> --finalize-only first (a new run could "
+                            f"complete their expired leases, and their finalisation would then keep results this "
+                            f"run writes too), or pass --force")
     run_id = run_id or f"r{secrets.token_hex(6)}"
     staging = staging_path(output, run_id)
     if resuming and not _exists(staging) and _exists(f"{output.rstrip('/')}/results/run_id={run_id}"):
@@ -453,6 +541,7 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
     failure: BaseException | None = None
     if not finalize_only:
         require_shared_storage(spark, staging)
+        remove_file(f"{staging}/{STOP_FILE}")     # a launch going on with a run finalised before
         config = DrainConfig(run_id=run_id, launch=f"l{secrets.token_hex(3)}", staging=staging, transform=transform,
                              batch_size=batch_size, lease_seconds=lease_seconds,
                              time_budget_seconds=time_budget_seconds, retry_after_seconds=retry_after_seconds,
@@ -485,7 +574,7 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
 
 
 def _run_tasks(spark: Any, target: QueueTarget, config: DrainConfig, tasks: int) -> list[dict[str, Any]]:
-    """The consumers as one Spark job over `tasks` partitions (DataFrame API: Spark Connect works)."""
+    """The consumers as one Spark job over `tasks` partitions (DataFrame API only, no RDD)."""
     import pyarrow as pa
 
     def consume(batches: Iterator[Any]) -> Iterator[Any]:
@@ -519,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--finalize-only", action="store_true",
                         help="with --run-id: take back the run's leases and write its output, lease nothing")
     parser.add_argument("--keep-staging", action="store_true")
+    parser.add_argument("--force", action="store_true",
+                        help="start a new run although another run's staging (not finalised) is under --output")
     parser.add_argument("--master", help="Spark master when run with python (default local[*])")
     return parser
 
@@ -536,7 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         run_drain(spark, url, args.catalog, args.queue, args.transform, args.output, tasks=args.tasks,
                   batch_size=args.batch_size, lease_seconds=args.lease_seconds, time_budget_seconds=args.time_budget,
                   retry_after_seconds=args.retry_after, idle_seconds=args.idle_seconds,
-                  keep_staging=args.keep_staging, run_id=args.run_id, finalize_only=args.finalize_only)
+                  keep_staging=args.keep_staging, run_id=args.run_id, finalize_only=args.finalize_only,
+                  force=args.force)
     except PipelineError as exc:
         print(f"drain_job: {exc}", file=sys.stderr)
         return 2

@@ -24,7 +24,8 @@ if __package__ in (None, ""):  # `spark-submit pipelines/enqueue_job.py` without
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (PipelineError, QueueTarget, build_session, conf_arguments,  # noqa: E402
-                              elapsed_since, job_description, load_callable, require_options, resolve_url)
+                              elapsed_since, is_connect_session, job_description, load_callable,
+                              require_options, resolve_url)
 from pipelines.sources import FORMAT, require_dedupe, target_options, to_messages  # noqa: E402
 
 FORMATS = ("parquet", "csv", "json")
@@ -58,6 +59,10 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
     with NaN or an infinity (the job fails after writing the others).
     """
     target = QueueTarget.of(url, catalog, queue)
+    if is_connect_session(spark):
+        raise PipelineError(f"{target.name}: run_enqueue needs a classic SparkSession: it passes the database URL "
+                            f"and takes the counts back through files on this machine, which a Spark Connect "
+                            f"server cannot read")
     require_dedupe(target)
     if probe:
         load_callable(probe)

@@ -6,6 +6,7 @@ The drain job calls its probe (--probe pipelines.faults:crash_first_attempt) at 
   committed  the batch's completes are committed, its marker file is not written yet
   marked     the batch's marker file is written
 The enqueue job calls it with "enqueued" after each enqueue_batch call (committed on its own).
+drop_connections_once ends the database sessions instead (PostgreSQL), as a failover would.
 The tests use it to show that a task Spark retries after a crash leaves no duplicate and loses
 nothing; an operator can use it the same way to rehearse a failure.
 
@@ -88,3 +89,21 @@ def first_task_attempt_only(payload: Mapping[str, Any], message: Mapping[str, An
     if context is not None and context.attemptNumber() > 0:
         raise RuntimeError(f"downstream gone: task attempt {context.attemptNumber()}, message {message.get('id')}")
     return {"id": payload.get("id") if isinstance(payload, Mapping) else None, "ok": True}
+
+
+def drop_connections_once(event: str, info: Mapping[str, Any], *, url: str, once: str, at: str = "staged",
+                          batch: int = 1) -> None:
+    """A failover as the task sees it: at event `at` of batch `batch`, end every other session of the
+    database (the task's own connection and its heartbeat's among them), once per run: the file
+    `once` records that it happened."""
+    if event != at or info["batch"] != batch or os.path.exists(once):
+        return
+    Path(once).touch()
+    from tablequeue.engines import connect
+
+    conn = connect(url, autocommit=True)
+    try:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+    finally:
+        conn.close()

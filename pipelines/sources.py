@@ -1,4 +1,4 @@
-"""tablequeue as a Spark data source (PySpark 4's Python Data Source API: no RDD, Spark Connect works).
+"""tablequeue as a Spark data source (PySpark 4's Python Data Source API: no RDD).
 
 Writing, to any queue kind with `dedupe: true`:
 
@@ -16,8 +16,9 @@ Reading a `work` queue as a stream, one micro-batch at a time:
     spark.readStream.format("tablequeue").option("catalog", ...).option("queue", "emails").load()
 
 An offset is a set of leases: for micro-batch s and partition p the driver leases up to
-messagesPerPartition messages under the worker name <consumer>-s<s>-p<p> and records each lease's id
-and token in the offset (Spark writes it to the checkpoint before the batch runs). The partition's
+messagesPerPartition messages under the worker name <consumer>-<run>-s<s>-p<p> (run: drawn for each new
+checkpoint) and records each lease's id and token in the offset (Spark writes it to the checkpoint
+before the batch runs). The partition's
 task asks for that worker's leases again (a worker's own live leases come back unchanged: the same
 token, no attempt spent) and yields those whose token matches; commit() completes them with
 complete_batch, fenced by the recorded tokens. docs/pipelines.md has the exactly-once argument.
@@ -34,10 +35,11 @@ from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourc
                                     WriterCommitMessage)
 
 from tablequeue.catalog import Queue
+from tablequeue.client import MAX_WAIT_MS
 from tablequeue.engines import parse_url
 
 from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem,
-                              load_callable, log, resolve_url, with_retries)
+                              load_callable, log, require_shared_storage, resolve_url, with_retries)
 
 FORMAT = "tablequeue"
 MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
@@ -57,24 +59,41 @@ JSON_OPTIONS = {"timeZone": "UTC", "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSS
                 "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS", "ignoreNullFields": "false"}
 
 
+def _column(name: str) -> Any:
+    """The column of that name, whatever characters it holds (a backtick is doubled inside the quotes)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
 def _key_text(name: str, data_type: Any) -> Any:
-    """One key column as text that names the instant or value, never the session's view of it:
-    a timestamp as microseconds since the epoch (the autumn hour that repeats on a wall clock is two
-    different numbers), a timestamp without zone and a date as ISO text, binary as base64, nested
-    values as UTC JSON. Length-prefixed, so that no value can imitate a separator."""
+    """One key column as text that names the instant or value, never the session's view of it nor
+    its declared type: a timestamp as microseconds since the epoch (the autumn hour that repeats on
+    a wall clock is two different numbers), a timestamp without zone as its zone-free text, a date
+    as ISO text, binary as base64, a decimal without trailing zeros (1.5 is 1.5 at any scale), a
+    negative zero as zero, a map as its entries sorted by key, other nested values as UTC JSON.
+    Length-prefixed, so that no value can imitate a separator."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    column = F.col(f"`{name}`")
+    column = _column(name)
     if isinstance(data_type, T.TimestampType):
         text = F.unix_micros(column).cast("string")
     elif isinstance(data_type, T.TimestampNTZType):
-        text = F.date_format(column, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS")
+        text = column.cast("string")                  # no session time zone involved, unlike date_format
     elif isinstance(data_type, T.DateType):
         text = F.date_format(column, "yyyy-MM-dd")
     elif isinstance(data_type, T.BinaryType):
         text = F.base64(column)
-    elif isinstance(data_type, (T.StructType, T.ArrayType, T.MapType)):
+    elif isinstance(data_type, T.DecimalType):
+        text = F.regexp_replace(column.cast("string"), r"(\.[0-9]*[1-9])0+$|\.0+$", "$1")
+    elif isinstance(data_type, (T.FloatType, T.DoubleType)):
+        text = F.when(column == 0, F.lit(0).cast(data_type)).otherwise(column).cast("string")
+    elif isinstance(data_type, T.MapType):
+        by_key = F.array_sort(F.map_entries(column), lambda left, right: F.when(left["key"] < right["key"], -1)
+                              .when(left["key"] > right["key"], 1).otherwise(0))
+        text = F.to_json(by_key, JSON_OPTIONS)
+    elif isinstance(data_type, (T.StructType, T.ArrayType)):
         text = F.to_json(column, JSON_OPTIONS)
     else:
         text = column.cast("string")
@@ -82,17 +101,59 @@ def _key_text(name: str, data_type: Any) -> Any:
         F.concat(F.lit(f"{name}="), F.length(text).cast("string"), F.lit(":"), text))
 
 
+def _holds_float(data_type: Any) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, (T.FloatType, T.DoubleType)):
+        return True
+    if isinstance(data_type, T.StructType):
+        return any(_holds_float(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return _holds_float(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return _holds_float(data_type.keyType) or _holds_float(data_type.valueType)
+    return False
+
+
+def _non_finite(column: Any, data_type: Any) -> Any:
+    """True when the value, or any float inside it (struct fields, array elements, map keys and
+    values, at any depth), is NaN or an infinity; false or NULL otherwise."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(data_type, (T.FloatType, T.DoubleType)):
+        return F.isnan(column) | column.isin(float("inf"), float("-inf"))
+    if isinstance(data_type, T.StructType):
+        checks = [_non_finite(column.getField(f.name), f.dataType) for f in data_type.fields if _holds_float(f.dataType)]
+        result = checks[0]
+        for check in checks[1:]:
+            result = result | check
+        return result
+    if isinstance(data_type, T.ArrayType):
+        return F.exists(column, _element_check(data_type.elementType))
+    checks = [F.exists(entries, _element_check(kind))
+              for entries, kind in ((F.map_keys(column), data_type.keyType), (F.map_values(column), data_type.valueType))
+              if _holds_float(kind)]
+    return checks[0] if len(checks) == 1 else checks[0] | checks[1]
+
+
+def _element_check(data_type: Any) -> Any:
+    """_non_finite as the one-argument function that higher-order functions (exists) take."""
+    return lambda element: _non_finite(element, data_type)
+
+
 def _refusals(fields: Sequence[Any]) -> Any:
-    """A row's reasons to be refused (NaN or an infinity: JSON has neither), or NULL."""
+    """A row's reasons to be refused (NaN or an infinity, also inside a struct, array or map: JSON
+    has neither, and to_json would write them as strings), or NULL."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     checks = []
     for field in fields:
-        if isinstance(field.dataType, (T.FloatType, T.DoubleType)):
-            column = F.col(f"`{field.name}`")
-            bad = F.isnan(column) | column.isin(float("inf"), float("-inf"))
-            checks.append(F.when(bad, F.lit(f"column {field.name} is NaN or infinite (JSON has neither)")))
+        if _holds_float(field.dataType):
+            where = "is" if isinstance(field.dataType, (T.FloatType, T.DoubleType)) else "holds a value that is"
+            bad = F.coalesce(_non_finite(_column(field.name), field.dataType), F.lit(False))
+            checks.append(F.when(bad, F.lit(f"column {field.name} {where} NaN or infinite (JSON has neither)")))
     if not checks:
         return F.lit(None).cast("string")
     reasons = F.concat_ws("; ", *checks)
@@ -131,7 +192,8 @@ def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence
       field names, timestamps in UTC, null fields kept. binary: the payload as UTF-8 bytes.
     max_connections: coalesce to at most this many partitions (one connection each; no shuffle).
     ledger: a folder of keys written before (the writer's ledger option): rows whose key is in it
-      are left out, so a re-run sends nothing that was sent, even after it was consumed.
+      are left out, so a re-run sends nothing that was sent, even after it was consumed. It is read
+      once, here: it covers runs before this one, not a task that Spark retries within this job.
     """
     from pyspark.sql import functions as F
 
@@ -146,12 +208,16 @@ def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence
         raise PipelineError(f"max_connections must be at least 1, got {max_connections}")
     types = {f.name: f for f in frame.schema.fields}
     payload_fields = sorted(mapping.items(), key=lambda item: item[1])
-    payload = F.to_json(F.struct(*[F.col(f"`{source}`").alias(target) for source, target in payload_fields]),
+    payload = F.to_json(F.struct(*[_column(source).alias(target) for source, target in payload_fields]),
                         JSON_OPTIONS)
     dedupe_key = F.sha2(F.concat_ws("\n", *[_key_text(k, types[k].dataType) for k in sorted(set(keys))]), 256)
     checked = [types[c] for c in dict.fromkeys(list(mapping) + keys)]
     messages = frame.select((F.encode(payload, "UTF-8") if binary else payload).alias("payload"),
                             dedupe_key.alias("dedupe_key"), _refusals(checked).alias("refused"))
+    if ledger is not None:
+        # Executors write the ledger and the driver reads it here: a folder only each node sees
+        # would be found empty, and every row sent again without a word.
+        require_shared_storage(frame.sparkSession, ledger)
     if ledger is not None and ledger_exists(ledger):
         sent = frame.sparkSession.read.parquet(ledger).select("dedupe_key").distinct()
         messages = messages.join(sent, "dedupe_key", "left_anti").select("payload", "dedupe_key", "refused")
@@ -377,6 +443,14 @@ class QueueWriter(DataSourceArrowWriter):
 
 
 # -- the stream reader ------------------------------------------------------------------------------
+# An offset holds every lease's id and token, and Spark repeats it in each StreamingQueryProgress
+# (the log, recentProgress, listeners): a cap on the leases per micro-batch keeps those small.
+MAX_LEASES_PER_BATCH = 10_000
+# read(): how often to ask again for recorded leases that a dequeue skipped (SKIP LOCKED: the
+# driver's heartbeat, or a zombie attempt under the same worker name, had the row locked).
+READ_ROUNDS = 5
+
+
 @dataclass
 class LeasePartition(InputPartition):
     worker: str
@@ -387,17 +461,30 @@ class LeasePartition(InputPartition):
         self.worker, self.acks = worker, acks
 
 
+class LeasesStillHeld(PipelineError):
+    """read() could not get back leases that are still this micro-batch's: Spark retries the task
+    (commit() completes every recorded lease, so a partial read would lose those messages)."""
+
+
 class QueueStreamReader(DataSourceStreamReader):
-    """Options: partitions (default 2), messagesPerPartition (1..1000, default 100), leaseSeconds
-    (default the queue's), consumer (the worker names' prefix; default spark-<random>)."""
+    """Options: partitions (default 2), messagesPerPartition (1..1000, default 100; at most
+    MAX_LEASES_PER_BATCH leases per micro-batch), leaseSeconds (default the queue's), consumer (the
+    worker names' prefix, default spark), idleWaitSeconds (0..20, default 2: how long latestOffset
+    waits for a message when none is ready)."""
 
     def __init__(self, source: SourceOptions) -> None:
         source.target.require_kind("work")
         self.target = source.target
         self.partition_count = source.integer("partitions", 2, 1, 1000)
         self.per_partition = source.integer("messagesPerPartition", 100, 1, MAX_BATCH)
+        if self.partition_count * self.per_partition > MAX_LEASES_PER_BATCH:
+            raise PipelineError(f"{self.target.name}: partitions x messagesPerPartition = "
+                                f"{self.partition_count * self.per_partition} leases per micro-batch; at most "
+                                f"{MAX_LEASES_PER_BATCH} (every lease is in the offset, which Spark logs with "
+                                f"each micro-batch's progress)")
         self.lease_seconds = source.integer("leaseSeconds", None, 1, 86_400)
-        self.consumer = source.options.get("consumer") or f"spark-{uuid.uuid4().hex[:10]}"
+        self.idle_wait_seconds = source.integer("idleWaitSeconds", 2, 0, MAX_WAIT_MS // 1000)
+        self.consumer = source.options.get("consumer") or "spark"
         self._driver: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -416,34 +503,59 @@ class QueueStreamReader(DataSourceStreamReader):
             self._driver["heartbeat"] = LeaseHeartbeat(self.target, self.lease_seconds)
         return self._driver["connection"].client()
 
+    def _call(self, what: str, call: Any) -> Any:
+        """call(client) on the driver's connection, retried on transient errors; each try asks the
+        connection for its client, so a try after a reconnect uses the new one."""
+        connection = self._driver["connection"]
+        return with_retries(f"{what} {self.target.name}", lambda: call(connection.client()), 3,
+                            on_retry=connection.reset)
+
     def initialOffset(self) -> dict:
-        return {"seq": 0, "leases": []}
+        # run: this query's part of every worker name. The checkpoint pins it, so a restart uses the
+        # same names (and gets its recorded leases back), and a new checkpoint (a second query with
+        # the same consumer, a deleted checkpoint) never shares a name with live leases of another.
+        return {"run": uuid.uuid4().hex[:12], "seq": 0, "leases": []}
 
     def latestOffset(self, start: dict, limit: Any = None) -> dict:
-        client = self._client()
+        self._client()
         # start is the end of the last committed micro-batch; commit() may not have run for it (the
         # driver died in between): completing it again is harmless.
         self._complete(start)
+        # Offsets of a checkpoint written before offsets carried a run: a run from now on.
+        run = start.get("run") or self._driver.setdefault("run", uuid.uuid4().hex[:12])
         seq = int(start["seq"]) + 1
-        leases = []
-        for partition in range(self.partition_count):
-            worker = f"{self.consumer}-s{seq}-p{partition}"
-            rows = with_retries(f"lease {self.target.name}", lambda: client.dequeue(
-                self.per_partition, worker=worker, lease_seconds=self.lease_seconds), 3,
-                on_retry=self._driver["connection"].reset)
-            if rows:
-                leases.append({"worker": worker, "acks": [[str(r["id"]), str(r["lease_token"])] for r in rows]})
+        leases = self._lease(run, seq)
+        # Nothing ready: wait for a message (the contract's wait claims nothing) instead of returning
+        # at once, which Spark's default trigger would turn into a dequeue every few milliseconds.
+        if not leases and self.idle_wait_seconds and \
+                self._call("wait", lambda client: client.wait(self.idle_wait_seconds * 1000)):
+            leases = self._lease(run, seq)
         if not leases:
             return start
-        offset = {"seq": seq, "leases": leases}
+        offset = {"run": run, "seq": seq, "leases": leases}
         self._driver["heartbeat"].hold(seq, leases)
         log().info("stream %s: micro-batch offset %s leased %s message(s) in %s partition(s)", self.target.name,
                    seq, sum(len(lease["acks"]) for lease in leases), len(leases))
         return offset
 
+    def _lease(self, run: str, seq: int) -> list[dict]:
+        leases = []
+        for partition in range(self.partition_count):
+            worker = f"{self.consumer}-{run}-s{seq}-p{partition}"
+            rows = self._call("lease", lambda client: client.dequeue(
+                self.per_partition, worker=worker, lease_seconds=self.lease_seconds))
+            if rows:
+                leases.append({"worker": worker, "acks": [[str(r["id"]), str(r["lease_token"])] for r in rows]})
+        return leases
+
     def partitions(self, start: dict, end: dict) -> Sequence[LeasePartition]:
         if int(end["seq"]) == int(start["seq"]):
             return []
+        # A micro-batch replayed after a restart comes here without latestOffset: its leases need the
+        # heartbeat too, or a replay longer than the lease loses them halfway.
+        self._client()
+        if int(end["seq"]) not in self._driver["completed"]:
+            self._driver["heartbeat"].hold(int(end["seq"]), end["leases"])
         return [LeasePartition(lease["worker"], lease["acks"]) for lease in end["leases"]]
 
     def commit(self, end: dict) -> None:
@@ -454,12 +566,10 @@ class QueueStreamReader(DataSourceStreamReader):
         seq = int(offset["seq"])
         if seq == 0 or seq in self._driver["completed"]:
             return
-        client = self._client()
         completed = lost = 0
         for lease in offset["leases"]:
             acks = [{"id": i, "lease_token": t} for i, t in lease["acks"]]
-            answer = with_retries(f"complete {self.target.name}", lambda: client.complete_batch(acks, lease["worker"]),
-                                  3, on_retry=self._driver["connection"].reset)
+            answer = self._call("complete", lambda client: client.complete_batch(acks, lease["worker"]))
             done = sum(1 for row in answer if row["completed"])
             completed, lost = completed + done, lost + len(answer) - done
         self._driver["completed"].add(seq)
@@ -477,24 +587,10 @@ class QueueStreamReader(DataSourceStreamReader):
         from tablequeue.client import QueueClient
         from tablequeue.engines import connect
 
-        wanted = dict((i, t) for i, t in partition.acks)
         conn = connect(self.target.url, autocommit=True)
         try:
             client = QueueClient(conn, self.target.dialect, self.target.schema, self.target.queue)
-            # The worker's own live leases come back unchanged; a lease that ran out comes back with a
-            # new token (or went to another worker), and anything else fills the batch: those are not
-            # this micro-batch's messages and are given back at once, attempt included.
-            rows = client.dequeue(len(wanted), worker=partition.worker, lease_seconds=self.lease_seconds)
-            mine = []
-            for row in rows:
-                if wanted.get(str(row["id"])) == str(row["lease_token"]):
-                    mine.append(row)
-                else:
-                    client.release(row["id"], partition.worker, lease_token=row["lease_token"])
-            if len(mine) < len(wanted):
-                log().warning("stream %s: %s of %s leases of %s ran out before the micro-batch read them; "
-                              "their messages come again in a later micro-batch", self.target.name,
-                              len(wanted) - len(mine), len(wanted), partition.worker)
+            mine = self._recorded_leases(client, partition)
         finally:
             conn.close()
         client_ids = bool(self.target.queue.options.get("client_ids"))
@@ -509,3 +605,38 @@ class QueueStreamReader(DataSourceStreamReader):
                 enqueued_at = enqueued_at.replace(tzinfo=timezone.utc)   # SQL Server datetime2 is UTC
             yield (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
                    partition.worker)
+
+    def _recorded_leases(self, client: Any, partition: LeasePartition) -> list[dict]:
+        """The partition's recorded leases that are still live, with their messages.
+
+        The worker's own live leases come back from dequeue unchanged; a lease that ran out comes
+        back with a new token (or went to another worker), and anything else fills the batch: those
+        are not this micro-batch's messages and are given back at once, attempt included. dequeue
+        skips rows another session has locked (the heartbeat's extend_lease, a zombie attempt), so
+        a recorded lease missing from its answer is not yet known to be lost: extend_lease, which
+        waits for the lock, says whether it is still ours, and then it is asked for again. commit()
+        completes every recorded lease, so a lease still ours is never left out: the task fails
+        instead and Spark runs it again."""
+        wanted = dict((i, t) for i, t in partition.acks)
+        mine: dict[str, dict] = {}
+        for _ in range(READ_ROUNDS):
+            for row in client.dequeue(len(wanted), worker=partition.worker, lease_seconds=self.lease_seconds):
+                if wanted.get(str(row["id"])) == str(row["lease_token"]):
+                    mine[str(row["id"])] = row
+                else:
+                    client.release(row["id"], partition.worker, lease_token=row["lease_token"])
+            missing = [i for i in wanted if i not in mine]
+            held = [i for i in missing
+                    if client.extend_lease(i, partition.worker, self.lease_seconds, lease_token=wanted[i])]
+            if not held:
+                break
+        else:
+            raise LeasesStillHeld(f"stream {self.target.name}: {len(held)} of {len(wanted)} leases of "
+                                  f"{partition.worker} are still held but locked by another session "
+                                  f"after {READ_ROUNDS} tries; the task is retried")
+        lost = len(wanted) - len(mine)
+        if lost:
+            log().warning("stream %s: %s of %s leases of %s ran out before the micro-batch read them; their "
+                          "messages come again in a later micro-batch", self.target.name, lost, len(wanted),
+                          partition.worker)
+        return [mine[i] for i in wanted if i in mine]

@@ -216,6 +216,51 @@ def test_keys_are_the_same_under_other_time_zones_and_column_orders(spark):
     assert renamed == in_new_york[:1]
 
 
+def test_keys_ignore_zone_scale_sign_of_zero_and_map_order(spark):
+    """A timestamp without zone (here in New York's spring gap), a decimal at two scales, zero and
+    negative zero, a map built in two orders, a column name with a backtick: each pair is one key."""
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    at = datetime(2024, 3, 10, 2, 30)
+    ntz = []
+    try:
+        for zone in ("UTC", "America/New_York"):
+            spark.conf.set("spark.sql.session.timeZone", zone)
+            ntz += message_keys(spark, [(1, at)], "id long, at timestamp_ntz", ["id", "at"])
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+    decimals = [to_messages_by(spark.sql(f"SELECT CAST(1.5 AS decimal({p},{q})) AS d"), ["d"])[0]
+                for p, q in ((10, 2), (12, 4), (2, 1))]
+    zeros = message_keys(spark, [(0.0,), (-0.0,)], "x double", ["x"])
+    maps = [to_messages_by(spark.sql(f"SELECT map({entries}) AS m"), ["m"])[0]
+            for entries in ("'a', 1, 'b', 2", "'b', 2, 'a', 1")]
+    ticked = message_keys(spark, [(1,), (2,)], "`odd``name` long", ["odd`name"])
+    assert len(set(ntz)) == 1 and len(set(decimals)) == 1 and len(set(zeros)) == 1 and len(set(maps)) == 1
+    assert len(set(ticked)) == 2
+    # Still values, not types: 1.5 and 1.25 differ, and so do 10 and 1 (no trailing zero of an integer goes).
+    assert to_messages_by(spark.sql("SELECT CAST(1.25 AS decimal(10,2)) AS d"), ["d"])[0] != decimals[0]
+    assert len(set(to_messages_by(spark.sql("SELECT CAST(10 AS decimal(10,0)) AS d UNION ALL "
+                                            "SELECT CAST(1 AS decimal(10,0))"), ["d"]))) == 2
+
+
+def to_messages_by(frame: Any, key: list[str]) -> list[str]:
+    from pipelines.sources import to_messages
+
+    return [r["dedupe_key"] for r in to_messages(frame, key).orderBy("payload").collect()]
+
+
+def test_nested_nan_and_infinity_are_refused_by_column(spark):
+    from pipelines.sources import to_messages
+
+    frame = spark.createDataFrame(
+        [(1, (float("nan"),), [1.0], {"k": 1.0}), (2, (1.0,), [float("inf")], {"k": 1.0}),
+         (3, (1.0,), [1.0], {"k": float("-inf")}), (4, (None,), None, {"k": 2.0})],
+        "id long, s struct<x: double>, a array<double>, m map<string, double>")
+    refused = {r["id"]: r["refused"] for r in to_messages(frame, "id").select(
+        F.get_json_object("payload", "$.id").cast("long").alias("id"), "refused").collect()}
+    reason = "holds a value that is NaN or infinite (JSON has neither)"
+    assert refused == {1: f"column s {reason}", 2: f"column a {reason}", 3: f"column m {reason}", 4: None}
+
+
 def test_writer_refuses_nan_rows_by_name_and_writes_the_rest(spark, pg, tmp_path):
     catalog = pg.deploy(work_queue("nan"))
     frame = spark.createDataFrame([(i, float("nan") if i == 3 else i / 2) for i in range(10)], "id long, amount double")
@@ -435,6 +480,22 @@ def test_crash_plan_holds_the_other_tasks_until_the_planned_crash(tmp_path):
     assert time.monotonic() - started < 10
 
 
+class OneClient:
+    """A Reconnecting that hands out the one client it was given."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def client(self) -> Any:
+        return self._client
+
+    def reset(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 class StagingWatchingClient:
     """A work-queue client with one batch, which records what the staging folder held when the task
     first asked for a lease."""
@@ -443,12 +504,6 @@ class StagingWatchingClient:
         self.staging, self.folders_at_first_lease, self.batches = staging, None, [[
             {"id": 1, "payload": {"id": 1, "name": "a", "flaky": False, "poison": False}, "attempts": 1,
              "enqueued_at": datetime.now(timezone.utc), "lease_token": None}]]
-
-    def __enter__(self) -> "StagingWatchingClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
     def dequeue(self, batch_size: int, worker: str, lease_seconds: int | None) -> list[dict]:
         if self.folders_at_first_lease is None:
@@ -474,7 +529,7 @@ def test_drain_task_makes_its_staging_folders_before_its_first_lease(tmp_path, m
     client = StagingWatchingClient(staging)
     target = drain_job.QueueTarget.of("postgresql://nobody@127.0.0.1:1/none",
                                       parse_catalog({"schema": "s", "queues": [work_queue("jobs")]}), "jobs")
-    monkeypatch.setattr(drain_job.QueueTarget, "client", lambda self: client)
+    monkeypatch.setattr(drain_job, "Reconnecting", lambda target: OneClient(client))
     monkeypatch.setattr(drain_job, "transaction", lambda c: nullcontext())
     config = drain_job.DrainConfig(run_id="r", launch="l", staging=str(staging),
                                    transform="pipelines.transforms:uppercase_name")
@@ -695,6 +750,48 @@ def test_drain_killed_mid_run_is_finalized_by_the_next_run(spark, pg, tmp_path, 
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'resumable')}") == 0
 
 
+def test_drain_task_rides_out_a_dropped_connection_without_a_spark_retry(spark, pg, tmp_path):
+    """Every session ends while the task's first batch is staged (a failover): the task reconnects
+    and repeats the complete (and whatever follows) itself; Spark runs no second attempt."""
+    catalog = pg.deploy(work_queue("failover"))
+    enqueue_numbered(pg, catalog, "failover", 40)
+    summary = run_drain(spark, pg.url, catalog, "failover", "pipelines.transforms:uppercase_name",
+                        str(tmp_path / "output"), tasks=1, batch_size=10, lease_seconds=30, idle_seconds=1,
+                        time_budget_seconds=120, probe="pipelines.faults:drop_connections_once",
+                        probe_args={"url": pg.url, "once": str(tmp_path / "dropped")})
+    assert (tmp_path / "dropped").exists()
+    assert summary["retried_tasks"] == [] and summary["completed"] == 40
+    assert sorted(int(r["id"]) for r in output_rows(summary["output"])) == \
+        sorted(r["id"] for r in pg.rows(f"SELECT id FROM {table(catalog, 'failover', '_history')}"))
+
+
+def test_new_drain_run_is_refused_while_an_unfinished_run_is_staged(spark, pg, tmp_path):
+    catalog = pg.deploy(work_queue("unfinished"))
+    (tmp_path / "output" / "_staging" / "run_id=rdied").mkdir(parents=True)
+    with pytest.raises(PipelineError, match=r"holds the staging of run\(s\) rdied, not finalised: finish each with "
+                                            r"--run-id <id> --finalize-only first .* or pass --force"):
+        run_drain(spark, pg.url, catalog, "unfinished", "pipelines.transforms:uppercase_name",
+                  str(tmp_path / "output"))
+
+
+def test_drain_task_leases_nothing_once_the_run_is_being_finalised(pg, tmp_path):
+    """A task that outlived its job (a lost executor still running) checks the run's stop file
+    before each lease: the driver writes it before its sweep."""
+    from pipelines.common import QueueTarget
+    from pipelines.drain_job import STOP_FILE, DrainConfig, drain_partition
+
+    catalog = pg.deploy(work_queue("fenced"))
+    enqueue_numbered(pg, catalog, "fenced", 10)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / STOP_FILE).write_text("r1")
+    counts = drain_partition(QueueTarget.of(pg.url, catalog, "fenced"),
+                             DrainConfig(run_id="r1", launch="lzombie", staging=str(staging),
+                                         transform="pipelines.transforms:uppercase_name", idle_seconds=1))
+    assert (counts["leased"], counts["stopped"]) == (0, "run finalised")
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'fenced')} WHERE leased_by IS NULL") == 10
+
+
 class DriverDied(BaseException):
     """The driver process ending between the tasks and the finalisation."""
 
@@ -704,14 +801,26 @@ def output_rows_or_none(output: str) -> list[dict] | None:
     return output_rows(str(folders[0])) if folders else None
 
 
-def test_output_the_driver_cannot_see_is_refused_before_any_lease(spark, tmp_path):
-    """mock:// is a filesystem of each process's own memory: what the executor writes there, the
-    driver cannot see, as with a plain path on a cluster. A shared folder passes and is left clean."""
+def test_output_the_driver_cannot_see_is_refused_before_any_lease(spark, tmp_path, monkeypatch):
+    """Each node's own disk, simulated: in the driver's process (only) a folder under `node` is
+    looked up on another disk, so what an executor (a Python worker process) wrote there is not
+    found. The same folder seen alike by both passes and is left clean."""
+    import pipelines.common as common
     from pipelines.common import require_shared_storage
 
-    with pytest.raises(PipelineError, match=r"an executor on .* wrote mock:///out/_staging/_probe-[0-9a-f]+ "
+    real, driver = common.filesystem, os.getpid()
+    node, driver_disk = str(tmp_path / "node"), str(tmp_path / "driver-disk")
+
+    def own_disk_per_process(path: str) -> tuple[Any, str]:
+        filesystem_, inner = real(path)
+        return filesystem_, (inner.replace(node, driver_disk) if os.getpid() == driver else inner)
+
+    monkeypatch.setattr(common, "filesystem", own_disk_per_process)
+    with pytest.raises(PipelineError, match=rf"an executor on .* wrote {node}/out/_probe-[0-9a-f]+ "
                                             r"and the driver on .* cannot see it"):
-        require_shared_storage(spark, "mock:///out/_staging", local=False)
+        require_shared_storage(spark, f"{node}/out", local=False)
+    assert len(list((tmp_path / "node" / "out").iterdir())) == 1      # the executor did write its probe
+    monkeypatch.undo()
     require_shared_storage(spark, str(tmp_path / "shared"), local=False)
     assert list((tmp_path / "shared").iterdir()) == []
 
@@ -794,6 +903,145 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
                       f"FROM {table(catalog, 'stream', '_history')}")[0]
     # A retried task and a replayed micro-batch took their own leases back: no attempt was spent.
     assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
+
+
+# -- the stream reader's driver and task sides, called directly (no Spark job) -----------------------
+def stream_reader(pg: "Postgres", catalog: Catalog, queue: str, **options: str) -> Any:
+    from pipelines.common import QueueTarget
+    from pipelines.sources import QueueStreamReader, SourceOptions
+
+    lowered = {"partitions": "1", "messagesperpartition": "10", "idlewaitseconds": "0",
+               **{k.lower(): v for k, v in options.items()}}
+    return QueueStreamReader(SourceOptions(QueueTarget.of(pg.url, catalog, queue), lowered))
+
+
+def enqueue_numbered(pg: "Postgres", catalog: Catalog, queue: str, count: int, first: int = 0) -> None:
+    from tablequeue.client import QueueClient
+
+    conn = connect(pg.url, autocommit=True)
+    try:
+        QueueClient.for_catalog(conn, "postgres", catalog, queue).enqueue_batch(
+            [{"payload": {"id": i, "name": f"customer {i}"}, "dedupe_key": str(i)} for i in range(first, first + count)])
+    finally:
+        conn.close()
+
+
+def when_a_session_waits(pg: "Postgres", condition: str, then: Any, done: threading.Event) -> threading.Thread:
+    """A thread that runs then() once pg_stat_activity shows a session matching `condition` (or
+    when `done` is set: the code under test never got there)."""
+    def watch() -> None:
+        while not done.wait(0.05):
+            if pg.scalar(f"SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND ({condition})"):
+                break
+        then()
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_stream_read_waits_for_a_lease_another_session_has_locked(pg):
+    """The driver's heartbeat holds a row lock (extend_lease in its open transaction) while the task
+    reads: the task's dequeue skips that row, yet commit() completes every recorded lease, so the
+    task must deliver it too, not a subset."""
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("locked"))
+    enqueue_numbered(pg, catalog, "locked", 20)
+    reader = stream_reader(pg, catalog, "locked", messagesPerPartition="10")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start)
+    worker, acks = end["leases"][0]["worker"], end["leases"][0]["acks"]
+    victim, token = acks[3]
+    heartbeat = connect(pg.url, autocommit=False)
+    done = threading.Event()
+    try:
+        assert QueueClient.for_catalog(heartbeat, "postgres", catalog, "locked").extend_lease(
+            victim, worker, 30, lease_token=token)
+        holder = when_a_session_waits(pg, "wait_event_type = 'Lock'", heartbeat.commit, done)
+        rows = list(reader.read(reader.partitions(start, end)[0]))
+    finally:
+        done.set()
+        holder.join()
+        heartbeat.close()
+    assert sorted(r[0] for r in rows) == sorted(int(i) for i, _ in acks)
+    reader.commit(end)
+    reader.stop()
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'locked', '_history')} WHERE id = %s", int(victim)) == 1
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'locked')}") == 10
+
+
+def test_stream_driver_reconnects_after_its_connection_is_killed(pg):
+    catalog = pg.deploy(work_queue("failover"))
+    enqueue_numbered(pg, catalog, "failover", 20)
+    reader = stream_reader(pg, catalog, "failover")
+    first = reader.latestOffset(reader.initialOffset())
+    backend = reader._driver["connection"].client().conn.info.backend_pid
+    pg.scalar("SELECT pg_terminate_backend(%s)", backend)
+    try:
+        second = reader.latestOffset(first)        # completes the first micro-batch, leases the next
+    finally:
+        reader.stop()
+    assert second["seq"] == 2 and len(second["leases"][0]["acks"]) == 10
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'failover', '_history')}") == 10
+
+
+def test_stream_replayed_micro_batch_keeps_its_leases_alive(pg):
+    """After a restart Spark replays the uncommitted micro-batch through partitions() alone: its
+    leases need the heartbeat, or a replay longer than leaseSeconds reads none of them."""
+    catalog = pg.deploy(work_queue("replayed"))
+    enqueue_numbered(pg, catalog, "replayed", 10)
+    before = stream_reader(pg, catalog, "replayed", leaseSeconds="3")
+    start = before.initialOffset()
+    end = before.latestOffset(start)
+    before.stop()                                   # the driver goes away before the batch ran
+    after = stream_reader(pg, catalog, "replayed", leaseSeconds="3")
+    try:
+        partition = after.partitions(start, end)[0]
+        time.sleep(4.5)                             # the replay outlasts the lease
+        rows = list(after.read(partition))
+        after.commit(end)
+    finally:
+        after.stop()
+    assert len(rows) == 10
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'replayed', '_history')} WHERE attempts = 1") == 10
+
+
+def test_stream_queries_with_the_same_consumer_never_share_leases(pg):
+    catalog = pg.deploy(work_queue("shared"))
+    enqueue_numbered(pg, catalog, "shared", 30)
+    first, second = (stream_reader(pg, catalog, "shared", consumer="nightly") for _ in range(2))
+    try:
+        ends = [reader.latestOffset(reader.initialOffset()) for reader in (first, second)]
+    finally:
+        first.stop()
+        second.stop()
+    ids = [{i for lease in end["leases"] for i, _ in lease["acks"]} for end in ends]
+    assert len(ids[0]) == len(ids[1]) == 10 and not ids[0] & ids[1]
+
+
+def test_stream_idle_latest_offset_waits_for_a_message(pg):
+    """Nothing ready: latestOffset waits (idleWaitSeconds) and leases what arrives meanwhile, instead
+    of returning at once for Spark to call it again in a tight loop."""
+    catalog = pg.deploy(work_queue("idle"))
+    reader = stream_reader(pg, catalog, "idle", idleWaitSeconds="20")
+    start = reader.initialOffset()
+    done = threading.Event()
+    arrives = when_a_session_waits(pg, "state = 'active' AND query LIKE '%wait_ms =>%'",
+                                   lambda: enqueue_numbered(pg, catalog, "idle", 1), done)
+    try:
+        end = reader.latestOffset(start)
+    finally:
+        done.set()
+        arrives.join()
+        reader.stop()
+    assert end["seq"] == 1 and len(end["leases"][0]["acks"]) == 1
+
+
+def test_stream_offsets_are_capped(pg):
+    catalog = pg.deploy(work_queue("capped"))
+    with pytest.raises(PipelineError, match=r"capped: partitions x messagesPerPartition = 20000 leases per "
+                                            r"micro-batch; at most 10000"):
+        stream_reader(pg, catalog, "capped", partitions="20", messagesPerPartition="1000")
 
 
 # -- credentials, options, retries (no Spark job) -------------------------------------------------------

@@ -145,6 +145,10 @@ CASES = {
         ["1: unresolved column 'nope' of table '[s].[t]'", "3: unresolved index 'ix_nope' of table '[s].[t]'",
          "4: unresolved table '[s].[nope]'", "5: unresolved constraint '[s].[df_nope]'",
          "6: unresolved procedure '[s].[t]'"]),
+    "index hints": (
+        "SELECT m.a FROM [s].[t] AS m WITH (INDEX ([pk_t]), FORCESEEK) WHERE m.a = 1;\n"
+        "SELECT m.a FROM [s].[t] AS m WITH (INDEX ([ix_nope]), ROWLOCK);",
+        ["2: unresolved index '[ix_nope]' of table '[s].[t]'"]),
     "grants, roles and schemas": (
         "GRANT EXECUTE ON OBJECT::[s].[p] TO [s_admin];\nGRANT EXECUTE ON OBJECT::[s].[q] TO [nobody];\n"
         "GO\nCREATE TABLE [nope].[x] (id int COLLATE Latin1_General_CI_AS);",

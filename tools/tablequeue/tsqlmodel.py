@@ -632,6 +632,10 @@ class _Extractor:
             inner = code(inner)[0]
         source = self.row_source(inner, alias, columns)
         source.line = self.line(element)
+        if source.kind == "object":   # WITH (INDEX (ix)): the index must exist on that table
+            for reference in descendants(element, "index_reference"):
+                index = self.tok(next(i for i in code(reference) if kind(i) in IDENTIFIER_LEAVES), "index")
+                self.statements.append(TableUse(self.line(reference), source.name, index))
         return source
 
     def row_source(self, inner: BaseSegment, alias: int | None, columns: tuple[int, ...]) -> Source:

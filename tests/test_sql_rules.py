@@ -23,7 +23,7 @@ from tsql_renders import CATALOGS, MATRIX, REPO, report
 
 RULES = ["readpast", "nolock", "transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap",
          "transient-retry", "bury-guard", "select-star", "dynamic-sql", "abs-checksum", "options", "grants",
-         "claim-pin"]
+         "claim-pin", "fake-pin"]
 TOOL_MODULES = sorted((REPO / "tools" / "tablequeue").glob("*.py")) + sorted((REPO / "pipelines").glob("*.py"))
 
 
@@ -455,6 +455,26 @@ def test_a_claim_or_probe_without_its_pin_is_refused(defect: str) -> None:
         line -= 1
     assert violations(seeded, "claim-pin", file) == [
         f"{file}:{line}: claim-pin: {message} (procedure [queue].[{procedure}])"]
+
+
+@pytest.mark.parametrize("queue, verb, index", [("reminders", "reminders_dequeue", "pk_reminders"),
+                                                ("emails", "emails_dequeue", "ix_emails_claim")])
+def test_a_tsqlt_test_that_fakes_a_pinned_table_without_its_indexes_is_refused(queue: str, verb: str,
+                                                                               index: str) -> None:
+    """tSQLt.FakeTable leaves a heap: a test that then runs a pinned verb gets Msg 308 unless it builds
+    the index on the fake (the class's helper does, right after every FakeTable of the queue table)."""
+    file, sql = golden(f"{queue}.sql")
+    tests_file = f"tests_tsql/rendered/test_{queue}.sql"
+    tests = (REPO / tests_file).read_text(encoding="utf-8")
+    helper = f"    EXEC [test_queue_{queue}].[index the faked queue table];\n"
+    test = next(b.text for b in split_batches(tests) if helper in b.text and f"[queue].[{verb}]" in b.text)
+    name = re.search(r"CREATE PROCEDURE (\S+\.\[[^\]]+\])", test).group(1)
+    assert [str(v) for v in check_sources([(file, sql), (tests_file, tests)]).violations if v.rule == "fake-pin"] == []
+    seeded = tests.replace(test, test.replace(helper, "\n", 1), 1)
+    found = [v for v in check_sources([(file, sql), (tests_file, seeded)]).violations if v.rule == "fake-pin"]
+    assert {(v.procedure, v.file) for v in found} == {(name, tests_file)}
+    assert any(f"pin INDEX ({index}) on queue.{queue}, after tSQLt.FakeTable of queue.{queue}" in v.message
+               for v in found)
 
 
 def test_a_claim_that_cannot_carry_an_index_hint_is_refused() -> None:

@@ -736,3 +736,57 @@ def test_an_uncapped_acks_table_is_refused(verb: str) -> None:
     for old, new in (("FROM @acks) > 1000", "FROM @acks) > 5000"),
                      (f"THROW 51001, N'queue.{procedure}: at most", f"THROW 51009, N'queue.{procedure}: at most")):
         assert violations(seed(text, procedure, replace(old, new)), "batch-cap", file, procedure) == [not_refused]
+
+
+# ------------------------------------------------------------------------------------------------
+# Option migrations against the pins: while a deploy runs, the old code units run until they are
+# replaced and the new ones from then on, so every index the old code pins must exist, with its key,
+# after each step before the code units, and every index the new code pins before each step after them.
+
+def _pins_and_indexes(catalog) -> tuple[list, list]:
+    from tablequeue.tsqlcheck import analyse
+    batches, _ = analyse([(f.name, f.text) for f in render_catalog(catalog, "mssql")])
+    return [r for b in batches for r in b.reads], [i for b in batches for i in b.indexes]
+
+
+@pytest.mark.parametrize("before, after", [({}, {"priority": True}), ({"priority": True}, {})],
+                         ids=["priority on", "priority off"])
+@pytest.mark.parametrize("client_ids", [False, True], ids=["bigint ids", "client ids"])
+def test_every_pinned_index_exists_with_its_key_at_each_step_of_a_priority_migration(
+        before: dict, after: dict, client_ids: bool) -> None:
+    from tablequeue.catalog import parse_catalog
+    from tablequeue.render import MigrationSource, render_migrations
+    from tablequeue.tsqlrules import check_pins, index_keys
+
+    def catalog(options: dict):
+        return parse_catalog({"schema": "s", "queues": [{"name": "q", "kind": "work",
+                                                         "options": {**options, "client_ids": client_ids}}]}, "<t>")
+
+    old_reads, indexes = _pins_and_indexes(catalog(before))
+    new_reads, _ = _pins_and_indexes(catalog(after))
+    table = old_reads[0].table
+    migration = MigrationSource("mssql").render(
+        "work_table_add_priority" if after else "work_table_drop_priority",
+        *_table_unit_and_storages(catalog(before), catalog(after)))
+    states = []                 # (after-code step?, the indexes once the step ran)
+    for step in migration.steps:
+        for batch in split_batches(step.sql):
+            indexes = [i for i in indexes if not re.search(rf"DROP INDEX IF EXISTS \[{i.name}\] ON", batch.text)]
+            created = [i for i in index_keys(parse_batch(batch.text), "migration") if i.table == table]
+            indexes = [i for i in indexes if i.name not in {c.name for c in created}] + created
+        states.append((step.after_code, indexes))
+    before_code = [state for after_code, state in states if not after_code]
+    after_code_inputs = [before_code[-1]] + [state for after_code, state in states if after_code]
+    for state in before_code:
+        assert check_pins(old_reads, state) == []
+    for state in after_code_inputs:
+        assert check_pins(new_reads, state) == []
+
+
+def _table_unit_and_storages(before, after) -> tuple:
+    """The queue table's storage unit as `after` renders it, its storage before and after."""
+    def table_unit(catalog):
+        return next(u for f in render_catalog(catalog, "mssql") for u in f.units
+                    if u.type == "storage" and u.name == "s.q")
+    unit = table_unit(after)
+    return unit, table_unit(before).storage, unit.storage

@@ -3334,27 +3334,22 @@ BEGIN
             CONSTRAINT [df_emails_priority] DEFAULT (0);
         END;
 
-    DECLARE @claim_first_key sysname = INDEX_COL(
-        N'[queue].[emails]',
-        INDEXPROPERTY(OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim', 'IndexID'),
-        1
-    );
-
-    IF COALESCE(@claim_first_key, N'') <> N'priority'
+    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID') IS NULL
         BEGIN
             IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_emails_claim]
+                    CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
                         ON [queue].[emails] (priority DESC, visible_at, id)
-                        WITH (DROP_EXISTING = ON, ONLINE = ON);
+                        WITH (ONLINE = ON);
                 END;
             ELSE
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_emails_claim]
-                        ON [queue].[emails] (priority DESC, visible_at, id)
-                        WITH (DROP_EXISTING = ON);
+                    CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                        ON [queue].[emails] (priority DESC, visible_at, id);
                 END;
         END;
+
+    DROP INDEX IF EXISTS [ix_emails_claim] ON [queue].[emails];
 
     -- Assert
     SELECT

@@ -14,7 +14,7 @@ GO
 CREATE PROCEDURE [test_queue_thumbnails].[index the faked queue table]
 AS
 BEGIN
-    CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+    CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_priority]
         ON [queue].[thumbnails] (priority DESC, visible_at, seq);
     CREATE NONCLUSTERED INDEX [ix_thumbnails_lease]
         ON [queue].[thumbnails] (leased_by, visible_at, seq)
@@ -3378,27 +3378,22 @@ BEGIN
     FROM [queue].[thumbnails] AS r;
 
     -- Act: the migration's steps, as the deploy runs them.
-    DECLARE @claim_first_key sysname = INDEX_COL(
-        N'[queue].[thumbnails]',
-        INDEXPROPERTY(OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'),
-        1
-    );
-
-    IF COALESCE(@claim_first_key, N'') = N'priority'
+    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID') IS NULL
         BEGIN
             IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                 BEGIN
                     CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
                         ON [queue].[thumbnails] (visible_at, seq)
-                        WITH (DROP_EXISTING = ON, ONLINE = ON);
+                        WITH (ONLINE = ON);
                 END;
             ELSE
                 BEGIN
                     CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
-                        ON [queue].[thumbnails] (visible_at, seq)
-                        WITH (DROP_EXISTING = ON);
+                        ON [queue].[thumbnails] (visible_at, seq);
                 END;
         END;
+
+    DROP INDEX IF EXISTS [ix_thumbnails_claim_priority] ON [queue].[thumbnails];
 
     IF COL_LENGTH(N'[queue].[thumbnails]', N'priority') IS NOT NULL
         BEGIN

@@ -10,7 +10,10 @@
 {% set pk = names.index('pk') %}
 {#- The destructive kinds pin their clustered primary key, whose key is the claim's ORDER BY. -#}
 {% set pk_key = 'due_at, id' if kind == 'pending' else 'id' %}
-{% macro claim_name(priority) %}{{ names.index('ix', 'claim') }}{% endmacro %}
+{#- The claim index has one name per key shape: an option migration builds the new one before the
+    code units and drops the old one after them, so that the old code and the new code each find the
+    index they name, with the key they seek on, for the whole deploy. -#}
+{% macro claim_name(priority, quoted=true) %}{{ (names.index if quoted else names.index_name)('ix', 'claim_priority' if priority else 'claim') }}{% endmacro %}
 {% macro claim_key(priority) %}{{ 'priority DESC, ' if priority }}visible_at, {{ tie }}{% endmacro %}
 {% set has_priority = kind == 'work' and opt.priority %}
 {% set claim_index = claim_name(has_priority) %}

@@ -104,15 +104,7 @@ GO
 EXEC tSQLt.NewTestClass 'test_{{ schema }}_{{ queue.name }}';
 GO
 
-{# tSQLt.FakeTable leaves a heap without indexes, and the verbs name theirs in INDEX hints (Msg 308
-    otherwise): every test calls this right after faking the queue table. Rendered from the indexes'
-    one source, so the fake and the real table cannot drift apart. #}
-CREATE PROCEDURE {{ cls }}.[index the faked queue table]
-AS
-BEGIN
-{{ pins.create_on_fake(table_name) }}
-END;
-GO
+{{ pins.fake_helper(cls, table_name) }}
 
 -- enqueue -----------------------------------------------------------------------------------------
 

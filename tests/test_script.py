@@ -82,7 +82,9 @@ def test_an_mssql_script_planned_against_a_database_holds_its_migrations_in_depl
     drop = text.index("-- migrate storage s.q: work_table_drop_dedupe (after the code units)")
     assert add < last_code < drop
     assert text.index("where this script''s migrations start") < add   # (quoted in its THROW)
-    assert "CREATE NONCLUSTERED INDEX [ix_q_claim]" in text and "WITH (DROP_EXISTING = ON, ONLINE = ON);" in text
+    # The claim index with priority under its own name, before the code units; the old one dropped after.
+    assert text.index("CREATE NONCLUSTERED INDEX [ix_q_claim_priority]") < last_code
+    assert last_code < text.index("DROP INDEX IF EXISTS [ix_q_claim] ON [s].[q];")
     # Every migration's history row names it, with the shape it leaves.
     assert "'work_table_add_priority'" in text and "'kind=work payload=json dedupe=on priority=on client_ids=off'" in text
     batches = split_batches(text.split(":on error exit", 1)[1])

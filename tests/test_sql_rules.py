@@ -23,7 +23,7 @@ from tsql_renders import CATALOGS, MATRIX, REPO, report
 
 RULES = ["readpast", "nolock", "transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap",
          "transient-retry", "bury-guard", "select-star", "dynamic-sql", "abs-checksum", "options", "grants",
-         "claim-pin"]
+         "claim-pin", "fake-pin"]
 TOOL_MODULES = sorted((REPO / "tools" / "tablequeue").glob("*.py")) + sorted((REPO / "pipelines").glob("*.py"))
 
 
@@ -457,6 +457,26 @@ def test_a_claim_or_probe_without_its_pin_is_refused(defect: str) -> None:
         f"{file}:{line}: claim-pin: {message} (procedure [queue].[{procedure}])"]
 
 
+@pytest.mark.parametrize("queue, verb, index", [("reminders", "reminders_dequeue", "pk_reminders"),
+                                                ("emails", "emails_dequeue", "ix_emails_claim")])
+def test_a_tsqlt_test_that_fakes_a_pinned_table_without_its_indexes_is_refused(queue: str, verb: str,
+                                                                               index: str) -> None:
+    """tSQLt.FakeTable leaves a heap: a test that then runs a pinned verb gets Msg 308 unless it builds
+    the index on the fake (the class's helper does, right after every FakeTable of the queue table)."""
+    file, sql = golden(f"{queue}.sql")
+    tests_file = f"tests_tsql/rendered/test_{queue}.sql"
+    tests = (REPO / tests_file).read_text(encoding="utf-8")
+    helper = f"    EXEC [test_queue_{queue}].[index the faked queue table];\n"
+    test = next(b.text for b in split_batches(tests) if helper in b.text and f"[queue].[{verb}]" in b.text)
+    name = re.search(r"CREATE PROCEDURE (\S+\.\[[^\]]+\])", test).group(1)
+    assert [str(v) for v in check_sources([(file, sql), (tests_file, tests)]).violations if v.rule == "fake-pin"] == []
+    seeded = tests.replace(test, test.replace(helper, "\n", 1), 1)
+    found = [v for v in check_sources([(file, sql), (tests_file, seeded)]).violations if v.rule == "fake-pin"]
+    assert {(v.procedure, v.file) for v in found} == {(name, tests_file)}
+    assert any(f"pin INDEX ({index}) on queue.{queue}, after tSQLt.FakeTable of queue.{queue}" in v.message
+               for v in found)
+
+
 def test_a_claim_that_cannot_carry_an_index_hint_is_refused() -> None:
     """DELETE TOP (n) FROM t WITH (...): the target of a DELETE takes only the limited table hints."""
     file, text = golden("events.sql")
@@ -716,3 +736,57 @@ def test_an_uncapped_acks_table_is_refused(verb: str) -> None:
     for old, new in (("FROM @acks) > 1000", "FROM @acks) > 5000"),
                      (f"THROW 51001, N'queue.{procedure}: at most", f"THROW 51009, N'queue.{procedure}: at most")):
         assert violations(seed(text, procedure, replace(old, new)), "batch-cap", file, procedure) == [not_refused]
+
+
+# ------------------------------------------------------------------------------------------------
+# Option migrations against the pins: while a deploy runs, the old code units run until they are
+# replaced and the new ones from then on, so every index the old code pins must exist, with its key,
+# after each step before the code units, and every index the new code pins before each step after them.
+
+def _pins_and_indexes(catalog) -> tuple[list, list]:
+    from tablequeue.tsqlcheck import analyse
+    batches, _ = analyse([(f.name, f.text) for f in render_catalog(catalog, "mssql")])
+    return [r for b in batches for r in b.reads], [i for b in batches for i in b.indexes]
+
+
+@pytest.mark.parametrize("before, after", [({}, {"priority": True}), ({"priority": True}, {})],
+                         ids=["priority on", "priority off"])
+@pytest.mark.parametrize("client_ids", [False, True], ids=["bigint ids", "client ids"])
+def test_every_pinned_index_exists_with_its_key_at_each_step_of_a_priority_migration(
+        before: dict, after: dict, client_ids: bool) -> None:
+    from tablequeue.catalog import parse_catalog
+    from tablequeue.render import MigrationSource, render_migrations
+    from tablequeue.tsqlrules import check_pins, index_keys
+
+    def catalog(options: dict):
+        return parse_catalog({"schema": "s", "queues": [{"name": "q", "kind": "work",
+                                                         "options": {**options, "client_ids": client_ids}}]}, "<t>")
+
+    old_reads, indexes = _pins_and_indexes(catalog(before))
+    new_reads, _ = _pins_and_indexes(catalog(after))
+    table = old_reads[0].table
+    migration = MigrationSource("mssql").render(
+        "work_table_add_priority" if after else "work_table_drop_priority",
+        *_table_unit_and_storages(catalog(before), catalog(after)))
+    states = []                 # (after-code step?, the indexes once the step ran)
+    for step in migration.steps:
+        for batch in split_batches(step.sql):
+            indexes = [i for i in indexes if not re.search(rf"DROP INDEX IF EXISTS \[{i.name}\] ON", batch.text)]
+            created = [i for i in index_keys(parse_batch(batch.text), "migration") if i.table == table]
+            indexes = [i for i in indexes if i.name not in {c.name for c in created}] + created
+        states.append((step.after_code, indexes))
+    before_code = [state for after_code, state in states if not after_code]
+    after_code_inputs = [before_code[-1]] + [state for after_code, state in states if after_code]
+    for state in before_code:
+        assert check_pins(old_reads, state) == []
+    for state in after_code_inputs:
+        assert check_pins(new_reads, state) == []
+
+
+def _table_unit_and_storages(before, after) -> tuple:
+    """The queue table's storage unit as `after` renders it, its storage before and after."""
+    def table_unit(catalog):
+        return next(u for f in render_catalog(catalog, "mssql") for u in f.units
+                    if u.type == "storage" and u.name == "s.q")
+    unit = table_unit(after)
+    return unit, table_unit(before).storage, unit.storage

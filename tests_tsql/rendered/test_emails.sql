@@ -11,6 +11,17 @@ GO
 EXEC tSQLt.NewTestClass 'test_queue_emails';
 GO
 
+CREATE PROCEDURE [test_queue_emails].[index the faked queue table]
+AS
+BEGIN
+    CREATE NONCLUSTERED INDEX [ix_emails_claim]
+        ON [queue].[emails] (visible_at, id);
+    CREATE NONCLUSTERED INDEX [ix_emails_lease]
+        ON [queue].[emails] (leased_by, visible_at, id)
+        WHERE leased_by IS NOT NULL;
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_emails].[test enqueue stores a message due now, no attempt, and returns its id]
@@ -18,6 +29,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Returned (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -63,6 +75,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -85,6 +98,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -97,6 +111,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -109,6 +124,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -156,6 +172,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
@@ -171,6 +188,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @items [queue].[emails_items];
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload)
@@ -219,6 +237,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @items [queue].[emails_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -233,6 +252,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @items [queue].[emails_items];
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -251,6 +271,7 @@ AS
 BEGIN
     -- Assemble: key a is queued as message 1; the batch repeats a, brings b twice and one without a key.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (due_at, visible_at, attempts, dedupe_key, payload)
     VALUES (@now, @now, 0, N'a', N'{"n": 9}');
@@ -284,6 +305,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @items [queue].[emails_items];
     INSERT INTO @items (ordinal, payload, priority) VALUES (1, N'{"n": 1}', 1);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
@@ -298,6 +320,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @items [queue].[emails_items];
     INSERT INTO @items (ordinal, payload, id) VALUES (1, N'{"n": 1}', NEWID());
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
@@ -312,6 +335,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @items [queue].[emails_items];
     INSERT INTO @items (ordinal, payload, enqueued_at) VALUES (1, N'{"n": 1}', SYSUTCDATETIME());
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
@@ -328,6 +352,7 @@ AS
 BEGIN
     -- Assemble: ids and visible times disagree, so only the visible order passes.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -426,6 +451,7 @@ BEGIN
     -- (an enqueue with a due time in the past). The claim order starts at its head on every call
     -- (the PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -505,6 +531,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -579,6 +606,7 @@ AS
 BEGIN
     -- Assemble: message 1 is visible and older than anything, yet w gets its own leased 2 first.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -640,6 +668,7 @@ BEGIN
     -- Assemble: w holds 2 with a minute left; asking three times must neither spend an attempt nor
     -- move the lease's expiry (0.1.0 counted an attempt each time and buried it as 'lease expired').
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -708,6 +737,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -733,6 +763,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -801,6 +832,7 @@ AS
 BEGIN
     -- Assemble: message 1 used its 3 attempts and its last lease expired; 2 is ready.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -897,6 +929,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -909,6 +942,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -921,6 +955,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -933,6 +968,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -947,6 +983,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1029,6 +1066,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1080,6 +1118,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1130,6 +1169,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -1146,6 +1186,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1205,6 +1246,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1257,6 +1299,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1309,6 +1352,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -1327,6 +1371,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -1365,6 +1410,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -1417,6 +1463,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -1491,6 +1538,7 @@ BEGIN
     -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
     -- late calls from the first attempt carry token 1.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
@@ -1579,6 +1627,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1614,6 +1663,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 under token 2; v holds nothing (0.1.0's calls pass no token).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -1661,6 +1711,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 on its second attempt (token 1), with ten minutes left.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -1746,6 +1797,7 @@ AS
 BEGIN
     -- Assemble: a lease with no attempt counted (a row put back by hand, say).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -1790,6 +1842,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -1844,6 +1897,7 @@ BEGIN
     -- Assemble: w holds 1, 2 and 3 (tokens 1, 2, 3); the batch, out of order, carries a stale
     -- token for 2 (an earlier lease of it); 4 is w's too but not in the batch.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -1951,6 +2005,7 @@ AS
 BEGIN
     -- Assemble: w holds 1, v holds 2; w acknowledges both without tokens.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -2017,6 +2072,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @acks [queue].[emails_acks];
     CREATE TABLE #Actual (id bigint NOT NULL, completed bit NOT NULL);
 
@@ -2034,6 +2090,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id)
     SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
@@ -2054,6 +2111,7 @@ BEGIN
     -- own transaction (tSQLt's) is the caller's transaction.
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id, lease_token)
     VALUES
@@ -2084,6 +2142,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id)
     SELECT TOP (1001) ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id
@@ -2104,6 +2163,7 @@ BEGIN
     -- own transaction (tSQLt's) is the caller's transaction.
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @acks [queue].[emails_acks];
     INSERT INTO @acks (id, lease_token)
     VALUES
@@ -2137,6 +2197,7 @@ BEGIN
     -- Assemble: w holds 1 (attempts left), 2 (its token in the batch is stale) and 3 (on its last
     -- attempt).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -2260,6 +2321,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 (token 1); 2 and 3 are visible.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -2363,6 +2425,7 @@ AS
 BEGIN
     -- Assemble: 2 is not due yet, and w's message 1 is gone (completed already, say).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_history]', @Identity = 1, @ComputedColumns = 1;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -2430,6 +2493,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -2445,6 +2509,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -2464,6 +2529,7 @@ AS
 BEGIN
     -- Assemble: 1 is leased, 2 delayed, 3 visible since its lease expired.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -2533,6 +2599,7 @@ AS
 BEGIN
     -- Assemble: a live lease and a delayed message only.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -2575,6 +2642,7 @@ BEGIN
     -- COMMIT, no error 266); the first probe opening a caller's implicit transaction at
     -- @@TRANCOUNT = 0 needs a session of its own (the conformance suite).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -2609,6 +2677,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -2623,6 +2692,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -2637,6 +2707,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -2653,6 +2724,7 @@ AS
 BEGIN
     -- Assemble: 1 and 2 ready (2's lease expired), 3 delayed, 4 and 5 in flight, 6 dead.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
@@ -2759,6 +2831,7 @@ AS
 BEGIN
     -- Assemble: every test message is enqueued an hour ago; 9 is newer.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -2819,6 +2892,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -2859,6 +2933,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -2926,6 +3001,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -2939,6 +3015,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -3029,6 +3106,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails_dead] (
@@ -3075,6 +3153,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51004;
 
@@ -3255,27 +3334,22 @@ BEGIN
             CONSTRAINT [df_emails_priority] DEFAULT (0);
         END;
 
-    DECLARE @claim_first_key sysname = INDEX_COL(
-        N'[queue].[emails]',
-        INDEXPROPERTY(OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim', 'IndexID'),
-        1
-    );
-
-    IF COALESCE(@claim_first_key, N'') <> N'priority'
+    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID') IS NULL
         BEGIN
             IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_emails_claim]
+                    CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
                         ON [queue].[emails] (priority DESC, visible_at, id)
-                        WITH (DROP_EXISTING = ON, ONLINE = ON);
+                        WITH (ONLINE = ON);
                 END;
             ELSE
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_emails_claim]
-                        ON [queue].[emails] (priority DESC, visible_at, id)
-                        WITH (DROP_EXISTING = ON);
+                    CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                        ON [queue].[emails] (priority DESC, visible_at, id);
                 END;
         END;
+
+    DROP INDEX IF EXISTS [ix_emails_claim] ON [queue].[emails];
 
     -- Assert
     SELECT

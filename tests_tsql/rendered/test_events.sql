@@ -11,6 +11,14 @@ GO
 EXEC tSQLt.NewTestClass 'test_queue_events';
 GO
 
+CREATE PROCEDURE [test_queue_events].[index the faked queue table]
+AS
+BEGIN
+    CREATE CLUSTERED INDEX [pk_events]
+        ON [queue].[events] (id);
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_events].[test enqueue stores the message and returns its new id]
@@ -18,6 +26,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -51,6 +60,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -74,6 +84,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -86,6 +97,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -98,6 +110,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -110,6 +123,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ApplyConstraint
         @TableName = N'[queue].[events]',
         @ConstraintName = N'ck_events_payload_json';
@@ -125,6 +139,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -139,6 +154,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @items [queue].[events_items];
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload) VALUES (3, N'{"n": 3}'), (1, N'{"n": 1}'), (2, N'{"n": 2}');
@@ -175,6 +191,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @items [queue].[events_items];
     CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -193,6 +210,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @items [queue].[events_items];
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -211,6 +229,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @items [queue].[events_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -225,6 +244,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @items [queue].[events_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, N'{"unterminated": ');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -239,6 +259,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @items [queue].[events_items];
     INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, N'{"n": 1}', NULL), (2, N'{"n": 2}', N'k');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%item 2 %';
@@ -255,6 +276,7 @@ AS
 BEGIN
     -- Assemble: a heap promises no order, only that what is handed out is gone.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     VALUES
@@ -292,6 +314,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     VALUES
@@ -328,6 +351,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id bigint NOT NULL,
@@ -349,6 +373,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     SELECT TOP (1001)
         ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
@@ -377,6 +402,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -389,6 +415,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -401,6 +428,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -413,6 +441,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -443,6 +472,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     VALUES
@@ -468,6 +498,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     CREATE TABLE #Actual (ready bit NOT NULL);
 
     -- Act
@@ -486,6 +517,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -502,6 +534,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     CREATE TABLE #Actual (
         ready bigint NULL,
         delayed bigint NULL,
@@ -537,6 +570,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     VALUES
@@ -593,6 +627,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     VALUES
@@ -619,6 +654,7 @@ AS
 BEGIN
     -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     VALUES
@@ -652,6 +688,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
     -- Act
@@ -670,6 +707,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[events] (id, enqueued_at, payload)
     VALUES
@@ -702,6 +740,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -715,6 +754,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[events]';
+    EXEC [test_queue_events].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act

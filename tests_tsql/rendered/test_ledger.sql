@@ -11,6 +11,14 @@ GO
 EXEC tSQLt.NewTestClass 'test_queue_ledger';
 GO
 
+CREATE PROCEDURE [test_queue_ledger].[index the faked queue table]
+AS
+BEGIN
+    CREATE CLUSTERED INDEX [pk_ledger]
+        ON [queue].[ledger] (id);
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_ledger].[test enqueue stores the message and returns its new id]
@@ -18,6 +26,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -51,6 +60,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -74,6 +84,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -86,6 +97,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -98,6 +110,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -110,6 +123,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ApplyConstraint
         @TableName = N'[queue].[ledger]',
         @ConstraintName = N'ck_ledger_payload_json';
@@ -125,6 +139,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -139,6 +154,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @items [queue].[ledger_items];
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload) VALUES (3, N'{"n": 3}'), (1, N'{"n": 1}'), (2, N'{"n": 2}');
@@ -175,6 +191,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @items [queue].[ledger_items];
     CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -193,6 +210,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @items [queue].[ledger_items];
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -211,6 +229,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @items [queue].[ledger_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -225,6 +244,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @items [queue].[ledger_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, N'{"unterminated": ');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -239,6 +259,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @items [queue].[ledger_items];
     INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, N'{"n": 1}', NULL), (2, N'{"n": 2}', N'k');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%item 2 %';
@@ -255,6 +276,7 @@ AS
 BEGIN
     -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     VALUES
@@ -301,6 +323,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id bigint NOT NULL,
@@ -322,6 +345,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     SELECT TOP (1001)
         ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
@@ -350,6 +374,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -362,6 +387,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -374,6 +400,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -386,6 +413,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -416,6 +444,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     VALUES
@@ -441,6 +470,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     CREATE TABLE #Actual (ready bit NOT NULL);
 
     -- Act
@@ -459,6 +489,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -475,6 +506,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     CREATE TABLE #Actual (
         ready bigint NULL,
         delayed bigint NULL,
@@ -510,6 +542,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     VALUES
@@ -566,6 +599,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     VALUES
@@ -592,6 +626,7 @@ AS
 BEGIN
     -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     VALUES
@@ -625,6 +660,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
     -- Act
@@ -643,6 +679,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     VALUES
@@ -675,6 +712,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -688,6 +726,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act

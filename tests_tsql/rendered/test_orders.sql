@@ -11,6 +11,14 @@ GO
 EXEC tSQLt.NewTestClass 'test_queue_orders';
 GO
 
+CREATE PROCEDURE [test_queue_orders].[index the faked queue table]
+AS
+BEGIN
+    CREATE CLUSTERED INDEX [pk_orders]
+        ON [queue].[orders] (id);
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_orders].[test enqueue stores the message and returns its new id]
@@ -18,6 +26,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -51,6 +60,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -74,6 +84,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -86,6 +97,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -98,6 +110,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -110,6 +123,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ApplyConstraint
         @TableName = N'[queue].[orders]',
         @ConstraintName = N'ck_orders_payload_json';
@@ -125,6 +139,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     INSERT INTO [queue].[orders] (dedupe_key, payload)
     VALUES (N'order-42', N'{"n": 1}');
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -152,6 +167,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     INSERT INTO [queue].[orders] (dedupe_key, payload)
     VALUES (N'order-41', N'{"n": 1}');
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -187,6 +203,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     INSERT INTO [queue].[orders] (dedupe_key, payload)
     VALUES (N'order-42', N'{"n": 1}');
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -207,6 +224,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -227,6 +245,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
@@ -240,6 +259,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @key nvarchar(MAX) = REPLICATE(N'k', 200);
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -260,6 +280,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @items [queue].[orders_items];
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload) VALUES (3, N'{"n": 3}'), (1, N'{"n": 1}'), (2, N'{"n": 2}');
@@ -296,6 +317,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @items [queue].[orders_items];
     CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -314,6 +336,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @items [queue].[orders_items];
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -332,6 +355,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @items [queue].[orders_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -346,6 +370,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @items [queue].[orders_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, N'{"unterminated": ');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -360,6 +385,7 @@ AS
 BEGIN
     -- Assemble: key a is queued (id 1); the batch repeats a, brings b twice, c once, and two without a key.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     INSERT INTO [queue].[orders] (dedupe_key, payload)
     VALUES (N'a', N'{"n": 9}');
     DECLARE @items [queue].[orders_items];
@@ -414,6 +440,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @items [queue].[orders_items];
     INSERT INTO @items (ordinal, payload, dedupe_key)
     VALUES (1, N'{"n": 1}', N'a'), (2, N'{"n": 2}', REPLICATE(N'k', 201));
@@ -431,6 +458,7 @@ AS
 BEGIN
     -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[orders] (id, enqueued_at, dedupe_key, payload)
     VALUES
@@ -477,6 +505,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id bigint NOT NULL,
@@ -498,6 +527,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     INSERT INTO [queue].[orders] (id, enqueued_at, payload)
     SELECT TOP (1001)
         ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
@@ -526,6 +556,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -538,6 +569,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -550,6 +582,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -562,6 +595,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -592,6 +626,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[orders] (id, enqueued_at, dedupe_key, payload)
     VALUES
@@ -617,6 +652,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     CREATE TABLE #Actual (ready bit NOT NULL);
 
     -- Act
@@ -635,6 +671,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -651,6 +688,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     CREATE TABLE #Actual (
         ready bigint NULL,
         delayed bigint NULL,
@@ -686,6 +724,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[orders] (id, enqueued_at, dedupe_key, payload)
     VALUES
@@ -742,6 +781,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[orders] (id, enqueued_at, dedupe_key, payload)
     VALUES
@@ -768,6 +808,7 @@ AS
 BEGIN
     -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[orders] (id, enqueued_at, dedupe_key, payload)
     VALUES
@@ -801,6 +842,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
     -- Act
@@ -819,6 +861,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[orders] (id, enqueued_at, dedupe_key, payload)
     VALUES
@@ -851,6 +894,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -864,6 +908,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[orders]';
+    EXEC [test_queue_orders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act

@@ -11,6 +11,14 @@ GO
 EXEC tSQLt.NewTestClass 'test_queue_reminders';
 GO
 
+CREATE PROCEDURE [test_queue_reminders].[index the faked queue table]
+AS
+BEGIN
+    CREATE CLUSTERED INDEX [pk_reminders]
+        ON [queue].[reminders] (due_at, id);
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_reminders].[test enqueue stores the message and returns its new id]
@@ -18,6 +26,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -51,6 +60,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -74,6 +84,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -86,6 +97,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -98,6 +110,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -110,6 +123,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ApplyConstraint
         @TableName = N'[queue].[reminders]',
         @ConstraintName = N'ck_reminders_payload_json';
@@ -125,6 +139,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
     VALUES (SYSUTCDATETIME(), N'order-42', N'{"n": 1}');
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -152,6 +167,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
     VALUES (SYSUTCDATETIME(), N'order-41', N'{"n": 1}');
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -187,6 +203,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
     VALUES (SYSUTCDATETIME(), N'order-42', N'{"n": 1}');
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -207,6 +224,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -227,6 +245,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
@@ -240,6 +259,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @key nvarchar(MAX) = REPLICATE(N'k', 200);
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -258,6 +278,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -276,6 +297,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -301,6 +323,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @items [queue].[reminders_items];
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload) VALUES (3, N'{"n": 3}'), (1, N'{"n": 1}'), (2, N'{"n": 2}');
@@ -337,6 +360,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @items [queue].[reminders_items];
     CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -355,6 +379,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @items [queue].[reminders_items];
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -373,6 +398,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @items [queue].[reminders_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -387,6 +413,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @items [queue].[reminders_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, N'{"unterminated": ');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -401,6 +428,7 @@ AS
 BEGIN
     -- Assemble: key a is queued (id 1); the batch repeats a, brings b twice, c once, and two without a key.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     INSERT INTO [queue].[reminders] (due_at, dedupe_key, payload)
     VALUES (SYSUTCDATETIME(), N'a', N'{"n": 9}');
     DECLARE @items [queue].[reminders_items];
@@ -455,6 +483,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @items [queue].[reminders_items];
     INSERT INTO @items (ordinal, payload, dedupe_key)
     VALUES (1, N'{"n": 1}', N'a'), (2, N'{"n": 2}', REPLICATE(N'k', 201));
@@ -470,6 +499,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @due datetime2(7) = DATEADD(HOUR, 2, SYSUTCDATETIME());
     DECLARE @items [queue].[reminders_items];
     INSERT INTO @items (ordinal, payload, due_at) VALUES (1, N'{"n": 1}', @due), (2, N'{"n": 2}', NULL);
@@ -501,6 +531,7 @@ AS
 BEGIN
     -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -549,6 +580,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -597,6 +629,7 @@ BEGIN
     -- enqueue with a due time in the past). The claim order starts at its head on every call (the
     -- PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -655,6 +688,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id bigint NOT NULL,
@@ -677,6 +711,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, payload)
     SELECT TOP (1001)
         ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
@@ -707,6 +742,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -719,6 +755,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -731,6 +768,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -743,6 +781,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -773,6 +812,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -798,6 +838,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -821,6 +862,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -837,6 +879,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     CREATE TABLE #Actual (
         ready bigint NULL,
         delayed bigint NULL,
@@ -872,6 +915,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -928,6 +972,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -954,6 +999,7 @@ AS
 BEGIN
     -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -987,6 +1033,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
     -- Act
@@ -1005,6 +1052,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[reminders] (id, enqueued_at, due_at, dedupe_key, payload)
     VALUES
@@ -1037,6 +1085,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -1050,6 +1099,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[reminders]';
+    EXEC [test_queue_reminders].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act

@@ -11,6 +11,17 @@ GO
 EXEC tSQLt.NewTestClass 'test_queue_thumbnails';
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[index the faked queue table]
+AS
+BEGIN
+    CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_priority]
+        ON [queue].[thumbnails] (priority DESC, visible_at, seq);
+    CREATE NONCLUSTERED INDEX [ix_thumbnails_lease]
+        ON [queue].[thumbnails] (leased_by, visible_at, seq)
+        WHERE leased_by IS NOT NULL;
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_thumbnails].[test enqueue stores a message due now, no attempt, and returns its id]
@@ -18,6 +29,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Returned (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
 
@@ -63,6 +75,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
     CREATE TABLE #Ignored (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
 
@@ -85,6 +98,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -97,6 +111,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -109,6 +124,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -121,6 +137,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     CREATE TABLE #Ignored (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -145,6 +162,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @created datetime2(7) = '2024-05-01T12:30:15.1234567';
     CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
 
@@ -169,6 +187,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -220,6 +239,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @items [queue].[thumbnails_items];
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload, id)
@@ -268,6 +288,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @items [queue].[thumbnails_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'{"n": 1}'), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -282,6 +303,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @items [queue].[thumbnails_items];
     INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, N'{"n": 1}', N'k');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
@@ -298,6 +320,7 @@ AS
 BEGIN
     -- Assemble: ids and visible times disagree, so only the visible order passes.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -396,6 +419,7 @@ BEGIN
     -- (an enqueue with a due time in the past). The claim order starts at its head on every call
     -- (the PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -475,6 +499,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -549,6 +574,7 @@ AS
 BEGIN
     -- Assemble: message 1 is visible and older than anything, yet w gets its own leased 2 first.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -610,6 +636,7 @@ BEGIN
     -- Assemble: w holds 2 with a minute left; asking three times must neither spend an attempt nor
     -- move the lease's expiry (0.1.0 counted an attempt each time and buried it as 'lease expired').
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -678,6 +705,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -703,6 +731,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -771,6 +800,7 @@ AS
 BEGIN
     -- Assemble: message 1 used its 4 attempts and its last lease expired; 2 is ready.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -867,6 +897,7 @@ AS
 BEGIN
     -- Assemble: a delayed message at the top level must not hide the ready ones below it.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -959,6 +990,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -971,6 +1003,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -983,6 +1016,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -995,6 +1029,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -1009,6 +1044,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1068,6 +1104,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1117,6 +1154,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1166,6 +1204,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -1182,6 +1221,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -1241,6 +1281,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -1293,6 +1334,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -1345,6 +1387,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -1363,6 +1406,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1401,6 +1445,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1453,6 +1498,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1527,6 +1573,7 @@ BEGIN
     -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
     -- late calls from the first attempt carry token 1.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -1613,6 +1660,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1647,6 +1695,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 under token 2; v holds nothing (0.1.0's calls pass no token).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1694,6 +1743,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 on its second attempt (token 1), with ten minutes left.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1779,6 +1829,7 @@ AS
 BEGIN
     -- Assemble: a lease with no attempt counted (a row put back by hand, say).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1823,6 +1874,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1877,6 +1929,7 @@ BEGIN
     -- Assemble: w holds 1, 2 and 3 (tokens 1, 2, 3); the batch, out of order, carries a stale
     -- token for 2 (an earlier lease of it); 4 is w's too but not in the batch.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -1969,6 +2022,7 @@ AS
 BEGIN
     -- Assemble: w holds 1, v holds 2; w acknowledges both without tokens.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2034,6 +2088,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @acks [queue].[thumbnails_acks];
     CREATE TABLE #Actual (id uniqueidentifier NOT NULL, completed bit NOT NULL);
 
@@ -2051,6 +2106,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id)
     SELECT TOP (1001) NEWID() AS id
@@ -2071,6 +2127,7 @@ BEGIN
     -- own transaction (tSQLt's) is the caller's transaction.
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id, lease_token)
     VALUES
@@ -2101,6 +2158,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id)
     SELECT TOP (1001) NEWID() AS id
@@ -2121,6 +2179,7 @@ BEGIN
     -- own transaction (tSQLt's) is the caller's transaction.
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @acks [queue].[thumbnails_acks];
     INSERT INTO @acks (id, lease_token)
     VALUES
@@ -2154,6 +2213,7 @@ BEGIN
     -- Assemble: w holds 1 (attempts left), 2 (its token in the batch is stale) and 3 (on its last
     -- attempt).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -2277,6 +2337,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 (token 1); 2 and 3 are visible.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2379,6 +2440,7 @@ AS
 BEGIN
     -- Assemble: 2 is not due yet, and w's message 1 is gone (completed already, say).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2445,6 +2507,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -2460,6 +2523,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -2479,6 +2543,7 @@ AS
 BEGIN
     -- Assemble: 1 is leased, 2 delayed, 3 visible since its lease expired.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2549,6 +2614,7 @@ BEGIN
     -- Assemble: the top level holds only a live lease and a delayed message; a lower level holds
     -- a visible one. A probe of the top level alone would wait out the timeout and say 0.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2598,6 +2664,7 @@ AS
 BEGIN
     -- Assemble: a live lease and a delayed message only.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2640,6 +2707,7 @@ BEGIN
     -- COMMIT, no error 266); the first probe opening a caller's implicit transaction at
     -- @@TRANCOUNT = 0 needs a session of its own (the conformance suite).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2674,6 +2742,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -2688,6 +2757,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -2702,6 +2772,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -2718,6 +2789,7 @@ AS
 BEGIN
     -- Assemble: 1 and 2 ready (2's lease expired), 3 delayed, 4 and 5 in flight, 6 dead.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -2824,6 +2896,7 @@ AS
 BEGIN
     -- Assemble: every test message is enqueued an hour ago; 9 is newer.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2884,6 +2957,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2924,6 +2998,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2991,6 +3066,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -3004,6 +3080,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -3094,6 +3171,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails_dead] (
@@ -3140,6 +3218,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51004;
 
@@ -3216,6 +3295,7 @@ BEGIN
     -- Assemble: tSQLt runs every test in a transaction, which is exactly the caller's transaction
     -- process must refuse (it commits once per message).
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51003;
 
     -- Act
@@ -3298,27 +3378,22 @@ BEGIN
     FROM [queue].[thumbnails] AS r;
 
     -- Act: the migration's steps, as the deploy runs them.
-    DECLARE @claim_first_key sysname = INDEX_COL(
-        N'[queue].[thumbnails]',
-        INDEXPROPERTY(OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'),
-        1
-    );
-
-    IF COALESCE(@claim_first_key, N'') = N'priority'
+    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID') IS NULL
         BEGIN
             IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                 BEGIN
                     CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
                         ON [queue].[thumbnails] (visible_at, seq)
-                        WITH (DROP_EXISTING = ON, ONLINE = ON);
+                        WITH (ONLINE = ON);
                 END;
             ELSE
                 BEGIN
                     CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
-                        ON [queue].[thumbnails] (visible_at, seq)
-                        WITH (DROP_EXISTING = ON);
+                        ON [queue].[thumbnails] (visible_at, seq);
                 END;
         END;
+
+    DROP INDEX IF EXISTS [ix_thumbnails_claim_priority] ON [queue].[thumbnails];
 
     IF COL_LENGTH(N'[queue].[thumbnails]', N'priority') IS NOT NULL
         BEGIN

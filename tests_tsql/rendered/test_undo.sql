@@ -11,6 +11,14 @@ GO
 EXEC tSQLt.NewTestClass 'test_queue_undo';
 GO
 
+CREATE PROCEDURE [test_queue_undo].[index the faked queue table]
+AS
+BEGIN
+    CREATE CLUSTERED INDEX [pk_undo]
+        ON [queue].[undo] (id);
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_undo].[test enqueue stores the message and returns its new id]
@@ -18,6 +26,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -51,6 +60,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -74,6 +84,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002;
 
     -- Act
@@ -86,6 +97,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -100,6 +112,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @items [queue].[undo_items];
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload) VALUES (3, N'message 3'), (1, N'message 1'), (2, N'message 2');
@@ -136,6 +149,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @items [queue].[undo_items];
     CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -154,6 +168,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @items [queue].[undo_items];
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -172,6 +187,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @items [queue].[undo_items];
     INSERT INTO @items (ordinal, payload) VALUES (1, N'message 1'), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51002, @ExpectedMessagePattern = N'%item 2 %';
@@ -186,6 +202,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @items [queue].[undo_items];
     INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, N'message 1', NULL), (2, N'message 2', N'k');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001, @ExpectedMessagePattern = N'%item 2 %';
@@ -202,6 +219,7 @@ AS
 BEGIN
     -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[undo] (id, enqueued_at, payload)
     VALUES
@@ -248,6 +266,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id bigint NOT NULL,
@@ -269,6 +288,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     INSERT INTO [queue].[undo] (id, enqueued_at, payload)
     SELECT TOP (1001)
         ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
@@ -297,6 +317,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -309,6 +330,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -321,6 +343,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -333,6 +356,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -363,6 +387,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[undo] (id, enqueued_at, payload)
     VALUES
@@ -388,6 +413,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     CREATE TABLE #Actual (ready bit NOT NULL);
 
     -- Act
@@ -406,6 +432,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51001,
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -422,6 +449,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     CREATE TABLE #Actual (
         ready bigint NULL,
         delayed bigint NULL,
@@ -457,6 +485,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[undo] (id, enqueued_at, payload)
     VALUES
@@ -513,6 +542,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[undo] (id, enqueued_at, payload)
     VALUES
@@ -539,6 +569,7 @@ AS
 BEGIN
     -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[undo] (id, enqueued_at, payload)
     VALUES
@@ -572,6 +603,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
     -- Act
@@ -590,6 +622,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[undo] (id, enqueued_at, payload)
     VALUES
@@ -622,6 +655,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act
@@ -635,6 +669,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[undo]';
+    EXEC [test_queue_undo].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act

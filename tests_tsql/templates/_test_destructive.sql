@@ -17,6 +17,7 @@
 {% set dedupe = opt.dedupe %}
 {% set t = names.obj() %}
 {% set cls = test_class %}
+{% import '_pinned_indexes.sql' as pins with context %}
 {% set items = names.obj('_items') %}
 {% set table_name = names.obj() %}
 {#- A payload literal of the queue's type; n tells messages apart. -#}
@@ -103,6 +104,8 @@ GO
 EXEC tSQLt.NewTestClass 'test_{{ schema }}_{{ queue.name }}';
 GO
 
+{{ pins.fake_helper(cls, table_name) }}
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test enqueue stores the message and returns its new id]
@@ -110,6 +113,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -143,6 +147,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -166,6 +171,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
 
     -- Act
@@ -179,6 +185,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
 
     -- Act
@@ -191,6 +198,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
 
     -- Act
@@ -203,6 +211,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ApplyConstraint
         @TableName = N'{{ table_name }}',
         @ConstraintName = N'{{ 'ck_' ~ queue.name ~ '_payload_json' }}';
@@ -220,6 +229,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
     VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'order-42', {{ sample(1) }});
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -241,6 +251,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
     VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'order-41', {{ sample(1) }});
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -276,6 +287,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
     VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'order-42', {{ sample(1) }});
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
@@ -296,6 +308,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     CREATE TABLE #Actual (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -316,6 +329,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
@@ -329,6 +343,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @key nvarchar(MAX) = REPLICATE(N'k', 200);
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -348,6 +363,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -362,6 +378,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -380,6 +397,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -406,6 +424,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload) VALUES (3, {{ sample(3) }}), (1, {{ sample(1) }}), (2, {{ sample(2) }});
@@ -442,6 +461,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     CREATE TABLE #Actual (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
 
@@ -460,6 +480,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -478,6 +499,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload) VALUES (1, {{ sample(1) }}), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }}, @ExpectedMessagePattern = N'%item 2 %';
@@ -493,6 +515,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload) VALUES (1, {{ sample(1) }}), (2, N'{"unterminated": ');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }}, @ExpectedMessagePattern = N'%item 2 %';
@@ -509,6 +532,7 @@ AS
 BEGIN
     -- Assemble: key a is queued (id 1); the batch repeats a, brings b twice, c once, and two without a key.
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
     VALUES ({% if has_due %}SYSUTCDATETIME(), {% endif %}N'a', {{ sample(9) }});
     DECLARE @items {{ items }};
@@ -563,6 +587,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload, dedupe_key)
     VALUES (1, {{ sample(1) }}, N'a'), (2, {{ sample(2) }}, REPLICATE(N'k', 201));
@@ -579,6 +604,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload, dedupe_key) VALUES (1, {{ sample(1) }}, NULL), (2, {{ sample(2) }}, N'k');
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }}, @ExpectedMessagePattern = N'%item 2 %';
@@ -595,6 +621,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @due datetime2(7) = DATEADD(HOUR, 2, SYSUTCDATETIME());
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload, due_at) VALUES (1, {{ sample(1) }}, @due), (2, {{ sample(2) }}, NULL);
@@ -628,6 +655,7 @@ AS
 BEGIN
     -- Assemble: a heap promises no order, only that what is handed out is gone.
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages(three) }}
 {{ dequeue_into_actual(2) }}
@@ -651,6 +679,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages([three[0]]) }}
 {{ dequeue_into_actual(10) }}
@@ -667,6 +696,7 @@ AS
 BEGIN
     -- Assemble: ids, enqueue times and due times disagree, so only the right order passes.
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages(three) }}
 {{ dequeue_into_actual(2) }}
@@ -685,6 +715,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages([{'id': 21, 'age': 5, 'due': 3600, 'key': 'k21', 'n': 1}, {'id': 22, 'age': 5, 'due': -1, 'key': 'k22', 'n': 2}]) }}
 {{ dequeue_into_actual(10) }}
@@ -705,6 +736,7 @@ BEGIN
     -- enqueue with a due time in the past). The claim order starts at its head on every call (the
     -- PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages([{'id': 31, 'age': 5, 'due': -30, 'key': 'k31', 'n': 1}, {'id': 32, 'age': 5, 'due': -20, 'key': 'k32', 'n': 2}]) }}
     CREATE TABLE #Earlier (
@@ -731,6 +763,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {{ dequeue_into_actual(1) }}
 
     -- Assert
@@ -743,6 +776,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     INSERT INTO {{ t }} (id, enqueued_at, {% if has_due %}due_at, {% endif %}payload)
     SELECT TOP (1001)
         ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
@@ -766,6 +800,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -779,6 +814,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -809,6 +845,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages([{'id': 41, 'age': 5, 'due': -1, 'key': 'k41', 'n': 1}]) }}
     CREATE TABLE #Actual (ready bit NOT NULL);
@@ -831,6 +868,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if has_due %}
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages([{'id': 42, 'age': 5, 'due': 3600, 'key': 'k42', 'n': 2}]) }}
@@ -853,6 +891,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = {{ errors.invalid_argument }},
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -869,6 +908,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     CREATE TABLE #Actual (
         ready bigint NULL,
         delayed bigint NULL,
@@ -904,6 +944,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {% if has_due %}
 {{ insert_messages([
@@ -967,6 +1008,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages(three) }}
     CREATE TABLE #Actual (purged bigint NOT NULL);
@@ -988,6 +1030,7 @@ AS
 BEGIN
     -- Assemble: 30 and 20 seconds old go, 10 seconds old stays; the cut-off is 15 seconds ago.
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages(three) }}
     DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -15, @now);
@@ -1010,6 +1053,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     CREATE TABLE #Actual (purged bigint NOT NULL);
 
     -- Act
@@ -1028,6 +1072,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages(three) }}
     CREATE TABLE #Actual (purged bigint NOT NULL);
@@ -1049,6 +1094,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -1062,6 +1108,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act

@@ -13,6 +13,7 @@
   against a real SQL Server (TABLEQUEUE_MSSQL_URL); here it is tested for that refusal.
 -#}
 {% set cls = test_class %}
+{% import '_pinned_indexes.sql' as pins with context %}
 {% set t = names.obj() %}
 {% set dead_t = names.obj('_dead') %}
 {% set history_t = names.obj('_history') %}
@@ -165,6 +166,8 @@ GO
 EXEC tSQLt.NewTestClass 'test_{{ schema }}_{{ queue.name }}';
 GO
 
+{{ pins.fake_helper(cls, t) }}
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test enqueue stores a message due now, no attempt, and returns its id]
@@ -172,6 +175,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @before datetime2(7) = SYSUTCDATETIME();
     CREATE TABLE #Returned (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
 
@@ -217,6 +221,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @due datetime2(7) = DATEADD(HOUR, 3, SYSUTCDATETIME());
     CREATE TABLE #Ignored (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
 
@@ -239,6 +244,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
 
     -- Act
@@ -252,6 +258,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }};
 
     -- Act
@@ -266,6 +273,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, leased_by='w', visible=60, attempts=1, key='order-42') }}
     CREATE TABLE #Actual (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
@@ -287,6 +295,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @long_key nvarchar(MAX) = REPLICATE(N'k', 201);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
@@ -301,6 +310,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -315,6 +325,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     CREATE TABLE #Ignored (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -341,6 +352,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @created datetime2(7) = '2024-05-01T12:30:15.1234567';
     CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
 
@@ -365,6 +377,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(5) }}
     CREATE TABLE #Actual (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
@@ -391,6 +404,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     -- Filled out of order on purpose: the ordinal, not the insertion order, is the item order.
     INSERT INTO @items (ordinal, payload{{ ', id' if client_ids }})
@@ -439,6 +453,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload) VALUES (1, {{ sample(1) }}), (2, NULL);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_payload }}, @ExpectedMessagePattern = N'%item 2 %';
@@ -454,6 +469,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload)
     SELECT TOP (1001)
@@ -472,6 +488,7 @@ AS
 BEGIN
     -- Assemble: key a is queued as message 1; the batch repeats a, brings b twice and one without a key.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO {{ t }} ({{ 'id, ' if client_ids }}due_at, visible_at, attempts, dedupe_key, payload)
     VALUES ({{ (mid(1) ~ ', ') if client_ids }}@now, @now, 0, N'a', {{ sample(9) }});
@@ -507,6 +524,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload, {{ column }}) VALUES (1, {{ sample(1) }}, {{ value }});
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
@@ -524,6 +542,7 @@ AS
 BEGIN
     -- Assemble: ids and visible times disagree, so only the visible order passes.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-10) }}
 {{ insert_message(2, visible=-30) }}
@@ -549,6 +568,7 @@ BEGIN
     -- (an enqueue with a due time in the past). The claim order starts at its head on every call
     -- (the PostgreSQL twin keeps a claim position and moves it back: docs/queue-kinds.md).
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-30) }}
 {{ insert_message(2, visible=-20) }}
@@ -570,6 +590,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=3600) }}
 {{ insert_message(2, visible=60, leased_by='other', attempts=1) }}
@@ -586,6 +607,7 @@ AS
 BEGIN
     -- Assemble: message 1 is visible and older than anything, yet w gets its own leased 2 first.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-3000) }}
 {{ insert_message(2, visible=60, leased_by='w', attempts=1) }}
@@ -602,6 +624,7 @@ BEGIN
     -- Assemble: w holds 2 with a minute left; asking three times must neither spend an attempt nor
     -- move the lease's expiry (0.1.0 counted an attempt each time and buried it as 'lease expired').
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(2, visible=60, leased_by='w', attempts=max_attempts) }}
@@ -630,6 +653,7 @@ AS
 BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's transaction.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @error int;
 
     -- Act: as a driver's session has it (engines.connect sets it; tSQLt's session has it off, where
@@ -655,6 +679,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-5, leased_by='crashed', attempts=1) }}
@@ -671,6 +696,7 @@ AS
 BEGIN
     -- Assemble: message 1 used its {{ max_attempts }} attempts and its last lease expired; 2 is ready.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-20, leased_by='crashed', attempts=max_attempts) }}
@@ -690,6 +716,7 @@ AS
 BEGIN
     -- Assemble: a delayed message at the top level must not hide the ready ones below it.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-50, priority=0) }}
 {{ insert_message(2, visible=-10, priority=5) }}
@@ -710,6 +737,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -725,6 +753,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -776,6 +805,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -805,6 +835,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -831,6 +862,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -847,6 +879,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts - 1) }}
@@ -880,6 +913,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts) }}
@@ -906,6 +940,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts) }}
@@ -932,6 +967,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -950,6 +986,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=5, leased_by='w', attempts=1) }}
     CREATE TABLE #Actual (extended bit NOT NULL);
@@ -979,6 +1016,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-5, leased_by='w', attempts=1) }}
     CREATE TABLE #Actual (extended bit NOT NULL);
@@ -1005,6 +1043,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 (token 1, live); 2 and 3 are visible.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
 {{ insert_message(2, visible=-20) }}
@@ -1047,6 +1086,7 @@ BEGIN
     -- Assemble: w's first lease (token 1) expired and w leased the message again (token 2); w's
     -- late calls from the first attempt carry token 1.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
@@ -1113,6 +1153,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -1141,6 +1182,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 under token 2; v holds nothing (0.1.0's calls pass no token).
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=5, leased_by='w', attempts=1, lease=2) }}
     CREATE TABLE #ByAnother (extended bit NOT NULL);
@@ -1179,6 +1221,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 on its second attempt (token 1), with ten minutes left.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=600, leased_by='w', attempts=2, lease=1) }}
     DECLARE @current uniqueidentifier = {{ token(1) }};
@@ -1212,6 +1255,7 @@ AS
 BEGIN
     -- Assemble: a lease with no attempt counted (a row put back by hand, say).
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=600, leased_by='w', attempts=0, lease=1) }}
     CREATE TABLE #Ignored (released bit NOT NULL);
@@ -1230,6 +1274,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-5, leased_by='w', attempts=2, lease=1) }}
     DECLARE @current uniqueidentifier = {{ token(1) }};
@@ -1258,6 +1303,7 @@ BEGIN
     -- Assemble: w holds 1, 2 and 3 (tokens 1, 2, 3); the batch, out of order, carries a stale
     -- token for 2 (an earlier lease of it); 4 is w's too but not in the batch.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -1315,6 +1361,7 @@ AS
 BEGIN
     -- Assemble: w holds 1, v holds 2; w acknowledges both without tokens.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -1348,6 +1395,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @acks {{ acks }};
     CREATE TABLE #Actual (id {{ id_type }} NOT NULL, completed bit NOT NULL);
 
@@ -1366,6 +1414,7 @@ AS
 BEGIN
     -- Assemble: past ~5,000 row locks a batch would escalate to a table lock READPAST cannot skip.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @acks {{ acks }};
     INSERT INTO @acks (id)
 {% if client_ids %}
@@ -1391,6 +1440,7 @@ BEGIN
     -- own transaction (tSQLt's) is the caller's transaction.
     SET XACT_ABORT ON;
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @acks {{ acks }};
     INSERT INTO @acks (id, lease_token)
     VALUES
@@ -1425,6 +1475,7 @@ BEGIN
     -- Assemble: w holds 1 (attempts left), 2 (its token in the batch is stale) and 3 (on its last
     -- attempt).
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
@@ -1486,6 +1537,7 @@ AS
 BEGIN
     -- Assemble: w holds 1 (token 1); 2 and 3 are visible.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -1541,6 +1593,7 @@ AS
 BEGIN
     -- Assemble: 2 is not due yet, and w's message 1 is gone (completed already, say).
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
 {% endif %}
@@ -1580,6 +1633,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -1599,6 +1653,7 @@ AS
 BEGIN
     -- Assemble: 1 is leased, 2 delayed, 3 visible since its lease expired.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='v', attempts=1, lease=1) }}
 {{ insert_message(2, visible=3600) }}
@@ -1624,6 +1679,7 @@ BEGIN
     -- Assemble: the top level holds only a live lease and a delayed message; a lower level holds
     -- a visible one. A probe of the top level alone would wait out the timeout and say 0.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='v', attempts=1, priority=9, lease=1) }}
 {{ insert_message(2, visible=3600, priority=9) }}
@@ -1647,6 +1703,7 @@ AS
 BEGIN
     -- Assemble: a live lease and a delayed message only.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='v', attempts=1, lease=1) }}
 {{ insert_message(2, visible=3600) }}
@@ -1671,6 +1728,7 @@ BEGIN
     -- COMMIT, no error 266); the first probe opening a caller's implicit transaction at
     -- @@TRANCOUNT = 0 needs a session of its own (the conformance suite).
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-5) }}
     CREATE TABLE #Actual (ready bit NOT NULL);
@@ -1697,6 +1755,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = {{ errors.invalid_argument }},
         @ExpectedMessagePattern = N'%wait_ms must be between 0 and 20000%';
@@ -1714,6 +1773,7 @@ AS
 BEGIN
     -- Assemble: 1 and 2 ready (2's lease expired), 3 delayed, 4 and 5 in flight, 6 dead.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=-120) }}
@@ -1769,6 +1829,7 @@ AS
 BEGIN
     -- Assemble: every test message is enqueued an hour ago; 9 is newer.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1) }}
 {{ insert_message(2, visible=60, leased_by='w', attempts=1) }}
@@ -1794,6 +1855,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1) }}
 {{ insert_message(2, visible=3600) }}
@@ -1816,6 +1878,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1) }}
 {{ insert_message(2) }}
@@ -1839,6 +1902,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -1852,6 +1916,7 @@ BEGIN
     -- Assemble: this test's own transaction (tSQLt's) is the caller's: every chunk's locks would
     -- last until it ends.
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act
@@ -1929,6 +1994,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_dead(7, 'poison') }}
@@ -1952,6 +2018,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.not_found }};
 
@@ -2049,6 +2116,7 @@ BEGIN
     -- Assemble: tSQLt runs every test in a transaction, which is exactly the caller's transaction
     -- process must refuse (it commits once per message).
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.in_transaction }};
 
     -- Act

@@ -39,7 +39,7 @@ GENERATED_SUFFIXES = (
 # templates name nothing else).
 PREFIXED_NAMES = (
     ("pk_", ""), ("pk_", "_dead"), ("pk_", "_history"),
-    ("ix_", "_claim"), ("ix_", "_claim_new"), ("ix_", "_lease"), ("ix_", "_lease_start"), ("ix_", "_due"),
+    ("ix_", "_claim"), ("ix_", "_claim_priority"), ("ix_", "_claim_new"), ("ix_", "_lease"), ("ix_", "_lease_start"), ("ix_", "_due"),
     ("ix_", "_history_finished"), ("ix_", "_history_id"), ("ix_", "_heads"), ("ix_", "_group"),
     ("ix_", "_ungrouped"), ("pk_", "_groups"), ("ck_", "_group_key"),
     ("ux_", "_dedupe"), ("ux_", "_seq"),

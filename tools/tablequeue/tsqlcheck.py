@@ -942,8 +942,10 @@ def check_sources(sources: list[tuple[str, str]], python: Iterable[Path] = ()) -
     violations = [v for b in batches for v in b.violations if not _in_test_class(v, catalog)]
     for file_models in by_file.values():
         violations.extend(tsqlrules.check_file(file_models, catalog.test_classes))
-    pins = tsqlrules.check_pins([r for b in batches for r in b.reads], [i for b in batches for i in b.indexes])
+    reads = [r for b in batches for r in b.reads]
+    pins = tsqlrules.check_pins(reads, [i for b in batches for i in b.indexes])
     violations.extend(v for v in pins if not _in_test_class(v, catalog))
+    violations.extend(tsqlrules.check_fakes(models, reads, catalog.test_classes))
     violations.extend(tsqlrules.check_python(python))
     return Report(len(sources) + len(python), batches, catalog, findings, violations, skipped, signatures, resolved)
 

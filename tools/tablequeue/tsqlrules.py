@@ -77,7 +77,7 @@ from sqlfluff.core.parser import BaseSegment
 from . import tsqlmodel as m
 from .gosplit import mask_comments_and_strings
 from .tsqltree import (TsqlParseError, child, children, code, conjuncts, descendants, disjuncts, fold, keywords,
-                       kind, line_of, normalised, offset_of, parse_batch)
+                       kind, line_of, normalised, offset_of, parse_batch, split_name)
 
 BATCH_LIMIT = 1000
 CAP_ERROR = "51001"
@@ -870,6 +870,95 @@ def check_pins(reads: Iterable[PinnedRead], indexes: Iterable[IndexKey]) -> list
         elif read.forceseek and not seekable:
             out.append(violation(f"FORCESEEK on a {read.what} that does not compare {leading}, the first key column "
                                  f"of {name}: no seek plan exists (8622)"))
+    return out
+
+
+def _fake_table(model: m.BatchModel, statement: m.Exec) -> str | None:
+    """The table a tSQLt.FakeTable call fakes (folded schema.table), None for any other statement."""
+    names = [t.name for t in model.tokens]
+    if [names[i] for i in statement.procedure or ()] != ["tsqlt", "faketable"]:
+        return None
+    named = {names[a.name]: a.literal for a in statement.arguments if a.name is not None}
+    positional = [a.literal for a in statement.arguments if a.name is None]
+    table = named.get("@tablename") or (positional[0] if positional else None)
+    schema = named.get("@schemaname") or (positional[1] if len(positional) > 1 else None)
+    if table is None:
+        return None
+    parts = [fold(p) for p in split_name(table)]
+    return ".".join(([fold(schema)] if schema and len(parts) == 1 else []) + parts)
+
+
+def check_fakes(models: Iterable[m.BatchModel], reads: Iterable[PinnedRead],
+                test_classes: set[str]) -> list[Violation]:
+    """Rule fake-pin: tSQLt.FakeTable replaces a table with a heap that has no index, so a test that
+    fakes a table and then runs a procedure whose claims or probes pin an index of it (directly or
+    through the procedures it runs) must build that index on the fake in between (itself or through
+    a helper procedure): Msg 308 otherwise, in every such test."""
+    bodies: dict[str, tuple[m.BatchModel, list[m.Statement], str]] = {}
+    for model in models:
+        statements = model.statements
+        start = next((i for i, s in enumerate(statements) if isinstance(s, m.CreateProcedure)), None)
+        if start is not None:
+            names = [t.name for t in model.tokens]
+            key = ".".join(names[i] for i in statements[start].name)
+            display = ".".join(model.tokens[i].raw for i in statements[start].name)
+            bodies[key] = (model, statements[start + 1:], display)
+    direct: dict[str, set[tuple[str, str]]] = {}
+    for read in reads:
+        for index in read.indexes:
+            direct.setdefault(".".join(fold(p) for p in split_name(read.procedure)), set()).add((read.table, index))
+
+    def calls(key: str) -> list[str]:
+        model, statements, _ = bodies.get(key, (None, [], ""))
+        names = [t.name for t in model.tokens] if model is not None else []
+        execs = [s.exec if isinstance(s, m.Insert) else s for s in statements]
+        return [".".join(names[i] for i in s.procedure) for s in execs if isinstance(s, m.Exec) and s.procedure]
+
+    def reached(key: str, own: dict[str, set[tuple[str, str]]]) -> set[tuple[str, str]]:
+        seen, todo, out = {key}, [key], set()
+        while todo:
+            current = todo.pop()
+            out |= own.get(current, set())
+            for callee in calls(current):
+                if callee not in seen:
+                    seen.add(callee)
+                    todo.append(callee)
+        return out
+
+    created: dict[str, set[tuple[str, str]]] = {}
+    for key, (model, statements, _) in bodies.items():
+        names = [t.name for t in model.tokens]
+        for s in statements:
+            if isinstance(s, m.CreateIndex):
+                created.setdefault(key, set()).add((".".join(names[i] for i in s.table), names[s.name]))
+    out = []
+    for key, (model, statements, display) in bodies.items():
+        if key.split(".")[0] not in test_classes or not key.split(".")[-1].startswith("test"):
+            continue
+        names = [t.name for t in model.tokens]
+        faked: dict[str, set[str]] = {}         # faked table: the indexes built on the fake so far
+        for s in statements:
+            if isinstance(s, m.CreateIndex):
+                faked.get(".".join(names[i] for i in s.table), set()).add(names[s.name])
+            if isinstance(s, m.Insert) and s.exec is not None:     # INSERT INTO #Actual EXEC verb
+                s = s.exec
+            if not isinstance(s, m.Exec) or not s.procedure:
+                continue
+            table = _fake_table(model, s)
+            if table is not None:
+                faked[table] = set()
+                continue
+            callee = ".".join(names[i] for i in s.procedure)
+            for table, index in reached(callee, created):
+                if table in faked:
+                    faked[table].add(index)
+            for table, index in sorted(reached(callee, direct)):
+                if table in faked and index not in faked[table]:
+                    out.append(Violation(model.file, s.line, display, "fake-pin",
+                                         f"runs {'.'.join(model.tokens[i].raw for i in s.procedure)}, whose reads "
+                                         f"pin INDEX ({index}) on {table}, after tSQLt.FakeTable of {table} without "
+                                         "building that index on the fake (Msg 308 at the first call)"))
+                    faked[table].add(index)     # once per test and index
     return out
 
 

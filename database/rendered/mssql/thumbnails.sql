@@ -40,7 +40,7 @@ IF OBJECT_ID(N'[queue].[thumbnails]', N'U') IS NULL
             ON [queue].[thumbnails] (seq);
 
         -- The claim's exact WHERE and ORDER BY, one priority level per seek.
-        CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+        CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_priority]
             ON [queue].[thumbnails] (priority DESC, visible_at, seq);
 
         -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
@@ -559,7 +559,7 @@ BEGIN
                 SET @claimed_now = 0;
                 SET @priority = (
                     SELECT TOP (1) m.priority
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                     ORDER BY m.priority DESC
                 );
                 WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -577,7 +577,7 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                             WHERE m.priority = @priority AND m.visible_at <= @now
                             ORDER BY m.visible_at, m.seq
                         )
@@ -608,7 +608,7 @@ BEGIN
                         SET @claimed_now = @claimed_now + @@ROWCOUNT;
                         SET @priority = (
                             SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                             WHERE m.priority < @priority
                             ORDER BY m.priority DESC
                         );
@@ -1496,7 +1496,7 @@ BEGIN
                 SET @claimed_now = 0;
                 SET @priority = (
                     SELECT TOP (1) m.priority
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                     ORDER BY m.priority DESC
                 );
                 WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -1514,7 +1514,7 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                             WHERE m.priority = @priority AND m.visible_at <= @now
                             ORDER BY m.visible_at, m.seq
                         )
@@ -1545,7 +1545,7 @@ BEGIN
                         SET @claimed_now = @claimed_now + @@ROWCOUNT;
                         SET @priority = (
                             SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                             WHERE m.priority < @priority
                             ORDER BY m.priority DESC
                         );
@@ -1685,17 +1685,17 @@ BEGIN
             SET @now = SYSUTCDATETIME();
             SET @priority = (
                 SELECT TOP (1) m.priority
-                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                 ORDER BY m.priority DESC
             );
             WHILE @priority IS NOT NULL AND @ready = 0
                 BEGIN
                     SELECT TOP (1) @ready = 1
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE m.priority = @priority AND m.visible_at <= @now;
                     SET @priority = (
                         SELECT TOP (1) m.priority
-                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                         WHERE m.priority < @priority
                         ORDER BY m.priority DESC
                     );
@@ -2381,7 +2381,7 @@ BEGIN
                             SET @claimed_now = 0;
                             SET @priority = (
                                 SELECT TOP (1) m.priority
-                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                                 ORDER BY m.priority DESC
                             );
                             WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -2399,7 +2399,7 @@ BEGIN
                                             m.leased_at,
                                             m.lease_token,
                                             m.payload
-                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                                         WHERE m.priority = @priority AND m.visible_at <= @now
                                         ORDER BY m.visible_at, m.seq
                                     )
@@ -2430,7 +2430,7 @@ BEGIN
                                     SET @claimed_now = @claimed_now + @@ROWCOUNT;
                                     SET @priority = (
                                         SELECT TOP (1) m.priority
-                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                                         WHERE m.priority < @priority
                                         ORDER BY m.priority DESC
                                     );

@@ -13,7 +13,8 @@
 {#- Every claim and probe reads the clustered index, whose key is the claim's ORDER BY (docs/queue-kinds.md,
     "Plans at depth"); FORCESEEK where the claim has a predicate on that key (pending's due_at): without
     one there is nothing to seek and FORCESEEK would find no plan (8622). -#}
-{% set pk = names.index('pk') %}
+{% import '_pinned_indexes.sql' as pins with context %}
+{% set pk = pins.pk %}
 {% set pin = 'INDEX (' ~ pk ~ '), FORCESEEK' if has_due else 'INDEX (' ~ pk ~ ')' %}
 {% set claim_hints = pin ~ (', ROWLOCK, UPDLOCK, READCOMMITTEDLOCK' if strict else ', ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK') %}
 {#- Dedupe keys compare byte for byte, as text does on PostgreSQL (a case-insensitive database
@@ -49,7 +50,7 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
 {% endif %}
             -- The clustered key is the claim's ORDER BY, so a claim is a seek to one end of it. A heap
             -- is clustered too: a real heap keeps its emptied pages and every claim scans them.
-            CONSTRAINT {{ pk }} PRIMARY KEY CLUSTERED ({{ 'due_at, id' if has_due else 'id' }})
+            CONSTRAINT {{ pk }} PRIMARY KEY CLUSTERED ({{ pins.pk_key }})
         );
 {% if dedupe %}
 

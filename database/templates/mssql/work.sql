@@ -23,10 +23,11 @@
 {% set handler = opt.handler %}
 {#- Dedupe keys compare byte for byte, as text does on PostgreSQL (as in the destructive kinds). -#}
 {% set key_type = 'nvarchar(200) COLLATE Latin1_General_100_BIN2' %}
-{#- The indexes the claims and probes name in their INDEX hints (docs/queue-kinds.md, "Plans at
-    depth"): one source for the CREATE INDEX below and for the hints. -#}
-{% set claim_index = names.index('ix', 'claim') %}
-{% set lease_index = names.index('ix', 'lease') %}
+{#- The indexes the claims, probes and counts name in their INDEX hints: one source for the CREATE
+    INDEX below, the hints, the migrations and the tSQLt classes. -#}
+{% import '_pinned_indexes.sql' as pins with context %}
+{% set claim_index = pins.claim_index %}
+{% set lease_index = pins.lease_index %}
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
 SET ANSI_NULLS ON;
@@ -88,13 +89,10 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
 {% endif %}
 
         -- The claim's exact WHERE and ORDER BY{% if has_priority %}, one priority level per seek{% endif %}.
-        CREATE NONCLUSTERED INDEX {{ claim_index }}
-            ON {{ t }} ({% if has_priority %}priority DESC, {% endif %}visible_at, {{ tie }});
+        {{ pins.create_index(pins.pinned[0], t) | indent(8) }};
 
         -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
-        CREATE NONCLUSTERED INDEX {{ lease_index }}
-            ON {{ t }} (leased_by, visible_at, {{ tie }})
-            WHERE leased_by IS NOT NULL;
+        {{ pins.create_index(pins.pinned[1], t) | indent(8) }};
 {% if dedupe %}
 
         -- Filtered: messages without a key cost nothing. IGNORE_DUP_KEY is not allowed on a filtered

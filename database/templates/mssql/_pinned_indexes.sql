@@ -1,0 +1,55 @@
+{#-
+  The indexes a queue's claims, probes and counts name in their INDEX hints (docs/queue-kinds.md,
+  "Plans at depth"). With a pin, a missing index, or one with another key or filter, is a compile
+  error on every call (Msg 308, 8622), not a slower plan: names, keys and filters are part of the
+  contract (docs/operations.md). This file is their one source: the table's DDL, the hints, the
+  priority migrations and the tSQLt helper that builds them again on a faked table all read it.
+  Import it with context (names, kind, opt).
+-#}
+{% set tie = 'seq' if kind == 'work' and opt.client_ids else 'id' %}
+{% set pk = names.index('pk') %}
+{#- The destructive kinds pin their clustered primary key, whose key is the claim's ORDER BY. -#}
+{% set pk_key = 'due_at, id' if kind == 'pending' else 'id' %}
+{#- The claim index has one name per key shape: an option migration builds the new one before the
+    code units and drops the old one after them, so that the old code and the new code each find the
+    index they name, with the key they seek on, for the whole deploy. -#}
+{% macro claim_name(priority, quoted=true) %}{{ (names.index if quoted else names.index_name)('ix', 'claim_priority' if priority else 'claim') }}{% endmacro %}
+{% macro claim_key(priority) %}{{ 'priority DESC, ' if priority }}visible_at, {{ tie }}{% endmacro %}
+{% set has_priority = kind == 'work' and opt.priority %}
+{% set claim_index = claim_name(has_priority) %}
+{% set lease_index = names.index('ix', 'lease') %}
+{% set lease_key = 'leased_by, visible_at, ' ~ tie %}
+{% set lease_filter = 'leased_by IS NOT NULL' %}
+{#- Every index a pin names, as (CREATE ... INDEX words, name, key, filter or none). -#}
+{% if kind == 'work' %}
+{% set pinned = [('NONCLUSTERED', claim_index, claim_key(has_priority), none),
+                 ('NONCLUSTERED', lease_index, lease_key, lease_filter)] %}
+{% else %}
+{% set pinned = [('CLUSTERED', pk, pk_key, none)] %}
+{% endif %}
+
+{#- CREATE INDEX for one pinned index (on a table already holding messages, see create_index_online). -#}
+{% macro create_index(index, on) %}
+{% set words, name, key, filter = index %}
+CREATE {{ words }} INDEX {{ name }}
+    ON {{ on }} ({{ key }}){% if filter %}
+
+    WHERE {{ filter }}{% endif %}
+{%- endmacro %}
+
+{#- The tSQLt class's helper (cls: the class, on: the queue table). tSQLt.FakeTable replaces the table
+    with a heap without indexes, and the verbs name theirs in INDEX hints (Msg 308 otherwise): every
+    test runs it right after faking the queue table (check-tsql rule fake-pin). Index names belong to
+    their table, so they do not clash with the renamed original's (a primary key is a constraint,
+    whose name the original keeps: the fake gets a plain clustered index under that name, which is
+    all an INDEX hint needs). -#}
+{% macro fake_helper(cls, on) %}
+CREATE PROCEDURE {{ cls }}.[index the faked queue table]
+AS
+BEGIN
+{% for index in pinned %}
+    {{ create_index(index, on) | indent(4) }};
+{% endfor %}
+END;
+GO
+{%- endmacro %}

@@ -25,6 +25,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 import psycopg
@@ -468,6 +469,32 @@ def test_a_worker_whose_own_expired_lease_is_buried_moves_its_group_on_in_the_sa
         assert [(row["id"], row["last_error"]) for row in client.dead_list()] == [(first, "lease expired")]
     finally:
         conn.close()
+
+
+def test_a_dead_message_requeued_before_a_head_that_is_not_due_is_handed_out_now(deploy_queues) -> None:
+    """work: dead_requeue keeps the message's id, so it may come before its group's head; that head
+    (here due tomorrow) must not hold it back. Also when a consumer held the group meanwhile."""
+    deployed = deploy_queues(grouped("work", max_attempts=1))
+    conn, holder_conn = deployed.connect(), deployed.connect(autocommit=False)
+    try:
+        client = deployed.client("q", conn)
+        for key, hold in (("free", False), ("held", True)):
+            dead = client.enqueue({"n": 0}, group_key=key)["id"]
+            leased = client.dequeue(worker="w")
+            assert client.fail(dead, "w", "boom", retry_after_seconds=0, lease_token=leased[0]["lease_token"]) == "dead"
+            client.enqueue({"n": 1}, group_key=key, due_at=datetime.now(timezone.utc) + timedelta(days=1))["id"]
+            if hold:   # a consumer (finding nothing due) holds the group while the message comes back
+                holder_conn.execute(f'SELECT FROM "{deployed.catalog.schema}"."q_groups" WHERE group_key = %s '
+                                    "FOR NO KEY UPDATE", (key,))
+            assert client.dead_requeue(dead)
+            holder_conn.commit()
+            got = client.dequeue(batch_size=10, worker="w2")
+            assert [row["id"] for row in got] == [dead], key
+            assert client.complete(dead, "w2", got[0]["lease_token"])
+            assert client.dequeue(batch_size=10, worker="w2") == []   # the later one is still not due
+    finally:
+        for c in (conn, holder_conn):
+            c.close()
 
 
 # --- at depth ----------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 import psycopg
@@ -430,6 +431,69 @@ def test_a_retrying_head_comes_before_a_lower_id_that_committed_late(deploy_queu
         assert [row["id"] for row in client.dequeue(batch_size=10, worker="w4")] == [low]
     finally:
         for c in (holder_conn, late_conn, conn):
+            c.close()
+
+
+def test_a_workers_dequeue_takes_back_its_own_message_without_waiting_for_a_producer_of_its_group(
+        deploy_queues) -> None:
+    """work: re-leasing its own messages changes no group, so a restarted worker's dequeue does not
+    wait for a producer whose open transaction holds the group of one of them."""
+    deployed = deploy_queues(grouped("work"))
+    setup, producer_conn, restarted_conn = deployed.connect(), deployed.connect(autocommit=False), deployed.connect()
+    try:
+        admin = deployed.client("q", setup)
+        own = admin.enqueue({"n": 0}, group_key="g")["id"]
+        ungrouped = admin.enqueue({"n": 1})["id"]
+        assert [row["id"] for row in admin.dequeue(worker="w1", lease_seconds=3600)] == [own]
+        deployed.client("q", producer_conn).enqueue({"n": 2}, group_key="g")   # takes g, stays open
+        no_wait(restarted_conn)
+        again = deployed.client("q", restarted_conn).dequeue(batch_size=2, worker="w1", lease_seconds=3600)
+        assert [row["id"] for row in again] == [own, ungrouped]
+    finally:
+        for conn in (setup, producer_conn, restarted_conn):
+            conn.close()
+
+
+def test_a_worker_whose_own_expired_lease_is_buried_moves_its_group_on_in_the_same_dequeue(
+        deploy_queues) -> None:
+    """work: the own-first step locks the group of an own message it buries, and settles it."""
+    deployed = deploy_queues(grouped("work", max_attempts=1))
+    conn = deployed.connect()
+    try:
+        client = deployed.client("q", conn)
+        first, second = (client.enqueue({"n": n}, group_key="g")["id"] for n in range(2))
+        assert [row["id"] for row in client.dequeue(worker="w1", lease_seconds=1)] == [first]
+        time.sleep(1.2)   # the lease expires: its one attempt is spent
+
+        assert [row["id"] for row in client.dequeue(batch_size=10, worker="w1")] == [second]
+        assert [(row["id"], row["last_error"]) for row in client.dead_list()] == [(first, "lease expired")]
+    finally:
+        conn.close()
+
+
+def test_a_dead_message_requeued_before_a_head_that_is_not_due_is_handed_out_now(deploy_queues) -> None:
+    """work: dead_requeue keeps the message's id, so it may come before its group's head; that head
+    (here due tomorrow) must not hold it back. Also when a consumer held the group meanwhile."""
+    deployed = deploy_queues(grouped("work", max_attempts=1))
+    conn, holder_conn = deployed.connect(), deployed.connect(autocommit=False)
+    try:
+        client = deployed.client("q", conn)
+        for key, hold in (("free", False), ("held", True)):
+            dead = client.enqueue({"n": 0}, group_key=key)["id"]
+            leased = client.dequeue(worker="w")
+            assert client.fail(dead, "w", "boom", retry_after_seconds=0, lease_token=leased[0]["lease_token"]) == "dead"
+            client.enqueue({"n": 1}, group_key=key, due_at=datetime.now(timezone.utc) + timedelta(days=1))["id"]
+            if hold:   # a consumer (finding nothing due) holds the group while the message comes back
+                holder_conn.execute(f'SELECT FROM "{deployed.catalog.schema}"."q_groups" WHERE group_key = %s '
+                                    "FOR NO KEY UPDATE", (key,))
+            assert client.dead_requeue(dead)
+            holder_conn.commit()
+            got = client.dequeue(batch_size=10, worker="w2")
+            assert [row["id"] for row in got] == [dead], key
+            assert client.complete(dead, "w2", got[0]["lease_token"])
+            assert client.dequeue(batch_size=10, worker="w2") == []   # the later one is still not due
+    finally:
+        for c in (conn, holder_conn):
             c.close()
 
 

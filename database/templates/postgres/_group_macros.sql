@@ -36,10 +36,14 @@
     (head_var). It never waits for a consumer: only for another producer's uncommitted first insert
     of the same new key, or for a purge deleting the group's row (then it inserts the row again).
     The row is inserted only when a read finds none: an insert that meets a row a holder has updated
-    (work: in_flight) would wait for the holder's transaction to end. -#}
-{% macro join_group(key_sql, head_var) %}
+    (work: in_flight) would wait for the holder's transaction to end. held_var (optional): set to
+    whether this transaction now holds the group (and may settle it). -#}
+{% macro join_group(key_sql, head_var, held_var=none) %}
     LOOP
         PERFORM FROM {{ groups_t }} AS g WHERE g.group_key = {{ key_sql }} FOR NO KEY UPDATE SKIP LOCKED;
+{% if held_var %}
+        {{ held_var }} := FOUND;
+{% endif %}
         IF FOUND THEN
             -- Nobody else holds the group until this transaction ends, so its head stays; this new
             -- statement sees every message committed before the lock. The message leads only an

@@ -12,6 +12,8 @@ DECLARE
     dead_row record;
 {% if groups %}
     is_head boolean;
+    group_held boolean := false;
+    head_ids {{ id_type }}[];
 {% endif %}
 {% if dedupe or client_ids %}
     moved bigint;
@@ -37,10 +39,15 @@ BEGIN
 {{ m.throw('not_found', "format('" ~ names.plain('_dead_requeue') ~ ": no dead-letter message with id %s.', " ~ fn ~ "_dead_requeue.id)") }}
     END IF;
 {% if groups %}
+{% if client_ids %}
+    -- Back into its group, under its client id but a new seq: its group serves it in seq order,
+    -- after the messages already there.
+{% else %}
     -- Back into its group, under its id: its group serves it in id order, so it comes before the
     -- group's later messages that are not yet in flight.
+{% endif %}
     IF dead_row.group_key IS NOT NULL THEN
-{{ grp.join_group('dead_row.group_key', 'is_head') | indent(4, first=true) }}
+{{ grp.join_group('dead_row.group_key', 'is_head', 'group_held') | indent(4, first=true) }}
     END IF;
 {% endif %}
 {% set requeue_columns = 'id, enqueued_at, due_at, visible_at, ' ~ ('priority, ' if has_priority else '') ~ ('dedupe_key, ' if dedupe else '') ~ ('group_key, group_head, ' if groups else '') ~ 'attempts, last_error, payload' %}
@@ -73,6 +80,14 @@ BEGIN
         OVERRIDING SYSTEM VALUE
 {% endif %}
 {{ requeue_values('NULL') | indent(4, first=true) }};
+    END IF;
+{% endif %}
+{% if groups %}
+    -- join_group flags a new message only in an empty group, but this one may come before the
+    -- group's head (a later message, perhaps not due for a day): the holder makes the flags exact.
+    -- Not held: the message is a candidate (is_head) and the group's next holder settles it.
+    IF group_held THEN
+{{ grp.settle('ARRAY[dead_row.group_key]') | indent(4, first=true) }}
     END IF;
 {% endif %}
     DELETE FROM {{ dead_t }} AS d WHERE d.id = {{ fn }}_dead_requeue.id;

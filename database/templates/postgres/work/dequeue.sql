@@ -105,12 +105,19 @@ BEGIN
         SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
     ) THEN
 {% if groups %}
-        -- Their groups first (the fixed lock order): one whose lease expired too often goes to the
-        -- dead-letter table, and its group's next message becomes the head.
+        -- Re-leasing its own messages changes no group (they are their groups' in-flight messages),
+        -- so only the groups of those the claim will bury are locked, first (the fixed lock order):
+        -- a message whose expired lease used up max_attempts goes to the dead-letter table, and its
+        -- group's next message becomes the head. Any other own group may be held by a producer's
+        -- open transaction, which this dequeue must not wait for. Nobody else leases to this worker
+        -- and now_utc is fixed, so the claim buries no message outside this set.
         own_keys := ARRAY(
             SELECT g.group_key FROM {{ grp.groups_t }} AS g
             WHERE g.group_key IN (
-                SELECT m.group_key FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
+                SELECT m.group_key FROM {{ t }} AS m
+                WHERE
+                    m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
+                    AND m.visible_at <= now_utc AND m.attempts >= {{ max_attempts }}
             )
             ORDER BY g.group_key
             FOR NO KEY UPDATE

@@ -3334,7 +3334,10 @@ BEGIN
             CONSTRAINT [df_emails_priority] DEFAULT (0);
         END;
 
-    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID') IS NULL
+    IF
+        INDEXPROPERTY(
+            OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID'
+        ) IS NULL
         BEGIN
             IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                 BEGIN

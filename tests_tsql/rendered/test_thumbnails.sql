@@ -3378,7 +3378,10 @@ BEGIN
     FROM [queue].[thumbnails] AS r;
 
     -- Act: the migration's steps, as the deploy runs them.
-    IF INDEXPROPERTY(OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID') IS NULL
+    IF
+        INDEXPROPERTY(
+            OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'
+        ) IS NULL
         BEGIN
             IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                 BEGIN

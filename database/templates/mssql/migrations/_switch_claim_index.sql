@@ -10,8 +10,11 @@
 {% set new_index = pins.claim_name(priority, quoted=false) %}
 {% set old_index = pins.claim_name(not priority, quoted=false) %}
 {{ m.step('transaction', 'build ' ~ new_index ~ (' (priority leading)' if priority else ' (without priority)'),
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start, Sch-M briefly at the end); Standard, Express: S on the table for the build (writes wait)') }}
-IF INDEXPROPERTY(OBJECT_ID(N'{{ t }}'), N'{{ new_index }}', 'IndexID') IS NULL
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait)') }}
+IF
+    INDEXPROPERTY(
+        OBJECT_ID(N'{{ t }}'), N'{{ new_index }}', 'IndexID'
+    ) IS NULL
     BEGIN
 {{ m.create_index_online(pins.create_index(('NONCLUSTERED', pins.claim_name(priority), pins.claim_key(priority), none), t)) | indent(8, first=true) }}
     END;

@@ -420,7 +420,7 @@ PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, ne
         "thumbnails.sql", "thumbnails_dequeue", "WHERE m.priority < @priority",
         # The first such hint list of the procedure: the claim's has UPDLOCK, the first level's no FORCESEEK.
         ("FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)", "ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
-        "a probe that compares priority, the first key column of ix_thumbnails_claim, without FORCESEEK: a plan "
+        "a probe that compares priority, the first key column of ix_thumbnails_claim_priority, without FORCESEEK: a plan "
         "compiled on an empty queue may scan the index at depth"),
     "FORCESEEK with nothing to seek on": (
         "orders.sql", "orders_dequeue", "INDEX ([pk_orders])", ("INDEX ([pk_orders]), ", "INDEX ([pk_orders]), FORCESEEK, "),

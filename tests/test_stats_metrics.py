@@ -26,7 +26,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tablequeue.catalog import load_catalog
+from tablequeue.catalog import load_catalog, parse_catalog
+from tablequeue.deploy import deploy
+from tablequeue.engines import connect, dialect_for
+from tablequeue.render import render_catalog
 from tablequeue.cli import main
 from tablequeue.demo import show_stats
 from tablequeue import metrics
@@ -121,6 +124,35 @@ def test_stats_equals_each_queues_stats_verb(deploy_queues, tmp_path: Path, caps
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["schema", "queue", "kind", "ready", "delayed", "in_flight", "dead", "oldest_ready_age"]
     assert re.fullmatch(rf"{schema}\s+jobs\s+work\s+2\s+1\s+2\s+1\s+\d+\.\ds", lines[3]), lines[3]
+
+
+def test_discovery_calls_only_the_stats_of_deployed_queues(pg_url: str, capsys) -> None:
+    """A database holding other software's *_stats functions: an extension's (pg_walinspect's
+    pg_get_wal_stats, even inside a queue schema) and a lookalike in a schema tablequeue never deployed
+    to. Each raises if called; discovery finds the one real queue and calls nothing else."""
+    name = f"tq_discovery_{secrets.token_hex(3)}"
+    url = pg_url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        catalog = parse_catalog({"schema": "tq", "queues": [QUEUES[0]]}, "<discovery test>")
+        units = [u for f in render_catalog(catalog, "postgres") for u in f.units]
+        with connect(url, autocommit=True) as conn:
+            deploy(conn, dialect_for("postgres"), "tq", units)
+            conn.execute("CREATE EXTENSION pg_walinspect SCHEMA tq")
+            conn.execute("CREATE SCHEMA lookalike")
+            conn.execute("CREATE FUNCTION lookalike.events_stats() RETURNS int LANGUAGE plpgsql"
+                         " AS $$BEGIN RAISE EXCEPTION 'not a queue'; END$$")
+            conn.execute("CREATE FUNCTION lookalike.events_enqueue() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+            assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'pg_get_wal_stats'"
+                                " AND pronamespace = 'tq'::regnamespace").fetchone()[0] == 1
+        discovered = tablequeue(capsys, "stats", "--url", url, "--json")
+        assert discovered.returncode == 0, discovered.stderr
+        assert [(row["schema"], row["queue"], row["kind"]) for row in json.loads(discovered.stdout)["queues"]] == [
+            ("tq", "events", "heap|fifo|lifo")]
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_stats_names_the_catalog_and_the_queue_that_is_not_deployed(deploy_queues, tmp_path: Path, capsys) -> None:

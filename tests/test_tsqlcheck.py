@@ -365,6 +365,9 @@ EXPLAINED_SURVIVORS = {
 }
 
 
+DATE_PART_FUNCTIONS = {"dateadd", "datediff", "datediff_big", "datename", "datepart", "datetrunc", "date_bucket"}
+
+
 def mutant_name(raw: str) -> str:
     """A name no rendered object has, written as the original was (bracketed, @variable, #temp)."""
     if raw.startswith("[") and raw.endswith("]"):
@@ -432,8 +435,11 @@ def test_renaming_in_the_model_equals_renaming_in_the_text() -> None:
     sources = list(checked_sources(CATALOGS[0]))
     reported = set(result.findings)
     top_level = {id(model) for model in result.models}     # not the EXEC'd literals: no batch of their own
+    # A renamed date function is no longer one to the parser: its date part (SECOND) then reads as a
+    # column, a change of the text's grammar that renaming the token in the model cannot show.
     sample = [(model, schema, index) for model, schema, index in mutants(result) if id(model) in top_level and (
-              model.file.startswith(("database/", "build/")) or "test_emails" in model.file)]
+              model.file.startswith(("database/", "build/")) or "test_emails" in model.file)
+              and model.tokens[index].name not in DATE_PART_FUNCTIONS]
     chosen: dict[str, list] = collections.defaultdict(list)
     for model, schema, index in sorted(sample, key=lambda msi: random.Random(f"{msi[0].file}{msi[2]}").random()):
         what = model.tokens[index].what

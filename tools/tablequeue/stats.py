@@ -29,12 +29,18 @@ NOT_WORK_UNKNOWN = "heap|fifo|lifo|pending"
 # due_at parameter (enqueue of pending and work queues). Only <q>_stats must be executable, so the
 # admin role (stats, purge, the dead letters) suffices. PostgreSQL shows every routine in pg_proc;
 # SQL Server's sys.procedures shows only those the login holds a permission on, so an admin-only
-# login tells a work queue by its <q>_dead_list, an admin verb of work queues only.
+# login tells a work queue by its <q>_dead_list, an admin verb of work queues only. On PostgreSQL only
+# schemas tablequeue deployed to count, and no extension's function: pg_walinspect's
+# pg_get_wal_stats() in public is no queue.
 POSTGRES_ROUTINES = r"""SELECT n.nspname, p.proname, coalesce('due_at' = ANY(p.proargnames), false),
     has_function_privilege(p.oid, 'EXECUTE')
 FROM pg_catalog.pg_proc AS p
 JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
 WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+  AND EXISTS (SELECT FROM pg_catalog.pg_class AS h
+              WHERE h.relnamespace = n.oid AND h.relname = 'tablequeue_deploy_history')
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend AS d
+                  WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
   AND (p.proname LIKE '%\_stats' OR p.proname LIKE '%\_enqueue' OR p.proname LIKE '%\_complete'
        OR p.proname LIKE '%\_dead\_list')"""
 MSSQL_ROUTINES = """SELECT SCHEMA_NAME(p.schema_id) AS schema_name, p.name,

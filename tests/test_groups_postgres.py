@@ -557,3 +557,174 @@ def test_at_depth_the_claim_reads_the_head_index_and_never_a_blocked_backlog(dep
     finally:
         for conn in (setup, holder_conn, consumer_conn):
             conn.close()
+
+
+# --- senior review (issue 21): lock waits, purge and the wait probe, session by session -----------------
+
+def waiting_on_a_lock(conn: Any, pid: int) -> bool:
+    row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def until_waiting(conn: Any, *pids: int) -> None:
+    """Polls (no timing assertion: the thread either blocks on a lock or the test fails later)."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not all(waiting_on_a_lock(conn, pid) for pid in pids):
+        assert time.monotonic() < deadline, "the sessions never waited on a lock"
+        time.sleep(0.01)
+
+
+def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list]:
+    """Runs target in a thread; its outcome (result or exception) lands in the returned list."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(target())
+        except Exception as exc:  # noqa: BLE001 - asserted by the caller
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_handlers_that_enqueue_into_each_others_group_and_complete_their_own_do_not_deadlock(deploy_queues) -> None:
+    """work: handler A enqueues a follow-up into group B and completes its own message of group A in
+    one transaction; handler B does the same crosswise. The enqueues take (or pin) the other group's
+    row; complete never waits for a group's row, so neither waits for the other, and both follow-ups
+    are handed out after the commits."""
+    deployed = deploy_queues(grouped("work"))
+    setup = deployed.connect()
+    conns = [deployed.connect(autocommit=False) for _ in range(2)]
+    try:
+        admin = deployed.client("q", setup)
+        handler_a, handler_b = (deployed.client("q", conn) for conn in conns)
+        first_a = admin.enqueue({"n": 0}, group_key="A")["id"]
+        first_b = admin.enqueue({"n": 0}, group_key="B")["id"]
+        lease_a = handler_a.dequeue(worker="wa", lease_seconds=3600)
+        conns[0].commit()
+        lease_b = handler_b.dequeue(worker="wb", lease_seconds=3600)
+        conns[1].commit()
+        assert [row["id"] for row in lease_a + lease_b] == [first_a, first_b]
+
+        follow_b = handler_a.enqueue({"n": 1}, group_key="B")["id"]   # takes B's row, open
+        follow_a = handler_b.enqueue({"n": 1}, group_key="A")["id"]   # takes A's row, open
+        thread, outcome = in_thread(lambda: handler_a.complete(first_a, "wa", lease_a[0]["lease_token"]))
+        completed_b = handler_b.complete(first_b, "wb", lease_b[0]["lease_token"])
+        thread.join(DEADLINE_SECONDS)
+        assert outcome == [True] and completed_b is True
+        for conn in conns:
+            conn.commit()
+
+        got = admin.dequeue(batch_size=10, worker="next")
+        assert sorted(row["id"] for row in got) == sorted([follow_a, follow_b])
+    finally:
+        for conn in conns + [setup]:
+            conn.close()
+
+
+@pytest.mark.parametrize("verb", ["complete", "fail", "complete_batch", "fail_batch"])
+def test_an_acknowledgement_does_not_wait_for_its_groups_holder_and_the_group_goes_on(deploy_queues, verb) -> None:
+    """work: another transaction holds the group's row (a producer's, here taken by hand) when its
+    in-flight message is completed or buried: the acknowledgement does not wait, and flags the
+    group's next message, so the group goes on once the holder commits."""
+    deployed = deploy_queues(grouped("work", max_attempts=1))
+    conn, holder_conn = deployed.connect(), deployed.connect(autocommit=False)
+    try:
+        client = deployed.client("q", conn)
+        first, second = (client.enqueue({"n": n}, group_key="g")["id"] for n in range(2))
+        leased = client.dequeue(worker="w")
+        lease = leased[0]["lease_token"]
+        holder_conn.execute(f'SELECT FROM "{deployed.catalog.schema}"."q_groups" WHERE group_key = %s '
+                            "FOR NO KEY UPDATE", ("g",))
+        no_wait(conn)
+        if verb == "complete":
+            assert client.complete(first, "w", lease)
+        elif verb == "fail":
+            assert client.fail(first, "w", "boom", lease_token=lease) == "dead"
+        elif verb == "complete_batch":
+            assert [row["completed"] for row in client.complete_batch(leased, "w")] == [True]
+        else:
+            assert [row["outcome"] for row in client.fail_batch(leased, "w", "boom")] == ["dead"]
+        holder_conn.commit()
+        assert [row["id"] for row in client.dequeue(batch_size=10, worker="w2")] == [second]
+    finally:
+        for c in (conn, holder_conn):
+            c.close()
+
+
+def test_batches_creating_the_same_new_groups_in_opposite_orders_do_not_deadlock(deploy_queues) -> None:
+    """enqueue_batch inserts a batch's new groups rows in key order. A third session's uncommitted row
+    of key m stops both batches there: {a, m, z} and {z, m, a} would each hold their first key and
+    then wait for the other's once m is free; in key order the second waits at a, holding nothing."""
+    deployed = deploy_queues(grouped("fifo"))
+    watch = deployed.connect()
+    blocker, first_conn, second_conn = (deployed.connect(autocommit=False) for _ in range(3))
+    try:
+        blocker.execute(f'INSERT INTO "{deployed.catalog.schema}"."q_groups" (group_key) VALUES (%s)', ("m",))
+        first, second = deployed.client("q", first_conn), deployed.client("q", second_conn)
+        runs = []
+        for client, conn, keys in ((first, first_conn, "amz"), (second, second_conn, "zma")):
+            runs.append(in_thread(lambda client=client, keys=keys: client.enqueue_batch(
+                [{"payload": {"k": k}, "group_key": k} for k in keys])))
+            until_waiting(watch, conn.info.backend_pid)   # the first at m; the second at a, or (unsorted) at m
+        blocker.rollback()
+        # The first batch now goes on (it holds a, m, z); the second waits for its commit.
+        runs[0][0].join(DEADLINE_SECONDS)
+        assert len(runs[0][1]) == 1 and not isinstance(runs[0][1][0], Exception), runs[0][1]
+        first_conn.commit()
+        runs[1][0].join(DEADLINE_SECONDS)
+        assert len(runs[1][1]) == 1 and not isinstance(runs[1][1][0], Exception), runs[1][1]
+        second_conn.commit()
+        got = call(deployed, lambda c: c.dequeue(batch_size=10))
+        assert sorted(row["group_key"] for row in got) == ["a", "m", "z"]
+    finally:
+        for conn in (watch, blocker, first_conn, second_conn):
+            conn.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_purge_with_max_rows_steps_over_a_held_group_and_purges_the_others(deploy_queues, kind) -> None:
+    deployed = deploy_queues(grouped(kind))
+    setup, holder_conn = deployed.connect(), deployed.connect(autocommit=False)
+    try:
+        admin = deployed.client("q", setup)
+        held = [admin.enqueue({"n": n}, group_key="held")["id"] for n in range(6)]
+        others = [admin.enqueue({"n": n}, group_key=f"o{n}")["id"] for n in range(4)]
+        ungrouped = [admin.enqueue({"n": n})["id"] for n in range(2)]
+        holder_conn.execute(f'SELECT FROM "{deployed.catalog.schema}"."q_groups" WHERE group_key = %s '
+                            "FOR NO KEY UPDATE", ("held",))
+        assert admin.purge(max_rows=3) == 3
+        assert admin.purge(max_rows=100) == 3
+        assert admin.purge() == 0
+        holder_conn.commit()
+        left = admin.dequeue(batch_size=10, worker="w") if kind == "work" else admin.dequeue(batch_size=10)
+        assert [row["id"] for row in left] == [held[0]]
+        assert len(others + ungrouped) == 6
+    finally:
+        for conn in (setup, holder_conn):
+            conn.close()
+
+
+def test_a_wait_probe_does_not_leave_a_consumer_holding_a_group_without_its_message(deploy_queues) -> None:
+    """fifo: the wait step's probe ran (its transaction still open) when a consumer's batch dequeue
+    took the probed group: the consumer must not end up holding that group with no message of it
+    for its whole transaction, so another consumer gets the group's head."""
+    deployed = deploy_queues(grouped("fifo"))
+    setup = deployed.connect()
+    probe_conn, consumer_conn, other_conn = (deployed.connect(autocommit=False) for _ in range(3))
+    try:
+        admin = deployed.client("q", setup)
+        head = admin.enqueue({"n": 0}, group_key="probed")["id"]
+        admin.enqueue({"n": 1}, group_key="probed")
+        other = admin.enqueue({"n": 0}, group_key="other")["id"]
+        assert probe_conn.execute(f'SELECT "{deployed.catalog.schema}"."q_wait_step"(0, clock_timestamp())'
+                                  ).fetchone()[0] is True
+        consumer = deployed.client("q", consumer_conn)
+        assert [row["id"] for row in consumer.dequeue(batch_size=2)] == [other]   # transaction stays open
+        probe_conn.commit()
+        assert [row["id"] for row in deployed.client("q", other_conn).dequeue(batch_size=2)] == [head]
+    finally:
+        for conn in (setup, probe_conn, consumer_conn, other_conn):
+            conn.close()

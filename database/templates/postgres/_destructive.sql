@@ -121,7 +121,7 @@
     WHILE remaining > 0 LOOP
 {{ grp.discover_round() }}
 {{ grp.find_heads('locked_keys') | indent(4, first=true) }}
-        -- SKIP LOCKED: a head a wait step is probing this instant stays for the next dequeue.
+        -- Only a holder of the group locks its head (the wait probe locks the groups row instead).
         RETURN QUERY
         WITH heads AS (
             SELECT m.id FROM {{ t }} AS m WHERE m.id = ANY(head_ids) FOR UPDATE SKIP LOCKED
@@ -672,38 +672,12 @@ AS $function$
 DECLARE
     purged_count bigint;
 {% if groups %}
-    candidate_ids bigint[];
-    held_keys text[];
-    head_ids bigint[];
-    empty_keys text[];
+{{ grp.purge_declare() }}
 {% endif %}
 BEGIN
 {{ m.check_max_rows('purge') }}
 {% if groups %}
-    -- Grouped messages go only with their group held (SKIP LOCKED: the messages of a group a
-    -- consumer or producer holds stay for the next purge), groups rows first (the fixed lock
-    -- order); the holder then flags each group's new head, and groups left empty are deleted.
-    candidate_ids := ARRAY(
-        SELECT m.id FROM {{ t }} AS m
-        WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
-        ORDER BY m.id
-        LIMIT {{ fn }}_purge.max_rows
-    );
-{{ grp.lock_groups_skipping('candidate_ids', 'held_keys') }}
-    WITH doomed AS (
-        SELECT m.id FROM {{ t }} AS m
-        WHERE m.id = ANY(candidate_ids) AND (m.group_key IS NULL OR m.group_key = ANY(held_keys))
-        ORDER BY m.id
-        FOR UPDATE SKIP LOCKED
-    ),
-
-    deleted AS (
-        DELETE FROM {{ t }} AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
-    )
-
-    SELECT count(*) INTO purged_count FROM deleted;
-{{ grp.settle('held_keys') }}
-{{ grp.delete_empty_groups() }}
+{{ grp.purge_rounds('m.id') }}
 {% else %}
     -- SKIP LOCKED leaves the rows a consumer is dequeuing right now, and never waits for them.
     -- Oldest first; LIMIT NULL is no limit.

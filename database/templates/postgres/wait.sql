@@ -65,13 +65,21 @@ BEGIN
         );
     END LOOP;
 {% elif grouped %}
-    -- A message without a group on its claim index, else a group's head candidate: a spurious
-    -- candidate of a held group can make this true while dequeue then finds nothing, a step early.
+    -- A message without a group on its claim index, else a group's head candidate in a group
+    -- nobody holds. That probe locks the groups row (FOR SHARE: held groups are stepped over, and a
+    -- claim steps over this one for the instant until the caller's COMMIT), never the candidate: a
+    -- claim that took the group and then met its head locked would hold the group with no message.
 {{ probe("m.group_key IS NULL AND " ~ ready_sql) }}
     IF FOUND THEN
         RETURN true;
     END IF;
-{{ probe("m.group_head AND " ~ ready_sql) }}
+    PERFORM
+    FROM {{ t }} AS m
+    INNER JOIN {{ names.obj('_groups') }} AS g ON m.group_key = g.group_key
+    WHERE m.group_head AND {{ ready_sql }}
+    ORDER BY {{ probe_order_sql }}
+    LIMIT 1
+    FOR SHARE OF g SKIP LOCKED;
     IF FOUND THEN
         RETURN true;
     END IF;

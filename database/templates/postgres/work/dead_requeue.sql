@@ -12,6 +12,7 @@ DECLARE
     dead_row record;
 {% if groups %}
     is_head boolean;
+{{ grp.join_group_declare() }}
     group_held boolean := false;
     head_ids {{ id_type }}[];
 {% endif %}

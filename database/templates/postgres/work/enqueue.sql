@@ -31,6 +31,7 @@ DECLARE
     new_id {{ id_type }};
 {% if groups %}
     is_head boolean;
+{{ grp.join_group_declare() }}
 {% endif %}
 BEGIN
 {{ m.check_payload('enqueue') }}

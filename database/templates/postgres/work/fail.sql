@@ -20,6 +20,7 @@ DECLARE
     changed bigint;
 {% if groups %}
     held_keys text[];
+    ack_keys text[];
     head_ids {{ id_type }}[];
 {% endif %}
 BEGIN
@@ -50,8 +51,8 @@ BEGIN
     IF changed = 0 THEN
 {{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_fail.id') }}
 {% if groups %}
-    ELSIF cardinality(held_keys) > 0 THEN
-{{ grp.settle('held_keys') | indent(4, first=true) }}
+    ELSIF cardinality(ack_keys) > 0 THEN
+{{ grp.settle_acked('held_keys') | indent(4, first=true) }}
 {% endif %}
     END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;

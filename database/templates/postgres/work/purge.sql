@@ -13,10 +13,7 @@ AS $function$
 DECLARE
     purged_count bigint;
 {% if groups %}
-    candidate_ids {{ id_type }}[];
-    held_keys text[];
-    head_ids {{ id_type }}[];
-    empty_keys text[];
+{{ grp.purge_declare() }}
 {% endif %}
 BEGIN
 {{ m.check_max_rows('purge') }}
@@ -25,27 +22,11 @@ BEGIN
     -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
     -- scan of all of it; an array is probed on the primary key whatever its size.
 {% if groups %}
-    -- Grouped messages go only with their group held (SKIP LOCKED: a held group's messages stay for
-    -- the next purge), groups rows first (the fixed lock order); the holder then settles the group.
-    candidate_ids := ARRAY(
-        SELECT m.id FROM {{ t }} AS m
-        WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
-{% if client_ids %}
-        ORDER BY m.visible_at, m.seq
+{{ grp.purge_rounds('m.visible_at, m.seq' if client_ids else 'm.id') }}
 {% else %}
-        ORDER BY m.id
-{% endif %}
-        LIMIT {{ fn }}_purge.max_rows
-    );
-{{ grp.lock_groups_skipping('candidate_ids', 'held_keys') }}
-{% endif %}
     WITH doomed AS (
         SELECT m.id FROM {{ t }} AS m
-{% if groups %}
-        WHERE m.id = ANY(candidate_ids) AND (m.group_key IS NULL OR m.group_key = ANY(held_keys))
-{% else %}
         WHERE {{ fn }}_purge.older_than IS NULL OR m.enqueued_at < {{ fn }}_purge.older_than
-{% endif %}
 {% if client_ids %}
         -- In claim order, along the claim index: no index leads on seq.
         ORDER BY {% if has_priority %}m.priority DESC, {% endif %}m.visible_at, m.seq
@@ -61,9 +42,6 @@ BEGIN
     )
 
     SELECT count(*) INTO purged_count FROM deleted;
-{% if groups %}
-{{ grp.settle('held_keys') }}
-{{ grp.delete_empty_groups() }}
 {% endif %}
     RETURN QUERY SELECT purged_count;
 END;

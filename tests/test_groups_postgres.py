@@ -577,46 +577,58 @@ def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list]:
     return thread, outcome
 
 
-def test_handlers_that_enqueue_into_each_others_group_and_complete_their_own_do_not_deadlock(deploy_queues) -> None:
-    """work: handler A enqueues a follow-up into group B and completes its own message of group A in
-    one transaction; handler B does the same crosswise. The enqueues take (or pin) the other group's
-    row; complete never waits for a group's row, so neither waits for the other, and both follow-ups
-    are handed out after the commits."""
+def test_handlers_that_enqueue_into_each_others_group_and_complete_their_own_deadlock_detected_and_retry(
+        deploy_queues) -> None:
+    """work, the known crosswise deadlock (docs/queue-kinds.md, "A crosswise deadlock"): handler A
+    enqueues a follow-up into group B and completes its own message of group A in one transaction;
+    handler B does the same crosswise. Each enqueue holds the other group's row and each complete
+    waits for its own group's row: PostgreSQL detects the cycle, one side fails with 40P01 and the
+    other commits; the loser's retry succeeds, and both follow-ups are handed out in order."""
     deployed = deploy_queues(grouped("work"))
     setup = deployed.connect()
     conns = [deployed.connect(autocommit=False) for _ in range(2)]
     try:
         admin = deployed.client("q", setup)
-        handler_a, handler_b = (deployed.client("q", conn) for conn in conns)
-        first_a = admin.enqueue({"n": 0}, group_key="A")["id"]
-        first_b = admin.enqueue({"n": 0}, group_key="B")["id"]
-        lease_a = handler_a.dequeue(worker="wa", lease_seconds=3600)
-        conns[0].commit()
-        lease_b = handler_b.dequeue(worker="wb", lease_seconds=3600)
-        conns[1].commit()
-        assert [row["id"] for row in lease_a + lease_b] == [first_a, first_b]
-
-        follow_b = handler_a.enqueue({"n": 1}, group_key="B")["id"]   # takes B's row, open
-        follow_a = handler_b.enqueue({"n": 1}, group_key="A")["id"]   # takes A's row, open
-        thread, outcome = in_thread(lambda: handler_a.complete(first_a, "wa", lease_a[0]["lease_token"]))
-        completed_b = handler_b.complete(first_b, "wb", lease_b[0]["lease_token"])
-        thread.join(DEADLINE_SECONDS)
-        assert outcome == [True] and completed_b is True
-        for conn in conns:
+        handlers = [deployed.client("q", conn) for conn in conns]
+        firsts = [admin.enqueue({"n": 0}, group_key=key)["id"] for key in ("A", "B")]
+        leases = []
+        for handler, conn in zip(handlers, conns):
+            leases.append(handler.dequeue(worker="w", lease_seconds=3600)[0])
             conn.commit()
+        assert [lease["id"] for lease in leases] == firsts
+        other = {0: "B", 1: "A"}
+        follow_ups = [handlers[i].enqueue({"n": 1}, group_key=other[i])["id"] for i in (0, 1)]
+        runs = [in_thread(lambda i=i: handlers[i].complete(firsts[i], "w", leases[i]["lease_token"])) for i in (0, 1)]
+        for thread, _ in runs:
+            thread.join(DEADLINE_SECONDS)
+            assert not thread.is_alive(), "neither side was chosen as the deadlock victim"
+        outcomes = [outcome[0] for _, outcome in runs]
+        losers = [i for i in (0, 1) if getattr(outcomes[i], "sqlstate", None) == "40P01"]
+        assert len(losers) == 1, f"expected one 40P01, got {outcomes!r}"
+        loser, = losers
+        winner = 1 - loser
+        assert outcomes[winner] is True
+        conns[winner].commit()
+        conns[loser].rollback()                        # its follow-up and complete are gone
+        retried = handlers[loser].enqueue({"n": 1}, group_key=other[loser])["id"]
+        assert handlers[loser].complete(firsts[loser], "w", leases[loser]["lease_token"])
+        conns[loser].commit()
 
         got = admin.dequeue(batch_size=10, worker="next")
-        assert sorted(row["id"] for row in got) == sorted([follow_a, follow_b])
+        assert [row["id"] for row in got] == [follow_ups[winner], retried]
+        assert {row["group_key"] for row in got} == {"A", "B"}
+        assert admin.dequeue(batch_size=10, worker="next") == []
     finally:
         for conn in conns + [setup]:
             conn.close()
 
 
 @pytest.mark.parametrize("verb", ["complete", "fail", "complete_batch", "fail_batch"])
-def test_an_acknowledgement_does_not_wait_for_its_groups_holder_and_the_group_goes_on(deploy_queues, verb) -> None:
+def test_an_acknowledgement_waits_for_its_groups_holder_and_the_group_goes_on(deploy_queues, verb) -> None:
     """work: another transaction holds the group's row (a producer's, here taken by hand) when its
-    in-flight message is completed or buried: the acknowledgement does not wait, and flags the
-    group's next message, so the group goes on once the holder commits."""
+    in-flight message is completed or buried: the acknowledgement waits for the holder (a 500 ms
+    lock_timeout fires), and once the holder commits it goes through and the group's next message
+    is handed out."""
     deployed = deploy_queues(grouped("work", max_attempts=1))
     conn, holder_conn = deployed.connect(), deployed.connect(autocommit=False)
     try:
@@ -624,18 +636,25 @@ def test_an_acknowledgement_does_not_wait_for_its_groups_holder_and_the_group_go
         first, second = (client.enqueue({"n": n}, group_key="g")["id"] for n in range(2))
         leased = client.dequeue(worker="w")
         lease = leased[0]["lease_token"]
+
+        def acknowledge() -> None:
+            if verb == "complete":
+                assert client.complete(first, "w", lease)
+            elif verb == "fail":
+                assert client.fail(first, "w", "boom", lease_token=lease) == "dead"
+            elif verb == "complete_batch":
+                assert [row["completed"] for row in client.complete_batch(leased, "w")] == [True]
+            else:
+                assert [row["outcome"] for row in client.fail_batch(leased, "w", "boom")] == ["dead"]
+
         holder_conn.execute(f'SELECT FROM "{deployed.catalog.schema}"."q_groups" WHERE group_key = %s '
                             "FOR NO KEY UPDATE", ("g",))
         no_wait(conn)
-        if verb == "complete":
-            assert client.complete(first, "w", lease)
-        elif verb == "fail":
-            assert client.fail(first, "w", "boom", lease_token=lease) == "dead"
-        elif verb == "complete_batch":
-            assert [row["completed"] for row in client.complete_batch(leased, "w")] == [True]
-        else:
-            assert [row["outcome"] for row in client.fail_batch(leased, "w", "boom")] == ["dead"]
+        with pytest.raises(psycopg.Error) as raised:
+            acknowledge()
+        assert raised.value.sqlstate == "55P03"                # lock_not_available: it waited
         holder_conn.commit()
+        acknowledge()
         assert [row["id"] for row in client.dequeue(batch_size=10, worker="w2")] == [second]
     finally:
         for c in (conn, holder_conn):

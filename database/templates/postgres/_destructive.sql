@@ -263,6 +263,9 @@ DECLARE
 {% endif %}
 BEGIN
 {{ m.check_payload('enqueue') }}
+{% if groups %}
+{{ m.check_read_committed('enqueue') }}
+{% endif %}
 {% if is_json %}
     IF jsonb_typeof({{ fn }}_enqueue.payload) NOT IN ('object', 'array') THEN
 {{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}
@@ -344,6 +347,9 @@ DECLARE
 {% endif %}
 BEGIN
 {{ m.check_batch_items('enqueue_batch', 'item_count') }}
+{% if groups %}
+{{ m.check_read_committed('enqueue_batch') }}
+{% endif %}
 {% for array in (['due_ats', 'dedupe_keys'] if has_due else ['dedupe_keys']) %}
     IF {{ array }} IS NOT NULL AND cardinality({{ array }}) <> item_count THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " has %s elements but payloads has %s.', cardinality(" ~ array ~ "), item_count)") }}
@@ -676,6 +682,9 @@ DECLARE
 {% endif %}
 BEGIN
 {{ m.check_max_rows('purge') }}
+{% if groups %}
+{{ m.check_read_committed('purge') }}
+{% endif %}
 {% if groups %}
 {{ grp.purge_rounds('m.id') }}
 {% else %}

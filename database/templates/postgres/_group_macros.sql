@@ -41,21 +41,15 @@
     whether this transaction now holds the group (and may settle it). -#}
 {% macro join_group(key_sql, head_var, held_var=none) %}
     LOOP
-{% if is_work %}
-        SELECT true, g.in_flight IS NOT NULL INTO joined, joined_in_flight
-        FROM {{ groups_t }} AS g WHERE g.group_key = {{ key_sql }} FOR NO KEY UPDATE SKIP LOCKED;
-{% else %}
         PERFORM FROM {{ groups_t }} AS g WHERE g.group_key = {{ key_sql }} FOR NO KEY UPDATE SKIP LOCKED;
-{% endif %}
 {% if held_var %}
         {{ held_var }} := FOUND;
 {% endif %}
         IF FOUND THEN
             -- Nobody else holds the group until this transaction ends, so its head stays; this new
             -- statement sees every message committed before the lock. The message leads only an
-            -- empty group{% if is_work %}, or one with a message in flight: that message's complete or bury does
-            -- not wait for this transaction (it may not hold the group), so the head may go meanwhile{% endif %}.
-            {{ head_var }} := {% if is_work %}joined_in_flight OR {% endif %}NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = {{ key_sql }});
+            -- empty group.
+            {{ head_var }} := NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = {{ key_sql }});
             EXIT;
         END IF;
         -- Held by a consumer (or another producer), or missing. Held: the message is a head
@@ -72,14 +66,6 @@
 {%- endmacro %}
 
 {#- enqueue's: its group_key checked and, given, joined (is_head). -#}
-{#- The variables join_group uses (work: whether the group it took has a message in flight). -#}
-{% macro join_group_declare() %}
-{% if is_work %}
-    joined boolean;
-    joined_in_flight boolean;
-{% endif %}
-{%- endmacro %}
-
 {% macro enqueue_join() %}
 {{ check_group_key('enqueue', fn ~ '_enqueue.group_key') }}
     IF {{ fn }}_enqueue.group_key IS NOT NULL THEN
@@ -127,15 +113,9 @@
         ORDER BY u.group_key
         ON CONFLICT DO NOTHING;
     END LOOP;
-    -- Groups that were empty{% if is_work %}, or have a message in flight (its complete or bury may not
-    -- hold the group: join_group){% endif %}; their first item is a candidate.
     empty_keys := ARRAY(
         SELECT k.group_key FROM unnest(got_keys) AS k (group_key)
-        WHERE
-            NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = k.group_key){% if is_work %}
-
-            OR EXISTS (SELECT FROM {{ groups_t }} AS g WHERE g.group_key = k.group_key AND g.in_flight IS NOT NULL){% endif %}
-
+        WHERE NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.group_key = k.group_key)
     );
     {{ heads_var }} := ARRAY(
         SELECT CASE
@@ -165,80 +145,45 @@
     END IF;
 {%- endmacro %}
 
-{#- The groups of the messages ids_sql addresses, into ack_keys (a message's key never changes, so
-    it is read without a lock), and those of them this transaction takes, into keys_var: in key
-    order, before any message row (the fixed lock order), and without waiting. The acknowledgements
-    change a group's head, but never wait for its row: its holder may be a producer's open
-    transaction, which may itself wait for this one (a handler that enqueues into another group and
-    completes its own message in one transaction, two such handlers crosswise). A group held by
-    someone else is left a head candidate instead (settle_acked). -#}
+{#- Lock, waiting, the groups of the messages ids_sql addresses (in key order), into keys_var: the
+    acknowledgements change a group's head, and take its row before any message row. A message's
+    key never changes, so it is read without a lock. -#}
 {% macro lock_groups_of(ids_sql, keys_var) %}
-    ack_keys := ARRAY(
-        SELECT DISTINCT m.group_key FROM {{ t }} AS m
-        WHERE m.id = ANY({{ ids_sql }}) AND m.group_key IS NOT NULL
-    );
     {{ keys_var }} := ARRAY(
         SELECT g.group_key FROM {{ groups_t }} AS g
-        WHERE g.group_key = ANY(ack_keys)
+        WHERE g.group_key IN (SELECT m.group_key FROM {{ t }} AS m WHERE m.id = ANY({{ ids_sql }}))
         ORDER BY g.group_key
-        FOR NO KEY UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE
     );
 {%- endmacro %}
 
-{#- The oldest message of the group key_sql (min tie): two probes on ix_<q>_group, the waiting ones
-    and the flagged ones. -#}
-{% macro oldest_of(key_sql) %}(
+{#- The heads of the groups keys_sql, into head_ids: work: a group's in-flight message while it has
+    one; else its oldest message (two probes on ix_<q>_group: the waiting ones and the flagged ones). -#}
+{% macro find_heads(keys_sql) %}
+    head_ids := array_remove(ARRAY(
+        SELECT {% if is_work %}coalesce(g.in_flight, {% endif %}(
             SELECT f.id FROM (
                 (
                     SELECT m.id, m.{{ group_tie }} AS tie FROM {{ t }} AS m
-                    WHERE m.group_key = {{ key_sql }} AND NOT m.group_head
+                    WHERE m.group_key = g.group_key AND NOT m.group_head
                     ORDER BY m.{{ group_tie }}
                     LIMIT 1
                 )
                 UNION ALL
                 (
                     SELECT m.id, m.{{ group_tie }} AS tie FROM {{ t }} AS m
-                    WHERE m.group_key = {{ key_sql }} AND m.group_head
+                    WHERE m.group_key = g.group_key AND m.group_head
                     ORDER BY m.{{ group_tie }}
                     LIMIT 1
                 )
             ) AS f
             ORDER BY f.tie
             LIMIT 1
-        ){%- endmacro %}
-
-{#- The heads of the groups keys_sql, into head_ids: work: a group's in-flight message while it has
-    one; else its oldest message. -#}
-{% macro find_heads(keys_sql) %}
-    head_ids := array_remove(ARRAY(
-        SELECT {% if is_work %}coalesce(g.in_flight, {% endif %}{{ oldest_of('g.group_key') }}{% if is_work %}){% endif %}
+        ){% if is_work %}){% endif %}
 
         FROM {{ groups_t }} AS g
         WHERE g.group_key = ANY({{ keys_sql }})
     ), NULL);
-{%- endmacro %}
-
-{#- After an acknowledgement removed messages (complete, bury) of the groups ack_keys: it settles
-    the groups it holds (held_sql); in each of the others, which it may not change exactly, the
-    oldest message it sees becomes a head candidate. The candidate leads a claim to the group,
-    whose holder settles it (a stale in_flight included). A concurrent holder that settles from a
-    snapshot in which the removed head still existed demotes nothing (settle), so the candidate
-    survives it; a producer that held the group flagged its own message (join_group). -#}
-{% macro settle_acked(held_sql) %}
-    IF cardinality({{ held_sql }}) > 0 THEN
-{{ settle(held_sql) | indent(4, first=true) }}
-    END IF;
-    IF cardinality(ack_keys) > cardinality({{ held_sql }}) THEN
-        UPDATE {{ t }} AS m
-        SET group_head = true
-        WHERE
-            m.id IN (
-                SELECT {{ oldest_of('k.group_key') }}
-                FROM unnest(ack_keys) AS k (group_key)
-                WHERE NOT k.group_key = ANY({{ held_sql }})
-            )
-            AND NOT m.group_head;
-    END IF;
 {%- endmacro %}
 
 {#- A holder of the groups keys_sql makes their flags exact: each group's head (find_heads) is
@@ -253,8 +198,9 @@
         AND NOT EXISTS (SELECT FROM {{ t }} AS m WHERE m.id = g.in_flight);
 {% endif %}
 {{ find_heads(keys_sql) }}
-    -- Only in a group whose head this statement still sees: else an acknowledgement that could not
-    -- take the group removed it meanwhile and flagged a candidate (settle_acked), which stays.
+    -- Only in a group whose head this statement still sees: where find_heads saw none (the group is
+    -- empty), a message a producer that could not take the group flagged a candidate and committed
+    -- since is not demoted; it leads a claim to the group, whose holder settles it.
     UPDATE {{ t }} AS m
     SET group_head = false
     WHERE

@@ -16,14 +16,15 @@ DECLARE
     done_count bigint;
 {% if groups %}
     held_keys text[];
-    ack_keys text[];
     head_ids {{ id_type }}[];
 {% endif %}
 BEGIN
 {{ w.check_worker('complete') }}
 {% if groups %}
-    -- The message's group first (the fixed lock order), without waiting: completing its in-flight
-    -- message moves its head.
+{{ m.check_read_committed('complete') }}
+{% endif %}
+{% if groups %}
+    -- The message's group first (the fixed lock order): completing its in-flight message moves its head.
 {{ grp.lock_groups_of('ARRAY[' ~ fn ~ '_complete.id]', 'held_keys') }}
 {% endif %}
 {% if history %}
@@ -47,8 +48,8 @@ BEGIN
     IF done_count = 0 THEN
 {{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_complete.id') }}
 {% if groups %}
-    ELSIF cardinality(ack_keys) > 0 THEN
-{{ grp.settle_acked('held_keys') | indent(4, first=true) }}
+    ELSIF cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
 {% endif %}
     END IF;
     RETURN QUERY SELECT done_count > 0;

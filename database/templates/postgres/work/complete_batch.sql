@@ -19,7 +19,6 @@ DECLARE
     done_ids {{ id_type }}[];
 {% if groups %}
     held_keys text[];
-    ack_keys text[];
     head_ids {{ id_type }}[];
 {% endif %}
 BEGIN
@@ -52,8 +51,8 @@ BEGIN
 {{ w.lost_under_snapshot('m.id = ANY(sorted_ids)') }}
     END IF;
 {% if groups %}
-    IF cardinality(done_ids) > 0 AND cardinality(ack_keys) > 0 THEN
-{{ grp.settle_acked('held_keys') | indent(4, first=true) }}
+    IF cardinality(done_ids) > 0 AND cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
     END IF;
 {% endif %}
     RETURN QUERY

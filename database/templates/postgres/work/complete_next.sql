@@ -19,6 +19,9 @@ DECLARE
     effective_lease integer := coalesce({{ fn }}_complete_next.lease_seconds, {{ lease_seconds }});
 BEGIN
 {{ w.check_worker('complete_next') }}
+{% if groups %}
+{{ m.check_read_committed('complete_next') }}
+{% endif %}
 {{ m.check_batch_size('complete_next') }}
 {{ w.check_lease('complete_next', 'effective_lease') }}
     SELECT c.completed INTO completed_now

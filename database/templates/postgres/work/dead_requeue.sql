@@ -12,7 +12,6 @@ DECLARE
     dead_row record;
 {% if groups %}
     is_head boolean;
-{{ grp.join_group_declare() }}
     group_held boolean := false;
     head_ids {{ id_type }}[];
 {% endif %}
@@ -23,6 +22,9 @@ BEGIN
     IF {{ fn }}_dead_requeue.id IS NULL THEN
 {{ m.throw('invalid_argument', "'" ~ names.plain('_dead_requeue') ~ ": id must not be NULL.'") }}
     END IF;
+{% if groups %}
+{{ m.check_read_committed('dead_requeue') }}
+{% endif %}
 {% if client_ids %}
     -- Queue table first (the fixed lock order): the same client id may have been enqueued again.
     PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_dead_requeue.id FOR UPDATE;

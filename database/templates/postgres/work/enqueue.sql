@@ -31,10 +31,12 @@ DECLARE
     new_id {{ id_type }};
 {% if groups %}
     is_head boolean;
-{{ grp.join_group_declare() }}
 {% endif %}
 BEGIN
 {{ m.check_payload('enqueue') }}
+{% if groups %}
+{{ m.check_read_committed('enqueue') }}
+{% endif %}
 {% if is_json %}
     IF jsonb_typeof({{ fn }}_enqueue.payload) NOT IN ('object', 'array') THEN
 {{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}

@@ -40,6 +40,9 @@ DECLARE
 {% endif %}
 BEGIN
 {{ m.check_batch_items('enqueue_batch', 'item_count') }}
+{% if groups %}
+{{ m.check_read_committed('enqueue_batch') }}
+{% endif %}
 {% for array in ('due_ats', 'dedupe_keys', 'priorities', 'ids', 'enqueued_ats') %}
     IF {{ array }} IS NOT NULL AND cardinality({{ array }}) <> item_count THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_enqueue_batch') ~ ": " ~ array ~ " has %s elements but payloads has %s.', cardinality(" ~ array ~ "), item_count)") }}

@@ -20,11 +20,13 @@ DECLARE
     changed bigint;
 {% if groups %}
     held_keys text[];
-    ack_keys text[];
     head_ids {{ id_type }}[];
 {% endif %}
 BEGIN
 {{ w.check_worker('fail') }}
+{% if groups %}
+{{ m.check_read_committed('fail') }}
+{% endif %}
 {{ w.check_retry_after('fail', 'retry_after') }}
 {% if groups %}
     -- The message's group first (the fixed lock order): a last attempt buries its in-flight message
@@ -51,8 +53,8 @@ BEGIN
     IF changed = 0 THEN
 {{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_fail.id') }}
 {% if groups %}
-    ELSIF cardinality(ack_keys) > 0 THEN
-{{ grp.settle_acked('held_keys') | indent(4, first=true) }}
+    ELSIF cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
 {% endif %}
     END IF;
     RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;

@@ -17,6 +17,9 @@ DECLARE
 {% endif %}
 BEGIN
 {{ m.check_max_rows('purge') }}
+{% if groups %}
+{{ m.check_read_committed('purge') }}
+{% endif %}
     -- SKIP LOCKED leaves the rows a claim holds right now. Oldest first; LIMIT NULL is no limit.
     -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
     -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential

@@ -591,14 +591,15 @@ def test_handlers_that_enqueue_into_each_others_group_and_complete_their_own_dea
         admin = deployed.client("q", setup)
         handlers = [deployed.client("q", conn) for conn in conns]
         firsts = [admin.enqueue({"n": 0}, group_key=key)["id"] for key in ("A", "B")]
+        workers = ["wa", "wb"]
         leases = []
-        for handler, conn in zip(handlers, conns):
-            leases.append(handler.dequeue(worker="w", lease_seconds=3600)[0])
+        for handler, conn, worker in zip(handlers, conns, workers):
+            leases.append(handler.dequeue(worker=worker, lease_seconds=3600)[0])
             conn.commit()
         assert [lease["id"] for lease in leases] == firsts
         other = {0: "B", 1: "A"}
         follow_ups = [handlers[i].enqueue({"n": 1}, group_key=other[i])["id"] for i in (0, 1)]
-        runs = [in_thread(lambda i=i: handlers[i].complete(firsts[i], "w", leases[i]["lease_token"])) for i in (0, 1)]
+        runs = [in_thread(lambda i=i: handlers[i].complete(firsts[i], workers[i], leases[i]["lease_token"])) for i in (0, 1)]
         for thread, _ in runs:
             thread.join(DEADLINE_SECONDS)
             assert not thread.is_alive(), "neither side was chosen as the deadlock victim"
@@ -611,13 +612,13 @@ def test_handlers_that_enqueue_into_each_others_group_and_complete_their_own_dea
         conns[winner].commit()
         conns[loser].rollback()                        # its follow-up and complete are gone
         retried = handlers[loser].enqueue({"n": 1}, group_key=other[loser])["id"]
-        assert handlers[loser].complete(firsts[loser], "w", leases[loser]["lease_token"])
+        assert handlers[loser].complete(firsts[loser], workers[loser], leases[loser]["lease_token"])
         conns[loser].commit()
 
         got = admin.dequeue(batch_size=10, worker="next")
         assert [row["id"] for row in got] == [follow_ups[winner], retried]
         assert {row["group_key"] for row in got} == {"A", "B"}
-        assert admin.dequeue(batch_size=10, worker="next") == []
+        assert admin.dequeue(batch_size=10, worker="another") == []
     finally:
         for conn in conns + [setup]:
             conn.close()

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import psycopg
 import pytest
+from test_groups_postgres import in_thread
 
 pytestmark = pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
 
@@ -51,21 +52,6 @@ def drain_ids(client: Any, kind: str, worker: str = "drain") -> list[int]:
                 assert client.complete(row["id"], worker, row["lease_token"])
 
 
-def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list]:
-    """Runs target in a thread; its outcome (result or exception) lands in the returned list."""
-    outcome: list = []
-
-    def run() -> None:
-        try:
-            outcome.append(target())
-        except Exception as exc:  # noqa: BLE001 - asserted by the caller
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
 def until_done_or_waiting(watch: Any, conn: Any, thread: threading.Thread) -> bool:
     """Polls until thread ended or conn's backend waits on a lock (bounded); True if it waits."""
     pid = conn.info.backend_pid
@@ -88,6 +74,27 @@ def joined(thread: threading.Thread, outcome: list) -> Any:
     return outcome[0]
 
 
+def complete_until_released(deployed: Any, watch: Any, ack_conn: Any, x: int, lease: Any,
+                            release: Callable[[], Any]) -> bool:
+    """The complete of X (worker w1) on ack_conn in a thread, until it returned or waits on a lock;
+    then release() (ends what holds g, or the pause) and the complete returns True. Whether it
+    waited."""
+    thread, outcome = in_thread(lambda: deployed.client("q", ack_conn).complete(x, "w1", lease))
+    waited = until_done_or_waiting(watch, ack_conn, thread)
+    release()
+    assert joined(thread, outcome) is True
+    return waited
+
+
+def one_in_flight(admin: Any, behind: int) -> tuple[int, list[dict], list[int]]:
+    """X enqueued into g and leased by w1 for an hour, then `behind` messages enqueued after it:
+    (X, the lease rows, their ids)."""
+    x = admin.enqueue({"n": 0}, group_key="g")["id"]
+    leased = admin.dequeue(worker="w1", lease_seconds=3600)
+    assert [r["id"] for r in leased] == [x]
+    return x, leased, [admin.enqueue({"n": n}, group_key="g")["id"] for n in range(1, behind + 1)]
+
+
 def stranded(deployed: Any, conn: Any) -> str:
     return f"group g stranded: flags={flags(deployed, conn)} in_flight={in_flight(deployed, conn, 'g')}"
 
@@ -103,17 +110,11 @@ def test_must1_a_claim_settling_the_group_while_its_in_flight_message_is_complet
     claim_conn = deployed.connect(autocommit=False)
     try:
         admin = deployed.client("q", setup)
-        x = admin.enqueue({"n": 0}, group_key="g")["id"]
-        leased = admin.dequeue(worker="w1", lease_seconds=3600)
-        assert [r["id"] for r in leased] == [x]
-        y = admin.enqueue({"n": 1}, group_key="g")["id"]
+        x, leased, [y] = one_in_flight(admin, 1)
         assert dict(flags(deployed, setup))[y] is False          # behind X, not a candidate
 
         assert deployed.client("q", claim_conn).dequeue(worker="w2") == []
-        thread, outcome = in_thread(lambda: deployed.client("q", ack_conn).complete(x, "w1", leased[0]["lease_token"]))
-        until_done_or_waiting(setup, ack_conn, thread)
-        claim_conn.commit()
-        assert joined(thread, outcome) is True
+        complete_until_released(deployed, setup, ack_conn, x, leased[0]["lease_token"], claim_conn.commit)
         assert drain_ids(admin, "work") == [y], stranded(deployed, setup)
     finally:
         for conn in (setup, ack_conn, claim_conn):
@@ -129,9 +130,7 @@ def test_must1_with_the_claim_stopped_inside_its_settle(deploy_queues) -> None:
     claim_conn, ack_conn = deployed.connect(), deployed.connect()
     try:
         admin = deployed.client("q", setup)
-        x = admin.enqueue({"n": 0}, group_key="g")["id"]
-        leased = admin.dequeue(worker="w1", lease_seconds=3600)
-        y = admin.enqueue({"n": 1}, group_key="g")["id"]
+        x, leased, [y] = one_in_flight(admin, 1)
         blocker.execute(f'SELECT FROM "{deployed.catalog.schema}"."q" WHERE id = %s FOR SHARE', (y,))
         claim, claimed = in_thread(lambda: deployed.client("q", claim_conn).dequeue(worker="w2"))
         until_done_or_waiting(setup, claim_conn, claim)
@@ -155,18 +154,13 @@ def test_must2_a_purge_holding_the_group_while_its_in_flight_message_is_complete
     ack_conn, purge_conn = deployed.connect(autocommit=False), deployed.connect(autocommit=False)
     try:
         admin = deployed.client("q", setup)
-        x = admin.enqueue({"n": 0}, group_key="g")["id"]
-        leased = admin.dequeue(worker="w1", lease_seconds=3600)
-        admin.enqueue({"n": 1}, group_key="g")                    # Y
-        z = admin.enqueue({"n": 2}, group_key="g")["id"]
+        x, leased, [_, z] = one_in_flight(admin, 2)               # Y, Z behind X
         assert admin.dequeue(worker="w2") == []
         worker = deployed.client("q", ack_conn)
         assert worker.extend_lease(x, "w1", 3600, lease_token=leased[0]["lease_token"])
         assert deployed.client("q", purge_conn).purge(max_rows=2) == 1
-        thread, outcome = in_thread(lambda: worker.complete(x, "w1", leased[0]["lease_token"]))
-        assert until_done_or_waiting(setup, ack_conn, thread), "complete did not wait for purge's hold of g"
-        purge_conn.commit()
-        assert joined(thread, outcome) is True
+        assert complete_until_released(deployed, setup, ack_conn, x, leased[0]["lease_token"], purge_conn.commit), (
+            "complete did not wait for purge's hold of g")
         ack_conn.commit()
         assert drain_ids(admin, "work") == [z], stranded(deployed, setup)
     finally:
@@ -214,9 +208,7 @@ def test_should3_a_work_complete_at_repeatable_read_is_refused(deploy_queues) ->
     ack_conn, claim_conn = deployed.connect(autocommit=False), deployed.connect(autocommit=False)
     try:
         admin = deployed.client("q", setup)
-        x = admin.enqueue({"n": 0}, group_key="g")["id"]
-        leased = admin.dequeue(worker="w1", lease_seconds=3600)
-        y = admin.enqueue({"n": 1}, group_key="g")["id"]
+        x, leased, [y] = one_in_flight(admin, 1)
         ack_conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         ack_conn.execute("SELECT 1")
         assert deployed.client("q", claim_conn).dequeue(worker="w2") == []
@@ -306,17 +298,19 @@ def test_settle_guard_keeps_a_producers_candidate_committed_while_the_holder_set
     ack_conn = deployed.connect()
     try:
         admin = deployed.client("q", setup)
-        x = admin.enqueue({"n": 0}, group_key="g")["id"]
-        leased = admin.dequeue(worker="w1", lease_seconds=3600)
+        x, leased, _ = one_in_flight(admin, 0)
         pause_settle_of_complete(setup, deployed.catalog.schema, remove_guard)
         pauser.execute("SELECT pg_advisory_xact_lock(%s)", (PAUSE,))
-        thread, outcome = in_thread(lambda: deployed.client("q", ack_conn).complete(x, "w1", leased[0]["lease_token"]))
-        assert until_done_or_waiting(setup, ack_conn, thread), "complete did not reach the pause"
-        y = admin.enqueue({"n": 1}, group_key="g")["id"]         # g held by the complete
-        assert dict(flags(deployed, setup))[y] is True
-        pauser.commit()
-        assert joined(thread, outcome) is True
-        assert drain_ids(admin, "work") == [y], stranded(deployed, setup)
+        added: list[int] = []
+
+        def produce_then_unpause() -> None:
+            added.append(admin.enqueue({"n": 1}, group_key="g")["id"])   # g held by the complete
+            assert dict(flags(deployed, setup))[added[0]] is True
+            pauser.commit()
+
+        assert complete_until_released(deployed, setup, ack_conn, x, leased[0]["lease_token"], produce_then_unpause), (
+            "complete did not reach the pause")
+        assert drain_ids(admin, "work") == added, stranded(deployed, setup)
     finally:
         for conn in (setup, pauser, ack_conn):
             conn.close()

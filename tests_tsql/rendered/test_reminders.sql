@@ -1107,6 +1107,355 @@ BEGIN
 END;
 GO
 
+-- the deployed objects ----------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_reminders].[test the pinned indexes have the key and filter the claims seek on]
+AS
+BEGIN
+    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
+    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
+    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
+    CREATE TABLE #Expected (
+        index_name sysname NOT NULL,
+        type_desc nvarchar(60) NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        key_ordinal int NOT NULL,
+        column_name sysname NOT NULL,
+        is_descending_key bit NOT NULL
+    );
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, key_ordinal, column_name, is_descending_key)
+    VALUES
+    (N'pk_reminders', N'CLUSTERED', NULL, 1, N'due_at', 0),
+    (N'pk_reminders', N'CLUSTERED', NULL, 2, N'id', 0);
+
+    -- Act
+    SELECT
+        i.name AS index_name,
+        i.type_desc,
+        i.filter_definition,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal,
+        c.name AS column_name,
+        ic.is_descending_key
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[reminders]')
+        AND i.name IN (N'pk_reminders')
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test the dedupe index is unique on a BIN2 key and skips rows without one]
+AS
+BEGIN
+    -- Assemble: a unique index filtered on dedupe_key IS NOT NULL, over a column that compares byte
+    -- for byte (Latin1_General_100_BIN2, as text compares on PostgreSQL), whatever the database's
+    -- collation: 'K' and 'k', or 'k' and 'k ', are different keys.
+    CREATE TABLE #Expected (
+        is_unique bit NOT NULL,
+        has_filter bit NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        key_ordinal int NOT NULL,
+        column_name sysname NOT NULL,
+        collation_name sysname NULL
+    );
+    INSERT INTO #Expected (is_unique, has_filter, filter_definition, key_ordinal, column_name, collation_name)
+    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', 1, N'dedupe_key', N'Latin1_General_100_BIN2');
+
+    -- Act
+    SELECT
+        i.is_unique,
+        i.has_filter,
+        i.filter_definition,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal,
+        c.name AS column_name,
+        c.collation_name
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[reminders]')
+        AND i.name = N'ux_reminders_dedupe'
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test every time default of the queue's tables is SYSUTCDATETIME]
+AS
+BEGIN
+    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    CREATE TABLE #Expected (table_name sysname NOT NULL, column_name sysname NOT NULL, default_function nvarchar(MAX) NULL);
+    INSERT INTO #Expected (table_name, column_name, default_function)
+    VALUES (N'reminders', N'enqueued_at', N'sysutcdatetime');
+
+    -- Act: every default on a date or time column of the queue's tables.
+    SELECT
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
+        c.name AS column_name,
+        REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
+    INTO #Actual
+    FROM sys.default_constraints AS dc
+    INNER JOIN sys.columns AS c
+        ON dc.parent_object_id = c.object_id AND dc.parent_column_id = c.column_id
+    INNER JOIN sys.types AS ty
+        ON c.user_type_id = ty.user_type_id
+    WHERE
+        dc.parent_object_id IN (OBJECT_ID(N'[queue].[reminders]'))
+        AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- roles -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_reminders].[test the producer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. enqueue runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back: the message it adds goes with it.
+    CREATE USER [test_reminders_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_reminders_producer];
+    CREATE TABLE #Ran (id bigint NOT NULL, duplicate bit NOT NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_producer]
+WITH EXECUTE AS ''test_reminders_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    INSERT INTO #Ran
+    EXEC (N''EXEC [queue].[reminders_enqueue] @payload = N''''{"n": 1}'''';'');
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    VALUES
+    (N''[queue].[reminders_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''SELECT''), 0)),
+    (N''[queue].[reminders]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''INSERT''), 0)),
+    (N''[queue].[reminders]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''UPDATE''), 0)),
+    (N''[queue].[reminders]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''DELETE''), 0));
+
+END;');
+
+    -- Act
+    EXEC [test_queue_reminders].[as test_reminders_producer];
+
+    -- Assert
+    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'enqueue returned no row';
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    INSERT INTO #Expected (securable, permission_name, allowed)
+    VALUES
+    (N'[queue].[reminders_enqueue]', N'EXECUTE', 1),
+    (N'[queue].[reminders_enqueue_batch]', N'EXECUTE', 1),
+    (N'[queue].[reminders_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[reminders_wait]', N'EXECUTE', 0),
+    (N'[queue].[reminders_stats]', N'EXECUTE', 0),
+    (N'[queue].[reminders_purge]', N'EXECUTE', 0),
+    (N'[queue].[reminders]', N'SELECT', 0),
+    (N'[queue].[reminders]', N'INSERT', 0),
+    (N'[queue].[reminders]', N'UPDATE', 0),
+    (N'[queue].[reminders]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test the producer role may not run dequeue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only; dequeue belongs to the consumer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_reminders_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_reminders_producer];
+    EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_producer]
+WITH EXECUTE AS ''test_reminders_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[reminders_dequeue] @batch_size = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_reminders].[as test_reminders_producer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test the consumer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. wait runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_reminders_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_reminders_consumer];
+    CREATE TABLE #Ran (ready bit NOT NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_consumer]
+WITH EXECUTE AS ''test_reminders_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    INSERT INTO #Ran
+    EXEC (N''EXEC [queue].[reminders_wait] @wait_ms = 0;'');
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    VALUES
+    (N''[queue].[reminders_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''SELECT''), 0)),
+    (N''[queue].[reminders]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''INSERT''), 0)),
+    (N''[queue].[reminders]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''UPDATE''), 0)),
+    (N''[queue].[reminders]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''DELETE''), 0));
+
+END;');
+
+    -- Act
+    EXEC [test_queue_reminders].[as test_reminders_consumer];
+
+    -- Assert
+    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'wait returned no row';
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    INSERT INTO #Expected (securable, permission_name, allowed)
+    VALUES
+    (N'[queue].[reminders_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[reminders_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[reminders_dequeue]', N'EXECUTE', 1),
+    (N'[queue].[reminders_wait]', N'EXECUTE', 1),
+    (N'[queue].[reminders_stats]', N'EXECUTE', 0),
+    (N'[queue].[reminders_purge]', N'EXECUTE', 0),
+    (N'[queue].[reminders]', N'SELECT', 0),
+    (N'[queue].[reminders]', N'INSERT', 0),
+    (N'[queue].[reminders]', N'UPDATE', 0),
+    (N'[queue].[reminders]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test the consumer role may not run purge: 229]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only; purge belongs to the admin role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_reminders_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_reminders_consumer];
+    EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_consumer]
+WITH EXECUTE AS ''test_reminders_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[reminders_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_reminders].[as test_reminders_consumer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test the admin role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. purge runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_reminders_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_reminders_admin];
+    CREATE TABLE #Ran (purged bigint NOT NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_admin]
+WITH EXECUTE AS ''test_reminders_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    INSERT INTO #Ran
+    EXEC (N''EXEC [queue].[reminders_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    VALUES
+    (N''[queue].[reminders_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
+    (N''[queue].[reminders]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''SELECT''), 0)),
+    (N''[queue].[reminders]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''INSERT''), 0)),
+    (N''[queue].[reminders]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''UPDATE''), 0)),
+    (N''[queue].[reminders]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[reminders]'', N''OBJECT'', N''DELETE''), 0));
+
+END;');
+
+    -- Act
+    EXEC [test_queue_reminders].[as test_reminders_admin];
+
+    -- Assert
+    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'purge returned no row';
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    INSERT INTO #Expected (securable, permission_name, allowed)
+    VALUES
+    (N'[queue].[reminders_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[reminders_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[reminders_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[reminders_wait]', N'EXECUTE', 0),
+    (N'[queue].[reminders_stats]', N'EXECUTE', 1),
+    (N'[queue].[reminders_purge]', N'EXECUTE', 1),
+    (N'[queue].[reminders]', N'SELECT', 0),
+    (N'[queue].[reminders]', N'INSERT', 0),
+    (N'[queue].[reminders]', N'UPDATE', 0),
+    (N'[queue].[reminders]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_reminders].[test the admin role may not run enqueue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only; enqueue belongs to the producer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_reminders_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_reminders_admin];
+    EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_admin]
+WITH EXECUTE AS ''test_reminders_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[reminders_enqueue] @payload = N''''{"n": 1}'''';'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_reminders].[as test_reminders_admin];
+END;
+GO
+
 CREATE PROCEDURE [test_queue_reminders].[test destructive_table_drop_dedupe keeps the rows of table]
 AS
 BEGIN

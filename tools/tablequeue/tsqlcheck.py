@@ -51,6 +51,14 @@ SYSTEM_PRINCIPALS = {"dbo", "public"}
 SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "partitions"): {"object_id": "int", "index_id": "int", "rows": "bigint"},
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
+    ("sys", "indexes"): {"object_id": "int", "index_id": "int", "name": "sysname", "type_desc": "nvarchar(60)",
+                         "is_unique": "bit", "has_filter": "bit", "filter_definition": "nvarchar(MAX)"},
+    ("sys", "index_columns"): {"object_id": "int", "index_id": "int", "column_id": "int", "key_ordinal": "tinyint",
+                               "is_descending_key": "bit"},
+    ("sys", "columns"): {"object_id": "int", "column_id": "int", "name": "sysname", "user_type_id": "int",
+                         "collation_name": "sysname"},
+    ("sys", "default_constraints"): {"object_id": "int", "parent_object_id": "int", "parent_column_id": "int"},
+    ("sys", "types"): {"user_type_id": "int", "name": "sysname"},
 }
 TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "NewTestClass": ("@ClassName",),
@@ -64,6 +72,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "ExpectException": ("@ExpectedMessage", "@ExpectedSeverity", "@ExpectedState", "@Message",
                         "@ExpectedMessagePattern", "@ExpectedErrorNumber"),
     "Fail": tuple(f"@Message{i}" for i in range(10)),
+    "RemoveObjectIfExists": ("@ObjectName", "@NewName"),
 }
 # tSQLt arguments whose string value names a table (or a #temp table); ApplyConstraint's
 # @ConstraintName names a constraint of its @TableName.
@@ -385,7 +394,8 @@ class _Resolver:
             self.select(s.select, None)
         self.refs(s.values, Scope(None))
         if s.exec is not None:
-            self.st_Exec(s.exec)
+            # INSERT ... EXEC proc, or INSERT ... EXEC (N'literal') (modelled as the batch it runs)
+            getattr(self, "st_" + type(s.exec).__name__)(s.exec)
         if s.output is not None:
             self.output(s.output, [Bound("inserted", target.columns)])
         self.ctes.pop()

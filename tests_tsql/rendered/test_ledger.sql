@@ -879,36 +879,47 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_ledger_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_ledger_producer];
-    CREATE TABLE #Ran (id bigint NOT NULL, duplicate bit NOT NULL);
     CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_producer]
 WITH EXECUTE AS ''test_ledger_producer''
 AS
 BEGIN
     SET NOCOUNT ON;
-    INSERT INTO #Ran
+    DECLARE @ran TABLE (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO @ran
     EXEC (N''EXEC [queue].[ledger_enqueue] @payload = N''''{"n": 1}'''';'');
-    INSERT INTO #Actual (securable, permission_name, allowed)
-    VALUES
-    (N''[queue].[ledger_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''SELECT''), 0)),
-    (N''[queue].[ledger]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''INSERT''), 0)),
-    (N''[queue].[ledger]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''UPDATE''), 0)),
-    (N''[queue].[ledger]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''DELETE''), 0));
-
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''enqueue returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[rights of test_ledger_producer]
+WITH EXECUTE AS ''test_ledger_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+    FROM (
+        VALUES
+        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''SELECT''),
+        (N''[queue].[ledger]'', N''INSERT''),
+        (N''[queue].[ledger]'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''DELETE'')
+    ) AS v (securable, permission_name);
 END;');
 
-    -- Act
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_ledger].[as test_ledger_producer];
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    EXEC [test_queue_ledger].[rights of test_ledger_producer];
 
     -- Assert
-    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
-    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'enqueue returned no row';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     INSERT INTO #Expected (securable, permission_name, allowed)
     VALUES
@@ -956,36 +967,47 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_ledger_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_ledger_consumer];
-    CREATE TABLE #Ran (ready bit NOT NULL);
     CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_consumer]
 WITH EXECUTE AS ''test_ledger_consumer''
 AS
 BEGIN
     SET NOCOUNT ON;
-    INSERT INTO #Ran
+    DECLARE @ran TABLE (ready bit NOT NULL);
+    INSERT INTO @ran
     EXEC (N''EXEC [queue].[ledger_wait] @wait_ms = 0;'');
-    INSERT INTO #Actual (securable, permission_name, allowed)
-    VALUES
-    (N''[queue].[ledger_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''SELECT''), 0)),
-    (N''[queue].[ledger]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''INSERT''), 0)),
-    (N''[queue].[ledger]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''UPDATE''), 0)),
-    (N''[queue].[ledger]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''DELETE''), 0));
-
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''wait returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[rights of test_ledger_consumer]
+WITH EXECUTE AS ''test_ledger_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+    FROM (
+        VALUES
+        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''SELECT''),
+        (N''[queue].[ledger]'', N''INSERT''),
+        (N''[queue].[ledger]'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''DELETE'')
+    ) AS v (securable, permission_name);
 END;');
 
-    -- Act
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_ledger].[as test_ledger_consumer];
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    EXEC [test_queue_ledger].[rights of test_ledger_consumer];
 
     -- Assert
-    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
-    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'wait returned no row';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     INSERT INTO #Expected (securable, permission_name, allowed)
     VALUES
@@ -1033,36 +1055,47 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_ledger_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_ledger_admin];
-    CREATE TABLE #Ran (purged bigint NOT NULL);
     CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_admin]
 WITH EXECUTE AS ''test_ledger_admin''
 AS
 BEGIN
     SET NOCOUNT ON;
-    INSERT INTO #Ran
+    DECLARE @ran TABLE (purged bigint NOT NULL);
+    INSERT INTO @ran
     EXEC (N''EXEC [queue].[ledger_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
-    INSERT INTO #Actual (securable, permission_name, allowed)
-    VALUES
-    (N''[queue].[ledger_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[ledger]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''SELECT''), 0)),
-    (N''[queue].[ledger]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''INSERT''), 0)),
-    (N''[queue].[ledger]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''UPDATE''), 0)),
-    (N''[queue].[ledger]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[ledger]'', N''OBJECT'', N''DELETE''), 0));
-
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''purge returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[rights of test_ledger_admin]
+WITH EXECUTE AS ''test_ledger_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+    FROM (
+        VALUES
+        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''SELECT''),
+        (N''[queue].[ledger]'', N''INSERT''),
+        (N''[queue].[ledger]'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''DELETE'')
+    ) AS v (securable, permission_name);
 END;');
 
-    -- Act
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_ledger].[as test_ledger_admin];
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    EXEC [test_queue_ledger].[rights of test_ledger_admin];
 
     -- Assert
-    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
-    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'purge returned no row';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     INSERT INTO #Expected (securable, permission_name, allowed)
     VALUES

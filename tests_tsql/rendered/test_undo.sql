@@ -762,36 +762,47 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_undo_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_undo_producer];
-    CREATE TABLE #Ran (id bigint NOT NULL, duplicate bit NOT NULL);
     CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_producer]
 WITH EXECUTE AS ''test_undo_producer''
 AS
 BEGIN
     SET NOCOUNT ON;
-    INSERT INTO #Ran
+    DECLARE @ran TABLE (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO @ran
     EXEC (N''EXEC [queue].[undo_enqueue] @payload = N''''message 1'''';'');
-    INSERT INTO #Actual (securable, permission_name, allowed)
-    VALUES
-    (N''[queue].[undo_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''SELECT''), 0)),
-    (N''[queue].[undo]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''INSERT''), 0)),
-    (N''[queue].[undo]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''UPDATE''), 0)),
-    (N''[queue].[undo]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''DELETE''), 0));
-
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''enqueue returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[rights of test_undo_producer]
+WITH EXECUTE AS ''test_undo_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+    FROM (
+        VALUES
+        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''SELECT''),
+        (N''[queue].[undo]'', N''INSERT''),
+        (N''[queue].[undo]'', N''UPDATE''),
+        (N''[queue].[undo]'', N''DELETE'')
+    ) AS v (securable, permission_name);
 END;');
 
-    -- Act
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_producer];
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    EXEC [test_queue_undo].[rights of test_undo_producer];
 
     -- Assert
-    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
-    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'enqueue returned no row';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     INSERT INTO #Expected (securable, permission_name, allowed)
     VALUES
@@ -839,36 +850,47 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_undo_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_undo_consumer];
-    CREATE TABLE #Ran (ready bit NOT NULL);
     CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_consumer]
 WITH EXECUTE AS ''test_undo_consumer''
 AS
 BEGIN
     SET NOCOUNT ON;
-    INSERT INTO #Ran
+    DECLARE @ran TABLE (ready bit NOT NULL);
+    INSERT INTO @ran
     EXEC (N''EXEC [queue].[undo_wait] @wait_ms = 0;'');
-    INSERT INTO #Actual (securable, permission_name, allowed)
-    VALUES
-    (N''[queue].[undo_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''SELECT''), 0)),
-    (N''[queue].[undo]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''INSERT''), 0)),
-    (N''[queue].[undo]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''UPDATE''), 0)),
-    (N''[queue].[undo]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''DELETE''), 0));
-
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''wait returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[rights of test_undo_consumer]
+WITH EXECUTE AS ''test_undo_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+    FROM (
+        VALUES
+        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''SELECT''),
+        (N''[queue].[undo]'', N''INSERT''),
+        (N''[queue].[undo]'', N''UPDATE''),
+        (N''[queue].[undo]'', N''DELETE'')
+    ) AS v (securable, permission_name);
 END;');
 
-    -- Act
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_consumer];
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    EXEC [test_queue_undo].[rights of test_undo_consumer];
 
     -- Assert
-    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
-    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'wait returned no row';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     INSERT INTO #Expected (securable, permission_name, allowed)
     VALUES
@@ -916,36 +938,47 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_undo_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_undo_admin];
-    CREATE TABLE #Ran (purged bigint NOT NULL);
     CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_admin]
 WITH EXECUTE AS ''test_undo_admin''
 AS
 BEGIN
     SET NOCOUNT ON;
-    INSERT INTO #Ran
+    DECLARE @ran TABLE (purged bigint NOT NULL);
+    INSERT INTO @ran
     EXEC (N''EXEC [queue].[undo_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
-    INSERT INTO #Actual (securable, permission_name, allowed)
-    VALUES
-    (N''[queue].[undo_enqueue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_enqueue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_enqueue_batch]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_enqueue_batch]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_dequeue]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_dequeue]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_wait]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_wait]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_stats]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_stats]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo_purge]'', N''EXECUTE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo_purge]'', N''OBJECT'', N''EXECUTE''), 0)),
-    (N''[queue].[undo]'', N''SELECT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''SELECT''), 0)),
-    (N''[queue].[undo]'', N''INSERT'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''INSERT''), 0)),
-    (N''[queue].[undo]'', N''UPDATE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''UPDATE''), 0)),
-    (N''[queue].[undo]'', N''DELETE'', COALESCE(HAS_PERMS_BY_NAME(N''[queue].[undo]'', N''OBJECT'', N''DELETE''), 0));
-
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''purge returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[rights of test_undo_admin]
+WITH EXECUTE AS ''test_undo_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+    FROM (
+        VALUES
+        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''SELECT''),
+        (N''[queue].[undo]'', N''INSERT''),
+        (N''[queue].[undo]'', N''UPDATE''),
+        (N''[queue].[undo]'', N''DELETE'')
+    ) AS v (securable, permission_name);
 END;');
 
-    -- Act
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_admin];
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    EXEC [test_queue_undo].[rights of test_undo_admin];
 
     -- Assert
-    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
-    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'purge returned no row';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     INSERT INTO #Expected (securable, permission_name, allowed)
     VALUES

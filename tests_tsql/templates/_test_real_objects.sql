@@ -156,12 +156,12 @@ GO
     'producer': ('dequeue', '@batch_size = 1' ~ worker_argument),
     'consumer': ('purge', "@older_than = '1900-01-01', @max_rows = 1"),
     'admin': ('enqueue', '@payload = ' ~ sample(1))} %}
-{#- Creates {{ cls }}.[as <user>], a procedure WITH EXECUTE AS the user whose body runs `body` (plain
-    T-SQL). sqlfluff cannot parse a statement EXECUTE AS / REVERT, a procedure's EXECUTE AS clause it
+{#- Creates {{ cls }}.[<prefix><user>], a procedure WITH EXECUTE AS the user whose body runs `body`
+    (plain T-SQL; a procedure of its own per result: INSERT ... EXEC does not nest). sqlfluff cannot parse a statement EXECUTE AS / REVERT, a procedure's EXECUTE AS clause it
     can; the procedure is created in the test (the user exists only there), by EXEC of a literal,
     and goes with tSQLt's rollback. -#}
-{% macro as_user(user, body) %}
-    EXEC (N'CREATE PROCEDURE {{ cls }}.[as {{ user }}]
+{% macro as_user(user, body, prefix='as ') %}
+    EXEC (N'CREATE PROCEDURE {{ cls }}.[{{ prefix }}{{ user }}]
 WITH EXECUTE AS ''{{ user }}''
 AS
 BEGIN
@@ -190,13 +190,22 @@ EXEC (N'EXEC {{ names.verb(verb) }} {{ arguments | replace("'", "''") }};');
 {% endfor %}
 {% set grid = access.grid %}
 {% set own_body %}
-    INSERT INTO #Ran
+    DECLARE @ran TABLE {{ own_columns }};
+    INSERT INTO @ran
     {{ dynamic_exec(own_verb, own_arguments) }}
-    INSERT INTO #Actual (securable, permission_name, allowed)
-    VALUES
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N'{{ own_verb }} returned no row', 1;
+{%- endset %}
+{% set grid_body %}
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N'OBJECT', v.permission_name), 0) AS allowed
+    FROM (
+        VALUES
 {% for securable, permission, _ in grid %}
-    (N'{{ securable }}', N'{{ permission }}', COALESCE(HAS_PERMS_BY_NAME(N'{{ securable }}', N'OBJECT', N'{{ permission }}'), 0)){{ ';' if loop.last else ',' }}
+        (N'{{ securable }}', N'{{ permission }}'){{ ',' if not loop.last }}
 {% endfor %}
+    ) AS v (securable, permission_name);
 {%- endset %}
 
 CREATE PROCEDURE {{ cls }}.[test the {{ role }} role runs its verbs and may touch nothing else]
@@ -208,16 +217,16 @@ BEGIN
     -- transaction tSQLt rolls back{{ ': the message it adds goes with it' if own_verb == 'enqueue' else ', and changes nothing' }}.
     CREATE USER [{{ user }}] WITHOUT LOGIN;
     ALTER ROLE {{ roles[role] }} ADD MEMBER [{{ user }}];
-    CREATE TABLE #Ran {{ own_columns }};
     CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
 {{ as_user(user, own_body) }}
+{{ as_user(user, grid_body, 'rights of ') }}
 
-    -- Act
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC {{ cls }}.[as {{ user }}];
+    INSERT INTO #Actual (securable, permission_name, allowed)
+    EXEC {{ cls }}.[rights of {{ user }}];
 
     -- Assert
-    DECLARE @ran int = (SELECT COUNT(*) FROM #Ran);
-    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @ran, @Message = N'{{ own_verb }} returned no row';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
     INSERT INTO #Expected (securable, permission_name, allowed)
     VALUES

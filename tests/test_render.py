@@ -164,8 +164,8 @@ def test_groups_are_refused_by_templates_that_do_not_render_them_yet(dialect: st
         render_catalog(catalog, dialect)
 
 
-_EXPECTED_KEY_ROW = re.compile(r"\(N'(?P<name>\w+)', N'(?P<type>\w+)', (?P<filter>NULL|N'[^']*'), (?P<ordinal>\d+), "
-                               r"N'(?P<column>\w+)', (?P<descending>[01])\)")
+_EXPECTED_KEY_ROW = re.compile(r"\(N'(?P<name>\w+)', N'(?P<type>\w+)', (?P<filter>NULL|N'[^']*'), N'(?P<column>\w+)', "
+                               r"(?P<descending>[01]), (?P<ordinal>\d+)\)")
 
 
 def _pinned_keys_expected(tsqlt_text: str) -> dict[str, tuple[str, str, str]]:

@@ -3657,26 +3657,26 @@ BEGIN
         index_name sysname NOT NULL,
         type_desc nvarchar(60) NOT NULL,
         filter_definition nvarchar(MAX) NULL,
-        key_ordinal int NOT NULL,
         column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
     );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, key_ordinal, column_name, is_descending_key)
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
     VALUES
-    (N'ix_emails_claim', N'NONCLUSTERED', NULL, 1, N'visible_at', 0),
-    (N'ix_emails_claim', N'NONCLUSTERED', NULL, 2, N'id', 0),
-    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', 1, N'leased_by', 0),
-    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', 2, N'visible_at', 0),
-    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', 3, N'id', 0);
+    (N'ix_emails_claim', N'NONCLUSTERED', NULL, N'visible_at', 0, 1),
+    (N'ix_emails_claim', N'NONCLUSTERED', NULL, N'id', 0, 2),
+    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
+    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
+    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'id', 0, 3);
 
     -- Act
     SELECT
         i.name AS index_name,
         i.type_desc,
         i.filter_definition,
-        CONVERT(int, ic.key_ordinal) AS key_ordinal,
         c.name AS column_name,
-        ic.is_descending_key
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
     INNER JOIN sys.index_columns AS ic
@@ -3703,21 +3703,21 @@ BEGIN
         is_unique bit NOT NULL,
         has_filter bit NOT NULL,
         filter_definition nvarchar(MAX) NULL,
-        key_ordinal int NOT NULL,
         column_name sysname NOT NULL,
-        collation_name sysname NULL
+        collation_name sysname NULL,
+        key_ordinal int NOT NULL
     );
-    INSERT INTO #Expected (is_unique, has_filter, filter_definition, key_ordinal, column_name, collation_name)
-    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', 1, N'dedupe_key', N'Latin1_General_100_BIN2');
+    INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
+    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
 
     -- Act
     SELECT
         i.is_unique,
         i.has_filter,
         i.filter_definition,
-        CONVERT(int, ic.key_ordinal) AS key_ordinal,
         c.name AS column_name,
-        c.collation_name
+        c.collation_name,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
     INNER JOIN sys.index_columns AS ic
@@ -3740,14 +3740,18 @@ BEGIN
     -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
     -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
     -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (table_name sysname NOT NULL, column_name sysname NOT NULL, default_function nvarchar(MAX) NULL);
-    INSERT INTO #Expected (table_name, column_name, default_function)
-    VALUES (N'emails', N'enqueued_at', N'sysutcdatetime');
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'emails', N'sysutcdatetime');
 
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
-        OBJECT_NAME(dc.parent_object_id) AS table_name,
         c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
         REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
     INTO #Actual
     FROM sys.default_constraints AS dc
@@ -3775,7 +3779,7 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_emails_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_emails_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_producer]
 WITH EXECUTE AS ''test_emails_producer''
 AS
@@ -3794,7 +3798,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[emails_enqueue]'', N''EXECUTE''),
@@ -3831,12 +3835,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_emails].[as test_emails_producer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_producer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[emails_enqueue]', N'EXECUTE', 1),
     (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 1),
@@ -3901,7 +3905,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_emails_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_emails_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_consumer]
 WITH EXECUTE AS ''test_emails_consumer''
 AS
@@ -3920,7 +3924,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[emails_enqueue]'', N''EXECUTE''),
@@ -3957,12 +3961,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_emails].[as test_emails_consumer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_consumer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[emails_enqueue]', N'EXECUTE', 0),
     (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 0),
@@ -4027,7 +4031,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_emails_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_emails_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_admin]
 WITH EXECUTE AS ''test_emails_admin''
 AS
@@ -4046,7 +4050,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[emails_enqueue]'', N''EXECUTE''),
@@ -4083,12 +4087,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_emails].[as test_emails_admin];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_admin];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[emails_enqueue]', N'EXECUTE', 0),
     (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 0),

@@ -774,22 +774,22 @@ BEGIN
         index_name sysname NOT NULL,
         type_desc nvarchar(60) NOT NULL,
         filter_definition nvarchar(MAX) NULL,
-        key_ordinal int NOT NULL,
         column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
     );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, key_ordinal, column_name, is_descending_key)
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
     VALUES
-    (N'pk_events', N'CLUSTERED', NULL, 1, N'id', 0);
+    (N'pk_events', N'CLUSTERED', NULL, N'id', 0, 1);
 
     -- Act
     SELECT
         i.name AS index_name,
         i.type_desc,
         i.filter_definition,
-        CONVERT(int, ic.key_ordinal) AS key_ordinal,
         c.name AS column_name,
-        ic.is_descending_key
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
     INNER JOIN sys.index_columns AS ic
@@ -812,14 +812,18 @@ BEGIN
     -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
     -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
     -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (table_name sysname NOT NULL, column_name sysname NOT NULL, default_function nvarchar(MAX) NULL);
-    INSERT INTO #Expected (table_name, column_name, default_function)
-    VALUES (N'events', N'enqueued_at', N'sysutcdatetime');
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'events', N'sysutcdatetime');
 
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
-        OBJECT_NAME(dc.parent_object_id) AS table_name,
         c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
         REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
     INTO #Actual
     FROM sys.default_constraints AS dc
@@ -847,7 +851,7 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_events_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_events_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_events].[as test_events_producer]
 WITH EXECUTE AS ''test_events_producer''
 AS
@@ -866,7 +870,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[events_enqueue]'', N''EXECUTE''),
@@ -884,12 +888,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_events].[as test_events_producer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_events].[rights of test_events_producer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[events_enqueue]', N'EXECUTE', 1),
     (N'[queue].[events_enqueue_batch]', N'EXECUTE', 1),
@@ -935,7 +939,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_events_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_events_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_events].[as test_events_consumer]
 WITH EXECUTE AS ''test_events_consumer''
 AS
@@ -954,7 +958,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[events_enqueue]'', N''EXECUTE''),
@@ -972,12 +976,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_events].[as test_events_consumer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_events].[rights of test_events_consumer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[events_enqueue]', N'EXECUTE', 0),
     (N'[queue].[events_enqueue_batch]', N'EXECUTE', 0),
@@ -1023,7 +1027,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_events_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_events_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_events].[as test_events_admin]
 WITH EXECUTE AS ''test_events_admin''
 AS
@@ -1042,7 +1046,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[events_enqueue]'', N''EXECUTE''),
@@ -1060,12 +1064,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_events].[as test_events_admin];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_events].[rights of test_events_admin];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[events_enqueue]', N'EXECUTE', 0),
     (N'[queue].[events_enqueue_batch]', N'EXECUTE', 0),

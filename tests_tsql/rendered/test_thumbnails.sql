@@ -3804,27 +3804,27 @@ BEGIN
         index_name sysname NOT NULL,
         type_desc nvarchar(60) NOT NULL,
         filter_definition nvarchar(MAX) NULL,
-        key_ordinal int NOT NULL,
         column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
     );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, key_ordinal, column_name, is_descending_key)
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
     VALUES
-    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, 1, N'priority', 1),
-    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, 2, N'visible_at', 0),
-    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, 3, N'seq', 0),
-    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', 1, N'leased_by', 0),
-    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', 2, N'visible_at', 0),
-    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', 3, N'seq', 0);
+    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'priority', 1, 1),
+    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'visible_at', 0, 2),
+    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'seq', 0, 3),
+    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
+    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
+    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'seq', 0, 3);
 
     -- Act
     SELECT
         i.name AS index_name,
         i.type_desc,
         i.filter_definition,
-        CONVERT(int, ic.key_ordinal) AS key_ordinal,
         c.name AS column_name,
-        ic.is_descending_key
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
     INNER JOIN sys.index_columns AS ic
@@ -3847,14 +3847,18 @@ BEGIN
     -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
     -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
     -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (table_name sysname NOT NULL, column_name sysname NOT NULL, default_function nvarchar(MAX) NULL);
-    INSERT INTO #Expected (table_name, column_name, default_function)
-    VALUES (N'thumbnails', N'enqueued_at', N'sysutcdatetime');
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'thumbnails', N'sysutcdatetime');
 
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
-        OBJECT_NAME(dc.parent_object_id) AS table_name,
         c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
         REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
     INTO #Actual
     FROM sys.default_constraints AS dc
@@ -3882,7 +3886,7 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_thumbnails_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_thumbnails_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_producer]
 WITH EXECUTE AS ''test_thumbnails_producer''
 AS
@@ -3901,7 +3905,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
@@ -3934,12 +3938,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_thumbnails].[as test_thumbnails_producer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_producer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 1),
     (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 1),
@@ -4000,7 +4004,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_thumbnails_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_thumbnails_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_consumer]
 WITH EXECUTE AS ''test_thumbnails_consumer''
 AS
@@ -4019,7 +4023,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
@@ -4052,12 +4056,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_thumbnails].[as test_thumbnails_consumer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_consumer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 0),
     (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 0),
@@ -4118,7 +4122,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_thumbnails_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_thumbnails_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_admin]
 WITH EXECUTE AS ''test_thumbnails_admin''
 AS
@@ -4137,7 +4141,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
@@ -4170,12 +4174,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_thumbnails].[as test_thumbnails_admin];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_admin];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 0),
     (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 0),

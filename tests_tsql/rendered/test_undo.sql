@@ -689,22 +689,22 @@ BEGIN
         index_name sysname NOT NULL,
         type_desc nvarchar(60) NOT NULL,
         filter_definition nvarchar(MAX) NULL,
-        key_ordinal int NOT NULL,
         column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
     );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, key_ordinal, column_name, is_descending_key)
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
     VALUES
-    (N'pk_undo', N'CLUSTERED', NULL, 1, N'id', 0);
+    (N'pk_undo', N'CLUSTERED', NULL, N'id', 0, 1);
 
     -- Act
     SELECT
         i.name AS index_name,
         i.type_desc,
         i.filter_definition,
-        CONVERT(int, ic.key_ordinal) AS key_ordinal,
         c.name AS column_name,
-        ic.is_descending_key
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
     INNER JOIN sys.index_columns AS ic
@@ -727,14 +727,18 @@ BEGIN
     -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
     -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
     -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (table_name sysname NOT NULL, column_name sysname NOT NULL, default_function nvarchar(MAX) NULL);
-    INSERT INTO #Expected (table_name, column_name, default_function)
-    VALUES (N'undo', N'enqueued_at', N'sysutcdatetime');
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'undo', N'sysutcdatetime');
 
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
-        OBJECT_NAME(dc.parent_object_id) AS table_name,
         c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
         REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
     INTO #Actual
     FROM sys.default_constraints AS dc
@@ -762,7 +766,7 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_undo_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_undo_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_producer]
 WITH EXECUTE AS ''test_undo_producer''
 AS
@@ -781,7 +785,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[undo_enqueue]'', N''EXECUTE''),
@@ -799,12 +803,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_producer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_undo].[rights of test_undo_producer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[undo_enqueue]', N'EXECUTE', 1),
     (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 1),
@@ -850,7 +854,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_undo_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_undo_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_consumer]
 WITH EXECUTE AS ''test_undo_consumer''
 AS
@@ -869,7 +873,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[undo_enqueue]'', N''EXECUTE''),
@@ -887,12 +891,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_consumer];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_undo].[rights of test_undo_consumer];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[undo_enqueue]', N'EXECUTE', 0),
     (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 0),
@@ -938,7 +942,7 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_undo_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_undo_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_admin]
 WITH EXECUTE AS ''test_undo_admin''
 AS
@@ -957,7 +961,7 @@ BEGIN
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
     FROM (
         VALUES
         (N''[queue].[undo_enqueue]'', N''EXECUTE''),
@@ -975,12 +979,12 @@ END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_admin];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_undo].[rights of test_undo_admin];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
     (N'[queue].[undo_enqueue]', N'EXECUTE', 0),
     (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 0),

@@ -30,17 +30,17 @@ BEGIN
         index_name sysname NOT NULL,
         type_desc nvarchar(60) NOT NULL,
         filter_definition nvarchar(MAX) NULL,
-        key_ordinal int NOT NULL,
         column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
     );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, key_ordinal, column_name, is_descending_key)
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
     VALUES
 {% set found = namespace(rows=[]) %}
 {% for words, name, key, filter in pins.pinned %}
 {% for part in key.split(', ') %}
 {% set column, descending = key_column(part).split('|') %}
-{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', N'" ~ words ~ "', " ~ (("N'" ~ stored_filter(filter) ~ "'") if filter else 'NULL') ~ ", " ~ loop.index ~ ", N'" ~ column ~ "', " ~ descending ~ ")"] %}
+{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', N'" ~ words ~ "', " ~ (("N'" ~ stored_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
 {% endfor %}
 {% endfor %}
 {% for row in found.rows %}
@@ -52,9 +52,9 @@ BEGIN
         i.name AS index_name,
         i.type_desc,
         i.filter_definition,
-        CONVERT(int, ic.key_ordinal) AS key_ordinal,
         c.name AS column_name,
-        ic.is_descending_key
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
     INNER JOIN sys.index_columns AS ic
@@ -82,21 +82,21 @@ BEGIN
         is_unique bit NOT NULL,
         has_filter bit NOT NULL,
         filter_definition nvarchar(MAX) NULL,
-        key_ordinal int NOT NULL,
         column_name sysname NOT NULL,
-        collation_name sysname NULL
+        collation_name sysname NULL,
+        key_ordinal int NOT NULL
     );
-    INSERT INTO #Expected (is_unique, has_filter, filter_definition, key_ordinal, column_name, collation_name)
-    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', 1, N'dedupe_key', N'Latin1_General_100_BIN2');
+    INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
+    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
 
     -- Act
     SELECT
         i.is_unique,
         i.has_filter,
         i.filter_definition,
-        CONVERT(int, ic.key_ordinal) AS key_ordinal,
         c.name AS column_name,
-        c.collation_name
+        c.collation_name,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
     INNER JOIN sys.index_columns AS ic
@@ -120,14 +120,18 @@ BEGIN
     -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
     -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
     -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (table_name sysname NOT NULL, column_name sysname NOT NULL, default_function nvarchar(MAX) NULL);
-    INSERT INTO #Expected (table_name, column_name, default_function)
-    VALUES (N'{{ queue.name }}', N'enqueued_at', N'sysutcdatetime');
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'{{ queue.name }}', N'sysutcdatetime');
 
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
-        OBJECT_NAME(dc.parent_object_id) AS table_name,
         c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
         REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
     INTO #Actual
     FROM sys.default_constraints AS dc
@@ -199,7 +203,7 @@ EXEC (N'EXEC {{ names.verb(verb) }} {{ arguments | replace("'", "''") }};');
     SELECT
         v.securable,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N'OBJECT', v.permission_name), 0) AS allowed
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N'OBJECT', v.permission_name), 0) AS has_right
     FROM (
         VALUES
 {% for securable, permission, _ in grid %}
@@ -217,21 +221,21 @@ BEGIN
     -- transaction tSQLt rolls back{{ ': the message it adds goes with it' if own_verb == 'enqueue' else ', and changes nothing' }}.
     CREATE USER [{{ user }}] WITHOUT LOGIN;
     ALTER ROLE {{ roles[role] }} ADD MEMBER [{{ user }}];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
 {{ as_user(user, own_body) }}
 {{ as_user(user, grid_body, 'rights of ') }}
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC {{ cls }}.[as {{ user }}];
-    INSERT INTO #Actual (securable, permission_name, allowed)
+    INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC {{ cls }}.[rights of {{ user }}];
 
     -- Assert
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name nvarchar(60) NOT NULL, allowed int NULL);
-    INSERT INTO #Expected (securable, permission_name, allowed)
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
-{% for securable, permission, allowed in grid %}
-    (N'{{ securable }}', N'{{ permission }}', {{ allowed }}){{ ';' if loop.last else ',' }}
+{% for securable, permission, has_right in grid %}
+    (N'{{ securable }}', N'{{ permission }}', {{ has_right }}){{ ';' if loop.last else ',' }}
 {% endfor %}
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;

@@ -3351,7 +3351,10 @@ BEGIN
     FROM #Page AS p;
 
     CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL);
-    INSERT INTO #Expected (position, id) VALUES (1, 1), (2, 2);
+    INSERT INTO #Expected (position, id)
+    VALUES
+    (1, 1),
+    (2, 2);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

@@ -3423,7 +3423,10 @@ BEGIN
     FROM #Page AS p;
 
     CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL);
-    INSERT INTO #Expected (position, id) VALUES (1, '00000000-0000-0000-0000-000000000001'), (2, '00000000-0000-0000-0000-000000000002');
+    INSERT INTO #Expected (position, id)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001'),
+    (2, '00000000-0000-0000-0000-000000000002');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3708,8 +3711,14 @@ END;');
     INTO #Actual
     FROM [queue].[thumbnails_dead] AS d;
 
-    CREATE TABLE #Expected (id uniqueidentifier NOT NULL, attempts int NULL, handler_error bit NULL, by_process bit NULL);
-    INSERT INTO #Expected (id, attempts, handler_error, by_process) VALUES ('00000000-0000-0000-0000-000000000001', 4, 1, 1);
+    CREATE TABLE #Expected (
+        id uniqueidentifier NOT NULL,
+        attempts int NULL,
+        handler_error bit NULL,
+        by_process bit NULL
+    );
+    INSERT INTO #Expected (id, attempts, handler_error, by_process)
+    VALUES ('00000000-0000-0000-0000-000000000001', 4, 1, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

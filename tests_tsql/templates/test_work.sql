@@ -2186,7 +2186,10 @@ BEGIN
     FROM #Page AS p;
 
     CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL);
-    INSERT INTO #Expected (position, id) VALUES (1, {{ mid(1) }}), (2, {{ mid(2) }});
+    INSERT INTO #Expected (position, id)
+    VALUES
+    (1, {{ mid(1) }}),
+    (2, {{ mid(2) }});
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -2479,8 +2482,14 @@ BEGIN
     INTO #Actual
     FROM {{ dead_t }} AS d;
 
-    CREATE TABLE #Expected (id {{ id_type }} NOT NULL, attempts int NULL, handler_error bit NULL, by_process bit NULL);
-    INSERT INTO #Expected (id, attempts, handler_error, by_process) VALUES ({{ mid(1) }}, {{ max_attempts }}, 1, 1);
+    CREATE TABLE #Expected (
+        id {{ id_type }} NOT NULL,
+        attempts int NULL,
+        handler_error bit NULL,
+        by_process bit NULL
+    );
+    INSERT INTO #Expected (id, attempts, handler_error, by_process)
+    VALUES ({{ mid(1) }}, {{ max_attempts }}, 1, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

@@ -3763,7 +3763,11 @@ BEGIN
     INNER JOIN sys.types AS ty
         ON c.user_type_id = ty.user_type_id
     WHERE
-        dc.parent_object_id IN (OBJECT_ID(N'[queue].[emails]'), OBJECT_ID(N'[queue].[emails_dead]'), OBJECT_ID(N'[queue].[emails_history]'))
+        dc.parent_object_id IN (
+            OBJECT_ID(N'[queue].[emails]'),
+            OBJECT_ID(N'[queue].[emails_dead]'),
+            OBJECT_ID(N'[queue].[emails_history]')
+        )
         AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
 
     -- Assert

@@ -864,7 +864,9 @@ BEGIN
     INNER JOIN sys.types AS ty
         ON c.user_type_id = ty.user_type_id
     WHERE
-        dc.parent_object_id IN (OBJECT_ID(N'[queue].[ledger]'))
+        dc.parent_object_id IN (
+            OBJECT_ID(N'[queue].[ledger]')
+        )
         AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
 
     -- Assert

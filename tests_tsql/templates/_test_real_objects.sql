@@ -140,7 +140,11 @@ BEGIN
     INNER JOIN sys.types AS ty
         ON c.user_type_id = ty.user_type_id
     WHERE
-        dc.parent_object_id IN ({% for table in timed_tables %}OBJECT_ID(N'{{ table }}'){{ ', ' if not loop.last }}{% endfor %})
+        dc.parent_object_id IN (
+{% for table in timed_tables %}
+            OBJECT_ID(N'{{ table }}'){{ ',' if not loop.last }}
+{% endfor %}
+        )
         AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
 
     -- Assert

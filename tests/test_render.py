@@ -162,3 +162,47 @@ def test_groups_are_refused_by_templates_that_do_not_render_them_yet(dialect: st
     catalog = parse_catalog({"queues": [{"name": "orders", "kind": kind, "options": {"groups": True}}]})
     with pytest.raises(RenderError, match=r"queue 'orders': field 'options.groups': .* do not render message groups"):
         render_catalog(catalog, dialect)
+
+
+_EXPECTED_KEY_ROW = re.compile(r"\(N'(?P<name>\w+)', N'(?P<type>\w+)', (?P<filter>NULL|N'[^']*'), N'(?P<column>\w+)', "
+                               r"(?P<descending>[01]), (?P<ordinal>\d+)\)")
+
+
+def _pinned_keys_expected(tsqlt_text: str) -> dict[str, tuple[str, str, str]]:
+    """The pinned-index test's #Expected rows per index: (type, key as the DDL writes it, filter)."""
+    body = tsqlt_text.split("[test the pinned indexes have the key and filter the claims seek on]", 1)[1]
+    body = body.split("-- Act", 1)[0]
+    rows: dict[str, list[re.Match]] = {}
+    for row in _EXPECTED_KEY_ROW.finditer(body):
+        rows.setdefault(row["name"], []).append(row)
+    out = {}
+    for name, found in rows.items():
+        assert [int(r["ordinal"]) for r in found] == list(range(1, len(found) + 1)), name
+        key = ", ".join(r["column"] + (" DESC" if r["descending"] == "1" else "") for r in found)
+        out[name] = (found[0]["type"], key, found[0]["filter"])
+    return out
+
+
+def test_tsqlt_pinned_index_test_expects_the_keys_the_tables_are_built_with() -> None:
+    """The tSQLt real-object test reads the deployed indexes; what it expects must be what the queue's
+    DDL creates (both come from _pinned_indexes.sql), for every kind and option of the matrix."""
+    catalog = load_catalog(REPO / "tests" / "fixtures" / "option_matrix.yml")
+    ddl = {f.queue: f.text for f in render_catalog(catalog, "mssql")}
+    checked = 0
+    for tsqlt in render_tsqlt(catalog):
+        expected = _pinned_keys_expected(tsqlt.text)
+        assert expected, f"{tsqlt.name}: no pinned index expected"
+        for name, (type_desc, key, filter_) in expected.items():
+            created = re.search(rf"CREATE {type_desc} INDEX \[{name}\]\s+ON \S+ \(([^)]*)\)(\s+WHERE ([^;]*))?;", ddl[tsqlt.queue])
+            constraint = re.search(rf"CONSTRAINT \[{name}\] PRIMARY KEY {type_desc} \(([^)]*)\)", ddl[tsqlt.queue])
+            found = created or constraint
+            assert found, f"{tsqlt.name}: {name} ({type_desc}) is not created by the queue's DDL"
+            assert found.group(1) == key, f"{tsqlt.name}: {name} expects key ({key}), the DDL builds ({found.group(1)})"
+            ddl_filter = created.group(3) if created and created.group(3) else None
+            if filter_ == "NULL":
+                assert ddl_filter is None, f"{tsqlt.name}: {name} is filtered in the DDL"
+            else:
+                column, rest = ddl_filter.split(" ", 1)
+                assert filter_ == f"N'([{column}] {rest})'", f"{tsqlt.name}: {name} filter {filter_} vs {ddl_filter}"
+            checked += 1
+    assert checked

@@ -22,6 +22,16 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_emails].[undo what a test outside a transaction left]
+AS
+BEGIN
+    -- The clean-up of the NoTransaction tests (--[@tSQLt:NoTransaction]), which tSQLt runs after
+    -- such a test and before tSQLt.UndoTestDoubles puts back what it faked or moved away: a
+    -- transaction the test left open.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_emails].[test enqueue stores a message due now, no attempt, and returns its id]
@@ -1347,6 +1357,66 @@ BEGIN
 END;
 GO
 
+--[@tSQLt:NoTransaction]('[test_queue_emails].[undo what a test outside a transaction left]')
+CREATE PROCEDURE [test_queue_emails].[test fail in implicit-transaction mode runs in the caller's transaction]
+AS
+BEGIN
+    -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
+    -- autocommit off) calls: IMPLICIT_TRANSACTIONS ON at @@TRANCOUNT = 0. fail opens a transaction
+    -- of its own only for an autocommit caller; here its first statement opens the caller's (a
+    -- BEGIN TRANSACTION would open two levels, its COMMIT would leave one: error 266). The fakes
+    -- come back through tSQLt.UndoTestDoubles.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 3,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, NULL, N'{"n": 1}'
+    );
+    DECLARE @open_after int;
+
+    -- Act: the last attempt fails (to dead), then the caller rolls its transaction back. Plain
+    -- EXEC: INSERT ... EXEC would open the transaction before the call.
+    SET IMPLICIT_TRANSACTIONS ON;
+    EXEC [queue].[emails_fail]
+        @id = 1,
+        @worker = N'w',
+        @error = N'poison';
+    SET @open_after = @@TRANCOUNT;
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    SET IMPLICIT_TRANSACTIONS OFF;
+
+    -- Assert: the caller's transaction was still open, and its rollback undid the move.
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @open_after, @Message = N'fail ended the caller''s transaction';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 3, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_dead]';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_emails].[test fail refuses a negative retry_after_seconds with 51001]
 AS
 BEGIN
@@ -1453,6 +1523,54 @@ BEGIN
     VALUES
     (1, 1, N'w', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test extend_lease by another worker returns 0 and leaves the lease]
+AS
+BEGIN
+    -- Assemble: w holds a live lease (token 1) for another 60 seconds.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act: another worker, by name alone and with w's token.
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'intruder',
+        @lease_seconds = 600;
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[emails_extend_lease]
+        @id = 1,
+        @worker = N'intruder',
+        @lease_seconds = 600,
+        @lease_token = '7e57ab1e-0000-0000-0000-000000000001';
+
+    -- Assert: nothing extended; the lease is still w's, with its token, ending when it did.
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (0), (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @unchanged int = (
+        SELECT COUNT(*)
+        FROM [queue].[emails] AS m
+        WHERE
+            m.leased_by = N'w'
+            AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000001'
+            AND m.visible_at = DATEADD(SECOND, 60, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @unchanged, @Message = N'the lease changed';
 END;
 GO
 
@@ -2824,6 +2942,96 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_emails].[test stats past 10000 rows estimates from the catalog row count]
+AS
+BEGIN
+    -- Assemble: 10,050 ready messages and 3 delayed ones. Each count stops at 10,001 rows; past that
+    -- the table's row count in sys.partitions (which counts this transaction's own rows) less the
+    -- exact counts stands in: ready comes out above 10,001 only through that estimate.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, payload
+    )
+    SELECT TOP (10050)
+        ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS id,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -60, @now) AS due_at,
+        DATEADD(SECOND, -60, @now) AS visible_at,
+        0 AS attempts,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        20001, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 20001}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        20002, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 20002}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        20003, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 20003}'
+    );
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[emails_stats];
+
+    -- Assert
+    SELECT
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CONVERT(bit, IIF(s.ready > 10001, 1, 0)) AS ready_past_the_exact_limit
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.ready_past_the_exact_limit
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (delayed, in_flight, dead, estimated, ready_past_the_exact_limit)
+    VALUES (3, 0, 0, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 -- purge -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_emails].[test purge with older_than removes only older messages]
@@ -3089,6 +3297,68 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_emails].[test dead_list without after_id starts at the lowest id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 3}'
+    );
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 2}'
+    );
+    CREATE TABLE #Page (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        dedupe_key nvarchar(200) NULL,
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL
+    );
+
+    -- Act: the first page, two messages long, in the order it came.
+    INSERT INTO #Page (
+        id, payload, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at
+    )
+    EXEC [queue].[emails_dead_list] @page_size = 2;
+
+    -- Assert
+    SELECT
+        p.position,
+        p.id
+    INTO #Actual
+    FROM #Page AS p;
+
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL);
+    INSERT INTO #Expected (position, id)
+    VALUES
+    (1, 1),
+    (2, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_emails].[test dead_list refuses page_size 0 with 51001]
 AS
 BEGIN
@@ -3159,6 +3429,115 @@ BEGIN
 
     -- Act
     EXEC [queue].[emails_dead_requeue] @id = 7;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dead_requeue of an id queued again fails with 51001]
+AS
+BEGIN
+    -- Assemble: message 7 is dead and its id is in the queue again (identity ids never repeat: a row put
+    -- there by hand). The requeue must refuse it, not collide (2627).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    SET IDENTITY_INSERT [queue].[emails] ON;
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        7, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 7}'
+    );
+    SET IDENTITY_INSERT [queue].[emails] OFF;
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        7, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 7}'
+    );
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%is queued already%';
+
+    -- Act
+    EXEC [queue].[emails_dead_requeue] @id = 7;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dead_requeue of a key enqueued again brings the message back without it]
+AS
+BEGIN
+    -- Assemble: dead message 7 had key order-42, which message 1 holds now.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    SET IDENTITY_INSERT [queue].[emails] ON;
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0,
+        NULL, NULL,
+        NULL, N'order-42', N'{"n": 1}'
+    );
+    SET IDENTITY_INSERT [queue].[emails] OFF;
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        7, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 7}'
+    );
+    UPDATE [queue].[emails_dead]
+    SET dedupe_key = N'order-42'
+    WHERE id = 7;
+    CREATE TABLE #Actual (requeued bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (requeued)
+    EXEC [queue].[emails_dead_requeue] @id = 7;
+
+    -- Assert: 7 is back, visible, without the key; 1 keeps it.
+    CREATE TABLE #Expected (requeued bit NOT NULL);
+    INSERT INTO #Expected (requeued) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.dedupe_key
+    INTO #Keys
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedKeys (id bigint NOT NULL, dedupe_key nvarchar(200) NULL);
+    INSERT INTO #ExpectedKeys (id, dedupe_key) VALUES (1, N'order-42'), (7, NULL);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedKeys', @Actual = N'#Keys';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 0, NULL, 1),
+    (7, 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[emails_dead]';
 END;
 GO
 
@@ -3266,6 +3645,513 @@ BEGIN
 
     -- Act
     EXEC [queue].[emails_history_purge];
+END;
+GO
+
+-- the deployed objects ----------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test the pinned indexes have the key and filter the claims seek on]
+AS
+BEGIN
+    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
+    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
+    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
+    CREATE TABLE #Expected (
+        index_name sysname NOT NULL,
+        type_desc nvarchar(60) NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        column_name sysname NOT NULL,
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
+    );
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+    (N'ix_emails_claim', N'NONCLUSTERED', NULL, N'visible_at', 0, 1),
+    (N'ix_emails_claim', N'NONCLUSTERED', NULL, N'id', 0, 2),
+    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
+    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
+    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'id', 0, 3);
+
+    -- Act
+    SELECT
+        i.name AS index_name,
+        i.type_desc,
+        i.filter_definition,
+        c.name AS column_name,
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[emails]')
+        AND i.name IN (N'ix_emails_claim', N'ix_emails_lease')
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test the dedupe index is unique on a BIN2 key and skips rows without one]
+AS
+BEGIN
+    -- Assemble: a unique index filtered on dedupe_key IS NOT NULL, over a column that compares byte
+    -- for byte (Latin1_General_100_BIN2, as text compares on PostgreSQL), whatever the database's
+    -- collation: 'K' and 'k', or 'k' and 'k ', are different keys.
+    CREATE TABLE #Expected (
+        is_unique bit NOT NULL,
+        has_filter bit NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        column_name sysname NOT NULL,
+        collation_name sysname NULL,
+        key_ordinal int NOT NULL
+    );
+    INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
+    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
+
+    -- Act
+    SELECT
+        i.is_unique,
+        i.has_filter,
+        i.filter_definition,
+        c.name AS column_name,
+        c.collation_name,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[emails]')
+        AND i.name = N'ux_emails_dedupe'
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test every time default of the queue's tables is SYSUTCDATETIME]
+AS
+BEGIN
+    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'emails', N'sysutcdatetime');
+
+    -- Act: every default on a date or time column of the queue's tables.
+    SELECT
+        c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
+        REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
+    INTO #Actual
+    FROM sys.default_constraints AS dc
+    INNER JOIN sys.columns AS c
+        ON dc.parent_object_id = c.object_id AND dc.parent_column_id = c.column_id
+    INNER JOIN sys.types AS ty
+        ON c.user_type_id = ty.user_type_id
+    WHERE
+        dc.parent_object_id IN (
+            OBJECT_ID(N'[queue].[emails]'),
+            OBJECT_ID(N'[queue].[emails_dead]'),
+            OBJECT_ID(N'[queue].[emails_history]')
+        )
+        AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- roles -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test the producer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. enqueue runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back: the message it adds goes with it.
+    CREATE USER [test_emails_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_emails_producer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_producer]
+WITH EXECUTE AS ''test_emails_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[emails_enqueue] @payload = N''''{"n": 1}'''';'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''enqueue returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[rights of test_emails_producer]
+WITH EXECUTE AS ''test_emails_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[emails_enqueue]'', N''EXECUTE''),
+        (N''[queue].[emails_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_dequeue]'', N''EXECUTE''),
+        (N''[queue].[emails_complete]'', N''EXECUTE''),
+        (N''[queue].[emails_fail]'', N''EXECUTE''),
+        (N''[queue].[emails_extend_lease]'', N''EXECUTE''),
+        (N''[queue].[emails_release]'', N''EXECUTE''),
+        (N''[queue].[emails_complete_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_fail_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_complete_next]'', N''EXECUTE''),
+        (N''[queue].[emails_wait]'', N''EXECUTE''),
+        (N''[queue].[emails_stats]'', N''EXECUTE''),
+        (N''[queue].[emails_purge]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_list]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_requeue]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_delete]'', N''EXECUTE''),
+        (N''[queue].[emails_history_purge]'', N''EXECUTE''),
+        (N''[queue].[emails]'', N''SELECT''),
+        (N''[queue].[emails]'', N''INSERT''),
+        (N''[queue].[emails]'', N''UPDATE''),
+        (N''[queue].[emails]'', N''DELETE''),
+        (N''[queue].[emails_dead]'', N''SELECT''),
+        (N''[queue].[emails_dead]'', N''INSERT''),
+        (N''[queue].[emails_dead]'', N''UPDATE''),
+        (N''[queue].[emails_dead]'', N''DELETE''),
+        (N''[queue].[emails_history]'', N''SELECT''),
+        (N''[queue].[emails_history]'', N''INSERT''),
+        (N''[queue].[emails_history]'', N''UPDATE''),
+        (N''[queue].[emails_history]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_emails].[as test_emails_producer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_emails].[rights of test_emails_producer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[emails_enqueue]', N'EXECUTE', 1),
+    (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 1),
+    (N'[queue].[emails_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[emails_complete]', N'EXECUTE', 0),
+    (N'[queue].[emails_fail]', N'EXECUTE', 0),
+    (N'[queue].[emails_extend_lease]', N'EXECUTE', 0),
+    (N'[queue].[emails_release]', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_batch]', N'EXECUTE', 0),
+    (N'[queue].[emails_fail_batch]', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_next]', N'EXECUTE', 0),
+    (N'[queue].[emails_wait]', N'EXECUTE', 0),
+    (N'[queue].[emails_stats]', N'EXECUTE', 0),
+    (N'[queue].[emails_purge]', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_list]', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_requeue]', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_delete]', N'EXECUTE', 0),
+    (N'[queue].[emails_history_purge]', N'EXECUTE', 0),
+    (N'[queue].[emails]', N'SELECT', 0),
+    (N'[queue].[emails]', N'INSERT', 0),
+    (N'[queue].[emails]', N'UPDATE', 0),
+    (N'[queue].[emails]', N'DELETE', 0),
+    (N'[queue].[emails_dead]', N'SELECT', 0),
+    (N'[queue].[emails_dead]', N'INSERT', 0),
+    (N'[queue].[emails_dead]', N'UPDATE', 0),
+    (N'[queue].[emails_dead]', N'DELETE', 0),
+    (N'[queue].[emails_history]', N'SELECT', 0),
+    (N'[queue].[emails_history]', N'INSERT', 0),
+    (N'[queue].[emails_history]', N'UPDATE', 0),
+    (N'[queue].[emails_history]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test the producer role may not run dequeue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only; dequeue belongs to the consumer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_emails_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_emails_producer];
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_producer]
+WITH EXECUTE AS ''test_emails_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[emails_dequeue] @batch_size = 1, @worker = N''''w'''';'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_emails].[as test_emails_producer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test the consumer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. wait runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_emails_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_emails_consumer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_consumer]
+WITH EXECUTE AS ''test_emails_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (ready bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[emails_wait] @wait_ms = 0;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''wait returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[rights of test_emails_consumer]
+WITH EXECUTE AS ''test_emails_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[emails_enqueue]'', N''EXECUTE''),
+        (N''[queue].[emails_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_dequeue]'', N''EXECUTE''),
+        (N''[queue].[emails_complete]'', N''EXECUTE''),
+        (N''[queue].[emails_fail]'', N''EXECUTE''),
+        (N''[queue].[emails_extend_lease]'', N''EXECUTE''),
+        (N''[queue].[emails_release]'', N''EXECUTE''),
+        (N''[queue].[emails_complete_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_fail_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_complete_next]'', N''EXECUTE''),
+        (N''[queue].[emails_wait]'', N''EXECUTE''),
+        (N''[queue].[emails_stats]'', N''EXECUTE''),
+        (N''[queue].[emails_purge]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_list]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_requeue]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_delete]'', N''EXECUTE''),
+        (N''[queue].[emails_history_purge]'', N''EXECUTE''),
+        (N''[queue].[emails]'', N''SELECT''),
+        (N''[queue].[emails]'', N''INSERT''),
+        (N''[queue].[emails]'', N''UPDATE''),
+        (N''[queue].[emails]'', N''DELETE''),
+        (N''[queue].[emails_dead]'', N''SELECT''),
+        (N''[queue].[emails_dead]'', N''INSERT''),
+        (N''[queue].[emails_dead]'', N''UPDATE''),
+        (N''[queue].[emails_dead]'', N''DELETE''),
+        (N''[queue].[emails_history]'', N''SELECT''),
+        (N''[queue].[emails_history]'', N''INSERT''),
+        (N''[queue].[emails_history]'', N''UPDATE''),
+        (N''[queue].[emails_history]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_emails].[as test_emails_consumer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_emails].[rights of test_emails_consumer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[emails_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[emails_dequeue]', N'EXECUTE', 1),
+    (N'[queue].[emails_complete]', N'EXECUTE', 1),
+    (N'[queue].[emails_fail]', N'EXECUTE', 1),
+    (N'[queue].[emails_extend_lease]', N'EXECUTE', 1),
+    (N'[queue].[emails_release]', N'EXECUTE', 1),
+    (N'[queue].[emails_complete_batch]', N'EXECUTE', 1),
+    (N'[queue].[emails_fail_batch]', N'EXECUTE', 1),
+    (N'[queue].[emails_complete_next]', N'EXECUTE', 1),
+    (N'[queue].[emails_wait]', N'EXECUTE', 1),
+    (N'[queue].[emails_stats]', N'EXECUTE', 0),
+    (N'[queue].[emails_purge]', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_list]', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_requeue]', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_delete]', N'EXECUTE', 0),
+    (N'[queue].[emails_history_purge]', N'EXECUTE', 0),
+    (N'[queue].[emails]', N'SELECT', 0),
+    (N'[queue].[emails]', N'INSERT', 0),
+    (N'[queue].[emails]', N'UPDATE', 0),
+    (N'[queue].[emails]', N'DELETE', 0),
+    (N'[queue].[emails_dead]', N'SELECT', 0),
+    (N'[queue].[emails_dead]', N'INSERT', 0),
+    (N'[queue].[emails_dead]', N'UPDATE', 0),
+    (N'[queue].[emails_dead]', N'DELETE', 0),
+    (N'[queue].[emails_history]', N'SELECT', 0),
+    (N'[queue].[emails_history]', N'INSERT', 0),
+    (N'[queue].[emails_history]', N'UPDATE', 0),
+    (N'[queue].[emails_history]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test the consumer role may not run purge: 229]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only; purge belongs to the admin role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_emails_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_emails_consumer];
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_consumer]
+WITH EXECUTE AS ''test_emails_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[emails_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_emails].[as test_emails_consumer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test the admin role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. purge runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_emails_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_emails_admin];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_admin]
+WITH EXECUTE AS ''test_emails_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (purged bigint NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[emails_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''purge returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[rights of test_emails_admin]
+WITH EXECUTE AS ''test_emails_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[emails_enqueue]'', N''EXECUTE''),
+        (N''[queue].[emails_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_dequeue]'', N''EXECUTE''),
+        (N''[queue].[emails_complete]'', N''EXECUTE''),
+        (N''[queue].[emails_fail]'', N''EXECUTE''),
+        (N''[queue].[emails_extend_lease]'', N''EXECUTE''),
+        (N''[queue].[emails_release]'', N''EXECUTE''),
+        (N''[queue].[emails_complete_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_fail_batch]'', N''EXECUTE''),
+        (N''[queue].[emails_complete_next]'', N''EXECUTE''),
+        (N''[queue].[emails_wait]'', N''EXECUTE''),
+        (N''[queue].[emails_stats]'', N''EXECUTE''),
+        (N''[queue].[emails_purge]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_list]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_requeue]'', N''EXECUTE''),
+        (N''[queue].[emails_dead_delete]'', N''EXECUTE''),
+        (N''[queue].[emails_history_purge]'', N''EXECUTE''),
+        (N''[queue].[emails]'', N''SELECT''),
+        (N''[queue].[emails]'', N''INSERT''),
+        (N''[queue].[emails]'', N''UPDATE''),
+        (N''[queue].[emails]'', N''DELETE''),
+        (N''[queue].[emails_dead]'', N''SELECT''),
+        (N''[queue].[emails_dead]'', N''INSERT''),
+        (N''[queue].[emails_dead]'', N''UPDATE''),
+        (N''[queue].[emails_dead]'', N''DELETE''),
+        (N''[queue].[emails_history]'', N''SELECT''),
+        (N''[queue].[emails_history]'', N''INSERT''),
+        (N''[queue].[emails_history]'', N''UPDATE''),
+        (N''[queue].[emails_history]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_emails].[as test_emails_admin];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_emails].[rights of test_emails_admin];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[emails_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[emails_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[emails_complete]', N'EXECUTE', 0),
+    (N'[queue].[emails_fail]', N'EXECUTE', 0),
+    (N'[queue].[emails_extend_lease]', N'EXECUTE', 0),
+    (N'[queue].[emails_release]', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_batch]', N'EXECUTE', 0),
+    (N'[queue].[emails_fail_batch]', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_next]', N'EXECUTE', 0),
+    (N'[queue].[emails_wait]', N'EXECUTE', 0),
+    (N'[queue].[emails_stats]', N'EXECUTE', 1),
+    (N'[queue].[emails_purge]', N'EXECUTE', 1),
+    (N'[queue].[emails_dead_list]', N'EXECUTE', 1),
+    (N'[queue].[emails_dead_requeue]', N'EXECUTE', 1),
+    (N'[queue].[emails_dead_delete]', N'EXECUTE', 1),
+    (N'[queue].[emails_history_purge]', N'EXECUTE', 1),
+    (N'[queue].[emails]', N'SELECT', 0),
+    (N'[queue].[emails]', N'INSERT', 0),
+    (N'[queue].[emails]', N'UPDATE', 0),
+    (N'[queue].[emails]', N'DELETE', 0),
+    (N'[queue].[emails_dead]', N'SELECT', 0),
+    (N'[queue].[emails_dead]', N'INSERT', 0),
+    (N'[queue].[emails_dead]', N'UPDATE', 0),
+    (N'[queue].[emails_dead]', N'DELETE', 0),
+    (N'[queue].[emails_history]', N'SELECT', 0),
+    (N'[queue].[emails_history]', N'INSERT', 0),
+    (N'[queue].[emails_history]', N'UPDATE', 0),
+    (N'[queue].[emails_history]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test the admin role may not run enqueue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only; enqueue belongs to the producer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_emails_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_emails_admin];
+    EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_admin]
+WITH EXECUTE AS ''test_emails_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[emails_enqueue] @payload = N''''{"n": 1}'''';'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_emails].[as test_emails_admin];
 END;
 GO
 

@@ -318,6 +318,66 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_ledger].[test strict dequeue hands a rolled-back head out again, then the rest in order]
+AS
+BEGIN
+    -- Assemble: strict order is between sessions: a consumer waits on the head another one holds (no
+    -- READPAST) and gets it when that one rolls back. A session never waits on its own locks, so
+    -- the waiting itself is proven by tests/test_destructive_concurrency.py (four consumers, some
+    -- rolling back, against a real server); this test asserts what one caller observes: a hand-out
+    -- rolled back (to a savepoint in tSQLt's transaction) is the head again, and hand-outs come in
+    -- id (enqueue) order, not in enqueued_at order.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
+    EXEC [test_queue_ledger].[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
+    VALUES
+    (11, DATEADD(SECOND, -30, @now), N'{"n": 1}'),
+    (12, DATEADD(SECOND, -20, @now), N'{"n": 2}'),
+    (13, DATEADD(SECOND, -10, @now), N'{"n": 3}');
+
+    -- A table variable keeps its rows through the rollback to the savepoint.
+    DECLARE @first TABLE (id bigint NOT NULL, payload nvarchar(MAX) NOT NULL, enqueued_at datetime2(7) NOT NULL);
+    SAVE TRANSACTION before_first_dequeue;
+    INSERT INTO @first (id, payload, enqueued_at)
+    EXEC [queue].[ledger_dequeue] @batch_size = 1;
+    ROLLBACK TRANSACTION before_first_dequeue;
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Actual (id, payload, enqueued_at)
+    EXEC [queue].[ledger_dequeue] @batch_size = 3;
+
+    -- Assert
+    DECLARE @first_id bigint = (SELECT f.id FROM @first AS f);
+    EXEC tSQLt.AssertEquals @Expected = 11, @Actual = @first_id, @Message = N'the first hand-out was not the head';
+    CREATE TABLE #Expected (
+        position int NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL
+    );
+    INSERT INTO #Expected (position, id, payload, enqueued_at)
+    VALUES
+    (1, 11, N'{"n": 1}', DATEADD(SECOND, -30, @now)),
+    (2, 12, N'{"n": 2}', DATEADD(SECOND, -20, @now)),
+    (3, 13, N'{"n": 3}', DATEADD(SECOND, -10, @now));
+
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT m.id
+    INTO #Remaining
+    FROM [queue].[ledger] AS m;
+
+    CREATE TABLE #ExpectedRemaining (id bigint NOT NULL);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedRemaining', @Actual = N'#Remaining';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_ledger].[test dequeue on an empty queue returns no rows]
 AS
 BEGIN
@@ -731,6 +791,352 @@ BEGIN
 
     -- Act
     EXEC [queue].[ledger_purge];
+END;
+GO
+
+-- the deployed objects ----------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_ledger].[test the pinned indexes have the key and filter the claims seek on]
+AS
+BEGIN
+    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
+    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
+    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
+    CREATE TABLE #Expected (
+        index_name sysname NOT NULL,
+        type_desc nvarchar(60) NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        column_name sysname NOT NULL,
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
+    );
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+    (N'pk_ledger', N'CLUSTERED', NULL, N'id', 0, 1);
+
+    -- Act
+    SELECT
+        i.name AS index_name,
+        i.type_desc,
+        i.filter_definition,
+        c.name AS column_name,
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[ledger]')
+        AND i.name IN (N'pk_ledger')
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test every time default of the queue's tables is SYSUTCDATETIME]
+AS
+BEGIN
+    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'ledger', N'sysutcdatetime');
+
+    -- Act: every default on a date or time column of the queue's tables.
+    SELECT
+        c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
+        REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
+    INTO #Actual
+    FROM sys.default_constraints AS dc
+    INNER JOIN sys.columns AS c
+        ON dc.parent_object_id = c.object_id AND dc.parent_column_id = c.column_id
+    INNER JOIN sys.types AS ty
+        ON c.user_type_id = ty.user_type_id
+    WHERE
+        dc.parent_object_id IN (
+            OBJECT_ID(N'[queue].[ledger]')
+        )
+        AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- roles -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_ledger].[test the producer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. enqueue runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back: the message it adds goes with it.
+    CREATE USER [test_ledger_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_ledger_producer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_producer]
+WITH EXECUTE AS ''test_ledger_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[ledger_enqueue] @payload = N''''{"n": 1}'''';'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''enqueue returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[rights of test_ledger_producer]
+WITH EXECUTE AS ''test_ledger_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''SELECT''),
+        (N''[queue].[ledger]'', N''INSERT''),
+        (N''[queue].[ledger]'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_ledger].[as test_ledger_producer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_ledger].[rights of test_ledger_producer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[ledger_enqueue]', N'EXECUTE', 1),
+    (N'[queue].[ledger_enqueue_batch]', N'EXECUTE', 1),
+    (N'[queue].[ledger_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[ledger_wait]', N'EXECUTE', 0),
+    (N'[queue].[ledger_stats]', N'EXECUTE', 0),
+    (N'[queue].[ledger_purge]', N'EXECUTE', 0),
+    (N'[queue].[ledger]', N'SELECT', 0),
+    (N'[queue].[ledger]', N'INSERT', 0),
+    (N'[queue].[ledger]', N'UPDATE', 0),
+    (N'[queue].[ledger]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test the producer role may not run dequeue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only; dequeue belongs to the consumer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_ledger_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_ledger_producer];
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_producer]
+WITH EXECUTE AS ''test_ledger_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[ledger_dequeue] @batch_size = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_ledger].[as test_ledger_producer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test the consumer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. wait runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_ledger_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_ledger_consumer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_consumer]
+WITH EXECUTE AS ''test_ledger_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (ready bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[ledger_wait] @wait_ms = 0;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''wait returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[rights of test_ledger_consumer]
+WITH EXECUTE AS ''test_ledger_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''SELECT''),
+        (N''[queue].[ledger]'', N''INSERT''),
+        (N''[queue].[ledger]'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_ledger].[as test_ledger_consumer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_ledger].[rights of test_ledger_consumer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[ledger_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[ledger_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[ledger_dequeue]', N'EXECUTE', 1),
+    (N'[queue].[ledger_wait]', N'EXECUTE', 1),
+    (N'[queue].[ledger_stats]', N'EXECUTE', 0),
+    (N'[queue].[ledger_purge]', N'EXECUTE', 0),
+    (N'[queue].[ledger]', N'SELECT', 0),
+    (N'[queue].[ledger]', N'INSERT', 0),
+    (N'[queue].[ledger]', N'UPDATE', 0),
+    (N'[queue].[ledger]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test the consumer role may not run purge: 229]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only; purge belongs to the admin role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_ledger_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_ledger_consumer];
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_consumer]
+WITH EXECUTE AS ''test_ledger_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[ledger_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_ledger].[as test_ledger_consumer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test the admin role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. purge runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_ledger_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_ledger_admin];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_admin]
+WITH EXECUTE AS ''test_ledger_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (purged bigint NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[ledger_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''purge returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[rights of test_ledger_admin]
+WITH EXECUTE AS ''test_ledger_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''SELECT''),
+        (N''[queue].[ledger]'', N''INSERT''),
+        (N''[queue].[ledger]'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_ledger].[as test_ledger_admin];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_ledger].[rights of test_ledger_admin];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[ledger_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[ledger_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[ledger_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[ledger_wait]', N'EXECUTE', 0),
+    (N'[queue].[ledger_stats]', N'EXECUTE', 1),
+    (N'[queue].[ledger_purge]', N'EXECUTE', 1),
+    (N'[queue].[ledger]', N'SELECT', 0),
+    (N'[queue].[ledger]', N'INSERT', 0),
+    (N'[queue].[ledger]', N'UPDATE', 0),
+    (N'[queue].[ledger]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_ledger].[test the admin role may not run enqueue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only; enqueue belongs to the producer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_ledger_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_ledger_admin];
+    EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_admin]
+WITH EXECUTE AS ''test_ledger_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[ledger_enqueue] @payload = N''''{"n": 1}'''';'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_ledger].[as test_ledger_admin];
 END;
 GO
 

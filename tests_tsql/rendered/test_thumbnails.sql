@@ -22,6 +22,21 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[undo what a test outside a transaction left]
+AS
+BEGIN
+    -- The clean-up of the NoTransaction tests (--[@tSQLt:NoTransaction]), which tSQLt runs after
+    -- such a test and before tSQLt.UndoTestDoubles puts back what it faked or moved away: a
+    -- transaction the test left open, and the handler double (only it carries the marker:
+    -- a real handler that tSQLt.RemoveObjectIfExists moved away comes back untouched).
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    IF OBJECT_DEFINITION(OBJECT_ID(N'[queue].[make_thumbnail]', N'P')) LIKE N'%tablequeue tSQLt handler double%'
+        BEGIN
+            DROP PROCEDURE [queue].[make_thumbnail];
+        END;
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_thumbnails].[test enqueue stores a message due now, no attempt, and returns its id]
@@ -1382,6 +1397,66 @@ BEGIN
 END;
 GO
 
+--[@tSQLt:NoTransaction]('[test_queue_thumbnails].[undo what a test outside a transaction left]')
+CREATE PROCEDURE [test_queue_thumbnails].[test fail in implicit-transaction mode runs in the caller's transaction]
+AS
+BEGIN
+    -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
+    -- autocommit off) calls: IMPLICIT_TRANSACTIONS ON at @@TRANCOUNT = 0. fail opens a transaction
+    -- of its own only for an autocommit caller; here its first statement opens the caller's (a
+    -- BEGIN TRANSACTION would open two levels, its COMMIT would leave one: error 266). The fakes
+    -- come back through tSQLt.UndoTestDoubles.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 4,
+        N'w', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    DECLARE @open_after int;
+
+    -- Act: the last attempt fails (to dead), then the caller rolls its transaction back. Plain
+    -- EXEC: INSERT ... EXEC would open the transaction before the call.
+    SET IMPLICIT_TRANSACTIONS ON;
+    EXEC [queue].[thumbnails_fail]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'w',
+        @error = N'poison';
+    SET @open_after = @@TRANCOUNT;
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    SET IMPLICIT_TRANSACTIONS OFF;
+
+    -- Assert: the caller's transaction was still open, and its rollback undid the move.
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @open_after, @Message = N'fail ended the caller''s transaction';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 4, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[test fail refuses a negative retry_after_seconds with 51001]
 AS
 BEGIN
@@ -1488,6 +1563,54 @@ BEGIN
     VALUES
     ('00000000-0000-0000-0000-000000000001', 1, N'w', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test extend_lease by another worker returns 0 and leaves the lease]
+AS
+BEGIN
+    -- Assemble: w holds a live lease (token 1) for another 60 seconds.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act: another worker, by name alone and with w's token.
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'intruder',
+        @lease_seconds = 600;
+    INSERT INTO #Actual (extended)
+    EXEC [queue].[thumbnails_extend_lease]
+        @id = '00000000-0000-0000-0000-000000000001',
+        @worker = N'intruder',
+        @lease_seconds = 600,
+        @lease_token = '7e57ab1e-0000-0000-0000-000000000001';
+
+    -- Assert: nothing extended; the lease is still w's, with its token, ending when it did.
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (0), (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @unchanged int = (
+        SELECT COUNT(*)
+        FROM [queue].[thumbnails] AS m
+        WHERE
+            m.leased_by = N'w'
+            AND m.lease_token = '7e57ab1e-0000-0000-0000-000000000001'
+            AND m.visible_at = DATEADD(SECOND, 60, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @unchanged, @Message = N'the lease changed';
 END;
 GO
 
@@ -2889,6 +3012,98 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[test stats past 10000 rows estimates from the catalog row count]
+AS
+BEGIN
+    -- Assemble: 10,050 ready messages and 3 delayed ones. Each count stops at 10,001 rows; past that
+    -- the table's row count in sys.partitions (which counts this transaction's own rows) less the
+    -- exact counts stands in: ready comes out above 10,001 only through that estimate.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, payload
+    )
+    SELECT TOP (10050)
+        NEWID() AS id,
+        ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -60, @now) AS due_at,
+        DATEADD(SECOND, -60, @now) AS visible_at,
+        0 AS priority,
+        0 AS attempts,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000020001', 20001, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 20001}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000020002', 20002, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 20002}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000020003', 20003, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 20003}'
+    );
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[thumbnails_stats];
+
+    -- Assert
+    SELECT
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CONVERT(bit, IIF(s.ready > 10001, 1, 0)) AS ready_past_the_exact_limit
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.ready_past_the_exact_limit
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (delayed, in_flight, dead, estimated, ready_past_the_exact_limit)
+    VALUES (3, 0, 0, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 -- purge -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_thumbnails].[test purge with older_than removes only older messages]
@@ -3154,6 +3369,68 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_list without after_id starts at the lowest id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 3}'
+    );
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 2}'
+    );
+    CREATE TABLE #Page (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        priority int NOT NULL,
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL
+    );
+
+    -- Act: the first page, two messages long, in the order it came.
+    INSERT INTO #Page (
+        id, payload, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at
+    )
+    EXEC [queue].[thumbnails_dead_list] @page_size = 2;
+
+    -- Assert
+    SELECT
+        p.position,
+        p.id
+    INTO #Actual
+    FROM #Page AS p;
+
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL);
+    INSERT INTO #Expected (position, id)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001'),
+    (2, '00000000-0000-0000-0000-000000000002');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[test dead_list refuses page_size 0 with 51001]
 AS
 BEGIN
@@ -3221,6 +3498,43 @@ BEGIN
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51004;
+
+    -- Act
+    EXEC [queue].[thumbnails_dead_requeue] @id = '00000000-0000-0000-0000-000000000007';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test dead_requeue of an id queued again fails with 51001]
+AS
+BEGIN
+    -- Assemble: message 7 is dead and its id is in the queue again (a producer enqueued the same
+    -- client id since). The requeue must refuse it, not collide (2627).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]', @Identity = 1, @Defaults = 1;
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    SET IDENTITY_INSERT [queue].[thumbnails] ON;
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000007', 7, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 7}'
+    );
+    SET IDENTITY_INSERT [queue].[thumbnails] OFF;
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000007', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 7}'
+    );
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51001,
+        @ExpectedMessagePattern = N'%is queued already%';
 
     -- Act
     EXEC [queue].[thumbnails_dead_requeue] @id = '00000000-0000-0000-0000-000000000007';
@@ -3300,6 +3614,632 @@ BEGIN
 
     -- Act
     EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+END;
+GO
+
+--[@tSQLt:NoTransaction]('[test_queue_thumbnails].[undo what a test outside a transaction left]')
+CREATE PROCEDURE [test_queue_thumbnails].[test process runs the handler on each message and completes it]
+AS
+BEGIN
+    -- Assemble: a handler that fails unless it is given a queued message's id with its payload.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'[queue].[make_thumbnail]';
+    EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail]
+    @id uniqueidentifier,
+    @payload nvarchar(MAX)
+AS
+BEGIN
+    /* tablequeue tSQLt handler double */
+    SET NOCOUNT ON;
+    IF NOT EXISTS (SELECT 1 FROM [queue].[thumbnails] AS m WHERE m.id = @id AND m.payload = @payload) THROW 50000, N''not the queued message'', 1;
+END;');
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+
+    -- Act: its one row (processed, completed, failed) goes to the caller: INSERT ... EXEC would run it
+    -- inside the INSERT's transaction, which it refuses.
+    EXEC [queue].[thumbnails_process] @time_budget_seconds = 60;
+
+    -- Assert: both completed, none failed.
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
+--[@tSQLt:NoTransaction]('[test_queue_thumbnails].[undo what a test outside a transaction left]')
+CREATE PROCEDURE [test_queue_thumbnails].[test process records the handler's error with fail until the message is dead]
+AS
+BEGIN
+    -- Assemble: a handler that always raises. process fails the message with no retry delay, so it
+    -- takes it again at once, until the 4th attempt buries it.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'[queue].[make_thumbnail]';
+    EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail]
+    @id uniqueidentifier,
+    @payload nvarchar(MAX)
+AS
+BEGIN
+    /* tablequeue tSQLt handler double */
+    SET NOCOUNT ON;
+    THROW 50000, N''handler says no'', 1;
+END;');
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+
+    -- Act
+    EXEC [queue].[thumbnails_process] @time_budget_seconds = 60;
+
+    -- Assert: dead after 4 attempts, with the handler's error and the process worker.
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
+    SELECT
+        d.id,
+        d.attempts,
+        CONVERT(bit, IIF(d.last_error LIKE N'error 50000 in %handler says no%', 1, 0)) AS handler_error,
+        CONVERT(bit, IIF(d.last_worker LIKE N'process:%', 1, 0)) AS by_process
+    INTO #Actual
+    FROM [queue].[thumbnails_dead] AS d;
+
+    CREATE TABLE #Expected (
+        id uniqueidentifier NOT NULL,
+        attempts int NULL,
+        handler_error bit NULL,
+        by_process bit NULL
+    );
+    INSERT INTO #Expected (id, attempts, handler_error, by_process)
+    VALUES ('00000000-0000-0000-0000-000000000001', 4, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+--[@tSQLt:NoTransaction]('[test_queue_thumbnails].[undo what a test outside a transaction left]')
+CREATE PROCEDURE [test_queue_thumbnails].[test process takes no message after its time budget ends]
+AS
+BEGIN
+    -- Assemble: three ready messages and a handler that takes longer than the whole budget (1
+    -- second): whatever the server's speed, the budget has ended when the first message is done.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'[queue].[make_thumbnail]';
+    EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail]
+    @id uniqueidentifier,
+    @payload nvarchar(MAX)
+AS
+BEGIN
+    /* tablequeue tSQLt handler double */
+    SET NOCOUNT ON;
+    WAITFOR DELAY ''00:00:01.200'';
+END;');
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 0, 0,
+        NULL, NULL,
+        NULL, N'{"n": 3}'
+    );
+
+    -- Act
+    EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+
+    -- Assert: 1 completed; 2 and 3 never claimed (no attempt, no lease).
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 0, NULL, 1),
+    ('00000000-0000-0000-0000-000000000003', 0, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
+END;
+GO
+
+-- the deployed objects ----------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the pinned indexes have the key and filter the claims seek on]
+AS
+BEGIN
+    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
+    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
+    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
+    CREATE TABLE #Expected (
+        index_name sysname NOT NULL,
+        type_desc nvarchar(60) NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        column_name sysname NOT NULL,
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
+    );
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'priority', 1, 1),
+    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'visible_at', 0, 2),
+    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'seq', 0, 3),
+    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
+    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
+    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'seq', 0, 3);
+
+    -- Act
+    SELECT
+        i.name AS index_name,
+        i.type_desc,
+        i.filter_definition,
+        c.name AS column_name,
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[thumbnails]')
+        AND i.name IN (N'ix_thumbnails_claim_priority', N'ix_thumbnails_lease')
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test every time default of the queue's tables is SYSUTCDATETIME]
+AS
+BEGIN
+    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'thumbnails', N'sysutcdatetime');
+
+    -- Act: every default on a date or time column of the queue's tables.
+    SELECT
+        c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
+        REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
+    INTO #Actual
+    FROM sys.default_constraints AS dc
+    INNER JOIN sys.columns AS c
+        ON dc.parent_object_id = c.object_id AND dc.parent_column_id = c.column_id
+    INNER JOIN sys.types AS ty
+        ON c.user_type_id = ty.user_type_id
+    WHERE
+        dc.parent_object_id IN (
+            OBJECT_ID(N'[queue].[thumbnails]'),
+            OBJECT_ID(N'[queue].[thumbnails_dead]')
+        )
+        AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- roles -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the producer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. enqueue runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back: the message it adds goes with it.
+    CREATE USER [test_thumbnails_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_thumbnails_producer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_producer]
+WITH EXECUTE AS ''test_thumbnails_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (id uniqueidentifier NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[thumbnails_enqueue] @payload = N''''{"n": 1}'''';'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''enqueue returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[rights of test_thumbnails_producer]
+WITH EXECUTE AS ''test_thumbnails_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dequeue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_extend_lease]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_release]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_next]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_wait]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_stats]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_purge]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_list]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_requeue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_delete]'', N''EXECUTE''),
+        (N''[queue].[thumbnails]'', N''SELECT''),
+        (N''[queue].[thumbnails]'', N''INSERT''),
+        (N''[queue].[thumbnails]'', N''UPDATE''),
+        (N''[queue].[thumbnails]'', N''DELETE''),
+        (N''[queue].[thumbnails_dead]'', N''SELECT''),
+        (N''[queue].[thumbnails_dead]'', N''INSERT''),
+        (N''[queue].[thumbnails_dead]'', N''UPDATE''),
+        (N''[queue].[thumbnails_dead]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_thumbnails].[as test_thumbnails_producer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_thumbnails].[rights of test_thumbnails_producer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_extend_lease]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_release]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_batch]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail_batch]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_next]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_wait]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_stats]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_purge]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_process]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_list]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_requeue]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_delete]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails]', N'SELECT', 0),
+    (N'[queue].[thumbnails]', N'INSERT', 0),
+    (N'[queue].[thumbnails]', N'UPDATE', 0),
+    (N'[queue].[thumbnails]', N'DELETE', 0),
+    (N'[queue].[thumbnails_dead]', N'SELECT', 0),
+    (N'[queue].[thumbnails_dead]', N'INSERT', 0),
+    (N'[queue].[thumbnails_dead]', N'UPDATE', 0),
+    (N'[queue].[thumbnails_dead]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the producer role may not run dequeue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only; dequeue belongs to the consumer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_thumbnails_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_thumbnails_producer];
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_producer]
+WITH EXECUTE AS ''test_thumbnails_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[thumbnails_dequeue] @batch_size = 1, @worker = N''''w'''';'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_thumbnails].[as test_thumbnails_producer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the consumer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. wait runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_thumbnails_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_thumbnails_consumer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_consumer]
+WITH EXECUTE AS ''test_thumbnails_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (ready bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[thumbnails_wait] @wait_ms = 0;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''wait returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[rights of test_thumbnails_consumer]
+WITH EXECUTE AS ''test_thumbnails_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dequeue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_extend_lease]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_release]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_next]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_wait]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_stats]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_purge]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_list]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_requeue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_delete]'', N''EXECUTE''),
+        (N''[queue].[thumbnails]'', N''SELECT''),
+        (N''[queue].[thumbnails]'', N''INSERT''),
+        (N''[queue].[thumbnails]'', N''UPDATE''),
+        (N''[queue].[thumbnails]'', N''DELETE''),
+        (N''[queue].[thumbnails_dead]'', N''SELECT''),
+        (N''[queue].[thumbnails_dead]'', N''INSERT''),
+        (N''[queue].[thumbnails_dead]'', N''UPDATE''),
+        (N''[queue].[thumbnails_dead]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_thumbnails].[as test_thumbnails_consumer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_thumbnails].[rights of test_thumbnails_consumer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dequeue]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_complete]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_fail]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_extend_lease]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_release]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_complete_batch]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_fail_batch]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_complete_next]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_wait]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_stats]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_purge]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_process]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_list]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_requeue]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_delete]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails]', N'SELECT', 0),
+    (N'[queue].[thumbnails]', N'INSERT', 0),
+    (N'[queue].[thumbnails]', N'UPDATE', 0),
+    (N'[queue].[thumbnails]', N'DELETE', 0),
+    (N'[queue].[thumbnails_dead]', N'SELECT', 0),
+    (N'[queue].[thumbnails_dead]', N'INSERT', 0),
+    (N'[queue].[thumbnails_dead]', N'UPDATE', 0),
+    (N'[queue].[thumbnails_dead]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the consumer role may not run purge: 229]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only; purge belongs to the admin role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_thumbnails_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_thumbnails_consumer];
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_consumer]
+WITH EXECUTE AS ''test_thumbnails_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[thumbnails_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_thumbnails].[as test_thumbnails_consumer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the admin role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. purge runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_thumbnails_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_thumbnails_admin];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_admin]
+WITH EXECUTE AS ''test_thumbnails_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (purged bigint NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[thumbnails_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''purge returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[rights of test_thumbnails_admin]
+WITH EXECUTE AS ''test_thumbnails_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dequeue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_extend_lease]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_release]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail_batch]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_next]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_wait]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_stats]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_purge]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_list]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_requeue]'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_delete]'', N''EXECUTE''),
+        (N''[queue].[thumbnails]'', N''SELECT''),
+        (N''[queue].[thumbnails]'', N''INSERT''),
+        (N''[queue].[thumbnails]'', N''UPDATE''),
+        (N''[queue].[thumbnails]'', N''DELETE''),
+        (N''[queue].[thumbnails_dead]'', N''SELECT''),
+        (N''[queue].[thumbnails_dead]'', N''INSERT''),
+        (N''[queue].[thumbnails_dead]'', N''UPDATE''),
+        (N''[queue].[thumbnails_dead]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_thumbnails].[as test_thumbnails_admin];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_thumbnails].[rights of test_thumbnails_admin];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_extend_lease]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_release]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_batch]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail_batch]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_next]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_wait]', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_stats]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_purge]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_process]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dead_list]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dead_requeue]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dead_delete]', N'EXECUTE', 1),
+    (N'[queue].[thumbnails]', N'SELECT', 0),
+    (N'[queue].[thumbnails]', N'INSERT', 0),
+    (N'[queue].[thumbnails]', N'UPDATE', 0),
+    (N'[queue].[thumbnails]', N'DELETE', 0),
+    (N'[queue].[thumbnails_dead]', N'SELECT', 0),
+    (N'[queue].[thumbnails_dead]', N'INSERT', 0),
+    (N'[queue].[thumbnails_dead]', N'UPDATE', 0),
+    (N'[queue].[thumbnails_dead]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the admin role may not run enqueue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only; enqueue belongs to the producer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_thumbnails_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_thumbnails_admin];
+    EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_admin]
+WITH EXECUTE AS ''test_thumbnails_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[thumbnails_enqueue] @payload = N''''{"n": 1}'''';'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_thumbnails].[as test_thumbnails_admin];
 END;
 GO
 

@@ -677,6 +677,352 @@ BEGIN
 END;
 GO
 
+-- the deployed objects ----------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_undo].[test the pinned indexes have the key and filter the claims seek on]
+AS
+BEGIN
+    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
+    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
+    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
+    CREATE TABLE #Expected (
+        index_name sysname NOT NULL,
+        type_desc nvarchar(60) NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        column_name sysname NOT NULL,
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
+    );
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+    (N'pk_undo', N'CLUSTERED', NULL, N'id', 0, 1);
+
+    -- Act
+    SELECT
+        i.name AS index_name,
+        i.type_desc,
+        i.filter_definition,
+        c.name AS column_name,
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[undo]')
+        AND i.name IN (N'pk_undo')
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_undo].[test every time default of the queue's tables is SYSUTCDATETIME]
+AS
+BEGIN
+    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'undo', N'sysutcdatetime');
+
+    -- Act: every default on a date or time column of the queue's tables.
+    SELECT
+        c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
+        REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
+    INTO #Actual
+    FROM sys.default_constraints AS dc
+    INNER JOIN sys.columns AS c
+        ON dc.parent_object_id = c.object_id AND dc.parent_column_id = c.column_id
+    INNER JOIN sys.types AS ty
+        ON c.user_type_id = ty.user_type_id
+    WHERE
+        dc.parent_object_id IN (
+            OBJECT_ID(N'[queue].[undo]')
+        )
+        AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- roles -------------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_undo].[test the producer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. enqueue runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back: the message it adds goes with it.
+    CREATE USER [test_undo_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_undo_producer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_producer]
+WITH EXECUTE AS ''test_undo_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (id bigint NOT NULL, duplicate bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[undo_enqueue] @payload = N''''message 1'''';'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''enqueue returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[rights of test_undo_producer]
+WITH EXECUTE AS ''test_undo_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''SELECT''),
+        (N''[queue].[undo]'', N''INSERT''),
+        (N''[queue].[undo]'', N''UPDATE''),
+        (N''[queue].[undo]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_undo].[as test_undo_producer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_undo].[rights of test_undo_producer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[undo_enqueue]', N'EXECUTE', 1),
+    (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 1),
+    (N'[queue].[undo_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[undo_wait]', N'EXECUTE', 0),
+    (N'[queue].[undo_stats]', N'EXECUTE', 0),
+    (N'[queue].[undo_purge]', N'EXECUTE', 0),
+    (N'[queue].[undo]', N'SELECT', 0),
+    (N'[queue].[undo]', N'INSERT', 0),
+    (N'[queue].[undo]', N'UPDATE', 0),
+    (N'[queue].[undo]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_undo].[test the producer role may not run dequeue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the producer role only; dequeue belongs to the consumer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_undo_producer] WITHOUT LOGIN;
+    ALTER ROLE [queue_producer] ADD MEMBER [test_undo_producer];
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_producer]
+WITH EXECUTE AS ''test_undo_producer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[undo_dequeue] @batch_size = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_undo].[as test_undo_producer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_undo].[test the consumer role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. wait runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_undo_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_undo_consumer];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_consumer]
+WITH EXECUTE AS ''test_undo_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (ready bit NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[undo_wait] @wait_ms = 0;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''wait returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[rights of test_undo_consumer]
+WITH EXECUTE AS ''test_undo_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''SELECT''),
+        (N''[queue].[undo]'', N''INSERT''),
+        (N''[queue].[undo]'', N''UPDATE''),
+        (N''[queue].[undo]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_undo].[as test_undo_consumer];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_undo].[rights of test_undo_consumer];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[undo_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[undo_dequeue]', N'EXECUTE', 1),
+    (N'[queue].[undo_wait]', N'EXECUTE', 1),
+    (N'[queue].[undo_stats]', N'EXECUTE', 0),
+    (N'[queue].[undo_purge]', N'EXECUTE', 0),
+    (N'[queue].[undo]', N'SELECT', 0),
+    (N'[queue].[undo]', N'INSERT', 0),
+    (N'[queue].[undo]', N'UPDATE', 0),
+    (N'[queue].[undo]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_undo].[test the consumer role may not run purge: 229]
+AS
+BEGIN
+    -- Assemble: a user in the consumer role only; purge belongs to the admin role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_undo_consumer] WITHOUT LOGIN;
+    ALTER ROLE [queue_consumer] ADD MEMBER [test_undo_consumer];
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_consumer]
+WITH EXECUTE AS ''test_undo_consumer''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[undo_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_undo].[as test_undo_consumer];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_undo].[test the admin role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. purge runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back, and changes nothing.
+    CREATE USER [test_undo_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_undo_admin];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_admin]
+WITH EXECUTE AS ''test_undo_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @ran TABLE (purged bigint NOT NULL);
+    INSERT INTO @ran
+    EXEC (N''EXEC [queue].[undo_purge] @older_than = ''''1900-01-01'''', @max_rows = 1;'');
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N''purge returned no row'', 1;
+END;');
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[rights of test_undo_admin]
+WITH EXECUTE AS ''test_undo_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''SELECT''),
+        (N''[queue].[undo]'', N''INSERT''),
+        (N''[queue].[undo]'', N''UPDATE''),
+        (N''[queue].[undo]'', N''DELETE'')
+    ) AS v (securable, permission_name);
+END;');
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC [test_queue_undo].[as test_undo_admin];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC [test_queue_undo].[rights of test_undo_admin];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+    (N'[queue].[undo_enqueue]', N'EXECUTE', 0),
+    (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 0),
+    (N'[queue].[undo_dequeue]', N'EXECUTE', 0),
+    (N'[queue].[undo_wait]', N'EXECUTE', 0),
+    (N'[queue].[undo_stats]', N'EXECUTE', 1),
+    (N'[queue].[undo_purge]', N'EXECUTE', 1),
+    (N'[queue].[undo]', N'SELECT', 0),
+    (N'[queue].[undo]', N'INSERT', 0),
+    (N'[queue].[undo]', N'UPDATE', 0),
+    (N'[queue].[undo]', N'DELETE', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_undo].[test the admin role may not run enqueue: 229]
+AS
+BEGIN
+    -- Assemble: a user in the admin role only; enqueue belongs to the producer role, so the
+    -- call is refused before it runs.
+    CREATE USER [test_undo_admin] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_undo_admin];
+    EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_admin]
+WITH EXECUTE AS ''test_undo_admin''
+AS
+BEGIN
+    SET NOCOUNT ON;
+    EXEC (N''EXEC [queue].[undo_enqueue] @payload = N''''message 1'''';'');
+END;');
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC [test_queue_undo].[as test_undo_admin];
+END;
+GO
+
 CREATE PROCEDURE [test_queue_undo].[test destructive_table_add_dedupe keeps the rows of table]
 AS
 BEGIN

@@ -708,6 +708,38 @@ BEGIN
 END;
 GO
 {% endif %}
+{% if strict %}
+
+CREATE PROCEDURE {{ cls }}.[test strict dequeue hands a rolled-back head out again, then the rest in order]
+AS
+BEGIN
+    -- Assemble: strict order is between sessions: a consumer waits on the head another one holds (no
+    -- READPAST) and gets it when that one rolls back. A session never waits on its own locks, so
+    -- the waiting itself is proven by tests/test_destructive_concurrency.py (four consumers, some
+    -- rolling back, against a real server); this test asserts what one caller observes: a hand-out
+    -- rolled back (to a savepoint in tSQLt's transaction) is the head again, and hand-outs come in
+    -- id (enqueue) order, not in enqueued_at order.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_messages(three) }}
+    -- A table variable keeps its rows through the rollback to the savepoint.
+    DECLARE @first TABLE (id bigint NOT NULL, payload {{ payload_type }} NOT NULL, enqueued_at datetime2(7) NOT NULL);
+    SAVE TRANSACTION before_first_dequeue;
+    INSERT INTO @first (id, payload, enqueued_at)
+    EXEC {{ names.verb('dequeue') }} @batch_size = 1;
+    ROLLBACK TRANSACTION before_first_dequeue;
+{{ dequeue_into_actual(3) }}
+
+    -- Assert
+    DECLARE @first_id bigint = (SELECT f.id FROM @first AS f);
+    EXEC tSQLt.AssertEquals @Expected = {{ three[0].id }}, @Actual = @first_id, @Message = N'the first hand-out was not the head';
+{{ expect_dequeued(three) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_remaining([]) }}
+END;
+GO
+{% endif %}
 {% if has_due %}
 
 CREATE PROCEDURE {{ cls }}.[test dequeue hands out nothing that is not due yet]
@@ -1115,3 +1147,5 @@ BEGIN
     EXEC {{ names.verb('purge') }};
 END;
 GO
+{% set timed_tables = [t] %}
+{% include '_test_real_objects.sql' %}

@@ -9,8 +9,11 @@
   suite against a real server). An argument check throws before XACT_ABORT is set and leaves that
   transaction usable; any later THROW dooms it: tSQLt rolls it back completely and still reports the
   test by its ExpectException, so nothing may follow the Act in such a test.
-  S.Q_process refuses any open transaction, so its loop is covered by tests/test_work_process.py
-  against a real SQL Server (TABLEQUEUE_MSSQL_URL); here it is tested for that refusal.
+  S.Q_process refuses any open transaction: its refusal is tested in tSQLt's transaction, its loop
+  (and a manual-commit caller's first call, IMPLICIT_TRANSACTIONS ON at @@TRANCOUNT = 0) by tests
+  annotated --[@tSQLt:NoTransaction] (tSQLt 1.0.8083.3529), which run outside it and name a
+  clean-up; tSQLt.UndoTestDoubles then puts back what they faked. tests/test_work_process.py covers
+  the loop against a real SQL Server too. Two sessions racing stay with the conformance suite.
 -#}
 {% set cls = test_class %}
 {% import '_pinned_indexes.sql' as pins with context %}
@@ -167,6 +170,27 @@ EXEC tSQLt.NewTestClass 'test_{{ schema }}_{{ queue.name }}';
 GO
 
 {{ pins.fake_helper(cls, t) }}
+
+{% if opt.handler %}
+{% set handler_parts = opt.handler.split('.') if '.' in opt.handler else [schema, opt.handler] %}
+{% set handler_name = '[' ~ handler_parts[0] ~ '].[' ~ handler_parts[1] ~ ']' %}
+{% endif %}
+CREATE PROCEDURE {{ cls }}.[undo what a test outside a transaction left]
+AS
+BEGIN
+    -- The clean-up of the NoTransaction tests (--[@tSQLt:NoTransaction]), which tSQLt runs after
+    -- such a test and before tSQLt.UndoTestDoubles puts back what it faked or moved away: a
+    -- transaction the test left open{% if opt.handler %}, and the handler double (only it carries the marker:
+    -- a real handler that tSQLt.RemoveObjectIfExists moved away comes back untouched){% endif %}.
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+{% if opt.handler %}
+    IF OBJECT_DEFINITION(OBJECT_ID(N'{{ handler_name }}', N'P')) LIKE N'%tablequeue tSQLt handler double%'
+        BEGIN
+            DROP PROCEDURE {{ handler_name }};
+        END;
+{% endif %}
+END;
+GO
 
 -- enqueue -----------------------------------------------------------------------------------------
 
@@ -962,6 +986,40 @@ BEGIN
 END;
 GO
 
+--[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
+CREATE PROCEDURE {{ cls }}.[test fail in implicit-transaction mode runs in the caller's transaction]
+AS
+BEGIN
+    -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
+    -- autocommit off) calls: IMPLICIT_TRANSACTIONS ON at @@TRANCOUNT = 0. fail opens a transaction
+    -- of its own only for an autocommit caller; here its first statement opens the caller's (a
+    -- BEGIN TRANSACTION would open two levels, its COMMIT would leave one: error 266). The fakes
+    -- come back through tSQLt.UndoTestDoubles.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=max_attempts) }}
+    DECLARE @open_after int;
+
+    -- Act: the last attempt fails (to dead), then the caller rolls its transaction back. Plain
+    -- EXEC: INSERT ... EXEC would open the transaction before the call.
+    SET IMPLICIT_TRANSACTIONS ON;
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'poison';
+    SET @open_after = @@TRANCOUNT;
+    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    SET IMPLICIT_TRANSACTIONS OFF;
+
+    -- Assert: the caller's transaction was still open, and its rollback undid the move.
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @open_after, @Message = N'fail ended the caller''s transaction';
+{{ assert_queue([(1, max_attempts, 'w', false)]) }}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+
 CREATE PROCEDURE {{ cls }}.[test fail refuses a negative retry_after_seconds with 51001]
 AS
 BEGIN
@@ -1033,6 +1091,45 @@ BEGIN
     INSERT INTO #Expected (extended) VALUES (0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 {{ assert_queue([(1, 1, 'w', true)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test extend_lease by another worker returns 0 and leaves the lease]
+AS
+BEGIN
+    -- Assemble: w holds a live lease (token 1) for another 60 seconds.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
+    CREATE TABLE #Actual (extended bit NOT NULL);
+
+    -- Act: another worker, by name alone and with w's token.
+    INSERT INTO #Actual (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'intruder',
+        @lease_seconds = 600;
+    INSERT INTO #Actual (extended)
+    EXEC {{ names.verb('extend_lease') }}
+        @id = {{ mid(1) }},
+        @worker = N'intruder',
+        @lease_seconds = 600,
+        @lease_token = {{ token(1) }};
+
+    -- Assert: nothing extended; the lease is still w's, with its token, ending when it did.
+    CREATE TABLE #Expected (extended bit NOT NULL);
+    INSERT INTO #Expected (extended) VALUES (0), (0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @unchanged int = (
+        SELECT COUNT(*)
+        FROM {{ t }} AS m
+        WHERE
+            m.leased_by = N'w'
+            AND m.lease_token = {{ token(1) }}
+            AND m.visible_at = DATEADD(SECOND, 60, @now)
+    );
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @unchanged, @Message = N'the lease changed';
 END;
 GO
 
@@ -1822,6 +1919,77 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE {{ cls }}.[test stats past 10000 rows estimates from the catalog row count]
+AS
+BEGIN
+    -- Assemble: 10,050 ready messages and 3 delayed ones. Each count stops at 10,001 rows; past that
+    -- the table's row count in sys.partitions (which counts this transaction's own rows) less the
+    -- exact counts stands in: ready comes out above 10,001 only through that estimate.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO {{ t }} (
+        id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}attempts, payload
+    )
+    SELECT TOP (10050)
+{% if client_ids %}
+        NEWID() AS id,
+        ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+{% else %}
+        ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS id,
+{% endif %}
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -60, @now) AS due_at,
+        DATEADD(SECOND, -60, @now) AS visible_at,
+{% if has_priority %}
+        0 AS priority,
+{% endif %}
+        0 AS attempts,
+        {{ sample(1) }} AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+{{ insert_message(20001, visible=3600) }}
+{{ insert_message(20002, visible=3600) }}
+{{ insert_message(20003, visible=3600) }}
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC {{ names.verb('stats') }};
+
+    -- Assert
+    SELECT
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CONVERT(bit, IIF(s.ready > 10001, 1, 0)) AS ready_past_the_exact_limit
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.ready_past_the_exact_limit
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (delayed, in_flight, dead, estimated, ready_past_the_exact_limit)
+    VALUES (3, 0, 0, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 -- purge -------------------------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test purge with older_than removes only older messages]
@@ -1977,6 +2145,55 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE {{ cls }}.[test dead_list without after_id starts at the lowest id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_dead(3) }}
+{{ insert_dead(1) }}
+{{ insert_dead(2) }}
+    CREATE TABLE #Page (
+        position int IDENTITY (1, 1) NOT NULL,
+        id {{ id_type }} NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+{% if has_priority %}
+        priority int NOT NULL,
+{% endif %}
+{% if dedupe %}
+        dedupe_key nvarchar(200) NULL,
+{% endif %}
+        attempts int NOT NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL,
+        dead_at datetime2(7) NOT NULL
+    );
+
+    -- Act: the first page, two messages long, in the order it came.
+    INSERT INTO #Page (
+        id, payload, enqueued_at, due_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts, last_error, last_worker, dead_at
+    )
+    EXEC {{ names.verb('dead_list') }} @page_size = 2;
+
+    -- Assert
+    SELECT
+        p.position,
+        p.id
+    INTO #Actual
+    FROM #Page AS p;
+
+    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL);
+    INSERT INTO #Expected (position, id)
+    VALUES
+    (1, {{ mid(1) }}),
+    (2, {{ mid(2) }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 CREATE PROCEDURE {{ cls }}.[test dead_list refuses page_size 0 with 51001]
 AS
 BEGIN
@@ -2026,6 +2243,70 @@ BEGIN
     EXEC {{ names.verb('dead_requeue') }} @id = {{ mid(7) }};
 END;
 GO
+
+CREATE PROCEDURE {{ cls }}.[test dead_requeue of an id queued again fails with 51001]
+AS
+BEGIN
+    -- Assemble: message 7 is dead and its id is in the queue again ({% if client_ids %}a producer enqueued the same
+    -- client id since{% else %}identity ids never repeat: a row put
+    -- there by hand{% endif %}). The requeue must refuse it, not collide (2627).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    SET IDENTITY_INSERT {{ t }} ON;
+{{ insert_message(7) }}
+    SET IDENTITY_INSERT {{ t }} OFF;
+{{ insert_dead(7) }}
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.invalid_argument }},
+        @ExpectedMessagePattern = N'%is queued already%';
+
+    -- Act
+    EXEC {{ names.verb('dead_requeue') }} @id = {{ mid(7) }};
+END;
+GO
+{% if dedupe %}
+
+CREATE PROCEDURE {{ cls }}.[test dead_requeue of a key enqueued again brings the message back without it]
+AS
+BEGIN
+    -- Assemble: dead message 7 had key order-42, which message 1 holds now.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    SET IDENTITY_INSERT {{ t }} ON;
+{{ insert_message(1, key='order-42') }}
+    SET IDENTITY_INSERT {{ t }} OFF;
+{{ insert_dead(7) }}
+    UPDATE {{ dead_t }}
+    SET dedupe_key = N'order-42'
+    WHERE id = {{ mid(7) }};
+    CREATE TABLE #Actual (requeued bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (requeued)
+    EXEC {{ names.verb('dead_requeue') }} @id = {{ mid(7) }};
+
+    -- Assert: 7 is back, visible, without the key; 1 keeps it.
+    CREATE TABLE #Expected (requeued bit NOT NULL);
+    INSERT INTO #Expected (requeued) VALUES (1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.dedupe_key
+    INTO #Keys
+    FROM {{ t }} AS m;
+
+    CREATE TABLE #ExpectedKeys (id {{ id_type }} NOT NULL, dedupe_key nvarchar(200) NULL);
+    INSERT INTO #ExpectedKeys (id, dedupe_key) VALUES ({{ mid(1) }}, N'order-42'), ({{ mid(7) }}, NULL);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedKeys', @Actual = N'#Keys';
+{{ assert_queue([(1, 0, none, true), (7, 0, none, true)]) }}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+{% endif %}
 
 CREATE PROCEDURE {{ cls }}.[test dead_delete removes the dead-letter message]
 AS
@@ -2123,4 +2404,115 @@ BEGIN
     EXEC {{ names.verb('process') }} @time_budget_seconds = 1;
 END;
 GO
+
+{# The NoTransaction process tests' Assemble: the tables faked (process commits once per message,
+    so it refuses tSQLt's transaction: these run outside it, and tSQLt.UndoTestDoubles drops the fakes
+    with whatever was committed into them), and the catalog's handler replaced by a double whose
+    body is `body` (a real handler is moved away by tSQLt.RemoveObjectIfExists and comes back after
+    the test; the double carries the marker the clean-up drops it by). -#}
+{% macro process_assemble(body) %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1;
 {% endif %}
+    EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'{{ handler_name }}';
+    EXEC (N'CREATE PROCEDURE {{ handler_name }}
+    @id {{ id_type }},
+    @payload {{ payload_type }}
+AS
+BEGIN
+    /* tablequeue tSQLt handler double */
+    SET NOCOUNT ON;
+    {{ body }}
+END;');
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{%- endmacro %}
+{#- The handler's quoted name (handler_name) is set with the clean-up procedure. -#}
+
+--[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
+CREATE PROCEDURE {{ cls }}.[test process runs the handler on each message and completes it]
+AS
+BEGIN
+    -- Assemble: a handler that fails unless it is given a queued message's id with its payload.
+{{ process_assemble("IF NOT EXISTS (SELECT 1 FROM " ~ t ~ " AS m WHERE m.id = @id AND m.payload = @payload) THROW 50000, N''not the queued message'', 1;") }}
+{{ insert_message(1) }}
+{{ insert_message(2) }}
+
+    -- Act: its one row (processed, completed, failed) goes to the caller: INSERT ... EXEC would run it
+    -- inside the INSERT's transaction, which it refuses.
+    EXEC {{ names.verb('process') }} @time_budget_seconds = 60;
+
+    -- Assert: both completed{% if history %} (into the history){% endif %}, none failed.
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ t }}';
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+{% if history %}
+    SELECT h.id
+    INTO #Done
+    FROM {{ history_t }} AS h
+    WHERE h.worker LIKE N'process:%';
+
+    CREATE TABLE #ExpectedDone (id {{ id_type }} NOT NULL);
+    INSERT INTO #ExpectedDone (id) VALUES ({{ mid(1) }}), ({{ mid(2) }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDone', @Actual = N'#Done';
+{% endif %}
+END;
+GO
+
+--[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
+CREATE PROCEDURE {{ cls }}.[test process records the handler's error with fail until the message is dead]
+AS
+BEGIN
+    -- Assemble: a handler that always raises. process fails the message with no retry delay, so it
+    -- takes it again at once, until the {{ max_attempts }}th attempt buries it.
+{{ process_assemble("THROW 50000, N''handler says no'', 1;") }}
+{{ insert_message(1) }}
+
+    -- Act
+    EXEC {{ names.verb('process') }} @time_budget_seconds = 60;
+
+    -- Assert: dead after {{ max_attempts }} attempts, with the handler's error and the process worker.
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ t }}';
+    SELECT
+        d.id,
+        d.attempts,
+        CONVERT(bit, IIF(d.last_error LIKE N'error 50000 in %handler says no%', 1, 0)) AS handler_error,
+        CONVERT(bit, IIF(d.last_worker LIKE N'process:%', 1, 0)) AS by_process
+    INTO #Actual
+    FROM {{ dead_t }} AS d;
+
+    CREATE TABLE #Expected (
+        id {{ id_type }} NOT NULL,
+        attempts int NULL,
+        handler_error bit NULL,
+        by_process bit NULL
+    );
+    INSERT INTO #Expected (id, attempts, handler_error, by_process)
+    VALUES ({{ mid(1) }}, {{ max_attempts }}, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+--[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
+CREATE PROCEDURE {{ cls }}.[test process takes no message after its time budget ends]
+AS
+BEGIN
+    -- Assemble: three ready messages and a handler that takes longer than the whole budget (1
+    -- second): whatever the server's speed, the budget has ended when the first message is done.
+{{ process_assemble("WAITFOR DELAY ''00:00:01.200'';") }}
+{{ insert_message(1) }}
+{{ insert_message(2) }}
+{{ insert_message(3) }}
+
+    -- Act
+    EXEC {{ names.verb('process') }} @time_budget_seconds = 1;
+
+    -- Assert: 1 completed; 2 and 3 never claimed (no attempt, no lease).
+{{ assert_queue([(2, 0, none, true), (3, 0, none, true)]) }}
+    EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+{% endif %}
+{% set timed_tables = [t, dead_t] + ([history_t] if history else []) %}
+{% include '_test_real_objects.sql' %}

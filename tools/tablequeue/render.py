@@ -329,6 +329,7 @@ def render_tsqlt(catalog: Catalog) -> list[RenderedFile]:
             continue
         context = _context("mssql", catalog.schema, queue)
         context["test_class"] = f"[test_{catalog.schema}_{queue.name}]"
+        context["verb_roles"] = _granted_verbs(catalog, queue)
         body = env.get_template(template).render(**context)
         cases = _tsqlt_migration_cases(catalog, queue)
         if cases:
@@ -337,6 +338,14 @@ def render_tsqlt(catalog: Catalog) -> list[RenderedFile]:
                          f"queue: {catalog.schema}.{queue.name}")
         files.append(RenderedFile(f"test_{queue.name}.sql", queue.name, header + body))
     return files
+
+
+def _granted_verbs(catalog: Catalog, queue: Queue) -> dict[str, str]:
+    """The queue's verbs (its procedures as rendered) with the role the contract grants each to
+    (VERB_ROLES): what the tSQLt role tests expect the deployed grants to be."""
+    procedures = {unit.name for unit in render_queue(catalog, queue, "mssql").units if unit.type == "code"}
+    return {verb: role for verb, role in VERB_ROLES.items()
+            if f"{catalog.schema}.{queue.name}_{verb}" in procedures}
 
 
 SHAPE_COLUMNS = {"dedupe": "dedupe_key", "priority": "priority"}

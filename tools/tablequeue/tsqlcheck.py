@@ -51,6 +51,14 @@ SYSTEM_PRINCIPALS = {"dbo", "public"}
 SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "partitions"): {"object_id": "int", "index_id": "int", "rows": "bigint"},
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
+    ("sys", "indexes"): {"object_id": "int", "index_id": "int", "name": "sysname", "type_desc": "nvarchar(60)",
+                         "is_unique": "bit", "has_filter": "bit", "filter_definition": "nvarchar(MAX)"},
+    ("sys", "index_columns"): {"object_id": "int", "index_id": "int", "column_id": "int", "key_ordinal": "tinyint",
+                               "is_descending_key": "bit"},
+    ("sys", "columns"): {"object_id": "int", "column_id": "int", "name": "sysname", "user_type_id": "int",
+                         "collation_name": "sysname"},
+    ("sys", "default_constraints"): {"object_id": "int", "parent_object_id": "int", "parent_column_id": "int"},
+    ("sys", "types"): {"user_type_id": "int", "name": "sysname"},
 }
 TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "NewTestClass": ("@ClassName",),
@@ -64,6 +72,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "ExpectException": ("@ExpectedMessage", "@ExpectedSeverity", "@ExpectedState", "@Message",
                         "@ExpectedMessagePattern", "@ExpectedErrorNumber"),
     "Fail": tuple(f"@Message{i}" for i in range(10)),
+    "RemoveObjectIfExists": ("@ObjectName", "@NewName"),
 }
 # tSQLt arguments whose string value names a table (or a #temp table); ApplyConstraint's
 # @ConstraintName names a constraint of its @TableName.
@@ -77,8 +86,9 @@ BUILTIN_FUNCTIONS: dict[str, str | None] = {
     "COL_LENGTH": "smallint", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
     "DATABASE_PRINCIPAL_ID": "int", "DATALENGTH": "bigint", "DATEADD": "datetime2(7)", "DATEDIFF": "int",
     "DATEDIFF_BIG": "bigint", "ERROR_LINE": "int", "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int",
-    "ERROR_PROCEDURE": "nvarchar(128)", "IIF": None, "INDEX_COL": "nvarchar(128)", "INDEXPROPERTY": "int",
-    "LEN": "int", "MAX": None, "MIN": None, "NEWID": "uniqueidentifier", "OBJECT_ID": "int",
+    "ERROR_PROCEDURE": "nvarchar(128)", "HAS_PERMS_BY_NAME": "int", "IIF": None, "INDEX_COL": "nvarchar(128)", "INDEXPROPERTY": "int",
+    "LEN": "int", "LOWER": None, "MAX": None, "MIN": None, "NEWID": "uniqueidentifier",
+    "OBJECT_DEFINITION": "nvarchar(max)", "OBJECT_ID": "int", "OBJECT_NAME": "nvarchar(128)", "REPLACE": None,
     "ORIGINAL_LOGIN": "nvarchar(128)", "QUOTENAME": "nvarchar(258)", "SCHEMA_ID": "int",
     "SCOPE_IDENTITY": "numeric(38,0)", "SERVERPROPERTY": "sql_variant", "SUM": None,
     "SYSUTCDATETIME": "datetime2(7)", "TYPE_ID": "int", "ROW_NUMBER": "bigint", "XACT_STATE": "smallint",
@@ -385,7 +395,8 @@ class _Resolver:
             self.select(s.select, None)
         self.refs(s.values, Scope(None))
         if s.exec is not None:
-            self.st_Exec(s.exec)
+            # INSERT ... EXEC proc, or INSERT ... EXEC (N'literal') (modelled as the batch it runs)
+            getattr(self, "st_" + type(s.exec).__name__)(s.exec)
         if s.output is not None:
             self.output(s.output, [Bound("inserted", target.columns)])
         self.ctes.pop()

@@ -1,0 +1,263 @@
+{#-
+  Tests of the deployed objects themselves, included at the end of every kind's class (test_work.sql,
+  _test_destructive.sql), which set cls, t, pins (_pinned_indexes.sql), dedupe and sample().
+  tSQLt.FakeTable replaces a table with a heap without indexes, constraints or defaults, so no verb
+  test can see them: these read the real table's catalog views (sys.indexes, sys.index_columns,
+  sys.columns, sys.default_constraints) inside the transaction tSQLt rolls back, and fake nothing.
+  The role tests run the verbs as a user in one role (a user WITHOUT LOGIN, and a procedure WITH
+  EXECUTE AS that user, both created in the test and dropped by tSQLt's rollback); verb_roles (render.py, from the contract's VERB_ROLES) says which
+  role each of the queue's procedures belongs to.
+  timed_tables: the queue's tables (time defaults checked, no role may touch them).
+-#}
+{#- One pinned key column as sys.index_columns shows it: (name, is_descending_key). -#}
+{% macro key_column(part) -%}
+{{ part.split(' ')[0] }}{{ '|1' if part.endswith(' DESC') else '|0' }}
+{%- endmacro %}
+{#- A one-column filter ('col IS NOT NULL') as sys.indexes.filter_definition stores it. -#}
+{% macro stored_filter(filter) -%}
+{% set column, rest = filter.split(' ', 1) %}([{{ column }}] {{ rest }})
+{%- endmacro %}
+
+-- the deployed objects ----------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test the pinned indexes have the key and filter the claims seek on]
+AS
+BEGIN
+    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
+    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
+    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
+    CREATE TABLE #Expected (
+        index_name sysname NOT NULL,
+        type_desc nvarchar(60) NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        column_name sysname NOT NULL,
+        is_descending_key bit NOT NULL,
+        key_ordinal int NOT NULL
+    );
+    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+{% set found = namespace(rows=[]) %}
+{% for words, name, key, filter in pins.pinned %}
+{% for part in key.split(', ') %}
+{% set column, descending = key_column(part).split('|') %}
+{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', N'" ~ words ~ "', " ~ (("N'" ~ stored_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
+{% endfor %}
+{% endfor %}
+{% for row in found.rows %}
+    {{ row }}{{ ';' if loop.last else ',' }}
+{% endfor %}
+
+    -- Act
+    SELECT
+        i.name AS index_name,
+        i.type_desc,
+        i.filter_definition,
+        c.name AS column_name,
+        ic.is_descending_key,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'{{ t }}')
+        AND i.name IN ({% for index in pins.pinned %}N'{{ index[1][1:-1] }}'{{ ', ' if not loop.last }}{% endfor %})
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% if dedupe %}
+
+CREATE PROCEDURE {{ cls }}.[test the dedupe index is unique on a BIN2 key and skips rows without one]
+AS
+BEGIN
+    -- Assemble: a unique index filtered on dedupe_key IS NOT NULL, over a column that compares byte
+    -- for byte (Latin1_General_100_BIN2, as text compares on PostgreSQL), whatever the database's
+    -- collation: 'K' and 'k', or 'k' and 'k ', are different keys.
+    CREATE TABLE #Expected (
+        is_unique bit NOT NULL,
+        has_filter bit NOT NULL,
+        filter_definition nvarchar(MAX) NULL,
+        column_name sysname NOT NULL,
+        collation_name sysname NULL,
+        key_ordinal int NOT NULL
+    );
+    INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
+    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
+
+    -- Act
+    SELECT
+        i.is_unique,
+        i.has_filter,
+        i.filter_definition,
+        c.name AS column_name,
+        c.collation_name,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'{{ t }}')
+        AND i.name = N'{{ names.index_name('ux', 'dedupe') }}'
+        AND ic.key_ordinal > 0;
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% endif %}
+
+CREATE PROCEDURE {{ cls }}.[test every time default of the queue's tables is SYSUTCDATETIME]
+AS
+BEGIN
+    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    CREATE TABLE #Expected (
+        column_name sysname NOT NULL,
+        table_name sysname NOT NULL,
+        default_function nvarchar(MAX) NULL
+    );
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'{{ queue.name }}', N'sysutcdatetime');
+
+    -- Act: every default on a date or time column of the queue's tables.
+    SELECT
+        c.name AS column_name,
+        OBJECT_NAME(dc.parent_object_id) AS table_name,
+        REPLACE(REPLACE(LOWER(OBJECT_DEFINITION(dc.object_id)), N'(', N''), N')', N'') AS default_function
+    INTO #Actual
+    FROM sys.default_constraints AS dc
+    INNER JOIN sys.columns AS c
+        ON dc.parent_object_id = c.object_id AND dc.parent_column_id = c.column_id
+    INNER JOIN sys.types AS ty
+        ON c.user_type_id = ty.user_type_id
+    WHERE
+        dc.parent_object_id IN (
+{% for table in timed_tables %}
+            OBJECT_ID(N'{{ table }}'){{ ',' if not loop.last }}
+{% endfor %}
+        )
+        AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
+
+    -- Assert
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+-- roles -------------------------------------------------------------------------------------------
+{# Per role: one of its own verbs to run (a call that succeeds on any queue and changes nothing
+   that outlives tSQLt's rollback) and one verb of another role that must fail with 229. #}
+{% set worker_argument = ", @worker = N'w'" if kind == 'work' else '' %}
+{% set own_call = {
+    'producer': ('enqueue', '(id ' ~ ('uniqueidentifier' if opt.get('client_ids') else 'bigint') ~ ' NOT NULL, duplicate bit NOT NULL)', '@payload = ' ~ sample(1)),
+    'consumer': ('wait', '(ready bit NOT NULL)', '@wait_ms = 0'),
+    'admin': ('purge', '(purged bigint NOT NULL)', "@older_than = '1900-01-01', @max_rows = 1")} %}
+{% set foreign_call = {
+    'producer': ('dequeue', '@batch_size = 1' ~ worker_argument),
+    'consumer': ('purge', "@older_than = '1900-01-01', @max_rows = 1"),
+    'admin': ('enqueue', '@payload = ' ~ sample(1))} %}
+{#- Creates {{ cls }}.[<prefix><user>], a procedure WITH EXECUTE AS the user whose body runs `body`
+    (plain T-SQL; a procedure of its own per result: INSERT ... EXEC does not nest). sqlfluff cannot parse a statement EXECUTE AS / REVERT, a procedure's EXECUTE AS clause it
+    can; the procedure is created in the test (the user exists only there), by EXEC of a literal,
+    and goes with tSQLt's rollback. -#}
+{% macro as_user(user, body, prefix='as ') %}
+    EXEC (N'CREATE PROCEDURE {{ cls }}.[{{ prefix }}{{ user }}]
+WITH EXECUTE AS ''{{ user }}''
+AS
+BEGIN
+    SET NOCOUNT ON;
+{{ body | replace("'", "''") }}
+END;');
+{%- endmacro %}
+{#- EXEC of a verb inside as_user's body: as dynamic SQL, so that the user's own EXECUTE permission
+    is checked (a direct call from a procedure of the same owner would pass on ownership chaining). -#}
+{% macro dynamic_exec(verb, arguments) -%}
+EXEC (N'EXEC {{ names.verb(verb) }} {{ arguments | replace("'", "''") }};');
+{%- endmacro %}
+{% for role in ('producer', 'consumer', 'admin') %}
+{% set user = 'test_' ~ queue.name ~ '_' ~ role %}
+{% set own_verb, own_columns, own_arguments = own_call[role] %}
+{#- (securable, permission, 1 when the role must have it): EXECUTE on each of the queue's verbs,
+    and no right at all on its tables. -#}
+{% set access = namespace(grid=[]) %}
+{% for verb, verb_role in verb_roles.items() %}
+{% set access.grid = access.grid + [(names.verb(verb), 'EXECUTE', 1 if verb_role == role else 0)] %}
+{% endfor %}
+{% for table in timed_tables %}
+{% for permission in ('SELECT', 'INSERT', 'UPDATE', 'DELETE') %}
+{% set access.grid = access.grid + [(table, permission, 0)] %}
+{% endfor %}
+{% endfor %}
+{% set grid = access.grid %}
+{% set own_body %}
+    DECLARE @ran TABLE {{ own_columns }};
+    INSERT INTO @ran
+    {{ dynamic_exec(own_verb, own_arguments) }}
+    IF NOT EXISTS (SELECT 1 FROM @ran) THROW 50000, N'{{ own_verb }} returned no row', 1;
+{%- endset %}
+{% set grid_body %}
+    SELECT
+        v.securable,
+        v.permission_name,
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, N'OBJECT', v.permission_name), 0) AS has_right
+    FROM (
+        VALUES
+{% for securable, permission, _ in grid %}
+        (N'{{ securable }}', N'{{ permission }}'){{ ',' if not loop.last }}
+{% endfor %}
+    ) AS v (securable, permission_name);
+{%- endset %}
+
+CREATE PROCEDURE {{ cls }}.[test the {{ role }} role runs its verbs and may touch nothing else]
+AS
+BEGIN
+    -- Assemble: a user in the {{ role }} role only, and a procedure that runs as that user. Nothing
+    -- is faked: a fake carries none of the real tables' grants. {{ own_verb }} runs on the real table
+    -- through the procedure (ownership chaining: the role has no right on any table), inside the
+    -- transaction tSQLt rolls back{{ ': the message it adds goes with it' if own_verb == 'enqueue' else ', and changes nothing' }}.
+    CREATE USER [{{ user }}] WITHOUT LOGIN;
+    ALTER ROLE {{ roles[role] }} ADD MEMBER [{{ user }}];
+    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+{{ as_user(user, own_body) }}
+{{ as_user(user, grid_body, 'rights of ') }}
+
+    -- Act: the verb (it raises unless it returned its row), then the user's rights.
+    EXEC {{ cls }}.[as {{ user }}];
+    INSERT INTO #Actual (securable, permission_name, has_right)
+    EXEC {{ cls }}.[rights of {{ user }}];
+
+    -- Assert
+    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    INSERT INTO #Expected (securable, permission_name, has_right)
+    VALUES
+{% for securable, permission, has_right in grid %}
+    (N'{{ securable }}', N'{{ permission }}', {{ has_right }}){{ ';' if loop.last else ',' }}
+{% endfor %}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% set other_verb, other_arguments = foreign_call[role] %}
+
+CREATE PROCEDURE {{ cls }}.[test the {{ role }} role may not run {{ other_verb }}: 229]
+AS
+BEGIN
+    -- Assemble: a user in the {{ role }} role only; {{ other_verb }} belongs to the {{ verb_roles[other_verb] }} role, so the
+    -- call is refused before it runs.
+    CREATE USER [{{ user }}] WITHOUT LOGIN;
+    ALTER ROLE {{ roles[role] }} ADD MEMBER [{{ user }}];
+{{ as_user(user, '    ' ~ dynamic_exec(other_verb, other_arguments)) }}
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 229;
+
+    -- Act
+    EXEC {{ cls }}.[as {{ user }}];
+END;
+GO
+{% endfor %}

@@ -57,8 +57,10 @@ claim-pin           every claim (a claim's hinted read with UPDLOCK) and every p
                     index, INDEX (ix), an index or key the SQL creates on that table, whose key is the
                     read's =-compared columns, then its ORDER BY in one direction (or its range column);
                     a filtered index's filter is repeated in the read's WHERE; FORCESEEK when the WHERE
-                    compares the key's first column, never without (no seek plan: 8622). A plan compiled
-                    on an empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
+                    compares the key's first column, never without (no seek plan: 8622); a comparison
+                    counts with its column on either side, BETWEEN as a range; OR, IN (a, b) and NOT
+                    BETWEEN are refused (several seek ranges, no index order). A plan compiled on an
+                    empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
 options             a file sets ANSI_NULLS ON and QUOTED_IDENTIFIER ON before it creates anything
 grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once
 

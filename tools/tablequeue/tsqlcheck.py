@@ -51,6 +51,10 @@ SYSTEM_PRINCIPALS = {"dbo", "public"}
 SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "partitions"): {"object_id": "int", "index_id": "int", "rows": "bigint"},
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
+    # The claim index migrations' key guard (_pinned_indexes.sql, has_key).
+    ("sys", "index_columns"): {"object_id": "int", "index_id": "int", "column_id": "int", "key_ordinal": "tinyint",
+                               "is_descending_key": "bit"},
+    ("sys", "columns"): {"object_id": "int", "column_id": "int", "name": "sysname"},
 }
 TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "NewTestClass": ("@ClassName",),

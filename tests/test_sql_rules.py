@@ -738,55 +738,63 @@ def test_an_uncapped_acks_table_is_refused(verb: str) -> None:
         assert violations(seed(text, procedure, replace(old, new)), "batch-cap", file, procedure) == [not_refused]
 
 
-# ------------------------------------------------------------------------------------------------
-# Option migrations against the pins: while a deploy runs, the old code units run until they are
-# replaced and the new ones from then on, so every index the old code pins must exist, with its key,
-# after each step before the code units, and every index the new code pins before each step after them.
-
-def _pins_and_indexes(catalog) -> tuple[list, list]:
-    from tablequeue.tsqlcheck import analyse
-    batches, _ = analyse([(f.name, f.text) for f in render_catalog(catalog, "mssql")])
-    return [r for b in batches for r in b.reads], [i for b in batches for i in b.indexes]
-
-
-@pytest.mark.parametrize("before, after", [({}, {"priority": True}), ({"priority": True}, {})],
-                         ids=["priority on", "priority off"])
-@pytest.mark.parametrize("client_ids", [False, True], ids=["bigint ids", "client ids"])
-def test_every_pinned_index_exists_with_its_key_at_each_step_of_a_priority_migration(
-        before: dict, after: dict, client_ids: bool) -> None:
-    from tablequeue.catalog import parse_catalog
-    from tablequeue.render import MigrationSource, render_migrations
-    from tablequeue.tsqlrules import check_pins, index_keys
-
-    def catalog(options: dict):
-        return parse_catalog({"schema": "s", "queues": [{"name": "q", "kind": "work",
-                                                         "options": {**options, "client_ids": client_ids}}]}, "<t>")
-
-    old_reads, indexes = _pins_and_indexes(catalog(before))
-    new_reads, _ = _pins_and_indexes(catalog(after))
-    table = old_reads[0].table
-    migration = MigrationSource("mssql").render(
-        "work_table_add_priority" if after else "work_table_drop_priority",
-        *_table_unit_and_storages(catalog(before), catalog(after)))
-    states = []                 # (after-code step?, the indexes once the step ran)
-    for step in migration.steps:
-        for batch in split_batches(step.sql):
-            indexes = [i for i in indexes if not re.search(rf"DROP INDEX IF EXISTS \[{i.name}\] ON", batch.text)]
-            created = [i for i in index_keys(parse_batch(batch.text), "migration") if i.table == table]
-            indexes = [i for i in indexes if i.name not in {c.name for c in created}] + created
-        states.append((step.after_code, indexes))
-    before_code = [state for after_code, state in states if not after_code]
-    after_code_inputs = [before_code[-1]] + [state for after_code, state in states if after_code]
-    for state in before_code:
-        assert check_pins(old_reads, state) == []
-    for state in after_code_inputs:
-        assert check_pins(new_reads, state) == []
+# The comparisons the rule once read only one way: a column on the right of its operator, BETWEEN,
+# and the predicates that are several seek ranges (OR, IN (a, b), NOT BETWEEN), seeded into real claims.
+SEEK = ("a {what} that compares {column}, the first key column of {index}, without FORCESEEK: a plan compiled on an "
+        "empty queue may scan the index at depth")
+SEVERAL = ("a claim of queue.{queue} whose WHERE has {where}: OR, IN (a, b) and NOT BETWEEN are several seek ranges, "
+           "whose rows come back in no index order (a sort of every matching row); claim each in a statement of "
+           "its own")
+GAP_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded [(old, new)], the violation)
+    "the next priority level, its column on the right, without FORCESEEK": (
+        "thumbnails.sql", "thumbnails_dequeue", "FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)",
+        [("FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)", "ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
+         ("WHERE m.priority < @priority", "WHERE @priority > m.priority")],
+        SEEK.format(what="probe", column="priority", index="ix_thumbnails_claim_priority")),
+    "a BETWEEN range without FORCESEEK": (
+        "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])",
+        [("FORCESEEK, ", ""), ("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE m.due_at BETWEEN @batch_size AND SYSUTCDATETIME()")],
+        SEEK.format(what="claim", column="due_at", index="pk_reminders")),
+    "a due time on the right without FORCESEEK": (
+        "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])",
+        [("FORCESEEK, ", ""), ("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE SYSUTCDATETIME() >= m.due_at")],
+        SEEK.format(what="claim", column="due_at", index="pk_reminders")),
+    "an OR": (
+        "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])",
+        [("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE m.due_at <= SYSUTCDATETIME() OR m.id = @batch_size")],
+        SEVERAL.format(queue="reminders", where="DUE_AT <= SYSUTCDATETIME () OR ID = @BATCH_SIZE")),
+    "an OR in brackets": (
+        "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])",
+        [("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE m.due_at <= SYSUTCDATETIME() AND (m.id = 1 OR m.id = 2)")],
+        SEVERAL.format(queue="reminders", where="(ID = 1 OR ID = 2)")),
+    "an IN list": (
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease])",
+        [("m.leased_by = @worker AND", "m.leased_by IN (@worker, N'') AND")],
+        SEVERAL.format(queue="emails", where="LEASED_BY IN (@WORKER , N'')")),
+    "a NOT BETWEEN": (
+        "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])",
+        [("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE m.due_at NOT BETWEEN @batch_size AND SYSUTCDATETIME()")],
+        SEVERAL.format(queue="reminders", where="DUE_AT NOT BETWEEN @BATCH_SIZE AND SYSUTCDATETIME ()")),
+}
 
 
-def _table_unit_and_storages(before, after) -> tuple:
-    """The queue table's storage unit as `after` renders it, its storage before and after."""
-    def table_unit(catalog):
-        return next(u for f in render_catalog(catalog, "mssql") for u in f.units
-                    if u.type == "storage" and u.name == "s.q")
-    unit = table_unit(after)
-    return unit, table_unit(before).storage, unit.storage
+@pytest.mark.parametrize("defect", GAP_DEFECTS)
+def test_a_claim_pin_defect_in_a_comparison_the_rule_once_missed_is_refused(defect: str) -> None:
+    name, procedure, anchor, edits, message = GAP_DEFECTS[defect]
+    file, text = golden(name)
+    assert violations(text, "claim-pin", file) == []
+    seeded = text
+    for old, new in edits:
+        seeded = seed(seeded, procedure, replace(old, new))
+    assert violations(seeded, "claim-pin", file) == [
+        f"{file}:{line_of(text, procedure, anchor)}: claim-pin: {message} (procedure [queue].[{procedure}])"]
+
+
+def test_a_single_value_in_and_a_column_on_the_right_are_accepted_where_they_seek() -> None:
+    file, text = golden("reminders.sql")
+    for old, new in (("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE SYSUTCDATETIME() >= m.due_at"),
+                     ("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE m.due_at BETWEEN @batch_size AND SYSUTCDATETIME()")):
+        assert violations(seed(text, "reminders_dequeue", replace(old, new)), "claim-pin", file) == []
+    file, text = golden("emails.sql")
+    seeded = seed(text, "emails_dequeue", replace("m.leased_by = @worker AND", "m.leased_by IN (@worker) AND"))
+    assert violations(seeded, "claim-pin", file) == []

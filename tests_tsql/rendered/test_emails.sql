@@ -4221,20 +4221,56 @@ BEGIN
         END;
 
     IF
-        INDEXPROPERTY(
-            OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID'
-        ) IS NULL
+        NOT COALESCE(
+            (
+                SELECT
+                    STRING_AGG(
+                        CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
+                    ) WITHIN GROUP (ORDER BY ic.key_ordinal)
+                FROM sys.index_columns AS ic
+                INNER JOIN sys.columns AS c
+                    ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+                WHERE
+                    ic.object_id = OBJECT_ID(N'[queue].[emails]')
+                    AND ic.index_id = INDEXPROPERTY(
+                        OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID'
+                    )
+                    AND ic.key_ordinal > 0
+            ),
+            N''
+        ) = N'priority DESC, visible_at, id'
         BEGIN
-            IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+            IF
+                INDEXPROPERTY(
+                    OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID'
+                ) IS NULL
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
-                        ON [queue].[emails] (priority DESC, visible_at, id)
-                        WITH (ONLINE = ON);
+                    IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                                ON [queue].[emails] (priority DESC, visible_at, id)
+                                WITH (ONLINE = ON);
+                        END;
+                    ELSE
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                                ON [queue].[emails] (priority DESC, visible_at, id);
+                        END;
                 END;
             ELSE
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
-                        ON [queue].[emails] (priority DESC, visible_at, id);
+                    IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                                ON [queue].[emails] (priority DESC, visible_at, id)
+                                WITH (DROP_EXISTING = ON, ONLINE = ON);
+                        END;
+                    ELSE
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                                ON [queue].[emails] (priority DESC, visible_at, id)
+                                WITH (DROP_EXISTING = ON);
+                        END;
                 END;
         END;
 

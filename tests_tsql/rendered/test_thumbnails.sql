@@ -4319,20 +4319,56 @@ BEGIN
 
     -- Act: the migration's steps, as the deploy runs them.
     IF
-        INDEXPROPERTY(
-            OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'
-        ) IS NULL
+        NOT COALESCE(
+            (
+                SELECT
+                    STRING_AGG(
+                        CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
+                    ) WITHIN GROUP (ORDER BY ic.key_ordinal)
+                FROM sys.index_columns AS ic
+                INNER JOIN sys.columns AS c
+                    ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+                WHERE
+                    ic.object_id = OBJECT_ID(N'[queue].[thumbnails]')
+                    AND ic.index_id = INDEXPROPERTY(
+                        OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'
+                    )
+                    AND ic.key_ordinal > 0
+            ),
+            N''
+        ) = N'visible_at, seq'
         BEGIN
-            IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+            IF
+                INDEXPROPERTY(
+                    OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'
+                ) IS NULL
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
-                        ON [queue].[thumbnails] (visible_at, seq)
-                        WITH (ONLINE = ON);
+                    IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                                ON [queue].[thumbnails] (visible_at, seq)
+                                WITH (ONLINE = ON);
+                        END;
+                    ELSE
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                                ON [queue].[thumbnails] (visible_at, seq);
+                        END;
                 END;
             ELSE
                 BEGIN
-                    CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
-                        ON [queue].[thumbnails] (visible_at, seq);
+                    IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                                ON [queue].[thumbnails] (visible_at, seq)
+                                WITH (DROP_EXISTING = ON, ONLINE = ON);
+                        END;
+                    ELSE
+                        BEGIN
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                                ON [queue].[thumbnails] (visible_at, seq)
+                                WITH (DROP_EXISTING = ON);
+                        END;
                 END;
         END;
 

@@ -60,6 +60,10 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "default_constraints"): {"object_id": "int", "parent_object_id": "int", "parent_column_id": "int"},
     ("sys", "types"): {"user_type_id": "int", "name": "sysname"},
 }
+# System procedures the templates call, with their parameters (the claim index upgrade renames one).
+SYSTEM_PROCEDURES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("sys", "sp_rename"): ("@objname", "@newname", "@objtype"),
+}
 TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "NewTestClass": ("@ClassName",),
     "FakeTable": ("@TableName", "@SchemaName", "@Identity", "@ComputedColumns", "@Defaults"),
@@ -480,6 +484,9 @@ class _Resolver:
         if key[1] in tsqlt:
             params = [(fold(p), None, True) for p in TSQLT_PROCEDURES[tsqlt[key[1]]]]
             display = "tSQLt." + tsqlt[key[1]]
+        elif key in SYSTEM_PROCEDURES:
+            params = [(fold(p), None, True) for p in SYSTEM_PROCEDURES[key]]
+            display = ".".join(key)
         elif key in self.catalog.procedures:
             info = self.catalog.procedures[key]
             params, display = info.params, info.display

@@ -57,8 +57,10 @@ claim-pin           every claim (a claim's hinted read with UPDLOCK) and every p
                     index, INDEX (ix), an index or key the SQL creates on that table, whose key is the
                     read's =-compared columns, then its ORDER BY in one direction (or its range column);
                     a filtered index's filter is repeated in the read's WHERE; FORCESEEK when the WHERE
-                    compares the key's first column, never without (no seek plan: 8622). A plan compiled
-                    on an empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
+                    compares the key's first column, never without (no seek plan: 8622); a comparison
+                    counts with its column on either side, BETWEEN as a range; OR, IN (a, b) and NOT
+                    BETWEEN are refused (several seek ranges, no index order). A plan compiled on an
+                    empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
 options             a file sets ANSI_NULLS ON and QUOTED_IDENTIFIER ON before it creates anything
 grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once
 
@@ -134,6 +136,7 @@ class PinnedRead:
     ranged: tuple[str, ...]                 # columns compared with <, <=, >, >=
     order: tuple[tuple[str, bool], ...]     # ORDER BY: (folded column, descending)
     conditions: tuple[str, ...]             # every WHERE conjunct, normalised, aliases removed
+    disjunctive: tuple[str, ...] = ()       # conjuncts (or the whole WHERE) with OR, IN (a, b), NOT BETWEEN
 
 
 # ------------------------------------------------------------------------------------------------
@@ -728,6 +731,11 @@ def rule_abs_checksum(tree: BaseSegment, where) -> list[Violation]:
 PROBE_HINTS = {"ROWLOCK", "READPAST", "READCOMMITTEDLOCK"}
 _ALIAS = re.compile(r"\b\w+ \. ")      # normalised text spells m.col as "M . COL"
 _COMPARISON = re.compile(r"(\w+) (=|<=|<|>=|>) .+")
+# The column on the right (@now >= visible_at): the comparison read from the column's side.
+_REVERSED = re.compile(r"(?!\w+ (?:=|<=|<|>=|>) ).+ (=|<=|<|>=|>) ([A-Z_][A-Z0-9_]*)", re.IGNORECASE)
+_FLIPPED = {"=": "=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
+_BETWEEN = re.compile(r"(\w+) (NOT )?BETWEEN .+ AND .+", re.IGNORECASE)
+_IN = re.compile(r"(\w+) (NOT )?IN \((.+)\)", re.IGNORECASE)
 
 
 def _table_name(reference: BaseSegment) -> str:
@@ -776,12 +784,46 @@ def _pinned_read(procedure: Procedure, what: str, bracketed: BaseSegment, hints:
                  reference: BaseSegment, select: BaseSegment | None) -> PinnedRead:
     indexes = tuple(fold(r.raw) for q in children(bracketed, "query_hint_segment") if keywords(q)[:1] == ["INDEX"]
                     for r in descendants(q, "index_reference"))
-    conditions = _conditions(child(select, "where_clause")) if select is not None else ()
-    compared = [match.groups() for match in map(_COMPARISON.fullmatch, conditions) if match]
+    where = child(select, "where_clause") if select is not None else None
+    conditions = _conditions(where)
+    compared, disjunctive = _compared(conditions)
+    expression = child(where, "expression") if where is not None else None
+    if expression is not None and conjuncts(expression) is None:      # a top-level OR
+        disjunctive.append(_ALIAS.sub("", normalised([expression])))
     return PinnedRead(procedure.file, procedure.line(bracketed), procedure.name, what, _table_name(reference),
                       indexes, "FORCESEEK" in hints, tuple(c.lower() for c, op in compared if op == "="),
                       tuple(c.lower() for c, op in compared if op != "="),
-                      _order(select) if select is not None else (), conditions)
+                      _order(select) if select is not None else (), conditions, tuple(disjunctive))
+
+
+def _compared(conditions: tuple[str, ...]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (column, operator) pairs a seek can use, with the column on either side (BETWEEN: a range,
+    IN with one value: =), and the conjuncts that are no single seek range: OR, IN (a, b) or
+    IN (SELECT ...), NOT BETWEEN. NOT IN and <> are residual predicates: neither."""
+    compared: list[tuple[str, str]] = []
+    disjunctive: list[str] = []
+    for text in conditions:
+        between, listed = _BETWEEN.fullmatch(text), _IN.fullmatch(text)
+        comparison, reversed_ = _COMPARISON.fullmatch(text), _REVERSED.fullmatch(text)
+        if re.search(r"\bOR\b", mask_comments_and_strings(text), re.IGNORECASE):
+            disjunctive.append(text)
+        elif listed:
+            if listed[2]:
+                continue
+            if "," in mask_comments_and_strings(listed[3]) or re.match(r"SELECT\b", listed[3], re.IGNORECASE):
+                disjunctive.append(text)
+            else:
+                compared.append((listed[1], "="))
+        elif between:
+            if between[2]:
+                disjunctive.append(text)
+            else:
+                compared.append((between[1], ">="))
+        elif comparison:
+            compared.append(comparison.groups())
+        elif reversed_:
+            compared.append((reversed_[2], _FLIPPED[reversed_[1]]))
+    return compared, disjunctive
 
 
 def pinned_reads(procedure: Procedure) -> list[PinnedRead]:
@@ -851,6 +893,11 @@ def check_pins(reads: Iterable[PinnedRead], indexes: Iterable[IndexKey]) -> list
                                  "may scan it at depth; name the index whose key is its WHERE and ORDER BY"
                                  if not read.indexes else
                                  f"a {read.what} of {read.table} names {len(read.indexes)} indexes in INDEX (...)"))
+            continue
+        if read.disjunctive:
+            out.append(violation(f"a {read.what} of {read.table} whose WHERE has {' AND '.join(read.disjunctive)}: "
+                                 "OR, IN (a, b) and NOT BETWEEN are several seek ranges, whose rows come back in no "
+                                 "index order (a sort of every matching row); claim each in a statement of its own"))
             continue
         name = read.indexes[0]
         found = [i for i in indexes if i.table == read.table and i.name == name]

@@ -28,6 +28,31 @@
 {% set pinned = [('CLUSTERED', pk, pk_key, none)] %}
 {% endif %}
 
+{#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written
+    as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one).
+    Migrations guard on the key, not on the name alone: 0.1.0 named the claim index with priority
+    ix_q_claim, the name 0.2.0 gives the key without priority. STRING_AGG: SQL Server 2017. -#}
+{% macro has_key(t, name, key) %}
+COALESCE(
+    (
+        SELECT
+            STRING_AGG(
+                CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
+            ) WITHIN GROUP (ORDER BY ic.key_ordinal)
+        FROM sys.index_columns AS ic
+        INNER JOIN sys.columns AS c
+            ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+        WHERE
+            ic.object_id = OBJECT_ID(N'{{ t }}')
+            AND ic.index_id = INDEXPROPERTY(
+                OBJECT_ID(N'{{ t }}'), N'{{ name }}', 'IndexID'
+            )
+            AND ic.key_ordinal > 0
+    ),
+    N''
+) = N'{{ key }}'
+{%- endmacro %}
+
 {#- CREATE INDEX for one pinned index (on a table already holding messages, see create_index_online). -#}
 {% macro create_index(index, on) %}
 {% set words, name, key, filter = index %}

@@ -3,23 +3,46 @@
   before the code units and the old shape's dropped after them (docs/operations.md): the old code
   units pin the old index and the new ones the new index, each with the key it seeks on, so neither
   fails with 8622 while the deploy runs. One extra index is maintained for that long.
-  Included by work_table_add_priority.sql and work_table_drop_priority.sql, which set `priority`.
+  The build is guarded by the index's key, not its name alone: a name holding another key (0.1.0's
+  ix_q_claim led by priority, seen by a priority-off migration after v1_to_v2) is built again with
+  the key the new code seeks on (DROP_EXISTING: the index stays in place while it is rebuilt).
+  old_key (optional): drop the old index only while it has that key (v1_to_v2: 0.1.0's shape, so
+  that a claim index without priority that a later migration of the same deploy built is kept).
+  Included by work_table_add_priority.sql, work_table_drop_priority.sql and work_table_v1_to_v2.sql,
+  which set `priority`.
 -#}
 {% import '_pinned_indexes.sql' as pins with context %}
 {% set t = names.obj() %}
 {% set new_index = pins.claim_name(priority, quoted=false) %}
 {% set old_index = pins.claim_name(not priority, quoted=false) %}
+{% set statement = pins.create_index(('NONCLUSTERED', pins.claim_name(priority), pins.claim_key(priority), none), t) %}
 {{ m.step('transaction', 'build ' ~ new_index ~ (' (priority leading)' if priority else ' (without priority)'),
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait)') }}
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end; Sch-M at the end when DROP_EXISTING replaces a name holding another key); Standard, Express: S on the table for the build (writes wait)') }}
 IF
-    INDEXPROPERTY(
-        OBJECT_ID(N'{{ t }}'), N'{{ new_index }}', 'IndexID'
-    ) IS NULL
+    NOT {{ pins.has_key(t, new_index, pins.claim_key(priority)) | indent(4) }}
     BEGIN
-{{ m.create_index_online(pins.create_index(('NONCLUSTERED', pins.claim_name(priority), pins.claim_key(priority), none), t)) | indent(8, first=true) }}
+        IF
+            INDEXPROPERTY(
+                OBJECT_ID(N'{{ t }}'), N'{{ new_index }}', 'IndexID'
+            ) IS NULL
+            BEGIN
+{{ m.create_index_online(statement) | indent(16, first=true) }}
+            END;
+        ELSE
+            BEGIN
+{{ m.create_index_online(statement, with='DROP_EXISTING = ON') | indent(16, first=true) }}
+            END;
     END;
 GO
 
 {{ m.step('transaction', 'drop ' ~ old_index, 'the table, Sch-M briefly, every edition', after_code=true) }}
+{% if old_key is defined %}
+IF
+    {{ pins.has_key(t, old_index, old_key) | indent(4) }}
+    BEGIN
+        DROP INDEX {{ pins.claim_name(not priority) }} ON {{ t }};
+    END;
+{% else %}
 DROP INDEX IF EXISTS {{ pins.claim_name(not priority) }} ON {{ t }};
+{% endif %}
 GO

@@ -51,6 +51,8 @@ SYSTEM_PRINCIPALS = {"dbo", "public"}
 SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "partitions"): {"object_id": "int", "index_id": "int", "rows": "bigint"},
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
+    ("sys", "parameters"): {"object_id": "int", "parameter_id": "int", "name": "sysname", "user_type_id": "int",
+                            "max_length": "smallint", "is_output": "bit"},
 }
 TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "NewTestClass": ("@ClassName",),
@@ -64,6 +66,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "ExpectException": ("@ExpectedMessage", "@ExpectedSeverity", "@ExpectedState", "@Message",
                         "@ExpectedMessagePattern", "@ExpectedErrorNumber"),
     "Fail": tuple(f"@Message{i}" for i in range(10)),
+    "RemoveObject": ("@ObjectName", "@NewName", "@IfExists"),
 }
 # tSQLt arguments whose string value names a table (or a #temp table); ApplyConstraint's
 # @ConstraintName names a constraint of its @TableName.

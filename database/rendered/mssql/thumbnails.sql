@@ -2141,38 +2141,41 @@ GO
 
 -- tablequeue:unit queue.thumbnails_process_handler code
 
--- process's check of its handler: 1 when the handler procedure exists with exactly the parameters
--- process passes (@id, @payload, of the queue's types: a narrower payload type would truncate it
--- without an error), else 0; the same contract as PostgreSQL's check by signature. EXECUTE AS
--- OWNER: sys.objects and sys.parameters show a caller only objects it holds a permission on, and
--- the admin role runs the handler through the ownership chain without any permission on it, so a
--- check in process itself saw no handler (OBJECT_ID NULL: no_handler for a handler that exists).
--- No role is granted it: process reaches it through the ownership chain.
-CREATE OR ALTER FUNCTION [queue].[thumbnails_process_handler]()
-RETURNS bit
+-- process's check of its handler: @found is 1 when the handler procedure exists with exactly the
+-- parameters process passes (@id, @payload, of the queue's types: a narrower payload parameter
+-- would cut the payload short without an error), else 0; the same contract as PostgreSQL's check by
+-- signature. EXECUTE AS OWNER: sys.objects and sys.parameters show a caller only objects it holds a
+-- permission on, and the admin role runs the handler through the ownership chain without any
+-- permission on it, so a check in process itself saw no handler (OBJECT_ID NULL: no_handler for a
+-- handler that exists). No role is granted it: process reaches it through the ownership chain.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
+    @found bit OUTPUT
 WITH EXECUTE AS OWNER
 AS
 BEGIN
+    SET NOCOUNT ON;
     DECLARE @handler_id int = OBJECT_ID(N'[queue].[make_thumbnail]', N'P');
-    DECLARE @parameters int;
-    DECLARE @matching int;
-    SELECT
-        @parameters = COUNT(*),
-        @matching = COUNT(
-            CASE
-                WHEN
-                    p.name = N'@id' AND p.user_type_id = TYPE_ID(N'uniqueidentifier')
-                    AND p.is_output = 0
-                    THEN 1
-                WHEN
-                    p.name = N'@payload' AND p.user_type_id = TYPE_ID(N'nvarchar')
-                    AND p.max_length = -1 AND p.is_output = 0
-                    THEN 1
-            END
-        )
-    FROM sys.parameters AS p
-    WHERE p.object_id = @handler_id AND p.parameter_id > 0;
-    RETURN IIF(@handler_id IS NOT NULL AND @parameters = 2 AND @matching = 2, 1, 0);
+    SET @found = (
+        SELECT
+            IIF(
+                COUNT(*) = 2
+                AND COUNT(
+                    CASE
+                        WHEN
+                            p.name = N'@id' AND p.user_type_id = TYPE_ID(N'uniqueidentifier')
+                            AND p.is_output = 0
+                            THEN 1
+                        WHEN
+                            p.name = N'@payload' AND p.user_type_id = TYPE_ID(N'nvarchar')
+                            AND p.max_length = -1 AND p.is_output = 0
+                            THEN 1
+                    END
+                ) = 2,
+                1, 0
+            )
+        FROM sys.parameters AS p
+        WHERE p.object_id = @handler_id AND p.parameter_id > 0
+    );
 END;
 GO
 
@@ -2195,9 +2198,14 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
     -- The handler first, before the transaction check: tSQLt, whose tests all run in a transaction,
     -- can then tell a caller that gets past it (51003 next) from one that does not (51005).
-    IF [queue].[thumbnails_process_handler]() = 0
+    DECLARE @handler_found bit;
+    EXEC [queue].[thumbnails_process_handler] @found = @handler_found OUTPUT;
+    IF @handler_found = 0
         BEGIN
-            SET @error_message = N'queue.thumbnails_process: handler procedure queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)) does not exist.';
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_process: handler procedure ',
+                N'queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)) does not exist.'
+            );
             THROW 51005, @error_message, 1;
         END;
 

@@ -3,38 +3,41 @@
 {%- set payload_base = payload_type.split('(')[0] | lower %}
 {%- set handler_signature = handler_parts[0] ~ '.' ~ handler_parts[1] ~ '(@id ' ~ id_type ~ ', @payload ' ~ payload_type | lower ~ ')' %}
 {{ m.unit(names.plain('_process_handler'), 'code') }}
--- process's check of its handler: 1 when the handler procedure exists with exactly the parameters
--- process passes (@id, @payload, of the queue's types: a narrower payload type would truncate it
--- without an error), else 0; the same contract as PostgreSQL's check by signature. EXECUTE AS
--- OWNER: sys.objects and sys.parameters show a caller only objects it holds a permission on, and
--- the admin role runs the handler through the ownership chain without any permission on it, so a
--- check in process itself saw no handler (OBJECT_ID NULL: no_handler for a handler that exists).
--- No role is granted it: process reaches it through the ownership chain.
-CREATE OR ALTER FUNCTION {{ names.verb('process_handler') }}()
-RETURNS bit
+-- process's check of its handler: @found is 1 when the handler procedure exists with exactly the
+-- parameters process passes (@id, @payload, of the queue's types: a narrower payload parameter
+-- would cut the payload short without an error), else 0; the same contract as PostgreSQL's check by
+-- signature. EXECUTE AS OWNER: sys.objects and sys.parameters show a caller only objects it holds a
+-- permission on, and the admin role runs the handler through the ownership chain without any
+-- permission on it, so a check in process itself saw no handler (OBJECT_ID NULL: no_handler for a
+-- handler that exists). No role is granted it: process reaches it through the ownership chain.
+CREATE OR ALTER PROCEDURE {{ names.verb('process_handler') }}
+    @found bit OUTPUT
 WITH EXECUTE AS OWNER
 AS
 BEGIN
+    SET NOCOUNT ON;
     DECLARE @handler_id int = OBJECT_ID(N'{{ handler_q }}', N'P');
-    DECLARE @parameters int;
-    DECLARE @matching int;
-    SELECT
-        @parameters = COUNT(*),
-        @matching = COUNT(
-            CASE
-                WHEN
-                    p.name = N'@id' AND p.user_type_id = TYPE_ID(N'{{ id_type }}')
-                    AND p.is_output = 0
-                    THEN 1
-                WHEN
-                    p.name = N'@payload' AND p.user_type_id = TYPE_ID(N'{{ payload_base }}')
-                    AND p.max_length = -1 AND p.is_output = 0
-                    THEN 1
-            END
-        )
-    FROM sys.parameters AS p
-    WHERE p.object_id = @handler_id AND p.parameter_id > 0;
-    RETURN IIF(@handler_id IS NOT NULL AND @parameters = 2 AND @matching = 2, 1, 0);
+    SET @found = (
+        SELECT
+            IIF(
+                COUNT(*) = 2
+                AND COUNT(
+                    CASE
+                        WHEN
+                            p.name = N'@id' AND p.user_type_id = TYPE_ID(N'{{ id_type }}')
+                            AND p.is_output = 0
+                            THEN 1
+                        WHEN
+                            p.name = N'@payload' AND p.user_type_id = TYPE_ID(N'{{ payload_base }}')
+                            AND p.max_length = -1 AND p.is_output = 0
+                            THEN 1
+                    END
+                ) = 2,
+                1, 0
+            )
+        FROM sys.parameters AS p
+        WHERE p.object_id = @handler_id AND p.parameter_id > 0
+    );
 END;
 GO
 
@@ -55,9 +58,11 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
     -- The handler first, before the transaction check: tSQLt, whose tests all run in a transaction,
     -- can then tell a caller that gets past it (51003 next) from one that does not (51005).
-    IF {{ names.verb('process_handler') }}() = 0
+    DECLARE @handler_found bit;
+    EXEC {{ names.verb('process_handler') }} @found = @handler_found OUTPUT;
+    IF @handler_found = 0
         BEGIN
-{{ w.throw('no_handler', "N'" ~ names.plain('_process') ~ ": handler procedure " ~ handler_signature ~ " does not exist.'") }}
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "N'" ~ handler_signature ~ " does not exist.'"]) }}
         END;
 
     -- It commits once per message, so it must not run inside a caller's transaction, nor for a

@@ -2150,7 +2150,7 @@ GO
 -- handler that exists). No role is granted it: process reaches it through the ownership chain.
 CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
     @found bit OUTPUT
-WITH EXECUTE AS OWNER
+    WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;

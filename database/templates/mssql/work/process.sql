@@ -12,7 +12,7 @@
 -- handler that exists). No role is granted it: process reaches it through the ownership chain.
 CREATE OR ALTER PROCEDURE {{ names.verb('process_handler') }}
     @found bit OUTPUT
-WITH EXECUTE AS OWNER
+    WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;

@@ -114,6 +114,26 @@ def test_every_constraint_and_index_the_templates_create_is_a_name_the_catalog_r
     assert sorted(created - allowed - framework) == []
 
 
+def test_every_object_the_templates_create_is_a_name_the_catalog_reserves() -> None:
+    # The same for the queue's own objects (tables, procedures, functions, types, sequences): each is
+    # <queue><suffix> with a suffix of GENERATED_SUFFIXES, or a queue beside it could take its name.
+    from tablequeue.catalog import GENERATED_SUFFIXES
+    from tablequeue.render import render_catalog, render_migrations
+
+    catalog = load_catalog(REPO / "tests" / "fixtures" / "option_matrix.yml")
+    texts = [f.text for dialect in ("mssql", "postgres")
+             for f in render_catalog(catalog, dialect) + render_migrations(catalog, dialect)]
+    created = set()
+    for text in texts:
+        created |= set(re.findall(r'CREATE (?:OR (?:ALTER|REPLACE) )?(?:TABLE|PROCEDURE|FUNCTION|TYPE|SEQUENCE|VIEW)'
+                                  r'(?: IF NOT EXISTS)?\s+[\["]?[a-z0-9_]+[\]"]?\.[\["]?([a-z0-9_]+)', text))
+    queues = {q.name for q in catalog.queues}
+    allowed = queues | {name + suffix for name in queues for suffix in GENERATED_SUFFIXES}
+    assert len(created) > len(queues), "no object found: the pattern no longer matches the templates"
+    framework = {name for name in created if name.startswith("tablequeue_")}   # queues cannot start with it
+    assert sorted(created - allowed - framework) == []
+
+
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="cannot read"):
         load_catalog(tmp_path / "missing.yml")

@@ -3603,14 +3603,100 @@ GO
 
 -- process -----------------------------------------------------------------------------------------
 
+-- The handler process calls, of the queue's signature; any procedure of that name is set aside
+-- first (tSQLt.RemoveObject renames it, and the test's rollback brings it back).
+CREATE PROCEDURE [test_queue_thumbnails].[create the handler]
+AS
+BEGIN
+    IF SCHEMA_ID(N'queue') IS NULL EXEC (N'CREATE SCHEMA [queue];');
+    EXEC tSQLt.RemoveObject @ObjectName = N'[queue].[make_thumbnail]', @IfExists = 1;
+    EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail] @id uniqueidentifier, @payload nvarchar(MAX)
+        AS SET NOCOUNT ON;');
+END;
+GO
+
+-- A handler of the handler's name whose payload parameter is not the queue's payload type (a
+-- varbinary(4000) would also cut every longer binary payload short without an error).
+CREATE PROCEDURE [test_queue_thumbnails].[create a handler of other parameter types]
+AS
+BEGIN
+    IF SCHEMA_ID(N'queue') IS NULL EXEC (N'CREATE SCHEMA [queue];');
+    EXEC tSQLt.RemoveObject @ObjectName = N'[queue].[make_thumbnail]', @IfExists = 1;
+    EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail] @id uniqueidentifier, @payload varbinary(4000)
+        AS SET NOCOUNT ON;');
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[test process refuses an open transaction with 51003]
 AS
 BEGIN
     -- Assemble: tSQLt runs every test in a transaction, which is exactly the caller's transaction
-    -- process must refuse (it commits once per message).
+    -- process must refuse (it commits once per message). Its handler exists: process checks the
+    -- handler first.
+    EXEC [test_queue_thumbnails].[create the handler];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51003;
+
+    -- Act
+    EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process finds its handler for a caller holding only the admin role]
+AS
+BEGIN
+    -- Assemble: a user in the admin role alone holds no permission on the handler and sees none of
+    -- its metadata (OBJECT_ID is NULL for it); process runs the handler through the ownership chain.
+    -- tSQLt's own transaction hides the loop: process refuses it (51003) right after the handler
+    -- check, so 51003 and not 51005 (no_handler) shows that the check found the handler.
+    EXEC [test_queue_thumbnails].[create the handler];
+    CREATE USER [test_admin_only_user] WITHOUT LOGIN;
+    ALTER ROLE [queue_admin] ADD MEMBER [test_admin_only_user];
+
+    -- Act: as that user, in a batch of its own (EXECUTE AS lasts to its REVERT or the batch's end);
+    -- what it saw comes back through the session context, set after the REVERT.
+    EXEC (N'
+        EXECUTE AS USER = N''test_admin_only_user'';
+        DECLARE @visible int = OBJECT_ID(N''[queue].[make_thumbnail]'', N''P'');
+        DECLARE @error_number int;
+        BEGIN TRY
+            EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+        END TRY
+        BEGIN CATCH
+            SET @error_number = ERROR_NUMBER();
+        END CATCH;
+        REVERT;
+        EXEC sys.sp_set_session_context @key = N''test process visible'', @value = @visible;
+        EXEC sys.sp_set_session_context @key = N''test process error'', @value = @error_number;
+    ');
+    DECLARE @visible int = CONVERT(int, SESSION_CONTEXT(N'test process visible'));
+    DECLARE @error_number int = CONVERT(int, SESSION_CONTEXT(N'test process error'));
+
+    -- Assert
+    EXEC tSQLt.AssertEquals @Expected = NULL, @Actual = @visible, @Message = N'the user sees the handler: no test';
+    EXEC tSQLt.AssertEquals @Expected = 51003, @Actual = @error_number;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process refuses a handler of other parameter types with 51005]
+AS
+BEGIN
+    -- Assemble
+    EXEC [test_queue_thumbnails].[create a handler of other parameter types];
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51005;
+
+    -- Act
+    EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process refuses a missing handler with 51005]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.RemoveObject @ObjectName = N'[queue].[make_thumbnail]', @IfExists = 1;
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51005;
 
     -- Act
     EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;

@@ -59,6 +59,8 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
                          "collation_name": "sysname"},
     ("sys", "default_constraints"): {"object_id": "int", "parent_object_id": "int", "parent_column_id": "int"},
     ("sys", "types"): {"user_type_id": "int", "name": "sysname"},
+    ("sys", "parameters"): {"object_id": "int", "parameter_id": "int", "name": "sysname", "user_type_id": "int",
+                            "max_length": "smallint", "is_output": "bit"},
 }
 # System procedures the templates call, with their parameters (the claim index upgrade renames one).
 SYSTEM_PROCEDURES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -77,6 +79,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
                         "@ExpectedMessagePattern", "@ExpectedErrorNumber"),
     "Fail": tuple(f"@Message{i}" for i in range(10)),
     "RemoveObjectIfExists": ("@ObjectName", "@NewName"),
+    "RemoveObject": ("@ObjectName", "@NewName", "@IfExists"),
 }
 # tSQLt arguments whose string value names a table (or a #temp table); ApplyConstraint's
 # @ConstraintName names a constraint of its @TableName.

@@ -2139,6 +2139,46 @@ GO
 GRANT EXECUTE ON OBJECT::[queue].[thumbnails_dead_delete] TO [queue_admin];
 GO
 
+-- tablequeue:unit queue.thumbnails_process_handler code
+
+-- process's check of its handler: @found is 1 when the handler procedure exists with exactly the
+-- parameters process passes (@id, @payload, of the queue's types: a narrower payload parameter
+-- would cut the payload short without an error), else 0; the same contract as PostgreSQL's check by
+-- signature. EXECUTE AS OWNER: sys.objects and sys.parameters show a caller only objects it holds a
+-- permission on, and the admin role runs the handler through the ownership chain without any
+-- permission on it, so a check in process itself saw no handler (OBJECT_ID NULL: no_handler for a
+-- handler that exists). No role is granted it: process reaches it through the ownership chain.
+CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
+    @found bit OUTPUT
+    WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @handler_id int = OBJECT_ID(N'[queue].[make_thumbnail]', N'P');
+    SET @found = (
+        SELECT
+            IIF(
+                COUNT(*) = 2
+                AND COUNT(
+                    CASE
+                        WHEN
+                            p.name = N'@id' AND p.user_type_id = TYPE_ID(N'uniqueidentifier')
+                            AND p.is_output = 0
+                            THEN 1
+                        WHEN
+                            p.name = N'@payload' AND p.user_type_id = TYPE_ID(N'nvarchar')
+                            AND p.max_length = -1 AND p.is_output = 0
+                            THEN 1
+                    END
+                ) = 2,
+                1, 0
+            )
+        FROM sys.parameters AS p
+        WHERE p.object_id = @handler_id AND p.parameter_id > 0
+    );
+END;
+GO
+
 -- tablequeue:unit queue.thumbnails_process code
 
 -- The in-database worker (Darling's loop): claim one message and commit (the attempt and the lease
@@ -2156,6 +2196,18 @@ BEGIN
     SET XACT_ABORT OFF;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     DECLARE @error_message nvarchar(2048);
+    -- The handler first, before the transaction check: tSQLt, whose tests all run in a transaction,
+    -- can then tell a caller that gets past it (51003 next) from one that does not (51005).
+    DECLARE @handler_found bit;
+    EXEC [queue].[thumbnails_process_handler] @found = @handler_found OUTPUT;
+    IF @handler_found = 0
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_process: handler procedure ',
+                N'queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)) does not exist.'
+            );
+            THROW 51005, @error_message, 1;
+        END;
 
     -- It commits once per message, so it must not run inside a caller's transaction, nor for a
     -- caller in implicit-transaction mode (ODBC/JDBC autocommit off), whose driver commits or rolls
@@ -2181,15 +2233,6 @@ BEGIN
     -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
     -- building any SQL text.
     DECLARE @handler_name nvarchar(300) = QUOTENAME(N'queue') + N'.' + QUOTENAME(N'make_thumbnail');
-    IF OBJECT_ID(@handler_name, N'P') IS NULL
-        BEGIN
-            SET @error_message = CONCAT(
-                N'queue.thumbnails_process: handler procedure ',
-                @handler_name,
-                N' does not exist.'
-            );
-            THROW 51005, @error_message, 1;
-        END;
     SET XACT_ABORT ON;
 
     DECLARE @batch_size int = 1;

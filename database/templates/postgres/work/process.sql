@@ -141,3 +141,8 @@ END;
 $procedure$;
 
 {{ m.grant('process', 'PROCEDURE') }}
+-- process cannot be SECURITY DEFINER (PostgreSQL refuses COMMIT there), so the functions it calls
+-- check its caller's rights: the admin role that runs it needs dequeue, complete and fail too
+-- (SQL Server's ownership chain needs no such grant). The handler runs with the caller's rights as
+-- well: grant the admin role what it does (database/examples/handlers/postgres).
+GRANT EXECUTE ON FUNCTION {{ names.verb('dequeue') }}, {{ names.verb('complete') }}, {{ names.verb('fail') }} TO {{ names.role('process') }};

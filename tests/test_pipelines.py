@@ -905,6 +905,122 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
     assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
 
 
+# -- the stream reader with failing rows: the sink acknowledges (ack=sink) ----------------------------
+ACK_MESSAGES = 3000
+
+
+class CrashingSink:
+    """pipelines.stream_job.AckSink that stops the query once at each planned point: after writing
+    micro-batch `after_write` (before any acknowledgement) and after acknowledging micro-batch
+    `after_ack` (before Spark records the batch as committed). `crashed` outlives the restarts."""
+
+    def __init__(self, sink: Any, after_write: int, after_ack: int, crashed: set) -> None:
+        self.sink, self.after_write, self.after_ack, self.crashed = sink, after_write, after_ack, crashed
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        original = self.sink.acknowledge
+
+        def acknowledge(spark: Any, number: int) -> dict:
+            if number == self.after_write and "write" not in self.crashed:
+                self.crashed.add("write")
+                raise RuntimeError(f"driver lost after writing micro-batch {number}")
+            counts = original(spark, number)
+            if number == self.after_ack and "ack" not in self.crashed:
+                self.crashed.add("ack")
+                raise RuntimeError(f"driver lost after acknowledging micro-batch {number}")
+            return counts
+        self.sink.acknowledge = acknowledge
+        try:
+            self.sink(frame, batch_id)
+        finally:
+            self.sink.acknowledge = original
+
+
+def test_stream_sink_fails_rows_with_errors_until_dead_and_a_restart_doubles_nothing(spark, pg, tmp_path):
+    """ACK_MESSAGES messages through the reader (ack=sink), a handler and AckSink: 1 in 10 fails on
+    every attempt (dead at max_attempts 3), 1 in 7 fails its first attempt only (retried, then
+    completed), one row is filtered out by the query (the reader's commit fails it: no result, never
+    completed). The query dies once after a micro-batch was written but not acknowledged, and once
+    after one was acknowledged but not committed; each time it is restarted from its checkpoint.
+    Every other message is completed exactly once with exactly one result row, and no error row is
+    doubled."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import AckSink, handle
+
+    catalog = pg.deploy(work_queue("acks", lease_seconds=120, max_attempts=3))
+    poison = {i for i in range(ACK_MESSAGES) if i % 10 == 3}
+    flaky = {i for i in range(ACK_MESSAGES) if i % 7 == 1} - poison
+    dropped = 5
+    conn = connect(pg.url, autocommit=True)
+    try:
+        from tablequeue.client import QueueClient
+
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "acks")
+        for start in range(0, ACK_MESSAGES, 1000):
+            client.enqueue_batch([{"payload": {"id": i, "name": f"customer {i}", "poison": i in poison,
+                                               "flaky": i in flaky}, "dedupe_key": str(i)}
+                                  for i in range(start, start + 1000)])
+    finally:
+        conn.close()
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "acks"), str(url_file)), "partitions": "2",
+               "messagesPerPartition": "500", "consumer": "ack-test", "ack": "sink", "idleWaitSeconds": "1"}
+    checkpoint, output = str(tmp_path / "checkpoint"), str(tmp_path / "output")
+    crashed: set = set()
+
+    def start() -> Any:
+        stream = spark.readStream.format("tablequeue").options(**options).load()
+        results = handle(stream, TRANSFORM).where(F.get_json_object("payload", "$.id") != str(dropped))
+        sink = CrashingSink(AckSink(output, options, retry_after_seconds=0), 1, 3, crashed)
+        return (results.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+                .trigger(processingTime="0 seconds").start())
+
+    for crash in ("after writing micro-batch 1", "after acknowledging micro-batch 3"):
+        query = start()
+        with pytest.raises(Exception, match=crash):
+            query.awaitTermination(timeout=600)
+    query = start()
+    query.processAllAvailable()
+    query.stop()
+
+    rows = spark.read.parquet(output).select(
+        F.get_json_object("payload", "$.id").cast("int").alias("n"), "id", "error", "batch_id")
+    results = rows.where("error IS NULL").groupBy("n").count()
+    completed = set(range(ACK_MESSAGES)) - poison - {dropped}
+    assert results.count() == len(completed) and results.where("count > 1").count() == 0
+    assert results.where(~F.col("n").isin(*completed)).count() == 0
+    errors = {(r["n"], r["count"]) for r in rows.where("error IS NOT NULL").groupBy("n").count().collect()}
+    assert errors == {(n, 3) for n in poison} | {(n, 1) for n in flaky}
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'acks')}") == 0
+    history = pg.rows(f"SELECT (payload->>'id')::int AS n, attempts FROM {table(catalog, 'acks', '_history')}")
+    assert sorted(r["n"] for r in history) == sorted(completed)
+    assert {r["n"] for r in history if r["attempts"] == 2} == flaky
+    assert {r["attempts"] for r in history} == {1, 2}
+    dead = pg.rows(f"SELECT (payload->>'id')::int AS n, attempts, last_error FROM {table(catalog, 'acks', '_dead')}")
+    assert {r["n"] for r in dead} == poison | {dropped} and {r["attempts"] for r in dead} == {3}
+    assert [r["last_error"] for r in dead if r["n"] == dropped][0].endswith(
+        "without the sink acknowledging this message (ack=sink)")
+    assert all(r["last_error"].startswith("PoisonMessage: poison payload") for r in dead if r["n"] != dropped)
+
+
+def test_stream_sink_names_the_queue_and_the_missing_columns(spark, pg, tmp_path):
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import AckSink
+
+    catalog = pg.deploy(work_queue("bare"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    sink = AckSink(str(tmp_path / "out"), target_options(QueueTarget.of(pg.url, catalog, "bare"), str(url_file)))
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.bare: .* the stream lacks \['lease_token', 'worker', "
+                                            r"'error'\]"):
+        sink(spark.range(3), 0)
+    with pytest.raises(PipelineError, match=r"\.bare: option ack must be one of commit, sink, got 'never'"):
+        stream_reader(pg, catalog, "bare", ack="never")
+
+
 # -- the stream reader's driver and task sides, called directly (no Spark job) -----------------------
 def stream_reader(pg: "Postgres", catalog: Catalog, queue: str, **options: str) -> Any:
     from pipelines.common import QueueTarget

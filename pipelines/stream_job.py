@@ -1,0 +1,282 @@
+"""A work queue drained by a streaming query: the stream reader (ack=sink), a handler, and a sink
+that writes each micro-batch's results before it completes or fails their messages.
+
+    stream = (spark.readStream.format("tablequeue").options(**source).option("ack", "sink").load())
+    results = handle(stream, "pipelines.transforms:uppercase_name", payload_type="json")
+    sink = AckSink("hdfs:///out/emails", source)
+    results.writeStream.foreachBatch(sink).option("checkpointLocation", "hdfs:///chk/emails").start()
+
+The stream's rows carry (id, lease_token, worker) from the reader and an `error` column (NULL when
+the handler succeeded). AckSink, for micro-batch N:
+1. unless <output>/batch_id=N/_tablequeue_written exists, writes the micro-batch (every column) to
+   <output>/batch_id=N (overwrite: a folder without the marker was never acknowledged from), then
+   writes the marker;
+2. reads back (id, lease_token, worker, error) from that folder, and each task acknowledges its rows
+   by worker: complete_batch for rows without an error, fail_batch for rows with one (the queue
+   retries them, or moves them to the dead letters at max_attempts). Both are fenced by the lease
+   token: an acknowledgement repeated after a restart answers lost and changes nothing.
+
+The acknowledgement comes from what was written, never from a recomputation: a micro-batch replayed
+from the checkpoint after a crash between 1 and 2 is not written again (the replay would hold only the
+messages still leased, and a handler may answer differently the second time); its stored rows are
+acknowledged again. See docs/pipelines.md, "Failing messages from a stream".
+
+    TABLEQUEUE_URL=postgresql://... python -m pipelines.stream_job --catalog database/queues.yml \\
+        --queue emails --handler pipelines.transforms:uppercase_name --output out/emails \\
+        --checkpoint out/emails-checkpoint
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without --py-files
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.common import (PipelineError, QueueTarget, Reconnecting, build_session,  # noqa: E402
+                              conf_arguments, elapsed_since, filesystem, job_description, load_callable, log,
+                              require_options, require_shared_storage, resolve_url, with_retries)
+from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
+from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  # noqa: E402
+
+ACK_COLUMNS = ("id", "lease_token", "worker", "error")
+WRITTEN = "_tablequeue_written"      # Spark's readers skip names starting with "_"
+ERROR_TEXT_LIMIT = 2000
+COUNTS = ("completed", "retrying", "dead", "lost")
+
+
+# -- the handler ----------------------------------------------------------------------------------
+def handle(stream: Any, handler: str | Callable, *, payload_type: str = "json") -> Any:
+    """stream (the reader's rows) + `result` (JSON text of what the handler returned) and `error`
+    (the exception's type and text, NULL when it returned). The handler takes the payload (a dict for
+    json queues, str for text, bytes for binary) and optionally the message (id, enqueued_at,
+    attempts) as a second argument, like the drain job's transforms."""
+    from pyspark.sql import functions as F
+
+    dotted = handler if isinstance(handler, str) else f"{handler.__module__}:{handler.__qualname__}"
+    with_message = takes_message(load_callable(dotted))      # fails on the driver, not in every task
+
+    @F.udf("struct<result:string,error:string>")
+    def run(payload: Any, message_id: Any, enqueued_at: Any, attempts: Any) -> tuple:
+        function = load_callable(dotted)
+        value = json.loads(payload) if payload_type == "json" and isinstance(payload, str) else payload
+        try:
+            if with_message:
+                returned = function(value, {"id": message_id, "enqueued_at": enqueued_at, "attempts": attempts})
+            else:
+                returned = function(value)
+        except Exception as exc:  # noqa: BLE001 - any error of the handler fails the message
+            text = f"{type(exc).__name__}: {exc}"
+            return None, text if len(text) <= ERROR_TEXT_LIMIT else text[:ERROR_TEXT_LIMIT - 3] + "..."
+        return json.dumps(returned, sort_keys=True, default=str), None
+
+    outcome = run(F.col("payload"), F.col("id"), F.col("enqueued_at"), F.col("attempts"))
+    return stream.withColumn("_outcome", outcome).select(
+        *[c for c in stream.columns], F.col("_outcome.result").alias("result"), F.col("_outcome.error").alias("error"))
+
+
+# -- the sink -------------------------------------------------------------------------------------
+def acknowledge_partition(target: QueueTarget, retry_after_seconds: int | None,
+                          batches: Iterator[Any]) -> Iterator[Any]:
+    """Run in a task (mapInArrow): acknowledge the stored rows of this partition, by worker, in
+    calls of at most 1,000; yield one row of counts."""
+    import pyarrow as pa
+
+    by_worker: dict[str, list[dict]] = defaultdict(list)
+    for batch in batches:
+        for row in batch.to_pylist():
+            by_worker[row["worker"]].append(row)
+    counts = dict.fromkeys(COUNTS, 0)
+    connection = Reconnecting(target)
+    try:
+        for worker, rows in by_worker.items():
+            done = [r for r in rows if r["error"] is None]
+            failed: dict[str, list[dict]] = defaultdict(list)
+            for row in rows:
+                if row["error"] is not None:
+                    failed[row["error"]].append(row)
+            for start in range(0, len(done), MAX_BATCH):
+                chunk = done[start:start + MAX_BATCH]
+                answer = _acknowledged(connection, f"complete {target.name}",
+                                       lambda client: client.complete_batch(chunk, worker))
+                completed = sum(1 for r in answer if r["completed"])
+                counts["completed"] += completed
+                counts["lost"] += len(answer) - completed
+            for error, group in failed.items():
+                for start in range(0, len(group), MAX_BATCH):
+                    chunk = group[start:start + MAX_BATCH]
+                    answer = _acknowledged(connection, f"fail {target.name}", lambda client: client.fail_batch(
+                        chunk, worker, error, retry_after_seconds))
+                    for r in answer:
+                        counts[r["outcome"]] += 1
+    finally:
+        connection.close()
+    yield pa.RecordBatch.from_pylist([counts], schema=pa.schema([(c, pa.int64()) for c in COUNTS]))
+
+
+def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], list[dict]]) -> list[dict]:
+    """A fenced batch call, again after a transient error on a new connection: a repeat of a call
+    that committed answers lost for its messages, which is what they are by then."""
+    return with_retries(what, lambda: call(connection.client()), 8, on_retry=connection.reset)
+
+
+class AckSink:
+    """foreachBatch(AckSink(output, options)): options name the queue as the reader's do (catalog
+    and queue, or queueSpec; urlFile or url, else $TABLEQUEUE_URL). retry_after_seconds: the failed
+    messages' delay (default the queue's). Counts of every micro-batch are added up in `counts`."""
+
+    def __init__(self, output: str, options: Mapping[str, str], *, retry_after_seconds: int | None = None) -> None:
+        self.target = SourceOptions.of(options).target
+        self.target.require_kind("work")
+        self.output = output.rstrip("/")
+        self.retry_after_seconds = retry_after_seconds
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self._storage_checked = False
+
+    def folder(self, batch_id: int) -> str:
+        return f"{self.output}/batch_id={batch_id}"
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        missing = [c for c in ACK_COLUMNS if c not in frame.columns]
+        if missing:
+            raise PipelineError(f"stream {self.target.name}: the sink acknowledges each row by {', '.join(ACK_COLUMNS)} "
+                                f"(error NULL: completed, else failed); the stream lacks {missing}: keep the "
+                                f"reader's id, lease_token and worker, and add error (handle() does)")
+        if not self._storage_checked:
+            require_shared_storage(frame.sparkSession, self.output)
+            self._storage_checked = True
+        with job_description(frame.sparkSession, f"stream {self.target.name}: micro-batch {batch_id}"):
+            if self.written(batch_id):
+                log().info("stream %s: micro-batch %s was written before (a replay): acknowledging its stored "
+                           "rows again", self.target.name, batch_id)
+            else:
+                self.write(frame, batch_id)
+            counts = self.acknowledge(frame.sparkSession, batch_id)
+        for name in COUNTS:
+            self.counts[name] += counts[name]
+        log().info("stream %s: micro-batch %s: %s completed, %s retrying, %s dead, %s no longer held",
+                   self.target.name, batch_id, *(counts[c] for c in COUNTS))
+
+    def written(self, batch_id: int) -> bool:
+        from pyarrow import fs
+
+        filesystem_, folder = filesystem(self.folder(batch_id))
+        return filesystem_.get_file_info(f"{folder}/{WRITTEN}").type == fs.FileType.File
+
+    def write(self, frame: Any, batch_id: int) -> None:
+        """The micro-batch's rows, then the marker: a folder without it was never acknowledged from."""
+        frame.write.mode("overwrite").parquet(self.folder(batch_id))
+        filesystem_, folder = filesystem(self.folder(batch_id))
+        with filesystem_.open_output_stream(f"{folder}/{WRITTEN}") as marker:
+            marker.write(b"")
+
+    def acknowledge(self, spark: Any, batch_id: int) -> dict[str, int]:
+        from functools import partial
+
+        from pyspark.sql import functions as F
+
+        stored = spark.read.parquet(self.folder(batch_id)).select(
+            F.col("id"), F.col("lease_token"), F.col("worker"), F.col("error"))
+        ack = partial(acknowledge_partition, self.target, self.retry_after_seconds)
+        totals = stored.mapInArrow(ack, ", ".join(f"{c} long" for c in COUNTS)).agg(
+            *[F.sum(c).alias(c) for c in COUNTS]).first()
+        return {c: int(totals[c] or 0) for c in COUNTS}
+
+
+# -- a whole run: until nothing is ready ------------------------------------------------------------
+def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Callable, output: str,
+               checkpoint: str, *, partitions: int = 2, messages_per_partition: int = 500,
+               lease_seconds: int | None = None, retry_after_seconds: int | None = None,
+               url_file: str | None = None, time_budget_seconds: float | None = None) -> dict[str, Any]:
+    """Drain `queue` with a streaming query until nothing is ready (processAllAvailable), or until
+    time_budget_seconds have passed, then stop.
+    Results: Parquet under `output`/batch_id=N (rows with error NULL are the results). Returns
+    the acknowledgement counts (completed, retrying, dead, lost) and the output folder."""
+    import os
+    import tempfile
+
+    target = QueueTarget.of(url, catalog, queue)
+    target.require_kind("work")
+    started = time.monotonic()
+    folder = None
+    if url_file is None:
+        folder = tempfile.mkdtemp(prefix="tablequeue-stream-")     # mode 0700: the URL may hold a password
+        url_file = os.path.join(folder, "url")
+        with open(os.open(url_file, os.O_WRONLY | os.O_CREAT, 0o600), "w", encoding="utf-8") as handle_:
+            handle_.write(url)
+    try:
+        options = {**target_options(target, url_file), "partitions": str(partitions),
+                   "messagesPerPartition": str(messages_per_partition), "ack": "sink", "idleWaitSeconds": "1"}
+        if lease_seconds is not None:
+            options["leaseSeconds"] = str(lease_seconds)
+        stream = spark.readStream.format(FORMAT).options(**options).load()
+        sink = AckSink(output, options, retry_after_seconds=retry_after_seconds)
+        query = (handle(stream, handler, payload_type=target.queue.payload).writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", checkpoint).queryName(f"tablequeue {target.name}").start())
+        budget = threading.Timer(time_budget_seconds, query.stop) if time_budget_seconds else None
+        try:
+            if budget is not None:
+                budget.start()
+            query.processAllAvailable()         # returns as well when the budget's timer stops the query
+        finally:
+            if budget is not None:
+                budget.cancel()
+            query.stop()
+    finally:
+        if folder is not None:
+            os.unlink(url_file)
+            os.rmdir(folder)
+    summary = {"queue": target.name, **sink.counts, "output": output, "seconds": elapsed_since(started)}
+    log().info("stream %s: %s completed, %s retrying, %s dead, %s no longer held (%ss)", target.name,
+               *(summary[c] for c in COUNTS), summary["seconds"])
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pipelines.stream_job", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
+                                      "(default: --url-file, else $TABLEQUEUE_URL)")
+    parser.add_argument("--url-file", help="a file whose first line is the database URL")
+    parser.add_argument("--catalog", help="the catalog YAML the queue was deployed from")
+    parser.add_argument("--queue")
+    parser.add_argument("--handler", help="package.module:function")
+    parser.add_argument("--output", help="the results folder (shared storage on a cluster)")
+    parser.add_argument("--checkpoint", help="the query's checkpoint folder (keep it between runs)")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--messages-per-partition", type=int, default=500)
+    parser.add_argument("--lease-seconds", type=int)
+    parser.add_argument("--retry-after", type=int, help="seconds before a failed message is retried")
+    parser.add_argument("--time-budget", type=float, help="stop after this many seconds even if messages are left")
+    parser.add_argument("--master", help="Spark master when run with python (default local[*])")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    spark = build_session("tablequeue-stream", master=args.master)
+    try:
+        args = parser.parse_args(conf_arguments(spark, parser) + argv)
+        require_options(args, ("catalog", "queue", "handler", "output", "checkpoint"), parser.prog)
+        run_stream(spark, resolve_url(args.url, args.url_file), args.catalog, args.queue, args.handler,
+                   args.output, args.checkpoint, partitions=args.partitions,
+                   messages_per_partition=args.messages_per_partition, lease_seconds=args.lease_seconds,
+                   retry_after_seconds=args.retry_after, url_file=args.url_file,
+                   time_budget_seconds=args.time_budget)
+    except PipelineError as exc:
+        print(f"stream_job: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -906,7 +906,7 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
 
 
 # -- the stream reader with failing rows: the sink acknowledges (ack=sink) ----------------------------
-ACK_MESSAGES = 3000
+ACK_MESSAGES = 2000
 
 
 class CrashingSink:

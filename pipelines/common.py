@@ -120,6 +120,15 @@ def conf_arguments(spark: Any, parser: Any) -> list[str]:
     return found
 
 
+def add_queue_arguments(parser: Any, queue_help: str | None = None) -> None:
+    """The options every job takes to find its queue: --url, --url-file, --catalog, --queue."""
+    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
+                                      "(default: --url-file, else $TABLEQUEUE_URL)")
+    parser.add_argument("--url-file", help="a file whose first line is the database URL")
+    parser.add_argument("--catalog", help="the catalog YAML the queue was deployed from")
+    parser.add_argument("--queue", help=queue_help)
+
+
 def require_options(args: Any, names: tuple[str, ...], prog: str) -> None:
     missing = [f"--{n}" for n in names if getattr(args, n.replace("-", "_")) in (None, "")]
     if missing:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting,  # noqa: E402
+from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, add_queue_arguments,  # noqa: E402
                               build_session, canonical_json, conf_arguments, elapsed_since, filesystem,
                               job_description, load_callable, log, progress_monitor, remove_tree,
                               require_options, require_shared_storage, resolve_url, transaction, with_retries)
@@ -590,11 +590,7 @@ def _run_tasks(spark: Any, target: QueueTarget, config: DrainConfig, tasks: int)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.drain_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help=f"postgresql://... or mssql+pyodbc://... without a password "
-                                      f"(default: --url-file, else $TABLEQUEUE_URL)")
-    parser.add_argument("--url-file", help="a file whose first line is the database URL")
-    parser.add_argument("--catalog")
-    parser.add_argument("--queue", help="a queue of kind work")
+    add_queue_arguments(parser, "a queue of kind work")
     parser.add_argument("--transform", help="package.module:function")
     parser.add_argument("--output", help="folder shared by driver and executors")
     parser.add_argument("--tasks", type=int, default=2, help="consumers (Spark tasks)")

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 if __package__ in (None, ""):  # `spark-submit pipelines/enqueue_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, build_session, conf_arguments,  # noqa: E402
+from pipelines.common import (PipelineError, QueueTarget, add_queue_arguments, build_session, conf_arguments,  # noqa: E402
                               elapsed_since, is_connect_session, job_description, load_callable,
                               require_options, resolve_url)
 from pipelines.sources import FORMAT, require_dedupe, target_options, to_messages  # noqa: E402
@@ -107,11 +107,7 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.enqueue_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
-                                      "(default: --url-file, else $TABLEQUEUE_URL)")
-    parser.add_argument("--url-file", help="a file whose first line is the database URL")
-    parser.add_argument("--catalog", help="the catalog YAML the queue was deployed from")
-    parser.add_argument("--queue")
+    add_queue_arguments(parser)
     parser.add_argument("--input", help="file or folder (local, hdfs://, s3a://, ...)")
     parser.add_argument("--format", choices=FORMATS, help="default: from the file extension")
     parser.add_argument("--key", help="the columns that identify a row: col,col,... (hashed into the dedupe key)")

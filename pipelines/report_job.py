@@ -22,7 +22,7 @@ from typing import Any
 if __package__ in (None, ""):  # `spark-submit pipelines/report_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, build_session,  # noqa: E402
+from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, add_queue_arguments, build_session,  # noqa: E402
                               conf_arguments, elapsed_since, filesystem, jdbc_options, job_description, log,
                               require_options, resolve_url)
 
@@ -262,11 +262,7 @@ def _report(spark: Any, url: str, target: QueueTarget, output: str, since: Any, 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.report_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
-                                      "(default: --url-file, else $TABLEQUEUE_URL)")
-    parser.add_argument("--url-file", help="a file whose first line is the database URL")
-    parser.add_argument("--catalog")
-    parser.add_argument("--queue", help="a work queue with history: true")
+    add_queue_arguments(parser, "a work queue with history: true")
     parser.add_argument("--output", help="folder for the Parquet figures and report.png")
     parser.add_argument("--since", help="only messages finished (or dead) at or after this UTC timestamp")
     parser.add_argument("--master", help="Spark master when run with python (default local[*])")

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, Mapping
 if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, Reconnecting, build_session,  # noqa: E402
+from pipelines.common import (PipelineError, add_queue_arguments, QueueTarget, Reconnecting, build_session,  # noqa: E402
                               conf_arguments, elapsed_since, filesystem, job_description, load_callable, log,
                               require_options, require_shared_storage, resolve_url, with_retries)
 from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
@@ -240,11 +240,7 @@ def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Ca
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.stream_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
-                                      "(default: --url-file, else $TABLEQUEUE_URL)")
-    parser.add_argument("--url-file", help="a file whose first line is the database URL")
-    parser.add_argument("--catalog", help="the catalog YAML the queue was deployed from")
-    parser.add_argument("--queue")
+    add_queue_arguments(parser, "a queue of kind work")
     parser.add_argument("--handler", help="package.module:function")
     parser.add_argument("--output", help="the results folder (shared storage on a cluster)")
     parser.add_argument("--checkpoint", help="the query's checkpoint folder (keep it between runs)")

@@ -47,6 +47,8 @@ def run_spark_demo(url: str, catalog: Any, queue: str, rows: int = 20_000, *, wo
     workdir: where the dataset, the stream's output and checkpoint, and the report go (default: a new temporary folder).
     spark: an existing SparkSession (default: one is built, local[*], and stopped at the end).
     """
+    from pyspark.sql import functions as F
+
     target = QueueTarget.of(url, catalog, queue)
     target.require_kind("work")
     own_session = spark is None
@@ -58,9 +60,11 @@ def run_spark_demo(url: str, catalog: Any, queue: str, rows: int = 20_000, *, wo
         dataset = generate_dataset(spark, rows, str(folder / "input"))
         enqueued = run_enqueue(spark, url, catalog, queue, dataset, key="id")
         drained = run_stream(spark, url, catalog, queue, DEMO_TRANSFORM, str(folder / "output"),
-                             str(folder / "checkpoint"), partitions=tasks, messages_per_partition=500,
+                             str(folder / "checkpoint"), partitions=tasks, messages_per_partition=1000,
                              lease_seconds=60, retry_after_seconds=0, time_budget_seconds=time_budget_seconds)
         report = run_report(spark, url, catalog, queue, str(folder / "report"))
+        results = spark.read.parquet(drained["output"]).where("error IS NULL").agg(
+            F.count("*").alias("rows"), F.countDistinct("id").alias("ids")).first()
     finally:
         if own_session:
             spark.stop()
@@ -74,6 +78,8 @@ def run_spark_demo(url: str, catalog: Any, queue: str, rows: int = 20_000, *, wo
         "dead": drained["dead"],
         "retries": drained["retrying"],
         "output": drained["output"],
+        "results": results["rows"],
+        "results_doubled": results["rows"] - results["ids"],
         "report": str(folder / "report"),
         "chart": report["chart"],
         "peak_per_minute": max((r["completed"] for r in report["throughput"]), default=0),

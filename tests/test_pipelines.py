@@ -694,6 +694,7 @@ def test_spark_demo_on_the_example_catalog(spark, pg, tmp_path):
     results = [r for r in output_rows(summary["output"]) if r["error"] is None]
     assert len(results) == len({r["id"] for r in results}) == summary["completed"]
     assert summary["retries"] > 0
+    assert summary["results"] == summary["completed"] and summary["results_doubled"] == 0
 
 
 # -- the drain across a driver's death, storage the driver cannot see --------------------------------

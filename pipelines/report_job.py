@@ -22,9 +22,8 @@ from typing import Any
 if __package__ in (None, ""):  # `spark-submit pipelines/report_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, add_queue_arguments, build_session,  # noqa: E402
-                              conf_arguments, elapsed_since, filesystem, jdbc_options, job_description, log,
-                              require_options, resolve_url)
+from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, add_queue_arguments, elapsed_since,  # noqa: E402
+                              filesystem, jdbc_options, job_description, job_main, log)
 
 PERCENTILES = (0.5, 0.95, 0.99)
 # percentile_approx's accuracy: the value it returns has a rank within count / PERCENTILE_ACCURACY
@@ -270,20 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    spark = build_session("tablequeue-report", master=args.master)
-    try:
-        args = parser.parse_args(conf_arguments(spark, parser) + argv)
-        require_options(args, ("catalog", "queue", "output"), parser.prog)
-        summary = run_report(spark, resolve_url(args.url, args.url_file), args.catalog, args.queue, args.output,
-                             since=args.since)
-    except PipelineError as exc:
-        print(f"report_job: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
+    code, summary = job_main("tablequeue-report", build_parser(), argv, ("catalog", "queue", "output"),
+                             lambda spark, args, url: run_report(spark, url, args.catalog, args.queue, args.output,
+                                                                 since=args.since))
+    if code:
+        return code
     for metric, row in summary["latency"].items():
         print(f"{metric:<10} p50 {row['p50']}  p95 {row['p95']}  p99 {row['p99']}  (n={row['count']})")
     for row in summary["workers"]:

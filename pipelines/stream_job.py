@@ -39,9 +39,9 @@ from typing import Any, Callable, Iterator, Mapping
 if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, add_queue_arguments, QueueTarget, Reconnecting, build_session,  # noqa: E402
-                              conf_arguments, elapsed_since, filesystem, job_description, load_callable, log,
-                              require_options, require_shared_storage, resolve_url, with_retries)
+from pipelines.common import (PipelineError, QueueTarget, Reconnecting, add_queue_arguments, elapsed_since,  # noqa: E402
+                              filesystem, job_description, job_main, load_callable, log, require_shared_storage,
+                              with_retries)
 from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
 from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  # noqa: E402
 
@@ -254,24 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    spark = build_session("tablequeue-stream", master=args.master)
-    try:
-        args = parser.parse_args(conf_arguments(spark, parser) + argv)
-        require_options(args, ("catalog", "queue", "handler", "output", "checkpoint"), parser.prog)
-        run_stream(spark, resolve_url(args.url, args.url_file), args.catalog, args.queue, args.handler,
-                   args.output, args.checkpoint, partitions=args.partitions,
-                   messages_per_partition=args.messages_per_partition, lease_seconds=args.lease_seconds,
-                   retry_after_seconds=args.retry_after, url_file=args.url_file,
-                   time_budget_seconds=args.time_budget)
-    except PipelineError as exc:
-        print(f"stream_job: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
-    return 0
+    def run(spark: Any, args: Any, url: str) -> dict:
+        return run_stream(spark, url, args.catalog, args.queue, args.handler, args.output, args.checkpoint,
+                          partitions=args.partitions, messages_per_partition=args.messages_per_partition,
+                          lease_seconds=args.lease_seconds, retry_after_seconds=args.retry_after,
+                          url_file=args.url_file, time_budget_seconds=args.time_budget)
+    return job_main("tablequeue-stream", build_parser(), argv,
+                    ("catalog", "queue", "handler", "output", "checkpoint"), run)[0]
 
 
 if __name__ == "__main__":

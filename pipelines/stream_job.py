@@ -62,9 +62,13 @@ def handle(stream: Any, handler: str | Callable, *, payload_type: str = "json") 
     dotted = handler if isinstance(handler, str) else f"{handler.__module__}:{handler.__qualname__}"
     with_message = takes_message(load_callable(dotted))      # fails on the driver, not in every task
 
+    loaded: list[Callable] = []          # per Python worker: the handler is imported once, not per row
+
     @F.udf("struct<result:string,error:string>")
     def run(payload: Any, message_id: Any, enqueued_at: Any, attempts: Any) -> tuple:
-        function = load_callable(dotted)
+        if not loaded:
+            loaded.append(load_callable(dotted))
+        function = loaded[0]
         value = json.loads(payload) if payload_type == "json" and isinstance(payload, str) else payload
         try:
             if with_message:

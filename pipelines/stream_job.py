@@ -3,7 +3,7 @@ that writes each micro-batch's results before it completes or fails their messag
 
     stream = (spark.readStream.format("tablequeue").options(**source).option("ack", "sink").load())
     results = handle(stream, "pipelines.transforms:uppercase_name", payload_type="json")
-    sink = AckSink("hdfs:///out/emails", source)
+    sink = AckSink("hdfs:///out/emails", source, checkpoint="hdfs:///chk/emails")
     results.writeStream.foreachBatch(sink).option("checkpointLocation", "hdfs:///chk/emails").start()
 
 The stream's rows carry (id, lease_token, worker) from the reader and an `error` column (NULL when
@@ -131,17 +131,35 @@ def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], lis
 
 
 class AckSink:
-    """foreachBatch(AckSink(output, options)): options name the queue as the reader's do (catalog
-    and queue, or queueSpec; urlFile or url, else $TABLEQUEUE_URL). retry_after_seconds: the failed
+    """foreachBatch(AckSink(output, options, checkpoint=...)): options name the queue as the reader's
+    do (catalog and queue, or queueSpec; urlFile or url, else $TABLEQUEUE_URL); checkpoint is the
+    query's checkpointLocation (its id marks each written micro-batch). retry_after_seconds: the failed
     messages' delay (default the queue's). Counts of every micro-batch are added up in `counts`."""
 
-    def __init__(self, output: str, options: Mapping[str, str], *, retry_after_seconds: int | None = None) -> None:
+    def __init__(self, output: str, options: Mapping[str, str], *, checkpoint: str,
+                 retry_after_seconds: int | None = None) -> None:
         self.target = SourceOptions.of(options).target
         self.target.require_kind("work")
         self.output = output.rstrip("/")
+        self.checkpoint = checkpoint.rstrip("/")
         self.retry_after_seconds = retry_after_seconds
         self.counts = dict.fromkeys(COUNTS, 0)
         self._storage_checked = False
+        self._query: str | None = None
+
+    def query_id(self) -> str:
+        """The streaming query's id, from <checkpoint>/metadata: Spark writes it when the query first
+        starts and keeps it across restarts from that checkpoint; a new checkpoint is a new query."""
+        if self._query is None:
+            filesystem_, path = filesystem(f"{self.checkpoint}/metadata")
+            try:
+                with filesystem_.open_input_stream(path) as metadata:
+                    self._query = str(json.loads(metadata.read().decode("utf-8").splitlines()[0])["id"])
+            except (OSError, ValueError, KeyError, IndexError) as exc:
+                raise PipelineError(f"stream {self.target.name}: cannot read the query's id from "
+                                    f"{self.checkpoint}/metadata ({exc}): pass AckSink the checkpointLocation "
+                                    f"of the query it is the sink of") from exc
+        return self._query
 
     def folder(self, batch_id: int) -> str:
         return f"{self.output}/batch_id={batch_id}"
@@ -168,17 +186,36 @@ class AckSink:
                    self.target.name, batch_id, *(counts[c] for c in COUNTS))
 
     def written(self, batch_id: int) -> bool:
+        """Whether this query wrote micro-batch batch_id before (its marker exists). A marker of
+        another query (an earlier checkpoint) is refused: its stored rows hold that query's leases,
+        and this query's micro-batch would never be written."""
         from pyarrow import fs
 
         filesystem_, folder = filesystem(self.folder(batch_id))
-        return filesystem_.get_file_info(f"{folder}/{WRITTEN}").type == fs.FileType.File
+        marker = f"{folder}/{WRITTEN}"
+        if filesystem_.get_file_info(marker).type != fs.FileType.File:
+            return False
+        with filesystem_.open_input_stream(marker) as stream:
+            text = stream.read().decode("utf-8", errors="replace")
+        try:
+            written_by = json.loads(text).get("query") if text.strip() else None
+        except (ValueError, AttributeError):
+            written_by = None
+        if written_by != self.query_id():
+            raise PipelineError(
+                f"stream {self.target.name}: {self.folder(batch_id)} was written by another streaming query "
+                f"({written_by or 'no query id'}), not by the query of checkpoint {self.checkpoint} "
+                f"({self.query_id()}): a new checkpoint needs a new output folder (or keep the old checkpoint)")
+        return True
 
     def write(self, frame: Any, batch_id: int) -> None:
-        """The micro-batch's rows, then the marker: a folder without it was never acknowledged from."""
+        """The micro-batch's rows, then the marker naming the query and the micro-batch: a folder
+        without it was never acknowledged from."""
+        marker = json.dumps({"query": self.query_id(), "batch_id": batch_id}).encode("utf-8")
         frame.write.mode("overwrite").parquet(self.folder(batch_id))
         filesystem_, folder = filesystem(self.folder(batch_id))
-        with filesystem_.open_output_stream(f"{folder}/{WRITTEN}") as marker:
-            marker.write(b"")
+        with filesystem_.open_output_stream(f"{folder}/{WRITTEN}") as stream:
+            stream.write(marker)
 
     def acknowledge(self, spark: Any, batch_id: int) -> dict[str, int]:
         from functools import partial
@@ -220,7 +257,7 @@ def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Ca
         if lease_seconds is not None:
             options["leaseSeconds"] = str(lease_seconds)
         stream = spark.readStream.format(FORMAT).options(**options).load()
-        sink = AckSink(output, options, retry_after_seconds=retry_after_seconds)
+        sink = AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=retry_after_seconds)
         query = (handle(stream, handler, payload_type=target.queue.payload).writeStream.foreachBatch(sink)
                  .option("checkpointLocation", checkpoint).queryName(f"tablequeue {target.name}").start())
         budget = threading.Timer(time_budget_seconds, query.stop) if time_budget_seconds else None

@@ -977,7 +977,8 @@ def test_stream_sink_fails_rows_with_errors_until_dead_and_a_restart_doubles_not
     def start() -> Any:
         stream = spark.readStream.format("tablequeue").options(**options).load()
         results = handle(stream, TRANSFORM).where(F.get_json_object("payload", "$.id") != str(dropped))
-        sink = CrashingSink(AckSink(output, options, retry_after_seconds=0), 1, 3, crashed)
+        sink = CrashingSink(AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=0), 1, 3,
+                            crashed)
         return (results.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
                 .trigger(processingTime="0 seconds").start())
 
@@ -1017,12 +1018,36 @@ def test_stream_sink_names_the_queue_and_the_missing_columns(spark, pg, tmp_path
     catalog = pg.deploy(work_queue("bare"))
     url_file = tmp_path / "url"
     url_file.write_text(pg.url)
-    sink = AckSink(str(tmp_path / "out"), target_options(QueueTarget.of(pg.url, catalog, "bare"), str(url_file)))
+    sink = AckSink(str(tmp_path / "out"), target_options(QueueTarget.of(pg.url, catalog, "bare"), str(url_file)),
+                   checkpoint=str(tmp_path / "checkpoint"))
     with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.bare: .* the stream lacks \['lease_token', 'worker', "
                                             r"'error'\]"):
         sink(spark.range(3), 0)
     with pytest.raises(PipelineError, match=r"\.bare: option ack must be one of commit, sink, got 'never'"):
         stream_reader(pg, catalog, "bare", ack="never")
+
+
+def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_query(spark, pg, tmp_path):
+    """A query drains the queue into `output`; a second query with a new checkpoint (batch_id=0
+    again) on the same output is refused at its first micro-batch, naming the queue, the folder and
+    the checkpoint, and acknowledges nothing: no message of it goes to the dead letters."""
+    from pipelines.stream_job import run_stream
+
+    catalog = pg.deploy(work_queue("reused", lease_seconds=120, max_attempts=1))
+    output = str(tmp_path / "output")
+    enqueue_numbered(pg, catalog, "reused", 20)
+    first = run_stream(spark, pg.url, catalog, "reused", TRANSFORM, output, str(tmp_path / "checkpoint"),
+                       partitions=1, messages_per_partition=50)
+    assert first["completed"] == 20
+    enqueue_numbered(pg, catalog, "reused", 20, first=20)
+    with pytest.raises(Exception, match=r"stream [a-z0-9_]+\.reused: .*/output/batch_id=0 was written by another "
+                                        r"streaming query .* checkpoint .*/checkpoint-2 .* a new checkpoint needs a "
+                                        r"new output folder"):
+        run_stream(spark, pg.url, catalog, "reused", TRANSFORM, output, str(tmp_path / "checkpoint-2"),
+                   partitions=1, messages_per_partition=50)
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_dead')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_history')}") == 20
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused')}") == 20
 
 
 # -- the stream reader's driver and task sides, called directly (no Spark job) -----------------------

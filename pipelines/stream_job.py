@@ -62,27 +62,33 @@ def handle(stream: Any, handler: str | Callable, *, payload_type: str = "json") 
     dotted = handler if isinstance(handler, str) else f"{handler.__module__}:{handler.__qualname__}"
     with_message = takes_message(load_callable(dotted))      # fails on the driver, not in every task
 
-    loaded: list[Callable] = []          # per Python worker: the handler is imported once, not per row
+    loaded: list[Callable] = []          # per task's copy of the function: imported once, not per row
 
     @F.udf("struct<result:string,error:string>")
     def run(payload: Any, message_id: Any, enqueued_at: Any, attempts: Any) -> tuple:
         if not loaded:
             loaded.append(load_callable(dotted))
-        function = loaded[0]
-        value = json.loads(payload) if payload_type == "json" and isinstance(payload, str) else payload
-        try:
-            if with_message:
-                returned = function(value, {"id": message_id, "enqueued_at": enqueued_at, "attempts": attempts})
-            else:
-                returned = function(value)
-        except Exception as exc:  # noqa: BLE001 - any error of the handler fails the message
-            text = f"{type(exc).__name__}: {exc}"
-            return None, text if len(text) <= ERROR_TEXT_LIMIT else text[:ERROR_TEXT_LIMIT - 3] + "..."
-        return json.dumps(returned, sort_keys=True, default=str), None
+        message = {"id": message_id, "enqueued_at": enqueued_at, "attempts": attempts} if with_message else None
+        return handle_row(loaded[0], payload, message, payload_type)
 
     outcome = run(F.col("payload"), F.col("id"), F.col("enqueued_at"), F.col("attempts"))
     return stream.withColumn("_outcome", outcome).select(
         *[c for c in stream.columns], F.col("_outcome.result").alias("result"), F.col("_outcome.error").alias("error"))
+
+
+def handle_row(function: Callable, payload: Any, message: Mapping[str, Any] | None, payload_type: str) -> tuple:
+    """(result, error) of one row: the payload decoded (json queues), the handler's answer, its JSON
+    text. An error in any of the three (a payload that is not JSON, a handler's exception, an answer
+    JSON cannot hold) is this row's error: the message is failed, the micro-batch goes on. Only a
+    crash or hang of the Python worker itself fails the task, and then the micro-batch: see
+    docs/pipelines.md, "Failing messages from a stream"."""
+    try:
+        value = json.loads(payload) if payload_type == "json" and isinstance(payload, str) else payload
+        returned = function(value) if message is None else function(value, message)
+        return json.dumps(returned, sort_keys=True, default=str), None
+    except Exception as exc:  # noqa: BLE001 - any error of this row fails its message
+        text = f"{type(exc).__name__}: {exc}"
+        return None, text if len(text) <= ERROR_TEXT_LIMIT else text[:ERROR_TEXT_LIMIT - 3] + "..."
 
 
 # -- the sink -------------------------------------------------------------------------------------

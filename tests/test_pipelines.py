@@ -1027,6 +1027,20 @@ def test_stream_sink_names_the_queue_and_the_missing_columns(spark, pg, tmp_path
         stream_reader(pg, catalog, "bare", ack="never")
 
 
+def test_stream_handler_errors_of_decoding_and_serialising_are_the_rows_error():
+    """A json queue's payload that is not JSON, and a handler's answer JSON cannot hold, fail the
+    row (its error) instead of the task, and so the micro-batch, on every replay."""
+    from pipelines.stream_job import handle_row
+
+    assert handle_row(lambda p: {"n": p["n"] + 1}, '{"n": 1}', None, "json") == ('{"n": 2}', None)
+    assert handle_row(lambda p, m: m["id"], '{}', {"id": 7}, "json") == ("7", None)
+    result, error = handle_row(lambda p: p, "not json", None, "json")
+    assert result is None and error.startswith("JSONDecodeError: Expecting value")
+    result, error = handle_row(lambda p: {1: "a", "b": 2}, "{}", None, "json")
+    assert result is None and error.startswith("TypeError: ")
+    assert handle_row(lambda p: p.upper(), "plain text", None, "text") == ('"PLAIN TEXT"', None)
+
+
 def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_query(spark, pg, tmp_path):
     """A query drains the queue into `output`; a second query with a new checkpoint (batch_id=0
     again) on the same output is refused at its first micro-batch, naming the queue, the folder and

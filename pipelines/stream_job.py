@@ -1,7 +1,7 @@
 """A work queue drained by a streaming query: the stream reader (ack=sink), a handler, and a sink
 that writes each micro-batch's results before it completes or fails their messages.
 
-    stream = (spark.readStream.format("tablequeue").options(**source).option("ack", "sink").load())
+    stream = spark.readStream.format("tablequeue").options(**source).load()    # source holds ack=sink
     results = handle(stream, "pipelines.transforms:uppercase_name", payload_type="json")
     sink = AckSink("hdfs:///out/emails", source, checkpoint="hdfs:///chk/emails")
     results.writeStream.foreachBatch(sink).option("checkpointLocation", "hdfs:///chk/emails").start()
@@ -144,8 +144,14 @@ class AckSink:
 
     def __init__(self, output: str, options: Mapping[str, str], *, checkpoint: str,
                  retry_after_seconds: int | None = None) -> None:
-        self.target = SourceOptions.of(options).target
+        source = SourceOptions.of(options)
+        self.target = source.target
         self.target.require_kind("work")
+        ack = (source.options.get("ack") or "commit").lower()
+        if ack != "sink":
+            raise PipelineError(f"stream {self.target.name}: AckSink needs the reader's options with ack=sink, got "
+                                f"ack={ack}: with ack=commit the reader completes every message the micro-batch "
+                                f"read, also those the sink never saw, without a result")
         self.output = output.rstrip("/")
         self.checkpoint = checkpoint.rstrip("/")
         self.retry_after_seconds = retry_after_seconds

@@ -1018,11 +1018,15 @@ def test_stream_sink_names_the_queue_and_the_missing_columns(spark, pg, tmp_path
     catalog = pg.deploy(work_queue("bare"))
     url_file = tmp_path / "url"
     url_file.write_text(pg.url)
-    sink = AckSink(str(tmp_path / "out"), target_options(QueueTarget.of(pg.url, catalog, "bare"), str(url_file)),
-                   checkpoint=str(tmp_path / "checkpoint"))
+    options = target_options(QueueTarget.of(pg.url, catalog, "bare"), str(url_file))
+    sink = AckSink(str(tmp_path / "out"), {**options, "ack": "sink"}, checkpoint=str(tmp_path / "checkpoint"))
     with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.bare: .* the stream lacks \['lease_token', 'worker', "
                                             r"'error'\]"):
         sink(spark.range(3), 0)
+    for reader in (options, {**options, "ack": "commit"}):
+        with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.bare: AckSink needs the reader's options with "
+                                                r"ack=sink, got ack=commit"):
+            AckSink(str(tmp_path / "out"), reader, checkpoint=str(tmp_path / "checkpoint"))
     with pytest.raises(PipelineError, match=r"\.bare: option ack must be one of commit, sink, got 'never'"):
         stream_reader(pg, catalog, "bare", ack="never")
 

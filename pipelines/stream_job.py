@@ -48,7 +48,9 @@ from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  
 ACK_COLUMNS = ("id", "lease_token", "worker", "error")
 WRITTEN = "_tablequeue_written"      # Spark's readers skip names starting with "_"
 ERROR_TEXT_LIMIT = 2000
-COUNTS = ("completed", "retrying", "dead", "lost")
+# Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
+# "uncertain" one of a call tried again after a transient error (the earlier try may have committed).
+COUNTS = ("completed", "retrying", "dead", "lost", "uncertain")
 
 
 # -- the handler ----------------------------------------------------------------------------------
@@ -113,34 +115,44 @@ def acknowledge_partition(target: QueueTarget, retry_after_seconds: int | None,
                     failed[row["error"]].append(row)
             for start in range(0, len(done), MAX_BATCH):
                 chunk = done[start:start + MAX_BATCH]
-                answer = _acknowledged(connection, f"complete {target.name}",
-                                       lambda client: client.complete_batch(chunk, worker))
+                answer, retried = _acknowledged(connection, f"complete {target.name}",
+                                                lambda client: client.complete_batch(chunk, worker))
                 completed = sum(1 for r in answer if r["completed"])
                 counts["completed"] += completed
-                counts["lost"] += len(answer) - completed
+                counts["uncertain" if retried else "lost"] += len(answer) - completed
             for error, group in failed.items():
                 for start in range(0, len(group), MAX_BATCH):
                     chunk = group[start:start + MAX_BATCH]
-                    answer = _acknowledged(connection, f"fail {target.name}", lambda client: client.fail_batch(
+                    answer, retried = _acknowledged(connection, f"fail {target.name}", lambda client: client.fail_batch(
                         chunk, worker, error, retry_after_seconds))
                     for r in answer:
-                        counts[r["outcome"]] += 1
+                        counts["uncertain" if retried and r["outcome"] == "lost" else r["outcome"]] += 1
     finally:
         connection.close()
     yield pa.RecordBatch.from_pylist([counts], schema=pa.schema([(c, pa.int64()) for c in COUNTS]))
 
 
-def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], list[dict]]) -> list[dict]:
-    """A fenced batch call, again after a transient error on a new connection: a repeat of a call
-    that committed answers lost for its messages, which is what they are by then."""
-    return with_retries(what, lambda: call(connection.client()), 8, on_retry=connection.reset)
+def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], list[dict]]) -> tuple[list[dict], bool]:
+    """(answer, whether the call was tried again) of a fenced batch call, again after a transient
+    error on a new connection. A repeat of a call that committed before its connection dropped answers
+    lost for its messages: they were acknowledged, by the first try, so lost is uncertain then."""
+    tries: list[int] = []
+
+    def again() -> None:
+        tries.append(1)
+        connection.reset()
+    answer = with_retries(what, lambda: call(connection.client()), 8, on_retry=again)
+    return answer, bool(tries)
 
 
 class AckSink:
     """foreachBatch(AckSink(output, options, checkpoint=...)): options name the queue as the reader's
     do (catalog and queue, or queueSpec; urlFile or url, else $TABLEQUEUE_URL); checkpoint is the
     query's checkpointLocation (its id marks each written micro-batch). retry_after_seconds: the failed
-    messages' delay (default the queue's). Counts of every micro-batch are added up in `counts`."""
+    messages' delay (default the queue's). Counts of every micro-batch are added up in `counts`: lower
+    bounds for progress logs, not a ledger (a task retried by Spark, or a replayed micro-batch, counts
+    its messages again as lost; a call tried again after its connection dropped counts as uncertain
+    what its first try may have acknowledged). Count outcomes from the queue's history and dead tables."""
 
     def __init__(self, output: str, options: Mapping[str, str], *, checkpoint: str,
                  retry_after_seconds: int | None = None) -> None:
@@ -194,7 +206,8 @@ class AckSink:
             counts = self.acknowledge(frame.sparkSession, batch_id)
         for name in COUNTS:
             self.counts[name] += counts[name]
-        log().info("stream %s: micro-batch %s: %s completed, %s retrying, %s dead, %s no longer held",
+        log().info("stream %s: micro-batch %s: %s completed, %s retrying, %s dead, %s no longer held, %s uncertain "
+                   "(after a retried call)",
                    self.target.name, batch_id, *(counts[c] for c in COUNTS))
 
     def written(self, batch_id: int) -> bool:
@@ -250,7 +263,8 @@ def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Ca
     """Drain `queue` with a streaming query until nothing is ready (processAllAvailable), or until
     time_budget_seconds have passed, then stop.
     Results: Parquet under `output`/batch_id=N (rows with error NULL are the results). Returns
-    the acknowledgement counts (completed, retrying, dead, lost) and the output folder."""
+    the sink's acknowledgement counts (completed, retrying, dead, lost, uncertain: lower bounds, see
+    AckSink; the database's history and dead-letter tables are the record) and the output folder."""
     import os
     import tempfile
 
@@ -286,7 +300,7 @@ def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Ca
             os.unlink(url_file)
             os.rmdir(folder)
     summary = {"queue": target.name, **sink.counts, "output": output, "seconds": elapsed_since(started)}
-    log().info("stream %s: %s completed, %s retrying, %s dead, %s no longer held (%ss)", target.name,
+    log().info("stream %s: %s completed, %s retrying, %s dead, %s no longer held, %s uncertain (%ss)", target.name,
                *(summary[c] for c in COUNTS), summary["seconds"])
     return summary
 

@@ -18,6 +18,7 @@ import time
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -1043,6 +1044,60 @@ def test_stream_handler_errors_of_decoding_and_serialising_are_the_rows_error():
     result, error = handle_row(lambda p: {1: "a", "b": 2}, "{}", None, "json")
     assert result is None and error.startswith("TypeError: ")
     assert handle_row(lambda p: p.upper(), "plain text", None, "text") == ('"PLAIN TEXT"', None)
+
+
+class DroppedAfterCommit(Exception):
+    """What psycopg raises when the connection drops: is_transient() retries it."""
+
+    sqlstate = "08006"
+
+
+def test_stream_acknowledgement_counts_lost_after_a_retried_call_as_uncertain(monkeypatch):
+    """complete_batch commits, then the connection drops before the answer: the call is tried again
+    on a new connection and answers lost for every message (the first try completed them). Those
+    are counted as uncertain, not lost; a first try's lost stays lost."""
+    import pyarrow as pa
+
+    import pipelines.stream_job as stream_job
+
+    class Client:
+        def __init__(self) -> None:
+            self.held = {1, 2, 3, 4}
+
+        def complete_batch(self, rows: list, worker: str) -> list:
+            answer = [{"id": r["id"], "completed": r["id"] in self.held} for r in rows]
+            self.held -= {r["id"] for r in rows}
+            if worker == "w-dropped" and any(a["completed"] for a in answer):
+                raise DroppedAfterCommit("server closed the connection unexpectedly")
+            return answer
+
+        def fail_batch(self, rows: list, worker: str, error: str, retry_after: Any) -> list:
+            return [{"id": r["id"], "outcome": "retrying" if r["id"] in self.held else "lost"} for r in rows]
+
+    client = Client()
+
+    class Connection:
+        def __init__(self, target: Any) -> None:
+            pass
+
+        def client(self) -> Client:
+            return client
+
+        def reset(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(stream_job, "Reconnecting", Connection)
+    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    rows = [{"id": 1, "lease_token": "t", "worker": "w-dropped", "error": None},
+            {"id": 2, "lease_token": "t", "worker": "w-dropped", "error": None},
+            {"id": 3, "lease_token": "t", "worker": "w-ok", "error": "ValueError: no"},
+            {"id": 9, "lease_token": "t", "worker": "w-ok", "error": None}]
+    batches = [pa.RecordBatch.from_pylist(rows)]
+    counts = next(stream_job.acknowledge_partition(SimpleNamespace(name="s.jobs"), 0, iter(batches))).to_pylist()[0]
+    assert counts == {"completed": 0, "retrying": 1, "dead": 0, "lost": 1, "uncertain": 2}
 
 
 def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_query(spark, pg, tmp_path):

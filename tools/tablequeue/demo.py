@@ -215,7 +215,8 @@ def _spark_demo(url: str, catalog: Catalog) -> bool:
     summary = run_spark_demo(url, catalog, work.name, 20000)
     for key, value in summary.items():
         print(f"  {key}: {value}")
-    # Every message ends completed or dead, and each completed one has exactly one result row.
+    # Every message ends completed or dead (counted in the database: the history and dead-letter
+    # tables), and each completed one has exactly one result row.
     unsettled = summary["enqueued"] - summary["completed"] - summary["dead"]
     if unsettled or summary["results"] != summary["completed"] or summary["results_doubled"]:
         print(f"spark demo FAILED: {unsettled} message(s) neither completed nor dead, {summary['results']} result "

@@ -294,8 +294,11 @@ class TableQueueSource(DataSource):
         target = SourceOptions.of(self.options).target
         id_type = "string" if target.queue.options.get("client_ids") else "bigint"
         payload_type = "binary" if target.queue.payload == "binary" else "string"
-        return (f"id {id_type}, payload {payload_type}, enqueued_at timestamp, attempts int, worker string, "
-                f"lease_token string")
+        # lease_token only for the sink that acknowledges with it (ack=sink): with the default
+        # ack=commit the schema stays what it was before ack=sink existed.
+        sink = (SourceOptions.of(self.options).options.get("ack") or "commit").lower() == "sink"
+        return (f"id {id_type}, payload {payload_type}, enqueued_at timestamp, attempts int, worker string"
+                + (", lease_token string" if sink else ""))
 
     def writer(self, schema: Any, overwrite: bool) -> "QueueWriter":
         return QueueWriter(SourceOptions.of(self.options), schema, overwrite)
@@ -632,8 +635,9 @@ class QueueStreamReader(DataSourceStreamReader):
             enqueued_at = row.get("enqueued_at")
             if isinstance(enqueued_at, datetime) and enqueued_at.tzinfo is None:
                 enqueued_at = enqueued_at.replace(tzinfo=timezone.utc)   # SQL Server datetime2 is UTC
-            yield (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
-                   partition.worker, str(row["lease_token"]))
+            values = (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
+                      partition.worker)
+            yield values + (str(row["lease_token"]),) if self.ack == "sink" else values
 
     def _recorded_leases(self, client: Any, partition: LeasePartition) -> list[dict]:
         """The partition's recorded leases that are still live, with their messages.

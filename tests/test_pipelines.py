@@ -1046,6 +1046,22 @@ def test_stream_handler_errors_of_decoding_and_serialising_are_the_rows_error():
     assert handle_row(lambda p: p.upper(), "plain text", None, "text") == ('"PLAIN TEXT"', None)
 
 
+def test_stream_reader_has_a_lease_token_column_only_with_ack_sink(spark, pg, tmp_path):
+    """A stream read with the default ack=commit keeps the columns it had before ack=sink existed
+    (a schema-enforcing sink does not break); ack=sink adds lease_token for AckSink."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+
+    catalog = pg.deploy(work_queue("columns"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = target_options(QueueTarget.of(pg.url, catalog, "columns"), str(url_file))
+    columns = ["id", "payload", "enqueued_at", "attempts", "worker"]
+    for ack, expected in ((None, columns), ("commit", columns), ("sink", [*columns, "lease_token"])):
+        reader = spark.readStream.format("tablequeue").options(**options)
+        assert (reader.option("ack", ack) if ack else reader).load().columns == expected
+
+
 class DroppedAfterCommit(Exception):
     """What psycopg raises when the connection drops: is_transient() retries it."""
 

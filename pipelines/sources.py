@@ -461,7 +461,7 @@ READ_ROUNDS = 5
 # ack=commit: commit() completes a micro-batch's leases; ack=sink: the sink completes or fails each
 # row after writing it, and commit() fails what the sink left (a row the query filtered out).
 ACK_MODES = ("commit", "sink")
-UNACKNOWLEDGED = "micro-batch {seq} was committed without the sink acknowledging this message (ack=sink)"
+UNACKNOWLEDGED = "the micro-batch of offset {seq} was committed without the sink acknowledging this message (ack=sink)"
 
 
 @dataclass

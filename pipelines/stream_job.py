@@ -198,7 +198,8 @@ class AckSink:
             require_shared_storage(frame.sparkSession, self.output)
             self._storage_checked = True
         with job_description(frame.sparkSession, f"stream {self.target.name}: micro-batch {batch_id}"):
-            if self.written(batch_id):
+            replay = self.written(batch_id)
+            if replay:
                 log().info("stream %s: micro-batch %s was written before (a replay): acknowledging its stored "
                            "rows again", self.target.name, batch_id)
             else:
@@ -206,6 +207,12 @@ class AckSink:
             counts = self.acknowledge(frame.sparkSession, batch_id)
         for name in COUNTS:
             self.counts[name] += counts[name]
+        if not replay and counts["lost"]:
+            # A first acknowledgement of a fresh write found leases no longer held (run out): those
+            # messages come again in a later micro-batch with a second result row.
+            log().warning("stream %s: micro-batch %s: %s message(s) written but no longer held (the lease ran "
+                          "out before the acknowledgement): a second result row follows; dedupe on id",
+                          self.target.name, batch_id, counts["lost"])
         log().info("stream %s: micro-batch %s: %s completed, %s retrying, %s dead, %s no longer held, %s uncertain "
                    "(after a retried call)",
                    self.target.name, batch_id, *(counts[c] for c in COUNTS))

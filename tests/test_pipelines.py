@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -1044,6 +1045,40 @@ def test_stream_handler_errors_of_decoding_and_serialising_are_the_rows_error():
     result, error = handle_row(lambda p: {1: "a", "b": 2}, "{}", None, "json")
     assert result is None and error.startswith("TypeError: ")
     assert handle_row(lambda p: p.upper(), "plain text", None, "text") == ('"PLAIN TEXT"', None)
+
+
+def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spark, pg, tmp_path):
+    """Leases that ran out before a fresh micro-batch was acknowledged mean a second result row
+    later: a WARNING naming the queue and the micro-batch. A replay's lost answers are expected."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import COUNTS, AckSink
+
+    catalog = pg.deploy(work_queue("late"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "metadata").write_text('{"id":"3f1e-query"}\n')
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "late"), str(url_file)), "ack": "sink"}
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink.acknowledge = lambda spark_, batch_id: {**dict.fromkeys(COUNTS, 0), "completed": 1, "lost": 2}
+    frame = spark.createDataFrame([(1, "t1", "w", None), (2, "t2", "w", None), (3, "t3", "w", None)],
+                                  "id long, lease_token string, worker string, error string")
+    logged: list[logging.LogRecord] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = logged.append  # type: ignore[method-assign]
+    log().addHandler(listener)
+    try:
+        sink(frame, 4)
+        assert len(logged) == 1 and re.search(r"stream [a-z0-9_]+\.late: micro-batch 4: 2 message\(s\) written but "
+                                              r"no longer held .* a second result row follows; dedupe on id",
+                                              logged[0].getMessage())
+        sink(frame, 4)                                  # the replay: its lost answers are expected
+        assert len(logged) == 1
+    finally:
+        log().removeHandler(listener)
+    assert json.loads((tmp_path / "out" / "batch_id=4" / "_tablequeue_written").read_text()) == {
+        "query": "3f1e-query", "batch_id": 4}
 
 
 def test_stream_reader_has_a_lease_token_column_only_with_ack_sink(spark, pg, tmp_path):

@@ -15,7 +15,7 @@ from typing import Any
 from pipelines.common import QueueTarget, build_session, elapsed_since, log
 from pipelines.enqueue_job import run_enqueue
 from pipelines.report_job import run_report
-from pipelines.stream_job import run_stream
+from pipelines.stream_job import read_results, run_stream
 
 DEMO_TRANSFORM = "pipelines.transforms:uppercase_name_or_fail"
 
@@ -67,7 +67,7 @@ def run_spark_demo(url: str, catalog: Any, queue: str, rows: int = 20_000, *, wo
                              str(folder / "checkpoint"), partitions=tasks, messages_per_partition=1000,
                              lease_seconds=60, retry_after_seconds=0, time_budget_seconds=time_budget_seconds)
         report = run_report(spark, url, catalog, queue, str(folder / "report"), since=since)
-        results = spark.read.parquet(drained["output"]).where("error IS NULL").agg(
+        results = read_results(spark, drained["output"]).where("error IS NULL").agg(
             F.count("*").alias("rows"), F.countDistinct("id").alias("ids")).first()
     finally:
         if own_session:

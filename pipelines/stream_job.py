@@ -262,6 +262,25 @@ class AckSink:
         return {c: sum(int(row[c]) for row in per_task) for c in COUNTS}
 
 
+def read_results(spark: Any, output: str) -> Any:
+    """The rows of every acknowledged micro-batch under `output` (AckSink's folders): only the
+    batch_id=N folders with a marker, with their batch_id column. spark.read.parquet(output) would
+    also read a folder without one (a crash before the marker, a micro-batch being written, a
+    non-atomic commit on object stores), whose rows were never acknowledged: a message's second
+    result row. Rows with error NULL are the results."""
+    from pyarrow import fs
+
+    filesystem_, base = filesystem(output.rstrip("/"))
+    found = filesystem_.get_file_info(fs.FileSelector(base, allow_not_found=True))
+    marked = sorted(info.base_name for info in found if info.type == fs.FileType.Directory
+                    and info.base_name.startswith("batch_id=")
+                    and filesystem_.get_file_info(f"{info.path}/{WRITTEN}").type == fs.FileType.File)
+    if not marked:
+        raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
+    root = output.rstrip("/")
+    return spark.read.option("basePath", root).parquet(*[f"{root}/{name}" for name in marked])
+
+
 # -- a whole run: until nothing is ready ------------------------------------------------------------
 def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Callable, output: str,
                checkpoint: str, *, partitions: int = 2, messages_per_partition: int = 500,

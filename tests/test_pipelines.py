@@ -952,7 +952,7 @@ def test_stream_sink_fails_rows_with_errors_until_dead_and_a_restart_doubles_not
     doubled."""
     from pipelines.common import QueueTarget
     from pipelines.sources import target_options
-    from pipelines.stream_job import AckSink, handle
+    from pipelines.stream_job import AckSink, handle, read_results
 
     catalog = pg.deploy(work_queue("acks", lease_seconds=120, max_attempts=3))
     poison = {i for i in range(ACK_MESSAGES) if i % 10 == 3}
@@ -992,7 +992,7 @@ def test_stream_sink_fails_rows_with_errors_until_dead_and_a_restart_doubles_not
     query.processAllAvailable()
     query.stop()
 
-    rows = spark.read.parquet(output).select(
+    rows = read_results(spark, output).select(
         F.get_json_object("payload", "$.id").cast("int").alias("n"), "id", "error", "batch_id")
     results = rows.where("error IS NULL").groupBy("n").count()
     completed = set(range(ACK_MESSAGES)) - poison - {dropped}
@@ -1079,6 +1079,23 @@ def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spar
         log().removeHandler(listener)
     assert json.loads((tmp_path / "out" / "batch_id=4" / "_tablequeue_written").read_text()) == {
         "query": "3f1e-query", "batch_id": 4}
+
+
+def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path):
+    """read_results skips a batch_id folder without the marker (written, never acknowledged: a
+    crash before the marker) that spark.read.parquet(output) would include."""
+    from pipelines.stream_job import WRITTEN, read_results
+
+    output = tmp_path / "out"
+    for batch_id, ids in ((0, [1, 2]), (1, [3]), (2, [3, 4])):
+        spark.createDataFrame([(i, None) for i in ids], "id long, error string").write.parquet(
+            str(output / f"batch_id={batch_id}"))
+    for batch_id in (0, 1):
+        (output / f"batch_id={batch_id}" / WRITTEN).write_text('{"query": "q", "batch_id": %d}' % batch_id)
+    rows = sorted((r["id"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert rows == [(1, 0), (2, 0), (3, 1)]
+    with pytest.raises(PipelineError, match="no acknowledged micro-batch"):
+        read_results(spark, str(tmp_path / "empty"))
 
 
 def test_stream_reader_has_a_lease_token_column_only_with_ack_sink(spark, pg, tmp_path):

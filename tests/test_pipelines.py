@@ -1081,6 +1081,57 @@ def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spar
         "query": "3f1e-query", "batch_id": 4}
 
 
+def test_stream_crash_between_the_write_and_the_marker_rewrites_and_acknowledges_the_rewrite(spark, pg, tmp_path):
+    """The query dies after micro-batch 0's rows were written and before its marker. The first run's
+    rows all carry an error; the restart's replay (same leases) computes them without one. The
+    replay finds no marker, so it writes the micro-batch again (overwrite) and acknowledges that:
+    every message is completed once on its first attempt, and the stored row (error NULL, run 2) is
+    the one acknowledged. Acknowledging the first write would have failed them all."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import WRITTEN, AckSink, handle, read_results
+
+    catalog = pg.deploy(work_queue("unmarked", lease_seconds=120, max_attempts=1))
+    enqueue_numbered(pg, catalog, "unmarked", 20)
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "unmarked"), str(url_file)), "partitions": "1",
+               "messagesPerPartition": "50", "ack": "sink", "idleWaitSeconds": "1"}
+    checkpoint, output = str(tmp_path / "checkpoint"), tmp_path / "output"
+
+    class CrashBeforeMarker(AckSink):
+        def write(self, frame: Any, batch_id: int) -> None:
+            if not (output / f"batch_id={batch_id}").exists():
+                frame.write.mode("overwrite").parquet(self.folder(batch_id))
+                raise RuntimeError(f"driver lost before the marker of micro-batch {batch_id}")
+            super().write(frame, batch_id)
+
+    def start(run: int) -> Any:
+        stream = spark.readStream.format("tablequeue").options(**options).load()
+        results = handle(stream, TRANSFORM).withColumn("run", F.lit(run))
+        if run == 1:
+            results = results.withColumn("error", F.lit("RuntimeError: only in the first run"))
+        sink = CrashBeforeMarker(str(output), options, checkpoint=checkpoint, retry_after_seconds=0)
+        return (results.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+                .trigger(processingTime="0 seconds").start())
+
+    query = start(1)
+    with pytest.raises(Exception, match="driver lost before the marker of micro-batch 0"):
+        query.awaitTermination(timeout=600)
+    first = pq.read_table(output / "batch_id=0").to_pylist()
+    assert len(first) == 20 and {r["run"] for r in first} == {1} and not (output / "batch_id=0" / WRITTEN).exists()
+    query = start(2)
+    query.processAllAvailable()
+    query.stop()
+    stored = [r.asDict() for r in read_results(spark, str(output)).collect()]
+    assert sorted(r["id"] for r in stored) == sorted(r["id"] for r in first)
+    assert {(r["run"], r["error"], r["batch_id"]) for r in stored} == {(2, None, 0)}
+    history = pg.rows(f"SELECT id, attempts FROM {table(catalog, 'unmarked', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(r["id"] for r in stored) and {r["attempts"] for r in history} == {1}
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'unmarked', '_dead')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'unmarked')}") == 0
+
+
 def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path):
     """read_results skips a batch_id folder without the marker (written, never acknowledged: a
     crash before the marker) that spark.read.parquet(output) would include."""

@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (PipelineError, QueueTarget, Reconnecting, add_queue_arguments, elapsed_since,  # noqa: E402
-                              filesystem, job_description, job_main, load_callable, log, require_shared_storage,
+                              job_description, job_main, load_callable, log, require_shared_storage,
                               with_retries)
 from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
 from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  # noqa: E402
@@ -145,6 +145,56 @@ def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], lis
     return answer, bool(tries)
 
 
+class HadoopFiles:
+    """The sink's small files (markers, the checkpoint's metadata, the listing of batch folders)
+    through Spark's own Hadoop FileSystem on the driver (JVM), so that they go where Spark writes the
+    Parquet: the same spark.hadoop.fs.* settings (s3a credentials, endpoints) and schemes (abfss,
+    gs, dbfs) as the micro-batch's rows. Not for Spark Connect (no JVM on the client)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.jvm = spark.sparkContext._jvm
+        self.conf = spark.sparkContext._jsc.hadoopConfiguration()
+
+    def _at(self, path: str) -> tuple[Any, Any]:
+        where = self.jvm.org.apache.hadoop.fs.Path(path)
+        return where, where.getFileSystem(self.conf)
+
+    def is_file(self, path: str) -> bool:
+        where, fs = self._at(path)
+        return bool(fs.exists(where) and fs.getFileStatus(where).isFile())
+
+    def read_text(self, path: str) -> str:
+        where, fs = self._at(path)
+        stream = fs.open(where)
+        try:
+            return str(self.jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def create_new(self, path: str, data: bytes) -> bool:
+        """Write a file that must not exist yet (create(path, overwrite=false)); False if it does."""
+        from py4j.protocol import Py4JJavaError
+
+        where, fs = self._at(path)
+        try:
+            stream = fs.create(where, False)
+        except Py4JJavaError as exc:
+            if "FileAlreadyExistsException" in str(exc.java_exception.getClass().getName()) or fs.exists(where):
+                return False
+            raise
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()
+        return True
+
+    def folders(self, path: str) -> list[str]:
+        where, fs = self._at(path)
+        if not fs.exists(where):
+            return []
+        return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
+
+
 class AckSink:
     """foreachBatch(AckSink(output, options, checkpoint=...)): options name the queue as the reader's
     do (catalog and queue, or queueSpec; urlFile or url, else $TABLEQUEUE_URL); checkpoint is the
@@ -170,16 +220,18 @@ class AckSink:
         self.counts = dict.fromkeys(COUNTS, 0)
         self._storage_checked = False
         self._query: str | None = None
+        self._files: HadoopFiles | None = None
 
     def query_id(self) -> str:
         """The streaming query's id, from <checkpoint>/metadata: Spark writes it when the query first
         starts and keeps it across restarts from that checkpoint; a new checkpoint is a new query."""
         if self._query is None:
-            filesystem_, path = filesystem(f"{self.checkpoint}/metadata")
+            from py4j.protocol import Py4JJavaError
+
             try:
-                with filesystem_.open_input_stream(path) as metadata:
-                    self._query = str(json.loads(metadata.read().decode("utf-8").splitlines()[0])["id"])
-            except (OSError, ValueError, KeyError, IndexError) as exc:
+                metadata = self._files.read_text(f"{self.checkpoint}/metadata")
+                self._query = str(json.loads(metadata.splitlines()[0])["id"])
+            except (Py4JJavaError, ValueError, KeyError, IndexError) as exc:
                 raise PipelineError(f"stream {self.target.name}: cannot read the query's id from "
                                     f"{self.checkpoint}/metadata ({exc}): pass AckSink the checkpointLocation "
                                     f"of the query it is the sink of") from exc
@@ -197,6 +249,7 @@ class AckSink:
         if not self._storage_checked:
             require_shared_storage(frame.sparkSession, self.output)
             self._storage_checked = True
+        self._files = HadoopFiles(frame.sparkSession)
         with job_description(frame.sparkSession, f"stream {self.target.name}: micro-batch {batch_id}"):
             replay = self.written(batch_id)
             if replay:
@@ -221,14 +274,10 @@ class AckSink:
         """Whether this query wrote micro-batch batch_id before (its marker exists). A marker of
         another query (an earlier checkpoint) is refused: its stored rows hold that query's leases,
         and this query's micro-batch would never be written."""
-        from pyarrow import fs
-
-        filesystem_, folder = filesystem(self.folder(batch_id))
-        marker = f"{folder}/{WRITTEN}"
-        if filesystem_.get_file_info(marker).type != fs.FileType.File:
+        marker = f"{self.folder(batch_id)}/{WRITTEN}"
+        if not self._files.is_file(marker):
             return False
-        with filesystem_.open_input_stream(marker) as stream:
-            text = stream.read().decode("utf-8", errors="replace")
+        text = self._files.read_text(marker)
         try:
             written_by = json.loads(text).get("query") if text.strip() else None
         except (ValueError, AttributeError):
@@ -245,9 +294,11 @@ class AckSink:
         without it was never acknowledged from."""
         marker = json.dumps({"query": self.query_id(), "batch_id": batch_id}).encode("utf-8")
         frame.write.mode("overwrite").parquet(self.folder(batch_id))
-        filesystem_, folder = filesystem(self.folder(batch_id))
-        with filesystem_.open_output_stream(f"{folder}/{WRITTEN}") as stream:
-            stream.write(marker)
+        if not self._files.create_new(f"{self.folder(batch_id)}/{WRITTEN}", marker):
+            # Created by someone else since written() said no: a second driver of this query.
+            raise PipelineError(f"stream {self.target.name}: the marker of {self.folder(batch_id)} appeared while "
+                                f"this driver wrote the micro-batch: another driver runs the query of checkpoint "
+                                f"{self.checkpoint}; stop one of them")
 
     def acknowledge(self, spark: Any, batch_id: int) -> dict[str, int]:
         from functools import partial
@@ -268,16 +319,11 @@ def read_results(spark: Any, output: str) -> Any:
     also read a folder without one (a crash before the marker, a micro-batch being written, a
     non-atomic commit on object stores), whose rows were never acknowledged: a message's second
     result row. Rows with error NULL are the results."""
-    from pyarrow import fs
-
-    filesystem_, base = filesystem(output.rstrip("/"))
-    found = filesystem_.get_file_info(fs.FileSelector(base, allow_not_found=True))
-    marked = sorted(info.base_name for info in found if info.type == fs.FileType.Directory
-                    and info.base_name.startswith("batch_id=")
-                    and filesystem_.get_file_info(f"{info.path}/{WRITTEN}").type == fs.FileType.File)
+    files, root = HadoopFiles(spark), output.rstrip("/")
+    marked = [name for name in files.folders(root)
+              if name.startswith("batch_id=") and files.is_file(f"{root}/{name}/{WRITTEN}")]
     if not marked:
         raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
-    root = output.rstrip("/")
     return spark.read.option("basePath", root).parquet(*[f"{root}/{name}" for name in marked])
 
 

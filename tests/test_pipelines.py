@@ -1149,6 +1149,42 @@ def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path)
         read_results(spark, str(tmp_path / "empty"))
 
 
+def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
+    """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
+    marker another driver of the same query created while this one wrote the micro-batch is not
+    overwritten; the write is refused, naming the queue, the folder and the checkpoint."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("zombie"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "metadata").write_text('{"id":"7a-query"}\n')
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "zombie"), str(url_file)), "ack": "sink"}
+    other = b'{"query": "7a-query", "batch_id": 0, "driver": "the other"}'
+
+    class RacedFiles(HadoopFiles):
+        """The other driver creates micro-batch 0's marker just after this one's Parquet write."""
+
+        def create_new(self, path: str, data: bytes) -> bool:
+            if "batch_id=0/" in path:
+                assert super().create_new(path, other)
+            return super().create_new(path, data)
+
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = RacedFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.zombie: the marker of .*/out/batch_id=0 appeared "
+                                            r"while this driver wrote the micro-batch: another driver runs the query "
+                                            r"of checkpoint .*/checkpoint"):
+        sink.write(frame, 0)
+    assert (tmp_path / "out" / "batch_id=0" / WRITTEN).read_bytes() == other
+    sink.write(frame, 1)
+    assert json.loads(sink._files.read_text(f"{sink.folder(1)}/{WRITTEN}")) == {"query": "7a-query", "batch_id": 1}
+
+
 def test_stream_reader_has_a_lease_token_column_only_with_ack_sink(spark, pg, tmp_path):
     """A stream read with the default ack=commit keeps the columns it had before ack=sink existed
     (a schema-enforcing sink does not break); ack=sink adds lease_token for AckSink."""

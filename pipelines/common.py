@@ -120,6 +120,35 @@ def conf_arguments(spark: Any, parser: Any) -> list[str]:
     return found
 
 
+def add_queue_arguments(parser: Any, queue_help: str | None = None) -> None:
+    """The options every job takes to find its queue: --url, --url-file, --catalog, --queue."""
+    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
+                                      "(default: --url-file, else $TABLEQUEUE_URL)")
+    parser.add_argument("--url-file", help="a file whose first line is the database URL")
+    parser.add_argument("--catalog", help="the catalog YAML the queue was deployed from")
+    parser.add_argument("--queue", help=queue_help)
+
+
+def job_main(app_name: str, parser: Any, argv: list[str] | None, required: Any,
+             run: Callable[[Any, Any, str], Any]) -> tuple[int, Any]:
+    """The body of each job's main(): a session, the arguments (the Spark conf's, then the command
+    line's), the required options (a tuple, or a function of the arguments giving one), then
+    run(spark, args, url). Returns (0, what run returned), or (2, None) after printing a
+    PipelineError; the session is stopped either way."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    spark = build_session(app_name, master=args.master)
+    try:
+        args = parser.parse_args(conf_arguments(spark, parser) + argv)
+        require_options(args, tuple(required(args) if callable(required) else required), parser.prog)
+        return 0, run(spark, args, resolve_url(args.url, args.url_file))
+    except PipelineError as exc:
+        print(f"{parser.prog.rsplit('.', 1)[-1]}: {exc}", file=sys.stderr)
+        return 2, None
+    finally:
+        spark.stop()
+
+
 def require_options(args: Any, names: tuple[str, ...], prog: str) -> None:
     missing = [f"--{n}" for n in names if getattr(args, n.replace("-", "_")) in (None, "")]
     if missing:

@@ -29,10 +29,9 @@ from typing import Any, Callable, Iterator
 if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting,  # noqa: E402
-                              build_session, canonical_json, conf_arguments, elapsed_since, filesystem,
-                              job_description, load_callable, log, progress_monitor, remove_tree,
-                              require_options, require_shared_storage, resolve_url, transaction, with_retries)
+from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, add_queue_arguments,  # noqa: E402
+                              canonical_json, elapsed_since, filesystem, job_description, job_main, load_callable,
+                              log, progress_monitor, remove_tree, require_shared_storage, transaction, with_retries)
 
 ERROR_TEXT_LIMIT = 4000
 OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processed_at")
@@ -590,11 +589,7 @@ def _run_tasks(spark: Any, target: QueueTarget, config: DrainConfig, tasks: int)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.drain_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help=f"postgresql://... or mssql+pyodbc://... without a password "
-                                      f"(default: --url-file, else $TABLEQUEUE_URL)")
-    parser.add_argument("--url-file", help="a file whose first line is the database URL")
-    parser.add_argument("--catalog")
-    parser.add_argument("--queue", help="a queue of kind work")
+    add_queue_arguments(parser, "a queue of kind work")
     parser.add_argument("--transform", help="package.module:function")
     parser.add_argument("--output", help="folder shared by driver and executors")
     parser.add_argument("--tasks", type=int, default=2, help="consumers (Spark tasks)")
@@ -615,26 +610,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    spark = build_session("tablequeue-drain", master=args.master)
-    try:
-        args = parser.parse_args(conf_arguments(spark, parser) + argv)
-        require_options(args, ("catalog", "queue", "output") + (() if args.finalize_only else ("transform",)),
-                        parser.prog)
-        url = resolve_url(args.url, args.url_file)
-        run_drain(spark, url, args.catalog, args.queue, args.transform, args.output, tasks=args.tasks,
-                  batch_size=args.batch_size, lease_seconds=args.lease_seconds, time_budget_seconds=args.time_budget,
-                  retry_after_seconds=args.retry_after, idle_seconds=args.idle_seconds,
-                  keep_staging=args.keep_staging, run_id=args.run_id, finalize_only=args.finalize_only,
-                  force=args.force)
-    except PipelineError as exc:
-        print(f"drain_job: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
-    return 0
+    def run(spark: Any, args: Any, url: str) -> dict:
+        return run_drain(spark, url, args.catalog, args.queue, args.transform, args.output, tasks=args.tasks,
+                         batch_size=args.batch_size, lease_seconds=args.lease_seconds,
+                         time_budget_seconds=args.time_budget, retry_after_seconds=args.retry_after,
+                         idle_seconds=args.idle_seconds, keep_staging=args.keep_staging, run_id=args.run_id,
+                         finalize_only=args.finalize_only, force=args.force)
+    return job_main("tablequeue-drain", build_parser(), argv,
+                    lambda args: ("catalog", "queue", "output") + (() if args.finalize_only else ("transform",)),
+                    run)[0]
 
 
 if __name__ == "__main__":

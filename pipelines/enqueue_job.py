@@ -23,9 +23,8 @@ from typing import Any, Mapping, Sequence
 if __package__ in (None, ""):  # `spark-submit pipelines/enqueue_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, build_session, conf_arguments,  # noqa: E402
-                              elapsed_since, is_connect_session, job_description, load_callable,
-                              require_options, resolve_url)
+from pipelines.common import (PipelineError, QueueTarget, add_queue_arguments, elapsed_since, is_connect_session,  # noqa: E402
+                              job_description, job_main, load_callable)
 from pipelines.sources import FORMAT, require_dedupe, target_options, to_messages  # noqa: E402
 
 FORMATS = ("parquet", "csv", "json")
@@ -107,11 +106,7 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.enqueue_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
-                                      "(default: --url-file, else $TABLEQUEUE_URL)")
-    parser.add_argument("--url-file", help="a file whose first line is the database URL")
-    parser.add_argument("--catalog", help="the catalog YAML the queue was deployed from")
-    parser.add_argument("--queue")
+    add_queue_arguments(parser)
     parser.add_argument("--input", help="file or folder (local, hdfs://, s3a://, ...)")
     parser.add_argument("--format", choices=FORMATS, help="default: from the file extension")
     parser.add_argument("--key", help="the columns that identify a row: col,col,... (hashed into the dedupe key)")
@@ -127,23 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    spark = build_session("tablequeue-enqueue", master=args.master)
-    try:
-        args = parser.parse_args(conf_arguments(spark, parser) + argv)
-        require_options(args, ("catalog", "queue", "input", "key"), parser.prog)
+    def run(spark: Any, args: Any, url: str) -> dict:
         options = dict(o.split("=", 1) for o in args.option)
-        run_enqueue(spark, resolve_url(args.url, args.url_file), args.catalog, args.queue, args.input,
-                    key=args.key, fmt=args.format, columns=args.columns, batch_size=args.batch_size,
-                    max_connections=args.max_connections, read_options=options, ledger=args.ledger)
-    except PipelineError as exc:
-        print(f"enqueue_job: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
-    return 0
+        return run_enqueue(spark, url, args.catalog, args.queue, args.input, key=args.key, fmt=args.format,
+                           columns=args.columns, batch_size=args.batch_size, max_connections=args.max_connections,
+                           read_options=options, ledger=args.ledger)
+    return job_main("tablequeue-enqueue", build_parser(), argv, ("catalog", "queue", "input", "key"), run)[0]
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ from typing import Any
 if __package__ in (None, ""):  # `spark-submit pipelines/report_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, build_session,  # noqa: E402
-                              conf_arguments, elapsed_since, filesystem, jdbc_options, job_description, log,
-                              require_options, resolve_url)
+from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, add_queue_arguments, elapsed_since,  # noqa: E402
+                              filesystem, jdbc_options, job_description, job_main, log)
 
 PERCENTILES = (0.5, 0.95, 0.99)
 # percentile_approx's accuracy: the value it returns has a rank within count / PERCENTILE_ACCURACY
@@ -262,11 +261,7 @@ def _report(spark: Any, url: str, target: QueueTarget, output: str, since: Any, 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipelines.report_job", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="postgresql://... or mssql+pyodbc://... without a password "
-                                      "(default: --url-file, else $TABLEQUEUE_URL)")
-    parser.add_argument("--url-file", help="a file whose first line is the database URL")
-    parser.add_argument("--catalog")
-    parser.add_argument("--queue", help="a work queue with history: true")
+    add_queue_arguments(parser, "a work queue with history: true")
     parser.add_argument("--output", help="folder for the Parquet figures and report.png")
     parser.add_argument("--since", help="only messages finished (or dead) at or after this UTC timestamp")
     parser.add_argument("--master", help="Spark master when run with python (default local[*])")
@@ -274,20 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    spark = build_session("tablequeue-report", master=args.master)
-    try:
-        args = parser.parse_args(conf_arguments(spark, parser) + argv)
-        require_options(args, ("catalog", "queue", "output"), parser.prog)
-        summary = run_report(spark, resolve_url(args.url, args.url_file), args.catalog, args.queue, args.output,
-                             since=args.since)
-    except PipelineError as exc:
-        print(f"report_job: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
+    code, summary = job_main("tablequeue-report", build_parser(), argv, ("catalog", "queue", "output"),
+                             lambda spark, args, url: run_report(spark, url, args.catalog, args.queue, args.output,
+                                                                 since=args.since))
+    if code:
+        return code
     for metric, row in summary["latency"].items():
         print(f"{metric:<10} p50 {row['p50']}  p95 {row['p95']}  p99 {row['p99']}  (n={row['count']})")
     for row in summary["workers"]:

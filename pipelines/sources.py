@@ -22,10 +22,15 @@ before the batch runs). The partition's
 task asks for that worker's leases again (a worker's own live leases come back unchanged: the same
 token, no attempt spent) and yields those whose token matches; commit() completes them with
 complete_batch, fenced by the recorded tokens. docs/pipelines.md has the exactly-once argument.
+
+With option ack=sink the sink acknowledges instead (pipelines.stream_job.AckSink: complete_batch for
+rows without an error, fail_batch for rows with one, after their results are written), and commit()
+fails, fenced, whatever the sink left unacknowledged: no message is completed without a result.
 """
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -289,7 +294,11 @@ class TableQueueSource(DataSource):
         target = SourceOptions.of(self.options).target
         id_type = "string" if target.queue.options.get("client_ids") else "bigint"
         payload_type = "binary" if target.queue.payload == "binary" else "string"
-        return f"id {id_type}, payload {payload_type}, enqueued_at timestamp, attempts int, worker string"
+        # lease_token only for the sink that acknowledges with it (ack=sink): with the default
+        # ack=commit the schema stays what it was before ack=sink existed.
+        sink = (SourceOptions.of(self.options).options.get("ack") or "commit").lower() == "sink"
+        return (f"id {id_type}, payload {payload_type}, enqueued_at timestamp, attempts int, worker string"
+                + (", lease_token string" if sink else ""))
 
     def writer(self, schema: Any, overwrite: bool) -> "QueueWriter":
         return QueueWriter(SourceOptions.of(self.options), schema, overwrite)
@@ -449,6 +458,10 @@ MAX_LEASES_PER_BATCH = 10_000
 # read(): how often to ask again for recorded leases that a dequeue skipped (SKIP LOCKED: the
 # driver's heartbeat, or a zombie attempt under the same worker name, had the row locked).
 READ_ROUNDS = 5
+# ack=commit: commit() completes a micro-batch's leases; ack=sink: the sink completes or fails each
+# row after writing it, and commit() fails what the sink left (a row the query filtered out).
+ACK_MODES = ("commit", "sink")
+UNACKNOWLEDGED = "the micro-batch of offset {seq} was committed without the sink acknowledging this message (ack=sink)"
 
 
 @dataclass
@@ -470,7 +483,9 @@ class QueueStreamReader(DataSourceStreamReader):
     """Options: partitions (default 2), messagesPerPartition (1..1000, default 100; at most
     MAX_LEASES_PER_BATCH leases per micro-batch), leaseSeconds (default the queue's), consumer (the
     worker names' prefix, default spark), idleWaitSeconds (0..20, default 2: how long latestOffset
-    waits for a message when none is ready)."""
+    waits for a message when none is ready), ack (commit, the default: commit() completes every
+    lease of the micro-batch; sink: the sink acknowledges each row, see pipelines.stream_job.AckSink,
+    and commit() fails the leases it left unacknowledged)."""
 
     def __init__(self, source: SourceOptions) -> None:
         source.target.require_kind("work")
@@ -485,6 +500,10 @@ class QueueStreamReader(DataSourceStreamReader):
         self.lease_seconds = source.integer("leaseSeconds", None, 1, 86_400)
         self.idle_wait_seconds = source.integer("idleWaitSeconds", 2, 0, MAX_WAIT_MS // 1000)
         self.consumer = source.options.get("consumer") or "spark"
+        self.ack = (source.options.get("ack") or "commit").lower()
+        if self.ack not in ACK_MODES:
+            raise PipelineError(f"{self.target.name}: option ack must be one of {', '.join(ACK_MODES)}, "
+                                f"got {source.options.get('ack')!r}")
         self._driver: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -563,19 +582,32 @@ class QueueStreamReader(DataSourceStreamReader):
         self._complete(end)
 
     def _complete(self, offset: dict) -> None:
+        """Settle a committed micro-batch: complete its leases (ack=commit), or fail those the sink
+        left unacknowledged (ack=sink: a lease the sink completed or failed is gone, and the fenced
+        call answers lost for it)."""
         seq = int(offset["seq"])
         if seq == 0 or seq in self._driver["completed"]:
             return
-        completed = lost = 0
+        settled = lost = 0
         for lease in offset["leases"]:
             acks = [{"id": i, "lease_token": t} for i, t in lease["acks"]]
-            answer = self._call("complete", lambda client: client.complete_batch(acks, lease["worker"]))
-            done = sum(1 for row in answer if row["completed"])
-            completed, lost = completed + done, lost + len(answer) - done
+            if self.ack == "sink":
+                answer = self._call("fail", lambda client: client.fail_batch(
+                    acks, lease["worker"], UNACKNOWLEDGED.format(seq=seq), 0))
+                done = sum(1 for row in answer if row["outcome"] != "lost")
+            else:
+                answer = self._call("complete", lambda client: client.complete_batch(acks, lease["worker"]))
+                done = sum(1 for row in answer if row["completed"])
+            settled, lost = settled + done, lost + len(answer) - done
         self._driver["completed"].add(seq)
         self._driver["heartbeat"].drop(seq)
+        if self.ack == "sink":
+            log().log(logging.WARNING if settled else logging.INFO,
+                      "stream %s: micro-batch offset %s committed: %s lease(s) the sink did not acknowledge "
+                      "failed, %s acknowledged by the sink (or run out)", self.target.name, seq, settled, lost)
+            return
         log().info("stream %s: micro-batch offset %s committed: %s completed, %s no longer held (completed "
-                   "before, or the lease ran out)", self.target.name, seq, completed, lost)
+                   "before, or the lease ran out)", self.target.name, seq, settled, lost)
 
     def stop(self) -> None:
         if self._driver:
@@ -603,8 +635,9 @@ class QueueStreamReader(DataSourceStreamReader):
             enqueued_at = row.get("enqueued_at")
             if isinstance(enqueued_at, datetime) and enqueued_at.tzinfo is None:
                 enqueued_at = enqueued_at.replace(tzinfo=timezone.utc)   # SQL Server datetime2 is UTC
-            yield (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
-                   partition.worker)
+            values = (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
+                      partition.worker)
+            yield values + (str(row["lease_token"]),) if self.ack == "sink" else values
 
     def _recorded_leases(self, client: Any, partition: LeasePartition) -> list[dict]:
         """The partition's recorded leases that are still live, with their messages.

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -18,6 +19,7 @@ import time
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -690,7 +692,11 @@ def test_spark_demo_on_the_example_catalog(spark, pg, tmp_path):
     history = pg.scalar(f"SELECT count(*) FROM {table(catalog, work.name, '_history')}")
     assert history == summary["completed"]
     assert Path(summary["chart"]).is_file()
-    assert len(output_rows(summary["output"])) == summary["completed"]
+    # The stream's output: one row without error per completed message, and one error row per failed attempt.
+    results = [r for r in output_rows(summary["output"]) if r["error"] is None]
+    assert len(results) == len({r["id"] for r in results}) == summary["completed"]
+    assert summary["retries"] > 0
+    assert summary["results"] == summary["completed"] and summary["results_doubled"] == 0
 
 
 # -- the drain across a driver's death, storage the driver cannot see --------------------------------
@@ -903,6 +909,373 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
                       f"FROM {table(catalog, 'stream', '_history')}")[0]
     # A retried task and a replayed micro-batch took their own leases back: no attempt was spent.
     assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
+
+
+# -- the stream reader with failing rows: the sink acknowledges (ack=sink) ----------------------------
+ACK_MESSAGES = 2000
+
+
+class CrashingSink:
+    """pipelines.stream_job.AckSink that stops the query once at each planned point: after writing
+    micro-batch `after_write` (before any acknowledgement) and after acknowledging micro-batch
+    `after_ack` (before Spark records the batch as committed). `crashed` outlives the restarts."""
+
+    def __init__(self, sink: Any, after_write: int, after_ack: int, crashed: set) -> None:
+        self.sink, self.after_write, self.after_ack, self.crashed = sink, after_write, after_ack, crashed
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        original = self.sink.acknowledge
+
+        def acknowledge(spark: Any, number: int) -> dict:
+            if number == self.after_write and "write" not in self.crashed:
+                self.crashed.add("write")
+                raise RuntimeError(f"driver lost after writing micro-batch {number}")
+            counts = original(spark, number)
+            if number == self.after_ack and "ack" not in self.crashed:
+                self.crashed.add("ack")
+                raise RuntimeError(f"driver lost after acknowledging micro-batch {number}")
+            return counts
+        self.sink.acknowledge = acknowledge
+        try:
+            self.sink(frame, batch_id)
+        finally:
+            self.sink.acknowledge = original
+
+
+def test_stream_sink_fails_rows_with_errors_until_dead_and_a_restart_doubles_nothing(spark, pg, tmp_path):
+    """ACK_MESSAGES messages through the reader (ack=sink), a handler and AckSink: 1 in 10 fails on
+    every attempt (dead at max_attempts 3), 1 in 7 fails its first attempt only (retried, then
+    completed), one row is filtered out by the query (the reader's commit fails it: no result, never
+    completed). The query dies once after a micro-batch was written but not acknowledged, and once
+    after one was acknowledged but not committed; each time it is restarted from its checkpoint.
+    Every other message is completed exactly once with exactly one result row, and no error row is
+    doubled."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import AckSink, handle, read_results
+
+    catalog = pg.deploy(work_queue("acks", lease_seconds=120, max_attempts=3))
+    poison = {i for i in range(ACK_MESSAGES) if i % 10 == 3}
+    flaky = {i for i in range(ACK_MESSAGES) if i % 7 == 1} - poison
+    dropped = 5
+    conn = connect(pg.url, autocommit=True)
+    try:
+        from tablequeue.client import QueueClient
+
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "acks")
+        for start in range(0, ACK_MESSAGES, 1000):
+            client.enqueue_batch([{"payload": {"id": i, "name": f"customer {i}", "poison": i in poison,
+                                               "flaky": i in flaky}, "dedupe_key": str(i)}
+                                  for i in range(start, start + 1000)])
+    finally:
+        conn.close()
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "acks"), str(url_file)), "partitions": "2",
+               "messagesPerPartition": "500", "consumer": "ack-test", "ack": "sink", "idleWaitSeconds": "1"}
+    checkpoint, output = str(tmp_path / "checkpoint"), str(tmp_path / "output")
+    crashed: set = set()
+
+    def start() -> Any:
+        stream = spark.readStream.format("tablequeue").options(**options).load()
+        results = handle(stream, TRANSFORM).where(F.get_json_object("payload", "$.id") != str(dropped))
+        sink = CrashingSink(AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=0), 1, 3,
+                            crashed)
+        return (results.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+                .trigger(processingTime="0 seconds").start())
+
+    for crash in ("after writing micro-batch 1", "after acknowledging micro-batch 3"):
+        query = start()
+        with pytest.raises(Exception, match=crash):
+            query.awaitTermination(timeout=600)
+    query = start()
+    query.processAllAvailable()
+    query.stop()
+
+    rows = read_results(spark, output).select(
+        F.get_json_object("payload", "$.id").cast("int").alias("n"), "id", "error", "batch_id")
+    results = rows.where("error IS NULL").groupBy("n").count()
+    completed = set(range(ACK_MESSAGES)) - poison - {dropped}
+    assert results.count() == len(completed) and results.where("count > 1").count() == 0
+    assert results.where(~F.col("n").isin(*completed)).count() == 0
+    errors = {(r["n"], r["count"]) for r in rows.where("error IS NOT NULL").groupBy("n").count().collect()}
+    assert errors == {(n, 3) for n in poison} | {(n, 1) for n in flaky}
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'acks')}") == 0
+    history = pg.rows(f"SELECT (payload->>'id')::int AS n, attempts FROM {table(catalog, 'acks', '_history')}")
+    assert sorted(r["n"] for r in history) == sorted(completed)
+    assert {r["n"] for r in history if r["attempts"] == 2} == flaky
+    assert {r["attempts"] for r in history} == {1, 2}
+    dead = pg.rows(f"SELECT (payload->>'id')::int AS n, attempts, last_error FROM {table(catalog, 'acks', '_dead')}")
+    assert {r["n"] for r in dead} == poison | {dropped} and {r["attempts"] for r in dead} == {3}
+    assert [r["last_error"] for r in dead if r["n"] == dropped][0].endswith(
+        "without the sink acknowledging this message (ack=sink)")
+    assert all(r["last_error"].startswith("PoisonMessage: poison payload") for r in dead if r["n"] != dropped)
+
+
+def test_stream_sink_names_the_queue_and_the_missing_columns(spark, pg, tmp_path):
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import AckSink
+
+    catalog = pg.deploy(work_queue("bare"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = target_options(QueueTarget.of(pg.url, catalog, "bare"), str(url_file))
+    sink = AckSink(str(tmp_path / "out"), {**options, "ack": "sink"}, checkpoint=str(tmp_path / "checkpoint"))
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.bare: .* the stream lacks \['lease_token', 'worker', "
+                                            r"'error'\]"):
+        sink(spark.range(3), 0)
+    for reader in (options, {**options, "ack": "commit"}):
+        with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.bare: AckSink needs the reader's options with "
+                                                r"ack=sink, got ack=commit"):
+            AckSink(str(tmp_path / "out"), reader, checkpoint=str(tmp_path / "checkpoint"))
+    with pytest.raises(PipelineError, match=r"\.bare: option ack must be one of commit, sink, got 'never'"):
+        stream_reader(pg, catalog, "bare", ack="never")
+
+
+def test_stream_handler_errors_of_decoding_and_serialising_are_the_rows_error():
+    """A json queue's payload that is not JSON, and a handler's answer JSON cannot hold, fail the
+    row (its error) instead of the task, and so the micro-batch, on every replay."""
+    from pipelines.stream_job import handle_row
+
+    assert handle_row(lambda p: {"n": p["n"] + 1}, '{"n": 1}', None, "json") == ('{"n": 2}', None)
+    assert handle_row(lambda p, m: m["id"], '{}', {"id": 7}, "json") == ("7", None)
+    result, error = handle_row(lambda p: p, "not json", None, "json")
+    assert result is None and error.startswith("JSONDecodeError: Expecting value")
+    result, error = handle_row(lambda p: {1: "a", "b": 2}, "{}", None, "json")
+    assert result is None and error.startswith("TypeError: ")
+    assert handle_row(lambda p: p.upper(), "plain text", None, "text") == ('"PLAIN TEXT"', None)
+
+
+def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spark, pg, tmp_path):
+    """Leases that ran out before a fresh micro-batch was acknowledged mean a second result row
+    later: a WARNING naming the queue and the micro-batch. A replay's lost answers are expected."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import COUNTS, AckSink
+
+    catalog = pg.deploy(work_queue("late"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "metadata").write_text('{"id":"3f1e-query"}\n')
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "late"), str(url_file)), "ack": "sink"}
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink.acknowledge = lambda spark_, batch_id: {**dict.fromkeys(COUNTS, 0), "completed": 1, "lost": 2}
+    frame = spark.createDataFrame([(1, "t1", "w", None), (2, "t2", "w", None), (3, "t3", "w", None)],
+                                  "id long, lease_token string, worker string, error string")
+    logged: list[logging.LogRecord] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = logged.append  # type: ignore[method-assign]
+    log().addHandler(listener)
+    try:
+        sink(frame, 4)
+        assert len(logged) == 1 and re.search(r"stream [a-z0-9_]+\.late: micro-batch 4: 2 message\(s\) written but "
+                                              r"no longer held .* a second result row follows; dedupe on id",
+                                              logged[0].getMessage())
+        sink(frame, 4)                                  # the replay: its lost answers are expected
+        assert len(logged) == 1
+    finally:
+        log().removeHandler(listener)
+    assert json.loads((tmp_path / "out" / "batch_id=4" / "_tablequeue_written").read_text()) == {
+        "query": "3f1e-query", "batch_id": 4}
+
+
+def test_stream_crash_between_the_write_and_the_marker_rewrites_and_acknowledges_the_rewrite(spark, pg, tmp_path):
+    """The query dies after micro-batch 0's rows were written and before its marker. The first run's
+    rows all carry an error; the restart's replay (same leases) computes them without one. The
+    replay finds no marker, so it writes the micro-batch again (overwrite) and acknowledges that:
+    every message is completed once on its first attempt, and the stored row (error NULL, run 2) is
+    the one acknowledged. Acknowledging the first write would have failed them all."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import WRITTEN, AckSink, handle, read_results
+
+    catalog = pg.deploy(work_queue("unmarked", lease_seconds=120, max_attempts=1))
+    enqueue_numbered(pg, catalog, "unmarked", 20)
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "unmarked"), str(url_file)), "partitions": "1",
+               "messagesPerPartition": "50", "ack": "sink", "idleWaitSeconds": "1"}
+    checkpoint, output = str(tmp_path / "checkpoint"), tmp_path / "output"
+
+    class CrashBeforeMarker(AckSink):
+        def write(self, frame: Any, batch_id: int) -> None:
+            if not (output / f"batch_id={batch_id}").exists():
+                frame.write.mode("overwrite").parquet(self.folder(batch_id))
+                raise RuntimeError(f"driver lost before the marker of micro-batch {batch_id}")
+            super().write(frame, batch_id)
+
+    def start(run: int) -> Any:
+        stream = spark.readStream.format("tablequeue").options(**options).load()
+        results = handle(stream, TRANSFORM).withColumn("run", F.lit(run))
+        if run == 1:
+            results = results.withColumn("error", F.lit("RuntimeError: only in the first run"))
+        sink = CrashBeforeMarker(str(output), options, checkpoint=checkpoint, retry_after_seconds=0)
+        return (results.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+                .trigger(processingTime="0 seconds").start())
+
+    query = start(1)
+    with pytest.raises(Exception, match="driver lost before the marker of micro-batch 0"):
+        query.awaitTermination(timeout=600)
+    first = pq.read_table(output / "batch_id=0").to_pylist()
+    assert len(first) == 20 and {r["run"] for r in first} == {1} and not (output / "batch_id=0" / WRITTEN).exists()
+    query = start(2)
+    query.processAllAvailable()
+    query.stop()
+    stored = [r.asDict() for r in read_results(spark, str(output)).collect()]
+    assert sorted(r["id"] for r in stored) == sorted(r["id"] for r in first)
+    assert {(r["run"], r["error"], r["batch_id"]) for r in stored} == {(2, None, 0)}
+    history = pg.rows(f"SELECT id, attempts FROM {table(catalog, 'unmarked', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(r["id"] for r in stored) and {r["attempts"] for r in history} == {1}
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'unmarked', '_dead')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'unmarked')}") == 0
+
+
+def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path):
+    """read_results skips a batch_id folder without the marker (written, never acknowledged: a
+    crash before the marker) that spark.read.parquet(output) would include."""
+    from pipelines.stream_job import WRITTEN, read_results
+
+    output = tmp_path / "out"
+    for batch_id, ids in ((0, [1, 2]), (1, [3]), (2, [3, 4])):
+        spark.createDataFrame([(i, None) for i in ids], "id long, error string").write.parquet(
+            str(output / f"batch_id={batch_id}"))
+    for batch_id in (0, 1):
+        (output / f"batch_id={batch_id}" / WRITTEN).write_text('{"query": "q", "batch_id": %d}' % batch_id)
+    rows = sorted((r["id"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert rows == [(1, 0), (2, 0), (3, 1)]
+    with pytest.raises(PipelineError, match="no acknowledged micro-batch"):
+        read_results(spark, str(tmp_path / "empty"))
+
+
+def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
+    """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
+    marker another driver of the same query created while this one wrote the micro-batch is not
+    overwritten; the write is refused, naming the queue, the folder and the checkpoint."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("zombie"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "metadata").write_text('{"id":"7a-query"}\n')
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "zombie"), str(url_file)), "ack": "sink"}
+    other = b'{"query": "7a-query", "batch_id": 0, "driver": "the other"}'
+
+    class RacedFiles(HadoopFiles):
+        """The other driver creates micro-batch 0's marker just after this one's Parquet write."""
+
+        def create_new(self, path: str, data: bytes) -> bool:
+            if "batch_id=0/" in path:
+                assert super().create_new(path, other)
+            return super().create_new(path, data)
+
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = RacedFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.zombie: the marker of .*/out/batch_id=0 appeared "
+                                            r"while this driver wrote the micro-batch: another driver runs the query "
+                                            r"of checkpoint .*/checkpoint"):
+        sink.write(frame, 0)
+    assert (tmp_path / "out" / "batch_id=0" / WRITTEN).read_bytes() == other
+    sink.write(frame, 1)
+    assert json.loads(sink._files.read_text(f"{sink.folder(1)}/{WRITTEN}")) == {"query": "7a-query", "batch_id": 1}
+
+
+def test_stream_reader_has_a_lease_token_column_only_with_ack_sink(spark, pg, tmp_path):
+    """A stream read with the default ack=commit keeps the columns it had before ack=sink existed
+    (a schema-enforcing sink does not break); ack=sink adds lease_token for AckSink."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+
+    catalog = pg.deploy(work_queue("columns"))
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = target_options(QueueTarget.of(pg.url, catalog, "columns"), str(url_file))
+    columns = ["id", "payload", "enqueued_at", "attempts", "worker"]
+    for ack, expected in ((None, columns), ("commit", columns), ("sink", [*columns, "lease_token"])):
+        reader = spark.readStream.format("tablequeue").options(**options)
+        assert (reader.option("ack", ack) if ack else reader).load().columns == expected
+
+
+class DroppedAfterCommit(Exception):
+    """What psycopg raises when the connection drops: is_transient() retries it."""
+
+    sqlstate = "08006"
+
+
+def test_stream_acknowledgement_counts_lost_after_a_retried_call_as_uncertain(monkeypatch):
+    """complete_batch commits, then the connection drops before the answer: the call is tried again
+    on a new connection and answers lost for every message (the first try completed them). Those
+    are counted as uncertain, not lost; a first try's lost stays lost."""
+    import pyarrow as pa
+
+    import pipelines.stream_job as stream_job
+
+    class Client:
+        def __init__(self) -> None:
+            self.held = {1, 2, 3, 4}
+
+        def complete_batch(self, rows: list, worker: str) -> list:
+            answer = [{"id": r["id"], "completed": r["id"] in self.held} for r in rows]
+            self.held -= {r["id"] for r in rows}
+            if worker == "w-dropped" and any(a["completed"] for a in answer):
+                raise DroppedAfterCommit("server closed the connection unexpectedly")
+            return answer
+
+        def fail_batch(self, rows: list, worker: str, error: str, retry_after: Any) -> list:
+            return [{"id": r["id"], "outcome": "retrying" if r["id"] in self.held else "lost"} for r in rows]
+
+    client = Client()
+
+    class Connection:
+        def __init__(self, target: Any) -> None:
+            pass
+
+        def client(self) -> Client:
+            return client
+
+        def reset(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(stream_job, "Reconnecting", Connection)
+    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    rows = [{"id": 1, "lease_token": "t", "worker": "w-dropped", "error": None},
+            {"id": 2, "lease_token": "t", "worker": "w-dropped", "error": None},
+            {"id": 3, "lease_token": "t", "worker": "w-ok", "error": "ValueError: no"},
+            {"id": 9, "lease_token": "t", "worker": "w-ok", "error": None}]
+    batches = [pa.RecordBatch.from_pylist(rows)]
+    counts = next(stream_job.acknowledge_partition(SimpleNamespace(name="s.jobs"), 0, iter(batches))).to_pylist()[0]
+    assert counts == {"completed": 0, "retrying": 1, "dead": 0, "lost": 1, "uncertain": 2}
+
+
+def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_query(spark, pg, tmp_path):
+    """A query drains the queue into `output`; a second query with a new checkpoint (batch_id=0
+    again) on the same output is refused at its first micro-batch, naming the queue, the folder and
+    the checkpoint, and acknowledges nothing: no message of it goes to the dead letters."""
+    from pipelines.stream_job import run_stream
+
+    catalog = pg.deploy(work_queue("reused", lease_seconds=120, max_attempts=1))
+    output = str(tmp_path / "output")
+    enqueue_numbered(pg, catalog, "reused", 20)
+    first = run_stream(spark, pg.url, catalog, "reused", TRANSFORM, output, str(tmp_path / "checkpoint"),
+                       partitions=1, messages_per_partition=50)
+    assert first["completed"] == 20
+    enqueue_numbered(pg, catalog, "reused", 20, first=20)
+    with pytest.raises(Exception, match=r"stream [a-z0-9_]+\.reused: .*/output/batch_id=0 was written by another "
+                                        r"streaming query .* checkpoint .*/checkpoint-2 .* a new checkpoint needs a "
+                                        r"new output folder"):
+        run_stream(spark, pg.url, catalog, "reused", TRANSFORM, output, str(tmp_path / "checkpoint-2"),
+                   partitions=1, messages_per_partition=50)
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_dead')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_history')}") == 20
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused')}") == 20
 
 
 # -- the stream reader's driver and task sides, called directly (no Spark job) -----------------------

@@ -210,8 +210,16 @@ def _spark_demo(url: str, catalog: Catalog) -> bool:
         print("spark demo not run: the catalog has no work queue with dedupe: true")
         return True
     print()
-    print(f"PySpark: enqueue -> drain -> report on queue {work.name}")
+    print(f"PySpark: enqueue (format('tablequeue') writer) -> drain (its stream reader, ack=sink) -> report "
+          f"on queue {work.name}")
     summary = run_spark_demo(url, catalog, work.name, 20000)
     for key, value in summary.items():
         print(f"  {key}: {value}")
+    # Every message ends completed or dead (counted in the database: the history and dead-letter
+    # tables), and each completed one has exactly one result row.
+    unsettled = summary["enqueued"] - summary["completed"] - summary["dead"]
+    if unsettled or summary["results"] != summary["completed"] or summary["results_doubled"]:
+        print(f"spark demo FAILED: {unsettled} message(s) neither completed nor dead, {summary['results']} result "
+              f"row(s) for {summary['completed']} completed message(s), {summary['results_doubled']} doubled")
+        return True
     return False

@@ -464,6 +464,8 @@
     DECLARE @started_transaction bit;
     DECLARE @deadlock_retries int = 0;
     DECLARE @pause datetime;
+    DECLARE @keys TABLE (group_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @found int = 1;
 
     WHILE @chunk > 0
         BEGIN
@@ -528,19 +530,7 @@
                                 DELETE FROM doomed;
                                 SET @chunk_purged = @chunk_purged + @@ROWCOUNT;
                                 {{ grp.settle() | indent(32) }}
-                                IF @next_id IS NULL
-                                    BEGIN
-                                        DELETE FROM g
-                                        FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK) -- noqa: LT05
-                                        WHERE g.group_key = @group;
-                                        INSERT INTO {{ grp.groups_t }} (group_key)
-                                        SELECT @group
-                                        WHERE EXISTS (
-                                            SELECT 1
-                                            FROM {{ t }} AS m WITH (INDEX ({{ grp.group_ix }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                                            WHERE m.group_key = @group AND m.group_key IS NOT NULL
-                                        );
-                                    END;
+                                {{ grp.drop_if_empty() | indent(32) }}
                             END;
                         SET @group = (
                             SELECT MIN(d.group_key)
@@ -561,6 +551,67 @@
                 SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
                 WAITFOR DELAY @pause;
             END CATCH;
+        END;
+
+    -- Groups left empty (by consumers, or by the chunks above) lose their rows, in key order, 1,000
+    -- keys a round: each one taken without waiting (a held group stays for the next purge), in a
+    -- transaction of its own without the caller's; a deadlock leaves the group for the next purge.
+    SET @group = NULL;
+    WHILE @found > 0
+        BEGIN
+            DELETE FROM @keys;
+            IF @group IS NULL
+                BEGIN
+                    INSERT INTO @keys (group_key)
+                    SELECT TOP (1000) g.group_key
+                    FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    ORDER BY g.group_key;
+                END;
+            ELSE
+                BEGIN
+                    INSERT INTO @keys (group_key)
+                    SELECT TOP (1000) g.group_key
+                    FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE g.group_key > @group
+                    ORDER BY g.group_key;
+                END;
+            SET @found = @@ROWCOUNT;
+            SET @group = (SELECT MIN(k.group_key) FROM @keys AS k);
+            WHILE @group IS NOT NULL
+                BEGIN
+                    SET @next_id = NULL;
+                    SELECT TOP (1) @next_id = m.id
+                    FROM {{ t }} AS m WITH ({{ grp.group_probe }}) -- noqa: LT05
+                    WHERE m.group_key = @group AND m.group_key IS NOT NULL;
+                    IF @next_id IS NULL
+                        BEGIN
+                            SET @started_transaction = 0;
+                            BEGIN TRY
+                                IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+                                    BEGIN
+                                        BEGIN TRANSACTION;
+                                        SET @started_transaction = 1;
+                                    END;
+                                {{ grp.take_group('@group') | indent(32) }}
+                                IF @@ROWCOUNT = 1
+                                    BEGIN
+                                        {{ grp.find_head('@next_id') | indent(40) }}
+                                        {{ grp.drop_if_empty() | indent(40) }}
+                                    END;
+                                IF @started_transaction = 1 COMMIT TRANSACTION;
+                            END TRY
+                            BEGIN CATCH
+                                IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                                IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 THROW;
+                            END CATCH;
+                        END;
+                    SET @group = (
+                        SELECT MIN(k.group_key)
+                        FROM @keys AS k
+                        WHERE k.group_key > @group
+                    );
+                END;
+            SET @group = (SELECT MAX(k.group_key) FROM @keys AS k);
         END;
 
     SELECT @purged AS purged;

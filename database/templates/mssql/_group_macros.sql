@@ -129,3 +129,22 @@ WITH next_head AS (
 UPDATE next_head
 SET group_head = 1;
 {%- endmacro %}
+
+{#- A holder of @group whose head it sees is none (@next_id NULL) deletes the group's row. The delete
+    waits for the producers that pinned it (their messages are uncommitted); then a new statement,
+    which sees what they committed, puts the row back if the group has messages. -#}
+{% macro drop_if_empty() %}
+IF @next_id IS NULL
+    BEGIN
+        DELETE FROM g
+        FROM {{ groups_t }} AS g WITH (INDEX ({{ groups_pk }}), FORCESEEK, ROWLOCK) -- noqa: LT05
+        WHERE g.group_key = @group;
+        INSERT INTO {{ groups_t }} (group_key)
+        SELECT @group
+        WHERE EXISTS (
+            SELECT 1
+            FROM {{ t }} AS m WITH (INDEX ({{ group_ix }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.group_key = @group AND m.group_key IS NOT NULL
+        );
+    END;
+{%- endmacro %}

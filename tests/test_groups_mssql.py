@@ -1,0 +1,77 @@
+"""Message groups on SQL Server (issue 21; docs/queue-kinds.md, "Message groups"), proven without a
+server: the fifo templates render option groups, the render passes check-tsql (every claim and probe
+pinned to the index whose key it seeks, UPDLOCK only in claims, lock order, batch caps), and the lock
+shapes the design rests on are the ones written. What they do under concurrency is the conformance
+suite's (tests/conformance/test_groups.py), which runs against a configured SQL Server.
+"""
+from __future__ import annotations
+
+import re
+
+from tablequeue.catalog import parse_catalog
+from tablequeue.render import render_catalog
+from tablequeue.tsqlcheck import check_sources
+
+QUEUES = [
+    {"name": "orders", "kind": "fifo", "payload": "json", "options": {"groups": True, "dedupe": True}},
+    {"name": "plain", "kind": "fifo", "payload": "binary", "options": {"groups": True}},
+    {"name": "ledger", "kind": "fifo", "payload": "json"},
+]
+
+
+def _render() -> dict[str, str]:
+    catalog = parse_catalog({"schema": "s", "queues": QUEUES})
+    return {f.name: f.text for f in render_catalog(catalog, "mssql")}
+
+
+def _procedure(text: str, verb: str, queue: str = "orders") -> str:
+    start = text.index(f"CREATE OR ALTER PROCEDURE [s].[{queue}_{verb}]")
+    return text[start:text.index("\nGO\n", start)]
+
+
+def test_fifo_with_groups_renders_on_sql_server_and_passes_check_tsql() -> None:
+    files = _render()
+    report = check_sources(sorted((name, text) for name, text in files.items() if name != "ledger.sql"))
+    assert report.clean, "\n".join(map(str, report.findings + report.violations))
+
+
+def test_fifo_with_groups_has_the_contract_names() -> None:
+    text = _render()["orders.sql"]
+    assert "@group_key nvarchar(MAX) = NULL" in _procedure(text, "enqueue")
+    assert re.search(r"CREATE TYPE \[s\]\.\[orders_items\] AS TABLE \([^;]*group_key nvarchar\(MAX\)", text)
+    dequeue = _procedure(text, "dequeue")
+    # dequeue returns group_key as its last column.
+    assert re.search(r"SELECT\s+c\.id,\s+c\.payload,\s+c\.enqueued_at,\s+c\.group_key\s+FROM @claimed AS c", dequeue)
+    assert "CREATE TABLE [s].[orders_groups]" in text
+    assert "PRIMARY KEY NONCLUSTERED (group_key)" in text
+
+
+def test_the_grouped_claim_reads_only_head_candidates_and_never_waits() -> None:
+    dequeue = _procedure(_render()["orders.sql"], "dequeue")
+    # Grouped messages are found on the head index, never by walking the clustered key (a held
+    # group's backlog is not in the head index), and with no OR in any claim's WHERE.
+    assert "INDEX ([ix_orders_heads]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK" in dequeue
+    assert "INDEX ([ix_orders_ungrouped]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK" in dequeue
+    # Every read of the groups table skips a held group instead of waiting for it.
+    for hints in re.findall(r"\[s\]\.\[orders_groups\] AS g WITH \(([^)]*\)[^)]*)\)", dequeue):
+        assert "READPAST" in hints, hints
+    wheres = re.findall(r"WHERE\s(.*?)(?:\n\s*(?:ORDER BY|\)|$))", dequeue, flags=re.S)
+    assert wheres and not any(re.search(r"\bOR\b", w) for w in wheres)
+
+
+def test_a_producer_never_takes_a_lock_a_consumer_holds() -> None:
+    enqueue = _procedure(_render()["orders.sql"], "enqueue")
+    groups_reads = re.findall(r"\[s\]\.\[orders_groups\] AS g WITH \((.*?)\) --", enqueue)
+    # The try (READPAST: skip a held group), the pin (S to the end of the transaction: compatible
+    # with a holder's U on the key) and a new key's uniqueness check (UPDLOCK, HOLDLOCK).
+    assert len(groups_reads) == 3
+    assert "READPAST, UPDLOCK" in groups_reads[0]
+    assert "REPEATABLEREAD" in groups_reads[1] and "UPDLOCK" not in groups_reads[1]
+    assert "UPDLOCK, HOLDLOCK" in groups_reads[2]
+    # The groups row before the message (the fixed lock order).
+    assert enqueue.index("[s].[orders_groups]") < enqueue.index("INSERT INTO [s].[orders] (")
+
+
+def test_queues_without_groups_render_without_them() -> None:
+    text = _render()["ledger.sql"]
+    assert "group_key" not in text and "_groups" not in text

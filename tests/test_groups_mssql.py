@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from tablequeue.catalog import parse_catalog
-from tablequeue.render import render_catalog
+from tablequeue.render import render_catalog, render_migrations
 from tablequeue.tsqlcheck import check_sources
 
 QUEUES = [
@@ -75,3 +75,21 @@ def test_a_producer_never_takes_a_lock_a_consumer_holds() -> None:
 def test_queues_without_groups_render_without_them() -> None:
     text = _render()["ledger.sql"]
     assert "group_key" not in text and "_groups" not in text
+
+
+def test_the_add_groups_migration_builds_the_indexes_a_fresh_install_has() -> None:
+    # Upgraded must equal fresh (DESIGN.md §3c): the same columns and the same index statements.
+    catalog = parse_catalog({"schema": "s", "queues": QUEUES[:1]})
+    migrations = {f.name: f.text for f in render_migrations(catalog, "mssql")}
+    added = migrations["s.orders.fifo_table_add_groups.sql"]
+    dropped = migrations["s.orders.fifo_table_drop_groups.sql"]
+    fresh = _render()["orders.sql"]
+
+    def indexes(text: str) -> set[str]:
+        return {" ".join(i.split()) for i in re.findall(r"CREATE NONCLUSTERED INDEX \[ix_orders_\w+\][^;]*?WHERE [^;\n]*", text)}
+
+    assert indexes(fresh) == indexes(added) and len(indexes(fresh)) == 3
+    for column in ("group_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL", "group_head bit NULL"):
+        assert column in fresh and column in added
+    assert "tablequeue:step transaction after-code" in dropped
+    assert all(f"DROP INDEX IF EXISTS [ix_orders_{p}]" in dropped for p in ("heads", "group", "ungrouped"))

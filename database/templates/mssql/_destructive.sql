@@ -33,6 +33,31 @@
 {% else %}
 {% set claim_order_sql = 'm.id' %}
 {% endif %}
+{#- enqueue's insert of a message that is not a duplicate (@id NULL), the end of its transaction and
+    its result; columns and values_sql: the INSERT's lists. -#}
+{% macro insert_unless_duplicate(columns, values_sql) %}
+        IF @id IS NULL
+            BEGIN
+                INSERT INTO {{ t }} ({{ columns }})
+                VALUES ({{ values_sql }});
+                SET @id = CONVERT(bigint, SCOPE_IDENTITY());
+            END;
+        ELSE
+            BEGIN
+                SET @duplicate = 1;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @id AS id,
+        @duplicate AS duplicate;
+{%- endmacro %}
 {% if groups %}
 {#- fifo with groups: enqueue joins the message's group first (the fixed lock order: the groups row,
     then the queue table; docs/queue-kinds.md, Message groups), in a transaction of its own when the
@@ -91,27 +116,8 @@
             END;
 {% endif %}
 
-        IF @id IS NULL
-            BEGIN
-                INSERT INTO {{ t }} ({% if dedupe %}dedupe_key, {% endif %}group_key, group_head, payload)
-                VALUES ({% if dedupe %}@key, {% endif %}@group, @group_head, @payload);
-                SET @id = CONVERT(bigint, SCOPE_IDENTITY());
-            END;
-        ELSE
-            BEGIN
-                SET @duplicate = 1;
-            END;
-
-        IF @started_transaction = 1 COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        THROW;
-    END CATCH;
-
-    SELECT
-        @id AS id,
-        @duplicate AS duplicate;
+{{ insert_unless_duplicate(('dedupe_key, ' if dedupe else '') ~ 'group_key, group_head, payload',
+                           ('@key, ' if dedupe else '') ~ '@group, @group_head, @payload') }}
 {%- endmacro %}
 {% endif %}
 {#- Pieces of enqueue_batch with dedupe, shared by its grouped form. -#}
@@ -754,27 +760,8 @@ BEGIN
                 WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
             END;
 
-        IF @id IS NULL
-            BEGIN
-                INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
-                VALUES ({% if has_due %}COALESCE(@due_at, SYSUTCDATETIME()), {% endif %}@key, @payload);
-                SET @id = CONVERT(bigint, SCOPE_IDENTITY());
-            END;
-        ELSE
-            BEGIN
-                SET @duplicate = 1;
-            END;
-
-        IF @started_transaction = 1 COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        THROW;
-    END CATCH;
-
-    SELECT
-        @id AS id,
-        @duplicate AS duplicate;
+{{ insert_unless_duplicate(('due_at, ' if has_due else '') ~ 'dedupe_key, payload',
+                           ('COALESCE(@due_at, SYSUTCDATETIME()), ' if has_due else '') ~ '@key, @payload') }}
 {% else %}
     IF @dedupe_key IS NOT NULL
         BEGIN

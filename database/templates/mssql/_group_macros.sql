@@ -36,7 +36,8 @@ SET locked_at = SYSUTCDATETIME();
 {#- A producer joins the group @group (not NULL) and learns whether its message is a head
     candidate (@group_head). It waits only for another producer's uncommitted first insert of the
     same new key (or for a purge deleting the row: then it inserts the row again). Needs
-    @group_head bit and @group_joined bit. -#}
+    @group_head bit and @group_joined bit. A producer takes no key-range lock on the groups table
+    (a range lock on the next key would wait for the consumer holding that neighbouring group). -#}
 {% macro join_group() %}
 SET @group_joined = 0;
 WHILE @group_joined = 0
@@ -72,15 +73,21 @@ WHILE @group_joined = 0
                     END;
                 ELSE
                     BEGIN
-                        -- A new key: UPDLOCK, HOLDLOCK make a racing producer of the same key wait
-                        -- here for this transaction, then find the row.
-                        INSERT INTO {{ groups_t }} (group_key)
-                        SELECT @group
-                        WHERE NOT EXISTS (
-                            SELECT 1
-                            FROM {{ groups_t }} AS g WITH (INDEX ({{ groups_pk }}), FORCESEEK, ROWLOCK, UPDLOCK, HOLDLOCK) -- noqa: LT05
-                            WHERE g.group_key = @group
-                        );
+                        -- A new key: a plain insert, no range lock (UPDLOCK, HOLDLOCK would take
+                        -- RangeS-U on the next key, and wait for the consumer holding that group). The
+                        -- unique key waits only for a racing producer's uncommitted insert of the same
+                        -- key; its duplicate error (2627, 2601) leaves the transaction committable
+                        -- under XACT_ABORT OFF for this one statement, and the loop pins the row.
+                        -- Anything else is thrown under XACT_ABORT ON, as everywhere.
+                        SET XACT_ABORT OFF;
+                        BEGIN TRY
+                            INSERT INTO {{ groups_t }} (group_key) VALUES (@group);
+                            SET XACT_ABORT ON;
+                        END TRY
+                        BEGIN CATCH
+                            SET XACT_ABORT ON;
+                            IF ERROR_NUMBER() NOT IN (2601, 2627) OR XACT_STATE() <> 1 THROW;
+                        END CATCH;
                     END;
             END;
     END;

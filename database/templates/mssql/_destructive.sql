@@ -319,6 +319,7 @@
         group_key {{ key_type }} NULL -- noqa: CP02
     );
     DECLARE @visited TABLE (group_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @taken int;
     DECLARE @remaining int = @batch_size;
     DECLARE @oldest_ungrouped bigint;
     DECLARE @oldest_head bigint;
@@ -386,21 +387,26 @@
                                     @candidate_id = m.id,
                                     @group = m.group_key
                                 FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                                WHERE m.group_head = 1 AND m.id > @after_id
+                                WHERE
+                                    m.group_head = 1 AND m.id > @after_id
+                                    AND NOT EXISTS (
+                                        SELECT 1
+                                        FROM @visited AS v
+                                        WHERE v.group_key = m.group_key
+                                    )
                                 ORDER BY m.id;
                                 IF @candidate_id IS NULL BREAK;
                                 SET @after_id = @candidate_id;
-                                IF EXISTS (
-                                    SELECT 1
-                                    FROM @visited AS v
-                                    WHERE v.group_key = @group
-                                ) CONTINUE;
 
                                 -- The candidate only led here: take the group (never waiting), then its
                                 -- real head, in new statements that see what committed before the lock.
+                                -- A group is tried once a call: taken or not, it goes into @visited, and
+                                -- the probe steps over its other candidates (a held group's spurious
+                                -- ones) without trying them one by one.
                                 {{ grp.take_group('@group') | indent(32) }}
-                                IF @@ROWCOUNT = 0 CONTINUE;
+                                SET @taken = @@ROWCOUNT;
                                 INSERT INTO @visited (group_key) VALUES (@group);
+                                IF @taken = 0 CONTINUE;
 
                                 {{ grp.find_head('@head_id') | indent(32) }}
                                 WITH head AS (
@@ -442,9 +448,8 @@
 {% if groups %}
 {#- purge with groups: grouped messages go only with their group held (READPAST: the messages of a
     group a consumer or producer holds stay for the next purge), the groups row first (the fixed
-    lock order); the holder then flags the group's new head. A group left empty loses its row: the
-    delete waits for producers that pinned the row (their messages are uncommitted), then a new
-    statement, which sees what they committed, puts the row back if the group has messages. Each
+    lock order); the holder then flags the group's new head. Groups left empty lose their rows
+    afterwards, outside any caller's transaction, each without waiting (drop_if_empty). Each
     chunk is a transaction of its own without the caller's, and the purge is the deadlock victim:
     a deadlock in its own transaction retries the chunk. -#}
 {% macro grouped_purge_body() %}
@@ -536,7 +541,6 @@
                                 DELETE FROM doomed;
                                 SET @chunk_purged = @chunk_purged + @@ROWCOUNT;
                                 {{ grp.settle() | indent(32) }}
-                                {{ grp.drop_if_empty() | indent(32) }}
                             END;
                         SET @group = (
                             SELECT MIN(d.group_key)
@@ -561,7 +565,11 @@
 
     -- Groups left empty (by consumers, or by the chunks above) lose their rows, in key order, 1,000
     -- keys a round: each one taken without waiting (a held group stays for the next purge), in a
-    -- transaction of its own without the caller's; a deadlock leaves the group for the next purge.
+    -- transaction of its own; a deadlock, or a producer's pin that the delete would wait for (lock
+    -- timeout 0: 1222), leaves the group for the next purge. Never inside a caller's transaction
+    -- (or IMPLICIT_TRANSACTIONS): it would walk every key and hold the deleted ones till the
+    -- caller commits; such a purge leaves empty groups' rows for a later purge outside one.
+    IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0 SET @found = 0;
     SET @group = NULL;
     WHILE @found > 0
         BEGIN
@@ -608,7 +616,12 @@
                             END TRY
                             BEGIN CATCH
                                 IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-                                IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 THROW;
+                                -- A deadlock (1205) or the delete's lock timeout (1222) of its own
+                                -- transaction: the group is left for the next purge.
+                                IF ERROR_NUMBER() <> 1222 OR @started_transaction = 0
+                                    BEGIN
+                                        IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 THROW;
+                                    END;
                             END CATCH;
                         END;
                     SET @group = (
@@ -1012,18 +1025,37 @@ GO
 
 {# Ready: what dequeue would hand out now, a row no consumer holds (pending: a due one). Strict
     FIFO's dequeue does not skip a held head: a caller told ready waits for it there. #}
-{% call m.wait_procedure() %}
+{% call m.wait_procedure('    DECLARE @bound_id bigint;' if groups else '') %}
 {% if groups %}
-            -- A message without a group on its claim index, else a group's head candidate: a spurious
-            -- candidate of a held group can make this true while dequeue then finds nothing, a step early.
+            -- A message without a group on its claim index, else a head candidate of a group nobody
+            -- holds: the first 100 candidates, each with its groups row read past a holder (the
+            -- predicate on locked_at, true for every row, makes the seek look the heap row up, and a
+            -- holder's stamp holds X on it; the key's U would let a read through). A held group's spurious candidates so
+            -- never make this true (it would spin: ready, an empty dequeue, ready). Only READPAST,
+            -- READCOMMITTEDLOCK probes, no U lock.
             SELECT TOP (1) @ready = 1
             FROM {{ t }} AS m WITH (INDEX ({{ grp.ungrouped_ix }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.group_key IS NULL;
             IF @ready = 0
                 BEGIN
+                    SELECT @bound_id = MAX(c.id)
+                    FROM (
+                        SELECT TOP (100) m.id
+                        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.group_head = 1
+                        ORDER BY m.id
+                    ) AS c;
                     SELECT TOP (1) @ready = 1
                     FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                    WHERE m.group_head = 1;
+                    WHERE
+                        m.group_head = 1 AND m.id <= @bound_id
+                        AND EXISTS (
+                            SELECT g.locked_at
+                            FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE
+                                g.group_key = m.group_key
+                                AND (g.locked_at IS NULL OR g.locked_at > '00010101')
+                        );
                 END;
 {% else %}
             SELECT TOP (1) @ready = 1

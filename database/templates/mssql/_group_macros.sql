@@ -114,7 +114,9 @@ SET {{ head_var }} = IIF(
 
 {#- A holder of @group makes its flags exact: its head (find_head) is flagged, every other
     candidate it sees is demoted (a producer's uncommitted one stays, for the next holder). With no
-    head it sees (@next_id NULL) there is no candidate it could see either. -#}
+    head it sees (@next_id NULL) there is no candidate it could see either. At most 1,000 demoted a
+    statement (~2 key locks a row: far below lock escalation, which READPAST could not skip); a
+    leftover flag is harmless, the head is the smaller of find_head's two probes. -#}
 {% macro settle() %}
 {{ find_head('@next_id') }}
 WITH other_candidates AS (
@@ -125,7 +127,7 @@ WITH other_candidates AS (
         AND m.id <> @next_id
 )
 
-UPDATE other_candidates
+UPDATE TOP (1000) other_candidates
 SET group_head = 0;
 WITH next_head AS (
     SELECT m.group_head
@@ -137,12 +139,16 @@ UPDATE next_head
 SET group_head = 1;
 {%- endmacro %}
 
-{#- A holder of @group whose head it sees is none (@next_id NULL) deletes the group's row. The delete
-    waits for the producers that pinned it (their messages are uncommitted); then a new statement,
-    which sees what they committed, puts the row back if the group has messages. -#}
+{#- A holder of @group whose head it sees is none (@next_id NULL) deletes the group's row, in a
+    transaction of purge's own (never a caller's). The delete never waits: a producer that pinned the
+    row (its message uncommitted) makes it fail at once with 1222 (LOCK_TIMEOUT 0, to the end of the
+    procedure, whose every later statement reads past locks anyway; SQL Server restores the caller's
+    setting on return), and the caller of this macro leaves the group for the next purge. Then a new
+    statement, which sees what committed, puts the row back if the group has messages. -#}
 {% macro drop_if_empty() %}
 IF @next_id IS NULL
     BEGIN
+        SET LOCK_TIMEOUT 0;
         DELETE FROM g
         FROM {{ groups_t }} AS g WITH (INDEX ({{ groups_pk }}), FORCESEEK, ROWLOCK) -- noqa: LT05
         WHERE g.group_key = @group;

@@ -1030,9 +1030,9 @@ GO
             -- A message without a group on its claim index, else a head candidate of a group nobody
             -- holds: the first 100 candidates, each with its groups row read past a holder (the
             -- predicate on locked_at, true for every row, makes the seek look the heap row up, and a
-            -- holder's stamp holds X on it; the key's U would let a read through). A held group's spurious candidates so
-            -- never make this true (it would spin: ready, an empty dequeue, ready). Only READPAST,
-            -- READCOMMITTEDLOCK probes, no U lock.
+            -- holder's stamp holds X on it; the key's U would let a read through). A held group's
+            -- spurious candidates so never make this true (it would spin: ready, an empty dequeue,
+            -- ready). Only READPAST, READCOMMITTEDLOCK probes, no U lock.
             SELECT TOP (1) @ready = 1
             FROM {{ t }} AS m WITH (INDEX ({{ grp.ungrouped_ix }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.group_key IS NULL;

@@ -45,7 +45,8 @@ golden: setup
 # unparsable sections, zero violations; then every reference resolves and the readiness rules hold
 # (check-tsql, also over the SQL strings of the tool and the pipelines).
 MATRIX := tests/fixtures/option_matrix.yml
-# Message groups, PostgreSQL only until the SQL Server templates render them (the file's header).
+# Message groups of the work kind, PostgreSQL only until the SQL Server templates render them (the
+# file's header); fifo's are in the option matrix.
 MATRIX_GROUPS := tests/fixtures/option_matrix_groups.yml
 lint: setup
 	rm -rf build/lint

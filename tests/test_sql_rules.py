@@ -219,6 +219,17 @@ def on_line_of(anchor: str, transform):
     return edit
 
 
+def before_line_of(anchor: str, old: str, new: str):
+    """Replace ``old`` by ``new`` on the line before the (first) line containing ``anchor``."""
+    def edit(batch: str) -> str:
+        lines = batch.split("\n")
+        index = next(i for i, line in enumerate(lines) if anchor in line) - 1
+        assert old in lines[index], f"seed text not found: {old!r}"
+        lines[index] = lines[index].replace(old, new)
+        return "\n".join(lines)
+    return edit
+
+
 def line_of(text: str, procedure: str, anchor: str, occurrence: int = 1) -> int:
     """The file line of the ``occurrence``-th line with ``anchor`` in the procedure's batch."""
     batch = procedure_batch(text, procedure)
@@ -332,6 +343,33 @@ def test_argument_checks_without_xact_abort_off_are_refused() -> None:
         f"{file}:{first_throw}: xact-abort: argument check THROW without SET XACT_ABORT OFF before it: a caller "
         "whose session has XACT_ABORT ON would have its transaction doomed; start with SET NOCOUNT ON; SET "
         "XACT_ABORT OFF; (procedure [queue].[emails_dequeue])"]
+
+
+def test_xact_abort_off_only_around_one_insert_that_retries_a_duplicate_key() -> None:
+    """The grouped producer's new group row: one INSERT ... VALUES under XACT_ABORT OFF (a duplicate
+    key leaves the transaction committable), ON again in both the TRY and the CATCH, and only a
+    duplicate key is swallowed. Any other shape of the window is the old violation."""
+    file, text = matrix("fifo_groups_plain.sql")
+    proc = "fifo_groups_plain_enqueue"
+    assert violations(text, "xact-abort", file, proc) == []
+    off = line_of(text, proc, "SET XACT_ABORT OFF;", 2)
+    message = (f"{file}:{off}: xact-abort: SET XACT_ABORT OFF after SET XACT_ABORT ON (line "
+               f"{line_of(text, proc, 'SET XACT_ABORT ON;')}): the procedure's work must run under XACT_ABORT ON "
+               f"(procedure [matrix].[{proc}])")
+    defects = [
+        # Every error swallowed, not only a duplicate key.
+        replace("IF ERROR_NUMBER() NOT IN (2601, 2627) OR XACT_STATE() <> 1 THROW;",
+                "IF XACT_STATE() <> 1 THROW;"),
+        # The CATCH forgets to turn XACT_ABORT back ON.
+        before_line_of("IF ERROR_NUMBER() NOT IN (2601, 2627)", "SET XACT_ABORT ON;", "PRINT 1;"),
+        # A second statement runs under XACT_ABORT OFF.
+        on_line_of("VALUES (@group);", lambda indent, line: line + " SET @group_head = 0;"),
+        # The duplicate check reads a table (SELECT) under XACT_ABORT OFF.
+        on_line_of("VALUES (@group);",
+                   lambda indent, line: line.replace("VALUES (@group);", "SELECT @group;")),
+    ]
+    for defect in defects:
+        assert message in violations(seed(text, proc, defect), "xact-abort", file, proc), defect
 
 
 def test_argument_throw_after_xact_abort_is_refused() -> None:

@@ -116,6 +116,23 @@ def test_fifo_a_group_is_held_until_the_dequeuing_transaction_ends_and_a_rollbac
     assert [ids(other.dequeue(batch_size=10)) for _ in range(5)] == [[a[0]], [a[1]], [a[2]], [a[3]], []]
 
 
+def test_fifo_a_producer_creating_a_new_key_below_a_held_group_does_not_wait_for_its_holder(
+        grouped_deploy) -> None:
+    """A new group's row takes no key-range lock: on SQL Server a range-locked uniqueness check of
+    key "a" would take RangeS-U on the next key, "b", and wait for the consumer holding b."""
+    env = grouped_deploy("fifo")
+    producer = env.client()
+    holder = env.client(autocommit=False)
+    b = producer.enqueue({"n": 0}, group_key="b")["id"]
+    assert ids(holder.dequeue()) == [b]
+
+    no_wait(producer)
+    a = producer.enqueue({"n": 1}, group_key="a")["id"]
+    a_batch = ids(producer.enqueue_batch([{"payload": {"n": 2}, "group_key": "a0"}]))
+    holder.conn.commit()
+    assert sorted(ids(producer.dequeue(batch_size=10))) == sorted([a] + a_batch)
+
+
 def test_fifo_purge_leaves_a_held_group_and_the_group_goes_on_after_it(grouped_deploy) -> None:
     env = grouped_deploy("fifo")
     admin = env.client()

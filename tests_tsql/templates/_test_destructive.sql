@@ -15,6 +15,7 @@
 -#}
 {% set has_due = claim_order == 'due' %}
 {% set dedupe = opt.dedupe %}
+{% set groups = opt.get('groups', false) %}
 {% set t = names.obj() %}
 {% set cls = test_class %}
 {% import '_pinned_indexes.sql' as pins with context %}
@@ -32,36 +33,39 @@
     ({{ r.id }}, DATEADD(SECOND, -{{ r.age }}, @now), {% if has_due %}DATEADD(SECOND, {{ r.due }}, @now), {% endif %}{% if dedupe %}{{ ("N'" ~ r.key ~ "'") if r.key else 'NULL' }}, {% endif %}{{ sample(r.n) }}){{ ';' if loop.last else ',' }}
 {% endfor %}
 {%- endmacro %}
-{#- The dequeue result set (id, payload, enqueued_at[, due_at]) in the order it came, as #Actual. -#}
+{#- The dequeue result set (id, payload, enqueued_at[, due_at][, group_key]) in the order it came, as
+    #Actual. -#}
 {% macro dequeue_into_actual(batch_size) %}
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id bigint NOT NULL,
         payload {{ payload_type }} NOT NULL,
         enqueued_at datetime2(7) NOT NULL{% if has_due %},
-        due_at datetime2(7) NOT NULL{% endif %}
+        due_at datetime2(7) NOT NULL{% endif %}{% if groups %},
+        group_key nvarchar(200) NULL{% endif %}
 
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Actual (id, payload, enqueued_at{% if has_due %}, due_at{% endif %})
+    INSERT INTO #Actual (id, payload, enqueued_at{% if has_due %}, due_at{% endif %}{% if groups %}, group_key{% endif %})
     EXEC {{ names.verb('dequeue') }} @batch_size = {{ batch_size }};
 {%- endmacro %}
-{#- #Expected for dequeue_into_actual: (position, id, age, due, n) of the rows it must return. -#}
+{#- #Expected for dequeue_into_actual: (position, id, age, due, n[, group]) of the rows it must return. -#}
 {% macro expect_dequeued(rows) %}
     CREATE TABLE #Expected (
         position int NOT NULL,
         id bigint NOT NULL,
         payload {{ payload_type }} NOT NULL,
         enqueued_at datetime2(7) NOT NULL{% if has_due %},
-        due_at datetime2(7) NOT NULL{% endif %}
+        due_at datetime2(7) NOT NULL{% endif %}{% if groups %},
+        group_key nvarchar(200) NULL{% endif %}
 
     );
 {% if rows %}
-    INSERT INTO #Expected (position, id, payload, enqueued_at{% if has_due %}, due_at{% endif %})
+    INSERT INTO #Expected (position, id, payload, enqueued_at{% if has_due %}, due_at{% endif %}{% if groups %}, group_key{% endif %})
     VALUES
 {% for r in rows %}
-    ({{ loop.index }}, {{ r.id }}, {{ sample(r.n) }}, DATEADD(SECOND, -{{ r.age }}, @now){% if has_due %}, DATEADD(SECOND, {{ r.due }}, @now){% endif %}){{ ';' if loop.last else ',' }}
+    ({{ loop.index }}, {{ r.id }}, {{ sample(r.n) }}, DATEADD(SECOND, -{{ r.age }}, @now){% if has_due %}, DATEADD(SECOND, {{ r.due }}, @now){% endif %}{% if groups %}, {{ ("N'" ~ r.group ~ "'") if r.get('group') else 'NULL' }}{% endif %}){{ ';' if loop.last else ',' }}
 {% endfor %}
 {% endif %}
 {%- endmacro %}
@@ -1147,5 +1151,209 @@ BEGIN
     EXEC {{ names.verb('purge') }};
 END;
 GO
+{% if groups %}
+
+-- message groups (docs/queue-kinds.md, "Message groups") ------------------------------------------
+{# Grouped rows straight into the faked table (id, age, group, head, n) and their groups' rows into
+    the groups table, which is not faked (tSQLt rolls the test back). -#}
+{% macro insert_grouped(rows) %}
+    INSERT INTO {{ t }} (id, enqueued_at, group_key, group_head, payload)
+    VALUES
+{% for r in rows %}
+    ({{ r.id }}, DATEADD(SECOND, -{{ r.age }}, @now), N'{{ r.group }}', {{ r.head }}, {{ sample(r.n) }}){{ ';' if loop.last else ',' }}
+{% endfor %}
+    INSERT INTO {{ names.obj('_groups') }} (group_key)
+    VALUES (N'{{ rows | map(attribute='group') | unique | join("'), (N'") }}');
+{%- endmacro %}
+{#- The heads of the faked table, against (id, head) expected. -#}
+{% macro assert_heads(expected) %}
+    SELECT
+        m.id,
+        m.group_head
+    INTO #Heads
+    FROM {{ t }} AS m
+    WHERE m.group_key IS NOT NULL;
+
+    CREATE TABLE #ExpectedHeads (id bigint NOT NULL, group_head bit NULL);
+    INSERT INTO #ExpectedHeads (id, group_head) VALUES ({{ expected | map('join', ', ') | join('), (') }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHeads', @Actual = N'#Heads';
+{%- endmacro %}
+{% set grouped = [
+    {'id': 41, 'age': 40, 'group': 'a', 'head': 1, 'n': 1},
+    {'id': 42, 'age': 30, 'group': 'a', 'head': 0, 'n': 2},
+    {'id': 43, 'age': 20, 'group': 'b', 'head': 1, 'n': 3},
+    {'id': 44, 'age': 10, 'group': 'a', 'head': 0, 'n': 4}] %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue hands out the head of each group, one message per group]
+AS
+BEGIN
+    -- Assemble: group a holds 41, 42 and 44, group b 43; a batch of ten takes one of each group.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped(grouped) }}
+{{ dequeue_into_actual(10) }}
+
+    -- Assert: the heads, oldest first; a's next message is its head now, 44 still waits behind it.
+{{ expect_dequeued([grouped[0], grouped[2]]) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_heads([(42, 1), (44, 0)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue takes a group's oldest, not a flagged later one]
+AS
+BEGIN
+    -- Assemble: 52 was flagged by a producer that found group a held (a spurious candidate); 51 is
+    -- a's head. The claim follows 52 to the group and hands out 51, and demotes 52.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped([{'id': 51, 'age': 20, 'group': 'a', 'head': 0, 'n': 1},
+                   {'id': 52, 'age': 10, 'group': 'a', 'head': 1, 'n': 2},
+                   {'id': 53, 'age': 5, 'group': 'a', 'head': 1, 'n': 3}]) }}
+{{ dequeue_into_actual(1) }}
+
+    -- Assert
+{{ expect_dequeued([{'id': 51, 'age': 20, 'group': 'a', 'n': 1}]) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_heads([(52, 1), (53, 0)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a rolled-back dequeue gives the group its head back first]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped(grouped) }}
+    CREATE TABLE #Ignored (
+        id bigint NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        group_key nvarchar(200) NULL
+    );
+    SAVE TRANSACTION before_dequeue;
+    INSERT INTO #Ignored (id, payload, enqueued_at, group_key)
+    EXEC {{ names.verb('dequeue') }} @batch_size = 10;
+    ROLLBACK TRANSACTION before_dequeue;
+{{ dequeue_into_actual(1) }}
+
+    -- Assert: the rollback restored 41 and its flag, and 42's.
+{{ expect_dequeued([grouped[0]]) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue again in the holding transaction gets the next one]
+AS
+BEGIN
+    -- Assemble: tSQLt runs the test in one transaction of one session, and a session never skips
+    -- its own locks: the skip of a group that another consumer holds (and that its enqueues do not
+    -- wait) needs two sessions, which tests/conformance/test_groups.py runs against a real server
+    -- (test_fifo_a_group_is_held_until_the_dequeuing_transaction_ends_and_a_rollback_gives_it_back).
+    -- What one transaction sees: the group it holds goes on in order.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped([grouped[0], grouped[1]]) }}
+    CREATE TABLE #Ignored (
+        id bigint NOT NULL,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        group_key nvarchar(200) NULL
+    );
+    INSERT INTO #Ignored (id, payload, enqueued_at, group_key)
+    EXEC {{ names.verb('dequeue') }} @batch_size = 1;
+{{ dequeue_into_actual(1) }}
+
+    -- Assert
+{{ expect_dequeued([grouped[1]]) }}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue flags only a message that leads an empty group]
+AS
+BEGIN
+    -- Assemble: a new key creates its group's row; a group with a message gets a waiting one.
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
+    CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @group_key = N'a';
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(2) }}, @group_key = N'a';
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(3) }}, @group_key = N'c';
+    INSERT INTO #Ignored (id, duplicate)
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(4) }};
+
+    -- Assert
+    SELECT
+        m.group_key,
+        m.group_head
+    INTO #Actual
+    FROM {{ t }} AS m;
+    CREATE TABLE #Expected (group_key nvarchar(200) NULL, group_head bit NULL);
+    INSERT INTO #Expected (group_key, group_head) VALUES (N'a', 1), (N'a', 0), (N'c', 1), (NULL, NULL);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @groups int = (
+        SELECT COUNT(*)
+        FROM {{ names.obj('_groups') }} AS g
+        WHERE g.group_key IN (N'a', N'c')
+    );
+    EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @groups;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue_batch flags the first item of each empty group]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, group_key)
+    VALUES (1, {{ sample(1) }}, N'a'), (2, {{ sample(2) }}, N'a'), (3, {{ sample(3) }}, NULL), (4, {{ sample(4) }}, N'b');
+    CREATE TABLE #Ignored (ordinal int NOT NULL, id bigint NOT NULL, duplicate bit NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert
+    SELECT
+        i.ordinal,
+        m.group_key,
+        m.group_head
+    INTO #Actual
+    FROM #Ignored AS i
+    INNER JOIN {{ t }} AS m ON i.id = m.id;
+    CREATE TABLE #Expected (ordinal int NOT NULL, group_key nvarchar(200) NULL, group_head bit NULL);
+    INSERT INTO #Expected (ordinal, group_key, group_head)
+    VALUES (1, N'a', 1), (2, N'a', 0), (3, NULL, NULL), (4, N'b', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test enqueue refuses a group_key over 200 characters with 51001]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @long nvarchar(MAX) = REPLICATE(CONVERT(nvarchar(MAX), N'k'), 201);
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
+
+    -- Act
+    EXEC {{ names.verb('enqueue') }} @payload = {{ sample(1) }}, @group_key = @long;
+END;
+GO
+{% endif %}
 {% set timed_tables = [t] %}
 {% include '_test_real_objects.sql' %}

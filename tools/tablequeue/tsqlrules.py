@@ -17,7 +17,10 @@ xact-abort          SET NOCOUNT ON first. The argument checks (THROWs outside BE
                     it) it dooms the caller's transaction; the SET is the procedure's own, restored
                     when it returns. Then SET XACT_ABORT ON, before the first statement that reads or
                     writes a table or begins a transaction, and no THROW outside BEGIN TRY after it
-                    (state errors are raised in TRY), nor SET XACT_ABORT OFF again
+                    (state errors are raised in TRY), nor SET XACT_ABORT OFF again, but for one
+                    window: SET XACT_ABORT OFF; BEGIN TRY <one INSERT ... VALUES>; SET XACT_ABORT ON;
+                    END TRY BEGIN CATCH SET XACT_ABORT ON; IF ERROR_NUMBER() NOT IN (2601, 2627) ...
+                    THROW; END CATCH (a duplicate key retried without a key-range lock)
 updlock             UPDLOCK only in a claim (READPAST + UPDLOCK + ROWLOCK + READCOMMITTEDLOCK in a CTE
                     that the statement UPDATEs or DELETEs; UPDLOCK without READPAST only in the
                     strict FIFO's CTE-then-DELETE; DELETE TOP (n) ... WITH (UPDLOCK)) or with HOLDLOCK
@@ -332,6 +335,54 @@ def _sets(step: Step, text: str) -> bool:
     return step.kind == "set_segment" and step.text == text
 
 
+DUPLICATE_KEY = "ERROR_NUMBER() NOT IN (2601, 2627)"
+
+
+def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
+    """Whether the SET XACT_ABORT OFF at body[at] opens the one window the rule allows: an insert that
+    may meet a duplicate key and retry (the grouped producer's new group row; a range-locked check would
+    wait for the neighbouring key's holder). Exactly
+
+        SET XACT_ABORT OFF;
+        BEGIN TRY
+            INSERT INTO ... VALUES (...);
+            SET XACT_ABORT ON;
+        END TRY
+        BEGIN CATCH
+            SET XACT_ABORT ON;
+            IF ERROR_NUMBER() NOT IN (2601, 2627) OR ... THROW;
+        END CATCH;
+
+    so one statement (no SELECT) runs under XACT_ABORT OFF, a duplicate key leaves the transaction
+    committable, and anything else is rethrown under XACT_ABORT ON."""
+    window = procedure.steps[at + 1:at + 6]
+    if len(window) < 5:
+        return False
+    insert, on_in_try, on_in_catch, condition, throw = window
+    block = next((b for b in descendants(procedure.segment, "try_catch")
+                  if any(s is insert.segment for s in descendants(b, "insert_statement"))
+                  and not any(s is insert.segment for inner in descendants(b, "try_catch")
+                              for s in descendants(inner, "insert_statement"))), None)
+    if block is None:
+        return False
+    sections: dict[str, list[BaseSegment]] = {}
+    words: list[str] = []
+    for c in code(block):
+        if kind(c) == "keyword":
+            words.append(c.raw.upper())
+        elif kind(c) == "statement":
+            sections.setdefault(words[-1] if words else "", []).append(code(c)[0])
+    return (insert.kind == "insert_statement" and "VALUES" in insert.text.split()
+            and "SELECT" not in insert.text.split()
+            and [s.segment for s in (insert, on_in_try)] == sections.get("TRY")
+            and _sets(on_in_try, "SET XACT_ABORT ON") and _sets(on_in_catch, "SET XACT_ABORT ON")
+            and sections.get("CATCH", [None])[0] is on_in_catch.segment and len(sections.get("CATCH", [])) == 2
+            and condition.kind == "condition"
+            and _compact(DUPLICATE_KEY) in {_compact(d.text) for d in disjuncts(condition.segment)}
+            and throw.kind == "throw_statement" and not _throw_with_arguments(throw)
+            and any(g is condition.segment for g in throw.guards))
+
+
 def rule_xact_abort(procedure: Procedure) -> list[Violation]:
     rule = "xact-abort"
     body = procedure.steps
@@ -359,7 +410,7 @@ def rule_xact_abort(procedure: Procedure) -> list[Violation]:
                                                                f"(line {xact_line}): it dooms the caller's "
                                                                "transaction; check arguments before SET XACT_ABORT "
                                                                "ON, raise state errors in TRY"))
-        elif _sets(step, "SET XACT_ABORT OFF"):
+        elif _sets(step, "SET XACT_ABORT OFF") and not _duplicate_key_window(procedure, body.index(step)):
             out.append(procedure.violation(step.segment, rule, f"SET XACT_ABORT OFF after SET XACT_ABORT ON (line "
                                                                f"{xact_line}): the procedure's work must run under "
                                                                "XACT_ABORT ON"))

@@ -3,11 +3,14 @@
   hands out, in the caller's transaction. The including template sets:
     claim_order  'none' | 'oldest' | 'newest' | 'due'
     strict       true only for strict FIFO (consumers serialise: no READPAST)
+  fifo also reads option groups (message groups: docs/queue-kinds.md, Message groups).
   docs/queue-kinds.md explains the storage, index and locking choices; keep it in step.
 -#}
 {% import '_macros.sql' as m with context %}
 {% set has_due = claim_order == 'due' %}
 {% set dedupe = opt.dedupe %}
+{% set groups = opt.get('groups', false) %}
+{% set group_shape = ('groups',) if groups else () %}
 {% set t = names.obj() %}
 {% set items = names.obj("_items") %}
 {#- Every claim and probe reads the clustered index, whose key is the claim's ORDER BY (docs/queue-kinds.md,
@@ -16,6 +19,9 @@
 {% import '_pinned_indexes.sql' as pins with context %}
 {% set pk = pins.pk %}
 {% set pin = 'INDEX (' ~ pk ~ '), FORCESEEK' if has_due else 'INDEX (' ~ pk ~ ')' %}
+{% if groups %}
+{% import '_group_macros.sql' as grp with context %}
+{% endif %}
 {% set claim_hints = pin ~ (', ROWLOCK, UPDLOCK, READCOMMITTEDLOCK' if strict else ', ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK') %}
 {#- Dedupe keys compare byte for byte, as text does on PostgreSQL (a case-insensitive database
     collation would make 'A' and 'a' the same key). Trailing spaces still compare equal on SQL Server. -#}
@@ -27,11 +33,614 @@
 {% else %}
 {% set claim_order_sql = 'm.id' %}
 {% endif %}
+{#- enqueue's insert of a message that is not a duplicate (@id NULL), the end of its transaction and
+    its result; columns and values_sql: the INSERT's lists. -#}
+{% macro insert_unless_duplicate(columns, values_sql) %}
+        IF @id IS NULL
+            BEGIN
+                INSERT INTO {{ t }} ({{ columns }})
+                VALUES ({{ values_sql }});
+                SET @id = CONVERT(bigint, SCOPE_IDENTITY());
+            END;
+        ELSE
+            BEGIN
+                SET @duplicate = 1;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        @id AS id,
+        @duplicate AS duplicate;
+{%- endmacro %}
+{% if groups %}
+{#- fifo with groups: enqueue joins the message's group first (the fixed lock order: the groups row,
+    then the queue table; docs/queue-kinds.md, Message groups), in a transaction of its own when the
+    caller has none, so that the group's lock or pin lasts until the message commits. -#}
+{% macro grouped_enqueue_body() %}
+    IF DATALENGTH(@group_key) > 400
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: group_key is longer than 200 characters.', 1;
+        END;
+{% if dedupe %}
+    IF DATALENGTH(@dedupe_key) > 400
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: dedupe_key is over 200 characters.', 1;
+        END;
+{% else %}
+    IF @dedupe_key IS NOT NULL
+        BEGIN
+            THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: dedupe_key needs option dedupe.', 1;
+        END;
+{% endif %}
+    SET XACT_ABORT ON;
+
+    -- Variables take the database collation; compared with the columns, the columns' BIN2 wins.
+    DECLARE @group nvarchar(200) = @group_key;
+{% if dedupe %}
+    DECLARE @key nvarchar(200) = @dedupe_key;
+{% endif %}
+    DECLARE @group_head bit;
+    DECLARE @group_joined bit;
+    DECLARE @id bigint;
+    DECLARE @duplicate bit = 0;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
+        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        IF (@group IS NOT NULL{% if dedupe %} OR @key IS NOT NULL{% endif %}) AND @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        IF @group IS NOT NULL
+            BEGIN
+                {{ grp.join_group() | indent(16) }}
+            END;
+{% if dedupe %}
+
+        IF @key IS NOT NULL
+            BEGIN
+                -- UPDLOCK + HOLDLOCK keep the key, or the gap where it would go, locked until the
+                -- transaction ends: a racing caller with the same key waits here, then finds this row.
+                SELECT @id = m.id
+                FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
+                WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
+            END;
+{% endif %}
+
+{{ insert_unless_duplicate(('dedupe_key, ' if dedupe else '') ~ 'group_key, group_head, payload',
+                           ('@key, ' if dedupe else '') ~ '@group, @group_head, @payload') }}
+{%- endmacro %}
+{% endif %}
+{#- Pieces of enqueue_batch with dedupe, shared by its grouped form. -#}
+{% macro dedupe_batch_declarations() %}
+    DECLARE @keys TABLE (dedupe_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @existing TABLE (
+        dedupe_key {{ key_type }} NOT NULL PRIMARY KEY, -- noqa: CP02
+        id bigint NOT NULL
+    );
+{%- endmacro %}
+{% macro dedupe_batch_keys() %}
+    INSERT INTO @keys (dedupe_key)
+    SELECT DISTINCT i.dedupe_key
+    FROM @items AS i
+    WHERE i.dedupe_key IS NOT NULL;
+{%- endmacro %}
+{% macro dedupe_batch_lock() %}
+        -- Lock every key of the batch, present or not (see enqueue), walking the keys in index order:
+        -- two batches that share keys then wait for each other instead of deadlocking.
+        INSERT INTO @existing (dedupe_key, id)
+        SELECT
+            m.dedupe_key,
+            m.id
+        FROM @keys AS k
+        INNER JOIN {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
+            ON k.dedupe_key = m.dedupe_key AND m.dedupe_key IS NOT NULL
+        OPTION (LOOP JOIN, FORCE ORDER);
+
+        -- Every item without a key, and the first item of each key that is not in the queue yet.
+        INSERT INTO @candidates (ordinal, position)
+        SELECT
+            i.ordinal,
+            ROW_NUMBER() OVER (ORDER BY i.ordinal) AS position
+        FROM @items AS i
+        WHERE
+            i.dedupe_key IS NULL
+            OR (
+                NOT EXISTS (
+                    SELECT 1 / 0
+                    FROM @existing AS e
+                    WHERE e.dedupe_key = i.dedupe_key
+                )
+                AND NOT EXISTS (
+                    SELECT 1 / 0
+                    FROM @items AS earlier
+                    WHERE earlier.dedupe_key = i.dedupe_key AND earlier.ordinal < i.ordinal
+                )
+            );
+{%- endmacro %}
+{% macro dedupe_batch_result() %}
+    WITH numbered_ids AS (
+        SELECT
+            n.id,
+            ROW_NUMBER() OVER (ORDER BY n.id) AS position
+        FROM @new_ids AS n
+    ),
+
+    inserted_items AS (
+        SELECT
+            i.ordinal,
+            i.dedupe_key,
+            ni.id
+        FROM @items AS i
+        INNER JOIN @candidates AS c ON i.ordinal = c.ordinal
+        INNER JOIN numbered_ids AS ni ON c.position = ni.position
+    )
+
+    -- A later item with the key of an earlier one gets the earlier one's id.
+    SELECT
+        i.ordinal,
+        COALESCE(own.id, e.id, first_in_batch.id) AS id,
+        CONVERT(bit, CASE WHEN own.id IS NULL THEN 1 ELSE 0 END) AS duplicate
+    FROM @items AS i
+    LEFT JOIN inserted_items AS own ON i.ordinal = own.ordinal
+    LEFT JOIN @existing AS e ON i.dedupe_key = e.dedupe_key
+    LEFT JOIN inserted_items AS first_in_batch ON i.dedupe_key = first_in_batch.dedupe_key
+    ORDER BY i.ordinal;
+{%- endmacro %}
+{% if groups %}
+{#- enqueue_batch with groups: the batch's distinct groups joined one at a time in key order (the
+    fixed lock order, as enqueue), then the rows. The first item the batch inserts into a group that
+    was empty, or held by someone else, is a head candidate; every other item waits (a candidate per
+    item would cost every claim a skipped row each while the group is held). -#}
+{% macro grouped_batch_body() %}
+    DECLARE @joined TABLE (
+        group_key {{ key_type }} NOT NULL PRIMARY KEY, -- noqa: CP02
+        group_head bit NOT NULL
+    );
+    DECLARE @group nvarchar(200);
+    DECLARE @group_head bit;
+    DECLARE @group_joined bit;
+{% if dedupe %}
+{{ dedupe_batch_declarations() }}
+{% endif %}
+    DECLARE @started_transaction bit = 0;
+
+    INSERT INTO @joined (group_key, group_head)
+    SELECT DISTINCT
+        i.group_key,
+        CONVERT(bit, 0) AS group_head
+    FROM @items AS i
+    WHERE i.group_key IS NOT NULL;
+{% if dedupe %}
+
+{{ dedupe_batch_keys() }}
+{% endif %}
+
+    BEGIN TRY
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        SET @group = (SELECT MIN(j.group_key) FROM @joined AS j);
+        WHILE @group IS NOT NULL
+            BEGIN
+                {{ grp.join_group() | indent(16) }}
+                UPDATE @joined
+                SET group_head = @group_head
+                WHERE group_key = @group;
+                SET @group = (
+                    SELECT MIN(j.group_key)
+                    FROM @joined AS j
+                    WHERE j.group_key > @group
+                );
+            END;
+
+{% if dedupe %}
+{{ dedupe_batch_lock() }}
+{% else %}
+        INSERT INTO @candidates (ordinal, position)
+        SELECT
+            i.ordinal,
+            ROW_NUMBER() OVER (ORDER BY i.ordinal) AS position
+        FROM @items AS i;
+{% endif %}
+
+        -- Identity values are assigned in the ORDER BY of an INSERT ... SELECT: the n-th new id
+        -- belongs to the n-th candidate, which is how ids are mapped back to ordinals below.
+        INSERT INTO {{ t }} ({% if dedupe %}dedupe_key, {% endif %}group_key, group_head, payload)
+        OUTPUT INSERTED.id INTO @new_ids (id)
+        SELECT
+{% if dedupe %}
+            i.dedupe_key,
+{% endif %}
+            i.group_key,
+            CONVERT(bit, CASE
+                WHEN i.group_key IS NULL THEN NULL
+                WHEN j.group_head = 1 AND ROW_NUMBER() OVER (PARTITION BY i.group_key ORDER BY c.position) = 1 THEN 1
+                ELSE 0
+            END) AS group_head,
+            i.payload
+        FROM @items AS i
+        INNER JOIN @candidates AS c ON i.ordinal = c.ordinal
+        LEFT JOIN @joined AS j ON i.group_key = j.group_key
+        ORDER BY c.position;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+{% if dedupe %}
+{{ dedupe_batch_result() }}
+{% else %}
+    WITH numbered_ids AS (
+        SELECT
+            n.id,
+            ROW_NUMBER() OVER (ORDER BY n.id) AS position
+        FROM @new_ids AS n
+    )
+
+    SELECT
+        c.ordinal,
+        ni.id,
+        CONVERT(bit, 0) AS duplicate
+    FROM @candidates AS c
+    INNER JOIN numbered_ids AS ni ON c.position = ni.position
+    ORDER BY c.ordinal;
+{% endif %}
+{%- endmacro %}
+{% endif %}
+{% if groups %}
+{#- dequeue with groups: messages without a group are claimed on ix_<q>_ungrouped, grouped ones a
+    group at a time (docs/queue-kinds.md, Message groups): step through the head candidates of
+    ix_<q>_heads (lock-free), take each one's group without waiting, delete the group's real head
+    and flag its next one. The groups stay locked until the transaction ends: that is the consumer
+    holding its groups, and a rollback restores heads and flags alike. The source whose first
+    message is older goes first, the other fills the batch. -#}
+{% macro grouped_dequeue_body() %}
+    DECLARE @claimed TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        payload {{ payload_type }} NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        group_key {{ key_type }} NULL -- noqa: CP02
+    );
+    DECLARE @visited TABLE (group_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @taken int;
+    DECLARE @remaining int = @batch_size;
+    DECLARE @oldest_ungrouped bigint;
+    DECLARE @oldest_head bigint;
+    DECLARE @grouped_first bit;
+    DECLARE @pass int = 0;
+    DECLARE @after_id bigint;
+    DECLARE @candidate_id bigint;
+    DECLARE @group nvarchar(200);
+    DECLARE @head_id bigint;
+    DECLARE @next_id bigint;
+    DECLARE @waiting_id bigint;
+    DECLARE @flagged_id bigint;
+    DECLARE @started_transaction bit = 0;
+
+    BEGIN TRY
+        -- The groups this call takes stay held until the transaction ends: without a caller's
+        -- transaction the call is one (in implicit-transaction mode the caller owns the one the next
+        -- statement opens).
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        SELECT TOP (1) @oldest_ungrouped = m.id
+        FROM {{ t }} AS m WITH (INDEX ({{ grp.ungrouped_ix }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.group_key IS NULL
+        ORDER BY m.id;
+        SELECT TOP (1) @oldest_head = m.id
+        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.group_head = 1
+        ORDER BY m.id;
+        SET @grouped_first = IIF(@oldest_ungrouped IS NULL OR @oldest_head < @oldest_ungrouped, 1, 0);
+
+        WHILE @pass < 2 AND @remaining > 0
+            BEGIN
+                IF (@pass = 0 AND @grouped_first = 0) OR (@pass = 1 AND @grouped_first = 1)
+                    BEGIN
+                        -- READPAST skips rows other consumers hold; the index's key is the ORDER BY.
+                        WITH next_messages AS (
+                            SELECT TOP (@remaining)
+                                m.id,
+                                m.payload,
+                                m.enqueued_at,
+                                m.group_key
+                            FROM {{ t }} AS m WITH (INDEX ({{ grp.ungrouped_ix }}), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.group_key IS NULL
+                            ORDER BY m.id
+                        )
+
+                        DELETE FROM next_messages
+                        OUTPUT DELETED.id, DELETED.payload, DELETED.enqueued_at, DELETED.group_key
+                        INTO @claimed (id, payload, enqueued_at, group_key);
+                        SET @remaining = @remaining - @@ROWCOUNT;
+                    END;
+                ELSE
+                    BEGIN
+                        SET @after_id = 0;
+                        WHILE @remaining > 0
+                            BEGIN
+                                -- The next head candidate (lock-free): a held group's flagged rows are
+                                -- locked by its holder, READPAST steps over them.
+                                SET @candidate_id = NULL;
+                                SELECT TOP (1)
+                                    @candidate_id = m.id,
+                                    @group = m.group_key
+                                FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                WHERE
+                                    m.group_head = 1 AND m.id > @after_id
+                                    AND NOT EXISTS (
+                                        SELECT 1
+                                        FROM @visited AS v
+                                        WHERE v.group_key = m.group_key
+                                    )
+                                ORDER BY m.id;
+                                IF @candidate_id IS NULL BREAK;
+                                SET @after_id = @candidate_id;
+
+                                -- The candidate only led here: take the group (never waiting), then its
+                                -- real head, in new statements that see what committed before the lock.
+                                -- A group is tried once a call: taken or not, it goes into @visited, and
+                                -- the probe steps over its other candidates (a held group's spurious
+                                -- ones) without trying them one by one.
+                                {{ grp.take_group('@group') | indent(32) }}
+                                SET @taken = @@ROWCOUNT;
+                                INSERT INTO @visited (group_key) VALUES (@group);
+                                IF @taken = 0 CONTINUE;
+
+                                {{ grp.find_head('@head_id') | indent(32) }}
+                                WITH head AS (
+                                    SELECT
+                                        m.id,
+                                        m.payload,
+                                        m.enqueued_at,
+                                        m.group_key
+                                    FROM {{ t }} AS m WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE m.id = @head_id
+                                )
+
+                                DELETE FROM head
+                                OUTPUT DELETED.id, DELETED.payload, DELETED.enqueued_at, DELETED.group_key
+                                INTO @claimed (id, payload, enqueued_at, group_key);
+                                SET @remaining = @remaining - @@ROWCOUNT;
+                                {{ grp.settle() | indent(32) }}
+                            END;
+                    END;
+                SET @pass = @pass + 1;
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT
+        c.id,
+        c.payload,
+        c.enqueued_at,
+        c.group_key
+    FROM @claimed AS c
+    ORDER BY c.id;
+{%- endmacro %}
+{% endif %}
+{% if groups %}
+{#- purge with groups: grouped messages go only with their group held (READPAST: the messages of a
+    group a consumer or producer holds stay for the next purge), the groups row first (the fixed
+    lock order); the holder then flags the group's new head. Groups left empty lose their rows
+    afterwards, outside any caller's transaction, each without waiting (drop_if_empty). Each
+    chunk is a transaction of its own without the caller's, and the purge is the deadlock victim:
+    a deadlock in its own transaction retries the chunk. -#}
+{% macro grouped_purge_body() %}
+    -- The bound that stops a purge from chasing producers: one seek to the clustered index's end.
+    DECLARE @last_id bigint = (
+        SELECT MAX(m.id)
+        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+    );
+    DECLARE @after_id bigint = 0;
+    DECLARE @chunk_start bigint;
+    DECLARE @purged bigint = 0;
+    DECLARE @chunk_purged bigint;
+    DECLARE @chunk int = 1;
+    DECLARE @doomed TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        group_key {{ key_type }} NULL, -- noqa: CP02
+        enqueued_at datetime2(7) NOT NULL
+    );
+    DECLARE @group nvarchar(200);
+    DECLARE @next_id bigint;
+    DECLARE @waiting_id bigint;
+    DECLARE @flagged_id bigint;
+    DECLARE @started_transaction bit;
+    DECLARE @deadlock_retries int = 0;
+    DECLARE @pause datetime;
+    DECLARE @keys TABLE (group_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @found int = 1;
+
+    WHILE @chunk > 0
+        BEGIN
+            SET @chunk = {{ m.purge_chunk_size() }};
+            SET @chunk_start = @after_id;
+            SET @chunk_purged = 0;
+            SET @started_transaction = 0;
+            DELETE FROM @doomed;
+            BEGIN TRY
+                -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+                IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+                    BEGIN
+                        BEGIN TRANSACTION;
+                        SET @started_transaction = 1;
+                    END;
+
+                -- The chunk's messages, oldest first, read without a lock; those enqueued since
+                -- older_than stay.
+                INSERT INTO @doomed (id, group_key, enqueued_at)
+                SELECT TOP (@chunk)
+                    m.id,
+                    m.group_key,
+                    m.enqueued_at
+                FROM {{ t }} AS m WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.id > @after_id AND m.id <= @last_id
+                ORDER BY m.id;
+                SET @chunk = @@ROWCOUNT;
+                SET @after_id = COALESCE((SELECT MAX(d.id) FROM @doomed AS d), @after_id);
+                DELETE FROM @doomed
+                WHERE enqueued_at >= @older_than;
+
+                WITH doomed AS (
+                    SELECT m.id
+                    FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK)
+                    WHERE m.id IN (
+                        SELECT d.id
+                        FROM @doomed AS d
+                        WHERE d.group_key IS NULL
+                    )
+                )
+
+                DELETE FROM doomed;
+                SET @chunk_purged = @@ROWCOUNT;
+
+                -- The chunk's groups, one at a time in key order.
+                SET @group = (SELECT MIN(d.group_key) FROM @doomed AS d);
+                WHILE @group IS NOT NULL
+                    BEGIN
+                        {{ grp.take_group('@group') | indent(24) }}
+                        IF @@ROWCOUNT = 1
+                            BEGIN
+                                WITH doomed AS (
+                                    SELECT m.id
+                                    FROM {{ t }} AS m WITH (ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE m.id IN (
+                                        SELECT d.id
+                                        FROM @doomed AS d
+                                        WHERE d.group_key = @group
+                                    )
+                                )
+
+                                DELETE FROM doomed;
+                                SET @chunk_purged = @chunk_purged + @@ROWCOUNT;
+                                {{ grp.settle() | indent(32) }}
+                            END;
+                        SET @group = (
+                            SELECT MIN(d.group_key)
+                            FROM @doomed AS d
+                            WHERE d.group_key > @group
+                        );
+                    END;
+
+                IF @started_transaction = 1 COMMIT TRANSACTION;
+                SET @purged = @purged + @chunk_purged;
+            END TRY
+            BEGIN CATCH
+                IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 OR @deadlock_retries >= 3 THROW;
+                SET @deadlock_retries = @deadlock_retries + 1;
+                SET @after_id = @chunk_start;
+                SET @chunk = 1;
+                SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
+                WAITFOR DELAY @pause;
+            END CATCH;
+        END;
+
+    -- Groups left empty (by consumers, or by the chunks above) lose their rows, in key order, 1,000
+    -- keys a round: each one taken without waiting (a held group stays for the next purge), in a
+    -- transaction of its own; a deadlock, or a producer's pin that the delete would wait for (lock
+    -- timeout 0: 1222), leaves the group for the next purge. Never inside a caller's transaction
+    -- (or IMPLICIT_TRANSACTIONS): it would walk every key and hold the deleted ones till the
+    -- caller commits; such a purge leaves empty groups' rows for a later purge outside one.
+    IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0 SET @found = 0;
+    SET @group = NULL;
+    WHILE @found > 0
+        BEGIN
+            DELETE FROM @keys;
+            IF @group IS NULL
+                BEGIN
+                    INSERT INTO @keys (group_key)
+                    SELECT TOP (1000) g.group_key
+                    FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    ORDER BY g.group_key;
+                END;
+            ELSE
+                BEGIN
+                    INSERT INTO @keys (group_key)
+                    SELECT TOP (1000) g.group_key
+                    FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE g.group_key > @group
+                    ORDER BY g.group_key;
+                END;
+            SET @found = @@ROWCOUNT;
+            SET @group = (SELECT MIN(k.group_key) FROM @keys AS k);
+            WHILE @group IS NOT NULL
+                BEGIN
+                    SET @next_id = NULL;
+                    SELECT TOP (1) @next_id = m.id
+                    FROM {{ t }} AS m WITH ({{ grp.group_probe }}) -- noqa: LT05
+                    WHERE m.group_key = @group AND m.group_key IS NOT NULL;
+                    IF @next_id IS NULL
+                        BEGIN
+                            SET @started_transaction = 0;
+                            BEGIN TRY
+                                IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+                                    BEGIN
+                                        BEGIN TRANSACTION;
+                                        SET @started_transaction = 1;
+                                    END;
+                                {{ grp.take_group('@group') | indent(32) }}
+                                IF @@ROWCOUNT = 1
+                                    BEGIN
+                                        {{ grp.find_head('@next_id') | indent(40) }}
+                                        {{ grp.drop_if_empty() | indent(40) }}
+                                    END;
+                                IF @started_transaction = 1 COMMIT TRANSACTION;
+                            END TRY
+                            BEGIN CATCH
+                                IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                                -- A deadlock (1205) or the delete's lock timeout (1222) of its own
+                                -- transaction: the group is left for the next purge.
+                                IF ERROR_NUMBER() <> 1222 OR @started_transaction = 0
+                                    BEGIN
+                                        IF ERROR_NUMBER() <> 1205 OR @started_transaction = 0 THROW;
+                                    END;
+                            END CATCH;
+                        END;
+                    SET @group = (
+                        SELECT MIN(k.group_key)
+                        FROM @keys AS k
+                        WHERE k.group_key > @group
+                    );
+                END;
+            SET @group = (SELECT MAX(k.group_key) FROM @keys AS k);
+        END;
+
+    SELECT @purged AS purged;
+{%- endmacro %}
+{% endif %}
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
-{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe')) }}
+{{ m.unit(names.plain(), 'storage', version=1, object='table', shape=('payload', 'dedupe') + group_shape) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN
         CREATE TABLE {{ t }} (
@@ -43,6 +652,12 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
 {% endif %}
 {% if dedupe %}
             dedupe_key {{ key_type }} NULL, -- noqa: CP02
+{% endif %}
+{% if groups %}
+            group_key {{ key_type }} NULL, -- noqa: CP02
+            -- NULL: no group; 1: a head candidate of its group (in ix_{{ queue.name }}_heads); 0: it
+            -- waits behind its group's head (docs/queue-kinds.md, Message groups).
+            group_head bit NULL,
 {% endif %}
             payload {{ payload_type }} NOT NULL,
 {% if is_json %}
@@ -60,10 +675,36 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
             ON {{ t }} (dedupe_key)
             WHERE dedupe_key IS NOT NULL;
 {% endif %}
+{% if groups %}
+
+        -- The claim of ungrouped messages; the claim of grouped ones (only head candidates, so a held
+        -- group's backlog is never read); one group's head and its candidates.
+{% for index in pins.group_pinned %}
+        {{ pins.create_index(index, t) | indent(8) }};
+{% endfor %}
+{% endif %}
     END;
 GO
+{% if groups %}
 
-{{ m.unit(names.plain('_items'), 'storage', version=1, object='type', shape=('payload',)) }}
+{{ m.unit(names.plain('_groups'), 'storage', version=1, object='table') }}
+IF OBJECT_ID(N'{{ grp.groups_t }}', N'U') IS NULL
+    BEGIN
+        -- One row per group key that has messages: the group's lock (docs/queue-kinds.md, Message
+        -- groups), held by the consumer that dequeued the group's head until its transaction ends.
+        -- A heap under a nonclustered key: a holder's U lock stays on the key while its stamp of
+        -- locked_at takes the heap row, so a producer's S lock on the key never waits for it. Only
+        -- ever read by a seek on the key (a heap's emptied pages are never scanned).
+        CREATE TABLE {{ grp.groups_t }} (
+            group_key {{ key_type }} NOT NULL, -- noqa: CP02
+            locked_at datetime2(7) NULL,
+            CONSTRAINT {{ grp.groups_pk }} PRIMARY KEY NONCLUSTERED (group_key)
+        );
+    END;
+GO
+{% endif %}
+
+{{ m.unit(names.plain('_items'), 'storage', version=1, object='type', shape=('payload',) + group_shape) }}
 IF TYPE_ID(N'{{ items }}') IS NULL
     BEGIN
         -- dedupe_key is wider than the table's, so that an over-long key reaches the procedure's
@@ -74,7 +715,10 @@ IF TYPE_ID(N'{{ items }}') IS NULL
 {% if has_due %}
             due_at datetime2(7) NULL,
 {% endif %}
-            dedupe_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL -- noqa: CP02
+            dedupe_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL{% if groups %},{% endif %} -- noqa: CP02
+{% if groups %}
+            group_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL -- noqa: CP02
+{% endif %}
         );
     END;
 GO
@@ -85,7 +729,9 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
 {% if has_due %}
     @due_at datetime2(7) = NULL,
 {% endif %}
-    @dedupe_key nvarchar(MAX) = NULL
+    @dedupe_key nvarchar(MAX) = NULL{% if groups %},
+    @group_key nvarchar(MAX) = NULL{% endif %}
+
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -94,7 +740,9 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
 {{ m.check_payload('enqueue') }}
-{% if dedupe %}
+{% if groups %}
+{{ grouped_enqueue_body() }}
+{% elif dedupe %}
     IF DATALENGTH(@dedupe_key) > 400
         BEGIN
             THROW {{ errors.invalid_argument }}, N'{{ names.plain("_enqueue") }}: dedupe_key is over 200 characters.', 1;
@@ -125,27 +773,8 @@ BEGIN
                 WHERE m.dedupe_key = @key AND m.dedupe_key IS NOT NULL;
             END;
 
-        IF @id IS NULL
-            BEGIN
-                INSERT INTO {{ t }} ({% if has_due %}due_at, {% endif %}dedupe_key, payload)
-                VALUES ({% if has_due %}COALESCE(@due_at, SYSUTCDATETIME()), {% endif %}@key, @payload);
-                SET @id = CONVERT(bigint, SCOPE_IDENTITY());
-            END;
-        ELSE
-            BEGIN
-                SET @duplicate = 1;
-            END;
-
-        IF @started_transaction = 1 COMMIT TRANSACTION;
-    END TRY
-    BEGIN CATCH
-        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        THROW;
-    END CATCH;
-
-    SELECT
-        @id AS id,
-        @duplicate AS duplicate;
+{{ insert_unless_duplicate(('due_at, ' if has_due else '') ~ 'dedupe_key, payload',
+                           ('COALESCE(@due_at, SYSUTCDATETIME()), ' if has_due else '') ~ '@key, @payload') }}
 {% else %}
     IF @dedupe_key IS NOT NULL
         BEGIN
@@ -212,23 +841,35 @@ BEGIN
             );
             THROW {{ errors.invalid_argument }}, @key_message, 1;
         END;
+{% if groups %}
+
+    DECLARE @bad_group int = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE DATALENGTH(i.group_key) > 400
+    );
+    IF @bad_group IS NOT NULL
+        BEGIN
+            DECLARE @group_message nvarchar(2048) = CONCAT(
+                N'{{ names.plain("_enqueue_batch") }}: item ',
+                @bad_group,
+                N' has a group_key over 200 characters.'
+            );
+            THROW {{ errors.invalid_argument }}, @group_message, 1;
+        END;
+{% endif %}
     SET XACT_ABORT ON;
 
     -- The items that become rows, in ordinal order.
     DECLARE @candidates TABLE (ordinal int NOT NULL PRIMARY KEY, position int NOT NULL UNIQUE);
     DECLARE @new_ids TABLE (id bigint NOT NULL PRIMARY KEY);
-{% if dedupe %}
-    DECLARE @keys TABLE (dedupe_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
-    DECLARE @existing TABLE (
-        dedupe_key {{ key_type }} NOT NULL PRIMARY KEY, -- noqa: CP02
-        id bigint NOT NULL
-    );
+{% if groups %}
+{{ grouped_batch_body() }}
+{% elif dedupe %}
+{{ dedupe_batch_declarations() }}
     DECLARE @started_transaction bit = 0;
 
-    INSERT INTO @keys (dedupe_key)
-    SELECT DISTINCT i.dedupe_key
-    FROM @items AS i
-    WHERE i.dedupe_key IS NOT NULL;
+{{ dedupe_batch_keys() }}
 
     BEGIN TRY
         -- In implicit-transaction mode the caller owns the transaction the next statement opens.
@@ -238,37 +879,7 @@ BEGIN
                 SET @started_transaction = 1;
             END;
 
-        -- Lock every key of the batch, present or not (see enqueue), walking the keys in index order:
-        -- two batches that share keys then wait for each other instead of deadlocking.
-        INSERT INTO @existing (dedupe_key, id)
-        SELECT
-            m.dedupe_key,
-            m.id
-        FROM @keys AS k
-        INNER JOIN {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
-            ON k.dedupe_key = m.dedupe_key AND m.dedupe_key IS NOT NULL
-        OPTION (LOOP JOIN, FORCE ORDER);
-
-        -- Every item without a key, and the first item of each key that is not in the queue yet.
-        INSERT INTO @candidates (ordinal, position)
-        SELECT
-            i.ordinal,
-            ROW_NUMBER() OVER (ORDER BY i.ordinal) AS position
-        FROM @items AS i
-        WHERE
-            i.dedupe_key IS NULL
-            OR (
-                NOT EXISTS (
-                    SELECT 1 / 0
-                    FROM @existing AS e
-                    WHERE e.dedupe_key = i.dedupe_key
-                )
-                AND NOT EXISTS (
-                    SELECT 1 / 0
-                    FROM @items AS earlier
-                    WHERE earlier.dedupe_key = i.dedupe_key AND earlier.ordinal < i.ordinal
-                )
-            );
+{{ dedupe_batch_lock() }}
 
         -- Identity values are assigned in the ORDER BY of an INSERT ... SELECT: the n-th new id
         -- belongs to the n-th candidate, which is how ids are mapped back to ordinals below.
@@ -291,33 +902,7 @@ BEGIN
         THROW;
     END CATCH;
 
-    WITH numbered_ids AS (
-        SELECT
-            n.id,
-            ROW_NUMBER() OVER (ORDER BY n.id) AS position
-        FROM @new_ids AS n
-    ),
-
-    inserted_items AS (
-        SELECT
-            i.ordinal,
-            i.dedupe_key,
-            ni.id
-        FROM @items AS i
-        INNER JOIN @candidates AS c ON i.ordinal = c.ordinal
-        INNER JOIN numbered_ids AS ni ON c.position = ni.position
-    )
-
-    -- A later item with the key of an earlier one gets the earlier one's id.
-    SELECT
-        i.ordinal,
-        COALESCE(own.id, e.id, first_in_batch.id) AS id,
-        CONVERT(bit, CASE WHEN own.id IS NULL THEN 1 ELSE 0 END) AS duplicate
-    FROM @items AS i
-    LEFT JOIN inserted_items AS own ON i.ordinal = own.ordinal
-    LEFT JOIN @existing AS e ON i.dedupe_key = e.dedupe_key
-    LEFT JOIN inserted_items AS first_in_batch ON i.dedupe_key = first_in_batch.dedupe_key
-    ORDER BY i.ordinal;
+{{ dedupe_batch_result() }}
 {% else %}
     INSERT INTO @candidates (ordinal, position)
     SELECT
@@ -378,6 +963,9 @@ BEGIN
 {{ m.check_batch_size('dequeue') }}
     SET XACT_ABORT ON;
 
+{% if groups %}
+{{ grouped_dequeue_body() }}
+{% else %}
     DECLARE @claimed TABLE (
         id bigint NOT NULL PRIMARY KEY,
         payload {{ payload_type }} NOT NULL,
@@ -428,6 +1016,7 @@ BEGIN
 
     FROM @claimed AS c
     ORDER BY {{ claim_order_sql | replace('m.', 'c.') }};
+{% endif %}
 END;
 GO
 
@@ -436,13 +1025,46 @@ GO
 
 {# Ready: what dequeue would hand out now, a row no consumer holds (pending: a due one). Strict
     FIFO's dequeue does not skip a held head: a caller told ready waits for it there. #}
-{% call m.wait_procedure() %}
+{% call m.wait_procedure('    DECLARE @bound_id bigint;' if groups else '') %}
+{% if groups %}
+            -- A message without a group on its claim index, else a head candidate of a group nobody
+            -- holds: the first 100 candidates, each with its groups row read past a holder (the
+            -- predicate on locked_at, true for every row, makes the seek look the heap row up, and a
+            -- holder's stamp holds X on it; the key's U would let a read through). A held group's
+            -- spurious candidates so never make this true (it would spin: ready, an empty dequeue,
+            -- ready). Only READPAST, READCOMMITTEDLOCK probes, no U lock.
+            SELECT TOP (1) @ready = 1
+            FROM {{ t }} AS m WITH (INDEX ({{ grp.ungrouped_ix }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.group_key IS NULL;
+            IF @ready = 0
+                BEGIN
+                    SELECT @bound_id = MAX(c.id)
+                    FROM (
+                        SELECT TOP (100) m.id
+                        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.group_head = 1
+                        ORDER BY m.id
+                    ) AS c;
+                    SELECT TOP (1) @ready = 1
+                    FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE
+                        m.group_head = 1 AND m.id <= @bound_id
+                        AND EXISTS (
+                            SELECT g.locked_at
+                            FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE
+                                g.group_key = m.group_key
+                                AND (g.locked_at IS NULL OR g.locked_at > '00010101')
+                        );
+                END;
+{% else %}
             SELECT TOP (1) @ready = 1
 {% if has_due %}
             FROM {{ t }} AS m WITH ({{ pin }}, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.due_at <= SYSUTCDATETIME();
 {% else %}
             FROM {{ t }} WITH ({{ pin }}, ROWLOCK, READPAST, READCOMMITTEDLOCK); -- noqa: LT05
+{% endif %}
 {% endif %}
 {% endcall %}
 
@@ -546,6 +1168,9 @@ BEGIN
     -- The purge, not a consumer or a producer, is the victim of any deadlock (restored on return).
     SET DEADLOCK_PRIORITY LOW;
 
+{% if groups %}
+{{ grouped_purge_body() }}
+{% else %}
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST skips the rows a consumer holds right now, but deleting a row also locks
     -- its other index entries (the dedupe key's), where the purge can wait on a producer's or a
@@ -616,6 +1241,7 @@ BEGIN
         END;
 
     SELECT @purged AS purged;
+{% endif %}
 END;
 GO
 

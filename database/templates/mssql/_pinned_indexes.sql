@@ -27,6 +27,13 @@
 {% else %}
 {% set pinned = [('CLUSTERED', pk, pk_key, none)] %}
 {% endif %}
+{#- fifo with groups (docs/queue-kinds.md, Message groups): the claim of ungrouped messages, the head
+    candidates (group_key in the key: the claim's probe reads no row), one group's messages. -#}
+{% set group_pinned = [('NONCLUSTERED', names.index('ix', 'ungrouped'), 'id', 'group_key IS NULL'),
+                       ('NONCLUSTERED', names.index('ix', 'heads'), 'group_head, id, group_key', 'group_head = 1'),
+                       ('NONCLUSTERED', names.index('ix', 'group'), 'group_key, group_head, id', 'group_key IS NOT NULL')]
+    if kind == 'fifo' and opt.get('groups', false) else [] %}
+{% set pinned = pinned + group_pinned %}
 
 {#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written
     as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one).

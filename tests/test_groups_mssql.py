@@ -1,0 +1,149 @@
+"""Message groups on SQL Server (issue 21; docs/queue-kinds.md, "Message groups"), proven without a
+server: the fifo templates render option groups, the render passes check-tsql (every claim and probe
+pinned to the index whose key it seeks, UPDLOCK only in claims, lock order, batch caps), and the lock
+shapes the design rests on are the ones written. What they do under concurrency is the conformance
+suite's (tests/conformance/test_groups.py), which runs against a configured SQL Server.
+"""
+from __future__ import annotations
+
+import re
+
+from tablequeue.catalog import parse_catalog
+from tablequeue.render import render_catalog, render_migrations
+from tablequeue.tsqlcheck import check_sources
+
+QUEUES = [
+    {"name": "orders", "kind": "fifo", "payload": "json", "options": {"groups": True, "dedupe": True}},
+    {"name": "plain", "kind": "fifo", "payload": "binary", "options": {"groups": True}},
+    {"name": "ledger", "kind": "fifo", "payload": "json"},
+]
+
+
+def _render() -> dict[str, str]:
+    catalog = parse_catalog({"schema": "s", "queues": QUEUES})
+    return {f.name: f.text for f in render_catalog(catalog, "mssql")}
+
+
+def _procedure(text: str, verb: str, queue: str = "orders") -> str:
+    start = text.index(f"CREATE OR ALTER PROCEDURE [s].[{queue}_{verb}]")
+    return text[start:text.index("\nGO\n", start)]
+
+
+def test_fifo_with_groups_renders_on_sql_server_and_passes_check_tsql() -> None:
+    files = _render()
+    report = check_sources(sorted((name, text) for name, text in files.items() if name != "ledger.sql"))
+    assert report.clean, "\n".join(map(str, report.findings + report.violations))
+
+
+def test_fifo_with_groups_has_the_contract_names() -> None:
+    text = _render()["orders.sql"]
+    assert "@group_key nvarchar(MAX) = NULL" in _procedure(text, "enqueue")
+    assert re.search(r"CREATE TYPE \[s\]\.\[orders_items\] AS TABLE \([^;]*group_key nvarchar\(MAX\)", text)
+    dequeue = _procedure(text, "dequeue")
+    # dequeue returns group_key as its last column.
+    assert re.search(r"SELECT\s+c\.id,\s+c\.payload,\s+c\.enqueued_at,\s+c\.group_key\s+FROM @claimed AS c", dequeue)
+    assert "CREATE TABLE [s].[orders_groups]" in text
+    assert "PRIMARY KEY NONCLUSTERED (group_key)" in text
+
+
+def test_the_grouped_claim_reads_only_head_candidates_and_never_waits() -> None:
+    dequeue = _procedure(_render()["orders.sql"], "dequeue")
+    # Grouped messages are found on the head index, never by walking the clustered key (a held
+    # group's backlog is not in the head index), and with no OR in any claim's WHERE.
+    assert "INDEX ([ix_orders_heads]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK" in dequeue
+    assert "INDEX ([ix_orders_ungrouped]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK" in dequeue
+    # Every read of the groups table skips a held group instead of waiting for it.
+    for hints in re.findall(r"\[s\]\.\[orders_groups\] AS g WITH \(([^)]*\)[^)]*)\)", dequeue):
+        assert "READPAST" in hints, hints
+    wheres = re.findall(r"WHERE\s(.*?)(?:\n\s*(?:ORDER BY|\)|$))", dequeue, flags=re.S)
+    assert wheres and not any(re.search(r"\bOR\b", w) for w in wheres)
+
+
+def test_a_producer_never_takes_a_lock_a_consumer_holds() -> None:
+    enqueue = _procedure(_render()["orders.sql"], "enqueue")
+    groups_reads = re.findall(r"\[s\]\.\[orders_groups\] AS g WITH \((.*?)\) --", enqueue)
+    # The try (READPAST: skip a held group) and the pin (S to the end of the transaction: compatible
+    # with a holder's U on the key); no key-range lock anywhere (a new key's RangeS-U on the next key
+    # would wait for the consumer holding that neighbouring group).
+    assert len(groups_reads) == 2
+    assert "READPAST, UPDLOCK" in groups_reads[0]
+    assert "REPEATABLEREAD" in groups_reads[1] and "UPDLOCK" not in groups_reads[1]
+    for procedure in ("enqueue", "enqueue_batch"):
+        body = re.sub(r"--[^\n]*", "", _procedure(_render()["plain.sql"], procedure, "plain"))
+        assert "HOLDLOCK" not in body and "SERIALIZABLE" not in body and "IGNORE_DUP_KEY" not in body
+        # A new key: a plain insert whose duplicate (a racing producer's) is retried, only it under
+        # XACT_ABORT OFF.
+        window = re.findall(r"SET XACT_ABORT OFF;\s*BEGIN TRY\s*INSERT INTO \[s\]\.\[plain_groups\] \(group_key\) "
+                            r"VALUES \(@group\);\s*SET XACT_ABORT ON;\s*END TRY\s*BEGIN CATCH\s*SET XACT_ABORT ON;"
+                            r"\s*IF ERROR_NUMBER\(\) NOT IN \(2601, 2627\) OR XACT_STATE\(\) <> 1 THROW;", body)
+        assert len(window) == 1, procedure
+    # The groups row before the message (the fixed lock order).
+    assert enqueue.index("[s].[orders_groups]") < enqueue.index("INSERT INTO [s].[orders] (")
+
+
+def test_queues_without_groups_render_without_them() -> None:
+    text = _render()["ledger.sql"]
+    assert "group_key" not in text and "_groups" not in text
+
+
+def test_the_add_groups_migration_builds_the_indexes_a_fresh_install_has() -> None:
+    # Upgraded must equal fresh (DESIGN.md §3c): the same columns and the same index statements.
+    catalog = parse_catalog({"schema": "s", "queues": QUEUES[:1]})
+    migrations = {f.name: f.text for f in render_migrations(catalog, "mssql")}
+    added = migrations["s.orders.fifo_table_add_groups.sql"]
+    dropped = migrations["s.orders.fifo_table_drop_groups.sql"]
+    fresh = _render()["orders.sql"]
+
+    def indexes(text: str) -> set[str]:
+        return {" ".join(i.split()) for i in re.findall(r"CREATE NONCLUSTERED INDEX \[ix_orders_\w+\][^;]*?WHERE [^;\n]*", text)}
+
+    assert indexes(fresh) == indexes(added) and len(indexes(fresh)) == 3
+    for column in ("group_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL", "group_head bit NULL"):
+        assert column in fresh and column in added
+    assert "tablequeue:step transaction after-code" in dropped
+    assert all(f"DROP INDEX IF EXISTS [ix_orders_{p}]" in dropped for p in ("heads", "group", "ungrouped"))
+
+
+def _code(text: str) -> str:
+    """The text without its -- comments."""
+    return re.sub(r"--[^\n]*", "", text)
+
+
+def test_a_group_whose_claim_failed_is_tried_once_a_call_and_demotions_are_bounded() -> None:
+    dequeue = _code(_procedure(_render()["plain.sql"], "dequeue", "plain"))
+    # The candidate probe steps over every group this call has tried, taken or not (a held group's
+    # spurious candidates are not tried one by one).
+    probe = dequeue[dequeue.index("@candidate_id = m.id"):]
+    probe = probe[:probe.index("ORDER BY m.id;")]
+    assert re.search(r"AND NOT EXISTS \(\s*SELECT 1\s*FROM @visited AS v\s*WHERE v\.group_key = m\.group_key\s*\)",
+                     probe)
+    claim = dequeue[dequeue.index("WITH held_group AS", dequeue.index("@candidate_id = m.id")):]
+    assert claim.index("INSERT INTO @visited (group_key) VALUES (@group);") < claim.index("IF @taken = 0 CONTINUE;")
+    # Demotions a statement stay far below lock escalation, in dequeue and purge alike.
+    for verb in ("dequeue", "purge"):
+        body = _code(_procedure(_render()["plain.sql"], verb, "plain"))
+        assert "UPDATE TOP (1000) other_candidates" in body and "UPDATE other_candidates" not in body
+
+
+def test_wait_counts_only_candidates_of_groups_nobody_holds() -> None:
+    wait = _code(_procedure(_render()["plain.sql"], "wait", "plain"))
+    # Bounded, and each candidate's groups row read past its holder: locked_at is read (the heap
+    # row a holder's stamp holds X on), with READPAST, READCOMMITTEDLOCK and no U lock. Whether the
+    # optimizer keeps the lookup is the conformance suite's to show, on a server.
+    assert "SELECT TOP (100) m.id" in wait and "m.group_head = 1 AND m.id <= @bound_id" in wait
+    assert re.search(r"SELECT g\.locked_at\s*FROM \[s\]\.\[plain_groups\] AS g WITH \(INDEX \(\[pk_plain_groups\]\), "
+                     r"FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK\)\s*WHERE\s*g\.group_key = m\.group_key\s*"
+                     r"AND \(g\.locked_at IS NULL OR g\.locked_at > '00010101'\)", wait)
+    assert "UPDLOCK" not in wait
+
+
+def test_purge_deletes_groups_rows_only_in_its_own_transactions_and_never_waits() -> None:
+    purge = _code(_procedure(_render()["plain.sql"], "purge", "plain"))
+    skip = "IF @@TRANCOUNT > 0 OR (@@OPTIONS & 2) <> 0 SET @found = 0;"
+    deletes = [m.start() for m in re.finditer(r"DELETE FROM g\s", purge)]
+    # The chunks delete no groups row; the empty-groups pass is skipped in a caller's transaction.
+    assert len(deletes) == 1 and purge.index(skip) < deletes[0]
+    # The delete does not wait for a pinned producer: 1222 leaves the group for the next purge.
+    assert re.search(r"SET LOCK_TIMEOUT 0;\s*DELETE FROM g\s", purge)
+    assert re.search(r"IF ERROR_NUMBER\(\) <> 1222 OR @started_transaction = 0\s*BEGIN\s*"
+                     r"IF ERROR_NUMBER\(\) <> 1205 OR @started_transaction = 0 THROW;", purge)

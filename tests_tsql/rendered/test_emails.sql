@@ -3682,10 +3682,10 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        CONVERT(tinyint, i.type) AS index_type,
         i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -3703,10 +3703,10 @@ BEGIN
     -- or Msg 308 / 8622). #Expected takes #Actual's columns, collations included.
     SELECT TOP (0)
         a.index_name,
-        a.index_type,
         a.filter_definition,
         a.column_name,
         a.is_descending_key,
+        a.index_type,
         a.key_ordinal
     INTO #Expected
     FROM #Actual AS a;

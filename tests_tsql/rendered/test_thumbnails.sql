@@ -3774,7 +3774,10 @@ END;');
         c.payload
     INTO #ExpectedCalls
     FROM #Calls AS c;
-    INSERT INTO #ExpectedCalls (id, payload) VALUES ('00000000-0000-0000-0000-000000000001', N'{"n": 1}'), ('00000000-0000-0000-0000-000000000002', N'{"n": 2}');
+    INSERT INTO #ExpectedCalls (id, payload)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', N'{"n": 1}'),
+    ('00000000-0000-0000-0000-000000000002', N'{"n": 2}');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedCalls', @Actual = N'#Calls';
     EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
     EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
@@ -3926,10 +3929,10 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        CONVERT(tinyint, i.type) AS index_type,
         i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -3947,10 +3950,10 @@ BEGIN
     -- or Msg 308 / 8622). #Expected takes #Actual's columns, collations included.
     SELECT TOP (0)
         a.index_name,
-        a.index_type,
         a.filter_definition,
         a.column_name,
         a.is_descending_key,
+        a.index_type,
         a.key_ordinal
     INTO #Expected
     FROM #Actual AS a;

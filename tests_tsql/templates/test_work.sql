@@ -2567,7 +2567,10 @@ BEGIN
         c.payload
     INTO #ExpectedCalls
     FROM #Calls AS c;
-    INSERT INTO #ExpectedCalls (id, payload) VALUES ({{ mid(1) }}, {{ sample(1) }}), ({{ mid(2) }}, {{ sample(2) }});
+    INSERT INTO #ExpectedCalls (id, payload)
+    VALUES
+    ({{ mid(1) }}, {{ sample(1) }}),
+    ({{ mid(2) }}, {{ sample(2) }});
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedCalls', @Actual = N'#Calls';
     EXEC tSQLt.AssertEmptyTable @TableName = N'{{ t }}';
     EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';

@@ -147,6 +147,6 @@ class FakeConnection:
 
     def batches(self) -> list[str]:
         """What was executed other than the tSQLt runner's own queries."""
-        own = {tsqlt.EDITION_SQL, tsqlt.SESSION_SQL, tsqlt.CLR_SQL, tsqlt.VERSION_SQL, tsqlt.RUN_ALL_SQL,
-               tsqlt.RESULTS_SQL}
+        own = {tsqlt.EDITION_SQL, tsqlt.SESSION_SQL, tsqlt.CLR_SQL, tsqlt.UNDO_SQL, tsqlt.VERSION_SQL,
+               tsqlt.RUN_ALL_SQL, tsqlt.RESULTS_SQL}
         return [sql for sql in self.executed if sql not in own]

@@ -81,14 +81,38 @@ def test_batches_are_split_and_sent_in_order():
         "EXEC tSQLt.NewTestClass 'DeadLetterTests';",
         "CREATE PROCEDURE DeadLetterTests.test_requeue AS RETURN 0;",
     ]
-    # install, then tSQLt.Info(), then the test classes, RunAll, and the results last
-    assert conn.executed.index(tsqlt.VERSION_SQL) == 6
+    # what a killed run left undone, install, then tSQLt.Info(), then the test classes, RunAll,
+    # and the results last
+    assert conn.executed[3] == tsqlt.UNDO_SQL
+    assert conn.executed.index(tsqlt.VERSION_SQL) == 7
     assert conn.executed[-2:] == [tsqlt.RUN_ALL_SQL, tsqlt.RESULTS_SQL]
     assert conn.closed_cursors == len(conn.executed)
     assert result.tsqlt_version == "1.0.8083.3529"
     assert (result.passed, result.failed, result.errors, result.skipped) == (3, 0, 0, 0)
     assert result.not_run == ()
     assert result.exit_code == 0
+
+
+def test_test_doubles_a_killed_run_left_are_undone_before_tsqlt_is_reinstalled():
+    # a NoTransaction test renames the real tables it fakes; the installer drops tSQLt's log of
+    # the renames, so tSQLt.UndoTestDoubles must run (forced, when tSQLt is there) before it
+    conn = FakeConnection(results=PASSING_ROWS)
+    run_tsqlt(conn, INSTALL, scripts(), None)
+    undo = conn.executed.index(tsqlt.UNDO_SQL)
+    assert undo < conn.executed.index(INSTALL.split("\nGO\n")[0])
+    assert conn.executed.count(tsqlt.UNDO_SQL) == 1
+    assert tsqlt.UNDO_SQL == (
+        "IF OBJECT_ID(N'tSQLt.UndoTestDoubles', N'P') IS NOT NULL EXEC tSQLt.UndoTestDoubles @Force = 1;"
+    )
+
+
+def test_a_failing_undo_of_test_doubles_stops_the_run_before_the_install():
+    refused = db_error("Attempting to remove object(s) that is/are not marked as temporary.")
+    conn = FakeConnection(answers={"tSQLt.UndoTestDoubles": [refused]})
+    with pytest.raises(TsqltError) as info:
+        run_tsqlt(conn, INSTALL, scripts(), None)
+    assert str(info.value).startswith("tSQLt.UndoTestDoubles (test doubles a killed run left): ")
+    assert "CREATE SCHEMA tSQLt;" not in conn.executed
 
 
 def test_every_result_set_is_drained_so_late_errors_surface():

@@ -28,7 +28,15 @@ BEGIN
     -- The clean-up of the NoTransaction tests (--[@tSQLt:NoTransaction]), which tSQLt runs after
     -- such a test and before tSQLt.UndoTestDoubles puts back what it faked or moved away: a
     -- transaction the test left open.
-    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    -- Rolling back here ends this procedure with a lower @@TRANCOUNT than it began with: Msg 266,
+    -- on which tSQLt's handler skips its own tSQLt.UndoTestDoubles and the real tables would stay
+    -- renamed. So, after such a rollback, the doubles are undone here.
+    DECLARE @left_open bit = IIF(@@TRANCOUNT > 0, 1, 0);
+    IF @left_open = 1 ROLLBACK TRANSACTION;
+    IF @left_open = 1
+        BEGIN
+            EXEC tSQLt.UndoTestDoubles;
+        END;
 END;
 GO
 
@@ -1363,9 +1371,9 @@ AS
 BEGIN
     -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
     -- autocommit off) calls: IMPLICIT_TRANSACTIONS ON at @@TRANCOUNT = 0. fail opens a transaction
-    -- of its own only for an autocommit caller; here its first statement opens the caller's (a
-    -- BEGIN TRANSACTION would open two levels, its COMMIT would leave one: error 266). The fakes
-    -- come back through tSQLt.UndoTestDoubles.
+    -- of its own only for an autocommit caller; here its first statement opens the caller's, and
+    -- fail neither commits nor ends the caller's implicit transaction. The fakes come back
+    -- through tSQLt.UndoTestDoubles.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
     EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
@@ -1383,15 +1391,24 @@ BEGIN
     DECLARE @open_after int;
 
     -- Act: the last attempt fails (to dead), then the caller rolls its transaction back. Plain
-    -- EXEC: INSERT ... EXEC would open the transaction before the call.
-    SET IMPLICIT_TRANSACTIONS ON;
-    EXEC [queue].[emails_fail]
-        @id = 1,
-        @worker = N'w',
-        @error = N'poison';
-    SET @open_after = @@TRANCOUNT;
-    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-    SET IMPLICIT_TRANSACTIONS OFF;
+    -- EXEC: INSERT ... EXEC would open the transaction before the call. Should fail raise, the
+    -- catch rolls back and leaves implicit-transaction mode before re-raising: the clean-up then
+    -- finds no transaction open.
+    BEGIN TRY
+        SET IMPLICIT_TRANSACTIONS ON;
+        EXEC [queue].[emails_fail]
+            @id = 1,
+            @worker = N'w',
+            @error = N'poison';
+        SET @open_after = @@TRANCOUNT;
+        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        SET IMPLICIT_TRANSACTIONS OFF;
+    END TRY
+    BEGIN CATCH
+        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        SET IMPLICIT_TRANSACTIONS OFF;
+        THROW;
+    END CATCH;
 
     -- Assert: the caller's transaction was still open, and its rollback undid the move.
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @open_after, @Message = N'fail ended the caller''s transaction';
@@ -3515,7 +3532,13 @@ BEGIN
     INTO #Keys
     FROM [queue].[emails] AS m;
 
-    CREATE TABLE #ExpectedKeys (id bigint NOT NULL, dedupe_key nvarchar(200) NULL);
+    -- #ExpectedKeys takes #Keys' columns: dedupe_key keeps its BIN2 collation (a CREATE TABLE
+    -- column has tempdb's, and AssertEqualsTable fails on the mix with Msg 451).
+    SELECT TOP (0)
+        k.id,
+        k.dedupe_key
+    INTO #ExpectedKeys
+    FROM #Keys AS k;
     INSERT INTO #ExpectedKeys (id, dedupe_key) VALUES (1, N'order-42'), (7, NULL);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedKeys', @Actual = N'#Keys';
     SELECT
@@ -3653,32 +3676,16 @@ GO
 CREATE PROCEDURE [test_queue_emails].[test the pinned indexes have the key and filter the claims seek on]
 AS
 BEGIN
-    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
-    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
-    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
-    CREATE TABLE #Expected (
-        index_name sysname NOT NULL,
-        type_desc nvarchar(60) NOT NULL,
-        filter_definition nvarchar(MAX) NULL,
-        column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL,
-        key_ordinal int NOT NULL
-    );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
-    VALUES
-    (N'ix_emails_claim', N'NONCLUSTERED', NULL, N'visible_at', 0, 1),
-    (N'ix_emails_claim', N'NONCLUSTERED', NULL, N'id', 0, 2),
-    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
-    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
-    (N'ix_emails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'id', 0, 3);
-
-    -- Act
+    -- Act: every index a claim, probe or count names in an INDEX hint, as the catalog shows it. The
+    -- index type is its number (1 clustered, 2 nonclustered): the catalog views' strings have their
+    -- own collation (Latin1_General_CI_AS_KS_WS), and AssertEqualsTable compares them with Msg 451 /
+    -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.type_desc,
         i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -3691,7 +3698,25 @@ BEGIN
         AND i.name IN (N'ix_emails_claim', N'ix_emails_lease')
         AND ic.key_ordinal > 0;
 
-    -- Assert
+    -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
+    -- hints and this test (a claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts,
+    -- or Msg 308 / 8622). #Expected takes #Actual's columns, collations included.
+    SELECT TOP (0)
+        a.index_name,
+        a.filter_definition,
+        a.column_name,
+        a.is_descending_key,
+        a.index_type,
+        a.key_ordinal
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (index_name, index_type, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+    (N'ix_emails_claim', 2, NULL, N'visible_at', 0, 1),
+    (N'ix_emails_claim', 2, NULL, N'id', 0, 2),
+    (N'ix_emails_lease', 2, N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
+    (N'ix_emails_lease', 2, N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
+    (N'ix_emails_lease', 2, N'([leased_by] IS NOT NULL)', N'id', 0, 3);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3699,21 +3724,9 @@ GO
 CREATE PROCEDURE [test_queue_emails].[test the dedupe index is unique on a BIN2 key and skips rows without one]
 AS
 BEGIN
-    -- Assemble: a unique index filtered on dedupe_key IS NOT NULL, over a column that compares byte
-    -- for byte (Latin1_General_100_BIN2, as text compares on PostgreSQL), whatever the database's
-    -- collation: 'K' and 'k', or 'k' and 'k ', are different keys.
-    CREATE TABLE #Expected (
-        is_unique bit NOT NULL,
-        has_filter bit NOT NULL,
-        filter_definition nvarchar(MAX) NULL,
-        column_name sysname NOT NULL,
-        collation_name sysname NULL,
-        key_ordinal int NOT NULL
-    );
-    INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
-    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
-
-    -- Act
+    -- Act: the dedupe index as the catalog shows it. Its strings have the catalog's collation
+    -- (Latin1_General_CI_AS_KS_WS): #Expected takes #Actual's columns (a CREATE TABLE #Expected has
+    -- tempdb's, and AssertEqualsTable fails on the mix with Msg 451 / 468).
     SELECT
         i.is_unique,
         i.has_filter,
@@ -3732,7 +3745,20 @@ BEGIN
         AND i.name = N'ux_emails_dedupe'
         AND ic.key_ordinal > 0;
 
-    -- Assert
+    -- Assert: a unique index filtered on dedupe_key IS NOT NULL, over a column that compares byte
+    -- for byte (Latin1_General_100_BIN2, as text compares on PostgreSQL), whatever the database's
+    -- collation: 'K' and 'k', or 'k' and 'k ', are different keys.
+    SELECT TOP (0)
+        a.is_unique,
+        a.has_filter,
+        a.filter_definition,
+        a.column_name,
+        a.collation_name,
+        a.key_ordinal
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
+    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3740,17 +3766,6 @@ GO
 CREATE PROCEDURE [test_queue_emails].[test every time default of the queue's tables is SYSUTCDATETIME]
 AS
 BEGIN
-    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
-    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
-    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (
-        column_name sysname NOT NULL,
-        table_name sysname NOT NULL,
-        default_function nvarchar(MAX) NULL
-    );
-    INSERT INTO #Expected (column_name, table_name, default_function)
-    VALUES (N'enqueued_at', N'emails', N'sysutcdatetime');
-
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
         c.name AS column_name,
@@ -3770,7 +3785,18 @@ BEGIN
         )
         AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
 
-    -- Assert
+    -- Assert: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    -- #Expected takes #Actual's columns: the catalog's names have the catalog's collation.
+    SELECT TOP (0)
+        a.column_name,
+        a.table_name,
+        a.default_function
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'emails', N'sysutcdatetime');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3845,7 +3871,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_producer];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
@@ -3971,7 +4003,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_consumer];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
@@ -4097,7 +4135,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_admin];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES

@@ -326,15 +326,16 @@ BEGIN
     -- the waiting itself is proven by tests/test_destructive_concurrency.py (four consumers, some
     -- rolling back, against a real server); this test asserts what one caller observes: a hand-out
     -- rolled back (to a savepoint in tSQLt's transaction) is the head again, and hand-outs come in
-    -- id (enqueue) order, not in enqueued_at order.
+    -- id (enqueue) order, not in enqueued_at order: the ages here put 12, 13, 11 in enqueued_at
+    -- order, so only id order passes.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[ledger]';
     EXEC [test_queue_ledger].[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[ledger] (id, enqueued_at, payload)
     VALUES
-    (11, DATEADD(SECOND, -30, @now), N'{"n": 1}'),
-    (12, DATEADD(SECOND, -20, @now), N'{"n": 2}'),
-    (13, DATEADD(SECOND, -10, @now), N'{"n": 3}');
+    (11, DATEADD(SECOND, -10, @now), N'{"n": 1}'),
+    (12, DATEADD(SECOND, -30, @now), N'{"n": 2}'),
+    (13, DATEADD(SECOND, -20, @now), N'{"n": 3}');
 
     -- A table variable keeps its rows through the rollback to the savepoint.
     DECLARE @first TABLE (id bigint NOT NULL, payload nvarchar(MAX) NOT NULL, enqueued_at datetime2(7) NOT NULL);
@@ -364,9 +365,9 @@ BEGIN
     );
     INSERT INTO #Expected (position, id, payload, enqueued_at)
     VALUES
-    (1, 11, N'{"n": 1}', DATEADD(SECOND, -30, @now)),
-    (2, 12, N'{"n": 2}', DATEADD(SECOND, -20, @now)),
-    (3, 13, N'{"n": 3}', DATEADD(SECOND, -10, @now));
+    (1, 11, N'{"n": 1}', DATEADD(SECOND, -10, @now)),
+    (2, 12, N'{"n": 2}', DATEADD(SECOND, -30, @now)),
+    (3, 13, N'{"n": 3}', DATEADD(SECOND, -20, @now));
 
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
     SELECT m.id
@@ -799,28 +800,16 @@ GO
 CREATE PROCEDURE [test_queue_ledger].[test the pinned indexes have the key and filter the claims seek on]
 AS
 BEGIN
-    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
-    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
-    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
-    CREATE TABLE #Expected (
-        index_name sysname NOT NULL,
-        type_desc nvarchar(60) NOT NULL,
-        filter_definition nvarchar(MAX) NULL,
-        column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL,
-        key_ordinal int NOT NULL
-    );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
-    VALUES
-    (N'pk_ledger', N'CLUSTERED', NULL, N'id', 0, 1);
-
-    -- Act
+    -- Act: every index a claim, probe or count names in an INDEX hint, as the catalog shows it. The
+    -- index type is its number (1 clustered, 2 nonclustered): the catalog views' strings have their
+    -- own collation (Latin1_General_CI_AS_KS_WS), and AssertEqualsTable compares them with Msg 451 /
+    -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.type_desc,
         i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -833,7 +822,21 @@ BEGIN
         AND i.name IN (N'pk_ledger')
         AND ic.key_ordinal > 0;
 
-    -- Assert
+    -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
+    -- hints and this test (a claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts,
+    -- or Msg 308 / 8622). #Expected takes #Actual's columns, collations included.
+    SELECT TOP (0)
+        a.index_name,
+        a.filter_definition,
+        a.column_name,
+        a.is_descending_key,
+        a.index_type,
+        a.key_ordinal
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (index_name, index_type, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+    (N'pk_ledger', 1, NULL, N'id', 0, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -841,17 +844,6 @@ GO
 CREATE PROCEDURE [test_queue_ledger].[test every time default of the queue's tables is SYSUTCDATETIME]
 AS
 BEGIN
-    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
-    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
-    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (
-        column_name sysname NOT NULL,
-        table_name sysname NOT NULL,
-        default_function nvarchar(MAX) NULL
-    );
-    INSERT INTO #Expected (column_name, table_name, default_function)
-    VALUES (N'enqueued_at', N'ledger', N'sysutcdatetime');
-
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
         c.name AS column_name,
@@ -869,7 +861,18 @@ BEGIN
         )
         AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
 
-    -- Assert
+    -- Assert: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    -- #Expected takes #Actual's columns: the catalog's names have the catalog's collation.
+    SELECT TOP (0)
+        a.column_name,
+        a.table_name,
+        a.default_function
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'ledger', N'sysutcdatetime');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -925,7 +928,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_ledger].[rights of test_ledger_producer];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
@@ -1013,7 +1022,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_ledger].[rights of test_ledger_consumer];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
@@ -1101,7 +1116,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_ledger].[rights of test_ledger_admin];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES

@@ -29,10 +29,19 @@ BEGIN
     -- such a test and before tSQLt.UndoTestDoubles puts back what it faked or moved away: a
     -- transaction the test left open, and the handler double (only it carries the marker:
     -- a real handler that tSQLt.RemoveObjectIfExists moved away comes back untouched).
-    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+    -- Rolling back here ends this procedure with a lower @@TRANCOUNT than it began with: Msg 266,
+    -- on which tSQLt's handler skips its own tSQLt.UndoTestDoubles and the real tables would stay
+    -- renamed. So, after such a rollback, the doubles are undone here (the handler double
+    -- first: it sits under the real handler's name).
+    DECLARE @left_open bit = IIF(@@TRANCOUNT > 0, 1, 0);
+    IF @left_open = 1 ROLLBACK TRANSACTION;
     IF OBJECT_DEFINITION(OBJECT_ID(N'[queue].[make_thumbnail]', N'P')) LIKE N'%tablequeue tSQLt handler double%'
         BEGIN
             DROP PROCEDURE [queue].[make_thumbnail];
+        END;
+    IF @left_open = 1
+        BEGIN
+            EXEC tSQLt.UndoTestDoubles;
         END;
 END;
 GO
@@ -1403,9 +1412,9 @@ AS
 BEGIN
     -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
     -- autocommit off) calls: IMPLICIT_TRANSACTIONS ON at @@TRANCOUNT = 0. fail opens a transaction
-    -- of its own only for an autocommit caller; here its first statement opens the caller's (a
-    -- BEGIN TRANSACTION would open two levels, its COMMIT would leave one: error 266). The fakes
-    -- come back through tSQLt.UndoTestDoubles.
+    -- of its own only for an autocommit caller; here its first statement opens the caller's, and
+    -- fail neither commits nor ends the caller's implicit transaction. The fakes come back
+    -- through tSQLt.UndoTestDoubles.
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
@@ -1423,15 +1432,24 @@ BEGIN
     DECLARE @open_after int;
 
     -- Act: the last attempt fails (to dead), then the caller rolls its transaction back. Plain
-    -- EXEC: INSERT ... EXEC would open the transaction before the call.
-    SET IMPLICIT_TRANSACTIONS ON;
-    EXEC [queue].[thumbnails_fail]
-        @id = '00000000-0000-0000-0000-000000000001',
-        @worker = N'w',
-        @error = N'poison';
-    SET @open_after = @@TRANCOUNT;
-    IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-    SET IMPLICIT_TRANSACTIONS OFF;
+    -- EXEC: INSERT ... EXEC would open the transaction before the call. Should fail raise, the
+    -- catch rolls back and leaves implicit-transaction mode before re-raising: the clean-up then
+    -- finds no transaction open.
+    BEGIN TRY
+        SET IMPLICIT_TRANSACTIONS ON;
+        EXEC [queue].[thumbnails_fail]
+            @id = '00000000-0000-0000-0000-000000000001',
+            @worker = N'w',
+            @error = N'poison';
+        SET @open_after = @@TRANCOUNT;
+        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        SET IMPLICIT_TRANSACTIONS OFF;
+    END TRY
+    BEGIN CATCH
+        IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        SET IMPLICIT_TRANSACTIONS OFF;
+        THROW;
+    END CATCH;
 
     -- Assert: the caller's transaction was still open, and its rollback undid the move.
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @open_after, @Message = N'fail ended the caller''s transaction';
@@ -3707,7 +3725,9 @@ GO
 CREATE PROCEDURE [test_queue_thumbnails].[test process runs the handler on each message and completes it]
 AS
 BEGIN
-    -- Assemble: a handler that fails unless it is given a queued message's id with its payload.
+    -- Assemble: a handler that fails unless it is given a queued message's id with its payload,
+    -- and records each call in #Calls (created here: the handler, called from process, sees it).
+    CREATE TABLE #Calls (id uniqueidentifier NOT NULL, payload nvarchar(MAX) NOT NULL);
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
@@ -3720,6 +3740,7 @@ BEGIN
     /* tablequeue tSQLt handler double */
     SET NOCOUNT ON;
     IF NOT EXISTS (SELECT 1 FROM [queue].[thumbnails] AS m WHERE m.id = @id AND m.payload = @payload) THROW 50000, N''not the queued message'', 1;
+    INSERT INTO #Calls (id, payload) VALUES (@id, @payload);
 END;');
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
@@ -3747,7 +3768,17 @@ END;');
     -- inside the INSERT's transaction, which it refuses.
     EXEC [queue].[thumbnails_process] @time_budget_seconds = 60;
 
-    -- Assert: both completed, none failed.
+    -- Assert: the handler ran once on each message, with its payload; both completed, none failed.
+    SELECT TOP (0)
+        c.id,
+        c.payload
+    INTO #ExpectedCalls
+    FROM #Calls AS c;
+    INSERT INTO #ExpectedCalls (id, payload)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', N'{"n": 1}'),
+    ('00000000-0000-0000-0000-000000000002', N'{"n": 2}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedCalls', @Actual = N'#Calls';
     EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails]';
     EXEC tSQLt.AssertEmptyTable @TableName = N'[queue].[thumbnails_dead]';
 END;
@@ -3892,33 +3923,16 @@ GO
 CREATE PROCEDURE [test_queue_thumbnails].[test the pinned indexes have the key and filter the claims seek on]
 AS
 BEGIN
-    -- Assemble: every index a claim, probe or count names in an INDEX hint, with the key and filter
-    -- that _pinned_indexes.sql declares once for the table's DDL, the hints and this test (a
-    -- claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts, or Msg 308 / 8622).
-    CREATE TABLE #Expected (
-        index_name sysname NOT NULL,
-        type_desc nvarchar(60) NOT NULL,
-        filter_definition nvarchar(MAX) NULL,
-        column_name sysname NOT NULL,
-        is_descending_key bit NOT NULL,
-        key_ordinal int NOT NULL
-    );
-    INSERT INTO #Expected (index_name, type_desc, filter_definition, column_name, is_descending_key, key_ordinal)
-    VALUES
-    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'priority', 1, 1),
-    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'visible_at', 0, 2),
-    (N'ix_thumbnails_claim_priority', N'NONCLUSTERED', NULL, N'seq', 0, 3),
-    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
-    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
-    (N'ix_thumbnails_lease', N'NONCLUSTERED', N'([leased_by] IS NOT NULL)', N'seq', 0, 3);
-
-    -- Act
+    -- Act: every index a claim, probe or count names in an INDEX hint, as the catalog shows it. The
+    -- index type is its number (1 clustered, 2 nonclustered): the catalog views' strings have their
+    -- own collation (Latin1_General_CI_AS_KS_WS), and AssertEqualsTable compares them with Msg 451 /
+    -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.type_desc,
         i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -3931,7 +3945,26 @@ BEGIN
         AND i.name IN (N'ix_thumbnails_claim_priority', N'ix_thumbnails_lease')
         AND ic.key_ordinal > 0;
 
-    -- Assert
+    -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
+    -- hints and this test (a claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts,
+    -- or Msg 308 / 8622). #Expected takes #Actual's columns, collations included.
+    SELECT TOP (0)
+        a.index_name,
+        a.filter_definition,
+        a.column_name,
+        a.is_descending_key,
+        a.index_type,
+        a.key_ordinal
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (index_name, index_type, filter_definition, column_name, is_descending_key, key_ordinal)
+    VALUES
+    (N'ix_thumbnails_claim_priority', 2, NULL, N'priority', 1, 1),
+    (N'ix_thumbnails_claim_priority', 2, NULL, N'visible_at', 0, 2),
+    (N'ix_thumbnails_claim_priority', 2, NULL, N'seq', 0, 3),
+    (N'ix_thumbnails_lease', 2, N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
+    (N'ix_thumbnails_lease', 2, N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
+    (N'ix_thumbnails_lease', 2, N'([leased_by] IS NOT NULL)', N'seq', 0, 3);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3939,17 +3972,6 @@ GO
 CREATE PROCEDURE [test_queue_thumbnails].[test every time default of the queue's tables is SYSUTCDATETIME]
 AS
 BEGIN
-    -- Assemble: times are UTC. A GETDATE() default passes every enqueue test on a server whose
-    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
-    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
-    CREATE TABLE #Expected (
-        column_name sysname NOT NULL,
-        table_name sysname NOT NULL,
-        default_function nvarchar(MAX) NULL
-    );
-    INSERT INTO #Expected (column_name, table_name, default_function)
-    VALUES (N'enqueued_at', N'thumbnails', N'sysutcdatetime');
-
     -- Act: every default on a date or time column of the queue's tables.
     SELECT
         c.name AS column_name,
@@ -3968,7 +3990,18 @@ BEGIN
         )
         AND ty.name IN (N'date', N'time', N'datetime', N'datetime2', N'smalldatetime', N'datetimeoffset');
 
-    -- Assert
+    -- Assert: times are UTC. A GETDATE() default passes every enqueue test on a server whose
+    -- clock is UTC and is off by the offset elsewhere, so the definition itself is checked (as
+    -- sys.default_constraints stores it, lower case in parentheses; the parentheses are dropped).
+    -- #Expected takes #Actual's columns: the catalog's names have the catalog's collation.
+    SELECT TOP (0)
+        a.column_name,
+        a.table_name,
+        a.default_function
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (column_name, table_name, default_function)
+    VALUES (N'enqueued_at', N'thumbnails', N'sysutcdatetime');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -4039,7 +4072,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_producer];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
@@ -4157,7 +4196,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_consumer];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES
@@ -4275,7 +4320,13 @@ END;');
     INSERT INTO #Actual (securable, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_admin];
 
-    -- Assert
+    -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
+    -- would pass as "no right"; checked here, as the test's owner: the user cannot see the tables).
+    SELECT a.securable
+    INTO #Missing
+    FROM #Actual AS a
+    WHERE OBJECT_ID(a.securable) IS NULL;
+    EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
     CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
     INSERT INTO #Expected (securable, permission_name, has_right)
     VALUES

@@ -722,11 +722,17 @@ BEGIN
     -- the waiting itself is proven by tests/test_destructive_concurrency.py (four consumers, some
     -- rolling back, against a real server); this test asserts what one caller observes: a hand-out
     -- rolled back (to a savepoint in tSQLt's transaction) is the head again, and hand-outs come in
-    -- id (enqueue) order, not in enqueued_at order.
+    -- id (enqueue) order, not in enqueued_at order: the ages here put 12, 13, 11 in enqueued_at
+    -- order, so only id order passes.
+{% set by_id = [
+    {'id': 11, 'age': 10, 'due': -10, 'key': 'k11', 'n': 1},
+    {'id': 12, 'age': 30, 'due': -30, 'key': 'k12', 'n': 2},
+    {'id': 13, 'age': 20, 'due': -20, 'key': 'k13', 'n': 3},
+] %}
     EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
     EXEC {{ cls }}.[index the faked queue table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-{{ insert_messages(three) }}
+{{ insert_messages(by_id) }}
     -- A table variable keeps its rows through the rollback to the savepoint.
     DECLARE @first TABLE (id bigint NOT NULL, payload {{ payload_type }} NOT NULL, enqueued_at datetime2(7) NOT NULL);
     SAVE TRANSACTION before_first_dequeue;
@@ -737,8 +743,8 @@ BEGIN
 
     -- Assert
     DECLARE @first_id bigint = (SELECT f.id FROM @first AS f);
-    EXEC tSQLt.AssertEquals @Expected = {{ three[0].id }}, @Actual = @first_id, @Message = N'the first hand-out was not the head';
-{{ expect_dequeued(three) }}
+    EXEC tSQLt.AssertEquals @Expected = {{ by_id[0].id }}, @Actual = @first_id, @Message = N'the first hand-out was not the head';
+{{ expect_dequeued(by_id) }}
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 {{ assert_remaining([]) }}
 END;

@@ -51,8 +51,9 @@ SYSTEM_PRINCIPALS = {"dbo", "public"}
 SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "partitions"): {"object_id": "int", "index_id": "int", "rows": "bigint"},
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
-    ("sys", "indexes"): {"object_id": "int", "index_id": "int", "name": "sysname", "type_desc": "nvarchar(60)",
-                         "is_unique": "bit", "has_filter": "bit", "filter_definition": "nvarchar(MAX)"},
+    ("sys", "indexes"): {"object_id": "int", "index_id": "int", "name": "sysname", "type": "tinyint",
+                         "type_desc": "nvarchar(60)", "is_unique": "bit", "has_filter": "bit",
+                         "filter_definition": "nvarchar(MAX)"},
     ("sys", "index_columns"): {"object_id": "int", "index_id": "int", "column_id": "int", "key_ordinal": "tinyint",
                                "is_descending_key": "bit"},
     ("sys", "columns"): {"object_id": "int", "column_id": "int", "name": "sysname", "user_type_id": "int",
@@ -80,6 +81,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "Fail": tuple(f"@Message{i}" for i in range(10)),
     "RemoveObjectIfExists": ("@ObjectName", "@NewName"),
     "RemoveObject": ("@ObjectName", "@NewName", "@IfExists"),
+    "UndoTestDoubles": ("@Force",),
 }
 # tSQLt arguments whose string value names a table (or a #temp table); ApplyConstraint's
 # @ConstraintName names a constraint of its @TableName.

@@ -24,7 +24,9 @@ What ``run_tsqlt`` does, in order:
    itself. The alternative, turning ``clr strict security`` off, lowers the security of the whole
    instance and is not what this tool recommends.
 5. Installs tSQLt by running ``tSQLt.class.sql`` batch by batch (the installer drops and
-   recreates tSQLt, so it is safe to run again).
+   recreates tSQLt, so it is safe to run again). First, when tSQLt is already there, runs
+   ``tSQLt.UndoTestDoubles @Force = 1``: a run killed during a NoTransaction test leaves the real
+   tables renamed and their fakes in place, and only tSQLt's log (dropped by the installer) knows.
 6. Runs each test class script batch by batch, then ``EXEC tSQLt.RunAll``. With tSQLt's default
    result formatter RunAll ends with a severity-16 error when any test failed; that error is
    expected and kept, and the results are read from ``tSQLt.TestResult`` regardless.
@@ -77,6 +79,14 @@ SESSION_SQL = (
     "SET CONCAT_NULL_YIELDS_NULL ON; SET NUMERIC_ROUNDABORT OFF;"
 )
 VERSION_SQL = "SELECT Version FROM tSQLt.Info();"
+# What a killed run left: a NoTransaction test (tSQLt 1.0.8083.3529) renames the real tables it fakes
+# and commits, and only tSQLt.UndoTestDoubles (which reads tSQLt's own log of the renames) puts
+# them back. The installer drops tSQLt and that log with it, so this runs before it; @Force = 1
+# drops whatever sits under a real table's name. Deferred name resolution: no error without tSQLt.
+UNDO_SQL = (
+    "IF OBJECT_ID(N'tSQLt.UndoTestDoubles', N'P') IS NOT NULL "
+    "EXEC tSQLt.UndoTestDoubles @Force = 1;"
+)
 RUN_ALL_SQL = "EXEC tSQLt.RunAll;"
 RESULTS_SQL = (
     "SELECT Class, TestCase, Result, Msg, TestStartTime, TestEndTime "
@@ -455,6 +465,7 @@ def run_tsqlt(
     clr = _clr_settings(session)
     _check_clr_enabled(clr, prepared=bool(prepare_server_script))
 
+    session.run_script("tSQLt.UndoTestDoubles (test doubles a killed run left)", [Batch(UNDO_SQL, 1, 1)])
     session.run_script("tSQLt.class.sql", install_batches, hint=_install_hint(clr))
     version = _tsqlt_version(session)
     for name, batches in test_batches:

@@ -79,7 +79,8 @@ BEGIN
 
     BEGIN TRY
         -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
-        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        -- that the next statement opens, and the verb neither commits nor ends it (a BEGIN
+        -- TRANSACTION there would only nest in it: its COMMIT would commit nothing).
         IF @key IS NOT NULL AND @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;

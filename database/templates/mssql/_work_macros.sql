@@ -362,7 +362,8 @@ last_error, last_worker, dead_at, payload
 
     BEGIN TRY
         -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
-        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        -- that the next statement opens, and the verb neither commits nor ends it (a BEGIN
+        -- TRANSACTION there would only nest in it: its COMMIT would commit nothing).
         IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
             BEGIN
                 BEGIN TRANSACTION;

@@ -54,7 +54,8 @@ BEGIN
     BEGIN TRY
 {% if dedupe or client_ids %}
         -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
-        -- that the next statement opens: BEGIN TRANSACTION there would open a second level (266).
+        -- that the next statement opens, and the verb neither commits nor ends it (a BEGIN
+        -- TRANSACTION there would only nest in it: its COMMIT would commit nothing).
         IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND ({{ '@key IS NOT NULL' if dedupe }}{{ ' OR ' if dedupe and client_ids }}{{ '@id IS NOT NULL' if client_ids }})
             BEGIN
                 BEGIN TRANSACTION;

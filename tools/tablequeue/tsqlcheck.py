@@ -66,6 +66,7 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
 # System procedures the templates call, with their parameters (the claim index upgrade renames one).
 SYSTEM_PROCEDURES: dict[tuple[str, str], tuple[str, ...]] = {
     ("sys", "sp_rename"): ("@objname", "@newname", "@objtype"),
+    ("sys", "sp_set_session_context"): ("@key", "@value", "@read_only"),
 }
 TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "NewTestClass": ("@ClassName",),
@@ -94,6 +95,7 @@ BUILTIN_FUNCTIONS: dict[str, str | None] = {
     "ABS": None, "CHECKSUM": "int",
     "COL_LENGTH": "smallint", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
     "DATABASE_PRINCIPAL_ID": "int", "DATALENGTH": "bigint", "DATEADD": "datetime2(7)", "DATEDIFF": "int",
+    "SESSION_CONTEXT": "sql_variant",
     "DATEDIFF_BIG": "bigint", "ERROR_LINE": "int", "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int",
     "ERROR_PROCEDURE": "nvarchar(128)", "HAS_PERMS_BY_NAME": "int", "IIF": None, "INDEX_COL": "nvarchar(128)", "INDEXPROPERTY": "int",
     "LEN": "int", "LOWER": None, "MAX": None, "MIN": None, "NEWID": "uniqueidentifier",
@@ -104,7 +106,9 @@ BUILTIN_FUNCTIONS: dict[str, str | None] = {
 }
 COLLATIONS = {"latin1_general_100_bin2"}
 # Built-in types that sqlfluff reads as names rather than keywords.
-SYSTEM_TYPES = {"sysname"}
+# Built-in types, as TYPE_ID(N'<type>') names them (process's handler check compares parameter types).
+SYSTEM_TYPES = {"sysname", "bigint", "int", "smallint", "tinyint", "bit", "uniqueidentifier", "nvarchar", "varchar",
+                "nchar", "char", "varbinary", "binary", "datetime2", "datetimeoffset", "xml", "json"}
 
 
 @dataclass(frozen=True)
@@ -823,7 +827,7 @@ class _Resolver:
             else:
                 found = _key(parts) in anywhere or _key(parts) in SYSTEM_TABLES
         elif ref.what == "type":
-            found = _key(parts) in self.catalog.types
+            found = _key(parts) in self.catalog.types or (len(parts) == 1 and parts[0] in SYSTEM_TYPES)
         elif ref.what == "schema":
             found = parts[-1] in self.catalog.schemas
         elif ref.what == "role":

@@ -65,7 +65,8 @@ claim-pin           every claim (a claim's hinted read with UPDLOCK) and every p
                     BETWEEN are refused (several seek ranges, no index order). A plan compiled on an
                     empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
 options             a file sets ANSI_NULLS ON and QUOTED_IDENTIFIER ON before it creates anything
-grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once
+grants              every procedure (tSQLt test classes apart) is granted EXECUTE exactly once, but an
+                    internal one (<q>_process_handler, run AS OWNER) is granted to no role
 
 A table here is a schema-qualified name: table variables, #temp tables and CTEs are not tables.
 """
@@ -723,6 +724,9 @@ def rule_select_star(procedure: Procedure) -> list[Violation]:
 PROCEDURE_RULES = (rule_transaction_guard, rule_xact_abort, rule_updlock, rule_table_order, rule_batch_cap,
                    rule_transient_retry, rule_bury_guard, rule_select_star)
 # The rules about a procedure's own work; tSQLt test procedures are exempt (they are not the contract).
+# Procedures of a queue that no role may call: process reaches its handler check (EXECUTE AS OWNER)
+# through the ownership chain.
+INTERNAL_PROCEDURE_SUFFIXES = ("_process_handler",)
 PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap", "transient-retry",
                         "bury-guard", "select-star", "claim-pin"}
 
@@ -1126,7 +1130,12 @@ def check_file(models: list[m.BatchModel], test_classes: set[str]) -> list[Viola
                     procedures_.append((key, ".".join(model.tokens[i].raw for i in statement.name), statement.line))
     for key, display, line in procedures_:
         count = len(grants.get(key, []))
-        if count != 1:
+        if key.endswith(INTERNAL_PROCEDURE_SUFFIXES):
+            if count:
+                out.append(Violation(file, line, display, "grants",
+                                     f"granted EXECUTE {count} times in its file: an internal procedure (run AS "
+                                     "OWNER) is reached through the ownership chain and granted to no role"))
+        elif count != 1:
             out.append(Violation(file, line, display, "grants",
                                  f"granted EXECUTE {count} times in its file (once, to one role, is the contract)"))
     return out

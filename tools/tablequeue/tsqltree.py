@@ -37,6 +37,12 @@ class TsqlParseError(ValueError):
         first = " ".join(text.split())[:80]
         super().__init__(f"line {line}: unparsable T-SQL: {first}")
         self.line = line
+        self.text = text
+
+    def __reduce__(self):
+        # Raised in a worker process of map_batches: it must come back whole (pickled from its
+        # __init__ arguments), or the pool breaks and hides which batch did not parse.
+        return type(self), (self.line, self.text)
 
 
 @functools.cache

@@ -2156,6 +2156,7 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
 AS
 BEGIN
     SET NOCOUNT ON;
+    SET XACT_ABORT ON;
     DECLARE @handler_id int = OBJECT_ID(N'[queue].[make_thumbnail]', N'P');
     SET @found = (
         SELECT

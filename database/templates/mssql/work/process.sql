@@ -16,6 +16,7 @@ CREATE OR ALTER PROCEDURE {{ names.verb('process_handler') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+    SET XACT_ABORT ON;
     DECLARE @handler_id int = OBJECT_ID(N'{{ handler_q }}', N'P');
     SET @found = (
         SELECT

@@ -164,14 +164,14 @@ def test_groups_are_refused_by_templates_that_do_not_render_them_yet(dialect: st
         render_catalog(catalog, dialect)
 
 
-_EXPECTED_KEY_ROW = re.compile(r"\(N'(?P<name>\w+)', N'(?P<type>\w+)', (?P<filter>NULL|N'[^']*'), N'(?P<column>\w+)', "
+_EXPECTED_KEY_ROW = re.compile(r"\(N'(?P<name>\w+)', (?P<type>[12]), (?P<filter>NULL|N'[^']*'), N'(?P<column>\w+)', "
                                r"(?P<descending>[01]), (?P<ordinal>\d+)\)")
 
 
 def _pinned_keys_expected(tsqlt_text: str) -> dict[str, tuple[str, str, str]]:
     """The pinned-index test's #Expected rows per index: (type, key as the DDL writes it, filter)."""
     body = tsqlt_text.split("[test the pinned indexes have the key and filter the claims seek on]", 1)[1]
-    body = body.split("-- Act", 1)[0]
+    body = body.split("\nEND;", 1)[0]
     rows: dict[str, list[re.Match]] = {}
     for row in _EXPECTED_KEY_ROW.finditer(body):
         rows.setdefault(row["name"], []).append(row)
@@ -179,7 +179,7 @@ def _pinned_keys_expected(tsqlt_text: str) -> dict[str, tuple[str, str, str]]:
     for name, found in rows.items():
         assert [int(r["ordinal"]) for r in found] == list(range(1, len(found) + 1)), name
         key = ", ".join(r["column"] + (" DESC" if r["descending"] == "1" else "") for r in found)
-        out[name] = (found[0]["type"], key, found[0]["filter"])
+        out[name] = ({"1": "CLUSTERED", "2": "NONCLUSTERED"}[found[0]["type"]], key, found[0]["filter"])
     return out
 
 

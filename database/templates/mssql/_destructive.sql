@@ -1055,7 +1055,9 @@ GO
                             FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                             WHERE
                                 g.group_key = m.group_key
-                                AND (g.locked_at IS NULL OR g.locked_at > '00010101')
+                                -- true for every row, without OR (claim-pin): it makes the seek read the
+                                -- heap row, which a holder's stamp holds X on, so READPAST skips held groups
+                                AND COALESCE(g.locked_at, '00010102') > '00010101'
                         );
                 END;
 {% else %}

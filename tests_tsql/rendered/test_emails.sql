@@ -1366,7 +1366,7 @@ END;
 GO
 
 --[@tSQLt:NoTransaction]('[test_queue_emails].[undo what a test outside a transaction left]')
-CREATE PROCEDURE [test_queue_emails].[test fail in implicit-transaction mode runs in the caller's transaction]
+CREATE PROCEDURE [test_queue_emails].[test fail in implicit-transaction mode joins the caller's transaction]
 AS
 BEGIN
     -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
@@ -3486,7 +3486,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_emails].[test dead_requeue of a key enqueued again brings the message back without it]
+CREATE PROCEDURE [test_queue_emails].[test dead_requeue of a key enqueued again brings it back keyless]
 AS
 BEGIN
     -- Assemble: dead message 7 had key order-42, which message 1 holds now.
@@ -3539,7 +3539,8 @@ BEGIN
         k.dedupe_key
     INTO #ExpectedKeys
     FROM #Keys AS k;
-    INSERT INTO #ExpectedKeys (id, dedupe_key) VALUES (1, N'order-42'), (7, NULL);
+    INSERT INTO #ExpectedKeys (id, dedupe_key)
+    VALUES (1, N'order-42'), (7, NULL);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedKeys', @Actual = N'#Keys';
     SELECT
         m.id,
@@ -3695,7 +3696,10 @@ BEGIN
         ON ic.object_id = c.object_id AND ic.column_id = c.column_id
     WHERE
         i.object_id = OBJECT_ID(N'[queue].[emails]')
-        AND i.name IN (N'ix_emails_claim', N'ix_emails_lease')
+        AND i.name IN (
+            N'ix_emails_claim',
+            N'ix_emails_lease'
+        )
         AND ic.key_ordinal > 0;
 
     -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
@@ -3721,7 +3725,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_emails].[test the dedupe index is unique on a BIN2 key and skips rows without one]
+CREATE PROCEDURE [test_queue_emails].[test the dedupe index is unique on BIN2 keys, keyless rows left out]
 AS
 BEGIN
     -- Act: the dedupe index as the catalog shows it. Its strings have the catalog's collation

@@ -318,7 +318,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_ledger].[test strict dequeue hands a rolled-back head out again, then the rest in order]
+CREATE PROCEDURE [test_queue_ledger].[test strict dequeue hands a rolled-back head out again, then the rest]
 AS
 BEGIN
     -- Assemble: strict order is between sessions: a consumer waits on the head another one holds (no
@@ -819,7 +819,9 @@ BEGIN
         ON ic.object_id = c.object_id AND ic.column_id = c.column_id
     WHERE
         i.object_id = OBJECT_ID(N'[queue].[ledger]')
-        AND i.name IN (N'pk_ledger')
+        AND i.name IN (
+            N'pk_ledger'
+        )
         AND ic.key_ordinal > 0;
 
     -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the

@@ -940,7 +940,9 @@ BEGIN
         ON ic.object_id = c.object_id AND ic.column_id = c.column_id
     WHERE
         i.object_id = OBJECT_ID(N'[queue].[orders]')
-        AND i.name IN (N'pk_orders')
+        AND i.name IN (
+            N'pk_orders'
+        )
         AND ic.key_ordinal > 0;
 
     -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
@@ -962,7 +964,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_orders].[test the dedupe index is unique on a BIN2 key and skips rows without one]
+CREATE PROCEDURE [test_queue_orders].[test the dedupe index is unique on BIN2 keys, keyless rows left out]
 AS
 BEGIN
     -- Act: the dedupe index as the catalog shows it. Its strings have the catalog's collation

@@ -1407,7 +1407,7 @@ END;
 GO
 
 --[@tSQLt:NoTransaction]('[test_queue_thumbnails].[undo what a test outside a transaction left]')
-CREATE PROCEDURE [test_queue_thumbnails].[test fail in implicit-transaction mode runs in the caller's transaction]
+CREATE PROCEDURE [test_queue_thumbnails].[test fail in implicit-transaction mode joins the caller's transaction]
 AS
 BEGIN
     -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
@@ -3785,7 +3785,7 @@ END;
 GO
 
 --[@tSQLt:NoTransaction]('[test_queue_thumbnails].[undo what a test outside a transaction left]')
-CREATE PROCEDURE [test_queue_thumbnails].[test process records the handler's error with fail until the message is dead]
+CREATE PROCEDURE [test_queue_thumbnails].[test process fails with the handler's error until the message is dead]
 AS
 BEGIN
     -- Assemble: a handler that always raises. process fails the message with no retry delay, so it
@@ -3942,7 +3942,10 @@ BEGIN
         ON ic.object_id = c.object_id AND ic.column_id = c.column_id
     WHERE
         i.object_id = OBJECT_ID(N'[queue].[thumbnails]')
-        AND i.name IN (N'ix_thumbnails_claim_priority', N'ix_thumbnails_lease')
+        AND i.name IN (
+            N'ix_thumbnails_claim_priority',
+            N'ix_thumbnails_lease'
+        )
         AND ic.key_ordinal > 0;
 
     -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the

@@ -701,7 +701,9 @@ BEGIN
         ON ic.object_id = c.object_id AND ic.column_id = c.column_id
     WHERE
         i.object_id = OBJECT_ID(N'[queue].[undo]')
-        AND i.name IN (N'pk_undo')
+        AND i.name IN (
+            N'pk_undo'
+        )
         AND ic.key_ordinal > 0;
 
     -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the

@@ -714,7 +714,7 @@ GO
 {% endif %}
 {% if strict %}
 
-CREATE PROCEDURE {{ cls }}.[test strict dequeue hands a rolled-back head out again, then the rest in order]
+CREATE PROCEDURE {{ cls }}.[test strict dequeue hands a rolled-back head out again, then the rest]
 AS
 BEGIN
     -- Assemble: strict order is between sessions: a consumer waits on the head another one holds (no

@@ -42,7 +42,11 @@ BEGIN
         ON ic.object_id = c.object_id AND ic.column_id = c.column_id
     WHERE
         i.object_id = OBJECT_ID(N'{{ t }}')
-        AND i.name IN ({% for index in pins.pinned %}N'{{ index[1][1:-1] }}'{{ ', ' if not loop.last }}{% endfor %})
+        AND i.name IN (
+{% for index in pins.pinned %}
+            N'{{ index[1][1:-1] }}'{{ ',' if not loop.last }}
+{% endfor %}
+        )
         AND ic.key_ordinal > 0;
 
     -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
@@ -74,7 +78,7 @@ END;
 GO
 {% if dedupe %}
 
-CREATE PROCEDURE {{ cls }}.[test the dedupe index is unique on a BIN2 key and skips rows without one]
+CREATE PROCEDURE {{ cls }}.[test the dedupe index is unique on BIN2 keys, keyless rows left out]
 AS
 BEGIN
     -- Act: the dedupe index as the catalog shows it. Its strings have the catalog's collation

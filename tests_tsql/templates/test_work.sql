@@ -996,7 +996,7 @@ END;
 GO
 
 --[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
-CREATE PROCEDURE {{ cls }}.[test fail in implicit-transaction mode runs in the caller's transaction]
+CREATE PROCEDURE {{ cls }}.[test fail in implicit-transaction mode joins the caller's transaction]
 AS
 BEGIN
     -- Assemble: outside tSQLt's transaction (NoTransaction), as a manual-commit caller (ODBC/JDBC
@@ -2286,7 +2286,7 @@ END;
 GO
 {% if dedupe %}
 
-CREATE PROCEDURE {{ cls }}.[test dead_requeue of a key enqueued again brings the message back without it]
+CREATE PROCEDURE {{ cls }}.[test dead_requeue of a key enqueued again brings it back keyless]
 AS
 BEGIN
     -- Assemble: dead message 7 had key order-42, which message 1 holds now.
@@ -2324,7 +2324,8 @@ BEGIN
         k.dedupe_key
     INTO #ExpectedKeys
     FROM #Keys AS k;
-    INSERT INTO #ExpectedKeys (id, dedupe_key) VALUES ({{ mid(1) }}, N'order-42'), ({{ mid(7) }}, NULL);
+    INSERT INTO #ExpectedKeys (id, dedupe_key)
+    VALUES ({{ mid(1) }}, N'order-42'), ({{ mid(7) }}, NULL);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedKeys', @Actual = N'#Keys';
 {{ assert_queue([(1, 0, none, true), (7, 0, none, true)]) }}
     EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
@@ -2580,14 +2581,15 @@ BEGIN
     WHERE h.worker LIKE N'process:%';
 
     CREATE TABLE #ExpectedDone (id {{ id_type }} NOT NULL);
-    INSERT INTO #ExpectedDone (id) VALUES ({{ mid(1) }}), ({{ mid(2) }});
+    INSERT INTO #ExpectedDone (id)
+    VALUES ({{ mid(1) }}), ({{ mid(2) }});
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDone', @Actual = N'#Done';
 {% endif %}
 END;
 GO
 
 --[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
-CREATE PROCEDURE {{ cls }}.[test process records the handler's error with fail until the message is dead]
+CREATE PROCEDURE {{ cls }}.[test process fails with the handler's error until the message is dead]
 AS
 BEGIN
     -- Assemble: a handler that always raises. process fails the message with no retry delay, so it

@@ -27,7 +27,9 @@ GO
           'the table, Sch-M briefly for a metadata change (no row is read), every edition') }}
 IF
     {{ pins.has_key(t, v010_index, pins.claim_key(true)) | indent(4) }}
-    AND INDEXPROPERTY(OBJECT_ID(N'{{ t }}'), N'{{ new_index }}', 'IndexID') IS NULL
+    AND INDEXPROPERTY(
+        OBJECT_ID(N'{{ t }}'), N'{{ new_index }}', 'IndexID'
+    ) IS NULL
     BEGIN
         EXEC sys.sp_rename
             @objname = N'{{ t }}.{{ pins.claim_name(false) }}',

@@ -288,7 +288,8 @@ def render_framework(catalog: Catalog, dialect: str, extra_root: Path | None = N
 # The (dialect, kind) pairs whose templates render option groups (issue 21). The catalog accepts the
 # option on fifo and work; a pair not listed refuses it here, so that no deploy creates a queue without
 # groups that its catalog says has them.
-GROUPS_RENDERED: frozenset[tuple[str, str]] = frozenset({("postgres", "work"), ("postgres", "fifo"), ("mssql", "fifo")})
+GROUPS_RENDERED: frozenset[tuple[str, str]] = frozenset({("postgres", "work"), ("postgres", "fifo"), ("mssql", "fifo"),
+                                                   ("mssql", "work")})
 
 
 def render_queue(catalog: Catalog, queue: Queue, dialect: str, extra_root: Path | None = None) -> RenderedFile:

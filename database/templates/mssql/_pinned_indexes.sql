@@ -16,12 +16,19 @@
 {% macro claim_name(priority, quoted=true) %}{{ (names.index if quoted else names.index_name)('ix', 'claim_priority' if priority else 'claim') }}{% endmacro %}
 {% macro claim_key(priority) %}{{ 'priority DESC, ' if priority }}visible_at, {{ tie }}{% endmacro %}
 {% set has_priority = kind == 'work' and opt.priority %}
-{% set claim_index = claim_name(has_priority) %}
+{% set has_groups = opt.get('groups', false) %}
+{#- work with groups claims its ungrouped messages on ix_<q>_ungrouped, the claim key filtered WHERE
+    group_key IS NULL: a name of its own, as the key shapes above (the option migrations build it
+    beside ix_<q>_claim before the code units and drop the other one after them). -#}
+{% set claim_index = names.index('ix', 'ungrouped') if kind == 'work' and has_groups else claim_name(has_priority) %}
 {% set lease_index = names.index('ix', 'lease') %}
 {% set lease_key = 'leased_by, visible_at, ' ~ tie %}
 {% set lease_filter = 'leased_by IS NOT NULL' %}
 {#- Every index a pin names, as (CREATE ... INDEX words, name, key, filter or none). -#}
-{% if kind == 'work' %}
+{% if kind == 'work' and has_groups %}
+{% set pinned = [('NONCLUSTERED', claim_index, claim_key(false), 'group_key IS NULL'),
+                 ('NONCLUSTERED', lease_index, lease_key, lease_filter)] %}
+{% elif kind == 'work' %}
 {% set pinned = [('NONCLUSTERED', claim_index, claim_key(has_priority), none),
                  ('NONCLUSTERED', lease_index, lease_key, lease_filter)] %}
 {% else %}
@@ -32,7 +39,14 @@
 {% set group_pinned = [('NONCLUSTERED', names.index('ix', 'ungrouped'), 'id', 'group_key IS NULL'),
                        ('NONCLUSTERED', names.index('ix', 'heads'), 'group_head, id, group_key', 'group_head = 1'),
                        ('NONCLUSTERED', names.index('ix', 'group'), 'group_key, group_head, id', 'group_key IS NOT NULL')]
-    if kind == 'fifo' and opt.get('groups', false) else [] %}
+    if kind == 'fifo' and has_groups else [] %}
+{#- work with groups: the ungrouped claim index is pinned[0] above; the head candidates in claim order
+    (visible_at: a leased or retrying head leaves the range until it is due again), one group's
+    messages in tie order. -#}
+{% if kind == 'work' and has_groups %}
+{% set group_pinned = [('NONCLUSTERED', names.index('ix', 'heads'), 'group_head, visible_at, ' ~ tie ~ ', group_key', 'group_head = 1'),
+                       ('NONCLUSTERED', names.index('ix', 'group'), 'group_key, group_head, ' ~ tie, 'group_key IS NOT NULL')] %}
+{% endif %}
 {% set pinned = pinned + group_pinned %}
 
 {#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written

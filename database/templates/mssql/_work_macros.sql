@@ -56,9 +56,9 @@
 {%- endmacro %}
 
 {#- Columns a message keeps when it moves to the dead-letter table, in this order. -#}
-{% set dead_cols = ['id', 'enqueued_at', 'due_at'] + (['priority'] if has_priority else []) + (['dedupe_key'] if dedupe else []) + ['attempts', 'last_error', 'last_worker', 'dead_at', 'payload'] %}
+{% set dead_cols = ['id', 'enqueued_at', 'due_at'] + (['priority'] if has_priority else []) + (['dedupe_key'] if dedupe else []) + (['group_key'] if groups else []) + ['attempts', 'last_error', 'last_worker', 'dead_at', 'payload'] %}
 {% macro dead_columns() %}
-id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts,
+id, enqueued_at, due_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}{{ 'group_key, ' if groups }}attempts,
 last_error, last_worker, dead_at, payload
 {%- endmacro %}
 
@@ -80,6 +80,9 @@ last_error, last_worker, dead_at, payload
         attempts int NOT NULL,
         -- NULL only for a live lease taken before storage v2 that its worker asked for again.
         lease_token uniqueidentifier NULL,
+{% if groups %}
+        group_key {{ key_type }} NULL, -- noqa: CP02
+{% endif %}
         payload {{ payload_type }} NOT NULL
     );
 {%- endmacro %}
@@ -109,6 +112,9 @@ last_error, last_worker, dead_at, payload
 {% if dedupe %}
         dedupe_key {{ key_type }} NULL, -- noqa: CP02
 {% endif %}
+{% if groups %}
+        group_key {{ key_type }} NULL, -- noqa: CP02
+{% endif %}
         attempts int NOT NULL,
         last_error nvarchar(4000) NULL,
         last_worker nvarchar(200) NULL,
@@ -133,6 +139,9 @@ last_error, last_worker, dead_at, payload
 {% endif %}
 {% if dedupe %}
         DELETED.dedupe_key,
+{% endif %}
+{% if groups %}
+        DELETED.group_key,
 {% endif %}
         {{ attempts_sql }},
         {{ error_sql }},
@@ -175,10 +184,15 @@ last_error, last_worker, dead_at, payload
 
 {#- One claim statement: lease up to top_sql rows matching where_sql to @worker, in claim order,
     seeking on `index` (docs/queue-kinds.md, "Plans at depth": a plan compiled on an empty queue
-    must still seek at depth). -#}
-{% macro claim_statement(cte, top_sql, where_sql, own, index) %}
+    must still seek at depth). top_sql none: the one row where_sql names by its key (a group's
+    head), leased only if due_sql holds, tested by the UPDATE, outside the seek's predicate. -#}
+{% macro claim_statement(cte, top_sql, where_sql, own, index, due_sql=none) %}
     WITH {{ cte }} AS (
+{% if top_sql %}
         SELECT TOP ({{ top_sql }})
+{% else %}
+        SELECT
+{% endif %}
             m.id,
 {% if client_ids %}
             m.seq,
@@ -193,10 +207,15 @@ last_error, last_worker, dead_at, payload
             m.leased_by,
             m.leased_at,
             m.lease_token,
+{% if groups %}
+            m.group_key,
+{% endif %}
             m.payload
         FROM {{ t }} AS m WITH (INDEX ({{ index }}), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
         WHERE {{ where_sql }}
+{% if top_sql %}
         ORDER BY m.visible_at, m.{{ tie }}
+{% endif %}
     )
 
     UPDATE {{ cte }}
@@ -234,11 +253,23 @@ last_error, last_worker, dead_at, payload
         INSERTED.due_at,
         INSERTED.attempts,
         INSERTED.lease_token,
+{% if groups %}
+        INSERTED.group_key,
+{% endif %}
         INSERTED.payload
+{% if due_sql %}
+    INTO
+        @claimed (
+            id, {{ 'seq, ' if client_ids }}own, previous_visible_at, previous_worker,
+            enqueued_at, due_at, attempts, lease_token, {{ 'group_key, ' if groups }}payload
+        )
+    WHERE {{ due_sql }};
+{%- else %}
     INTO @claimed (
         id, {{ 'seq, ' if client_ids }}own, {{ 'priority, ' if has_priority }}previous_visible_at, previous_worker,
-        enqueued_at, due_at, attempts, lease_token, payload
+        enqueued_at, due_at, attempts, lease_token, {{ 'group_key, ' if groups }}payload
     );
+{%- endif %}
 {%- endmacro %}
 
 {#- Claimed rows whose lease had already expired max_attempts times: the claim would be one attempt
@@ -314,9 +345,29 @@ last_error, last_worker, dead_at, payload
 {% endif %}
     DECLARE @started_transaction bit = 0;
 {{ buried_table() }}
+{%- if groups %}
+
+{{ grp.work_declare() }}
+    -- The groups this call has been to (taken or not): a group is tried once a call, and the probe
+    -- steps over the other candidates of a group it could not take.
+    DECLARE @visited TABLE (group_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @acked_groups TABLE (
+        group_key {{ key_type }} NOT NULL PRIMARY KEY -- noqa: CP02
+    );
+    DECLARE @after_at datetime2(7);
+    DECLARE @head_due datetime2(7);
+    DECLARE @oldest_ungrouped_at datetime2(7);
+    DECLARE @oldest_ungrouped_tie bigint;
+    DECLARE @oldest_head_at datetime2(7);
+    DECLARE @oldest_head_tie bigint;
+    DECLARE @grouped_first bit;
+{%- endif %}
 {%- endmacro %}
 
 {% macro claim_statements() %}
+{% if groups %}
+{{ grouped_claim_statements() }}
+{%- else %}
     -- 1. Own messages first. `leased_by IS NOT NULL` repeats the filter of the filtered index,
     -- so that the optimizer can match it whatever @worker is.
 {{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true, lease_index) }}
@@ -355,6 +406,161 @@ last_error, last_worker, dead_at, payload
             SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
             IF @buried_count = 0 BREAK;
         END;
+{%- endif %}
+{%- endmacro %}
+
+{#- The claim of messages without a group (grouped_claim_statements): a buried one frees its place. -#}
+{% macro ungrouped_claim() %}
+            WHILE @remaining > 0
+                BEGIN
+{{ claim_statement('next_messages', '@remaining', 'm.group_key IS NULL AND m.visible_at <= @now', false, claim_index) | indent(16, first=true) }}
+                    IF @@ROWCOUNT = 0 BREAK;
+                    SET @buried_count = 0;
+{{ bury_exhausted() | indent(16, first=true) }}
+                    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                    IF @buried_count = 0 BREAK;
+                END;
+{%- endmacro %}
+
+{#- The claim with message groups (docs/queue-kinds.md, Message groups, SQL Server):
+      1. own messages first, as without groups; they are their groups' in-flight messages, so only
+         the groups of those it will bury (lease expired, max_attempts used) are held first,
+         waiting, in key order, and settled after it;
+      2. messages without a group on ix_<q>_ungrouped, as the plain claim;
+      3. grouped ones a group at a time: the next due head candidate of ix_<q>_heads (a lock-free
+         probe), its group taken without waiting, settled (its head: the in-flight message, else
+         its oldest), the head leased if due and made the in-flight message. At most one message
+         per group, so a batch holds heads of up to batch_size groups.
+    2 and 3 in the order of their oldest due entry, the other filling the batch. -#}
+{% macro grouped_claim_statements() %}
+    -- (Table variables keep their rows when their DECLARE runs again: the in-database worker's loop.)
+    DELETE FROM @visited;
+    DELETE FROM @acked_groups;
+
+    -- 1. Own messages first; the groups of those the claim will bury are held first.
+    -- (A lock-free probe of the worker's expired leases; attempts is tested outside the seek.)
+    INSERT INTO @acked_groups (group_key)
+    SELECT DISTINCT o.group_key
+    FROM (
+        SELECT
+            m.group_key,
+            m.attempts
+        FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE
+            m.leased_by = @worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+            AND m.group_key IS NOT NULL
+    ) AS o
+    WHERE o.attempts >= {{ max_attempts }};
+    {{ grp.hold_groups_in_order() | indent(4) }}
+{{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true, lease_index) }}
+
+    -- A lease that expired between the probe and the claim: its group is held now (rare).
+    INSERT INTO @acked_groups (group_key)
+    SELECT DISTINCT c.group_key
+    FROM @claimed AS c
+    WHERE
+        c.attempts > {{ max_attempts }} AND c.previous_visible_at <= @now AND c.group_key IS NOT NULL
+        AND NOT EXISTS (
+            SELECT 1
+            FROM @acked_groups AS a
+            WHERE a.group_key = c.group_key
+        );
+    IF @@ROWCOUNT > 0
+        BEGIN
+            {{ grp.hold_groups_in_order() | indent(12) }}
+        END;
+
+{{ bury_exhausted() }}
+    {{ grp.settle_groups_in_order() | indent(4) }}
+
+    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+
+    -- Which source first: the one whose oldest due entry is older (lock-free probes).
+    SELECT TOP (1)
+        @oldest_ungrouped_at = m.visible_at,
+        @oldest_ungrouped_tie = m.{{ tie }}
+    FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+    WHERE m.group_key IS NULL AND m.visible_at <= @now
+    ORDER BY m.visible_at, m.{{ tie }};
+    SELECT TOP (1)
+        @oldest_head_at = m.visible_at,
+        @oldest_head_tie = m.{{ tie }}
+    FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+    WHERE m.group_head = 1 AND m.visible_at <= @now
+    ORDER BY m.visible_at, m.{{ tie }};
+    SET @grouped_first = CASE
+        WHEN @oldest_head_at IS NULL THEN 0
+        WHEN @oldest_ungrouped_at IS NULL OR @oldest_head_at < @oldest_ungrouped_at THEN 1
+        WHEN @oldest_head_at = @oldest_ungrouped_at AND @oldest_head_tie < @oldest_ungrouped_tie THEN 1
+        ELSE 0
+    END;
+
+    IF @grouped_first = 0
+        BEGIN
+{{ ungrouped_claim() }}
+        END;
+
+    -- 3. Grouped messages, a group at a time.
+    SET @after_at = '00010101';
+    WHILE @remaining > 0
+        BEGIN
+            -- The next due head candidate of a group not tried yet (lock-free: a row a claim or an
+            -- acknowledgement is changing is read past).
+            SET @group = NULL;
+            SELECT TOP (1)
+                @group = m.group_key,
+                @after_at = m.visible_at
+            FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE
+                m.group_head = 1 AND m.visible_at >= @after_at AND m.visible_at <= @now
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM @visited AS v
+                    WHERE v.group_key = m.group_key
+                )
+            ORDER BY m.visible_at, m.{{ tie }};
+            IF @group IS NULL BREAK;
+            INSERT INTO @visited (group_key) VALUES (@group);
+            -- The candidate only led here: take the group (never waiting), then its real head.
+            {{ grp.take_group('@group') | indent(12) }}
+            IF @@ROWCOUNT = 0 CONTINUE;
+            {{ grp.read_in_flight() | indent(12) }}
+            {{ grp.settle_work(false) | indent(12) }}
+            -- Leased only when due (a retry, or a due time ahead, keeps the group busy); the
+            -- UPDATE's own test covers a change since this probe.
+            SET @head_due = NULL;
+            SELECT @head_due = m.visible_at
+            FROM {{ t }} AS m WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.id = @next_id;
+            IF @head_due IS NULL OR @head_due > @now CONTINUE;
+{{ claim_statement('group_head', none, 'm.id = @next_id', false, pk, 'visible_at <= @now') | indent(8, first=true) }}
+            IF @@ROWCOUNT = 1 AND @in_flight IS NULL
+                BEGIN
+                    SET @in_flight = @next_id;
+                    UPDATE g
+                    SET in_flight = @in_flight
+                    FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK) -- noqa: LT05
+                    WHERE g.group_key = @group;
+                END;
+            SET @buried_count = 0;
+{{ bury_exhausted() | indent(8, first=true) }}
+            IF @buried_count > 0
+                BEGIN
+                    -- The head went to the dead-letter table: the group's next message is its head,
+                    -- maybe due, so the group may be found again.
+                    SET @in_flight = NULL;
+                    {{ grp.settle_work(false) | indent(20) }}
+                    DELETE FROM @visited
+                    WHERE group_key = @group;
+                    SET @after_at = '00010101';
+                END;
+            SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+        END;
+
+    IF @grouped_first = 1
+        BEGIN
+{{ ungrouped_claim() }}
+        END;
 {%- endmacro %}
 
 {% macro claim() %}
@@ -385,6 +591,7 @@ last_error, last_worker, dead_at, payload
     completing statements take them from here. -#}
 {% set history_row = [('id', id_type), ('enqueued_at', 'datetime2(7)'), ('due_at', 'datetime2(7)')]
     + ([('priority', 'int')] if has_priority else [])
+    + ([('group_key', key_type)] if groups else [])
     + [('started_at', 'datetime2(7)'), ('finished_at', 'datetime2(7)'), ('worker', 'nvarchar(200)'),
        ('attempts', 'int'), ('payload', payload_type)] %}
 
@@ -397,7 +604,11 @@ last_error, last_worker, dead_at, payload
 {% macro history_column_definitions(with_duration=false) -%}
 {% set lines %}
 {% for name, type in history_row %}
+{% if name == 'group_key' %}
+{{ name }} {{ type }} NULL, -- noqa: CP02
+{% else %}
 {{ name }} {{ type }} NOT NULL,
+{% endif %}
 {% if with_duration and name == 'finished_at' %}
 duration_ms AS DATEDIFF_BIG(MILLISECOND, started_at, finished_at),
 {% endif %}
@@ -415,6 +626,9 @@ duration_ms AS DATEDIFF_BIG(MILLISECOND, started_at, finished_at),
         DELETED.due_at,
 {% if has_priority %}
         DELETED.priority,
+{% endif %}
+{% if groups %}
+        DELETED.group_key,
 {% endif %}
         DELETED.leased_at,
         @now,

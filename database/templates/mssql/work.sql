@@ -21,6 +21,11 @@
 {% set max_attempts = opt.max_attempts %}
 {% set lease_seconds = opt.lease_seconds %}
 {% set handler = opt.handler %}
+{#- Message groups (docs/queue-kinds.md, Message groups, SQL Server): a group is busy while it has an
+    in-flight message (leased, waiting for its retry, or a head not yet due), not while a transaction
+    holds it; its groups row is taken only for the statements that change its head. -#}
+{% set groups = opt.get('groups', false) %}
+{% set group_shape = ('groups',) if groups else () %}
 {#- Dedupe keys compare byte for byte, as text does on PostgreSQL (as in the destructive kinds). -#}
 {% set key_type = 'nvarchar(200) COLLATE Latin1_General_100_BIN2' %}
 {#- The indexes the claims, probes and counts name in their INDEX hints: one source for the CREATE
@@ -28,14 +33,18 @@
 {% import '_pinned_indexes.sql' as pins with context %}
 {% set claim_index = pins.claim_index %}
 {% set lease_index = pins.lease_index %}
+{% set pk = pins.pk %}
 {% import '_macros.sql' as m with context %}
+{% if groups %}
+{% import '_group_macros.sql' as grp with context %}
+{% endif %}
 {% import '_work_macros.sql' as w with context %}
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
 {# Storage v2: lease_token (migrations/work_table_v1_to_v2.sql). #}
-{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
+{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN
         CREATE TABLE {{ t }} (
@@ -69,6 +78,12 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
 {% if dedupe %}
             dedupe_key {{ key_type }} NULL, -- noqa: CP02
 {% endif %}
+{% if groups %}
+            group_key {{ key_type }} NULL, -- noqa: CP02
+            -- NULL: no group; 1: a head candidate of its group (in ix_{{ queue.name }}_heads); 0: it
+            -- waits behind its group's head (docs/queue-kinds.md, Message groups).
+            group_head bit NULL,
+{% endif %}
             payload {{ payload_type }} NOT NULL,
 {% if is_json %}
             CONSTRAINT {{ names.index('ck', 'payload_json') }} CHECK (ISJSON(payload) = 1),
@@ -88,11 +103,19 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
             ON {{ t }} (seq);
 {% endif %}
 
-        -- The claim's exact WHERE and ORDER BY{% if has_priority %}, one priority level per seek{% endif %}.
+        -- The claim's exact WHERE and ORDER BY{% if has_priority %}, one priority level per seek{% endif %}{% if groups %} (of messages without a group){% endif %}.
         {{ pins.create_index(pins.pinned[0], t) | indent(8) }};
 
         -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
         {{ pins.create_index(pins.pinned[1], t) | indent(8) }};
+{% if groups %}
+
+        -- The claim of grouped messages (only head candidates, so a blocked group's backlog is never
+        -- read); one group's head and its candidates.
+{% for index in pins.group_pinned %}
+        {{ pins.create_index(index, t) | indent(8) }};
+{% endfor %}
+{% endif %}
 {% if dedupe %}
 
         -- Filtered: messages without a key cost nothing. IGNORE_DUP_KEY is not allowed on a filtered
@@ -112,7 +135,7 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     END;
 GO
 
-{{ m.unit(names.plain('_items'), 'storage', version=1, object='type', shape=('payload',)) }}
+{{ m.unit(names.plain('_items'), 'storage', version=1, object='type', shape=('payload',) + group_shape) }}
 -- One shape whatever the options; columns an option does not use must be NULL (enqueue_batch
 -- checks). dedupe_key is wider than the table's so that an over-long key reaches the procedure's
 -- check (and its error number) instead of failing in the driver.
@@ -125,7 +148,9 @@ IF TYPE_ID(N'{{ items }}') IS NULL
             dedupe_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
             priority int NULL,
             id uniqueidentifier NULL,
-            enqueued_at datetime2(7) NULL
+            enqueued_at datetime2(7) NULL{% if groups %},
+            group_key nvarchar(MAX) COLLATE Latin1_General_100_BIN2 NULL -- noqa: CP02{% endif %}
+
         );
     END;
 GO
@@ -144,7 +169,7 @@ IF TYPE_ID(N'{{ acks }}') IS NULL
     END;
 GO
 
-{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids')) }}
+{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
     BEGIN
         -- Messages that used up max_attempts: a last fail, or a lease that expired once too often.
@@ -159,6 +184,10 @@ IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
 {% if dedupe %}
             dedupe_key {{ key_type }} NULL, -- noqa: CP02
 {% endif %}
+{% if groups %}
+            -- A buried message keeps its group: dead_requeue puts it back into it.
+            group_key {{ key_type }} NULL, -- noqa: CP02
+{% endif %}
             attempts int NOT NULL,
             last_error nvarchar(4000) NULL,
             last_worker nvarchar(200) NULL,
@@ -170,7 +199,7 @@ IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
 GO
 {% if history %}
 
-{{ m.unit(names.plain('_history'), 'storage', version=1, object='table', shape=('payload', 'priority', 'client_ids')) }}
+{{ m.unit(names.plain('_history'), 'storage', version=1, object='table', shape=('payload', 'priority', 'client_ids') + group_shape) }}
 IF OBJECT_ID(N'{{ history_t }}', N'U') IS NULL
     BEGIN
         -- Completed messages. Clustered on the finish time: inserts append, and history_purge
@@ -183,6 +212,26 @@ IF OBJECT_ID(N'{{ history_t }}', N'U') IS NULL
 
         CREATE NONCLUSTERED INDEX {{ names.index('ix', 'history_id') }}
             ON {{ history_t }} (id);
+    END;
+GO
+{% endif %}
+{% if groups %}
+
+{{ m.unit(names.plain('_groups'), 'storage', version=1, object='table', shape=('client_ids',)) }}
+IF OBJECT_ID(N'{{ grp.groups_t }}', N'U') IS NULL
+    BEGIN
+        -- One row per group key that has messages: the group's lock (docs/queue-kinds.md, Message
+        -- groups), taken only by the statements that change the group's head. in_flight: the
+        -- group's message that is leased or waiting for its retry (NULL: none), written only by a
+        -- holder. A heap under a nonclustered key, as fifo's: a holder's U lock stays on the key
+        -- while its writes (locked_at, in_flight: in no index, ever) take the heap row, so a
+        -- producer's S lock on the key never waits for it. Only ever read by a seek on the key.
+        CREATE TABLE {{ grp.groups_t }} (
+            group_key {{ key_type }} NOT NULL, -- noqa: CP02
+            locked_at datetime2(7) NULL,
+            in_flight {{ id_type }} NULL,
+            CONSTRAINT {{ grp.groups_pk }} PRIMARY KEY NONCLUSTERED (group_key)
+        );
     END;
 GO
 {% endif %}

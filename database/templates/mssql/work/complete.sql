@@ -18,9 +18,51 @@ BEGIN
     SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{% if groups %}
+{{ grp.work_declare() }}
+    DECLARE @completed bit;
+    DECLARE @started_transaction bit = 0;
+
+    -- A message's group never changes: read without a lock. Its groups row is held first, waiting
+    -- (the fixed lock order), and settled after the delete: the group's next message is its head.
+    SET @group = (
+        SELECT m.group_key
+        FROM {{ t }} AS m
+        WHERE m.id = @id
+    );
+
+    BEGIN TRY
+        -- In implicit-transaction mode the caller owns the transaction the next statement opens.
+        IF @group IS NOT NULL AND @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0
+            BEGIN
+                BEGIN TRANSACTION;
+                SET @started_transaction = 1;
+            END;
+
+        IF @group IS NOT NULL
+            BEGIN
+                {{ grp.hold_group() | indent(16) }}
+            END;
+{{ w.complete_statement('@id', '@worker', '@lease_token') | indent(4, first=true) }}
+        SET @completed = CONVERT(bit, @@ROWCOUNT);
+        IF @group IS NOT NULL AND @completed = 1
+            BEGIN
+                {{ grp.settle_work(true) | indent(16) }}
+            END;
+
+        IF @started_transaction = 1 COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+
+    SELECT @completed AS completed;
+{% else %}
 {{ w.complete_statement('@id', '@worker', '@lease_token') }}
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS completed;
+{% endif %}
 END;
 GO
 

@@ -20,6 +20,20 @@ BEGIN
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ w.batch_in_id_order() }}
+{% if groups %}
+{{ grp.work_declare() }}
+    -- The batch's groups (a message's group never changes: read without a lock), held first,
+    -- waiting, one at a time in key order (the fixed lock order), settled after the change.
+    DECLARE @acked_groups TABLE (
+        group_key {{ key_type }} NOT NULL PRIMARY KEY -- noqa: CP02
+    );
+    INSERT INTO @acked_groups (group_key)
+    SELECT DISTINCT m.group_key
+    FROM @batch AS b
+    INNER JOIN {{ t }} AS m ON b.id = m.id
+    WHERE m.group_key IS NOT NULL;
+{% endif %}
+{% if history or groups %}
 {% if history %}
     -- The history rows of the completed messages: written to the history table after the delete,
     -- in the same transaction (queue table, then history table, as complete). Not OUTPUT INTO the
@@ -29,6 +43,9 @@ BEGIN
 {{ w.history_column_definitions() | indent(8, first=true) }}
         PRIMARY KEY (id)
     );
+{% else %}
+    DECLARE @completed TABLE (id {{ id_type }} NOT NULL PRIMARY KEY);
+{% endif %}
     DECLARE @started_transaction bit = 0;
 
     BEGIN TRY
@@ -38,14 +55,23 @@ BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
+{% if groups %}
+
+        {{ grp.hold_groups_in_order() | indent(8) }}
+{% endif %}
 
         DELETE m
+{% if history %}
 {{ w.history_output('@completed') | indent(4, first=true) }}
+{% else %}
+        OUTPUT DELETED.id INTO @completed (id)
+{% endif %}
         FROM @batch AS b
         INNER JOIN {{ t }} AS m WITH (ROWLOCK) ON b.id = m.id
         WHERE
             {{ w.holds_lease('@worker', 'b.lease_token', 'm.', 12) }}
         OPTION (LOOP JOIN, FORCE ORDER);
+{% if history %}
 
         INSERT INTO {{ history_t }} (
             {{ w.history_columns() }}
@@ -53,6 +79,11 @@ BEGIN
         SELECT
             c.{{ w.history_columns() | replace(', ', ',\n            c.') }}
         FROM @completed AS c;
+{% endif %}
+{% if groups %}
+
+        {{ grp.settle_groups_in_order() | indent(8) }}
+{% endif %}
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY

@@ -40,8 +40,27 @@ BEGIN
 
         -- Complete first: its row (queue table, then history) is locked before the claim's, the
         -- order of complete and of dequeue (queue table, then dead-letter table).
+{% if groups %}
+        -- Its group first, waiting, as complete; the claim after it takes other groups without
+        -- waiting, and holds first only the groups of own messages it will bury.
+        SET @group = (
+            SELECT m.group_key
+            FROM {{ t }} AS m
+            WHERE m.id = @id
+        );
+        IF @group IS NOT NULL
+            BEGIN
+                {{ grp.hold_group() | indent(16) }}
+            END;
+{% endif %}
 {{ w.complete_statement('@id', '@worker', '@lease_token') | indent(4, first=true) }}
         SET @previous_completed = CONVERT(bit, @@ROWCOUNT);
+{% if groups %}
+        IF @group IS NOT NULL AND @previous_completed = 1
+            BEGIN
+                {{ grp.settle_work(true) | indent(16) }}
+            END;
+{% endif %}
 
 {{ w.claim_statements() | indent(4, first=true) }}
 
@@ -60,6 +79,9 @@ BEGIN
         c.due_at,
         c.attempts,
         c.lease_token,
+{% if groups %}
+        c.group_key,
+{% endif %}
         @previous_completed AS previous_completed
     FROM (VALUES (1)) AS one_row(n)
     LEFT JOIN @claimed AS c ON one_row.n = 1

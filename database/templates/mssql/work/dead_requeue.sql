@@ -36,6 +36,10 @@ BEGIN
     DECLARE @key_holder {{ id_type }};
 {% endif %}
     DECLARE @started_transaction bit;
+{% if groups %}
+{{ grp.work_declare() }}
+    DECLARE @group_held bit;
+{% endif %}
     DECLARE @deadlock_retries int = 0;
     DECLARE @pause datetime;
 
@@ -53,6 +57,10 @@ BEGIN
             SET @key_holder = NULL;
 {% endif %}
             SET @started_transaction = 0;
+{% if groups %}
+            SET @group_held = 0;
+            SET @group_head = NULL;
+{% endif %}
 
             BEGIN TRY
                 -- In implicit-transaction mode the caller owns the transaction the next statement opens.
@@ -68,6 +76,24 @@ BEGIN
                 SELECT @taken_id = m.id
                 FROM {{ t }} AS m WITH (UPDLOCK, HOLDLOCK)
                 WHERE m.id = @id;
+{% if groups %}
+
+                -- Its group, joined as a producer joins it: never waiting for a claim or an
+                -- acknowledgement, so taking it after the id's place closes no cycle.
+                -- The key is read without a lock (a dead message's key never changes). Taken: the
+                -- group is settled after the insert (the message keeps its id, so it comes before
+                -- the group's later messages not yet in flight); held by someone else: the message
+                -- is a head candidate that the group's next holder settles.
+                SET @group = (
+                    SELECT d.group_key
+                    FROM {{ dead_t }} AS d
+                    WHERE d.id = @id
+                );
+                IF @group IS NOT NULL
+                    BEGIN
+                        {{ grp.join_group('@group_held') | indent(24) }}
+                    END;
+{% endif %}
 {% if dedupe %}
 
                 -- The key to lock in the queue table, before the dead row is locked (queue first): read
@@ -116,7 +142,7 @@ BEGIN
                 -- operator's deliberate action).
 {% endif %}
                 INSERT INTO {{ t }} (
-                    id, enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}attempts, last_error, payload
+                    id, enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}{{ 'group_key, group_head,\n                    ' if groups }}attempts, last_error, payload
                 )
                 SELECT
                     d.id,
@@ -128,6 +154,10 @@ BEGIN
 {% endif %}
 {% if dedupe %}
                     IIF(@key_holder IS NULL AND @locked_key = @key, @locked_key, NULL) AS dedupe_key,
+{% endif %}
+{% if groups %}
+                    d.group_key,
+                    IIF(d.group_key IS NULL, NULL, COALESCE(@group_head, CONVERT(bit, 1))) AS group_head,
 {% endif %}
                     0 AS attempts,
                     d.last_error,
@@ -141,6 +171,14 @@ BEGIN
 
                 DELETE FROM {{ dead_t }}
                 WHERE id = @id;
+{% if groups %}
+
+                IF @group_held = 1
+                    BEGIN
+                        {{ grp.read_in_flight() | indent(24) }}
+                        {{ grp.settle_work(true) | indent(24) }}
+                    END;
+{% endif %}
 
                 IF @started_transaction = 1 COMMIT TRANSACTION;
                 BREAK;

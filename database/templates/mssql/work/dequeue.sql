@@ -35,7 +35,9 @@ BEGIN
         c.enqueued_at,
         c.due_at,
         c.attempts,
-        c.lease_token
+        c.lease_token{% if groups %},
+        c.group_key{% endif %}
+
     FROM @claimed AS c
     ORDER BY c.own DESC, {{ 'c.priority DESC, ' if has_priority }}c.previous_visible_at ASC, c.{{ tie }} ASC;
 END;

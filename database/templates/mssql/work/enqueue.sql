@@ -3,7 +3,7 @@
 CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
     @payload {{ payload_type }},
     @due_at datetime2(7) = NULL,
-    @dedupe_key nvarchar(MAX) = NULL{% if has_priority or client_ids %},{% endif %}
+    @dedupe_key nvarchar(MAX) = NULL{% if has_priority or client_ids or groups %},{% endif %}
 
 {% if has_priority %}
     @priority int = NULL{% if client_ids %},{% endif %}
@@ -11,7 +11,11 @@ CREATE OR ALTER PROCEDURE {{ names.verb('enqueue') }}
 {% endif %}
 {% if client_ids %}
     @id uniqueidentifier = NULL,
-    @enqueued_at datetime2(7) = NULL
+    @enqueued_at datetime2(7) = NULL{% if groups %},{% endif %}
+
+{% endif %}
+{% if groups %}
+    @group_key nvarchar(MAX) = NULL
 {% endif %}
 AS
 BEGIN
@@ -37,6 +41,12 @@ BEGIN
 {{ w.throw('invalid_argument', "N'" ~ names.plain('_enqueue') ~ ": dedupe_key needs option dedupe.'") }}
         END;
 {% endif %}
+{% if groups %}
+    IF DATALENGTH(@group_key) > 400
+        BEGIN
+{{ w.throw('invalid_argument', "N'" ~ names.plain('_enqueue') ~ ": group_key is longer than 200 characters.'") }}
+        END;
+{% endif %}
     SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
@@ -50,16 +60,31 @@ BEGIN
 {% endif %}
     DECLARE @existing_id {{ id_type }};
     DECLARE @started_transaction bit = 0;
+{% if groups %}
+    -- The message's group is joined first (the fixed lock order: the groups row, then the queue
+    -- table; docs/queue-kinds.md, Message groups), in a transaction of the procedure's own when the
+    -- caller has none, so that the group's lock or pin lasts until the message commits.
+    DECLARE @group nvarchar(200) = @group_key;
+    DECLARE @group_head bit;
+    DECLARE @group_joined bit;
+{% endif %}
 
     BEGIN TRY
-{% if dedupe or client_ids %}
+{% if dedupe or client_ids or groups %}
         -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
         -- that the next statement opens, and the verb neither commits nor ends it (a BEGIN
         -- TRANSACTION there would only nest in it: its COMMIT would commit nothing).
-        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND ({{ '@key IS NOT NULL' if dedupe }}{{ ' OR ' if dedupe and client_ids }}{{ '@id IS NOT NULL' if client_ids }})
+        IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 AND ({{ ((['@key IS NOT NULL'] if dedupe else []) + (['@id IS NOT NULL'] if client_ids else []) + (['@group IS NOT NULL'] if groups else [])) | join(' OR ') }})
             BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
+            END;
+{% endif %}
+{% if groups %}
+
+        IF @group IS NOT NULL
+            BEGIN
+                {{ grp.join_group() | indent(16) }}
             END;
 {% endif %}
 {% if dedupe %}
@@ -87,7 +112,7 @@ BEGIN
         IF @existing_id IS NULL
             BEGIN
                 INSERT INTO {{ t }} (
-                    {{ 'id, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}payload
+                    {{ 'id, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}{{ 'group_key, group_head, ' if groups }}payload
                 )
                 VALUES (
                     {{ '@new_id, COALESCE(@enqueued_at, @now)' if client_ids else '@now' }},
@@ -98,6 +123,10 @@ BEGIN
 {% endif %}
 {% if dedupe %}
                     @key,
+{% endif %}
+{% if groups %}
+                    @group,
+                    @group_head,
 {% endif %}
                     @payload
                 );

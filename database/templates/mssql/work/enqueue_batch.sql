@@ -33,6 +33,18 @@ BEGIN
 {{ w.throw('invalid_argument', ["N'" ~ names.plain('_enqueue_batch') ~ ": item '", "@bad_ordinal", "N' has a dedupe_key over 200 characters.'"]) }}
         END;
 {% endif %}
+{% if groups %}
+
+    SET @bad_ordinal = (
+        SELECT MIN(i.ordinal)
+        FROM @items AS i
+        WHERE DATALENGTH(i.group_key) > 400
+    );
+    IF @bad_ordinal IS NOT NULL
+        BEGIN
+{{ w.throw('invalid_argument', ["N'" ~ names.plain('_enqueue_batch') ~ ": item '", "@bad_ordinal", "N' has a group_key over 200 characters.'"]) }}
+        END;
+{% endif %}
 {% for column, option in (('dedupe_key', 'dedupe'), ('priority', 'priority'), ('id', 'client_ids'), ('enqueued_at', 'client_ids')) if not opt[option] %}
 
     IF (SELECT COUNT(i.{{ column }}) FROM @items AS i) > 0
@@ -69,6 +81,26 @@ BEGIN
     DECLARE @new_ids TABLE (id bigint NOT NULL PRIMARY KEY);
 {% endif %}
     DECLARE @started_transaction bit = 0;
+{% if groups %}
+    -- The batch's distinct groups, joined one at a time in key order (the fixed lock order, as
+    -- enqueue) before any message row is locked. The first item the batch inserts into a group
+    -- that was empty, or held by someone else, is a head candidate; every other item waits (a
+    -- candidate per item would cost every claim a skipped row each while the group is held).
+    DECLARE @joined TABLE (
+        group_key {{ key_type }} NOT NULL PRIMARY KEY, -- noqa: CP02
+        group_head bit NOT NULL
+    );
+    DECLARE @group nvarchar(200);
+    DECLARE @group_head bit;
+    DECLARE @group_joined bit;
+
+    INSERT INTO @joined (group_key, group_head)
+    SELECT DISTINCT
+        i.group_key,
+        CONVERT(bit, 0) AS group_head
+    FROM @items AS i
+    WHERE i.group_key IS NOT NULL;
+{% endif %}
 
     INSERT INTO @staged (ordinal{% if client_ids %}, new_id{% endif %}{% if dedupe %}, dedupe_key{% endif %})
 {% set staged_select = ['i.ordinal'] + (['COALESCE(i.id, NEWID()) AS new_id'] if client_ids else []) + (['i.dedupe_key'] if dedupe else []) %}
@@ -122,6 +154,22 @@ BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
+{% if groups %}
+
+        SET @group = (SELECT MIN(j.group_key) FROM @joined AS j);
+        WHILE @group IS NOT NULL
+            BEGIN
+                {{ grp.join_group() | indent(16) }}
+                UPDATE @joined
+                SET group_head = @group_head
+                WHERE group_key = @group;
+                SET @group = (
+                    SELECT MIN(j.group_key)
+                    FROM @joined AS j
+                    WHERE j.group_key > @group
+                );
+            END;
+{% endif %}
 {% if dedupe %}
 
         -- Lock every key of the batch, present or not (see enqueue), walking the keys in index order:
@@ -153,7 +201,7 @@ BEGIN
 {% endif %}
 
         INSERT INTO {{ t }} (
-            {{ 'id, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}payload
+            {{ 'id, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}{{ 'dedupe_key, ' if dedupe }}{{ 'group_key, group_head, ' if groups }}payload
         )
 {% if not client_ids %}
         OUTPUT INSERTED.id INTO @new_ids (id)
@@ -173,9 +221,21 @@ BEGIN
 {% if dedupe %}
             s.dedupe_key,
 {% endif %}
+{% if groups %}
+            i.group_key,
+            -- The window runs over the rows the WHERE keeps: the first item inserted into its group.
+            CONVERT(bit, CASE
+                WHEN i.group_key IS NULL THEN NULL
+                WHEN j.group_head = 1 AND ROW_NUMBER() OVER (PARTITION BY i.group_key ORDER BY s.ordinal) = 1 THEN 1
+                ELSE 0
+            END) AS group_head,
+{% endif %}
             i.payload
         FROM @staged AS s
         INNER JOIN @items AS i ON s.ordinal = i.ordinal
+{% if groups %}
+        LEFT JOIN @joined AS j ON i.group_key = j.group_key
+{% endif %}
         WHERE s.existing_id IS NULL AND s.first_ordinal IS NULL
         ORDER BY s.ordinal;
 

@@ -23,6 +23,17 @@ BEGIN
     DECLARE @outcome varchar(8);
 {{ w.buried_table() }}
     DECLARE @started_transaction bit = 0;
+{% if groups %}
+{{ grp.work_declare() }}
+
+    -- As complete: the group (read without a lock: it never changes) held first, waiting; a message
+    -- that goes to the dead-letter table unblocks its group (settled). A retry keeps it in flight.
+    SET @group = (
+        SELECT m.group_key
+        FROM {{ t }} AS m
+        WHERE m.id = @id
+    );
+{% endif %}
 
     BEGIN TRY
         -- In implicit-transaction mode the caller owns the transaction the next statement opens.
@@ -31,8 +42,22 @@ BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
+{% if groups %}
+
+        IF @group IS NOT NULL
+            BEGIN
+                {{ grp.hold_group() | indent(16) }}
+            END;
+{% endif %}
 
 {{ w.fail_statements('@id', '@worker', '@error', '@retry_after_seconds', '@lease_token') | indent(4, first=true) }}
+{% if groups %}
+
+        IF @group IS NOT NULL AND @outcome = 'dead'
+            BEGIN
+                {{ grp.settle_work(true) | indent(16) }}
+            END;
+{% endif %}
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY

@@ -23,6 +23,19 @@ BEGIN
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ w.batch_in_id_order() }}
+{% if groups %}
+{{ grp.work_declare() }}
+    -- The batch's groups (a message's group never changes: read without a lock), held first,
+    -- waiting, one at a time in key order (the fixed lock order), settled after the change.
+    DECLARE @acked_groups TABLE (
+        group_key {{ key_type }} NOT NULL PRIMARY KEY -- noqa: CP02
+    );
+    INSERT INTO @acked_groups (group_key)
+    SELECT DISTINCT m.group_key
+    FROM @batch AS b
+    INNER JOIN {{ t }} AS m ON b.id = m.id
+    WHERE m.group_key IS NOT NULL;
+{% endif %}
     -- The messages whose lease the caller held, with the attempts they had used.
     DECLARE @held TABLE (
         id {{ id_type }} NOT NULL PRIMARY KEY,
@@ -38,6 +51,10 @@ BEGIN
                 BEGIN TRANSACTION;
                 SET @started_transaction = 1;
             END;
+{% if groups %}
+
+        {{ grp.hold_groups_in_order() | indent(8) }}
+{% endif %}
 
         -- 1. One statement locks every message of the batch whose lease the caller holds, in id
         -- order: with attempts left it is visible again after the retry delay; on its last attempt
@@ -64,6 +81,10 @@ BEGIN
         -- row: a deadlock one of the two retries (docs/errors.md).
 {{ w.bury("FROM @held AS h\nINNER JOIN " ~ t ~ " AS m ON h.id = m.id\nWHERE h.attempts >= " ~ max_attempts ~ "\nOPTION (LOOP JOIN, FORCE ORDER)",
           "DELETED.attempts", "@error", "DELETED.leased_by") | indent(4, first=true) }}
+{% if groups %}
+
+        {{ grp.settle_groups_in_order() | indent(8) }}
+{% endif %}
 
         IF @started_transaction = 1 COMMIT TRANSACTION;
     END TRY

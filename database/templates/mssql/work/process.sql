@@ -98,6 +98,9 @@ BEGIN
     DECLARE @transient_retries int;
     DECLARE @pause datetime;
     DECLARE @outcome varchar(8);
+{% if groups %}
+    DECLARE @step_rows int;
+{% endif %}
 {{ w.claimed_table() }}
 
     -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) says nothing about a
@@ -124,7 +127,9 @@ BEGIN
             SELECT
                 @id = c.id,
                 @payload = c.payload,
-                @lease_token = c.lease_token
+                @lease_token = c.lease_token{% if groups %},
+                @group = c.group_key{% endif %}
+
             FROM @claimed AS c;
             IF @id IS NULL BREAK;
             SET @processed = @processed + 1;
@@ -141,8 +146,25 @@ BEGIN
                         EXEC @handler_name @id = @id, @payload = @payload;
 
                         SET @now = SYSUTCDATETIME();
+{% if groups %}
+                        -- The message's group, waiting (as complete): after the handler's writes,
+                        -- which may have joined other groups (a deadlock is retried, as below).
+                        IF @group IS NOT NULL
+                            BEGIN
+                                {{ grp.hold_group() | indent(32) }}
+                            END;
+{% endif %}
 {{ w.complete_statement('@id', '@worker', '@lease_token') | indent(20, first=true) }}
+{% if groups %}
+                        SET @step_rows = @@ROWCOUNT;
+                        IF @group IS NOT NULL AND @step_rows = 1
+                            BEGIN
+                                {{ grp.settle_work(true) | indent(32) }}
+                            END;
+                        IF @step_rows = 1
+{% else %}
                         IF @@ROWCOUNT = 1
+{% endif %}
                             BEGIN
                                 COMMIT TRANSACTION;
                                 SET @completed = @completed + 1;
@@ -176,7 +198,19 @@ BEGIN
                     BEGIN TRY
                         SET @now = SYSUTCDATETIME();
                         BEGIN TRANSACTION;
+{% if groups %}
+                        IF @group IS NOT NULL
+                            BEGIN
+                                {{ grp.hold_group() | indent(32) }}
+                            END;
+{% endif %}
 {{ w.fail_statements('@id', '@worker', '@error', '0', '@lease_token') | indent(20, first=true) }}
+{% if groups %}
+                        IF @group IS NOT NULL AND @outcome = 'dead'
+                            BEGIN
+                                {{ grp.settle_work(true) | indent(32) }}
+                            END;
+{% endif %}
                         COMMIT TRANSACTION;
                         IF @outcome <> 'lost' SET @failed = @failed + 1;
                         SET @error = NULL;

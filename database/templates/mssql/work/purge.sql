@@ -20,6 +20,9 @@ BEGIN
     -- so is the purge's own: the chunks before it are committed, call it again.
     SET DEADLOCK_PRIORITY LOW;
 
+{% if groups %}
+{{ grp.purge_body() }}
+{% else %}
     -- Chunks of at most 1,000 rows stay under the lock-escalation threshold, so consumers keep
     -- working; READPAST skips the rows a claim holds right now, but deleting a row also locks its
     -- index entries, where the purge can wait on a claim's lock until that claim's transaction
@@ -57,6 +60,7 @@ BEGIN
         END;
 
     SELECT @purged AS purged;
+{% endif %}
 END;
 GO
 

@@ -80,12 +80,30 @@ BEGIN
             WHERE m.visible_at > @now AND m.leased_by IS NULL
         ) AS counted
     );
+{% if groups %}
+    -- The oldest of either claim index: a message waiting behind its group's head is counted in
+    -- ready but does not age it (it is not what a dequeue could take).
+    DECLARE @oldest_head datetime2(7) = (
+        SELECT TOP (1) m.visible_at
+        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.group_head = 1 AND m.visible_at <= @now
+        ORDER BY m.visible_at ASC, m.{{ tie }} ASC
+    );
+    SET @oldest_ready = (
+        SELECT TOP (1) m.visible_at
+        FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.group_key IS NULL AND m.visible_at <= @now
+        ORDER BY m.visible_at ASC, m.{{ tie }} ASC
+    );
+    IF @oldest_ready IS NULL OR @oldest_head < @oldest_ready SET @oldest_ready = @oldest_head;
+{% else %}
     SET @oldest_ready = (
         SELECT TOP (1) m.visible_at
         FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
         WHERE m.visible_at <= @now
         ORDER BY m.visible_at ASC, m.{{ tie }} ASC
     );
+{% endif %}
 {% endif %}
     DECLARE @in_flight bigint = (
         SELECT COUNT_BIG(*)

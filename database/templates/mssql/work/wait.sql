@@ -14,6 +14,38 @@
 {{ w.next_level(true) | indent(16, first=true) }}
                 END;
 {% endcall %}
+{% elif groups %}
+{% call m.wait_procedure() %}
+            -- A due message without a group on its claim index, else a due head candidate of a
+            -- group nobody holds right now: the first 100 due candidates, each with its groups row
+            -- read past a holder (the predicate on locked_at, true for every row, makes the seek
+            -- look the heap row up, on which a holder's stamp holds X; the key's U would let a read
+            -- through). A group busy with an in-flight message has no due candidate but a producer's
+            -- spurious one, which the next claim to visit the group demotes. Only READPAST,
+            -- READCOMMITTEDLOCK probes, no U lock.
+            SELECT TOP (1) @ready = 1
+            FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.group_key IS NULL AND m.visible_at <= SYSUTCDATETIME();
+            IF @ready = 0
+                BEGIN
+                    SELECT TOP (1) @ready = 1
+                    FROM (
+                        SELECT TOP (100) m.group_key
+                        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.group_head = 1 AND m.visible_at <= SYSUTCDATETIME()
+                        ORDER BY m.visible_at, m.{{ tie }}
+                    ) AS c
+                    WHERE EXISTS (
+                        SELECT g.locked_at
+                        FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE
+                            g.group_key = c.group_key
+                            -- true for every row, without OR (claim-pin): it makes the seek read the
+                            -- heap row, which a holder's stamp holds X on, so READPAST skips held groups
+                            AND COALESCE(g.locked_at, '00010102') > '00010101'
+                    );
+                END;
+{% endcall %}
 {% else %}
 {% call m.wait_procedure() %}
             SELECT TOP (1) @ready = 1

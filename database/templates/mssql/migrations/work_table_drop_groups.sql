@@ -1,0 +1,46 @@
+{#- work: option groups turned off: the claim index without a filter (ix_<q>_claim) built before the
+    code units; after them the group indexes, then the columns; every message waiting becomes a
+    message without a group, in its claim order. The groups table stays (a storage unit of its own,
+    left as tablequeue leaves every table it no longer renders), emptied: its rows meant nothing
+    without the columns, and a later groups: true starts from none. -#}
+{% import '_macros.sql' as m with context %}
+{% import '_pinned_indexes.sql' as pins with context %}
+{% set t = names.obj() %}
+{% set groups_t = names.obj('_groups') %}
+{% set claim_name = pins.claim_name(false, quoted=false) %}
+{{ m.step('transaction', 'build ' ~ claim_name,
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start, Sch-M briefly at the end); Standard, Express: S on the table for the build (writes wait)') }}
+IF
+    INDEXPROPERTY(
+        OBJECT_ID(N'{{ t }}'), N'{{ claim_name }}', 'IndexID'
+    ) IS NULL
+    BEGIN
+{{ m.create_index_online(pins.create_index(('NONCLUSTERED', pins.claim_name(false), pins.claim_key(false), none), t)) | indent(8, first=true) }}
+    END;
+GO
+
+{{ m.step('transaction', 'drop the group indexes and columns, empty the groups table',
+          'the table, Sch-M for metadata changes (the column space is reclaimed by the next index rebuild), every edition; the groups table, X on its rows (one per live key) to delete them',
+          after_code=true) }}
+{% for purpose in ('heads', 'group', 'ungrouped') %}
+DROP INDEX IF EXISTS {{ names.index('ix', purpose) }} ON {{ t }};
+GO
+
+{% endfor %}
+IF COL_LENGTH(N'{{ t }}', N'group_key') IS NOT NULL
+    BEGIN
+        ALTER TABLE {{ t }} DROP COLUMN group_key;
+    END;
+GO
+
+IF COL_LENGTH(N'{{ t }}', N'group_head') IS NOT NULL
+    BEGIN
+        ALTER TABLE {{ t }} DROP COLUMN group_head;
+    END;
+GO
+
+IF OBJECT_ID(N'{{ groups_t }}', N'U') IS NOT NULL
+    BEGIN
+        DELETE FROM {{ groups_t }};
+    END;
+GO

@@ -45,9 +45,6 @@ golden: setup
 # unparsable sections, zero violations; then every reference resolves and the readiness rules hold
 # (check-tsql, also over the SQL strings of the tool and the pipelines).
 MATRIX := tests/fixtures/option_matrix.yml
-# Message groups of the work kind, PostgreSQL only until the SQL Server templates render them (the
-# file's header); fifo's are in the option matrix.
-MATRIX_GROUPS := tests/fixtures/option_matrix_groups.yml
 lint: setup
 	rm -rf build/lint
 	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect mssql --out build/lint/mssql >/dev/null
@@ -55,13 +52,10 @@ lint: setup
 	$(BIN)/tablequeue render --catalog $(MATRIX) --tsqlt --out build/lint/tsqlt >/dev/null
 	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect mssql --migrations --out build/lint/mssql-migrations >/dev/null
 	$(BIN)/tablequeue render --catalog $(MATRIX) --dialect postgres --migrations --out build/lint/postgres-migrations >/dev/null
-	$(BIN)/tablequeue render --catalog $(MATRIX_GROUPS) --dialect postgres --out build/lint/postgres-groups >/dev/null
-	$(BIN)/tablequeue render --catalog $(MATRIX_GROUPS) --dialect postgres --migrations --out build/lint/postgres-groups-migrations >/dev/null
 	$(BIN)/sqlfluff lint --processes 2 --dialect tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt \
 		build/lint/mssql-migrations database/examples/handlers/mssql
 	$(BIN)/sqlfluff lint --processes 2 --dialect postgres $(GOLDEN_SQL)/postgres build/lint/postgres \
-		build/lint/postgres-migrations build/lint/postgres-groups build/lint/postgres-groups-migrations \
-		database/examples/handlers/postgres
+		build/lint/postgres-migrations database/examples/handlers/postgres
 	$(BIN)/tablequeue check-tsql $(GOLDEN_SQL)/mssql $(GOLDEN_TSQLT) build/lint/mssql build/lint/tsqlt \
 		build/lint/mssql-migrations database/examples/handlers/mssql tools/tablequeue pipelines
 

@@ -24,12 +24,10 @@ if __name__ == "__main__":  # run as a script: import this checkout's package
 
 from tablequeue.catalog import load_catalog  # noqa: E402
 from tablequeue.gosplit import without_comments  # noqa: E402
-from tablequeue.render import DIALECTS, GROUPS_RENDERED, MigrationSource, Unit, render_catalog  # noqa: E402
+from tablequeue.render import DIALECTS, MigrationSource, Unit, render_catalog  # noqa: E402
 
 MANIFEST = REPO / "tests" / "fixtures" / "storage_versions.json"
 CATALOGS = [REPO / "tests" / "fixtures" / "option_matrix.yml", REPO / "database" / "queues.yml"]
-# Message groups, for the dialects whose templates render them (see the file's header).
-GROUPS_MATRIX = REPO / "tests" / "fixtures" / "option_matrix_groups.yml"
 UPDATE = "python tests/test_storage_versions.py --update"
 
 
@@ -38,17 +36,11 @@ def normalised_hash(body: str) -> str:
     return hashlib.sha256(" ".join(without_comments(body).split()).encode("utf-8")).hexdigest()
 
 
-def catalogs_for(dialect: str) -> list[Path]:
-    groups = load_catalog(GROUPS_MATRIX)
-    rendered = all((dialect, queue.kind) in GROUPS_RENDERED for queue in groups.queues)
-    return CATALOGS + ([GROUPS_MATRIX] if rendered else [])
-
-
 def storage_units() -> dict[str, dict[str, Unit]]:
     units: dict[str, dict[str, Unit]] = {}
     for dialect in DIALECTS:
         units[dialect] = {}
-        for path in catalogs_for(dialect):
+        for path in CATALOGS:
             for rendered in render_catalog(load_catalog(path), dialect):
                 for unit in rendered.units:
                     if unit.storage is not None:

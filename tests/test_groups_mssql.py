@@ -1,5 +1,5 @@
 """Message groups on SQL Server (issue 21; docs/queue-kinds.md, "Message groups"), proven without a
-server: the fifo templates render option groups, the render passes check-tsql (every claim and probe
+server: the fifo and work templates render option groups, the render passes check-tsql (every claim and probe
 pinned to the index whose key it seeks, UPDLOCK only in claims, lock order, batch caps), and the lock
 shapes the design rests on are the ones written. What they do under concurrency is the conformance
 suite's (tests/conformance/test_groups.py), which runs against a configured SQL Server.
@@ -73,7 +73,7 @@ def test_a_producer_never_takes_a_lock_a_consumer_holds() -> None:
         assert "HOLDLOCK" not in body and "SERIALIZABLE" not in body and "IGNORE_DUP_KEY" not in body
         # A new key: a plain insert whose duplicate (a racing producer's) is retried, only it under
         # XACT_ABORT OFF.
-        window = re.findall(r"SET XACT_ABORT OFF;\s*BEGIN TRY\s*INSERT INTO \[s\]\.\[plain_groups\] \(group_key\) "
+        window = re.findall(r"SET XACT_ABORT OFF;\s*BEGIN TRY\s*INSERT INTO \[s\]\.\[plain_groups\] \(group_key\)\s*"
                             r"VALUES \(@group\);\s*SET XACT_ABORT ON;\s*END TRY\s*BEGIN CATCH\s*SET XACT_ABORT ON;"
                             r"\s*IF ERROR_NUMBER\(\) NOT IN \(2601, 2627\) OR XACT_STATE\(\) <> 1 THROW;", body)
         assert len(window) == 1, procedure
@@ -147,3 +147,149 @@ def test_purge_deletes_groups_rows_only_in_its_own_transactions_and_never_waits(
     assert re.search(r"SET LOCK_TIMEOUT 0;\s*DELETE FROM g\s", purge)
     assert re.search(r"IF ERROR_NUMBER\(\) <> 1222 OR @started_transaction = 0\s*BEGIN\s*"
                      r"IF ERROR_NUMBER\(\) <> 1205 OR @started_transaction = 0 THROW;", purge)
+
+
+# ---- work (docs/queue-kinds.md, "SQL Server (work)"): a group is busy while it has an in-flight message.
+WORK_QUEUES = [
+    {"name": "jobs", "kind": "work", "payload": "json", "options": {"groups": True, "dedupe": True, "history": True}},
+    {"name": "tasks", "kind": "work", "payload": "text", "options": {"groups": True, "client_ids": True}},
+    {"name": "chores", "kind": "work", "payload": "json", "options": {"handler": "s.do_chore", "groups": True}},
+    {"name": "plainwork", "kind": "work", "payload": "json"},
+]
+WORK_VERBS = ("enqueue", "enqueue_batch", "dequeue", "complete", "complete_batch", "complete_next", "fail",
+              "fail_batch", "release", "extend_lease", "dead_requeue", "purge", "wait", "stats")
+
+
+def _render_work() -> dict[str, str]:
+    catalog = parse_catalog({"schema": "s", "queues": WORK_QUEUES})
+    return {f.name: f.text for f in render_catalog(catalog, "mssql")}
+
+
+def test_work_with_groups_renders_on_sql_server_and_passes_check_tsql() -> None:
+    files = _render_work()
+    report = check_sources(sorted((name, text) for name, text in files.items() if name != "plainwork.sql"))
+    assert report.clean, "\n".join(map(str, report.findings + report.violations))
+    for verb in WORK_VERBS:
+        assert f"CREATE OR ALTER PROCEDURE [s].[jobs_{verb}]" in files["jobs.sql"], verb
+    assert "CREATE OR ALTER PROCEDURE [s].[chores_process]" in files["chores.sql"]
+
+
+def test_work_with_groups_has_the_contract_names() -> None:
+    files = _render_work()
+    for queue in ("jobs", "tasks"):
+        text = files[f"{queue}.sql"]
+        assert "@group_key nvarchar(MAX) = NULL" in _procedure(text, "enqueue", queue)
+        assert re.search(rf"CREATE TYPE \[s\]\.\[{queue}_items\] AS TABLE \([^;]*group_key nvarchar\(MAX\)", text)
+        # dequeue and complete_next return group_key after dequeue's other columns.
+        assert re.search(r"c\.lease_token,\s+c\.group_key\s+FROM @claimed AS c", _procedure(text, "dequeue", queue))
+        assert re.search(r"c\.lease_token,\s+c\.group_key,\s+@previous_completed AS previous_completed",
+                         _procedure(text, "complete_next", queue))
+        table = text[text.index(f"CREATE TABLE [s].[{queue}_groups]"):]
+        table = table[:table.index(");")]
+        assert "in_flight" in table and "PRIMARY KEY NONCLUSTERED (group_key)" in table
+        # locked_at and in_flight are in no index: a holder's writes take the heap row, never the key
+        # a producer's S pin reads.
+        for index in re.findall(rf"INDEX \[\w+\]\s+ON \[s\]\.\[{queue}_groups\][^;]*", text):
+            assert "locked_at" not in index and "in_flight" not in index
+    # A buried or completed message keeps its group.
+    jobs = files["jobs.sql"]
+    for table in ("jobs_dead", "jobs_history"):
+        body = jobs[jobs.index(f"CREATE TABLE [s].[{table}]"):]
+        assert "group_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL" in body[:body.index(");")]
+
+
+def test_the_grouped_work_claim_reads_only_due_head_candidates_and_never_waits() -> None:
+    for queue, tie in (("jobs", "id"), ("tasks", "seq")):
+        dequeue = _code(_procedure(_render_work()[f"{queue}.sql"], "dequeue", queue))
+        # Ungrouped messages on the filtered claim index; grouped ones from the head index, a range
+        # seek from the last candidate seen, stepping over every group this call has tried.
+        assert re.search(rf"INDEX \(\[ix_{queue}_ungrouped\]\), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, "
+                         rf"READCOMMITTEDLOCK\)\s*WHERE m\.group_key IS NULL AND m\.visible_at <= @now", dequeue)
+        probe = dequeue[dequeue.index("@after_at = m.visible_at"):]
+        probe = probe[:probe.index(f"ORDER BY m.visible_at, m.{tie};")]
+        assert f"INDEX ([ix_{queue}_heads]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK" in probe
+        assert "m.group_head = 1 AND m.visible_at >= @after_at AND m.visible_at <= @now" in probe
+        assert re.search(r"AND NOT EXISTS \(\s*SELECT 1\s*FROM @visited AS v\s*WHERE v\.group_key = m\.group_key\s*\)",
+                         probe)
+        grouped = dequeue[dequeue.index("@after_at = m.visible_at"):]
+        # The group is taken without waiting, remembered before the outcome is known.
+        assert grouped.index("INSERT INTO @visited (group_key) VALUES (@group);") < grouped.index("WITH held_group AS")
+        held = grouped[grouped.index("WITH held_group AS"):grouped.index("UPDATE held_group")]
+        assert "READPAST, UPDLOCK, READCOMMITTEDLOCK" in held
+        # The head: in_flight when set (a failed head retries first), else the group's oldest.
+        assert re.search(r"IF @in_flight IS NULL\s*BEGIN\s*SET @waiting_id = NULL;", grouped)
+        assert re.search(r"ELSE\s*BEGIN\s*SET @next_id = @in_flight;", grouped)
+        # Leased only when due, and then the group's in-flight message.
+        assert re.search(r"IF @head_due IS NULL OR @head_due > @now CONTINUE;\s*WITH group_head AS", grouped)
+        assert re.search(r"WHERE visible_at <= @now;\s*IF @@ROWCOUNT = 1 AND @in_flight IS NULL", grouped)
+        assert "UPDATE TOP (1000) other_candidates" in grouped and "UPDATE other_candidates" not in grouped
+        # No OR in the WHERE of any hinted read (claims and probes).
+        wheres = re.findall(r"WITH \(INDEX [^\n]*\)\s*WHERE\s(.*?)(?:ORDER BY|\n\s*\)|;)", dequeue, flags=re.S)
+        assert len(wheres) > 8 and not any(re.search(r"\bOR\b", w) for w in wheres)
+
+
+def test_acknowledgements_hold_the_group_first_and_settle_it_after() -> None:
+    jobs = _render_work()["jobs.sql"]
+    hold = re.compile(r"FROM \[s\]\.\[jobs_groups\] AS g WITH \(INDEX \(\[pk_jobs_groups\]\), FORCESEEK, ROWLOCK, "
+                      r"UPDLOCK, HOLDLOCK\)")
+    for verb, change in (("complete", "DELETE FROM [s].[jobs]"), ("fail", "UPDATE [s].[jobs]"),
+                         ("complete_batch", "DELETE m"), ("fail_batch", "UPDATE m"),
+                         ("complete_next", "DELETE FROM [s].[jobs]")):
+        body = _code(_procedure(jobs, verb, "jobs"))
+        held = hold.search(body)
+        assert held, verb
+        # The groups row (waiting: the acknowledgement must act), then the message (lock order).
+        assert held.start() < body.index(change), verb
+        # Settled after: in_flight cleared when its message is gone, the next head flagged.
+        assert body.index(change) < body.index("SET in_flight = @in_flight"), verb
+    # A retry keeps the group in flight: fail settles only a message that went to the dead table.
+    assert re.search(r"IF @group IS NOT NULL AND @outcome = 'dead'", _procedure(jobs, "fail", "jobs"))
+    # Batches hold their groups one at a time in key order.
+    for verb in ("complete_batch", "fail_batch"):
+        body = _code(_procedure(jobs, verb, "jobs"))
+        assert re.search(r"WHERE a\.group_key > @group", body), verb
+    # release and extend_lease change no group.
+    for verb in ("release", "extend_lease"):
+        assert "jobs_groups" not in _procedure(jobs, verb, "jobs")
+
+
+def test_work_producers_never_take_a_lock_a_consumer_holds() -> None:
+    for queue in ("jobs", "tasks"):
+        for verb in ("enqueue", "enqueue_batch"):
+            body = _code(_procedure(_render_work()[f"{queue}.sql"], verb, queue))
+            groups_reads = re.findall(rf"\[s\]\.\[{queue}_groups\] AS g WITH \((.*?)\)\s*\n", body)
+            assert any("READPAST, UPDLOCK" in r for r in groups_reads), verb
+            assert all("UPDLOCK" not in r or "READPAST" in r for r in groups_reads), verb
+            assert "HOLDLOCK)\n" not in body.split("[s].[" + queue + "_groups]")[1][:200]
+            # The groups row before the message (the fixed lock order).
+            assert body.index(f"[s].[{queue}_groups]") < body.index(f"INSERT INTO [s].[{queue}] ("), verb
+
+
+def test_work_queues_without_groups_render_without_them() -> None:
+    text = _render_work()["plainwork.sql"]
+    assert "group_key" not in text and "_groups" not in text and "ix_plainwork_ungrouped" not in text
+
+
+def test_the_work_groups_migrations_build_what_a_fresh_install_has() -> None:
+    catalog = parse_catalog({"schema": "s", "queues": WORK_QUEUES[:1]})
+    migrations = {f.name: f.text for f in render_migrations(catalog, "mssql")}
+    added = migrations["s.jobs.work_table_add_groups.sql"]
+    dropped = migrations["s.jobs.work_table_drop_groups.sql"]
+    fresh = _render_work()["jobs.sql"]
+
+    def indexes(text: str) -> set[str]:
+        return {" ".join(i.split()) for i in re.findall(r"CREATE NONCLUSTERED INDEX \[ix_jobs_(?:ungrouped|heads|group)\][^;]*?"
+                                                         r"WHERE [^;\n]*", text)}
+
+    assert indexes(fresh) == indexes(added) and len(indexes(fresh)) == 3
+    assert "[ix_jobs_claim]" not in fresh
+    # The old claim index goes after the code units (the old code pins it until then); dropping
+    # groups builds it again before them and drops the group indexes after.
+    after = added.index("tablequeue:step transaction after-code")
+    assert added.index("DROP INDEX IF EXISTS [ix_jobs_claim]") > after
+    assert dropped.index("CREATE NONCLUSTERED INDEX [ix_jobs_claim]") < dropped.index("after-code")
+    assert all(dropped.index(f"DROP INDEX IF EXISTS [ix_jobs_{p}]") > dropped.index("after-code")
+               for p in ("heads", "group", "ungrouped"))
+    for role in ("dead", "history"):
+        assert "ADD group_key nvarchar(200)" in migrations[f"s.jobs_{role}.work_{role}_add_groups.sql"]
+        assert "DROP COLUMN group_key" in migrations[f"s.jobs_{role}.work_{role}_drop_groups.sql"]

@@ -67,7 +67,7 @@ BEGIN
 {% for words, name, key, filter in pins.pinned %}
 {% for part in key.split(', ') %}
 {% set column, descending = key_column(part).split('|') %}
-{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', " ~ (1 if words == 'CLUSTERED' else 2) ~ ", " ~ (("N'" ~ stored_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
+{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', " ~ (1 if 'CLUSTERED' in words.split() else 2) ~ ", " ~ (("N'" ~ stored_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
 {% endfor %}
 {% endfor %}
 {% for row in found.rows %}

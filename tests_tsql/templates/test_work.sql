@@ -28,6 +28,9 @@
 {% set dedupe = opt.dedupe %}
 {% set history = opt.history %}
 {% set max_attempts = opt.max_attempts %}
+{% set groups = opt.get('groups', false) %}
+{#- With groups, dequeue and complete_next return group_key after lease_token. -#}
+{% set gk = ', group_key' if groups else '' %}
 {#- A payload literal of the queue's type; n tells messages apart. -#}
 {% macro sample(n) -%}
 {% if queue.payload == 'json' %}N'{"n": {{ n }}}'{% elif queue.payload == 'text' %}N'message {{ n }}'{% else %}0x{{ '%02X' % n }}{% endif %}
@@ -73,7 +76,9 @@
         enqueued_at datetime2(7) NOT NULL,
         due_at datetime2(7) NOT NULL,
         attempts int NOT NULL,
-        lease_token uniqueidentifier NULL
+        lease_token uniqueidentifier NULL{% if groups %},
+        group_key nvarchar(200) NULL{% endif %}
+
 {%- endmacro %}
 {#- dequeue's result set, in the order it came, as #Actual (position, id, attempts). -#}
 {% macro dequeue_into_actual(batch_size, worker, lease_seconds='NULL') %}
@@ -83,7 +88,7 @@
     );
 
     -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }})
     EXEC {{ names.verb('dequeue') }}
         @batch_size = {{ batch_size }},
         @worker = N'{{ worker }}',
@@ -608,7 +613,7 @@ BEGIN
     CREATE TABLE #Earlier (
 {{ dequeue_columns() }}
     );
-    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts, lease_token)
+    INSERT INTO #Earlier (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }})
     EXEC {{ names.verb('dequeue') }} @batch_size = 1, @worker = N'w', @lease_seconds = 600;
 {{ insert_message(3, visible=-3600) }}
 {{ dequeue_into_actual(1, 'v', 600) }}
@@ -1168,7 +1173,7 @@ BEGIN
     );
 
     -- Act
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }})
     EXEC {{ names.verb('dequeue') }}
         @batch_size = 3,
         @worker = N'w',
@@ -1668,7 +1673,7 @@ BEGIN
     );
 
     -- Act
-    INSERT INTO #Next (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    INSERT INTO #Next (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }}, previous_completed)
     EXEC {{ names.verb('complete_next') }}
         @id = {{ mid(1) }},
         @worker = N'w',
@@ -1720,7 +1725,7 @@ BEGIN
     );
 
     -- Act
-    INSERT INTO #Actual (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
+    INSERT INTO #Actual (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }}, previous_completed)
     EXEC {{ names.verb('complete_next') }} @id = {{ mid(1) }}, @worker = N'w';
 
     -- Assert
@@ -1730,13 +1735,15 @@ BEGIN
         a.enqueued_at,
         a.due_at,
         a.attempts,
-        a.lease_token,
+        a.lease_token,{% if groups %}
+        a.group_key,{% endif %}
+
         a.previous_completed
     INTO #Expected
     FROM #Actual AS a;
 
-    INSERT INTO #Expected (id, payload, enqueued_at, due_at, attempts, lease_token, previous_completed)
-    VALUES (NULL, NULL, NULL, NULL, NULL, NULL, 0);
+    INSERT INTO #Expected (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }}, previous_completed)
+    VALUES (NULL, NULL, NULL, NULL, NULL, NULL, {{ 'NULL, ' if groups }}0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 {{ assert_queue([(2, 0, none, false)]) }}
 END;
@@ -2639,6 +2646,157 @@ BEGIN
     -- Assert: 1 completed; 2 and 3 never claimed (no attempt, no lease).
 {{ assert_queue([(2, 0, none, true), (3, 0, none, true)]) }}
     EXEC tSQLt.AssertEmptyTable @TableName = N'{{ dead_t }}';
+END;
+GO
+{% endif %}
+{% if groups %}
+
+-- message groups (docs/queue-kinds.md, "SQL Server (work)") -------------------------------------
+-- tSQLt runs each test in one transaction of one session, and a session never skips its own locks:
+-- here a group is busy only through its in-flight message, which one session shows; a group that
+-- another session's claim or acknowledgement holds for an instant (skipped by READPAST, waited for
+-- by an acknowledgement), and producers that never wait, need two sessions: the conformance suite
+-- (tests/conformance/test_groups.py) runs those against a real server.
+{% set groups_t = names.obj('_groups') %}
+{#- The queue table and the groups table faked (the groups table's key is the index its hints
+    name), grouped messages and their groups' rows in place: rows (n, group, head, visible, leased_by,
+    attempts, lease), in_flight {group: n}. -#}
+{% macro assemble_groups(rows, in_flight={}) %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ groups_t }}';
+    CREATE UNIQUE NONCLUSTERED INDEX {{ names.index('pk', 'groups') }} ON {{ groups_t }} (group_key);
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{% for n, group, head, visible, leased_by, attempts, lease in rows %}
+    INSERT INTO {{ t }} (
+        id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, attempts, leased_by, leased_at, lease_token,
+        group_key, group_head, payload
+    )
+    VALUES (
+        {{ mid(n) }}, {{ (n ~ ', ') if client_ids }}DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now),
+        DATEADD(SECOND, {{ visible }}, @now), {{ attempts }}, {{ ("N'" ~ leased_by ~ "'") if leased_by else 'NULL' }},
+        {{ 'DATEADD(SECOND, -10, @now)' if leased_by else 'NULL' }}, {{ token(lease) if lease else 'NULL' }},
+        N'{{ group }}', {{ head }}, {{ sample(n) }}
+    );
+{% endfor %}
+{% for group in rows | map(attribute=1) | unique %}
+    INSERT INTO {{ groups_t }} (group_key, in_flight)
+    VALUES (N'{{ group }}', {{ mid(in_flight[group]) if group in in_flight else 'NULL' }});
+{% endfor %}
+{%- endmacro %}
+{#- The groups' in-flight messages against (group, n or none). -#}
+{% macro assert_in_flight(expected) %}
+    SELECT
+        g.group_key,
+        g.in_flight
+    INTO #InFlight
+    FROM {{ groups_t }} AS g;
+
+    CREATE TABLE #ExpectedInFlight (group_key nvarchar(200) NOT NULL, in_flight {{ id_type }} NULL);
+    INSERT INTO #ExpectedInFlight (group_key, in_flight)
+    VALUES {% for group, n in expected %}(N'{{ group }}', {{ mid(n) if n else 'NULL' }}){{ ', ' if not loop.last }}{% endfor %};
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedInFlight', @Actual = N'#InFlight';
+{%- endmacro %}
+
+CREATE PROCEDURE {{ cls }}.[test dequeue hands out the head of each group, one message per group]
+AS
+BEGIN
+    -- Assemble: group a holds 1, 2 and 4 (1 its head), group b holds 3; a batch of ten.
+{{ assemble_groups([(1, 'a', 1, -60, none, 0, none), (2, 'a', 0, -50, none, 0, none),
+                    (3, 'b', 1, -40, none, 0, none), (4, 'a', 0, -30, none, 0, none)]) }}
+{{ dequeue_into_actual(10, 'w', 600) }}
+
+    -- Assert: the heads, oldest first, each now its group's in-flight message; 2 and 4 wait.
+{{ expect_dequeued([(1, 1), (3, 1)]) }}
+{{ assert_in_flight([('a', 1), ('b', 3)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue in a batch takes the oldest heads of different groups]
+AS
+BEGIN
+    -- Assemble: three groups with one due head each; a batch of two.
+{{ assemble_groups([(1, 'c', 1, -20, none, 0, none), (2, 'a', 1, -60, none, 0, none),
+                    (3, 'b', 1, -40, none, 0, none), (4, 'a', 0, -50, none, 0, none)]) }}
+{{ dequeue_into_actual(2, 'w', 600) }}
+
+    -- Assert
+{{ expect_dequeued([(2, 1), (3, 1)]) }}
+{{ assert_in_flight([('a', 2), ('b', 3), ('c', none)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a failed head retries before the group's later messages]
+AS
+BEGIN
+    -- Assemble: 2 failed (in flight, its retry due now); 1 is older in the queue but waits behind it.
+{{ assemble_groups([(1, 'a', 0, -60, none, 0, none), (2, 'a', 1, -5, none, 1, none)], {'a': 2}) }}
+{{ dequeue_into_actual(10, 'w', 600) }}
+
+    -- Assert: the retry, its second attempt; 1 still waits.
+{{ expect_dequeued([(2, 2)]) }}
+{{ assert_in_flight([('a', 2)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a group whose head waits for its retry hands out nothing]
+AS
+BEGIN
+    -- Assemble: 2 failed, its retry a minute away; 1 is due but behind it.
+{{ assemble_groups([(1, 'a', 0, -60, none, 0, none), (2, 'a', 1, 60, none, 1, none)], {'a': 2}) }}
+{{ dequeue_into_actual(10, 'w', 600) }}
+
+    -- Assert
+{{ expect_dequeued([]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete of the head unblocks its group]
+AS
+BEGIN
+    -- Assemble: 1 is leased to w (in flight), 2 waits behind it.
+{{ assemble_groups([(1, 'a', 1, 600, 'w', 1, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    CREATE TABLE #Completed (completed bit NULL);
+    INSERT INTO #Completed (completed)
+    EXEC {{ names.verb('complete') }} @id = {{ mid(1) }}, @worker = N'w', @lease_token = {{ token(1) }};
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert: 2 is the group's head and goes to the next worker.
+{{ expect_dequeued([(2, 1)]) }}
+{{ assert_in_flight([('a', 2)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test an expired lease unblocks the group with its head]
+AS
+BEGIN
+    -- Assemble: w's lease of 1 expired 5 seconds ago; 2 waits behind it.
+{{ assemble_groups([(1, 'a', 1, -5, 'w', 1, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert: v gets 1 again (its second attempt), not 2.
+{{ expect_dequeued([(1, 2)]) }}
+{{ assert_in_flight([('a', 1)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test fail to the dead-letter table unblocks the group]
+AS
+BEGIN
+    -- Assemble: 1 is leased to w on its last attempt; 2 waits behind it.
+{{ assemble_groups([(1, 'a', 1, 600, 'w', max_attempts, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    CREATE TABLE #Outcome (outcome varchar(8) NULL);
+    INSERT INTO #Outcome (outcome)
+    EXEC {{ names.verb('fail') }} @id = {{ mid(1) }}, @worker = N'w', @error = N'boom', @lease_token = {{ token(1) }};
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert
+{{ expect_dequeued([(2, 1)]) }}
+{{ assert_in_flight([('a', 2)]) }}
 END;
 GO
 {% endif %}

@@ -363,8 +363,8 @@ def _tsqlt_migration_cases(catalog: Catalog, queue: Queue) -> list[dict]:
         if unit.object != "table" or unit.storage is None:
             continue
         for key, value in unit.storage.shape:
-            if key not in SHAPE_COLUMNS:
-                continue
+            if key not in SHAPE_COLUMNS or (key == "priority" and dict(unit.storage.shape).get("groups") == "on"):
+                continue   # (priority is refused with groups: that migration never runs)
             flipped = tuple((k, ("off" if v == "on" else "on") if k == key else v) for k, v in unit.storage.shape)
             change = f"{'drop' if value == 'on' else 'add'}_{key}"
             name = source.find(unit, change)
@@ -519,11 +519,14 @@ def render_migrations(catalog: Catalog, dialect: str, extra_root: Path | None = 
             if unit.storage is None or unit.object == "type":
                 continue
             steps: list[tuple[str, Storage, Storage, dict]] = []
-            for version in range(1, unit.storage.version):
+            grouped = dict(unit.storage.shape).get("groups") == "on"
+            # Storage before groups (a version step) cannot hold groups, and priority is refused
+            # with groups: such migrations never run, and name indexes a grouped table does not have.
+            for version in range(1, unit.storage.version if not grouped else 1):
                 steps.append((f"v{version}_to_v{version + 1}", Storage(version, unit.storage.shape),
                               Storage(version + 1, unit.storage.shape), {}))
             for key, _ in unit.storage.shape:
-                if key not in BOOLEAN_SHAPE_KEYS:
+                if key not in BOOLEAN_SHAPE_KEYS or (grouped and key == "priority"):
                     continue
                 off = tuple((k, "off" if k == key else v) for k, v in unit.storage.shape)
                 on = tuple((k, "on" if k == key else v) for k, v in unit.storage.shape)

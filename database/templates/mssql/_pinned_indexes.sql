@@ -46,8 +46,14 @@
 {% if kind == 'work' and has_groups %}
 {% set group_pinned = [('NONCLUSTERED', names.index('ix', 'heads'), 'group_head, visible_at, ' ~ tie ~ ', group_key', 'group_head = 1'),
                        ('NONCLUSTERED', names.index('ix', 'group'), 'group_key, group_head, ' ~ tie, 'group_key IS NOT NULL')] %}
-{% endif %}
+{#- Its settle and head lease seek one message by its primary key, and purge walks the clustered key
+    (seq with client ids): pinned too, so the tSQLt fake gets them. -#}
+{% set key_pinned = [('NONCLUSTERED', pk, 'id', none), ('UNIQUE CLUSTERED', names.index('ux', 'seq'), 'seq', none)]
+    if opt.client_ids else [('CLUSTERED', pk, 'id', none)] %}
+{% set pinned = pinned + group_pinned + key_pinned %}
+{% else %}
 {% set pinned = pinned + group_pinned %}
+{% endif %}
 
 {#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written
     as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one).

@@ -282,6 +282,39 @@ WHILE @group IS NOT NULL
     END;
 {%- endmacro %}
 
+{#- A batch acknowledgement's groups (@batch: the acks in id order), into @acked_groups. -#}
+{% macro acked_groups_of_batch() %}
+{{ work_declare() }}
+    -- The batch's groups (a message's group never changes: read without a lock), held first,
+    -- waiting, one at a time in key order (the fixed lock order), settled after the change.
+    DECLARE @acked_groups TABLE (
+        group_key {{ group_key_type }} NOT NULL PRIMARY KEY -- noqa: CP02
+    );
+    INSERT INTO @acked_groups (group_key)
+    SELECT DISTINCT m.group_key
+    FROM @batch AS b
+    INNER JOIN {{ t }} AS m ON b.id = m.id
+    WHERE m.group_key IS NOT NULL;
+{%- endmacro %}
+
+{#- A batch enqueue joins the groups of @joined (group_key, group_head) one at a time in key order
+    (the fixed lock order) and records whether each one's first item is a head candidate. -#}
+{% macro join_groups_in_order() %}
+SET @group = (SELECT MIN(j.group_key) FROM @joined AS j);
+WHILE @group IS NOT NULL
+    BEGIN
+        {{ join_group() | indent(8) }}
+        UPDATE @joined
+        SET group_head = @group_head
+        WHERE group_key = @group;
+        SET @group = (
+            SELECT MIN(j.group_key)
+            FROM @joined AS j
+            WHERE j.group_key > @group
+        );
+    END;
+{%- endmacro %}
+
 {#- After the acknowledgement: each held group of @acked_groups settled (checked). -#}
 {% macro settle_groups_in_order() %}
 SET @group = (SELECT MIN(a.group_key) FROM @acked_groups AS a);

@@ -5,21 +5,7 @@
 {% import '_macros.sql' as m with context %}
 {% import '_pinned_indexes.sql' as pins with context %}
 {% set t = names.obj() %}
-{{ m.step('transaction', 'add columns group_key and group_head',
-          'the table, Sch-M for a metadata change (nullable columns: no row is touched), every edition') }}
-IF COL_LENGTH(N'{{ t }}', N'group_key') IS NULL
-    BEGIN
-        ALTER TABLE {{ t }}
-        ADD group_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL; -- noqa: CP02
-    END;
-GO
-
-IF COL_LENGTH(N'{{ t }}', N'group_head') IS NULL
-    BEGIN
-        ALTER TABLE {{ t }}
-        ADD group_head bit NULL;
-    END;
-GO
+{% include 'migrations/_add_group_columns.sql' %}
 {% for index in pins.group_pinned %}
 {% set name = index[1] | replace('[', '') | replace(']', '') %}
 

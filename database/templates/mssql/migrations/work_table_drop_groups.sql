@@ -19,28 +19,4 @@ IF
     END;
 GO
 
-{{ m.step('transaction', 'drop the group indexes and columns, empty the groups table',
-          'the table, Sch-M for metadata changes (the column space is reclaimed by the next index rebuild), every edition; the groups table, X on its rows (one per live key) to delete them',
-          after_code=true) }}
-{% for purpose in ('heads', 'group', 'ungrouped') %}
-DROP INDEX IF EXISTS {{ names.index('ix', purpose) }} ON {{ t }};
-GO
-
-{% endfor %}
-IF COL_LENGTH(N'{{ t }}', N'group_key') IS NOT NULL
-    BEGIN
-        ALTER TABLE {{ t }} DROP COLUMN group_key;
-    END;
-GO
-
-IF COL_LENGTH(N'{{ t }}', N'group_head') IS NOT NULL
-    BEGIN
-        ALTER TABLE {{ t }} DROP COLUMN group_head;
-    END;
-GO
-
-IF OBJECT_ID(N'{{ groups_t }}', N'U') IS NOT NULL
-    BEGIN
-        DELETE FROM {{ groups_t }};
-    END;
-GO
+{% include 'migrations/_drop_group_storage.sql' %}

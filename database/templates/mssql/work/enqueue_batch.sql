@@ -156,19 +156,7 @@ BEGIN
             END;
 {% if groups %}
 
-        SET @group = (SELECT MIN(j.group_key) FROM @joined AS j);
-        WHILE @group IS NOT NULL
-            BEGIN
-                {{ grp.join_group() | indent(16) }}
-                UPDATE @joined
-                SET group_head = @group_head
-                WHERE group_key = @group;
-                SET @group = (
-                    SELECT MIN(j.group_key)
-                    FROM @joined AS j
-                    WHERE j.group_key > @group
-                );
-            END;
+        {{ grp.join_groups_in_order() | indent(8) }}
 {% endif %}
 {% if dedupe %}
 

@@ -24,17 +24,7 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ w.batch_in_id_order() }}
 {% if groups %}
-{{ grp.work_declare() }}
-    -- The batch's groups (a message's group never changes: read without a lock), held first,
-    -- waiting, one at a time in key order (the fixed lock order), settled after the change.
-    DECLARE @acked_groups TABLE (
-        group_key {{ key_type }} NOT NULL PRIMARY KEY -- noqa: CP02
-    );
-    INSERT INTO @acked_groups (group_key)
-    SELECT DISTINCT m.group_key
-    FROM @batch AS b
-    INNER JOIN {{ t }} AS m ON b.id = m.id
-    WHERE m.group_key IS NOT NULL;
+{{ grp.acked_groups_of_batch() }}
 {% endif %}
     -- The messages whose lease the caller held, with the attempts they had used.
     DECLARE @held TABLE (

@@ -858,15 +858,7 @@ GO
                     FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE
                         m.group_head = 1 AND m.id <= @bound_id
-                        AND EXISTS (
-                            SELECT g.locked_at
-                            FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE
-                                g.group_key = m.group_key
-                                -- true for every row, without OR (claim-pin): it makes the seek read the
-                                -- heap row, which a holder's stamp holds X on, so READPAST skips held groups
-                                AND COALESCE(g.locked_at, '00010102') > '00010101'
-                        );
+                        AND {{ grp.not_held('m.group_key') | indent(24) }};
                 END;
 {% else %}
             SELECT TOP (1) @ready = 1

@@ -22,6 +22,19 @@
 {% set group_claim = 'INDEX (' ~ group_ix ~ '), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK' %}
 {% set groups_claim = 'INDEX (' ~ groups_pk ~ '), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK' %}
 
+{#- wait's condition: the group key_sql has a row that nobody holds right now (READPAST, no U lock). -#}
+{% macro not_held(key_sql) %}
+EXISTS (
+    SELECT g.locked_at
+    FROM {{ groups_t }} AS g WITH (INDEX ({{ groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+    WHERE
+        g.group_key = {{ key_sql }}
+        -- true for every row, without OR (claim-pin): it makes the seek read the
+        -- heap row, which a holder's stamp holds X on, so READPAST skips held groups
+        AND COALESCE(g.locked_at, '00010102') > '00010101'
+)
+{%- endmacro %}
+
 {#- Take the group key_sql's row without waiting (READPAST): @@ROWCOUNT is 1 when this transaction
     now holds it (or already did), 0 when someone else does or there is no row. -#}
 {% macro take_group(key_sql) %}

@@ -35,15 +35,7 @@
                         WHERE m.group_head = 1 AND m.visible_at <= SYSUTCDATETIME()
                         ORDER BY m.visible_at, m.{{ tie }}
                     ) AS c
-                    WHERE EXISTS (
-                        SELECT g.locked_at
-                        FROM {{ grp.groups_t }} AS g WITH (INDEX ({{ grp.groups_pk }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE
-                            g.group_key = c.group_key
-                            -- true for every row, without OR (claim-pin): it makes the seek read the
-                            -- heap row, which a holder's stamp holds X on, so READPAST skips held groups
-                            AND COALESCE(g.locked_at, '00010102') > '00010101'
-                    );
+                    WHERE {{ grp.not_held('c.group_key') | indent(20) }};
                 END;
 {% endcall %}
 {% else %}

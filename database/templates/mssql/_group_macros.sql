@@ -279,20 +279,24 @@ FROM {{ groups_t }} AS g WITH (INDEX ({{ groups_pk }}), FORCESEEK, ROWLOCK) -- n
 WHERE g.group_key = @group;
 {%- endmacro %}
 
-{#- An acknowledgement of the messages of @acked (id, group_key) holds their groups, waiting, one at
-    a time in key order (the fixed lock order: groups rows in key order, then message rows). Expects
-    @acked_groups (group_key) filled with their distinct keys. -#}
-{% macro hold_groups_in_order() %}
+{#- The body the caller gives, once for each group of @acked_groups, as @group, in key order. -#}
+{% macro each_acked_group() %}
 SET @group = (SELECT MIN(a.group_key) FROM @acked_groups AS a);
 WHILE @group IS NOT NULL
     BEGIN
-        {{ hold_group() | indent(8) }}
+        {{ caller() | indent(8) }}
         SET @group = (
             SELECT MIN(a.group_key)
             FROM @acked_groups AS a
             WHERE a.group_key > @group
         );
     END;
+{%- endmacro %}
+{#- An acknowledgement holds their groups, waiting, one at
+    a time in key order (the fixed lock order: groups rows in key order, then message rows). Expects
+    @acked_groups (group_key) filled with their distinct keys. -#}
+{% macro hold_groups_in_order() %}
+{% call each_acked_group() %}{{ hold_group() }}{% endcall %}
 {%- endmacro %}
 
 {#- A batch acknowledgement's groups (@batch: the acks in id order), into @acked_groups. -#}
@@ -330,19 +334,9 @@ WHILE @group IS NOT NULL
 
 {#- After the acknowledgement: each held group of @acked_groups settled (checked). -#}
 {% macro settle_groups_in_order() %}
-SET @group = (SELECT MIN(a.group_key) FROM @acked_groups AS a);
-WHILE @group IS NOT NULL
-    BEGIN
-        {{ read_in_flight() | indent(8) }}
-        {{ settle_work(true) | indent(8) }}
-        SET @group = (
-            SELECT MIN(a.group_key)
-            FROM @acked_groups AS a
-            WHERE a.group_key > @group
-        );
-    END;
+{% call each_acked_group() %}{{ read_in_flight() }}
+{{ settle_work(true) }}{% endcall %}
 {%- endmacro %}
-
 
 {#- purge with groups (fifo and work): grouped messages go only with their group held (READPAST: the
     messages of a group a consumer or producer holds stay for the next purge), the groups row first

@@ -292,7 +292,7 @@ WHILE @group IS NOT NULL
         );
     END;
 {%- endmacro %}
-{#- An acknowledgement holds their groups, waiting, one at
+{#- An acknowledgement holds the groups of its messages, waiting, one at
     a time in key order (the fixed lock order: groups rows in key order, then message rows). Expects
     @acked_groups (group_key) filled with their distinct keys. -#}
 {% macro hold_groups_in_order() %}

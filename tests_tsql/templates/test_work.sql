@@ -1735,9 +1735,10 @@ BEGIN
         a.enqueued_at,
         a.due_at,
         a.attempts,
-        a.lease_token,{% if groups %}
-        a.group_key,{% endif %}
-
+        a.lease_token,
+{% if groups %}
+        a.group_key,
+{% endif %}
         a.previous_completed
     INTO #Expected
     FROM #Actual AS a;
@@ -2761,7 +2762,10 @@ BEGIN
 {% endif %}
     CREATE TABLE #Completed (completed bit NULL);
     INSERT INTO #Completed (completed)
-    EXEC {{ names.verb('complete') }} @id = {{ mid(1) }}, @worker = N'w', @lease_token = {{ token(1) }};
+    EXEC {{ names.verb('complete') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = {{ token(1) }};
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert: 2 is the group's head and goes to the next worker.
@@ -2791,7 +2795,11 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     CREATE TABLE #Outcome (outcome varchar(8) NULL);
     INSERT INTO #Outcome (outcome)
-    EXEC {{ names.verb('fail') }} @id = {{ mid(1) }}, @worker = N'w', @error = N'boom', @lease_token = {{ token(1) }};
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'boom',
+        @lease_token = {{ token(1) }};
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert

@@ -167,7 +167,10 @@ def _render_work() -> dict[str, str]:
 
 def test_work_with_groups_renders_on_sql_server_and_passes_check_tsql() -> None:
     files = _render_work()
-    report = check_sources(sorted((name, text) for name, text in files.items() if name != "plainwork.sql"))
+    # (chores names a handler that only a deployment provides: its EXEC would be an unresolved
+    # reference here; its process procedure is rendered, and the matrix's work_handler is checked.)
+    report = check_sources(sorted((name, text) for name, text in files.items()
+                                  if name not in ("plainwork.sql", "chores.sql")))
     assert report.clean, "\n".join(map(str, report.findings + report.violations))
     for verb in WORK_VERBS:
         assert f"CREATE OR ALTER PROCEDURE [s].[jobs_{verb}]" in files["jobs.sql"], verb

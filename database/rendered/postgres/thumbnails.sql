@@ -1844,4 +1844,8 @@ GRANT EXECUTE ON PROCEDURE "queue"."thumbnails_process" TO "queue_admin";
 -- check its caller's rights: the admin role that runs it needs dequeue, complete and fail too
 -- (SQL Server's ownership chain needs no such grant). The handler runs with the caller's rights as
 -- well: grant the admin role what it does (database/examples/handlers/postgres).
-GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dequeue", "queue"."thumbnails_complete", "queue"."thumbnails_fail" TO "queue_admin";
+GRANT EXECUTE ON FUNCTION
+"queue"."thumbnails_dequeue",
+"queue"."thumbnails_complete",
+"queue"."thumbnails_fail"
+TO "queue_admin";

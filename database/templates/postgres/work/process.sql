@@ -145,4 +145,8 @@ $procedure$;
 -- check its caller's rights: the admin role that runs it needs dequeue, complete and fail too
 -- (SQL Server's ownership chain needs no such grant). The handler runs with the caller's rights as
 -- well: grant the admin role what it does (database/examples/handlers/postgres).
-GRANT EXECUTE ON FUNCTION {{ names.verb('dequeue') }}, {{ names.verb('complete') }}, {{ names.verb('fail') }} TO {{ names.role('process') }};
+GRANT EXECUTE ON FUNCTION
+{{ names.verb('dequeue') }},
+{{ names.verb('complete') }},
+{{ names.verb('fail') }}
+TO {{ names.role('process') }};

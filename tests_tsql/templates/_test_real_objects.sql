@@ -18,6 +18,18 @@
 {% set column, rest = filter.split(' ', 1) %}([{{ column }}] {{ rest }})
 {%- endmacro %}
 
+{#- The FROM and WHERE of a query over one table's index key columns (aliases i, ic, c); the
+    caller adds its own AND conditions. -#}
+{% macro index_columns_of(table) %}
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'{{ table }}')
+{%- endmacro %}
+
 -- the deployed objects ----------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test the pinned indexes have the key and filter the claims seek on]
@@ -35,13 +47,7 @@ BEGIN
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-    FROM sys.indexes AS i
-    INNER JOIN sys.index_columns AS ic
-        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
-    INNER JOIN sys.columns AS c
-        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
-    WHERE
-        i.object_id = OBJECT_ID(N'{{ t }}')
+{{ index_columns_of(t) }}
         AND i.name IN (
 {% for index in pins.pinned %}
             N'{{ index[1][1:-1] }}'{{ ',' if not loop.last }}
@@ -92,13 +98,7 @@ BEGIN
         c.collation_name,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-    FROM sys.indexes AS i
-    INNER JOIN sys.index_columns AS ic
-        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
-    INNER JOIN sys.columns AS c
-        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
-    WHERE
-        i.object_id = OBJECT_ID(N'{{ t }}')
+{{ index_columns_of(t) }}
         AND i.name = N'{{ names.index_name('ux', 'dedupe') }}'
         AND ic.key_ordinal > 0;
 
@@ -135,13 +135,7 @@ BEGIN
         c.name AS column_name,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-    FROM sys.indexes AS i
-    INNER JOIN sys.index_columns AS ic
-        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
-    INNER JOIN sys.columns AS c
-        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
-    WHERE
-        i.object_id = OBJECT_ID(N'{{ dead_t }}')
+{{ index_columns_of(dead_t) }}
         AND ic.key_ordinal > 0;
 
     -- Assert: clustered (type 1) on the IDENTITY dead_seq, unique; the primary key on id nonclustered

@@ -3979,10 +3979,10 @@ BEGIN
     -- on them, every dead letter would land on a random page (storage v2, work_dead_v1_to_v2).
     SELECT
         i.name AS index_name,
-        CONVERT(tinyint, i.type) AS index_type,
         i.is_unique,
         i.is_primary_key,
         c.name AS column_name,
+        CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -3999,10 +3999,10 @@ BEGIN
     -- (the catalog views' collation, see the pinned index test).
     SELECT TOP (0)
         a.index_name,
-        a.index_type,
         a.is_unique,
         a.is_primary_key,
         a.column_name,
+        a.index_type,
         a.key_ordinal
     INTO #Expected
     FROM #Actual AS a;

@@ -18,6 +18,18 @@
 {% set column, rest = filter.split(' ', 1) %}([{{ column }}] {{ rest }})
 {%- endmacro %}
 
+{#- The FROM and WHERE of a query over one table's index key columns (aliases i, ic, c); the
+    caller adds its own AND conditions. -#}
+{% macro index_columns_of(table) %}
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'{{ table }}')
+{%- endmacro %}
+
 -- the deployed objects ----------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test the pinned indexes have the key and filter the claims seek on]
@@ -35,13 +47,7 @@ BEGIN
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-    FROM sys.indexes AS i
-    INNER JOIN sys.index_columns AS ic
-        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
-    INNER JOIN sys.columns AS c
-        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
-    WHERE
-        i.object_id = OBJECT_ID(N'{{ t }}')
+{{ index_columns_of(t) }}
         AND i.name IN (
 {% for index in pins.pinned %}
             N'{{ index[1][1:-1] }}'{{ ',' if not loop.last }}
@@ -92,13 +98,7 @@ BEGIN
         c.collation_name,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-    FROM sys.indexes AS i
-    INNER JOIN sys.index_columns AS ic
-        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
-    INNER JOIN sys.columns AS c
-        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
-    WHERE
-        i.object_id = OBJECT_ID(N'{{ t }}')
+{{ index_columns_of(t) }}
         AND i.name = N'{{ names.index_name('ux', 'dedupe') }}'
         AND ic.key_ordinal > 0;
 
@@ -117,6 +117,52 @@ BEGIN
     INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
     VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% endif %}
+{% if kind == 'work' and opt.get('client_ids') %}
+
+CREATE PROCEDURE {{ cls }}.[test the dead letters are clustered on dead_seq, not on the random id]
+AS
+BEGIN
+    -- Act: the dead-letter table's indexes with their keys. Client ids are random GUIDs: clustered
+    -- on them, every dead letter would land on a random page (storage v2, work_dead_v1_to_v2).
+    SELECT
+        i.name AS index_name,
+        i.is_unique,
+        i.is_primary_key,
+        c.name AS column_name,
+        CONVERT(tinyint, i.type) AS index_type,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+{{ index_columns_of(dead_t) }}
+        AND ic.key_ordinal > 0;
+
+    -- Assert: clustered (type 1) on the IDENTITY dead_seq, unique; the primary key on id nonclustered
+    -- (type 2), which dead_list, dead_requeue and dead_delete seek. #Expected takes #Actual's columns
+    -- (the catalog views' collation, see the pinned index test).
+    SELECT TOP (0)
+        a.index_name,
+        a.is_unique,
+        a.is_primary_key,
+        a.column_name,
+        a.index_type,
+        a.key_ordinal
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (index_name, index_type, is_unique, is_primary_key, column_name, key_ordinal)
+    VALUES
+    (N'{{ names.index_name('ux', 'dead_seq') }}', 1, 1, 0, N'dead_seq', 1),
+    (N'{{ names.index_name('pk', 'dead') }}', 2, 1, 1, N'id', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF
+        COALESCE(
+            COLUMNPROPERTY(OBJECT_ID(N'{{ dead_t }}'), N'dead_seq', 'IsIdentity'), 0
+        ) <> 1
+        BEGIN
+            EXEC tSQLt.Fail N'dead_seq is not an IDENTITY column: inserts would not append';
+        END;
 END;
 GO
 {% endif %}

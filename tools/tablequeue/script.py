@@ -131,7 +131,10 @@ class _Mssql(_Writer):
         return [f"IF NOT EXISTS (SELECT 1 / 0 FROM {self.latest(unit)} WHERE {condition})", self.throw(message), "GO"]
 
     def transaction(self, sql: list[str], rows: list[_Row]) -> list[str]:
-        out = ["BEGIN TRANSACTION;", "GO"]
+        # XACT_ABORT again in the batch that opens the transaction, whatever a unit before set: SSMS
+        # in SQLCMD mode does not end the session at a compile error (`:on error exit` stops the
+        # script, not the connection), and without it the error would leave the transaction open.
+        out = ["SET XACT_ABORT ON;", "BEGIN TRANSACTION;", "GO"]
         for text in sql:
             out.append(text.rstrip())
             if not text.rstrip().endswith("GO"):

@@ -52,8 +52,8 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "partitions"): {"object_id": "int", "index_id": "int", "rows": "bigint"},
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
     ("sys", "indexes"): {"object_id": "int", "index_id": "int", "name": "sysname", "type": "tinyint",
-                         "type_desc": "nvarchar(60)", "is_unique": "bit", "has_filter": "bit",
-                         "filter_definition": "nvarchar(MAX)"},
+                         "type_desc": "nvarchar(60)", "is_unique": "bit", "is_primary_key": "bit",
+                         "has_filter": "bit", "filter_definition": "nvarchar(MAX)"},
     ("sys", "index_columns"): {"object_id": "int", "index_id": "int", "column_id": "int", "key_ordinal": "tinyint",
                                "is_descending_key": "bit"},
     ("sys", "columns"): {"object_id": "int", "column_id": "int", "name": "sysname", "user_type_id": "int",
@@ -93,7 +93,7 @@ TSQLT_TABLE_ARGUMENTS = {("faketable", "@tablename"), ("applyconstraint", "@tabl
 # of their argument, or not needed). The type is read by the contract parity test.
 BUILTIN_FUNCTIONS: dict[str, str | None] = {
     "ABS": None, "CHECKSUM": "int",
-    "COL_LENGTH": "smallint", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
+    "COL_LENGTH": "smallint", "COLUMNPROPERTY": "int", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
     "DATABASE_PRINCIPAL_ID": "int", "DATALENGTH": "bigint", "DATEADD": "datetime2(7)", "DATEDIFF": "int",
     "SESSION_CONTEXT": "sql_variant",
     "DATEDIFF_BIG": "bigint", "ERROR_LINE": "int", "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int",

@@ -94,15 +94,18 @@ IF TYPE_ID(N'[queue].[thumbnails_acks]') IS NULL
     END;
 GO
 
--- tablequeue:unit queue.thumbnails_dead storage v1 table
+-- tablequeue:unit queue.thumbnails_dead storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 IF OBJECT_ID(N'[queue].[thumbnails_dead]', N'U') IS NULL
     BEGIN
         -- Messages that used up max_attempts: a last fail, or a lease that expired once too often.
-        -- Few inserts, paged reads by id (dead_list): clustered on id.
+        -- Few inserts, paged reads by id (dead_list). Client ids are random GUIDs: clustered on them,
+        -- every insert would land on a random page and split it. dead_seq keeps inserts appending;
+        -- the primary key on id, nonclustered, is what dead_list, dead_requeue and dead_delete seek.
         CREATE TABLE [queue].[thumbnails_dead] (
             id uniqueidentifier NOT NULL,
+            dead_seq bigint IDENTITY (1, 1) NOT NULL,
             enqueued_at datetime2(7) NOT NULL,
             due_at datetime2(7) NOT NULL,
             priority int NOT NULL,
@@ -111,8 +114,11 @@ IF OBJECT_ID(N'[queue].[thumbnails_dead]', N'U') IS NULL
             last_worker nvarchar(200) NULL,
             dead_at datetime2(7) NOT NULL,
             payload nvarchar(MAX) NOT NULL,
-            CONSTRAINT [pk_thumbnails_dead] PRIMARY KEY CLUSTERED (id)
+            CONSTRAINT [pk_thumbnails_dead] PRIMARY KEY NONCLUSTERED (id)
         );
+
+        CREATE UNIQUE CLUSTERED INDEX [ux_thumbnails_dead_seq]
+            ON [queue].[thumbnails_dead] (dead_seq);
     END;
 GO
 

@@ -96,7 +96,7 @@ CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease_start"
 ON "queue"."thumbnails" (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
--- tablequeue:unit queue.thumbnails_dead storage v1 table
+-- tablequeue:unit queue.thumbnails_dead storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).

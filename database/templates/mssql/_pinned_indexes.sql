@@ -34,6 +34,11 @@
                        ('NONCLUSTERED', names.index('ix', 'group'), 'group_key, group_head, id', 'group_key IS NOT NULL')]
     if kind == 'fifo' and opt.get('groups', false) else [] %}
 {% set pinned = pinned + group_pinned %}
+{#- fifo with groups: the groups table's primary key, which every group claim, pin and probe names (a
+    heap under a nonclustered key: a holder's U lock stays on the key while its stamp takes the heap
+    row's X, the lock semantics the groups rest on). On a fake, a unique index under the key's name. -#}
+{% set groups_pinned = [('UNIQUE NONCLUSTERED', names.index('pk', 'groups'), 'group_key', none)]
+    if kind == 'fifo' and opt.get('groups', false) else [] %}
 
 {#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written
     as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one),
@@ -79,11 +84,11 @@ CREATE {{ words }} INDEX {{ name }}
     their table, so they do not clash with the renamed original's (a primary key is a constraint,
     whose name the original keeps: the fake gets a plain clustered index under that name, which is
     all an INDEX hint needs). -#}
-{% macro fake_helper(cls, on) %}
-CREATE PROCEDURE {{ cls }}.[index the faked queue table]
+{% macro fake_helper(cls, on, indexes=pinned, what='queue') %}
+CREATE PROCEDURE {{ cls }}.[index the faked {{ what }} table]
 AS
 BEGIN
-{% for index in pinned %}
+{% for index in indexes %}
     {{ create_index(index, on) | indent(4) }};
 {% endfor %}
 END;

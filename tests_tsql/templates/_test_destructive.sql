@@ -1047,6 +1047,20 @@ END;
 GO
 
 -- purge -------------------------------------------------------------------------------------------
+{#- Act: purge with `args` into #Actual; Assert: it reports `purged`. -#}
+{% macro expect_purged(args, purged) %}
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }} {{ args }};
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES ({{ purged }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{%- endmacro %}
+
 
 CREATE PROCEDURE {{ cls }}.[test purge without older_than removes and counts every message]
 AS
@@ -1079,16 +1093,7 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages(three) }}
     DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -15, @now);
-    CREATE TABLE #Actual (purged bigint NOT NULL);
-
-    -- Act
-    INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }} @older_than = @cutoff, @max_rows = 100;
-
-    -- Assert
-    CREATE TABLE #Expected (purged bigint NOT NULL);
-    INSERT INTO #Expected (purged) VALUES (2);
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ expect_purged('@older_than = @cutoff, @max_rows = 100', 2) }}
 {{ assert_remaining([13]) }}
 END;
 GO
@@ -1372,16 +1377,8 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_grouped(grouped) }}
     DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -25, @now);
-    CREATE TABLE #Actual (purged bigint NOT NULL);
-
-    -- Act
-    INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }} @older_than = @cutoff, @max_rows = 100;
-
-    -- Assert: 44 leads a now, b is untouched, both groups keep their rows.
-    CREATE TABLE #Expected (purged bigint NOT NULL);
-    INSERT INTO #Expected (purged) VALUES (2);
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ expect_purged('@older_than = @cutoff, @max_rows = 100', 2) }}
+    -- 44 leads a now, b is untouched, both groups keep their rows.
 {{ assert_heads([(43, 1), (44, 1)]) }}
 {{ assert_groups(['a', 'b']) }}
 END;

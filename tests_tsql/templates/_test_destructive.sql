@@ -9,9 +9,10 @@
   transaction that it rolls back, so nothing a test does survives it, and a procedure never opens a
   transaction of its own here: its path for a caller without one (@@TRANCOUNT = 0, with or without
   IMPLICIT_TRANSACTIONS) is covered by the conformance suite against a real server. One exception:
-  grouped fifo's purge deletes empty groups' rows only outside a caller's transaction, so that test
-  is annotated --[@tSQLt:NoTransaction]() and tSQLt.UndoTestDoubles drops its fakes with what it
-  committed; two sessions (a held group, a producer's pin) stay with the conformance suite. An argument
+  grouped fifo's purge deletes empty groups' rows only outside a caller's transaction, so that
+  test is annotated --[@tSQLt:NoTransaction](DEFAULT) (a function call: DEFAULT, not "()", for no
+  clean-up procedure) and tSQLt.UndoTestDoubles drops its fakes with what it committed; two
+  sessions (a held group, a producer's pin) stay with the conformance suite. An argument
   check throws before XACT_ABORT is set and leaves that transaction usable; any later THROW dooms
   it: tSQLt rolls it back and still reports the test by its ExpectException, so nothing may follow
   the Act in such a test.
@@ -1426,7 +1427,7 @@ BEGIN
 END;
 GO
 
---[@tSQLt:NoTransaction]()
+--[@tSQLt:NoTransaction](DEFAULT)
 CREATE PROCEDURE {{ cls }}.[test purge outside a transaction drops the row of an emptied group]
 AS
 BEGIN

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from tablequeue.catalog import parse_catalog
-from tablequeue.render import render_catalog, render_migrations
+from tablequeue.render import render_catalog, render_migrations, render_tsqlt
 from tablequeue.tsqlcheck import check_sources
 
 QUEUES = [
@@ -165,3 +165,27 @@ def test_wait_slides_its_window_so_held_groups_candidates_never_hide_a_free_grou
     assert probe < slide and step.count("SET @after_id") == 1
     # Nothing else sets the window back, so the steps walk every candidate in turn.
     assert wait.count("@after_id =") == 1
+
+
+def test_grouped_tsqlt_tests_fake_the_groups_table_and_build_its_key_from_the_ddl() -> None:
+    """Review 19 S5: the grouped tSQLt tests wrote into the real groups table (a real row with the
+    same key made Assemble fail with 2627). Every test that names the groups table fakes it first and
+    builds, on the fake, the key the verbs pin, as the table's DDL declares it."""
+    catalog = parse_catalog({"schema": "s", "queues": QUEUES})
+    ddl = _render()["plain.sql"]
+    assert "CONSTRAINT [pk_plain_groups] PRIMARY KEY NONCLUSTERED (group_key)" in ddl
+    text = next(f.text for f in render_tsqlt(catalog) if f.queue == "plain")
+    helper = text[text.index("CREATE PROCEDURE [test_s_plain].[index the faked groups table]"):]
+    helper = helper[:helper.index("\nGO\n")]
+    assert re.search(r"CREATE UNIQUE NONCLUSTERED INDEX \[pk_plain_groups\]\s+ON \[s\]\.\[plain_groups\] \(group_key\);",
+                     helper)
+    tests = re.findall(r"CREATE PROCEDURE \[test_s_plain\]\.\[test [^\]]*\]\nAS\nBEGIN\n.*?\nEND;\nGO\n", text, re.S)
+    naming = [t for t in tests if "[s].[plain_groups]" in t or "group_key = N'" in t]
+    assert len(naming) >= 10
+    fake = ("EXEC tSQLt.FakeTable @TableName = N'[s].[plain_groups]';\n"
+            "    EXEC [test_s_plain].[index the faked groups table];")
+    for test in naming:
+        assert fake in test, test[:test.index("\n")]
+        first_use = min(i for i in (test.find("INSERT INTO [s].[plain_groups]"), test.find("EXEC [s].[plain_"),
+                                    test.find("FROM [s].[plain_groups]")) if i >= 0)
+        assert test.index(fake) < first_use, test[:test.index("\n")]

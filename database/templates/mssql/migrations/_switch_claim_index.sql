@@ -51,7 +51,9 @@ GO
 IF
     {{ pins.has_key(t, old_index, old_key) | indent(4) }}
     BEGIN
-        DROP INDEX {{ pins.claim_name(not priority) }} ON {{ t }};
+        -- IF EXISTS under the guard: check-tsql does not model sp_rename, so after a build that
+        -- renamed (above, or an earlier migration's) it no longer sees this name as there.
+        DROP INDEX IF EXISTS {{ pins.claim_name(not priority) }} ON {{ t }};
     END;
 {% else %}
 DROP INDEX IF EXISTS {{ pins.claim_name(not priority) }} ON {{ t }};

@@ -4275,14 +4275,15 @@ BEGIN
                     STRING_AGG(
                         CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
                     ) WITHIN GROUP (ORDER BY ic.key_ordinal)
-                FROM sys.index_columns AS ic
+                FROM sys.indexes AS i
+                INNER JOIN sys.index_columns AS ic
+                    ON i.object_id = ic.object_id AND i.index_id = ic.index_id
                 INNER JOIN sys.columns AS c
                     ON ic.object_id = c.object_id AND ic.column_id = c.column_id
                 WHERE
-                    ic.object_id = OBJECT_ID(N'[queue].[emails]')
-                    AND ic.index_id = INDEXPROPERTY(
-                        OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID'
-                    )
+                    i.object_id = OBJECT_ID(N'[queue].[emails]')
+                    AND i.name = N'ix_emails_claim_priority'
+                    AND i.type = 2 AND i.is_disabled = 0 AND i.has_filter = 0
                     AND ic.key_ordinal > 0
             ),
             N''
@@ -4307,18 +4308,23 @@ BEGIN
                 END;
             ELSE
                 BEGIN
+                    DROP INDEX IF EXISTS [ix_emails_claim_new] ON [queue].[emails];
                     IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_new]
                                 ON [queue].[emails] (priority DESC, visible_at, id)
-                                WITH (DROP_EXISTING = ON, ONLINE = ON);
+                                WITH (ONLINE = ON);
                         END;
                     ELSE
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
-                                ON [queue].[emails] (priority DESC, visible_at, id)
-                                WITH (DROP_EXISTING = ON);
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_new]
+                                ON [queue].[emails] (priority DESC, visible_at, id);
                         END;
+                    DROP INDEX [ix_emails_claim_priority] ON [queue].[emails];
+                    EXEC sys.sp_rename
+                        @objname = N'[queue].[emails].[ix_emails_claim_new]',
+                        @newname = N'ix_emails_claim_priority',
+                        @objtype = N'INDEX';
                 END;
         END;
 

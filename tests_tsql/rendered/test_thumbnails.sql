@@ -4515,14 +4515,15 @@ BEGIN
                     STRING_AGG(
                         CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
                     ) WITHIN GROUP (ORDER BY ic.key_ordinal)
-                FROM sys.index_columns AS ic
+                FROM sys.indexes AS i
+                INNER JOIN sys.index_columns AS ic
+                    ON i.object_id = ic.object_id AND i.index_id = ic.index_id
                 INNER JOIN sys.columns AS c
                     ON ic.object_id = c.object_id AND ic.column_id = c.column_id
                 WHERE
-                    ic.object_id = OBJECT_ID(N'[queue].[thumbnails]')
-                    AND ic.index_id = INDEXPROPERTY(
-                        OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'
-                    )
+                    i.object_id = OBJECT_ID(N'[queue].[thumbnails]')
+                    AND i.name = N'ix_thumbnails_claim'
+                    AND i.type = 2 AND i.is_disabled = 0 AND i.has_filter = 0
                     AND ic.key_ordinal > 0
             ),
             N''
@@ -4547,18 +4548,23 @@ BEGIN
                 END;
             ELSE
                 BEGIN
+                    DROP INDEX IF EXISTS [ix_thumbnails_claim_new] ON [queue].[thumbnails];
                     IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_new]
                                 ON [queue].[thumbnails] (visible_at, seq)
-                                WITH (DROP_EXISTING = ON, ONLINE = ON);
+                                WITH (ONLINE = ON);
                         END;
                     ELSE
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
-                                ON [queue].[thumbnails] (visible_at, seq)
-                                WITH (DROP_EXISTING = ON);
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_new]
+                                ON [queue].[thumbnails] (visible_at, seq);
                         END;
+                    DROP INDEX [ix_thumbnails_claim] ON [queue].[thumbnails];
+                    EXEC sys.sp_rename
+                        @objname = N'[queue].[thumbnails].[ix_thumbnails_claim_new]',
+                        @newname = N'ix_thumbnails_claim',
+                        @objtype = N'INDEX';
                 END;
         END;
 

@@ -53,7 +53,7 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
     ("sys", "indexes"): {"object_id": "int", "index_id": "int", "name": "sysname", "type": "tinyint",
                          "type_desc": "nvarchar(60)", "is_unique": "bit", "is_primary_key": "bit",
-                         "has_filter": "bit", "filter_definition": "nvarchar(MAX)"},
+                         "has_filter": "bit", "filter_definition": "nvarchar(MAX)", "is_disabled": "bit"},
     ("sys", "index_columns"): {"object_id": "int", "index_id": "int", "column_id": "int", "key_ordinal": "tinyint",
                                "is_descending_key": "bit"},
     ("sys", "columns"): {"object_id": "int", "column_id": "int", "name": "sysname", "user_type_id": "int",

@@ -394,5 +394,91 @@ def test_a_caller_holding_only_the_admin_role_runs_process(deploy_queues) -> Non
         owner.close()
 
 
+def _attempts(deployed: Any, conn: Any) -> list[int]:
+    return sorted(a for (a,) in run(conn, deployed.dialect, f"SELECT attempts FROM {_q(deployed, deployed.catalog.schema, 'jobs')}"))
+
+
+def test_a_handler_the_admin_caller_may_not_execute_is_no_handler_and_spends_nothing(deploy_queues) -> None:
+    # Found is not runnable: on SQL Server a handler of another owner than process is outside the
+    # ownership chain (its EXECUTE is checked against the caller at each call, 229), on PostgreSQL the
+    # handler always runs with the caller's rights (42501). Before process asked, every message failed
+    # at the call until it was dead: a whole backlog dead-lettered within one time budget.
+    deployed = deploy_with_handler(deploy_queues, max_attempts=2)
+    schema = deployed.catalog.schema
+    admin = f"{schema}_admin"
+    user = f"u_{secrets.token_hex(4)}"
+    handler_owner = f"h_{secrets.token_hex(4)}"
+    owner = deployed.connect(autocommit=True)
+    owner_client = deployed.client("jobs", owner)
+    owner_client.enqueue_batch({"payload": {"n": n}} for n in range(3))
+    conn = deployed.connect(autocommit=True)
+    try:
+        if deployed.dialect == "postgres":
+            run(owner, "postgres", f'REVOKE EXECUTE ON PROCEDURE "{schema}".work_handler(bigint, jsonb) FROM PUBLIC')
+            run(owner, "postgres", f'CREATE ROLE "{user}" NOLOGIN IN ROLE "{admin}"')
+            run(conn, "postgres", f'SET ROLE "{user}"')
+        else:
+            run(owner, "mssql", f"CREATE USER [{handler_owner}] WITHOUT LOGIN")
+            run(owner, "mssql", f"ALTER AUTHORIZATION ON OBJECT::[{schema}].[work_handler] TO [{handler_owner}]")
+            run(owner, "mssql", f"CREATE USER [{user}] WITHOUT LOGIN")
+            run(owner, "mssql", f"ALTER ROLE [{admin}] ADD MEMBER [{user}]")
+            run(conn, "mssql", f"EXECUTE AS USER = N'{user}'")
+        with pytest.raises(Exception) as raised:
+            deployed.client("jobs", conn).process(time_budget_seconds=30)
+        assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
+        assert "execute" in str(raised.value).lower()
+        assert counts(owner_client) == (3, 0, 0, 0)
+        assert _attempts(deployed, owner) == [0, 0, 0]
+    finally:
+        if deployed.dialect == "postgres":
+            run(conn, "postgres", "RESET ROLE")
+        else:
+            run(conn, "mssql", "REVERT")
+        conn.close()
+        if deployed.dialect == "postgres":
+            run(owner, "postgres", f'DROP OWNED BY "{user}"')
+            run(owner, "postgres", f'DROP ROLE "{user}"')
+        else:
+            run(owner, "mssql", f"ALTER AUTHORIZATION ON OBJECT::[{schema}].[work_handler] TO SCHEMA OWNER")
+            run(owner, "mssql", f"DROP USER [{handler_owner}]")
+            run(owner, "mssql", f"DROP USER [{user}]")
+        owner.close()
+
+
+def test_a_handler_that_cannot_be_run_gives_the_message_back_and_stops_process(deploy_queues) -> None:
+    # A handler deployed broken, or changed under a running process (it calls a routine that does not
+    # exist: 2812 / 42883), is not the message's fault: the lease goes back with its attempt and process
+    # stops with no_handler, instead of failing each message until the backlog is dead.
+    deployed = deploy_with_handler(deploy_queues, handler=False, max_attempts=2)
+    schema = deployed.catalog.schema
+    conn = deployed.connect(autocommit=True)
+    if deployed.dialect == "postgres":
+        run(conn, "postgres", f"""
+            CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb)
+            LANGUAGE plpgsql AS $handler$
+            BEGIN
+                PERFORM "{schema}".no_such_routine(id);
+            END
+            $handler$""")
+    else:
+        run(conn, "mssql", f"""
+            CREATE PROCEDURE [{schema}].work_handler @id bigint, @payload nvarchar(max)
+            AS
+            BEGIN
+                SET NOCOUNT ON;
+                EXEC [{schema}].[no_such_routine] @id = @id;
+            END""")
+    client = deployed.client("jobs", conn)
+    client.enqueue_batch({"payload": {"n": n}} for n in range(3))
+    with pytest.raises(Exception) as raised:
+        client.process(time_budget_seconds=30)
+    assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
+    assert "no_such_routine" in str(raised.value)
+    assert counts(client) == (3, 0, 0, 0)
+    assert _attempts(deployed, conn) == [0, 0, 0]
+    assert client.dead_list() == []
+    conn.close()
+
+
 def _q(deployed: Any, schema: str, name: str) -> str:
     return f'"{schema}"."{name}"' if deployed.dialect == "postgres" else f"[{schema}].[{name}]"

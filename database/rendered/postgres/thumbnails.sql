@@ -1711,6 +1711,7 @@ DECLARE
     claimed boolean;
     lease_kept boolean;
     lease_lost boolean;
+    handler_unrunnable boolean;
     outcome_text text;
     error_state text;
     error_text text;
@@ -1742,6 +1743,16 @@ BEGIN
             AND p.prokind = 'p'
     ) THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.';
+    END IF;
+    -- The handler runs with the caller's rights: without EXECUTE on it every message would fail at
+    -- the CALL (42501) until it is dead.
+    IF NOT pg_catalog.has_function_privilege(
+        pg_catalog.to_regprocedure(
+            pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
+        ),
+        'EXECUTE'
+    ) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.';
     END IF;
 
     processed := 0;
@@ -1776,6 +1787,7 @@ BEGIN
         processed := processed + 1;
         transient_retries := 0;
 
+        handler_unrunnable := false;
         LOOP
             lease_lost := false;
             BEGIN
@@ -1795,6 +1807,14 @@ BEGIN
                 EXIT WHEN lease_lost;
                 GET STACKED DIAGNOSTICS
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
+                -- The handler cannot be run (dropped, its EXECUTE revoked while process runs, or it
+                -- calls what does not exist or what the caller may not: 42883, 42501), wherever
+                -- raised: not the message's fault, so not fail's (each message would be dead within
+                -- the budget); handled after this block (no COMMIT inside a block with a handler).
+                IF error_state IN ('42883', '42501') THEN
+                    handler_unrunnable := true;
+                    EXIT;
+                END IF;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
                     PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
@@ -1831,6 +1851,12 @@ BEGIN
                 EXIT;
             END;
         END LOOP;
+        IF handler_unrunnable THEN
+            -- The lease goes back with its attempt, as release gives it, and process stops.
+            PERFORM FROM "queue"."thumbnails_release"(id => message.id, worker => worker_name);
+            COMMIT;
+            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler could not be run, message %s given back: SQLSTATE %s: %s', message.id, error_state, error_text);
+        END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     END LOOP;
@@ -1841,11 +1867,12 @@ ALTER PROCEDURE "queue"."thumbnails_process" OWNER TO "queue_owner";
 REVOKE ALL ON PROCEDURE "queue"."thumbnails_process" FROM public;
 GRANT EXECUTE ON PROCEDURE "queue"."thumbnails_process" TO "queue_admin";
 -- process cannot be SECURITY DEFINER (PostgreSQL refuses COMMIT there), so the functions it calls
--- check its caller's rights: the admin role that runs it needs dequeue, complete and fail too
+-- check its caller's rights: the admin role that runs it needs dequeue, complete, fail and release too
 -- (SQL Server's ownership chain needs no such grant). The handler runs with the caller's rights as
 -- well: grant the admin role what it does (database/examples/handlers/postgres).
 GRANT EXECUTE ON FUNCTION
 "queue"."thumbnails_dequeue",
 "queue"."thumbnails_complete",
-"queue"."thumbnails_fail"
+"queue"."thumbnails_fail",
+"queue"."thumbnails_release"
 TO "queue_admin";

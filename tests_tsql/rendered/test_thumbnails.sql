@@ -42,7 +42,10 @@ BEGIN
         END;
     IF
         CONVERT(int, SESSION_CONTEXT(N'tablequeue test created schema')) = 1
-        AND NOT EXISTS (SELECT 1 FROM sys.objects AS o WHERE o.schema_id = SCHEMA_ID(N'queue'))
+        AND NOT EXISTS (
+            SELECT 1 FROM sys.objects AS o
+            WHERE o.schema_id = SCHEMA_ID(N'queue')
+        )
         BEGIN
             EXEC (N'DROP SCHEMA [queue];');
         END;
@@ -3958,9 +3961,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -4120,7 +4123,11 @@ END;');
     FROM #Actual AS a
     WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    SELECT TOP (0) a.securable, a.securable_class, a.permission_name, a.has_right
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
@@ -4258,7 +4265,11 @@ END;');
     FROM #Actual AS a
     WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    SELECT TOP (0) a.securable, a.securable_class, a.permission_name, a.has_right
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
@@ -4396,7 +4407,11 @@ END;');
     FROM #Actual AS a
     WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    SELECT TOP (0) a.securable, a.securable_class, a.permission_name, a.has_right
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (securable, securable_class, permission_name, has_right)

@@ -688,9 +688,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -826,7 +826,11 @@ END;');
     FROM #Actual AS a
     WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    SELECT TOP (0) a.securable, a.securable_class, a.permission_name, a.has_right
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
@@ -930,7 +934,11 @@ END;');
     FROM #Actual AS a
     WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    SELECT TOP (0) a.securable, a.securable_class, a.permission_name, a.has_right
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
@@ -1034,7 +1042,11 @@ END;');
     FROM #Actual AS a
     WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    SELECT TOP (0) a.securable, a.securable_class, a.permission_name, a.has_right
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (securable, securable_class, permission_name, has_right)

@@ -196,7 +196,10 @@ BEGIN
         END;
     IF
         CONVERT(int, SESSION_CONTEXT(N'tablequeue test created schema')) = 1
-        AND NOT EXISTS (SELECT 1 FROM sys.objects AS o WHERE o.schema_id = SCHEMA_ID(N'{{ handler_parts[0] }}'))
+        AND NOT EXISTS (
+            SELECT 1 FROM sys.objects AS o
+            WHERE o.schema_id = SCHEMA_ID(N'{{ handler_parts[0] }}')
+        )
         BEGIN
             EXEC (N'DROP SCHEMA [{{ handler_parts[0] }}];');
         END;

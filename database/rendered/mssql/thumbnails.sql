@@ -2152,8 +2152,7 @@ GO
 -- handler through the ownership chain without any permission on it, so a check in process itself
 -- saw no handler (OBJECT_ID NULL: no_handler for a handler that exists). It needs a database owner
 -- that can be impersonated (docs/operations.md). No role is granted it: process reaches it through
--- the ownership chain. XACT_ABORT OFF: it runs before process refuses a caller's transaction, and
--- only reads, so no error of it may doom that transaction.
+-- the ownership chain.
 CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
     @found bit OUTPUT,
     @chained bit OUTPUT
@@ -2161,14 +2160,13 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT OFF;
-    DECLARE @handler_id int = OBJECT_ID(N'[queue].[make_thumbnail]', N'P');
-    -- An object without an owner of its own (principal_id NULL) belongs to its schema's owner.
-    SET @chained = (
-        SELECT IIF(COUNT(DISTINCT COALESCE(o.principal_id, s.principal_id)) = 1 AND COUNT(*) = 2, 1, 0)
-        FROM sys.objects AS o
-        INNER JOIN sys.schemas AS s ON o.schema_id = s.schema_id
-        WHERE o.object_id IN (@handler_id, OBJECT_ID(N'[queue].[thumbnails_process]', N'P'))
+    SET XACT_ABORT ON;
+    DECLARE @handler_name nvarchar(300) = N'[queue].[make_thumbnail]';
+    DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
+    -- OwnerId: the object's own owner, else its schema's.
+    SET @chained = IIF(
+        OBJECTPROPERTY(@handler_id, 'OwnerId') = OBJECTPROPERTY(OBJECT_ID(N'[queue].[thumbnails_process]', N'P'), 'OwnerId'),
+        1, 0
     );
     SET @found = (
         SELECT
@@ -2283,6 +2281,7 @@ BEGIN
     DECLARE @transient_retries int;
     DECLARE @pause datetime;
     DECLARE @outcome varchar(8);
+    DECLARE @handler_unrunnable bit = 0;
     DECLARE @claimed TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
         seq bigint NOT NULL,
@@ -2639,35 +2638,62 @@ BEGIN
                             N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
                         ), 4000);
                         IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-                        -- The handler cannot be run (dropped, altered to another signature, EXECUTE
-                        -- revoked while process runs: 2812, 201, 8144, 8145, 229), wherever raised:
-                        -- not the message's fault, so not fail's (each message would be dead within
-                        -- the budget). The lease goes back with its attempt, as release gives it, and
-                        -- process stops with no_handler.
+                        -- An error that can mean the handler cannot be run (dropped, altered to
+                        -- other parameters, EXECUTE revoked: 2812, 201, 8144, 8145, 229) is not
+                        -- the message's fault when the handler check now fails: handled after
+                        -- this loop. Raised inside a handler that is still there and runnable, it
+                        -- is the handler's own error, recorded with fail as any other.
                         IF @error_number IN (229, 2812, 201, 8144, 8145)
                             BEGIN
-                                SET @now = SYSUTCDATETIME();
-                                UPDATE [queue].[thumbnails]
-                                SET
-                                    leased_by = NULL,
-                                    leased_at = NULL,
-                                    lease_token = NULL,
-                                    visible_at = @now,
-                                    attempts = IIF(attempts > 0, attempts - 1, 0)
-                                WHERE
-                                    id = @id AND leased_by = @worker AND visible_at > @now
-                                    AND (@lease_token IS NULL OR lease_token = @lease_token);
-                                SET @error_message = CONCAT(
-                                    N'queue.thumbnails_process: the handler could not be run, message ',
-                                    @id,
-                                    N' given back: ',
-                                    @error
-                                );
-                                THROW 51005, @error_message, 1;
+                                EXEC [queue].[thumbnails_process_handler]
+                                    @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
+                                IF
+                                    COALESCE(@handler_found, 0) = 0
+                                    OR (
+                                        COALESCE(@handler_chained, 0) = 0
+                                        AND COALESCE(HAS_PERMS_BY_NAME(N'[queue].[make_thumbnail]', N'OBJECT', N'EXECUTE'), 0) = 0
+                                    )
+                                    BEGIN
+                                        SET @handler_unrunnable = 1;
+                                        BREAK;
+                                    END;
                             END;
                         IF @error_number NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 BREAK;
                         SET @transient_retries = @transient_retries + 1;
                         SET @error = NULL;
+                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
+                        WAITFOR DELAY @pause;
+                    END CATCH;
+                END;
+
+            -- The handler cannot be run: the lease goes back with its attempt, as release gives it
+            -- (nothing if the lease had already expired), and process stops with no_handler.
+            SET @transient_retries = 0;
+            WHILE @handler_unrunnable = 1
+                BEGIN
+                    BEGIN TRY
+                        SET @now = SYSUTCDATETIME();
+                        UPDATE [queue].[thumbnails]
+                        SET
+                            leased_by = NULL,
+                            leased_at = NULL,
+                            lease_token = NULL,
+                            visible_at = @now,
+                            attempts = IIF(attempts > 0, attempts - 1, 0)
+                        WHERE
+                            id = @id AND leased_by = @worker AND visible_at > @now
+                            AND (@lease_token IS NULL OR lease_token = @lease_token);
+                        SET @error_message = CONCAT(
+                            N'queue.thumbnails_process: the handler can no longer be run; message ',
+                            @id,
+                            N' handed back after: ',
+                            @error
+                        );
+                        THROW 51005, @error_message, 1;
+                    END TRY
+                    BEGIN CATCH
+                        IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;
+                        SET @transient_retries = @transient_retries + 1;
                         SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
                         WAITFOR DELAY @pause;
                     END CATCH;

@@ -1712,6 +1712,7 @@ DECLARE
     lease_kept boolean;
     lease_lost boolean;
     handler_unrunnable boolean;
+    handler_oid regprocedure;
     outcome_text text;
     error_state text;
     error_text text;
@@ -1734,24 +1735,20 @@ BEGIN
 
     -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
     -- types would fail every message at the CALL (42883) until each one is dead-lettered.
+    handler_oid := pg_catalog.to_regprocedure(
+        pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
+    );
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
         WHERE
-            p.oid = pg_catalog.to_regprocedure(
-                pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
-            )
+            p.oid = handler_oid
             AND p.prokind = 'p'
     ) THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.';
     END IF;
     -- The handler runs with the caller's rights: without EXECUTE on it every message would fail at
     -- the CALL (42501) until it is dead.
-    IF NOT pg_catalog.has_function_privilege(
-        pg_catalog.to_regprocedure(
-            pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
-        ),
-        'EXECUTE'
-    ) THEN
+    IF NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.';
     END IF;
 
@@ -1807,11 +1804,14 @@ BEGIN
                 EXIT WHEN lease_lost;
                 GET STACKED DIAGNOSTICS
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
-                -- The handler cannot be run (dropped, its EXECUTE revoked while process runs, or it
-                -- calls what does not exist or what the caller may not: 42883, 42501), wherever
-                -- raised: not the message's fault, so not fail's (each message would be dead within
-                -- the budget); handled after this block (no COMMIT inside a block with a handler).
-                IF error_state IN ('42883', '42501') THEN
+                -- An error that can mean the handler cannot be run (dropped, its EXECUTE revoked
+                -- while process runs: 42883, 42501) is not the message's fault when the handler
+                -- check now fails: handled after this block (no COMMIT inside a block with a
+                -- handler). Raised inside a handler that is still there and runnable, it is the
+                -- handler's own error, recorded with fail as any other.
+                -- (A dropped handler's oid has no privilege: NULL.)
+                IF error_state IN ('42883', '42501')
+                    AND NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
                     handler_unrunnable := true;
                     EXIT;
                 END IF;
@@ -1852,10 +1852,11 @@ BEGIN
             END;
         END LOOP;
         IF handler_unrunnable THEN
-            -- The lease goes back with its attempt, as release gives it, and process stops.
+            -- The lease goes back with its attempt, as release gives it (nothing if the lease had
+            -- already expired), and process stops.
             PERFORM FROM "queue"."thumbnails_release"(id => message.id, worker => worker_name);
             COMMIT;
-            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler could not be run, message %s given back: SQLSTATE %s: %s', message.id, error_state, error_text);
+            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler can no longer be run; message %s handed back after: SQLSTATE %s: %s', message.id, error_state, error_text);
         END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;

@@ -21,7 +21,8 @@ AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
-    DECLARE @handler_id int = OBJECT_ID(N'{{ handler_q }}', N'P');
+    DECLARE @handler_name nvarchar(300) = N'{{ handler_q }}';
+    DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
     -- OwnerId: the object's own owner, else its schema's.
     SET @chained = IIF(
         OBJECTPROPERTY(@handler_id, 'OwnerId') = OBJECTPROPERTY(OBJECT_ID(N'{{ names.verb('process') }}', N'P'), 'OwnerId'),

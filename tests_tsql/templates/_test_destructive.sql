@@ -1466,4 +1466,7 @@ END;
 GO
 {% endif %}
 {% set timed_tables = [t] %}
+{% set hidden_tables = [names.obj('_groups')] if groups else [] %}
+{% set internal_procedures = [] %}
+{% set granted_types = [(items, verb_roles['enqueue_batch'])] %}
 {% include '_test_real_objects.sql' %}

@@ -99,7 +99,8 @@ BUILTIN_FUNCTIONS: dict[str, str | None] = {
     "DATEDIFF_BIG": "bigint", "ERROR_LINE": "int", "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int",
     "ERROR_PROCEDURE": "nvarchar(128)", "HAS_PERMS_BY_NAME": "int", "IIF": None, "INDEX_COL": "nvarchar(128)", "INDEXPROPERTY": "int",
     "LEN": "int", "LOWER": None, "MAX": None, "MIN": None, "NEWID": "uniqueidentifier",
-    "OBJECT_DEFINITION": "nvarchar(max)", "OBJECT_ID": "int", "OBJECT_NAME": "nvarchar(128)", "REPLACE": None,
+    "OBJECT_DEFINITION": "nvarchar(max)", "OBJECT_ID": "int", "OBJECT_NAME": "nvarchar(128)", "OBJECTPROPERTY": "int",
+    "REPLACE": None,
     "ORIGINAL_LOGIN": "nvarchar(128)", "QUOTENAME": "nvarchar(258)", "SCHEMA_ID": "int",
     "SCOPE_IDENTITY": "numeric(38,0)", "SERVERPROPERTY": "sql_variant", "SUM": None,
     "SYSUTCDATETIME": "datetime2(7)", "TYPE_ID": "int", "ROW_NUMBER": "bigint", "XACT_STATE": "smallint",
@@ -633,6 +634,11 @@ class _Resolver:
         for role in s.roles:
             if self.names[role] not in self.catalog.roles:
                 self.unresolved(self.line(role), "role", self.raws[role])
+
+    def st_RoleMembers(self, s: m.RoleMembers) -> None:
+        for principal in s.principals:
+            if self.names[principal] not in self.catalog.roles:
+                self.unresolved(self.line(principal), "role", self.raws[principal])
 
     def st_TableUse(self, s: m.TableUse) -> None:
         table = self.table(s.table, ddl=True)

@@ -355,6 +355,13 @@ class TableUse(Statement):
 
 
 @dataclass(eq=False)
+class RoleMembers(Statement):
+    """ALTER ROLE r ADD|DROP MEMBER p: the principals it names (a user is a principal, as a role)."""
+
+    principals: list[int]
+
+
+@dataclass(eq=False)
 class Skipped(Statement):
     """A statement the model does not read; its variables are still checked (``refs``)."""
 
@@ -1092,6 +1099,17 @@ class _Extractor:
         owner = (self.tok(next(i for i in code(roles[1]) if kind(i) in IDENTIFIER_LEAVES), "role")
                  if len(roles) > 1 else None)
         self.statements.append(CreateNamed(self.line(segment), "role", name, owner))
+
+    def s_create_user_statement(self, segment: BaseSegment) -> None:
+        # A user is a database principal, in the namespace of roles (ALTER ROLE ... ADD MEMBER names it).
+        user = child(segment, "role_reference")
+        name = self.tok(next(i for i in code(user) if kind(i) in IDENTIFIER_LEAVES), "role", declares=True)
+        self.statements.append(CreateNamed(self.line(segment), "role", name, None))
+
+    def s_alter_role_statement(self, segment: BaseSegment) -> None:
+        principals = [self.tok(i, "role") for r in children(segment, "role_reference")
+                      for i in code(r) if kind(i) in IDENTIFIER_LEAVES]
+        self.statements.append(RoleMembers(self.line(segment), principals))
 
     def s_create_schema_statement(self, segment: BaseSegment) -> None:
         schema = child(segment, "schema_reference")

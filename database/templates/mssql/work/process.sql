@@ -24,10 +24,8 @@ BEGIN
     DECLARE @handler_name nvarchar(300) = N'{{ handler_q }}';
     DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
     -- OwnerId: the object's own owner, else its schema's.
-    SET @chained = IIF(
-        OBJECTPROPERTY(@handler_id, 'OwnerId') = OBJECTPROPERTY(OBJECT_ID(N'{{ names.verb('process') }}', N'P'), 'OwnerId'),
-        1, 0
-    );
+    DECLARE @process_id int = OBJECT_ID(N'{{ names.verb('process') }}', N'P');
+    SET @chained = IIF(OBJECTPROPERTY(@handler_id, 'OwnerId') = OBJECTPROPERTY(@process_id, 'OwnerId'), 1, 0);
     SET @found = (
         SELECT
             IIF(
@@ -198,7 +196,7 @@ BEGIN
                                     COALESCE(@handler_found, 0) = 0
                                     OR (
                                         COALESCE(@handler_chained, 0) = 0
-                                        AND COALESCE(HAS_PERMS_BY_NAME(N'{{ handler_q }}', N'OBJECT', N'EXECUTE'), 0) = 0
+                                        AND COALESCE(HAS_PERMS_BY_NAME(@handler_name, N'OBJECT', N'EXECUTE'), 0) = 0
                                     )
                                     BEGIN
                                         SET @handler_unrunnable = 1;

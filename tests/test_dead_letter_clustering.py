@@ -52,8 +52,9 @@ def _flat(text: str) -> str:
 _COL_LENGTH = re.compile(r"COL_LENGTH\(N'[^']+',N'(?P<column>\w+)'\)IS(?P<not>NOT)?NULL")
 _INDEX_ID = re.compile(r"INDEXPROPERTY\(OBJECT_ID\(N'[^']+'\),N'(?P<name>\w+)','IndexID'\)IS(?P<not>NOT)?NULL")
 _CLUSTERED = re.compile(r"INDEXPROPERTY\(OBJECT_ID\(N'[^']+'\),N'(?P<name>\w+)','IsClustered'\)=1")
-_HAS_KEY = re.compile(r"(?P<not>NOT)?COALESCE\(\(SELECTSTRING_AGG\(.*?INDEXPROPERTY\(OBJECT_ID\(N'[^']+'\),"
-                      r"N'(?P<name>\w+)','IndexID'\)ANDic\.key_ordinal>0\),N''\)=N'(?P<key>[^']*)'")
+_HAS_KEY = re.compile(r"(?P<not>NOT)?COALESCE\(\(SELECTSTRING_AGG\(.*?WHEREi\.object_id=OBJECT_ID\(N'[^']+'\)"
+                      r"ANDi\.name=N'(?P<name>\w+)'ANDi\.type=(?P<type>[12])ANDi\.is_disabled=0ANDi\.has_filter=0"
+                      r"ANDic\.key_ordinal>0\),N''\)=N'(?P<key>[^']*)'")
 _ADD_COLUMN = re.compile(r"ALTERTABLE\[\w+\]\.\[\w+\]ADD(?P<column>\w+)bigintIDENTITY\(1,1\)NOTNULL;?")
 _DROP_CONSTRAINT = re.compile(r"ALTERTABLE\[\w+\]\.\[\w+\]DROPCONSTRAINT\[(?P<name>\w+)\];?")
 _ADD_PK = re.compile(r"ALTERTABLE\[\w+\]\.\[\w+\]ADDCONSTRAINT\[(?P<name>\w+)\]PRIMARYKEY"
@@ -68,6 +69,7 @@ def _atom(text: str, table: Table) -> bool:
             (_INDEX_ID, lambda m: (table.find(m["name"]) is not None) == bool(m["not"])),
             (_CLUSTERED, lambda m: table.find(m["name"]) is not None and table.find(m["name"]).clustered),
             (_HAS_KEY, lambda m: (table.find(m["name"]) is not None
+                                  and table.find(m["name"]).clustered == (m["type"] == "1")
                                   and table.find(m["name"]).key == m["key"]) != bool(m["not"]))):
         match = pattern.fullmatch(text)
         if match:

@@ -47,7 +47,7 @@ _HAS_KEY = re.compile(r"(?P<not>NOT)?COALESCE\(\(SELECTSTRING_AGG\(CONCAT\(c\.na
                       r"ic\.key_ordinal\)FROMsys\.indexesASiINNERJOINsys\.index_columnsASicON"
                       r"i\.object_id=ic\.object_idANDi\.index_id=ic\.index_idINNERJOINsys\.columnsAScON"
                       r"ic\.object_id=c\.object_idANDic\.column_id=c\.column_idWHEREi\.object_id="
-                      r"OBJECT_ID\(N'(?P<table>[^']+)'\)ANDi\.name=N'(?P<name>\w+)'ANDi\.type=2AND"
+                      r"OBJECT_ID\(N'(?P<table>[^']+)'\)ANDi\.name=N'(?P<name>\w+)'ANDi\.type=(?P<type>[12])AND"
                       r"i\.is_disabled=0ANDi\.has_filter=0ANDic\.key_ordinal>0\),N''\)=N'(?P<key>[^']*)'")
 # Guards about other things than the table's indexes: either outcome is possible here.
 _UNKNOWN = re.compile(r"SERVERPROPERTY\('EngineEdition'\)IN\([\d,]+\)|COL_LENGTH\(N'[^']+',N'\w+'\)IS(NOT)?NULL"
@@ -77,7 +77,9 @@ def _atom(text: str, state: State) -> bool | None:
     match = _HAS_KEY.fullmatch(text)
     if match:
         found = _find(state, _fold(match["table"]), match["name"])
-        return ((found is not None and not found.filter and _key(found) == match["key"]) != bool(match["not"]))
+        # Every index this model builds is nonclustered: a guard asking for a clustered key never holds.
+        return ((found is not None and not found.filter and match["type"] == "2" and _key(found) == match["key"])
+                != bool(match["not"]))
     if _UNKNOWN.fullmatch(text):
         return None
     raise AssertionError(f"a migration guard the model does not know: {text}")

@@ -47,7 +47,7 @@
     so neither counts as having the key, and the migration builds it again.
     Migrations guard on the key, not on the name alone: 0.1.0 named the claim index with priority
     ix_q_claim, the name 0.2.0 gives the key without priority. STRING_AGG: SQL Server 2017. -#}
-{% macro has_key(t, name, key) %}
+{% macro has_key(t, name, key, clustered=false) %}
 COALESCE(
     (
         SELECT
@@ -62,7 +62,7 @@ COALESCE(
         WHERE
             i.object_id = OBJECT_ID(N'{{ t }}')
             AND i.name = N'{{ name }}'
-            AND i.type = 2 AND i.is_disabled = 0 AND i.has_filter = 0
+            AND i.type = {{ 1 if clustered else 2 }} AND i.is_disabled = 0 AND i.has_filter = 0
             AND ic.key_ordinal > 0
     ),
     N''

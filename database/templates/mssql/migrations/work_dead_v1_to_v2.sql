@@ -29,7 +29,7 @@ GO
           'row, then ' ~ pk ~ ' is built again); fail and the dequeue that buries an expired lease wait '
           'for it') }}
 IF
-    NOT {{ pins.has_key(dead_t, ux, 'dead_seq') | indent(4) }}
+    NOT {{ pins.has_key(dead_t, ux, 'dead_seq', clustered=true) | indent(4) }}
     BEGIN
         IF
             INDEXPROPERTY(

@@ -62,6 +62,8 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "types"): {"user_type_id": "int", "name": "sysname"},
     ("sys", "parameters"): {"object_id": "int", "parameter_id": "int", "name": "sysname", "user_type_id": "int",
                             "max_length": "smallint", "is_output": "bit"},
+    ("sys", "objects"): {"object_id": "int", "name": "sysname", "schema_id": "int", "principal_id": "int",
+                         "type": "char(2)"},
 }
 # System procedures the templates call, with their parameters (the claim index upgrade renames one).
 SYSTEM_PROCEDURES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -334,6 +336,7 @@ class _Resolver:
         self.temps: dict[str, dict[str, str | None]] = {}
         self.ctes: list[dict[str, dict[str, str | None]]] = []
         self.signature: Signature | None = None
+        self.savepoints: set[str] = set()    # SAVE TRANSACTION names seen so far in the batch
 
     # -- reporting -------------------------------------------------------------------------------
 
@@ -634,6 +637,20 @@ class _Resolver:
         for role in s.roles:
             if self.names[role] not in self.catalog.roles:
                 self.unresolved(self.line(role), "role", self.raws[role])
+
+    def st_DropNamed(self, s: m.DropNamed) -> None:
+        names = [self.names[i] for i in s.name]
+        if s.what == "schema":
+            if names[-1] not in self.catalog.schemas:
+                self.unresolved(s.line, "schema", self.display(s.name))
+        elif _key(names) not in self.catalog.procedures:
+            self.unresolved(s.line, "procedure", self.display(s.name))
+
+    def st_Savepoint(self, s: m.Savepoint) -> None:
+        if s.saves:
+            self.savepoints.add(self.names[s.name])
+        elif self.names[s.name] not in self.savepoints:
+            self.unresolved(self.line(s.name), "savepoint", self.raws[s.name])
 
     def st_RoleMembers(self, s: m.RoleMembers) -> None:
         for principal in s.principals:

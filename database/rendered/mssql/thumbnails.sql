@@ -2217,6 +2217,9 @@ BEGIN
     -- can then tell a caller that gets past it (51003 next) from one that does not (51005).
     -- NULL when the check could not run (the database owner cannot be impersonated: 15517): refused
     -- as no handler, never taken for one.
+    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
+    -- building any SQL text.
+    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'queue') + N'.' + QUOTENAME(N'make_thumbnail');
     DECLARE @handler_found bit;
     DECLARE @handler_chained bit;
     EXEC [queue].[thumbnails_process_handler] @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
@@ -2233,7 +2236,7 @@ BEGIN
     -- fail with 229 until it is dead. Here, in the caller's context, process asks first.
     IF
         COALESCE(@handler_chained, 0) = 0
-        AND COALESCE(HAS_PERMS_BY_NAME(N'[queue].[make_thumbnail]', N'OBJECT', N'EXECUTE'), 0) = 0
+        AND COALESCE(HAS_PERMS_BY_NAME(@handler_name, N'OBJECT', N'EXECUTE'), 0) = 0
         BEGIN
             SET @error_message = CONCAT(
                 N'queue.thumbnails_process: handler procedure ',
@@ -2265,9 +2268,6 @@ BEGIN
             THROW 51001, @error_message, 1;
         END;
 
-    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
-    -- building any SQL text.
-    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'queue') + N'.' + QUOTENAME(N'make_thumbnail');
     SET XACT_ABORT ON;
 
     DECLARE @batch_size int = 1;

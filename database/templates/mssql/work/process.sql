@@ -69,6 +69,9 @@ BEGIN
     -- can then tell a caller that gets past it (51003 next) from one that does not (51005).
     -- NULL when the check could not run (the database owner cannot be impersonated: 15517): refused
     -- as no handler, never taken for one.
+    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
+    -- building any SQL text.
+    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'{{ handler_parts[0] }}') + N'.' + QUOTENAME(N'{{ handler_parts[1] }}');
     DECLARE @handler_found bit;
     DECLARE @handler_chained bit;
     EXEC {{ names.verb('process_handler') }} @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
@@ -81,7 +84,7 @@ BEGIN
     -- fail with 229 until it is dead. Here, in the caller's context, process asks first.
     IF
         COALESCE(@handler_chained, 0) = 0
-        AND COALESCE(HAS_PERMS_BY_NAME(N'{{ handler_q }}', N'OBJECT', N'EXECUTE'), 0) = 0
+        AND COALESCE(HAS_PERMS_BY_NAME(@handler_name, N'OBJECT', N'EXECUTE'), 0) = 0
         BEGIN
 {{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "N'" ~ handler_signature ~ " has another owner than '", "N'" ~ names.plain('_process') ~ " and the caller may not execute it: grant EXECUTE on it, or '", "N'give it process''s owner.'"]) }}
         END;
@@ -98,9 +101,6 @@ BEGIN
 {{ w.throw('invalid_argument', ["N'" ~ names.plain('_process') ~ ": time_budget_seconds must be between 1 and 86400, got '", "COALESCE(CONVERT(nvarchar(12), @time_budget_seconds), N'NULL')", "N'.'"]) }}
         END;
 
-    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
-    -- building any SQL text.
-    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'{{ handler_parts[0] }}') + N'.' + QUOTENAME(N'{{ handler_parts[1] }}');
     SET XACT_ABORT ON;
 
     DECLARE @batch_size int = 1;

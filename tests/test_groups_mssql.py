@@ -180,7 +180,12 @@ def test_grouped_tsqlt_tests_fake_the_groups_table_and_build_its_key_from_the_dd
     assert re.search(r"CREATE UNIQUE NONCLUSTERED INDEX \[pk_plain_groups\]\s+ON \[s\]\.\[plain_groups\] \(group_key\);",
                      helper)
     tests = re.findall(r"CREATE PROCEDURE \[test_s_plain\]\.\[test [^\]]*\]\nAS\nBEGIN\n.*?\nEND;\nGO\n", text, re.S)
-    naming = [t for t in tests if "[s].[plain_groups]" in t or "group_key = N'" in t]
+    # The role tests name the groups table only to ask HAS_PERMS_BY_NAME about it: they run the verbs
+    # on the real tables on purpose (a fake carries no grants) and write no group.
+    role_tests = [t for t in tests if re.match(r"CREATE PROCEDURE \S+\.\[test the \w+ role ", t)]
+    assert len(role_tests) == 6 and all("group_key = N'" not in t and "INTO [s].[plain_groups]" not in t
+                                        for t in role_tests)
+    naming = [t for t in tests if t not in role_tests and ("[s].[plain_groups]" in t or "group_key = N'" in t)]
     assert len(naming) >= 10
     fake = ("EXEC tSQLt.FakeTable @TableName = N'[s].[plain_groups]';\n"
             "    EXEC [test_s_plain].[index the faked groups table];")

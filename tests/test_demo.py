@@ -52,3 +52,52 @@ def test_the_example_handler_runs_under_the_in_database_worker(example_database:
         made = conn.execute('SELECT count(*) FROM "queue"."thumbnails_made"').fetchone()[0]
         left = conn.execute('SELECT count(*) FROM "queue"."thumbnails"').fetchone()[0]
     assert (made, left) == (40, 0)
+
+
+def test_the_spark_demo_shows_its_summary_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """`make demo --spark` printed the Spark summary twice: run_spark_demo logged it (stderr) and the
+    demo printed it. Spark itself is replaced here (tests/test_pipelines.py runs it for real): the
+    jobs return fixed figures, and what the logger and print write is read together."""
+    import io
+    import logging
+
+    import pipelines.demo as spark_demo
+    from pipelines.common import log
+    from pyspark.sql import functions
+
+    from tablequeue import demo
+
+    class Frame:   # read_results(...).where(...).agg(...).first()
+        def where(self, _condition: str) -> "Frame":
+            return self
+
+        def agg(self, *_columns: object) -> "Frame":
+            return self
+
+        def first(self) -> dict:
+            return {"rows": 20_000 - 207, "ids": 20_000 - 207}
+
+    column = type("Column", (), {"alias": lambda self, name: name})()
+    monkeypatch.setattr(functions, "count", lambda *_: column)
+    monkeypatch.setattr(functions, "countDistinct", lambda *_: column)
+    monkeypatch.setattr(spark_demo, "generate_dataset", lambda spark, rows, path: path)
+    monkeypatch.setattr(spark_demo, "run_enqueue", lambda *a, **k: {"rows": 20_000, "enqueued": 20_000,
+                                                                   "duplicates": 0})
+    monkeypatch.setattr(spark_demo, "run_stream", lambda *a, **k: {"retrying": 1_538, "output": "out-folder"})
+    monkeypatch.setattr(spark_demo, "run_report", lambda *a, **k: {
+        "completed": 20_000 - 207, "dead": 207, "chart": "report-chart.png", "throughput": [{"completed": 9_871}],
+        "latency": {"wait": {"p50": 0.5, "p95": 1.5, "p99": 2.5}, "processing": {}}})
+    monkeypatch.setattr(spark_demo, "read_results", lambda spark, output: Frame())
+    monkeypatch.setattr(spark_demo, "build_session", lambda name: type("Session", (), {"stop": lambda self: None})())
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    log().addHandler(handler)
+    try:
+        failed = demo._spark_demo("postgresql://demo@localhost/demo", load_catalog(REPO / "database" / "queues.yml"))
+    finally:
+        log().removeHandler(handler)
+
+    assert failed is False
+    shown = capsys.readouterr().out + logged.getvalue()
+    for figure in ("report-chart.png", "out-folder", "9871", "1538"):
+        assert shown.count(figure) == 1, (figure, shown)

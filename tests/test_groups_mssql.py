@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from tablequeue.catalog import parse_catalog
-from tablequeue.render import render_catalog, render_migrations
+from tablequeue.render import render_catalog, render_migrations, render_tsqlt
 from tablequeue.tsqlcheck import check_sources
 
 QUEUES = [
@@ -130,7 +130,10 @@ def test_wait_counts_only_candidates_of_groups_nobody_holds() -> None:
     # Bounded, and each candidate's groups row read past its holder: locked_at is read (the heap
     # row a holder's stamp holds X on), with READPAST, READCOMMITTEDLOCK and no U lock. Whether the
     # optimizer keeps the lookup is the conformance suite's to show, on a server.
-    assert "SELECT TOP (100) m.id" in wait and "m.group_head = 1 AND m.id <= @bound_id" in wait
+    assert "SELECT TOP (100) m.id" in wait
+    assert re.search(r"@bound_id = MAX\(c\.id\),\s*@window = COUNT\(\*\)\s*FROM \(\s*SELECT TOP \(100\) m\.id\s*"
+                     r"FROM [^\n]*\s*WHERE m\.group_head = 1 AND m\.id > @after_id\s*ORDER BY m\.id\s*\) AS c;", wait)
+    assert "m.group_head = 1 AND m.id > @after_id AND m.id <= @bound_id" in wait
     assert re.search(r"SELECT g\.locked_at\s*FROM \[s\]\.\[plain_groups\] AS g WITH \(INDEX \(\[pk_plain_groups\]\), "
                      r"FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK\)\s*WHERE\s*g\.group_key = m\.group_key\s*"
                      r"(--[^\n]*\n\s*)*AND COALESCE\(g\.locked_at, '00010102'\) > '00010101'", wait)
@@ -147,6 +150,50 @@ def test_purge_deletes_groups_rows_only_in_its_own_transactions_and_never_waits(
     assert re.search(r"SET LOCK_TIMEOUT 0;\s*DELETE FROM g\s", purge)
     assert re.search(r"IF ERROR_NUMBER\(\) <> 1222 OR @started_transaction = 0\s*BEGIN\s*"
                      r"IF ERROR_NUMBER\(\) <> 1205 OR @started_transaction = 0 THROW;", purge)
+
+
+def test_wait_slides_its_window_so_held_groups_candidates_never_hide_a_free_group() -> None:
+    """Review 19 S3: 100 candidates of held groups ahead of a free group's head made every step
+    probe the same 100 and report nothing ready for the whole hold. The window now starts after the
+    last step's bound and wraps to the start once a window reached the end of the candidates."""
+    wait = _code(_procedure(_render()["plain.sql"], "wait", "plain"))
+    assert "DECLARE @after_id bigint = 0;" in wait and "DECLARE @window int;" in wait
+    step = wait[wait.index("WHILE 1 = 1"):wait.index("WAITFOR DELAY")]
+    # The next window is set in the step, after its probe: past this one, or from the start.
+    probe = step.index("m.id > @after_id AND m.id <= @bound_id")
+    slide = step.index("SET @after_id = IIF(@window < 100, 0, @bound_id);")
+    assert probe < slide and step.count("SET @after_id") == 1
+    # Nothing else sets the window back, so the steps walk every candidate in turn.
+    assert wait.count("@after_id =") == 1
+
+
+def test_grouped_tsqlt_tests_fake_the_groups_table_and_build_its_key_from_the_ddl() -> None:
+    """Review 19 S5: the grouped tSQLt tests wrote into the real groups table (a real row with the
+    same key made Assemble fail with 2627). Every test that names the groups table fakes it first and
+    builds, on the fake, the key the verbs pin, as the table's DDL declares it."""
+    catalog = parse_catalog({"schema": "s", "queues": QUEUES})
+    ddl = _render()["plain.sql"]
+    assert "CONSTRAINT [pk_plain_groups] PRIMARY KEY NONCLUSTERED (group_key)" in ddl
+    text = next(f.text for f in render_tsqlt(catalog) if f.queue == "plain")
+    helper = text[text.index("CREATE PROCEDURE [test_s_plain].[index the faked groups table]"):]
+    helper = helper[:helper.index("\nGO\n")]
+    assert re.search(r"CREATE UNIQUE NONCLUSTERED INDEX \[pk_plain_groups\]\s+ON \[s\]\.\[plain_groups\] \(group_key\);",
+                     helper)
+    tests = re.findall(r"CREATE PROCEDURE \[test_s_plain\]\.\[test [^\]]*\]\nAS\nBEGIN\n.*?\nEND;\nGO\n", text, re.S)
+    # The role tests name the groups table only to ask HAS_PERMS_BY_NAME about it: they run the verbs
+    # on the real tables on purpose (a fake carries no grants) and write no group.
+    role_tests = [t for t in tests if re.match(r"CREATE PROCEDURE \S+\.\[test the \w+ role ", t)]
+    assert len(role_tests) == 6 and all("group_key = N'" not in t and "INTO [s].[plain_groups]" not in t
+                                        for t in role_tests)
+    naming = [t for t in tests if t not in role_tests and ("[s].[plain_groups]" in t or "group_key = N'" in t)]
+    assert len(naming) >= 10
+    fake = ("EXEC tSQLt.FakeTable @TableName = N'[s].[plain_groups]';\n"
+            "    EXEC [test_s_plain].[index the faked groups table];")
+    for test in naming:
+        assert fake in test, test[:test.index("\n")]
+        first_use = min(i for i in (test.find("INSERT INTO [s].[plain_groups]"), test.find("EXEC [s].[plain_"),
+                                    test.find("FROM [s].[plain_groups]")) if i >= 0)
+        assert test.index(fake) < first_use, test[:test.index("\n")]
 
 
 # ---- work (docs/queue-kinds.md, "SQL Server (work)"): a group is busy while it has an in-flight message.

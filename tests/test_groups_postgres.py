@@ -736,3 +736,32 @@ def test_a_wait_probe_does_not_leave_a_consumer_holding_a_group_without_its_mess
     finally:
         for conn in (setup, probe_conn, consumer_conn, other_conn):
             conn.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_wait_finds_a_free_groups_head_behind_150_candidates_of_a_held_group(deploy_queues, kind) -> None:
+    """Review 19 S3's twin: SQL Server's wait probed only the first 100 head candidates, so 100
+    candidates of held groups hid a free group's head (ready false while dequeue would deliver).
+    Here the probe has no such bound: SKIP LOCKED passes over every held group's candidate, and the
+    first step says ready. The 150 candidates are producers' enqueues into a group whose row another
+    transaction holds (each flags its message, as it cannot take the group)."""
+    deployed = deploy_queues(grouped(kind))
+    setup, holder_conn, probe_conn = deployed.connect(), deployed.connect(autocommit=False), deployed.connect()
+    schema = deployed.catalog.schema
+    try:
+        admin = deployed.client("q", setup)
+        admin.enqueue({"n": -1}, group_key="held")
+        holder_conn.execute(f'SELECT FROM "{schema}"."q_groups" WHERE group_key = %s FOR NO KEY UPDATE', ("held",))
+        for n in range(150):
+            admin.enqueue({"n": n}, group_key="held")
+        free = admin.enqueue({"n": 0}, group_key="free")["id"]
+        assert setup.execute(f'SELECT count(*) FROM "{schema}"."q" WHERE group_key = %s AND group_head',
+                             ("held",)).fetchone()[0] == 151
+        assert probe_conn.execute(f'SELECT "{schema}"."q_wait_step"(0, clock_timestamp())').fetchone()[0] is True
+        assert deployed.client("q", probe_conn).wait(wait_ms=1000) is True
+        got = admin.dequeue(worker="w") if kind == "work" else admin.dequeue()
+        assert [row["id"] for row in got] == [free]
+    finally:
+        holder_conn.rollback()
+        for conn in (setup, holder_conn, probe_conn):
+            conn.close()

@@ -40,12 +40,15 @@ def _flat(text: str) -> str:
 
 _INDEX_ID = re.compile(r"INDEXPROPERTY\(OBJECT_ID\(N'(?P<table>[^']+)'\),N'(?P<name>\w+)','IndexID'\)"
                        r"IS(?P<not>NOT)?NULL")
+# The key of a usable (not disabled) nonclustered index without a filter: the model's indexes are
+# never disabled, every one it builds here is nonclustered, and one with a filter does not count.
 _HAS_KEY = re.compile(r"(?P<not>NOT)?COALESCE\(\(SELECTSTRING_AGG\(CONCAT\(c\.name,CASEWHEN"
                       r"ic\.is_descending_key=1THENN'DESC'END\),N','\)WITHINGROUP\(ORDERBY"
-                      r"ic\.key_ordinal\)FROMsys\.index_columnsASicINNERJOINsys\.columnsAScON"
-                      r"ic\.object_id=c\.object_idANDic\.column_id=c\.column_idWHEREic\.object_id="
-                      r"OBJECT_ID\(N'(?P<table>[^']+)'\)ANDic\.index_id=INDEXPROPERTY\(OBJECT_ID\(N'(?P=table)'\),"
-                      r"N'(?P<name>\w+)','IndexID'\)ANDic\.key_ordinal>0\),N''\)=N'(?P<key>[^']*)'")
+                      r"ic\.key_ordinal\)FROMsys\.indexesASiINNERJOINsys\.index_columnsASicON"
+                      r"i\.object_id=ic\.object_idANDi\.index_id=ic\.index_idINNERJOINsys\.columnsAScON"
+                      r"ic\.object_id=c\.object_idANDic\.column_id=c\.column_idWHEREi\.object_id="
+                      r"OBJECT_ID\(N'(?P<table>[^']+)'\)ANDi\.name=N'(?P<name>\w+)'ANDi\.type=(?P<type>[12])AND"
+                      r"i\.is_disabled=0ANDi\.has_filter=0ANDic\.key_ordinal>0\),N''\)=N'(?P<key>[^']*)'")
 # Guards about other things than the table's indexes: either outcome is possible here.
 _UNKNOWN = re.compile(r"SERVERPROPERTY\('EngineEdition'\)IN\([\d,]+\)|COL_LENGTH\(N'[^']+',N'\w+'\)IS(NOT)?NULL"
                       r"|OBJECT_ID\(N'[^']+',N'D'\)ISNULL")
@@ -74,7 +77,9 @@ def _atom(text: str, state: State) -> bool | None:
     match = _HAS_KEY.fullmatch(text)
     if match:
         found = _find(state, _fold(match["table"]), match["name"])
-        return ((found is not None and _key(found) == match["key"]) != bool(match["not"]))
+        # Every index this model builds is nonclustered: a guard asking for a clustered key never holds.
+        return ((found is not None and not found.filter and match["type"] == "2" and _key(found) == match["key"])
+                != bool(match["not"]))
     if _UNKNOWN.fullmatch(text):
         return None
     raise AssertionError(f"a migration guard the model does not know: {text}")
@@ -195,6 +200,35 @@ def check_deploy(migrations, table: str, indexes: list[IndexKey], old_reads: lis
             assert check_pins(new_reads, state) == [], f"new code after '{step.what}'"
 
 
+def check_reruns(migrations, table: str, indexes: list[IndexKey], old_reads: list, new_reads: list) -> None:
+    """A deploy that stopped after its first k steps (the next one failed: every step here is one
+    transaction, so it left nothing) and is then run again whole, for every k: no step fails, the
+    pins of the code running at each step (the new code once the first run passed the code units)
+    find their index, and the table ends with the indexes a single run gives it."""
+    code_units = None
+    sequence = ([s for mig in migrations for s in mig.steps if not s.after_code] + [code_units]
+                + [s for mig in migrations for s in mig.steps if s.after_code])
+    assert all(s.mode == "transaction" for s in sequence if s is not code_units)
+    start: list[State] = [tuple(i for i in indexes if i.table == table)]
+
+    def run(steps: list, states: list[State], new_code: bool) -> tuple[list[State], bool]:
+        for step in steps:
+            if step is code_units:
+                new_code = True
+            else:
+                states = run_step(step.sql, states)
+            for state in states:
+                assert check_pins(new_reads if new_code else old_reads, state) == [], \
+                    f"{'new' if new_code else 'old'} code after '{step.what if step else 'the code units'}'"
+        return states, new_code
+
+    once, _ = run(sequence, start, False)
+    for k in range(len(sequence) + 1):
+        states, new_code = run(sequence[:k], start, False)
+        states, _ = run(sequence, states, new_code)
+        assert {frozenset(s) for s in states} == {frozenset(s) for s in once}, f"a re-run after {k} steps"
+
+
 @pytest.mark.parametrize("before, after", [({}, {"priority": True}), ({"priority": True}, {})],
                          ids=["priority on", "priority off"])
 @pytest.mark.parametrize("client_ids", [False, True], ids=["bigint ids", "client ids"])
@@ -211,6 +245,7 @@ def test_every_pinned_index_exists_with_its_key_at_each_step_of_a_priority_migra
         "work_table_add_priority" if after else "work_table_drop_priority",
         unit, _table_unit(catalog(before), "s.q").storage, unit.storage)
     check_deploy([migration], "s.q", indexes, old_reads, new_reads)
+    check_reruns([migration], "s.q", indexes, old_reads, new_reads)
 
 
 V010_WORK = [q for q in yaml.safe_load((Path(__file__).parent / "fixtures" / "releases" / "0.1.0" /
@@ -241,6 +276,7 @@ def test_every_pinned_index_exists_with_its_key_at_each_step_of_an_upgrade_from_
     assert [m.name for m in item.migrations][0] == "work_table_v1_to_v2"
     assert any(i.name == f"ix_{name}_claim" for i in indexes)      # 0.1.0's name, whatever the key
     check_deploy(item.migrations, table, indexes, old_reads, new_reads)
+    check_reruns(item.migrations, table, indexes, old_reads, new_reads)
 
 
 def test_the_model_refuses_what_sql_server_refuses() -> None:
@@ -258,3 +294,35 @@ def test_the_model_refuses_what_sql_server_refuses() -> None:
     assert [[(i.name, i.columns) for i in state] for state in run_step(guarded, [()])] == [[(key.name, key.columns)]]
     with pytest.raises(AssertionError, match="does not know"):
         run_step("IF @@TRANCOUNT = 0\n    BEGIN\n        DROP INDEX [ix_q_claim] ON [s].[q];\n    END;\n", [(key,)])
+
+
+def _build_step(after: dict):
+    """The claim index build step of a priority migration to `after` (queue s.q, bigint ids)."""
+    def catalog(options: dict):
+        return parse_catalog({"schema": "s", "queues": [{"name": "q", "kind": "work", "options": options}]}, "<t>")
+    before = {} if after else {"priority": True}
+    unit = _table_unit(catalog(after), "s.q")
+    migration = MigrationSource("mssql").render(
+        "work_table_add_priority" if after else "work_table_drop_priority",
+        unit, _table_unit(catalog(before), "s.q").storage, unit.storage)
+    return next(s for s in migration.steps if s.what.startswith("build "))
+
+
+@pytest.mark.parametrize("found", ["priority key", "a filter"])
+def test_a_claim_name_holding_another_index_is_rebuilt_under_a_temporary_name_then_renamed(found: str) -> None:
+    """The name the new code pins holds another index: 0.1.0's key led by priority, or the right key
+    under a filter (has_key counts only a usable nonclustered index without one). The build step
+    builds ix_q_claim_new, drops the old one and renames the new one in its transaction, not
+    DROP_EXISTING (offline: Sch-M on the table for the whole build); its locks line says so."""
+    step = _build_step({})
+    other = IndexKey("t", "s.q", "ix_q_claim",
+                     (("priority", True), ("visible_at", False), ("id", False)) if found == "priority key"
+                     else (("visible_at", False), ("id", False)),
+                     () if found == "priority key" else ("leased_by is not null",))
+    states = run_step(step.sql, [(other,)])
+    assert [[(i.name, i.columns, i.filter) for i in state] for state in states] == \
+        [[("ix_q_claim", (("visible_at", False), ("id", False)), ())]]
+    assert "DROP_EXISTING" not in step.sql and "ix_q_claim_new" in step.sql
+    assert "Sch-M briefly to drop the old index and rename the new one" in " ".join(step.locks.split())
+    # The right index already there: nothing is built.
+    assert run_step(step.sql, states) == states

@@ -210,6 +210,37 @@ def test_tsqlt_pinned_index_test_expects_the_keys_the_tables_are_built_with() ->
                 assert ddl_filter is None, f"{tsqlt.name}: {name} is filtered in the DDL"
             else:
                 column, rest = ddl_filter.split(" ", 1)
-                assert filter_ == f"N'([{column}] {rest})'", f"{tsqlt.name}: {name} filter {filter_} vs {ddl_filter}"
+                # Compared without spaces and parentheses: the catalog keeps SQL Server's own form.
+                assert filter_ == f"N'[{column}]{rest.replace(' ', '')}'", f"{tsqlt.name}: {name} filter {filter_} vs {ddl_filter}"
+            checked += 1
+    assert checked
+
+
+def _sql_server_stored_filter(filter_: str) -> str:
+    """A one-column filter as sys.indexes.filter_definition keeps it: SQL Server brackets the column,
+    puts a comparison's constant in parentheses and drops the spaces around its operator
+    ('group_head = 1' -> '([group_head]=(1))'), keeps IS [NOT] NULL as written ('([group_key] IS NULL)')."""
+    column, rest = filter_.split(" ", 1)
+    comparison = re.fullmatch(r"(=|<>|<|>|<=|>=) (\S+)", rest)
+    return f"([{column}]{comparison[1]}({comparison[2]}))" if comparison else f"([{column}] {rest})"
+
+
+def test_tsqlt_pinned_index_test_compares_filters_in_the_form_sql_server_stores() -> None:
+    """The test's #Actual strips spaces and parentheses from the stored filter; its #Expected must equal
+    that for every pinned filter (a '= 1' filter is stored '([col]=(1))': compared as written, it failed)."""
+    catalog = load_catalog(REPO / "tests" / "fixtures" / "option_matrix.yml")
+    strip = re.compile(r"[ ()]")
+    checked = 0
+    for tsqlt in render_tsqlt(catalog):
+        body = tsqlt.text.split("[test the pinned indexes have the key and filter the claims seek on]", 1)[1]
+        body = body.split("\nEND;", 1)[0]
+        assert "REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition" in body
+        ddl = next(f.text for f in render_catalog(catalog, "mssql") if f.queue == tsqlt.queue)
+        for name, (_, _, filter_) in _pinned_keys_expected(tsqlt.text).items():
+            created = re.search(rf"CREATE \w+ INDEX \[{name}\]\s+ON \S+ \([^)]*\)(\s+WHERE ([^;]*))?;", ddl)
+            if filter_ == "NULL":
+                continue
+            stored = _sql_server_stored_filter(created.group(2).strip())
+            assert filter_ == f"N'{strip.sub('', stored)}'", f"{tsqlt.name}: {name}: {filter_} vs stored {stored}"
             checked += 1
     assert checked

@@ -27,6 +27,20 @@ def _units(catalog, dialect: str = "mssql"):
     return [u for f in render_catalog(catalog, dialect) for u in f.units]
 
 
+def _each_transaction_sets_xact_abort(text: str) -> None:
+    """Every transaction of the script opens in a batch that first sets XACT_ABORT ON: a compile error
+    in SSMS's SQLCMD mode (where `:on error exit` does not end the session) then rolls the unit back
+    instead of leaving its transaction open."""
+    lines = text.splitlines()
+    begins = [index for index, line in enumerate(lines) if line == "BEGIN TRANSACTION;"]
+    assert begins
+    assert [lines[index - 1] for index in begins] == ["SET XACT_ABORT ON;"] * len(begins)
+    for batch in split_batches(text.split(":on error exit", 1)[1]):
+        statements = [line for line in batch.text.splitlines() if line.strip() and not line.startswith("--")]
+        if "BEGIN TRANSACTION;" in statements:
+            assert statements == ["SET XACT_ABORT ON;", "BEGIN TRANSACTION;"]
+
+
 def test_a_fresh_install_script_holds_every_unit_in_its_own_transaction_under_the_deploy_lock() -> None:
     catalog = load_catalog(REPO / "database" / "queues.yml")
     units = _units(catalog)
@@ -44,6 +58,7 @@ def test_a_fresh_install_script_holds_every_unit_in_its_own_transaction_under_th
         assert f"'{unit.checksum}'" in text
     # The script's own transactions stand at column 0, procedures' are indented.
     assert lines.count("BEGIN TRANSACTION;") == len(units) == lines.count("COMMIT TRANSACTION;")
+    _each_transaction_sets_xact_abort(text)
     queue_storage = [u for u in units if u.type == "storage" and u.queue]
     # One guard per queue storage unit, the deploy lock's and the 0.1.0 history's.
     assert text.count("THROW 51007") == len(queue_storage) + 2
@@ -90,6 +105,7 @@ def test_an_mssql_script_planned_against_a_database_holds_its_migrations_in_depl
     batches = split_batches(text.split(":on error exit", 1)[1])
     assert all(batch.text for batch in batches)
     assert text.splitlines().count("BEGIN TRANSACTION;") == text.splitlines().count("COMMIT TRANSACTION;")
+    _each_transaction_sets_xact_abort(text)
 
 
 

@@ -103,12 +103,17 @@ def test_upgrade_from_0_1_0_keeps_every_message_and_every_verb_works(pg_url: str
         actions = {item.unit.name: item.action for item in result.plan.items}
         assert actions[f"{schema}.tablequeue_deploy_history"] == MIGRATE   # the history's own v1 -> v2
         storage = [item for item in result.plan.items if item.unit.type == "storage" and item.unit.queue]
-        # The work tables take storage version 2 (the lease token); everything else is recorded as it is.
+        # The work tables take storage version 2 (the lease token), their dead-letter tables too (SQL
+        # Server's clustering with client ids: here a recorded no-op, their dead letters kept and listed
+        # by check_verbs); everything else is recorded as it is.
         work_tables = {f"{schema}.{queue.name}" for queue in catalog.queues if queue.kind == "work"}
+        dead_tables = {f"{name}_dead" for name in work_tables}
         migrated = {item.unit.name: [m.name for m in item.migrations] for item in storage if item.action == MIGRATE}
-        assert migrated == {name: ["work_table_v1_to_v2"] for name in work_tables}
-        assert {item.action for item in storage if item.unit.object != "type" and item.unit.name not in work_tables} \
-            == {RECORD}, [(i.unit.name, i.action, i.reason) for i in storage]
+        assert migrated == {**{name: ["work_table_v1_to_v2"] for name in work_tables},
+                            **{name: ["work_dead_v1_to_v2"] for name in dead_tables}}
+        assert {item.action for item in storage if item.unit.object != "type"
+                and item.unit.name not in work_tables | dead_tables} == {RECORD}, \
+            [(i.unit.name, i.action, i.reason) for i in storage]
         # enqueue's result type was part of the table's unit in 0.1.0: now a unit of its own, found in
         # place; complete_next's is new.
         assert {item.action for item in storage if item.unit.object == "type"} == {CREATE}

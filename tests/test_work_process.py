@@ -394,5 +394,130 @@ def test_a_caller_holding_only_the_admin_role_runs_process(deploy_queues) -> Non
         owner.close()
 
 
+def _attempts(deployed: Any, conn: Any) -> list[int]:
+    return sorted(a for (a,) in run(conn, deployed.dialect, f"SELECT attempts FROM {_q(deployed, deployed.catalog.schema, 'jobs')}"))
+
+
+def test_a_handler_the_admin_caller_may_not_execute_is_no_handler_and_spends_nothing(deploy_queues) -> None:
+    # Found is not runnable: on SQL Server a handler of another owner than process is outside the
+    # ownership chain (its EXECUTE is checked against the caller at each call, 229), on PostgreSQL the
+    # handler always runs with the caller's rights (42501). Before process asked, every message failed
+    # at the call until it was dead: a whole backlog dead-lettered within one time budget.
+    deployed = deploy_with_handler(deploy_queues, max_attempts=2)
+    schema = deployed.catalog.schema
+    admin = f"{schema}_admin"
+    user = f"u_{secrets.token_hex(4)}"
+    handler_owner = f"h_{secrets.token_hex(4)}"
+    owner = deployed.connect(autocommit=True)
+    owner_client = deployed.client("jobs", owner)
+    owner_client.enqueue_batch({"payload": {"n": n}} for n in range(3))
+    conn = deployed.connect(autocommit=True)
+    try:
+        if deployed.dialect == "postgres":
+            run(owner, "postgres", f'REVOKE EXECUTE ON PROCEDURE "{schema}".work_handler(bigint, jsonb) FROM PUBLIC')
+            run(owner, "postgres", f'CREATE ROLE "{user}" NOLOGIN IN ROLE "{admin}"')
+            run(conn, "postgres", f'SET ROLE "{user}"')
+        else:
+            run(owner, "mssql", f"CREATE USER [{handler_owner}] WITHOUT LOGIN")
+            run(owner, "mssql", f"ALTER AUTHORIZATION ON OBJECT::[{schema}].[work_handler] TO [{handler_owner}]")
+            run(owner, "mssql", f"CREATE USER [{user}] WITHOUT LOGIN")
+            run(owner, "mssql", f"ALTER ROLE [{admin}] ADD MEMBER [{user}]")
+            run(conn, "mssql", f"EXECUTE AS USER = N'{user}'")
+        with pytest.raises(Exception) as raised:
+            deployed.client("jobs", conn).process(time_budget_seconds=30)
+        assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
+        assert "execute" in str(raised.value).lower()
+        assert counts(owner_client) == (3, 0, 0, 0)
+        assert _attempts(deployed, owner) == [0, 0, 0]
+    finally:
+        if deployed.dialect == "postgres":
+            run(conn, "postgres", "RESET ROLE")
+        else:
+            run(conn, "mssql", "REVERT")
+        conn.close()
+        if deployed.dialect == "postgres":
+            run(owner, "postgres", f'DROP OWNED BY "{user}"')
+            run(owner, "postgres", f'DROP ROLE "{user}"')
+        else:
+            run(owner, "mssql", f"ALTER AUTHORIZATION ON OBJECT::[{schema}].[work_handler] TO SCHEMA OWNER")
+            run(owner, "mssql", f"DROP USER [{handler_owner}]")
+            run(owner, "mssql", f"DROP USER [{user}]")
+        owner.close()
+
+
+def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_stops_it(deploy_queues) -> None:
+    # A routine application deploy drops the handler while process runs: the next call fails at the
+    # call itself (2812 / 42883) and the handler check fails too, so it is not the message's fault:
+    # the lease goes back with its attempt and process stops with no_handler, instead of failing each
+    # message until the backlog is dead.
+    deployed = deploy_with_handler(deploy_queues, sleep_seconds=1.5, max_attempts=2)
+    schema = deployed.catalog.schema
+    owner = deployed.connect(autocommit=True)
+    owner_client = deployed.client("jobs", owner)
+    owner_client.enqueue_batch({"payload": {"n": n}} for n in range(4))
+    raised: list[BaseException] = []
+
+    def worker() -> None:
+        conn = deployed.connect(autocommit=True)
+        try:
+            deployed.client("jobs", conn).process(time_budget_seconds=60)
+        except Exception as exc:  # noqa: BLE001 - the test asserts what it was
+            raised.append(exc)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    for _ in range(200):
+        if counts(owner_client)[2] == 1:  # the first message's lease is committed: its handler runs
+            break
+        threading.Event().wait(0.05)
+    signature = "(bigint, jsonb)" if deployed.dialect == "postgres" else ""
+    run(owner, deployed.dialect, f"DROP PROCEDURE {_q(deployed, schema, 'work_handler')}{signature}")
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert raised and error_code(raised[0]) == code_of(deployed.dialect, "no_handler"), raised
+    ready, delayed, in_flight, dead = counts(owner_client)
+    assert (delayed, in_flight, dead) == (0, 0, 0)
+    assert 1 <= ready <= 3
+    assert _attempts(deployed, owner) == [0] * ready
+    owner.close()
+
+
+def test_a_handler_that_raises_a_missing_routine_for_one_message_fails_that_message_only(deploy_queues) -> None:
+    # The same error numbers raised inside a handler that is still there and runnable are the
+    # handler's own (a dispatcher calling a routine the payload names): recorded with fail, the
+    # message ends dead after max_attempts with its error, the others complete.
+    deployed = deploy_with_handler(deploy_queues, handler=False, max_attempts=2)
+    schema = deployed.catalog.schema
+    conn = deployed.connect(autocommit=True)
+    if deployed.dialect == "postgres":
+        run(conn, "postgres", f"""
+            CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb)
+            LANGUAGE plpgsql AS $handler$
+            BEGIN
+                IF (payload ->> 'n')::integer = 1 THEN
+                    PERFORM "{schema}".no_such_routine(id);
+                END IF;
+            END
+            $handler$""")
+    else:
+        run(conn, "mssql", f"""
+            CREATE PROCEDURE [{schema}].work_handler @id bigint, @payload nvarchar(max)
+            AS
+            BEGIN
+                SET NOCOUNT ON;
+                IF JSON_VALUE(@payload, '$.n') = '1' EXEC [{schema}].[no_such_routine] @id = @id;
+            END""")
+    client = deployed.client("jobs", conn)
+    client.enqueue_batch({"payload": {"n": n}} for n in range(3))
+    result = client.process(time_budget_seconds=30)
+    assert (result["processed"], result["completed"], result["failed"]) == (4, 2, 2)
+    assert counts(client) == (0, 0, 0, 1)
+    (dead,) = client.dead_list()
+    assert "no_such_routine" in dead["last_error"]
+    conn.close()
+
+
 def _q(deployed: Any, schema: str, name: str) -> str:
     return f'"{schema}"."{name}"' if deployed.dialect == "postgres" else f"[{schema}].[{name}]"

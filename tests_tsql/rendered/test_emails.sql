@@ -3683,9 +3683,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -3718,9 +3718,9 @@ BEGIN
     VALUES
     (N'ix_emails_claim', 2, NULL, N'visible_at', 0, 1),
     (N'ix_emails_claim', 2, NULL, N'id', 0, 2),
-    (N'ix_emails_lease', 2, N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
-    (N'ix_emails_lease', 2, N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
-    (N'ix_emails_lease', 2, N'([leased_by] IS NOT NULL)', N'id', 0, 3);
+    (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'leased_by', 0, 1),
+    (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'visible_at', 0, 2),
+    (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'id', 0, 3);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3734,9 +3734,9 @@ BEGIN
     SELECT
         i.is_unique,
         i.has_filter,
-        i.filter_definition,
         c.name AS column_name,
         c.collation_name,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -3762,7 +3762,7 @@ BEGIN
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
-    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
+    VALUES (1, 1, N'[dedupe_key]ISNOTNULL', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3816,7 +3816,12 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_emails_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_emails_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_producer]
 WITH EXECUTE AS ''test_emails_producer''
 AS
@@ -3834,45 +3839,48 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[emails_enqueue]'', N''EXECUTE''),
-        (N''[queue].[emails_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_dequeue]'', N''EXECUTE''),
-        (N''[queue].[emails_complete]'', N''EXECUTE''),
-        (N''[queue].[emails_fail]'', N''EXECUTE''),
-        (N''[queue].[emails_extend_lease]'', N''EXECUTE''),
-        (N''[queue].[emails_release]'', N''EXECUTE''),
-        (N''[queue].[emails_complete_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_fail_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_complete_next]'', N''EXECUTE''),
-        (N''[queue].[emails_wait]'', N''EXECUTE''),
-        (N''[queue].[emails_stats]'', N''EXECUTE''),
-        (N''[queue].[emails_purge]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_list]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_requeue]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_delete]'', N''EXECUTE''),
-        (N''[queue].[emails_history_purge]'', N''EXECUTE''),
-        (N''[queue].[emails]'', N''SELECT''),
-        (N''[queue].[emails]'', N''INSERT''),
-        (N''[queue].[emails]'', N''UPDATE''),
-        (N''[queue].[emails]'', N''DELETE''),
-        (N''[queue].[emails_dead]'', N''SELECT''),
-        (N''[queue].[emails_dead]'', N''INSERT''),
-        (N''[queue].[emails_dead]'', N''UPDATE''),
-        (N''[queue].[emails_dead]'', N''DELETE''),
-        (N''[queue].[emails_history]'', N''SELECT''),
-        (N''[queue].[emails_history]'', N''INSERT''),
-        (N''[queue].[emails_history]'', N''UPDATE''),
-        (N''[queue].[emails_history]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[emails_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_fail]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete_next]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_list]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_requeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_delete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_history_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[emails_acks]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[emails]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_emails].[as test_emails_producer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_producer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -3880,40 +3888,48 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[emails_enqueue]', N'EXECUTE', 1),
-    (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 1),
-    (N'[queue].[emails_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[emails_complete]', N'EXECUTE', 0),
-    (N'[queue].[emails_fail]', N'EXECUTE', 0),
-    (N'[queue].[emails_extend_lease]', N'EXECUTE', 0),
-    (N'[queue].[emails_release]', N'EXECUTE', 0),
-    (N'[queue].[emails_complete_batch]', N'EXECUTE', 0),
-    (N'[queue].[emails_fail_batch]', N'EXECUTE', 0),
-    (N'[queue].[emails_complete_next]', N'EXECUTE', 0),
-    (N'[queue].[emails_wait]', N'EXECUTE', 0),
-    (N'[queue].[emails_stats]', N'EXECUTE', 0),
-    (N'[queue].[emails_purge]', N'EXECUTE', 0),
-    (N'[queue].[emails_dead_list]', N'EXECUTE', 0),
-    (N'[queue].[emails_dead_requeue]', N'EXECUTE', 0),
-    (N'[queue].[emails_dead_delete]', N'EXECUTE', 0),
-    (N'[queue].[emails_history_purge]', N'EXECUTE', 0),
-    (N'[queue].[emails]', N'SELECT', 0),
-    (N'[queue].[emails]', N'INSERT', 0),
-    (N'[queue].[emails]', N'UPDATE', 0),
-    (N'[queue].[emails]', N'DELETE', 0),
-    (N'[queue].[emails_dead]', N'SELECT', 0),
-    (N'[queue].[emails_dead]', N'INSERT', 0),
-    (N'[queue].[emails_dead]', N'UPDATE', 0),
-    (N'[queue].[emails_dead]', N'DELETE', 0),
-    (N'[queue].[emails_history]', N'SELECT', 0),
-    (N'[queue].[emails_history]', N'INSERT', 0),
-    (N'[queue].[emails_history]', N'UPDATE', 0),
-    (N'[queue].[emails_history]', N'DELETE', 0);
+    (N'[queue].[emails_enqueue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_enqueue_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_complete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_fail]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_next]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_list]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_requeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_delete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_history_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_items]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[emails_acks]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[emails]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -3948,7 +3964,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_emails_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_emails_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_consumer]
 WITH EXECUTE AS ''test_emails_consumer''
 AS
@@ -3966,45 +3987,48 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[emails_enqueue]'', N''EXECUTE''),
-        (N''[queue].[emails_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_dequeue]'', N''EXECUTE''),
-        (N''[queue].[emails_complete]'', N''EXECUTE''),
-        (N''[queue].[emails_fail]'', N''EXECUTE''),
-        (N''[queue].[emails_extend_lease]'', N''EXECUTE''),
-        (N''[queue].[emails_release]'', N''EXECUTE''),
-        (N''[queue].[emails_complete_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_fail_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_complete_next]'', N''EXECUTE''),
-        (N''[queue].[emails_wait]'', N''EXECUTE''),
-        (N''[queue].[emails_stats]'', N''EXECUTE''),
-        (N''[queue].[emails_purge]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_list]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_requeue]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_delete]'', N''EXECUTE''),
-        (N''[queue].[emails_history_purge]'', N''EXECUTE''),
-        (N''[queue].[emails]'', N''SELECT''),
-        (N''[queue].[emails]'', N''INSERT''),
-        (N''[queue].[emails]'', N''UPDATE''),
-        (N''[queue].[emails]'', N''DELETE''),
-        (N''[queue].[emails_dead]'', N''SELECT''),
-        (N''[queue].[emails_dead]'', N''INSERT''),
-        (N''[queue].[emails_dead]'', N''UPDATE''),
-        (N''[queue].[emails_dead]'', N''DELETE''),
-        (N''[queue].[emails_history]'', N''SELECT''),
-        (N''[queue].[emails_history]'', N''INSERT''),
-        (N''[queue].[emails_history]'', N''UPDATE''),
-        (N''[queue].[emails_history]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[emails_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_fail]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete_next]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_list]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_requeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_delete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_history_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[emails_acks]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[emails]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_emails].[as test_emails_consumer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_consumer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -4012,40 +4036,48 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[emails_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[emails_dequeue]', N'EXECUTE', 1),
-    (N'[queue].[emails_complete]', N'EXECUTE', 1),
-    (N'[queue].[emails_fail]', N'EXECUTE', 1),
-    (N'[queue].[emails_extend_lease]', N'EXECUTE', 1),
-    (N'[queue].[emails_release]', N'EXECUTE', 1),
-    (N'[queue].[emails_complete_batch]', N'EXECUTE', 1),
-    (N'[queue].[emails_fail_batch]', N'EXECUTE', 1),
-    (N'[queue].[emails_complete_next]', N'EXECUTE', 1),
-    (N'[queue].[emails_wait]', N'EXECUTE', 1),
-    (N'[queue].[emails_stats]', N'EXECUTE', 0),
-    (N'[queue].[emails_purge]', N'EXECUTE', 0),
-    (N'[queue].[emails_dead_list]', N'EXECUTE', 0),
-    (N'[queue].[emails_dead_requeue]', N'EXECUTE', 0),
-    (N'[queue].[emails_dead_delete]', N'EXECUTE', 0),
-    (N'[queue].[emails_history_purge]', N'EXECUTE', 0),
-    (N'[queue].[emails]', N'SELECT', 0),
-    (N'[queue].[emails]', N'INSERT', 0),
-    (N'[queue].[emails]', N'UPDATE', 0),
-    (N'[queue].[emails]', N'DELETE', 0),
-    (N'[queue].[emails_dead]', N'SELECT', 0),
-    (N'[queue].[emails_dead]', N'INSERT', 0),
-    (N'[queue].[emails_dead]', N'UPDATE', 0),
-    (N'[queue].[emails_dead]', N'DELETE', 0),
-    (N'[queue].[emails_history]', N'SELECT', 0),
-    (N'[queue].[emails_history]', N'INSERT', 0),
-    (N'[queue].[emails_history]', N'UPDATE', 0),
-    (N'[queue].[emails_history]', N'DELETE', 0);
+    (N'[queue].[emails_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dequeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_complete]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_fail]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_extend_lease]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_release]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_complete_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_fail_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_complete_next]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_wait]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_list]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_requeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dead_delete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_history_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[emails_acks]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[emails]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -4080,7 +4112,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_emails_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_emails_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_emails].[as test_emails_admin]
 WITH EXECUTE AS ''test_emails_admin''
 AS
@@ -4098,45 +4135,48 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[emails_enqueue]'', N''EXECUTE''),
-        (N''[queue].[emails_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_dequeue]'', N''EXECUTE''),
-        (N''[queue].[emails_complete]'', N''EXECUTE''),
-        (N''[queue].[emails_fail]'', N''EXECUTE''),
-        (N''[queue].[emails_extend_lease]'', N''EXECUTE''),
-        (N''[queue].[emails_release]'', N''EXECUTE''),
-        (N''[queue].[emails_complete_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_fail_batch]'', N''EXECUTE''),
-        (N''[queue].[emails_complete_next]'', N''EXECUTE''),
-        (N''[queue].[emails_wait]'', N''EXECUTE''),
-        (N''[queue].[emails_stats]'', N''EXECUTE''),
-        (N''[queue].[emails_purge]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_list]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_requeue]'', N''EXECUTE''),
-        (N''[queue].[emails_dead_delete]'', N''EXECUTE''),
-        (N''[queue].[emails_history_purge]'', N''EXECUTE''),
-        (N''[queue].[emails]'', N''SELECT''),
-        (N''[queue].[emails]'', N''INSERT''),
-        (N''[queue].[emails]'', N''UPDATE''),
-        (N''[queue].[emails]'', N''DELETE''),
-        (N''[queue].[emails_dead]'', N''SELECT''),
-        (N''[queue].[emails_dead]'', N''INSERT''),
-        (N''[queue].[emails_dead]'', N''UPDATE''),
-        (N''[queue].[emails_dead]'', N''DELETE''),
-        (N''[queue].[emails_history]'', N''SELECT''),
-        (N''[queue].[emails_history]'', N''INSERT''),
-        (N''[queue].[emails_history]'', N''UPDATE''),
-        (N''[queue].[emails_history]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[emails_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_fail]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_complete_next]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_list]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_requeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_dead_delete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_history_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[emails_acks]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[emails]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails_dead]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[emails_history]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_emails].[as test_emails_admin];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_emails].[rights of test_emails_admin];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -4144,40 +4184,48 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[emails_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[emails_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[emails_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[emails_complete]', N'EXECUTE', 0),
-    (N'[queue].[emails_fail]', N'EXECUTE', 0),
-    (N'[queue].[emails_extend_lease]', N'EXECUTE', 0),
-    (N'[queue].[emails_release]', N'EXECUTE', 0),
-    (N'[queue].[emails_complete_batch]', N'EXECUTE', 0),
-    (N'[queue].[emails_fail_batch]', N'EXECUTE', 0),
-    (N'[queue].[emails_complete_next]', N'EXECUTE', 0),
-    (N'[queue].[emails_wait]', N'EXECUTE', 0),
-    (N'[queue].[emails_stats]', N'EXECUTE', 1),
-    (N'[queue].[emails_purge]', N'EXECUTE', 1),
-    (N'[queue].[emails_dead_list]', N'EXECUTE', 1),
-    (N'[queue].[emails_dead_requeue]', N'EXECUTE', 1),
-    (N'[queue].[emails_dead_delete]', N'EXECUTE', 1),
-    (N'[queue].[emails_history_purge]', N'EXECUTE', 1),
-    (N'[queue].[emails]', N'SELECT', 0),
-    (N'[queue].[emails]', N'INSERT', 0),
-    (N'[queue].[emails]', N'UPDATE', 0),
-    (N'[queue].[emails]', N'DELETE', 0),
-    (N'[queue].[emails_dead]', N'SELECT', 0),
-    (N'[queue].[emails_dead]', N'INSERT', 0),
-    (N'[queue].[emails_dead]', N'UPDATE', 0),
-    (N'[queue].[emails_dead]', N'DELETE', 0),
-    (N'[queue].[emails_history]', N'SELECT', 0),
-    (N'[queue].[emails_history]', N'INSERT', 0),
-    (N'[queue].[emails_history]', N'UPDATE', 0),
-    (N'[queue].[emails_history]', N'DELETE', 0);
+    (N'[queue].[emails_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_complete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_fail]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_complete_next]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_stats]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_dead_list]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_dead_requeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_dead_delete]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_history_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[emails_acks]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[emails]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails_dead]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[emails_history]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -4275,14 +4323,15 @@ BEGIN
                     STRING_AGG(
                         CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
                     ) WITHIN GROUP (ORDER BY ic.key_ordinal)
-                FROM sys.index_columns AS ic
+                FROM sys.indexes AS i
+                INNER JOIN sys.index_columns AS ic
+                    ON i.object_id = ic.object_id AND i.index_id = ic.index_id
                 INNER JOIN sys.columns AS c
                     ON ic.object_id = c.object_id AND ic.column_id = c.column_id
                 WHERE
-                    ic.object_id = OBJECT_ID(N'[queue].[emails]')
-                    AND ic.index_id = INDEXPROPERTY(
-                        OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID'
-                    )
+                    i.object_id = OBJECT_ID(N'[queue].[emails]')
+                    AND i.name = N'ix_emails_claim_priority'
+                    AND i.type = 2 AND i.is_disabled = 0 AND i.has_filter = 0
                     AND ic.key_ordinal > 0
             ),
             N''
@@ -4307,18 +4356,23 @@ BEGIN
                 END;
             ELSE
                 BEGIN
+                    DROP INDEX IF EXISTS [ix_emails_claim_new] ON [queue].[emails];
                     IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_new]
                                 ON [queue].[emails] (priority DESC, visible_at, id)
-                                WITH (DROP_EXISTING = ON, ONLINE = ON);
+                                WITH (ONLINE = ON);
                         END;
                     ELSE
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
-                                ON [queue].[emails] (priority DESC, visible_at, id)
-                                WITH (DROP_EXISTING = ON);
+                            CREATE NONCLUSTERED INDEX [ix_emails_claim_new]
+                                ON [queue].[emails] (priority DESC, visible_at, id);
                         END;
+                    DROP INDEX [ix_emails_claim_priority] ON [queue].[emails];
+                    EXEC sys.sp_rename
+                        @objname = N'[queue].[emails].[ix_emails_claim_new]',
+                        @newname = N'ix_emails_claim_priority',
+                        @objtype = N'INDEX';
                 END;
         END;
 

@@ -773,9 +773,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -857,7 +857,12 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_events_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_events_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_events].[as test_events_producer]
 WITH EXECUTE AS ''test_events_producer''
 AS
@@ -875,26 +880,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[events_enqueue]'', N''EXECUTE''),
-        (N''[queue].[events_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[events_dequeue]'', N''EXECUTE''),
-        (N''[queue].[events_wait]'', N''EXECUTE''),
-        (N''[queue].[events_stats]'', N''EXECUTE''),
-        (N''[queue].[events_purge]'', N''EXECUTE''),
-        (N''[queue].[events]'', N''SELECT''),
-        (N''[queue].[events]'', N''INSERT''),
-        (N''[queue].[events]'', N''UPDATE''),
-        (N''[queue].[events]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[events_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[events]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[events]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[events]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[events]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_events].[as test_events_producer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_events].[rights of test_events_producer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -902,21 +909,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[events_enqueue]', N'EXECUTE', 1),
-    (N'[queue].[events_enqueue_batch]', N'EXECUTE', 1),
-    (N'[queue].[events_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[events_wait]', N'EXECUTE', 0),
-    (N'[queue].[events_stats]', N'EXECUTE', 0),
-    (N'[queue].[events_purge]', N'EXECUTE', 0),
-    (N'[queue].[events]', N'SELECT', 0),
-    (N'[queue].[events]', N'INSERT', 0),
-    (N'[queue].[events]', N'UPDATE', 0),
-    (N'[queue].[events]', N'DELETE', 0);
+    (N'[queue].[events_enqueue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[events_enqueue_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[events_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_items]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[events]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[events]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[events]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[events]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -951,7 +965,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_events_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_events_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_events].[as test_events_consumer]
 WITH EXECUTE AS ''test_events_consumer''
 AS
@@ -969,26 +988,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[events_enqueue]'', N''EXECUTE''),
-        (N''[queue].[events_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[events_dequeue]'', N''EXECUTE''),
-        (N''[queue].[events_wait]'', N''EXECUTE''),
-        (N''[queue].[events_stats]'', N''EXECUTE''),
-        (N''[queue].[events_purge]'', N''EXECUTE''),
-        (N''[queue].[events]'', N''SELECT''),
-        (N''[queue].[events]'', N''INSERT''),
-        (N''[queue].[events]'', N''UPDATE''),
-        (N''[queue].[events]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[events_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[events]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[events]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[events]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[events]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_events].[as test_events_consumer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_events].[rights of test_events_consumer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -996,21 +1017,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[events_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[events_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[events_dequeue]', N'EXECUTE', 1),
-    (N'[queue].[events_wait]', N'EXECUTE', 1),
-    (N'[queue].[events_stats]', N'EXECUTE', 0),
-    (N'[queue].[events_purge]', N'EXECUTE', 0),
-    (N'[queue].[events]', N'SELECT', 0),
-    (N'[queue].[events]', N'INSERT', 0),
-    (N'[queue].[events]', N'UPDATE', 0),
-    (N'[queue].[events]', N'DELETE', 0);
+    (N'[queue].[events_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_dequeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[events_wait]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[events_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[events]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[events]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[events]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[events]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1045,7 +1073,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_events_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_events_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_events].[as test_events_admin]
 WITH EXECUTE AS ''test_events_admin''
 AS
@@ -1063,26 +1096,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[events_enqueue]'', N''EXECUTE''),
-        (N''[queue].[events_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[events_dequeue]'', N''EXECUTE''),
-        (N''[queue].[events_wait]'', N''EXECUTE''),
-        (N''[queue].[events_stats]'', N''EXECUTE''),
-        (N''[queue].[events_purge]'', N''EXECUTE''),
-        (N''[queue].[events]'', N''SELECT''),
-        (N''[queue].[events]'', N''INSERT''),
-        (N''[queue].[events]'', N''UPDATE''),
-        (N''[queue].[events]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[events_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[events_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[events]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[events]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[events]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[events]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_events].[as test_events_admin];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_events].[rights of test_events_admin];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1090,21 +1125,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[events_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[events_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[events_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[events_wait]', N'EXECUTE', 0),
-    (N'[queue].[events_stats]', N'EXECUTE', 1),
-    (N'[queue].[events_purge]', N'EXECUTE', 1),
-    (N'[queue].[events]', N'SELECT', 0),
-    (N'[queue].[events]', N'INSERT', 0),
-    (N'[queue].[events]', N'UPDATE', 0),
-    (N'[queue].[events]', N'DELETE', 0);
+    (N'[queue].[events_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[events_stats]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[events_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[events_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[events]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[events]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[events]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[events]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

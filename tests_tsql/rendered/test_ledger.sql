@@ -806,9 +806,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -890,7 +890,12 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_ledger_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_ledger_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_producer]
 WITH EXECUTE AS ''test_ledger_producer''
 AS
@@ -908,26 +913,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
-        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
-        (N''[queue].[ledger_wait]'', N''EXECUTE''),
-        (N''[queue].[ledger_stats]'', N''EXECUTE''),
-        (N''[queue].[ledger_purge]'', N''EXECUTE''),
-        (N''[queue].[ledger]'', N''SELECT''),
-        (N''[queue].[ledger]'', N''INSERT''),
-        (N''[queue].[ledger]'', N''UPDATE''),
-        (N''[queue].[ledger]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[ledger_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_ledger].[as test_ledger_producer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_ledger].[rights of test_ledger_producer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -935,21 +942,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[ledger_enqueue]', N'EXECUTE', 1),
-    (N'[queue].[ledger_enqueue_batch]', N'EXECUTE', 1),
-    (N'[queue].[ledger_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[ledger_wait]', N'EXECUTE', 0),
-    (N'[queue].[ledger_stats]', N'EXECUTE', 0),
-    (N'[queue].[ledger_purge]', N'EXECUTE', 0),
-    (N'[queue].[ledger]', N'SELECT', 0),
-    (N'[queue].[ledger]', N'INSERT', 0),
-    (N'[queue].[ledger]', N'UPDATE', 0),
-    (N'[queue].[ledger]', N'DELETE', 0);
+    (N'[queue].[ledger_enqueue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[ledger_enqueue_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[ledger_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_items]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[ledger]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -984,7 +998,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_ledger_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_ledger_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_consumer]
 WITH EXECUTE AS ''test_ledger_consumer''
 AS
@@ -1002,26 +1021,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
-        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
-        (N''[queue].[ledger_wait]'', N''EXECUTE''),
-        (N''[queue].[ledger_stats]'', N''EXECUTE''),
-        (N''[queue].[ledger_purge]'', N''EXECUTE''),
-        (N''[queue].[ledger]'', N''SELECT''),
-        (N''[queue].[ledger]'', N''INSERT''),
-        (N''[queue].[ledger]'', N''UPDATE''),
-        (N''[queue].[ledger]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[ledger_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_ledger].[as test_ledger_consumer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_ledger].[rights of test_ledger_consumer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1029,21 +1050,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[ledger_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[ledger_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[ledger_dequeue]', N'EXECUTE', 1),
-    (N'[queue].[ledger_wait]', N'EXECUTE', 1),
-    (N'[queue].[ledger_stats]', N'EXECUTE', 0),
-    (N'[queue].[ledger_purge]', N'EXECUTE', 0),
-    (N'[queue].[ledger]', N'SELECT', 0),
-    (N'[queue].[ledger]', N'INSERT', 0),
-    (N'[queue].[ledger]', N'UPDATE', 0),
-    (N'[queue].[ledger]', N'DELETE', 0);
+    (N'[queue].[ledger_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_dequeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[ledger_wait]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[ledger_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1078,7 +1106,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_ledger_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_ledger_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_ledger].[as test_ledger_admin]
 WITH EXECUTE AS ''test_ledger_admin''
 AS
@@ -1096,26 +1129,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[ledger_enqueue]'', N''EXECUTE''),
-        (N''[queue].[ledger_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[ledger_dequeue]'', N''EXECUTE''),
-        (N''[queue].[ledger_wait]'', N''EXECUTE''),
-        (N''[queue].[ledger_stats]'', N''EXECUTE''),
-        (N''[queue].[ledger_purge]'', N''EXECUTE''),
-        (N''[queue].[ledger]'', N''SELECT''),
-        (N''[queue].[ledger]'', N''INSERT''),
-        (N''[queue].[ledger]'', N''UPDATE''),
-        (N''[queue].[ledger]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[ledger_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[ledger_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[ledger]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_ledger].[as test_ledger_admin];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_ledger].[rights of test_ledger_admin];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1123,21 +1158,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[ledger_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[ledger_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[ledger_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[ledger_wait]', N'EXECUTE', 0),
-    (N'[queue].[ledger_stats]', N'EXECUTE', 1),
-    (N'[queue].[ledger_purge]', N'EXECUTE', 1),
-    (N'[queue].[ledger]', N'SELECT', 0),
-    (N'[queue].[ledger]', N'INSERT', 0),
-    (N'[queue].[ledger]', N'UPDATE', 0),
-    (N'[queue].[ledger]', N'DELETE', 0);
+    (N'[queue].[ledger_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[ledger_stats]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[ledger_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[ledger_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[ledger]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

@@ -927,9 +927,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -973,9 +973,9 @@ BEGIN
     SELECT
         i.is_unique,
         i.has_filter,
-        i.filter_definition,
         c.name AS column_name,
         c.collation_name,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -1001,7 +1001,7 @@ BEGIN
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
-    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
+    VALUES (1, 1, N'[dedupe_key]ISNOTNULL', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1053,7 +1053,12 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_orders_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_orders_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_orders].[as test_orders_producer]
 WITH EXECUTE AS ''test_orders_producer''
 AS
@@ -1071,26 +1076,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[orders_enqueue]'', N''EXECUTE''),
-        (N''[queue].[orders_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[orders_dequeue]'', N''EXECUTE''),
-        (N''[queue].[orders_wait]'', N''EXECUTE''),
-        (N''[queue].[orders_stats]'', N''EXECUTE''),
-        (N''[queue].[orders_purge]'', N''EXECUTE''),
-        (N''[queue].[orders]'', N''SELECT''),
-        (N''[queue].[orders]'', N''INSERT''),
-        (N''[queue].[orders]'', N''UPDATE''),
-        (N''[queue].[orders]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[orders_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[orders]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[orders]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[orders]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[orders]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_orders].[as test_orders_producer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_orders].[rights of test_orders_producer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1098,21 +1105,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[orders_enqueue]', N'EXECUTE', 1),
-    (N'[queue].[orders_enqueue_batch]', N'EXECUTE', 1),
-    (N'[queue].[orders_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[orders_wait]', N'EXECUTE', 0),
-    (N'[queue].[orders_stats]', N'EXECUTE', 0),
-    (N'[queue].[orders_purge]', N'EXECUTE', 0),
-    (N'[queue].[orders]', N'SELECT', 0),
-    (N'[queue].[orders]', N'INSERT', 0),
-    (N'[queue].[orders]', N'UPDATE', 0),
-    (N'[queue].[orders]', N'DELETE', 0);
+    (N'[queue].[orders_enqueue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[orders_enqueue_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[orders_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_items]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[orders]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[orders]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[orders]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[orders]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1147,7 +1161,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_orders_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_orders_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_orders].[as test_orders_consumer]
 WITH EXECUTE AS ''test_orders_consumer''
 AS
@@ -1165,26 +1184,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[orders_enqueue]'', N''EXECUTE''),
-        (N''[queue].[orders_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[orders_dequeue]'', N''EXECUTE''),
-        (N''[queue].[orders_wait]'', N''EXECUTE''),
-        (N''[queue].[orders_stats]'', N''EXECUTE''),
-        (N''[queue].[orders_purge]'', N''EXECUTE''),
-        (N''[queue].[orders]'', N''SELECT''),
-        (N''[queue].[orders]'', N''INSERT''),
-        (N''[queue].[orders]'', N''UPDATE''),
-        (N''[queue].[orders]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[orders_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[orders]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[orders]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[orders]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[orders]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_orders].[as test_orders_consumer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_orders].[rights of test_orders_consumer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1192,21 +1213,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[orders_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[orders_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[orders_dequeue]', N'EXECUTE', 1),
-    (N'[queue].[orders_wait]', N'EXECUTE', 1),
-    (N'[queue].[orders_stats]', N'EXECUTE', 0),
-    (N'[queue].[orders_purge]', N'EXECUTE', 0),
-    (N'[queue].[orders]', N'SELECT', 0),
-    (N'[queue].[orders]', N'INSERT', 0),
-    (N'[queue].[orders]', N'UPDATE', 0),
-    (N'[queue].[orders]', N'DELETE', 0);
+    (N'[queue].[orders_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_dequeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[orders_wait]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[orders_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[orders]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[orders]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[orders]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[orders]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1241,7 +1269,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_orders_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_orders_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_orders].[as test_orders_admin]
 WITH EXECUTE AS ''test_orders_admin''
 AS
@@ -1259,26 +1292,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[orders_enqueue]'', N''EXECUTE''),
-        (N''[queue].[orders_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[orders_dequeue]'', N''EXECUTE''),
-        (N''[queue].[orders_wait]'', N''EXECUTE''),
-        (N''[queue].[orders_stats]'', N''EXECUTE''),
-        (N''[queue].[orders_purge]'', N''EXECUTE''),
-        (N''[queue].[orders]'', N''SELECT''),
-        (N''[queue].[orders]'', N''INSERT''),
-        (N''[queue].[orders]'', N''UPDATE''),
-        (N''[queue].[orders]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[orders_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[orders_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[orders]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[orders]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[orders]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[orders]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_orders].[as test_orders_admin];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_orders].[rights of test_orders_admin];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1286,21 +1321,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[orders_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[orders_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[orders_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[orders_wait]', N'EXECUTE', 0),
-    (N'[queue].[orders_stats]', N'EXECUTE', 1),
-    (N'[queue].[orders_purge]', N'EXECUTE', 1),
-    (N'[queue].[orders]', N'SELECT', 0),
-    (N'[queue].[orders]', N'INSERT', 0),
-    (N'[queue].[orders]', N'UPDATE', 0),
-    (N'[queue].[orders]', N'DELETE', 0);
+    (N'[queue].[orders_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[orders_stats]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[orders_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[orders_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[orders]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[orders]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[orders]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[orders]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

@@ -1118,9 +1118,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -1165,9 +1165,9 @@ BEGIN
     SELECT
         i.is_unique,
         i.has_filter,
-        i.filter_definition,
         c.name AS column_name,
         c.collation_name,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
@@ -1193,7 +1193,7 @@ BEGIN
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
-    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
+    VALUES (1, 1, N'[dedupe_key]ISNOTNULL', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1245,7 +1245,12 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_reminders_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_reminders_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_producer]
 WITH EXECUTE AS ''test_reminders_producer''
 AS
@@ -1263,26 +1268,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[reminders_enqueue]'', N''EXECUTE''),
-        (N''[queue].[reminders_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[reminders_dequeue]'', N''EXECUTE''),
-        (N''[queue].[reminders_wait]'', N''EXECUTE''),
-        (N''[queue].[reminders_stats]'', N''EXECUTE''),
-        (N''[queue].[reminders_purge]'', N''EXECUTE''),
-        (N''[queue].[reminders]'', N''SELECT''),
-        (N''[queue].[reminders]'', N''INSERT''),
-        (N''[queue].[reminders]'', N''UPDATE''),
-        (N''[queue].[reminders]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[reminders_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_reminders].[as test_reminders_producer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_reminders].[rights of test_reminders_producer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1290,21 +1297,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[reminders_enqueue]', N'EXECUTE', 1),
-    (N'[queue].[reminders_enqueue_batch]', N'EXECUTE', 1),
-    (N'[queue].[reminders_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[reminders_wait]', N'EXECUTE', 0),
-    (N'[queue].[reminders_stats]', N'EXECUTE', 0),
-    (N'[queue].[reminders_purge]', N'EXECUTE', 0),
-    (N'[queue].[reminders]', N'SELECT', 0),
-    (N'[queue].[reminders]', N'INSERT', 0),
-    (N'[queue].[reminders]', N'UPDATE', 0),
-    (N'[queue].[reminders]', N'DELETE', 0);
+    (N'[queue].[reminders_enqueue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[reminders_enqueue_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[reminders_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_items]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[reminders]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1339,7 +1353,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_reminders_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_reminders_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_consumer]
 WITH EXECUTE AS ''test_reminders_consumer''
 AS
@@ -1357,26 +1376,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[reminders_enqueue]'', N''EXECUTE''),
-        (N''[queue].[reminders_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[reminders_dequeue]'', N''EXECUTE''),
-        (N''[queue].[reminders_wait]'', N''EXECUTE''),
-        (N''[queue].[reminders_stats]'', N''EXECUTE''),
-        (N''[queue].[reminders_purge]'', N''EXECUTE''),
-        (N''[queue].[reminders]'', N''SELECT''),
-        (N''[queue].[reminders]'', N''INSERT''),
-        (N''[queue].[reminders]'', N''UPDATE''),
-        (N''[queue].[reminders]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[reminders_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_reminders].[as test_reminders_consumer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_reminders].[rights of test_reminders_consumer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1384,21 +1405,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[reminders_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[reminders_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[reminders_dequeue]', N'EXECUTE', 1),
-    (N'[queue].[reminders_wait]', N'EXECUTE', 1),
-    (N'[queue].[reminders_stats]', N'EXECUTE', 0),
-    (N'[queue].[reminders_purge]', N'EXECUTE', 0),
-    (N'[queue].[reminders]', N'SELECT', 0),
-    (N'[queue].[reminders]', N'INSERT', 0),
-    (N'[queue].[reminders]', N'UPDATE', 0),
-    (N'[queue].[reminders]', N'DELETE', 0);
+    (N'[queue].[reminders_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_dequeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[reminders_wait]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[reminders_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -1433,7 +1461,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_reminders_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_reminders_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_reminders].[as test_reminders_admin]
 WITH EXECUTE AS ''test_reminders_admin''
 AS
@@ -1451,26 +1484,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[reminders_enqueue]'', N''EXECUTE''),
-        (N''[queue].[reminders_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[reminders_dequeue]'', N''EXECUTE''),
-        (N''[queue].[reminders_wait]'', N''EXECUTE''),
-        (N''[queue].[reminders_stats]'', N''EXECUTE''),
-        (N''[queue].[reminders_purge]'', N''EXECUTE''),
-        (N''[queue].[reminders]'', N''SELECT''),
-        (N''[queue].[reminders]'', N''INSERT''),
-        (N''[queue].[reminders]'', N''UPDATE''),
-        (N''[queue].[reminders]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[reminders_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[reminders_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[reminders]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_reminders].[as test_reminders_admin];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_reminders].[rights of test_reminders_admin];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1478,21 +1513,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[reminders_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[reminders_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[reminders_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[reminders_wait]', N'EXECUTE', 0),
-    (N'[queue].[reminders_stats]', N'EXECUTE', 1),
-    (N'[queue].[reminders_purge]', N'EXECUTE', 1),
-    (N'[queue].[reminders]', N'SELECT', 0),
-    (N'[queue].[reminders]', N'INSERT', 0),
-    (N'[queue].[reminders]', N'UPDATE', 0),
-    (N'[queue].[reminders]', N'DELETE', 0);
+    (N'[queue].[reminders_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[reminders_stats]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[reminders_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[reminders_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[reminders]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

@@ -27,8 +27,9 @@ AS
 BEGIN
     -- The clean-up of the NoTransaction tests (--[@tSQLt:NoTransaction]), which tSQLt runs after
     -- such a test and before tSQLt.UndoTestDoubles puts back what it faked or moved away: a
-    -- transaction the test left open, and the handler double (only it carries the marker:
-    -- a real handler that tSQLt.RemoveObjectIfExists moved away comes back untouched).
+    -- transaction the test left open, the handler double (only it carries the marker:
+    -- a real handler that tSQLt.RemoveObjectIfExists moved away comes back untouched) and the handler's
+    -- schema if the test created it.
     -- Rolling back here ends this procedure with a lower @@TRANCOUNT than it began with: Msg 266,
     -- on which tSQLt's handler skips its own tSQLt.UndoTestDoubles and the real tables would stay
     -- renamed. So, after such a rollback, the doubles are undone here (the handler double
@@ -39,6 +40,16 @@ BEGIN
         BEGIN
             DROP PROCEDURE [queue].[make_thumbnail];
         END;
+    IF
+        CONVERT(int, SESSION_CONTEXT(N'tablequeue test created schema')) = 1
+        AND NOT EXISTS (
+            SELECT 1 FROM sys.objects AS o
+            WHERE o.schema_id = SCHEMA_ID(N'queue')
+        )
+        BEGIN
+            EXEC (N'DROP SCHEMA [queue];');
+        END;
+    EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = NULL;
     IF @left_open = 1
         BEGIN
             EXEC tSQLt.UndoTestDoubles;
@@ -3737,6 +3748,13 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    -- The handler's schema may not exist (deploy creates the queue's schema only): created here,
+    -- remembered in the session context, dropped by the clean-up once the double is gone.
+    IF SCHEMA_ID(N'queue') IS NULL
+        BEGIN
+            EXEC (N'CREATE SCHEMA [queue];');
+            EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = 1;
+        END;
     EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'[queue].[make_thumbnail]';
     EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail]
     @id uniqueidentifier,
@@ -3793,6 +3811,13 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    -- The handler's schema may not exist (deploy creates the queue's schema only): created here,
+    -- remembered in the session context, dropped by the clean-up once the double is gone.
+    IF SCHEMA_ID(N'queue') IS NULL
+        BEGIN
+            EXEC (N'CREATE SCHEMA [queue];');
+            EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = 1;
+        END;
     EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'[queue].[make_thumbnail]';
     EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail]
     @id uniqueidentifier,
@@ -3849,6 +3874,13 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    -- The handler's schema may not exist (deploy creates the queue's schema only): created here,
+    -- remembered in the session context, dropped by the clean-up once the double is gone.
+    IF SCHEMA_ID(N'queue') IS NULL
+        BEGIN
+            EXEC (N'CREATE SCHEMA [queue];');
+            EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = 1;
+        END;
     EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'[queue].[make_thumbnail]';
     EXEC (N'CREATE PROCEDURE [queue].[make_thumbnail]
     @id uniqueidentifier,
@@ -3929,9 +3961,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -3965,10 +3997,60 @@ BEGIN
     (N'ix_thumbnails_claim_priority', 2, NULL, N'priority', 1, 1),
     (N'ix_thumbnails_claim_priority', 2, NULL, N'visible_at', 0, 2),
     (N'ix_thumbnails_claim_priority', 2, NULL, N'seq', 0, 3),
-    (N'ix_thumbnails_lease', 2, N'([leased_by] IS NOT NULL)', N'leased_by', 0, 1),
-    (N'ix_thumbnails_lease', 2, N'([leased_by] IS NOT NULL)', N'visible_at', 0, 2),
-    (N'ix_thumbnails_lease', 2, N'([leased_by] IS NOT NULL)', N'seq', 0, 3);
+    (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'leased_by', 0, 1),
+    (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'visible_at', 0, 2),
+    (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'seq', 0, 3);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the dead letters are clustered on dead_seq, not on the random id]
+AS
+BEGIN
+    -- Act: the dead-letter table's indexes with their keys. Client ids are random GUIDs: clustered
+    -- on them, every dead letter would land on a random page (storage v2, work_dead_v1_to_v2).
+    SELECT
+        i.name AS index_name,
+        i.is_unique,
+        i.is_primary_key,
+        c.name AS column_name,
+        CONVERT(tinyint, i.type) AS index_type,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'[queue].[thumbnails_dead]')
+        AND ic.key_ordinal > 0;
+
+    -- Assert: clustered (type 1) on the IDENTITY dead_seq, unique; the primary key on id nonclustered
+    -- (type 2), which dead_list, dead_requeue and dead_delete seek. #Expected takes #Actual's columns
+    -- (the catalog views' collation, see the pinned index test).
+    SELECT TOP (0)
+        a.index_name,
+        a.is_unique,
+        a.is_primary_key,
+        a.column_name,
+        a.index_type,
+        a.key_ordinal
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (index_name, index_type, is_unique, is_primary_key, column_name, key_ordinal)
+    VALUES
+    (N'ux_thumbnails_dead_seq', 1, 1, 0, N'dead_seq', 1),
+    (N'pk_thumbnails_dead', 2, 1, 1, N'id', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF
+        COALESCE(
+            COLUMNPROPERTY(OBJECT_ID(N'[queue].[thumbnails_dead]'), N'dead_seq', 'IsIdentity'), 0
+        ) <> 1
+        BEGIN
+            EXEC tSQLt.Fail N'dead_seq is not an IDENTITY column: inserts would not append';
+        END;
 END;
 GO
 
@@ -4020,7 +4102,12 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_thumbnails_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_thumbnails_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_producer]
 WITH EXECUTE AS ''test_thumbnails_producer''
 AS
@@ -4038,41 +4125,45 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dequeue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_fail]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_extend_lease]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_release]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_fail_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete_next]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_wait]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_stats]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_purge]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_process]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_list]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_requeue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_delete]'', N''EXECUTE''),
-        (N''[queue].[thumbnails]'', N''SELECT''),
-        (N''[queue].[thumbnails]'', N''INSERT''),
-        (N''[queue].[thumbnails]'', N''UPDATE''),
-        (N''[queue].[thumbnails]'', N''DELETE''),
-        (N''[queue].[thumbnails_dead]'', N''SELECT''),
-        (N''[queue].[thumbnails_dead]'', N''INSERT''),
-        (N''[queue].[thumbnails_dead]'', N''UPDATE''),
-        (N''[queue].[thumbnails_dead]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[thumbnails_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_next]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_list]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_requeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_delete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process_handler]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[thumbnails_acks]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_thumbnails].[as test_thumbnails_producer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_producer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -4080,36 +4171,45 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_complete]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_fail]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_extend_lease]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_release]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_complete_batch]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_fail_batch]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_complete_next]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_wait]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_stats]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_purge]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_process]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dead_list]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dead_requeue]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dead_delete]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails]', N'SELECT', 0),
-    (N'[queue].[thumbnails]', N'INSERT', 0),
-    (N'[queue].[thumbnails]', N'UPDATE', 0),
-    (N'[queue].[thumbnails]', N'DELETE', 0),
-    (N'[queue].[thumbnails_dead]', N'SELECT', 0),
-    (N'[queue].[thumbnails_dead]', N'INSERT', 0),
-    (N'[queue].[thumbnails_dead]', N'UPDATE', 0),
-    (N'[queue].[thumbnails_dead]', N'DELETE', 0);
+    (N'[queue].[thumbnails_enqueue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_enqueue_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_next]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_process]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_list]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_requeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_delete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_process_handler]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_items]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_acks]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -4144,7 +4244,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_thumbnails_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_thumbnails_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_consumer]
 WITH EXECUTE AS ''test_thumbnails_consumer''
 AS
@@ -4162,41 +4267,45 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dequeue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_fail]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_extend_lease]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_release]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_fail_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete_next]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_wait]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_stats]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_purge]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_process]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_list]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_requeue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_delete]'', N''EXECUTE''),
-        (N''[queue].[thumbnails]'', N''SELECT''),
-        (N''[queue].[thumbnails]'', N''INSERT''),
-        (N''[queue].[thumbnails]'', N''UPDATE''),
-        (N''[queue].[thumbnails]'', N''DELETE''),
-        (N''[queue].[thumbnails_dead]'', N''SELECT''),
-        (N''[queue].[thumbnails_dead]'', N''INSERT''),
-        (N''[queue].[thumbnails_dead]'', N''UPDATE''),
-        (N''[queue].[thumbnails_dead]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[thumbnails_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_next]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_list]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_requeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_delete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process_handler]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[thumbnails_acks]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_thumbnails].[as test_thumbnails_consumer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_consumer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -4204,36 +4313,45 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dequeue]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_complete]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_fail]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_extend_lease]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_release]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_complete_batch]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_fail_batch]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_complete_next]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_wait]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_stats]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_purge]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_process]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dead_list]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dead_requeue]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dead_delete]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails]', N'SELECT', 0),
-    (N'[queue].[thumbnails]', N'INSERT', 0),
-    (N'[queue].[thumbnails]', N'UPDATE', 0),
-    (N'[queue].[thumbnails]', N'DELETE', 0),
-    (N'[queue].[thumbnails_dead]', N'SELECT', 0),
-    (N'[queue].[thumbnails_dead]', N'INSERT', 0),
-    (N'[queue].[thumbnails_dead]', N'UPDATE', 0),
-    (N'[queue].[thumbnails_dead]', N'DELETE', 0);
+    (N'[queue].[thumbnails_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dequeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_complete]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_fail]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_extend_lease]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_release]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_complete_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_fail_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_complete_next]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_wait]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_process]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_list]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_requeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dead_delete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_process_handler]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_acks]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[thumbnails]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -4268,7 +4386,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_thumbnails_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_thumbnails_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_thumbnails_admin]
 WITH EXECUTE AS ''test_thumbnails_admin''
 AS
@@ -4286,41 +4409,45 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[thumbnails_enqueue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dequeue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_fail]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_extend_lease]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_release]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_fail_batch]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_complete_next]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_wait]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_stats]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_purge]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_process]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_list]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_requeue]'', N''EXECUTE''),
-        (N''[queue].[thumbnails_dead_delete]'', N''EXECUTE''),
-        (N''[queue].[thumbnails]'', N''SELECT''),
-        (N''[queue].[thumbnails]'', N''INSERT''),
-        (N''[queue].[thumbnails]'', N''UPDATE''),
-        (N''[queue].[thumbnails]'', N''DELETE''),
-        (N''[queue].[thumbnails_dead]'', N''SELECT''),
-        (N''[queue].[thumbnails_dead]'', N''INSERT''),
-        (N''[queue].[thumbnails_dead]'', N''UPDATE''),
-        (N''[queue].[thumbnails_dead]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[thumbnails_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_complete_next]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_list]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_requeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_dead_delete]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_process_handler]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[thumbnails_acks]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[thumbnails]'', N''OBJECT'', N''DELETE''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[thumbnails_dead]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_thumbnails].[as test_thumbnails_admin];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_thumbnails].[rights of test_thumbnails_admin];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -4328,36 +4455,45 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[thumbnails_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_complete]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_fail]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_extend_lease]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_release]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_complete_batch]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_fail_batch]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_complete_next]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_wait]', N'EXECUTE', 0),
-    (N'[queue].[thumbnails_stats]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_purge]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_process]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_dead_list]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_dead_requeue]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails_dead_delete]', N'EXECUTE', 1),
-    (N'[queue].[thumbnails]', N'SELECT', 0),
-    (N'[queue].[thumbnails]', N'INSERT', 0),
-    (N'[queue].[thumbnails]', N'UPDATE', 0),
-    (N'[queue].[thumbnails]', N'DELETE', 0),
-    (N'[queue].[thumbnails_dead]', N'SELECT', 0),
-    (N'[queue].[thumbnails_dead]', N'INSERT', 0),
-    (N'[queue].[thumbnails_dead]', N'UPDATE', 0),
-    (N'[queue].[thumbnails_dead]', N'DELETE', 0);
+    (N'[queue].[thumbnails_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_complete_next]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_stats]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_process]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dead_list]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dead_requeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_dead_delete]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_process_handler]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_acks]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[thumbnails]', N'OBJECT', N'DELETE', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[thumbnails_dead]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -4465,14 +4601,15 @@ BEGIN
                     STRING_AGG(
                         CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
                     ) WITHIN GROUP (ORDER BY ic.key_ordinal)
-                FROM sys.index_columns AS ic
+                FROM sys.indexes AS i
+                INNER JOIN sys.index_columns AS ic
+                    ON i.object_id = ic.object_id AND i.index_id = ic.index_id
                 INNER JOIN sys.columns AS c
                     ON ic.object_id = c.object_id AND ic.column_id = c.column_id
                 WHERE
-                    ic.object_id = OBJECT_ID(N'[queue].[thumbnails]')
-                    AND ic.index_id = INDEXPROPERTY(
-                        OBJECT_ID(N'[queue].[thumbnails]'), N'ix_thumbnails_claim', 'IndexID'
-                    )
+                    i.object_id = OBJECT_ID(N'[queue].[thumbnails]')
+                    AND i.name = N'ix_thumbnails_claim'
+                    AND i.type = 2 AND i.is_disabled = 0 AND i.has_filter = 0
                     AND ic.key_ordinal > 0
             ),
             N''
@@ -4497,18 +4634,23 @@ BEGIN
                 END;
             ELSE
                 BEGIN
+                    DROP INDEX IF EXISTS [ix_thumbnails_claim_new] ON [queue].[thumbnails];
                     IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_new]
                                 ON [queue].[thumbnails] (visible_at, seq)
-                                WITH (DROP_EXISTING = ON, ONLINE = ON);
+                                WITH (ONLINE = ON);
                         END;
                     ELSE
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim]
-                                ON [queue].[thumbnails] (visible_at, seq)
-                                WITH (DROP_EXISTING = ON);
+                            CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_new]
+                                ON [queue].[thumbnails] (visible_at, seq);
                         END;
+                    DROP INDEX [ix_thumbnails_claim] ON [queue].[thumbnails];
+                    EXEC sys.sp_rename
+                        @objname = N'[queue].[thumbnails].[ix_thumbnails_claim_new]',
+                        @newname = N'ix_thumbnails_claim',
+                        @objtype = N'INDEX';
                 END;
         END;
 

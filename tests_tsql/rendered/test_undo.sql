@@ -688,9 +688,9 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
@@ -772,7 +772,12 @@ BEGIN
     -- transaction tSQLt rolls back: the message it adds goes with it.
     CREATE USER [test_undo_producer] WITHOUT LOGIN;
     ALTER ROLE [queue_producer] ADD MEMBER [test_undo_producer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_producer]
 WITH EXECUTE AS ''test_undo_producer''
 AS
@@ -790,26 +795,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
-        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
-        (N''[queue].[undo_wait]'', N''EXECUTE''),
-        (N''[queue].[undo_stats]'', N''EXECUTE''),
-        (N''[queue].[undo_purge]'', N''EXECUTE''),
-        (N''[queue].[undo]'', N''SELECT''),
-        (N''[queue].[undo]'', N''INSERT''),
-        (N''[queue].[undo]'', N''UPDATE''),
-        (N''[queue].[undo]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[undo_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[undo]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[undo]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[undo]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_producer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_undo].[rights of test_undo_producer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -817,21 +824,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[undo_enqueue]', N'EXECUTE', 1),
-    (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 1),
-    (N'[queue].[undo_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[undo_wait]', N'EXECUTE', 0),
-    (N'[queue].[undo_stats]', N'EXECUTE', 0),
-    (N'[queue].[undo_purge]', N'EXECUTE', 0),
-    (N'[queue].[undo]', N'SELECT', 0),
-    (N'[queue].[undo]', N'INSERT', 0),
-    (N'[queue].[undo]', N'UPDATE', 0),
-    (N'[queue].[undo]', N'DELETE', 0);
+    (N'[queue].[undo_enqueue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[undo_enqueue_batch]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[undo_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_items]', N'TYPE', N'EXECUTE', 1),
+    (N'[queue].[undo]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[undo]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[undo]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[undo]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -866,7 +880,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_undo_consumer] WITHOUT LOGIN;
     ALTER ROLE [queue_consumer] ADD MEMBER [test_undo_consumer];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_consumer]
 WITH EXECUTE AS ''test_undo_consumer''
 AS
@@ -884,26 +903,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
-        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
-        (N''[queue].[undo_wait]'', N''EXECUTE''),
-        (N''[queue].[undo_stats]'', N''EXECUTE''),
-        (N''[queue].[undo_purge]'', N''EXECUTE''),
-        (N''[queue].[undo]'', N''SELECT''),
-        (N''[queue].[undo]'', N''INSERT''),
-        (N''[queue].[undo]'', N''UPDATE''),
-        (N''[queue].[undo]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[undo_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[undo]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[undo]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[undo]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_consumer];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_undo].[rights of test_undo_consumer];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -911,21 +932,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[undo_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[undo_dequeue]', N'EXECUTE', 1),
-    (N'[queue].[undo_wait]', N'EXECUTE', 1),
-    (N'[queue].[undo_stats]', N'EXECUTE', 0),
-    (N'[queue].[undo_purge]', N'EXECUTE', 0),
-    (N'[queue].[undo]', N'SELECT', 0),
-    (N'[queue].[undo]', N'INSERT', 0),
-    (N'[queue].[undo]', N'UPDATE', 0),
-    (N'[queue].[undo]', N'DELETE', 0);
+    (N'[queue].[undo_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_dequeue]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[undo_wait]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[undo_stats]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_purge]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[undo]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[undo]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[undo]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[undo]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO
@@ -960,7 +988,12 @@ BEGIN
     -- transaction tSQLt rolls back, and changes nothing.
     CREATE USER [test_undo_admin] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_undo_admin];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
     EXEC (N'CREATE PROCEDURE [test_queue_undo].[as test_undo_admin]
 WITH EXECUTE AS ''test_undo_admin''
 AS
@@ -978,26 +1011,28 @@ BEGIN
     SET NOCOUNT ON;
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N''OBJECT'', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-        (N''[queue].[undo_enqueue]'', N''EXECUTE''),
-        (N''[queue].[undo_enqueue_batch]'', N''EXECUTE''),
-        (N''[queue].[undo_dequeue]'', N''EXECUTE''),
-        (N''[queue].[undo_wait]'', N''EXECUTE''),
-        (N''[queue].[undo_stats]'', N''EXECUTE''),
-        (N''[queue].[undo_purge]'', N''EXECUTE''),
-        (N''[queue].[undo]'', N''SELECT''),
-        (N''[queue].[undo]'', N''INSERT''),
-        (N''[queue].[undo]'', N''UPDATE''),
-        (N''[queue].[undo]'', N''DELETE'')
-    ) AS v (securable, permission_name);
+        (N''[queue].[undo_enqueue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_enqueue_batch]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_dequeue]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_wait]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_stats]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_purge]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[undo_items]'', N''TYPE'', N''EXECUTE''),
+        (N''[queue].[undo]'', N''OBJECT'', N''SELECT''),
+        (N''[queue].[undo]'', N''OBJECT'', N''INSERT''),
+        (N''[queue].[undo]'', N''OBJECT'', N''UPDATE''),
+        (N''[queue].[undo]'', N''OBJECT'', N''DELETE'')
+    ) AS v (securable, securable_class, permission_name);
 END;');
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC [test_queue_undo].[as test_undo_admin];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC [test_queue_undo].[rights of test_undo_admin];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -1005,21 +1040,28 @@ END;');
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-    (N'[queue].[undo_enqueue]', N'EXECUTE', 0),
-    (N'[queue].[undo_enqueue_batch]', N'EXECUTE', 0),
-    (N'[queue].[undo_dequeue]', N'EXECUTE', 0),
-    (N'[queue].[undo_wait]', N'EXECUTE', 0),
-    (N'[queue].[undo_stats]', N'EXECUTE', 1),
-    (N'[queue].[undo_purge]', N'EXECUTE', 1),
-    (N'[queue].[undo]', N'SELECT', 0),
-    (N'[queue].[undo]', N'INSERT', 0),
-    (N'[queue].[undo]', N'UPDATE', 0),
-    (N'[queue].[undo]', N'DELETE', 0);
+    (N'[queue].[undo_enqueue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_enqueue_batch]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_dequeue]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_wait]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[undo_stats]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[undo_purge]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[undo_items]', N'TYPE', N'EXECUTE', 0),
+    (N'[queue].[undo]', N'OBJECT', N'SELECT', 0),
+    (N'[queue].[undo]', N'OBJECT', N'INSERT', 0),
+    (N'[queue].[undo]', N'OBJECT', N'UPDATE', 0),
+    (N'[queue].[undo]', N'OBJECT', N'DELETE', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

@@ -8,7 +8,11 @@
   default), runs one verb, and compares #Actual with #Expected. tSQLt runs each test in a
   transaction that it rolls back, so nothing a test does survives it, and a procedure never opens a
   transaction of its own here: its path for a caller without one (@@TRANCOUNT = 0, with or without
-  IMPLICIT_TRANSACTIONS) is covered by the conformance suite against a real server. An argument
+  IMPLICIT_TRANSACTIONS) is covered by the conformance suite against a real server. One exception:
+  grouped fifo's purge deletes empty groups' rows only outside a caller's transaction, so that
+  test is annotated --[@tSQLt:NoTransaction](DEFAULT) (a function call: DEFAULT, not "()", for no
+  clean-up procedure) and tSQLt.UndoTestDoubles drops its fakes with what it committed; two
+  sessions (a held group, a producer's pin) stay with the conformance suite. An argument
   check throws before XACT_ABORT is set and leaves that transaction usable; any later THROW dooms
   it: tSQLt rolls it back and still reports the test by its ExpectException, so nothing may follow
   the Act in such a test.
@@ -1044,6 +1048,20 @@ END;
 GO
 
 -- purge -------------------------------------------------------------------------------------------
+{#- Act: purge with `args` into #Actual; Assert: it reports `purged`. -#}
+{% macro expect_purged(args, purged) %}
+    CREATE TABLE #Actual (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Actual (purged)
+    EXEC {{ names.verb('purge') }} {{ args }};
+
+    -- Assert
+    CREATE TABLE #Expected (purged bigint NOT NULL);
+    INSERT INTO #Expected (purged) VALUES ({{ purged }});
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{%- endmacro %}
+
 
 CREATE PROCEDURE {{ cls }}.[test purge without older_than removes and counts every message]
 AS
@@ -1076,16 +1094,7 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_messages(three) }}
     DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -15, @now);
-    CREATE TABLE #Actual (purged bigint NOT NULL);
-
-    -- Act
-    INSERT INTO #Actual (purged)
-    EXEC {{ names.verb('purge') }} @older_than = @cutoff, @max_rows = 100;
-
-    -- Assert
-    CREATE TABLE #Expected (purged bigint NOT NULL);
-    INSERT INTO #Expected (purged) VALUES (2);
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ expect_purged('@older_than = @cutoff, @max_rows = 100', 2) }}
 {{ assert_remaining([13]) }}
 END;
 GO
@@ -1160,8 +1169,19 @@ GO
 {% if groups %}
 
 -- message groups (docs/queue-kinds.md, "Message groups") ------------------------------------------
-{# Grouped rows straight into the faked table (id, age, group, head, n) and their groups' rows into
-    the groups table, which is not faked (tSQLt rolls the test back). -#}
+
+{{ pins.fake_helper(cls, names.obj('_groups'), pins.groups_pinned, 'groups') }}
+{# Both tables faked, each with the indexes the verbs pin (the groups table's key is the group's
+    lock: its unique key, rebuilt from _pinned_indexes.sql, keeps the seeks and the key locks the
+    verbs take), so no row of the real groups table is read or written. -#}
+{% macro fake_grouped(options='') %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}'{{ options }};
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ names.obj('_groups') }}';
+    EXEC {{ cls }}.[index the faked groups table];
+{%- endmacro %}
+{# Grouped rows straight into the faked table (id, age, group, head, n), their groups' rows into the
+    faked groups table. -#}
 {% macro insert_grouped(rows) %}
     INSERT INTO {{ t }} (id, enqueued_at, group_key, group_head, payload)
     VALUES
@@ -1170,6 +1190,18 @@ GO
 {% endfor %}
     INSERT INTO {{ names.obj('_groups') }} (group_key)
     VALUES (N'{{ rows | map(attribute='group') | unique | join("'), (N'") }}');
+{%- endmacro %}
+{#- The rows of the faked groups table, against the keys expected. -#}
+{% macro assert_groups(keys) %}
+    SELECT g.group_key
+    INTO #Groups
+    FROM {{ names.obj('_groups') }} AS g;
+
+    SELECT TOP (0) g.group_key
+    INTO #ExpectedGroups
+    FROM #Groups AS g;
+    INSERT INTO #ExpectedGroups (group_key) VALUES (N'{{ keys | join("'), (N'") }}');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedGroups', @Actual = N'#Groups';
 {%- endmacro %}
 {#- The heads of the faked table, against (id, head) expected. -#}
 {% macro assert_heads(expected) %}
@@ -1194,8 +1226,7 @@ CREATE PROCEDURE {{ cls }}.[test dequeue hands out the head of each group, one m
 AS
 BEGIN
     -- Assemble: group a holds 41, 42 and 44, group b 43; a batch of ten takes one of each group.
-    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
-    EXEC {{ cls }}.[index the faked queue table];
+{{ fake_grouped() }}
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_grouped(grouped) }}
 {{ dequeue_into_actual(10) }}
@@ -1212,8 +1243,7 @@ AS
 BEGIN
     -- Assemble: 52 was flagged by a producer that found group a held (a spurious candidate); 51 is
     -- a's head. The claim follows 52 to the group and hands out 51, and demotes 52.
-    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
-    EXEC {{ cls }}.[index the faked queue table];
+{{ fake_grouped() }}
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_grouped([{'id': 51, 'age': 20, 'group': 'a', 'head': 0, 'n': 1},
                    {'id': 52, 'age': 10, 'group': 'a', 'head': 1, 'n': 2},
@@ -1231,8 +1261,7 @@ CREATE PROCEDURE {{ cls }}.[test a rolled-back dequeue gives the group its head 
 AS
 BEGIN
     -- Assemble
-    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
-    EXEC {{ cls }}.[index the faked queue table];
+{{ fake_grouped() }}
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_grouped(grouped) }}
     CREATE TABLE #Ignored (
@@ -1245,9 +1274,11 @@ BEGIN
     INSERT INTO #Ignored (id, payload, enqueued_at, group_key)
     EXEC {{ names.verb('dequeue') }} @batch_size = 10;
     ROLLBACK TRANSACTION before_dequeue;
-{{ dequeue_into_actual(1) }}
 
-    -- Assert: the rollback restored 41 and its flag, and 42's.
+    -- Assert: the rollback restored 41 and 43 and every flag (the dequeue had made 42 a's head),
+    -- and the next dequeue hands out 41 again, first.
+{{ assert_heads([(41, 1), (42, 0), (43, 1), (44, 0)]) }}
+{{ dequeue_into_actual(1) }}
 {{ expect_dequeued([grouped[0]]) }}
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
@@ -1261,8 +1292,7 @@ BEGIN
     -- wait) needs two sessions, which tests/conformance/test_groups.py runs against a real server
     -- (test_fifo_a_group_is_held_until_the_dequeuing_transaction_ends_and_a_rollback_gives_it_back).
     -- What one transaction sees: the group it holds goes on in order.
-    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}';
-    EXEC {{ cls }}.[index the faked queue table];
+{{ fake_grouped() }}
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_grouped([grouped[0], grouped[1]]) }}
     CREATE TABLE #Ignored (
@@ -1285,8 +1315,7 @@ CREATE PROCEDURE {{ cls }}.[test enqueue flags only a message that leads an empt
 AS
 BEGIN
     -- Assemble: a new key creates its group's row; a group with a message gets a waiting one.
-    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
-    EXEC {{ cls }}.[index the faked queue table];
+{{ fake_grouped(', @Identity = 1, @Defaults = 1') }}
     CREATE TABLE #Ignored (id bigint NOT NULL, duplicate bit NOT NULL);
 
     -- Act
@@ -1308,12 +1337,7 @@ BEGIN
     CREATE TABLE #Expected (group_key nvarchar(200) NULL, group_head bit NULL);
     INSERT INTO #Expected (group_key, group_head) VALUES (N'a', 1), (N'a', 0), (N'c', 1), (NULL, NULL);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
-    DECLARE @groups int = (
-        SELECT COUNT(*)
-        FROM {{ names.obj('_groups') }} AS g
-        WHERE g.group_key IN (N'a', N'c')
-    );
-    EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @groups;
+{{ assert_groups(['a', 'c']) }}
 END;
 GO
 
@@ -1321,8 +1345,7 @@ CREATE PROCEDURE {{ cls }}.[test enqueue_batch flags the first item of each empt
 AS
 BEGIN
     -- Assemble
-    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
-    EXEC {{ cls }}.[index the faked queue table];
+{{ fake_grouped(', @Identity = 1, @Defaults = 1') }}
     DECLARE @items {{ items }};
     INSERT INTO @items (ordinal, payload, group_key)
     VALUES (1, {{ sample(1) }}, N'a'), (2, {{ sample(2) }}, N'a'), (3, {{ sample(3) }}, NULL), (4, {{ sample(4) }}, N'b');
@@ -1347,12 +1370,93 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE {{ cls }}.[test purge promotes the next message of a group whose head it purged]
+AS
+BEGIN
+    -- Assemble: a's head 41 and 42 are older than the cutoff, 44 is not; b's 43 neither.
+{{ fake_grouped() }}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped(grouped) }}
+    DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -25, @now);
+{{ expect_purged('@older_than = @cutoff, @max_rows = 100', 2) }}
+    -- 44 leads a now, b is untouched, both groups keep their rows.
+{{ assert_heads([(43, 1), (44, 1)]) }}
+{{ assert_groups(['a', 'b']) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge settles a group: the oldest left leads, the rest wait]
+AS
+BEGIN
+    -- Assemble: 51 leads a; 52 and 53 are flagged (producers that found a held). Purging 51 makes
+    -- 52, the oldest left, the head, and demotes 53.
+{{ fake_grouped() }}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped([{'id': 51, 'age': 40, 'group': 'a', 'head': 1, 'n': 1},
+                   {'id': 52, 'age': 20, 'group': 'a', 'head': 1, 'n': 2},
+                   {'id': 53, 'age': 10, 'group': 'a', 'head': 1, 'n': 3}]) }}
+    DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -30, @now);
+    CREATE TABLE #Ignored (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (purged)
+    EXEC {{ names.verb('purge') }} @older_than = @cutoff, @max_rows = 100;
+
+    -- Assert
+{{ assert_heads([(52, 1), (53, 0)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge in a transaction keeps the row of a group it emptied]
+AS
+BEGIN
+    -- Assemble: tSQLt's transaction is a caller's: purge deletes no groups row in it (it would hold
+    -- every deleted key to the caller's commit), the row of a group it emptied stays for a purge
+    -- outside one (the NoTransaction test below).
+{{ fake_grouped() }}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped([grouped[0], grouped[2]]) }}
+    CREATE TABLE #Ignored (purged bigint NOT NULL);
+
+    -- Act
+    INSERT INTO #Ignored (purged)
+    EXEC {{ names.verb('purge') }} @max_rows = 100;
+
+    -- Assert
+{{ assert_groups(['a', 'b']) }}
+END;
+GO
+
+--[@tSQLt:NoTransaction](DEFAULT)
+CREATE PROCEDURE {{ cls }}.[test purge outside a transaction drops the row of an emptied group]
+AS
+BEGIN
+    -- Assemble: outside tSQLt's transaction (NoTransaction), as an autocommit caller: each chunk and
+    -- each empty group's delete is a transaction of purge's own. tSQLt.UndoTestDoubles drops the
+    -- fakes with what was committed into them. One session: the delete that meets a producer's pin
+    -- (1222, the group left for the next purge) and the holder it must not wait for need two
+    -- sessions: tests/conformance/test_groups.py, against a real server.
+{{ fake_grouped() }}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_grouped([grouped[0], grouped[2]]) }}
+    INSERT INTO {{ names.obj('_groups') }} (group_key) VALUES (N'c');
+    DECLARE @cutoff datetime2(7) = DATEADD(SECOND, -30, @now);
+
+    -- Act: 41, a's only message, is purged; c had no message left. Plain EXEC: INSERT ... EXEC
+    -- would run purge in a transaction, where it deletes no groups row.
+    EXEC {{ names.verb('purge') }} @older_than = @cutoff;
+
+    -- Assert: a's and c's rows are gone, b (43) keeps its own and its head.
+{{ assert_groups(['b']) }}
+{{ assert_heads([(43, 1)]) }}
+END;
+GO
+
 CREATE PROCEDURE {{ cls }}.[test enqueue refuses a group_key over 200 characters with 51001]
 AS
 BEGIN
     -- Assemble
-    EXEC tSQLt.FakeTable @TableName = N'{{ table_name }}', @Identity = 1, @Defaults = 1;
-    EXEC {{ cls }}.[index the faked queue table];
+{{ fake_grouped(', @Identity = 1, @Defaults = 1') }}
     DECLARE @long nvarchar(MAX) = REPLICATE(CONVERT(nvarchar(MAX), N'k'), 201);
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
@@ -1362,4 +1466,7 @@ END;
 GO
 {% endif %}
 {% set timed_tables = [t] %}
+{% set hidden_tables = [names.obj('_groups')] if groups else [] %}
+{% set internal_procedures = [] %}
+{% set granted_types = [(items, verb_roles['enqueue_batch'])] %}
 {% include '_test_real_objects.sql' %}

@@ -7,15 +7,35 @@
   The role tests run the verbs as a user in one role (a user WITHOUT LOGIN, and a procedure WITH
   EXECUTE AS that user, both created in the test and dropped by tSQLt's rollback); verb_roles (render.py, from the contract's VERB_ROLES) says which
   role each of the queue's procedures belongs to.
-  timed_tables: the queue's tables (time defaults checked, no role may touch them).
+  timed_tables: the queue's tables (time defaults checked, no role may touch them); hidden_tables:
+  its other tables (no role may touch them); internal_procedures: procedures granted to no role;
+  granted_types: (table type, the role of the verb that takes it).
 -#}
 {#- One pinned key column as sys.index_columns shows it: (name, is_descending_key). -#}
 {% macro key_column(part) -%}
 {{ part.split(' ')[0] }}{{ '|1' if part.endswith(' DESC') else '|0' }}
 {%- endmacro %}
-{#- A one-column filter ('col IS NOT NULL') as sys.indexes.filter_definition stores it. -#}
-{% macro stored_filter(filter) -%}
-{% set column, rest = filter.split(' ', 1) %}([{{ column }}] {{ rest }})
+{#- A one-column filter ('col IS NOT NULL', 'col = 1') compared without spaces and parentheses:
+    sys.indexes.filter_definition keeps SQL Server's own form of it ('([col]=(1))', '([col] IS NULL)'),
+    which the test does not restate. -#}
+{% macro compared_filter(filter) -%}
+{% set column, rest = filter.split(' ', 1) %}[{{ column }}]{{ rest | replace(' ', '') }}
+{%- endmacro %}
+{#- The same for the filter the catalog stores. -#}
+{% macro compared_filter_sql(column_sql) -%}
+REPLACE(REPLACE(REPLACE({{ column_sql }}, N' ', N''), N'(', N''), N')', N'')
+{%- endmacro %}
+
+{#- The FROM and WHERE of a query over one table's index key columns (aliases i, ic, c); the
+    caller adds its own AND conditions. -#}
+{% macro index_columns_of(table) %}
+    FROM sys.indexes AS i
+    INNER JOIN sys.index_columns AS ic
+        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
+    INNER JOIN sys.columns AS c
+        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
+    WHERE
+        i.object_id = OBJECT_ID(N'{{ table }}')
 {%- endmacro %}
 
 -- the deployed objects ----------------------------------------------------------------------------
@@ -29,19 +49,13 @@ BEGIN
     -- 468 against a #table of tempdb's collation.
     SELECT
         i.name AS index_name,
-        i.filter_definition,
         c.name AS column_name,
         ic.is_descending_key,
+        {{ compared_filter_sql('i.filter_definition') }} AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-    FROM sys.indexes AS i
-    INNER JOIN sys.index_columns AS ic
-        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
-    INNER JOIN sys.columns AS c
-        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
-    WHERE
-        i.object_id = OBJECT_ID(N'{{ t }}')
+{{ index_columns_of(t) }}
         AND i.name IN (
 {% for index in pins.pinned %}
             N'{{ index[1][1:-1] }}'{{ ',' if not loop.last }}
@@ -67,7 +81,7 @@ BEGIN
 {% for words, name, key, filter in pins.pinned %}
 {% for part in key.split(', ') %}
 {% set column, descending = key_column(part).split('|') %}
-{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', " ~ (1 if 'CLUSTERED' in words.split() else 2) ~ ", " ~ (("N'" ~ stored_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
+{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', " ~ (1 if 'CLUSTERED' in words.split() else 2) ~ ", " ~ (("N'" ~ compared_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
 {% endfor %}
 {% endfor %}
 {% for row in found.rows %}
@@ -87,18 +101,12 @@ BEGIN
     SELECT
         i.is_unique,
         i.has_filter,
-        i.filter_definition,
         c.name AS column_name,
         c.collation_name,
+        {{ compared_filter_sql('i.filter_definition') }} AS filter_definition,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-    FROM sys.indexes AS i
-    INNER JOIN sys.index_columns AS ic
-        ON i.object_id = ic.object_id AND i.index_id = ic.index_id
-    INNER JOIN sys.columns AS c
-        ON ic.object_id = c.object_id AND ic.column_id = c.column_id
-    WHERE
-        i.object_id = OBJECT_ID(N'{{ t }}')
+{{ index_columns_of(t) }}
         AND i.name = N'{{ names.index_name('ux', 'dedupe') }}'
         AND ic.key_ordinal > 0;
 
@@ -115,8 +123,54 @@ BEGIN
     INTO #Expected
     FROM #Actual AS a;
     INSERT INTO #Expected (is_unique, has_filter, filter_definition, column_name, collation_name, key_ordinal)
-    VALUES (1, 1, N'([dedupe_key] IS NOT NULL)', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
+    VALUES (1, 1, N'{{ compared_filter('dedupe_key IS NOT NULL') }}', N'dedupe_key', N'Latin1_General_100_BIN2', 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% endif %}
+{% if kind == 'work' and opt.get('client_ids') %}
+
+CREATE PROCEDURE {{ cls }}.[test the dead letters are clustered on dead_seq, not on the random id]
+AS
+BEGIN
+    -- Act: the dead-letter table's indexes with their keys. Client ids are random GUIDs: clustered
+    -- on them, every dead letter would land on a random page (storage v2, work_dead_v1_to_v2).
+    SELECT
+        i.name AS index_name,
+        i.is_unique,
+        i.is_primary_key,
+        c.name AS column_name,
+        CONVERT(tinyint, i.type) AS index_type,
+        CONVERT(int, ic.key_ordinal) AS key_ordinal
+    INTO #Actual
+{{ index_columns_of(dead_t) }}
+        AND ic.key_ordinal > 0;
+
+    -- Assert: clustered (type 1) on the IDENTITY dead_seq, unique; the primary key on id nonclustered
+    -- (type 2), which dead_list, dead_requeue and dead_delete seek. #Expected takes #Actual's columns
+    -- (the catalog views' collation, see the pinned index test).
+    SELECT TOP (0)
+        a.index_name,
+        a.is_unique,
+        a.is_primary_key,
+        a.column_name,
+        a.index_type,
+        a.key_ordinal
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (index_name, index_type, is_unique, is_primary_key, column_name, key_ordinal)
+    VALUES
+    (N'{{ names.index_name('ux', 'dead_seq') }}', 1, 1, 0, N'dead_seq', 1),
+    (N'{{ names.index_name('pk', 'dead') }}', 2, 1, 1, N'id', 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+
+    IF
+        COALESCE(
+            COLUMNPROPERTY(OBJECT_ID(N'{{ dead_t }}'), N'dead_seq', 'IsIdentity'), 0
+        ) <> 1
+        BEGIN
+            EXEC tSQLt.Fail N'dead_seq is not an IDENTITY column: inserts would not append';
+        END;
 END;
 GO
 {% endif %}
@@ -192,15 +246,22 @@ EXEC (N'EXEC {{ names.verb(verb) }} {{ arguments | replace("'", "''") }};');
 {% for role in ('producer', 'consumer', 'admin') %}
 {% set user = 'test_' ~ queue.name ~ '_' ~ role %}
 {% set own_verb, own_columns, own_arguments = own_call[role] %}
-{#- (securable, permission, 1 when the role must have it): EXECUTE on each of the queue's verbs,
-    and no right at all on its tables. -#}
+{#- (securable, its class for HAS_PERMS_BY_NAME, permission, 1 when the role must have it): EXECUTE
+    on each of the queue's verbs, on its table types for the role whose verb takes them, none on
+    its internal procedures, and no right at all on its tables. -#}
 {% set access = namespace(grid=[]) %}
 {% for verb, verb_role in verb_roles.items() %}
-{% set access.grid = access.grid + [(names.verb(verb), 'EXECUTE', 1 if verb_role == role else 0)] %}
+{% set access.grid = access.grid + [(names.verb(verb), 'OBJECT', 'EXECUTE', 1 if verb_role == role else 0)] %}
 {% endfor %}
-{% for table in timed_tables %}
+{% for procedure in internal_procedures %}
+{% set access.grid = access.grid + [(procedure, 'OBJECT', 'EXECUTE', 0)] %}
+{% endfor %}
+{% for type_name, type_role in granted_types %}
+{% set access.grid = access.grid + [(type_name, 'TYPE', 'EXECUTE', 1 if type_role == role else 0)] %}
+{% endfor %}
+{% for table in timed_tables + hidden_tables %}
 {% for permission in ('SELECT', 'INSERT', 'UPDATE', 'DELETE') %}
-{% set access.grid = access.grid + [(table, permission, 0)] %}
+{% set access.grid = access.grid + [(table, 'OBJECT', permission, 0)] %}
 {% endfor %}
 {% endfor %}
 {% set grid = access.grid %}
@@ -213,14 +274,15 @@ EXEC (N'EXEC {{ names.verb(verb) }} {{ arguments | replace("'", "''") }};');
 {% set grid_body %}
     SELECT
         v.securable,
+        v.securable_class,
         v.permission_name,
-        COALESCE(HAS_PERMS_BY_NAME(v.securable, N'OBJECT', v.permission_name), 0) AS has_right
+        COALESCE(HAS_PERMS_BY_NAME(v.securable, v.securable_class, v.permission_name), 0) AS has_right
     FROM (
         VALUES
-{% for securable, permission, _ in grid %}
-        (N'{{ securable }}', N'{{ permission }}'){{ ',' if not loop.last }}
+{% for securable, securable_class, permission, _ in grid %}
+        (N'{{ securable }}', N'{{ securable_class }}', N'{{ permission }}'){{ ',' if not loop.last }}
 {% endfor %}
-    ) AS v (securable, permission_name);
+    ) AS v (securable, securable_class, permission_name);
 {%- endset %}
 
 CREATE PROCEDURE {{ cls }}.[test the {{ role }} role runs its verbs and may touch nothing else]
@@ -232,13 +294,18 @@ BEGIN
     -- transaction tSQLt rolls back{{ ': the message it adds goes with it' if own_verb == 'enqueue' else ', and changes nothing' }}.
     CREATE USER [{{ user }}] WITHOUT LOGIN;
     ALTER ROLE {{ roles[role] }} ADD MEMBER [{{ user }}];
-    CREATE TABLE #Actual (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
+    CREATE TABLE #Actual (
+        securable nvarchar(300) NOT NULL,
+        securable_class nvarchar(10) NOT NULL,
+        permission_name sysname NOT NULL,
+        has_right int NULL
+    );
 {{ as_user(user, own_body) }}
 {{ as_user(user, grid_body, 'rights of ') }}
 
     -- Act: the verb (it raises unless it returned its row), then the user's rights.
     EXEC {{ cls }}.[as {{ user }}];
-    INSERT INTO #Actual (securable, permission_name, has_right)
+    INSERT INTO #Actual (securable, securable_class, permission_name, has_right)
     EXEC {{ cls }}.[rights of {{ user }}];
 
     -- Assert: every securable exists (HAS_PERMS_BY_NAME gives NULL for a misspelt name, which
@@ -246,13 +313,19 @@ BEGIN
     SELECT a.securable
     INTO #Missing
     FROM #Actual AS a
-    WHERE OBJECT_ID(a.securable) IS NULL;
+    WHERE IIF(a.securable_class = N'TYPE', TYPE_ID(a.securable), OBJECT_ID(a.securable)) IS NULL;
     EXEC tSQLt.AssertEmptyTable @TableName = N'#Missing', @Message = N'securables that do not exist';
-    CREATE TABLE #Expected (securable nvarchar(300) NOT NULL, permission_name sysname NOT NULL, has_right int NULL);
-    INSERT INTO #Expected (securable, permission_name, has_right)
+    SELECT TOP (0)
+        a.securable,
+        a.securable_class,
+        a.permission_name,
+        a.has_right
+    INTO #Expected
+    FROM #Actual AS a;
+    INSERT INTO #Expected (securable, securable_class, permission_name, has_right)
     VALUES
-{% for securable, permission, has_right in grid %}
-    (N'{{ securable }}', N'{{ permission }}', {{ has_right }}){{ ';' if loop.last else ',' }}
+{% for securable, securable_class, permission, has_right in grid %}
+    (N'{{ securable }}', N'{{ securable_class }}', N'{{ permission }}', {{ has_right }}){{ ';' if loop.last else ',' }}
 {% endfor %}
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;

@@ -185,8 +185,9 @@ AS
 BEGIN
     -- The clean-up of the NoTransaction tests (--[@tSQLt:NoTransaction]), which tSQLt runs after
     -- such a test and before tSQLt.UndoTestDoubles puts back what it faked or moved away: a
-    -- transaction the test left open{% if opt.handler %}, and the handler double (only it carries the marker:
-    -- a real handler that tSQLt.RemoveObjectIfExists moved away comes back untouched){% endif %}.
+    -- transaction the test left open{% if opt.handler %}, the handler double (only it carries the marker:
+    -- a real handler that tSQLt.RemoveObjectIfExists moved away comes back untouched) and the handler's
+    -- schema if the test created it{% endif %}.
     -- Rolling back here ends this procedure with a lower @@TRANCOUNT than it began with: Msg 266,
     -- on which tSQLt's handler skips its own tSQLt.UndoTestDoubles and the real tables would stay
     -- renamed. So, after such a rollback, the doubles are undone here{% if opt.handler %} (the handler double
@@ -198,6 +199,16 @@ BEGIN
         BEGIN
             DROP PROCEDURE {{ handler_name }};
         END;
+    IF
+        CONVERT(int, SESSION_CONTEXT(N'tablequeue test created schema')) = 1
+        AND NOT EXISTS (
+            SELECT 1 FROM sys.objects AS o
+            WHERE o.schema_id = SCHEMA_ID(N'{{ handler_parts[0] }}')
+        )
+        BEGIN
+            EXEC (N'DROP SCHEMA [{{ handler_parts[0] }}];');
+        END;
+    EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = NULL;
 {% endif %}
     IF @left_open = 1
         BEGIN
@@ -2544,6 +2555,13 @@ GO
 {% if history %}
     EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1;
 {% endif %}
+    -- The handler's schema may not exist (deploy creates the queue's schema only): created here,
+    -- remembered in the session context, dropped by the clean-up once the double is gone.
+    IF SCHEMA_ID(N'{{ handler_parts[0] }}') IS NULL
+        BEGIN
+            EXEC (N'CREATE SCHEMA [{{ handler_parts[0] }}];');
+            EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = 1;
+        END;
     EXEC tSQLt.RemoveObjectIfExists @ObjectName = N'{{ handler_name }}';
     EXEC (N'CREATE PROCEDURE {{ handler_name }}
     @id {{ id_type }},
@@ -2809,4 +2827,7 @@ END;
 GO
 {% endif %}
 {% set timed_tables = [t, dead_t] + ([history_t] if history else []) %}
+{% set hidden_tables = [] %}
+{% set internal_procedures = [names.verb('process_handler')] if opt.handler else [] %}
+{% set granted_types = [(items, verb_roles['enqueue_batch']), (acks, verb_roles['complete_batch'])] %}
 {% include '_test_real_objects.sql' %}

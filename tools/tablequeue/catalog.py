@@ -42,7 +42,7 @@ PREFIXED_NAMES = (
     ("ix_", "_claim"), ("ix_", "_claim_priority"), ("ix_", "_claim_new"), ("ix_", "_lease"), ("ix_", "_lease_start"), ("ix_", "_due"),
     ("ix_", "_history_finished"), ("ix_", "_history_id"), ("ix_", "_heads"), ("ix_", "_group"),
     ("ix_", "_ungrouped"), ("pk_", "_groups"), ("ck_", "_group_key"),
-    ("ux_", "_dedupe"), ("ux_", "_seq"),
+    ("ux_", "_dedupe"), ("ux_", "_seq"), ("ux_", "_dead_seq"),
     ("ck_", "_dedupe_key"), ("ck_", "_payload_json"),
     ("df_", "_enqueued_at"), ("df_", "_attempts"), ("df_", "_priority"), ("df_", "_dead_priority"),
     ("df_", "_history_priority"),

@@ -131,7 +131,12 @@ class _Mssql(_Writer):
         return [f"IF NOT EXISTS (SELECT 1 / 0 FROM {self.latest(unit)} WHERE {condition})", self.throw(message), "GO"]
 
     def transaction(self, sql: list[str], rows: list[_Row]) -> list[str]:
-        out = ["BEGIN TRANSACTION;", "GO"]
+        # XACT_ABORT again in the batch that opens the transaction, whatever a unit before set: a
+        # run-time error (or a deferred name) then rolls the unit back. A compile error (syntax, a
+        # missing column of a table that exists) is not covered by XACT_ABORT, and SSMS in SQLCMD mode
+        # keeps the connection after `:on error exit`: there, disconnect (or ROLLBACK) after an error,
+        # or the open transaction keeps its locks on the queue's table.
+        out = ["SET XACT_ABORT ON;", "BEGIN TRANSACTION;", "GO"]
         for text in sql:
             out.append(text.rstrip())
             if not text.rstrip().endswith("GO"):

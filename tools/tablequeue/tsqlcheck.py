@@ -52,8 +52,8 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "partitions"): {"object_id": "int", "index_id": "int", "rows": "bigint"},
     ("sys", "all_columns"): {"object_id": "int", "column_id": "int"},
     ("sys", "indexes"): {"object_id": "int", "index_id": "int", "name": "sysname", "type": "tinyint",
-                         "type_desc": "nvarchar(60)", "is_unique": "bit", "has_filter": "bit",
-                         "filter_definition": "nvarchar(MAX)"},
+                         "type_desc": "nvarchar(60)", "is_unique": "bit", "is_primary_key": "bit",
+                         "has_filter": "bit", "filter_definition": "nvarchar(MAX)", "is_disabled": "bit"},
     ("sys", "index_columns"): {"object_id": "int", "index_id": "int", "column_id": "int", "key_ordinal": "tinyint",
                                "is_descending_key": "bit"},
     ("sys", "columns"): {"object_id": "int", "column_id": "int", "name": "sysname", "user_type_id": "int",
@@ -62,6 +62,8 @@ SYSTEM_TABLES: dict[tuple[str, str], dict[str, str]] = {
     ("sys", "types"): {"user_type_id": "int", "name": "sysname"},
     ("sys", "parameters"): {"object_id": "int", "parameter_id": "int", "name": "sysname", "user_type_id": "int",
                             "max_length": "smallint", "is_output": "bit"},
+    ("sys", "objects"): {"object_id": "int", "name": "sysname", "schema_id": "int", "principal_id": "int",
+                         "type": "char(2)"},
 }
 # System procedures the templates call, with their parameters (the claim index upgrade renames one).
 SYSTEM_PROCEDURES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -93,13 +95,14 @@ TSQLT_TABLE_ARGUMENTS = {("faketable", "@tablename"), ("applyconstraint", "@tabl
 # of their argument, or not needed). The type is read by the contract parity test.
 BUILTIN_FUNCTIONS: dict[str, str | None] = {
     "ABS": None, "CHECKSUM": "int",
-    "COL_LENGTH": "smallint", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
+    "COL_LENGTH": "smallint", "COLUMNPROPERTY": "int", "CONCAT": "nvarchar(max)", "COUNT": "int", "COUNT_BIG": "bigint",
     "DATABASE_PRINCIPAL_ID": "int", "DATALENGTH": "bigint", "DATEADD": "datetime2(7)", "DATEDIFF": "int",
     "SESSION_CONTEXT": "sql_variant",
     "DATEDIFF_BIG": "bigint", "ERROR_LINE": "int", "ERROR_MESSAGE": "nvarchar(4000)", "ERROR_NUMBER": "int",
     "ERROR_PROCEDURE": "nvarchar(128)", "HAS_PERMS_BY_NAME": "int", "IIF": None, "INDEX_COL": "nvarchar(128)", "INDEXPROPERTY": "int",
     "LEN": "int", "LOWER": None, "MAX": None, "MIN": None, "NEWID": "uniqueidentifier",
-    "OBJECT_DEFINITION": "nvarchar(max)", "OBJECT_ID": "int", "OBJECT_NAME": "nvarchar(128)", "REPLACE": None,
+    "OBJECT_DEFINITION": "nvarchar(max)", "OBJECT_ID": "int", "OBJECT_NAME": "nvarchar(128)", "OBJECTPROPERTY": "int",
+    "REPLACE": None,
     "ORIGINAL_LOGIN": "nvarchar(128)", "QUOTENAME": "nvarchar(258)", "SCHEMA_ID": "int",
     "SCOPE_IDENTITY": "numeric(38,0)", "SERVERPROPERTY": "sql_variant", "SUM": None,
     "SYSUTCDATETIME": "datetime2(7)", "TYPE_ID": "int", "ROW_NUMBER": "bigint", "XACT_STATE": "smallint",
@@ -333,6 +336,7 @@ class _Resolver:
         self.temps: dict[str, dict[str, str | None]] = {}
         self.ctes: list[dict[str, dict[str, str | None]]] = []
         self.signature: Signature | None = None
+        self.savepoints: set[str] = set()    # SAVE TRANSACTION names seen so far in the batch
 
     # -- reporting -------------------------------------------------------------------------------
 
@@ -633,6 +637,25 @@ class _Resolver:
         for role in s.roles:
             if self.names[role] not in self.catalog.roles:
                 self.unresolved(self.line(role), "role", self.raws[role])
+
+    def st_DropNamed(self, s: m.DropNamed) -> None:
+        names = [self.names[i] for i in s.name]
+        if s.what == "schema":
+            if names[-1] not in self.catalog.schemas:
+                self.unresolved(s.line, "schema", self.display(s.name))
+        elif _key(names) not in self.catalog.procedures:
+            self.unresolved(s.line, "procedure", self.display(s.name))
+
+    def st_Savepoint(self, s: m.Savepoint) -> None:
+        if s.saves:
+            self.savepoints.add(self.names[s.name])
+        elif self.names[s.name] not in self.savepoints:
+            self.unresolved(self.line(s.name), "savepoint", self.raws[s.name])
+
+    def st_RoleMembers(self, s: m.RoleMembers) -> None:
+        for principal in s.principals:
+            if self.names[principal] not in self.catalog.roles:
+                self.unresolved(self.line(principal), "role", self.raws[principal])
 
     def st_TableUse(self, s: m.TableUse) -> None:
         table = self.table(s.table, ddl=True)

@@ -355,6 +355,29 @@ class TableUse(Statement):
 
 
 @dataclass(eq=False)
+class DropNamed(Statement):
+    """DROP PROCEDURE / DROP SCHEMA: what it names must exist (tSQLt clean-ups drop their doubles)."""
+
+    what: str                       # procedure | schema
+    name: tuple[int, ...]
+
+
+@dataclass(eq=False)
+class Savepoint(Statement):
+    """SAVE TRANSACTION name (declares it) / ROLLBACK TRANSACTION name (names one saved before)."""
+
+    name: int
+    saves: bool
+
+
+@dataclass(eq=False)
+class RoleMembers(Statement):
+    """ALTER ROLE r ADD|DROP MEMBER p: the principals it names (a user is a principal, as a role)."""
+
+    principals: list[int]
+
+
+@dataclass(eq=False)
 class Skipped(Statement):
     """A statement the model does not read; its variables are still checked (``refs``)."""
 
@@ -459,7 +482,19 @@ class _Extractor:
         self.statements_of(segment)
 
     def s_transaction_statement(self, segment: BaseSegment) -> None:
-        pass
+        names = [i for i in code(segment) if kind(i) in IDENTIFIER_LEAVES]
+        if names:
+            saves = "SAVE" in keywords(segment)
+            self.statements.append(Savepoint(self.line(segment), self.tok(names[0], "savepoint", declares=saves), saves))
+
+    def s_drop_procedure_statement(self, segment: BaseSegment) -> None:
+        procedure = self.name_parts(child(segment, "object_reference"), "procedure")
+        self.statements.append(DropNamed(self.line(segment), "procedure", procedure))
+
+    def s_drop_schema_statement(self, segment: BaseSegment) -> None:
+        schema = self.tok(next(i for i in code(child(segment, "schema_reference")) if kind(i) in IDENTIFIER_LEAVES),
+                          "schema")
+        self.statements.append(DropNamed(self.line(segment), "schema", (schema,)))
 
     def s_break_statement(self, segment: BaseSegment) -> None:
         pass
@@ -1092,6 +1127,17 @@ class _Extractor:
         owner = (self.tok(next(i for i in code(roles[1]) if kind(i) in IDENTIFIER_LEAVES), "role")
                  if len(roles) > 1 else None)
         self.statements.append(CreateNamed(self.line(segment), "role", name, owner))
+
+    def s_create_user_statement(self, segment: BaseSegment) -> None:
+        # A user is a database principal, in the namespace of roles (ALTER ROLE ... ADD MEMBER names it).
+        user = child(segment, "role_reference")
+        name = self.tok(next(i for i in code(user) if kind(i) in IDENTIFIER_LEAVES), "role", declares=True)
+        self.statements.append(CreateNamed(self.line(segment), "role", name, None))
+
+    def s_alter_role_statement(self, segment: BaseSegment) -> None:
+        principals = [self.tok(i, "role") for r in children(segment, "role_reference")
+                      for i in code(r) if kind(i) in IDENTIFIER_LEAVES]
+        self.statements.append(RoleMembers(self.line(segment), principals))
 
     def s_create_schema_statement(self, segment: BaseSegment) -> None:
         schema = child(segment, "schema_reference")

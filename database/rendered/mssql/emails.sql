@@ -96,7 +96,7 @@ IF TYPE_ID(N'[queue].[emails_acks]') IS NULL
     END;
 GO
 
--- tablequeue:unit queue.emails_dead storage v1 table
+-- tablequeue:unit queue.emails_dead storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 IF OBJECT_ID(N'[queue].[emails_dead]', N'U') IS NULL

@@ -94,15 +94,18 @@ IF TYPE_ID(N'[queue].[thumbnails_acks]') IS NULL
     END;
 GO
 
--- tablequeue:unit queue.thumbnails_dead storage v1 table
+-- tablequeue:unit queue.thumbnails_dead storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 IF OBJECT_ID(N'[queue].[thumbnails_dead]', N'U') IS NULL
     BEGIN
         -- Messages that used up max_attempts: a last fail, or a lease that expired once too often.
-        -- Few inserts, paged reads by id (dead_list): clustered on id.
+        -- Few inserts, paged reads by id (dead_list). Client ids are random GUIDs: clustered on them,
+        -- every insert would land on a random page and split it. dead_seq keeps inserts appending;
+        -- the primary key on id, nonclustered, is what dead_list, dead_requeue and dead_delete seek.
         CREATE TABLE [queue].[thumbnails_dead] (
             id uniqueidentifier NOT NULL,
+            dead_seq bigint IDENTITY (1, 1) NOT NULL,
             enqueued_at datetime2(7) NOT NULL,
             due_at datetime2(7) NOT NULL,
             priority int NOT NULL,
@@ -111,8 +114,11 @@ IF OBJECT_ID(N'[queue].[thumbnails_dead]', N'U') IS NULL
             last_worker nvarchar(200) NULL,
             dead_at datetime2(7) NOT NULL,
             payload nvarchar(MAX) NOT NULL,
-            CONSTRAINT [pk_thumbnails_dead] PRIMARY KEY CLUSTERED (id)
+            CONSTRAINT [pk_thumbnails_dead] PRIMARY KEY NONCLUSTERED (id)
         );
+
+        CREATE UNIQUE CLUSTERED INDEX [ux_thumbnails_dead_seq]
+            ON [queue].[thumbnails_dead] (dead_seq);
     END;
 GO
 
@@ -2146,18 +2152,26 @@ GO
 -- process's check of its handler: @found is 1 when the handler procedure exists with exactly the
 -- parameters process passes (@id, @payload, of the queue's types: a narrower payload parameter
 -- would cut the payload short without an error), else 0; the same contract as PostgreSQL's check by
--- signature. EXECUTE AS OWNER: sys.objects and sys.parameters show a caller only objects it holds a
--- permission on, and the admin role runs the handler through the ownership chain without any
--- permission on it, so a check in process itself saw no handler (OBJECT_ID NULL: no_handler for a
--- handler that exists). No role is granted it: process reaches it through the ownership chain.
+-- signature. @chained is 1 when the handler has process's owner: process then reaches it through
+-- the ownership chain, with no permission of the caller's checked. EXECUTE AS OWNER: sys.objects and
+-- sys.parameters show a caller only objects it holds a permission on, and the admin role runs the
+-- handler through the ownership chain without any permission on it, so a check in process itself
+-- saw no handler (OBJECT_ID NULL: no_handler for a handler that exists). It needs a database owner
+-- that can be impersonated (docs/operations.md). No role is granted it: process reaches it through
+-- the ownership chain.
 CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
-    @found bit OUTPUT
+    @found bit OUTPUT,
+    @chained bit OUTPUT
     WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
-    DECLARE @handler_id int = OBJECT_ID(N'[queue].[make_thumbnail]', N'P');
+    DECLARE @handler_name nvarchar(300) = N'[queue].[make_thumbnail]';
+    DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
+    -- OwnerId: the object's own owner, else its schema's.
+    DECLARE @process_id int = OBJECT_ID(N'[queue].[thumbnails_process]', N'P');
+    SET @chained = IIF(OBJECTPROPERTY(@handler_id, 'OwnerId') = OBJECTPROPERTY(@process_id, 'OwnerId'), 1, 0);
     SET @found = (
         SELECT
             IIF(
@@ -2201,13 +2215,34 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
     -- The handler first, before the transaction check: tSQLt, whose tests all run in a transaction,
     -- can then tell a caller that gets past it (51003 next) from one that does not (51005).
+    -- NULL when the check could not run (the database owner cannot be impersonated: 15517): refused
+    -- as no handler, never taken for one.
+    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
+    -- building any SQL text.
+    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'queue') + N'.' + QUOTENAME(N'make_thumbnail');
     DECLARE @handler_found bit;
-    EXEC [queue].[thumbnails_process_handler] @found = @handler_found OUTPUT;
-    IF @handler_found = 0
+    DECLARE @handler_chained bit;
+    EXEC [queue].[thumbnails_process_handler] @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
+    IF COALESCE(@handler_found, 0) = 0
         BEGIN
             SET @error_message = CONCAT(
                 N'queue.thumbnails_process: handler procedure ',
                 N'queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)) does not exist.'
+            );
+            THROW 51005, @error_message, 1;
+        END;
+    -- A handler of another owner (its schema another principal's) is outside the ownership chain:
+    -- SQL Server checks the caller's EXECUTE on it at each call, and without it every message would
+    -- fail with 229 until it is dead. Here, in the caller's context, process asks first.
+    IF
+        COALESCE(@handler_chained, 0) = 0
+        AND COALESCE(HAS_PERMS_BY_NAME(@handler_name, N'OBJECT', N'EXECUTE'), 0) = 0
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_process: handler procedure ',
+                N'queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)) has another owner than ',
+                N'queue.thumbnails_process and the caller may not execute it: grant EXECUTE on it, or ',
+                N'give it process''s owner.'
             );
             THROW 51005, @error_message, 1;
         END;
@@ -2233,9 +2268,6 @@ BEGIN
             THROW 51001, @error_message, 1;
         END;
 
-    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
-    -- building any SQL text.
-    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'queue') + N'.' + QUOTENAME(N'make_thumbnail');
     SET XACT_ABORT ON;
 
     DECLARE @batch_size int = 1;
@@ -2253,6 +2285,7 @@ BEGIN
     DECLARE @transient_retries int;
     DECLARE @pause datetime;
     DECLARE @outcome varchar(8);
+    DECLARE @handler_unrunnable bit = 0;
     DECLARE @claimed TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
         seq bigint NOT NULL,
@@ -2609,9 +2642,62 @@ BEGIN
                             N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
                         ), 4000);
                         IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        -- An error that can mean the handler cannot be run (dropped, altered to
+                        -- other parameters, EXECUTE revoked: 2812, 201, 8144, 8145, 229) is not
+                        -- the message's fault when the handler check now fails: handled after
+                        -- this loop. Raised inside a handler that is still there and runnable, it
+                        -- is the handler's own error, recorded with fail as any other.
+                        IF @error_number IN (229, 2812, 201, 8144, 8145)
+                            BEGIN
+                                EXEC [queue].[thumbnails_process_handler]
+                                    @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
+                                IF
+                                    COALESCE(@handler_found, 0) = 0
+                                    OR (
+                                        COALESCE(@handler_chained, 0) = 0
+                                        AND COALESCE(HAS_PERMS_BY_NAME(@handler_name, N'OBJECT', N'EXECUTE'), 0) = 0
+                                    )
+                                    BEGIN
+                                        SET @handler_unrunnable = 1;
+                                        BREAK;
+                                    END;
+                            END;
                         IF @error_number NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 BREAK;
                         SET @transient_retries = @transient_retries + 1;
                         SET @error = NULL;
+                        SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
+                        WAITFOR DELAY @pause;
+                    END CATCH;
+                END;
+
+            -- The handler cannot be run: the lease goes back with its attempt, as release gives it
+            -- (nothing if the lease had already expired), and process stops with no_handler.
+            SET @transient_retries = 0;
+            WHILE @handler_unrunnable = 1
+                BEGIN
+                    BEGIN TRY
+                        SET @now = SYSUTCDATETIME();
+                        UPDATE [queue].[thumbnails]
+                        SET
+                            leased_by = NULL,
+                            leased_at = NULL,
+                            lease_token = NULL,
+                            visible_at = @now,
+                            attempts = IIF(attempts > 0, attempts - 1, 0)
+                        WHERE
+                            id = @id AND leased_by = @worker AND visible_at > @now
+                            AND (@lease_token IS NULL OR lease_token = @lease_token);
+                        SET @error_message = CONCAT(
+                            N'queue.thumbnails_process: the handler can no longer be run; message ',
+                            @id,
+                            N' handed back after: ',
+                            @error
+                        );
+                        THROW 51005, @error_message, 1;
+                    END TRY
+                    BEGIN CATCH
+                        IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;
+                        SET @transient_retries = @transient_retries + 1;
                         SET @pause = DATEADD(MILLISECOND, 20 + ABS(CHECKSUM(NEWID()) % 180), CONVERT(datetime, 0));
                         WAITFOR DELAY @pause;
                     END CATCH;

@@ -85,7 +85,7 @@ CREATE INDEX IF NOT EXISTS "ix_emails_lease_start"
 ON "queue"."emails" (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
--- tablequeue:unit queue.emails_dead storage v1 table
+-- tablequeue:unit queue.emails_dead storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).

@@ -96,7 +96,7 @@ CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease_start"
 ON "queue"."thumbnails" (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
--- tablequeue:unit queue.thumbnails_dead storage v1 table
+-- tablequeue:unit queue.thumbnails_dead storage v2 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
@@ -1711,6 +1711,8 @@ DECLARE
     claimed boolean;
     lease_kept boolean;
     lease_lost boolean;
+    handler_unrunnable boolean;
+    handler_oid regprocedure;
     outcome_text text;
     error_state text;
     error_text text;
@@ -1733,15 +1735,21 @@ BEGIN
 
     -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
     -- types would fail every message at the CALL (42883) until each one is dead-lettered.
+    handler_oid := pg_catalog.to_regprocedure(
+        pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
+    );
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
         WHERE
-            p.oid = pg_catalog.to_regprocedure(
-                pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
-            )
+            p.oid = handler_oid
             AND p.prokind = 'p'
     ) THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.';
+    END IF;
+    -- The handler runs with the caller's rights: without EXECUTE on it every message would fail at
+    -- the CALL (42501) until it is dead.
+    IF NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.';
     END IF;
 
     processed := 0;
@@ -1776,6 +1784,7 @@ BEGIN
         processed := processed + 1;
         transient_retries := 0;
 
+        handler_unrunnable := false;
         LOOP
             lease_lost := false;
             BEGIN
@@ -1795,6 +1804,17 @@ BEGIN
                 EXIT WHEN lease_lost;
                 GET STACKED DIAGNOSTICS
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
+                -- An error that can mean the handler cannot be run (dropped, its EXECUTE revoked
+                -- while process runs: 42883, 42501) is not the message's fault when the handler
+                -- check now fails: handled after this block (no COMMIT inside a block with a
+                -- handler). Raised inside a handler that is still there and runnable, it is the
+                -- handler's own error, recorded with fail as any other.
+                -- (A dropped handler's oid has no privilege: NULL.)
+                IF error_state IN ('42883', '42501')
+                    AND NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
+                    handler_unrunnable := true;
+                    EXIT;
+                END IF;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
                     PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
@@ -1831,6 +1851,13 @@ BEGIN
                 EXIT;
             END;
         END LOOP;
+        IF handler_unrunnable THEN
+            -- The lease goes back with its attempt, as release gives it (nothing if the lease had
+            -- already expired), and process stops.
+            PERFORM FROM "queue"."thumbnails_release"(id => message.id, worker => worker_name);
+            COMMIT;
+            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler can no longer be run; message %s handed back after: SQLSTATE %s: %s', message.id, error_state, error_text);
+        END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     END LOOP;
@@ -1841,7 +1868,12 @@ ALTER PROCEDURE "queue"."thumbnails_process" OWNER TO "queue_owner";
 REVOKE ALL ON PROCEDURE "queue"."thumbnails_process" FROM public;
 GRANT EXECUTE ON PROCEDURE "queue"."thumbnails_process" TO "queue_admin";
 -- process cannot be SECURITY DEFINER (PostgreSQL refuses COMMIT there), so the functions it calls
--- check its caller's rights: the admin role that runs it needs dequeue, complete and fail too
+-- check its caller's rights: the admin role that runs it needs dequeue, complete, fail and release too
 -- (SQL Server's ownership chain needs no such grant). The handler runs with the caller's rights as
 -- well: grant the admin role what it does (database/examples/handlers/postgres).
-GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dequeue", "queue"."thumbnails_complete", "queue"."thumbnails_fail" TO "queue_admin";
+GRANT EXECUTE ON FUNCTION
+"queue"."thumbnails_dequeue",
+"queue"."thumbnails_complete",
+"queue"."thumbnails_fail",
+"queue"."thumbnails_release"
+TO "queue_admin";

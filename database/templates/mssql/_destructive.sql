@@ -834,31 +834,46 @@ GO
 
 {# Ready: what dequeue would hand out now, a row no consumer holds (pending: a due one). Strict
     FIFO's dequeue does not skip a held head: a caller told ready waits for it there. #}
-{% call m.wait_procedure('    DECLARE @bound_id bigint;' if groups else '') %}
+{% set wait_declarations %}
+    DECLARE @after_id bigint = 0;
+    DECLARE @bound_id bigint;
+    DECLARE @window int;
+{%- endset %}
+{% call m.wait_procedure(wait_declarations if groups else '') %}
 {% if groups %}
             -- A message without a group on its claim index, else a head candidate of a group nobody
-            -- holds: the first 100 candidates, each with its groups row read past a holder (the
-            -- predicate on locked_at, true for every row, makes the seek look the heap row up, and a
-            -- holder's stamp holds X on it; the key's U would let a read through). A held group's
-            -- spurious candidates so never make this true (it would spin: ready, an empty dequeue,
-            -- ready). Only READPAST, READCOMMITTEDLOCK probes, no U lock.
+            -- holds, each candidate with its groups row read past a holder (the predicate on
+            -- locked_at, true for every row, makes the seek look the heap row up, and a holder's
+            -- stamp holds X on it; the key's U would let a read through). A held group's spurious
+            -- candidates so never make this true (it would spin: ready, an empty dequeue, ready).
+            -- Only READPAST, READCOMMITTEDLOCK probes, no U lock.
+            -- Bounded: a step reads a window of 100 candidates, and the window slides across the
+            -- steps (the next starts after this one's last id, and from the start again once a
+            -- window reaches the end). A free group's head behind 100 or more candidates of held
+            -- groups (a hot group's burst while its holder runs a slow handler) is so found within
+            -- about one step per 100 candidates ahead of it, plus one, not never; dequeue, which
+            -- steps over a held group's candidates at once, would hand it out.
             SELECT TOP (1) @ready = 1
             FROM {{ t }} AS m WITH (INDEX ({{ grp.ungrouped_ix }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
             WHERE m.group_key IS NULL;
             IF @ready = 0
                 BEGIN
-                    SELECT @bound_id = MAX(c.id)
+                    SELECT
+                        @bound_id = MAX(c.id),
+                        @window = COUNT(*)
                     FROM (
                         SELECT TOP (100) m.id
                         FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE m.group_head = 1
+                        WHERE m.group_head = 1 AND m.id > @after_id
                         ORDER BY m.id
                     ) AS c;
                     SELECT TOP (1) @ready = 1
                     FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE
-                        m.group_head = 1 AND m.id <= @bound_id
+                        m.group_head = 1 AND m.id > @after_id AND m.id <= @bound_id
                         AND {{ grp.not_held('m.group_key') | indent(24) }};
+                    -- The next window: after this one, or from the start when this one was the last.
+                    SET @after_id = IIF(@window < 100, 0, @bound_id);
                 END;
 {% else %}
             SELECT TOP (1) @ready = 1

@@ -54,26 +54,35 @@
 {% else %}
 {% set pinned = pinned + group_pinned %}
 {% endif %}
+{#- With groups (fifo and work): the groups table's primary key, which every group claim, pin and probe
+    names (a heap under a nonclustered key: a holder's U lock stays on the key while its stamp takes the
+    heap row's X, the lock semantics the groups rest on). On a fake, a unique index under the key's name. -#}
+{% set groups_pinned = [('UNIQUE NONCLUSTERED', names.index('pk', 'groups'), 'group_key', none)]
+    if has_groups else [] %}
 
 {#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written
-    as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one).
+    as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one),
+    as a usable nonclustered index without a filter (the claim indexes' shape): a disabled one (a bulk
+    load's habit) fails every pinned claim with Msg 315, a filtered or clustered one is another index,
+    so neither counts as having the key, and the migration builds it again.
     Migrations guard on the key, not on the name alone: 0.1.0 named the claim index with priority
     ix_q_claim, the name 0.2.0 gives the key without priority. STRING_AGG: SQL Server 2017. -#}
-{% macro has_key(t, name, key) %}
+{% macro has_key(t, name, key, clustered=false) %}
 COALESCE(
     (
         SELECT
             STRING_AGG(
                 CONCAT(c.name, CASE WHEN ic.is_descending_key = 1 THEN N' DESC' END), N', '
             ) WITHIN GROUP (ORDER BY ic.key_ordinal)
-        FROM sys.index_columns AS ic
+        FROM sys.indexes AS i
+        INNER JOIN sys.index_columns AS ic
+            ON i.object_id = ic.object_id AND i.index_id = ic.index_id
         INNER JOIN sys.columns AS c
             ON ic.object_id = c.object_id AND ic.column_id = c.column_id
         WHERE
-            ic.object_id = OBJECT_ID(N'{{ t }}')
-            AND ic.index_id = INDEXPROPERTY(
-                OBJECT_ID(N'{{ t }}'), N'{{ name }}', 'IndexID'
-            )
+            i.object_id = OBJECT_ID(N'{{ t }}')
+            AND i.name = N'{{ name }}'
+            AND i.type = {{ 1 if clustered else 2 }} AND i.is_disabled = 0 AND i.has_filter = 0
             AND ic.key_ordinal > 0
     ),
     N''
@@ -95,11 +104,11 @@ CREATE {{ words }} INDEX {{ name }}
     their table, so they do not clash with the renamed original's (a primary key is a constraint,
     whose name the original keeps: the fake gets a plain clustered index under that name, which is
     all an INDEX hint needs). -#}
-{% macro fake_helper(cls, on) %}
-CREATE PROCEDURE {{ cls }}.[index the faked queue table]
+{% macro fake_helper(cls, on, indexes=pinned, what='queue') %}
+CREATE PROCEDURE {{ cls }}.[index the faked {{ what }} table]
 AS
 BEGIN
-{% for index in pinned %}
+{% for index in indexes %}
     {{ create_index(index, on) | indent(4) }};
 {% endfor %}
 END;

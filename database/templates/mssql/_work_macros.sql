@@ -98,6 +98,20 @@ last_error, last_worker, dead_at, payload
 {{ ' ' * indent }}AND ({{ token_sql }} IS NULL OR {{ prefix }}lease_token = {{ token_sql }})
 {%- endmacro %}
 
+{#- release's statement: the live lease given back with the attempt it counted, visible now (release,
+    and process when its handler cannot be run). -#}
+{% macro release_statement(id_sql, worker_sql, token_sql) %}
+    UPDATE {{ t }}
+    SET
+        leased_by = NULL,
+        leased_at = NULL,
+        lease_token = NULL,
+        visible_at = @now,
+        attempts = IIF(attempts > 0, attempts - 1, 0)
+    WHERE
+        id = {{ id_sql }} AND {{ holds_lease(worker_sql, token_sql) }};
+{%- endmacro %}
+
 {#- With client ids, a dead-letter copy of the same id may exist (the id was enqueued again): the
     message goes through @buried so that the older copy can be replaced, queue table first. -#}
 {% macro buried_table() %}

@@ -169,13 +169,24 @@ IF TYPE_ID(N'{{ acks }}') IS NULL
     END;
 GO
 
-{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
+{# Storage v2: with client ids, clustered on dead_seq, no longer on the random id
+   (migrations/work_dead_v1_to_v2.sql); without them the table is as v1 made it. #}
+{{ m.unit(names.plain('_dead'), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
     BEGIN
         -- Messages that used up max_attempts: a last fail, or a lease that expired once too often.
+{% if client_ids %}
+        -- Few inserts, paged reads by id (dead_list). Client ids are random GUIDs: clustered on them,
+        -- every insert would land on a random page and split it. dead_seq keeps inserts appending;
+        -- the primary key on id, nonclustered, is what dead_list, dead_requeue and dead_delete seek.
+{% else %}
         -- Few inserts, paged reads by id (dead_list): clustered on id.
+{% endif %}
         CREATE TABLE {{ dead_t }} (
             id {{ id_type }} NOT NULL,
+{% if client_ids %}
+            dead_seq bigint IDENTITY (1, 1) NOT NULL,
+{% endif %}
             enqueued_at datetime2(7) NOT NULL,
             due_at datetime2(7) NOT NULL,
 {% if has_priority %}
@@ -193,8 +204,16 @@ IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
             last_worker nvarchar(200) NULL,
             dead_at datetime2(7) NOT NULL,
             payload {{ payload_type }} NOT NULL,
+{% if client_ids %}
+            CONSTRAINT {{ names.index('pk', 'dead') }} PRIMARY KEY NONCLUSTERED (id)
+        );
+
+        CREATE UNIQUE CLUSTERED INDEX {{ names.index('ux', 'dead_seq') }}
+            ON {{ dead_t }} (dead_seq);
+{% else %}
             CONSTRAINT {{ names.index('pk', 'dead') }} PRIMARY KEY CLUSTERED (id)
         );
+{% endif %}
     END;
 GO
 {% if history %}

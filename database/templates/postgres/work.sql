@@ -146,7 +146,8 @@ CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease_start') }}
 ON {{ t }} (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
 
-{{ m.unit(names.plain('_dead'), 'storage', version=1, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
+{# Storage v2: SQL Server's clustering with client ids; nothing changed here (migrations/work_dead_v1_to_v2.sql). #}
+{{ m.unit(names.plain('_dead'), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 -- Messages that used up max_attempts (a last fail, or a lease that expired once too often).
 CREATE TABLE IF NOT EXISTS {{ dead_t }} (
     id {{ id_type }} NOT NULL,

@@ -4,8 +4,12 @@
   units pin the old index and the new ones the new index, each with the key it seeks on, so neither
   fails with 8622 while the deploy runs. One extra index is maintained for that long.
   The build is guarded by the index's key, not its name alone: a name holding another key (0.1.0's
-  ix_q_claim led by priority, seen by a priority-off migration after v1_to_v2) is built again with
-  the key the new code seeks on (DROP_EXISTING: the index stays in place while it is rebuilt).
+  ix_q_claim led by priority, seen by a priority-off migration after v1_to_v2) gets the key the new
+  code seeks on. Not by DROP_EXISTING, whose offline form (Standard, Express) holds Sch-M on the
+  table for the whole build, blocking reads too: the new key is built under a temporary name
+  (ix_q_claim_new, as the PostgreSQL twin does; offline: S, writes wait, reads go on), then, in the
+  same step's transaction, the old one dropped and the new one renamed (Sch-M briefly). One
+  transaction: a failed step leaves neither half, and a re-run starts again from the guard.
   old_key (optional): drop the old index only while it has that key (v1_to_v2: 0.1.0's shape, so
   that a claim index without priority that a later migration of the same deploy built is kept).
   Included by work_table_add_priority.sql, work_table_drop_priority.sql and work_table_v1_to_v2.sql,
@@ -16,8 +20,9 @@
 {% set new_index = pins.claim_name(priority, quoted=false) %}
 {% set old_index = pins.claim_name(not priority, quoted=false) %}
 {% set statement = pins.create_index(('NONCLUSTERED', pins.claim_name(priority), pins.claim_key(priority), none), t) %}
+{% set rebuilt = pins.create_index(('NONCLUSTERED', names.index('ix', 'claim_new'), pins.claim_key(priority), none), t) %}
 {{ m.step('transaction', 'build ' ~ new_index ~ (' (priority leading)' if priority else ' (without priority)'),
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end; Sch-M at the end when DROP_EXISTING replaces a name holding another key); Standard, Express: S on the table for the build (writes wait)') }}
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait, reads go on); a name holding another key: the same build under a temporary name, then Sch-M briefly to drop the old index and rename the new one') }}
 IF
     NOT {{ pins.has_key(t, new_index, pins.claim_key(priority)) | indent(4) }}
     BEGIN
@@ -30,7 +35,13 @@ IF
             END;
         ELSE
             BEGIN
-{{ m.create_index_online(statement, with='DROP_EXISTING = ON') | indent(16, first=true) }}
+                DROP INDEX IF EXISTS {{ names.index('ix', 'claim_new') }} ON {{ t }};
+{{ m.create_index_online(rebuilt) | indent(16, first=true) }}
+                DROP INDEX {{ pins.claim_name(priority) }} ON {{ t }};
+                EXEC sys.sp_rename
+                    @objname = N'{{ t }}.{{ names.index('ix', 'claim_new') }}',
+                    @newname = N'{{ new_index }}',
+                    @objtype = N'INDEX';
             END;
     END;
 GO
@@ -40,7 +51,9 @@ GO
 IF
     {{ pins.has_key(t, old_index, old_key) | indent(4) }}
     BEGIN
-        DROP INDEX {{ pins.claim_name(not priority) }} ON {{ t }};
+        -- IF EXISTS under the guard: check-tsql does not model sp_rename, so after a build that
+        -- renamed (above, or an earlier migration's) it no longer sees this name as there.
+        DROP INDEX IF EXISTS {{ pins.claim_name(not priority) }} ON {{ t }};
     END;
 {% else %}
 DROP INDEX IF EXISTS {{ pins.claim_name(not priority) }} ON {{ t }};

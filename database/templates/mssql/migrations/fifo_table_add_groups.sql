@@ -10,7 +10,7 @@
 {% set name = index[1] | replace('[', '') | replace(']', '') %}
 
 {{ m.step('transaction', 'build the filtered index ' ~ name,
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start, Sch-M briefly at the end); Standard, Express: S on the table for the build (writes wait)') }}
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end: a new nonclustered index); Standard, Express: S on the table for the build (writes wait, reads go on)') }}
 IF INDEXPROPERTY(OBJECT_ID(N'{{ t }}'), N'{{ name }}', 'IndexID') IS NULL
     BEGIN
 {{ m.create_index_online(pins.create_index(index, t)) | indent(8, first=true) }}

@@ -6,18 +6,26 @@
 -- process's check of its handler: @found is 1 when the handler procedure exists with exactly the
 -- parameters process passes (@id, @payload, of the queue's types: a narrower payload parameter
 -- would cut the payload short without an error), else 0; the same contract as PostgreSQL's check by
--- signature. EXECUTE AS OWNER: sys.objects and sys.parameters show a caller only objects it holds a
--- permission on, and the admin role runs the handler through the ownership chain without any
--- permission on it, so a check in process itself saw no handler (OBJECT_ID NULL: no_handler for a
--- handler that exists). No role is granted it: process reaches it through the ownership chain.
+-- signature. @chained is 1 when the handler has process's owner: process then reaches it through
+-- the ownership chain, with no permission of the caller's checked. EXECUTE AS OWNER: sys.objects and
+-- sys.parameters show a caller only objects it holds a permission on, and the admin role runs the
+-- handler through the ownership chain without any permission on it, so a check in process itself
+-- saw no handler (OBJECT_ID NULL: no_handler for a handler that exists). It needs a database owner
+-- that can be impersonated (docs/operations.md). No role is granted it: process reaches it through
+-- the ownership chain.
 CREATE OR ALTER PROCEDURE {{ names.verb('process_handler') }}
-    @found bit OUTPUT
+    @found bit OUTPUT,
+    @chained bit OUTPUT
     WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
-    DECLARE @handler_id int = OBJECT_ID(N'{{ handler_q }}', N'P');
+    DECLARE @handler_name nvarchar(300) = N'{{ handler_q }}';
+    DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
+    -- OwnerId: the object's own owner, else its schema's.
+    DECLARE @process_id int = OBJECT_ID(N'{{ names.verb('process') }}', N'P');
+    SET @chained = IIF(OBJECTPROPERTY(@handler_id, 'OwnerId') = OBJECTPROPERTY(@process_id, 'OwnerId'), 1, 0);
     SET @found = (
         SELECT
             IIF(
@@ -59,11 +67,26 @@ BEGIN
     DECLARE @error_message nvarchar(2048);
     -- The handler first, before the transaction check: tSQLt, whose tests all run in a transaction,
     -- can then tell a caller that gets past it (51003 next) from one that does not (51005).
+    -- NULL when the check could not run (the database owner cannot be impersonated: 15517): refused
+    -- as no handler, never taken for one.
+    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
+    -- building any SQL text.
+    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'{{ handler_parts[0] }}') + N'.' + QUOTENAME(N'{{ handler_parts[1] }}');
     DECLARE @handler_found bit;
-    EXEC {{ names.verb('process_handler') }} @found = @handler_found OUTPUT;
-    IF @handler_found = 0
+    DECLARE @handler_chained bit;
+    EXEC {{ names.verb('process_handler') }} @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
+    IF COALESCE(@handler_found, 0) = 0
         BEGIN
 {{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "N'" ~ handler_signature ~ " does not exist.'"]) }}
+        END;
+    -- A handler of another owner (its schema another principal's) is outside the ownership chain:
+    -- SQL Server checks the caller's EXECUTE on it at each call, and without it every message would
+    -- fail with 229 until it is dead. Here, in the caller's context, process asks first.
+    IF
+        COALESCE(@handler_chained, 0) = 0
+        AND COALESCE(HAS_PERMS_BY_NAME(@handler_name, N'OBJECT', N'EXECUTE'), 0) = 0
+        BEGIN
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "N'" ~ handler_signature ~ " has another owner than '", "N'" ~ names.plain('_process') ~ " and the caller may not execute it: grant EXECUTE on it, or '", "N'give it process''s owner.'"]) }}
         END;
 
     -- It commits once per message, so it must not run inside a caller's transaction, nor for a
@@ -78,9 +101,6 @@ BEGIN
 {{ w.throw('invalid_argument', ["N'" ~ names.plain('_process') ~ ": time_budget_seconds must be between 1 and 86400, got '", "COALESCE(CONVERT(nvarchar(12), @time_budget_seconds), N'NULL')", "N'.'"]) }}
         END;
 
-    -- The handler's name is a validated catalog value, quoted here; EXEC @name calls it without
-    -- building any SQL text.
-    DECLARE @handler_name nvarchar(300) = QUOTENAME(N'{{ handler_parts[0] }}') + N'.' + QUOTENAME(N'{{ handler_parts[1] }}');
     SET XACT_ABORT ON;
 
     DECLARE @batch_size int = 1;
@@ -101,6 +121,7 @@ BEGIN
 {% if groups %}
     DECLARE @step_rows int;
 {% endif %}
+    DECLARE @handler_unrunnable bit = 0;
 {{ w.claimed_table() }}
 
     -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) says nothing about a
@@ -184,9 +205,46 @@ BEGIN
                             N' line ', ERROR_LINE(), N': ', ERROR_MESSAGE()
                         ), 4000);
                         IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                        -- An error that can mean the handler cannot be run (dropped, altered to
+                        -- other parameters, EXECUTE revoked: 2812, 201, 8144, 8145, 229) is not
+                        -- the message's fault when the handler check now fails: handled after
+                        -- this loop. Raised inside a handler that is still there and runnable, it
+                        -- is the handler's own error, recorded with fail as any other.
+                        IF @error_number IN (229, 2812, 201, 8144, 8145)
+                            BEGIN
+                                EXEC {{ names.verb('process_handler') }}
+                                    @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
+                                IF
+                                    COALESCE(@handler_found, 0) = 0
+                                    OR (
+                                        COALESCE(@handler_chained, 0) = 0
+                                        AND COALESCE(HAS_PERMS_BY_NAME(@handler_name, N'OBJECT', N'EXECUTE'), 0) = 0
+                                    )
+                                    BEGIN
+                                        SET @handler_unrunnable = 1;
+                                        BREAK;
+                                    END;
+                            END;
                         IF @error_number NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 BREAK;
                         SET @transient_retries = @transient_retries + 1;
                         SET @error = NULL;
+{{ w.transient_pause() | indent(20, first=true) }}
+                    END CATCH;
+                END;
+
+            -- The handler cannot be run: the lease goes back with its attempt, as release gives it
+            -- (nothing if the lease had already expired), and process stops with no_handler.
+            SET @transient_retries = 0;
+            WHILE @handler_unrunnable = 1
+                BEGIN
+                    BEGIN TRY
+                        SET @now = SYSUTCDATETIME();
+{{ w.release_statement('@id', '@worker', '@lease_token') | indent(20, first=true) }}
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": the handler can no longer be run; message '", "@id", "N' handed back after: '", "@error"]) | indent(12, first=true) }}
+                    END TRY
+                    BEGIN CATCH
+                        IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;
+                        SET @transient_retries = @transient_retries + 1;
 {{ w.transient_pause() | indent(20, first=true) }}
                     END CATCH;
                 END;

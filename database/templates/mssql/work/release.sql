@@ -19,15 +19,7 @@ BEGIN
     SET XACT_ABORT ON;
 
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    UPDATE {{ t }}
-    SET
-        leased_by = NULL,
-        leased_at = NULL,
-        lease_token = NULL,
-        visible_at = @now,
-        attempts = IIF(attempts > 0, attempts - 1, 0)
-    WHERE
-        id = @id AND {{ w.holds_lease('@worker', '@lease_token') }};
+{{ w.release_statement('@id', '@worker', '@lease_token') }}
 
     SELECT CONVERT(bit, @@ROWCOUNT) AS released;
 END;

@@ -28,6 +28,8 @@ DECLARE
     claimed boolean;
     lease_kept boolean;
     lease_lost boolean;
+    handler_unrunnable boolean;
+    handler_oid regprocedure;
     outcome_text text;
     error_state text;
     error_text text;
@@ -50,15 +52,21 @@ BEGIN
 
     -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
     -- types would fail every message at the CALL (42883) until each one is dead-lettered.
+    handler_oid := pg_catalog.to_regprocedure(
+        pg_catalog.format('%I.%I({{ id_type }}, {{ payload_type }})', '{{ handler_parts[0] }}', '{{ handler_parts[1] }}')
+    );
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_proc AS p
         WHERE
-            p.oid = pg_catalog.to_regprocedure(
-                pg_catalog.format('%I.%I({{ id_type }}, {{ payload_type }})', '{{ handler_parts[0] }}', '{{ handler_parts[1] }}')
-            )
+            p.oid = handler_oid
             AND p.prokind = 'p'
     ) THEN
 {{ m.throw('no_handler', "'" ~ names.plain('_process') ~ ": handler procedure " ~ handler_parts[0] ~ "." ~ handler_parts[1] ~ "(id " ~ id_type ~ ", payload " ~ payload_type ~ ") does not exist.'") }}
+    END IF;
+    -- The handler runs with the caller's rights: without EXECUTE on it every message would fail at
+    -- the CALL (42501) until it is dead.
+    IF NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
+{{ m.throw('no_handler', "'" ~ names.plain('_process') ~ ": the caller may not execute handler procedure " ~ handler_parts[0] ~ "." ~ handler_parts[1] ~ ": grant EXECUTE on it.'") }}
     END IF;
 
     processed := 0;
@@ -86,6 +94,7 @@ claimed := FOUND;
         processed := processed + 1;
         transient_retries := 0;
 
+        handler_unrunnable := false;
         LOOP
             lease_lost := false;
             BEGIN
@@ -105,6 +114,17 @@ claimed := FOUND;
                 EXIT WHEN lease_lost;
                 GET STACKED DIAGNOSTICS
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
+                -- An error that can mean the handler cannot be run (dropped, its EXECUTE revoked
+                -- while process runs: 42883, 42501) is not the message's fault when the handler
+                -- check now fails: handled after this block (no COMMIT inside a block with a
+                -- handler). Raised inside a handler that is still there and runnable, it is the
+                -- handler's own error, recorded with fail as any other.
+                -- (A dropped handler's oid has no privilege: NULL.)
+                IF error_state IN ('42883', '42501')
+                    AND NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
+                    handler_unrunnable := true;
+                    EXIT;
+                END IF;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
                     {{ w.transient_pause() }}
@@ -134,6 +154,13 @@ FROM {{ names.verb('fail') }}(
                 EXIT;
             END;
         END LOOP;
+        IF handler_unrunnable THEN
+            -- The lease goes back with its attempt, as release gives it (nothing if the lease had
+            -- already expired), and process stops.
+            PERFORM FROM {{ names.verb('release') }}(id => message.id, worker => worker_name);
+            COMMIT;
+{{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": the handler can no longer be run; message %s handed back after: SQLSTATE %s: %s', message.id, error_state, error_text)") | indent(4, first=true) }}
+        END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     END LOOP;
@@ -142,7 +169,12 @@ $procedure$;
 
 {{ m.grant('process', 'PROCEDURE') }}
 -- process cannot be SECURITY DEFINER (PostgreSQL refuses COMMIT there), so the functions it calls
--- check its caller's rights: the admin role that runs it needs dequeue, complete and fail too
+-- check its caller's rights: the admin role that runs it needs dequeue, complete, fail and release too
 -- (SQL Server's ownership chain needs no such grant). The handler runs with the caller's rights as
 -- well: grant the admin role what it does (database/examples/handlers/postgres).
-GRANT EXECUTE ON FUNCTION {{ names.verb('dequeue') }}, {{ names.verb('complete') }}, {{ names.verb('fail') }} TO {{ names.role('process') }};
+GRANT EXECUTE ON FUNCTION
+{{ names.verb('dequeue') }},
+{{ names.verb('complete') }},
+{{ names.verb('fail') }},
+{{ names.verb('release') }}
+TO {{ names.role('process') }};

@@ -343,3 +343,72 @@ def test_the_work_groups_migrations_build_what_a_fresh_install_has() -> None:
     for role in ("dead", "history"):
         assert "ADD group_key nvarchar(200)" in migrations[f"s.jobs_{role}.work_{role}_add_groups.sql"]
         assert "DROP COLUMN group_key" in migrations[f"s.jobs_{role}.work_{role}_drop_groups.sql"]
+
+
+# ---- the senior-DBA review of SQL Server work groups (/work/briefs/review-wgroups-report.md) ----
+
+def test_every_work_head_search_starts_from_no_tie() -> None:
+    """M1: a probe that finds no row assigns nothing; a tie left from the previous group (or from
+    process's previous turn) picked the NULL id, and the group went without its head."""
+    for queue in ("jobs", "tasks"):
+        text = _code(_render_work()[f"{queue}.sql"])
+        searches = text.count("SET @waiting_id = NULL;")
+        assert searches > 10
+        assert len(re.findall(r"SET @waiting_id = NULL;\s*SET @waiting_tie = NULL;\s*"
+                              r"SET @flagged_id = NULL;\s*SET @flagged_tie = NULL;", text)) == searches
+    # process's order probes too: its loop runs them again, and a DECLARE resets nothing.
+    process = _code(_procedure(_render_work()["chores.sql"], "process", "chores"))
+    for probe in ("ungrouped", "head"):
+        for column in ("at", "tie"):
+            reset = process.index(f"SET @oldest_{probe}_{column} = NULL;")
+            assert reset < process.index(f"@oldest_{probe}_{column} = m.")
+
+
+def test_the_own_claim_takes_the_groups_it_buries_in_without_waiting() -> None:
+    """S1: the groups of the own messages the claim will bury are taken with READPAST (a producer's
+    or an acknowledgement's open transaction is not waited for), before the claim touches a message
+    row, and a message it would bury in a group it did not take is left out of the claim; no group
+    is held after the claim (that was a lock-order inversion)."""
+    for queue in ("jobs", "tasks"):
+        dequeue = _code(_procedure(_render_work()[f"{queue}.sql"], "dequeue", queue))
+        own = dequeue[dequeue.index("WHERE o.attempts >= 5;"):dequeue.index("SET @exhausted = (")]
+        taken = own[:own.index("WITH own_messages AS")]
+        assert "READPAST, UPDLOCK, READCOMMITTEDLOCK" in taken and "HOLDLOCK" not in taken
+        assert re.search(r"IF @@ROWCOUNT = 0\s*BEGIN\s*DELETE FROM @acked_groups\s*WHERE group_key = @group;", taken)
+        claim = own[own.index("WITH own_messages AS"):]
+        assert re.search(r"WHERE m\.leased_by = @worker AND m\.leased_by IS NOT NULL\s*AND NOT EXISTS \(\s*SELECT 1\s*"
+                         r"WHERE\s*m\.group_key IS NOT NULL AND m\.visible_at <= @now AND m\.attempts >= 5\s*"
+                         r"AND NOT EXISTS \(\s*SELECT 1\s*FROM @acked_groups AS a\s*WHERE a\.group_key = m\.group_key",
+                         claim)
+        # Between the own claim and its bury nothing takes a groups row.
+        assert "_groups]" not in claim
+
+
+def test_purge_never_drops_the_row_of_a_group_with_a_message_in_flight() -> None:
+    """S3: the emptiness probes read past a locked in-flight message (extend_lease, release): its
+    groups row must stay, or it would come back without in_flight; and the row is put back only when
+    it was deleted."""
+    purge = _code(_procedure(_render_work()["jobs.sql"], "purge", "jobs"))
+    drop = purge[purge.index("SET LOCK_TIMEOUT 0;"):]
+    assert re.search(r"DELETE FROM g\s*FROM \[s\]\.\[jobs_groups\] AS g WITH \(INDEX \(\[pk_jobs_groups\]\), FORCESEEK, ROWLOCK\)\s*"
+                     r"WHERE g\.group_key = @group AND g\.in_flight IS NULL;\s*IF @@ROWCOUNT = 1\s*BEGIN\s*"
+                     r"INSERT INTO \[s\]\.\[jobs_groups\] \(group_key\)", drop)
+    # fifo's groups rows have no in_flight: its purge deletes the held row as before.
+    fifo = _code(_procedure(_render()["plain.sql"], "purge", "plain"))
+    assert "in_flight" not in fifo and "WHERE g.group_key = @group;\n" in fifo
+
+
+def test_the_batch_acknowledgements_read_their_groups_with_the_acknowledgements_join() -> None:
+    for verb in ("complete_batch", "fail_batch"):
+        body = _code(_procedure(_render_work()["jobs.sql"], verb, "jobs"))
+        assert re.search(r"INSERT INTO @acked_groups \(group_key\)\s*SELECT DISTINCT m\.group_key\s*FROM @batch AS b\s*"
+                         r"INNER JOIN \[s\]\.\[jobs\] AS m ON b\.id = m\.id\s*WHERE m\.group_key IS NOT NULL\s*"
+                         r"OPTION \(LOOP JOIN, FORCE ORDER\);", body), verb
+
+
+def test_dead_requeue_settles_its_group_without_reading_the_in_flight_row() -> None:
+    """NIT: dead_requeue deletes no queue row, so the in-flight message is there: reading it would
+    wait for a caller that holds that row (extend_lease, release in an open transaction)."""
+    body = _code(_procedure(_render_work()["jobs.sql"], "dead_requeue", "jobs"))
+    settle = body[body.index("IF @group_held = 1"):]
+    assert "WHERE m.id = @in_flight" not in settle[:settle.index("UPDATE g")]

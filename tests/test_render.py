@@ -200,7 +200,7 @@ def test_tsqlt_pinned_index_test_expects_the_keys_the_tables_are_built_with() ->
         expected = _pinned_keys_expected(tsqlt.text)
         assert expected, f"{tsqlt.name}: no pinned index expected"
         for name, (type_desc, key, filter_) in expected.items():
-            created = re.search(rf"CREATE {type_desc} INDEX \[{name}\]\s+ON \S+ \(([^)]*)\)(\s+WHERE ([^;]*))?;", ddl[tsqlt.queue])
+            created = re.search(rf"CREATE (?:UNIQUE )?{type_desc} INDEX \[{name}\]\s+ON \S+ \(([^)]*)\)(\s+WHERE ([^;]*))?;", ddl[tsqlt.queue])
             constraint = re.search(rf"CONSTRAINT \[{name}\] PRIMARY KEY {type_desc} \(([^)]*)\)", ddl[tsqlt.queue])
             found = created or constraint
             assert found, f"{tsqlt.name}: {name} ({type_desc}) is not created by the queue's DDL"

@@ -66,6 +66,19 @@ def test_dequeue_returns_the_group_key_and_a_batch_holds_one_message_per_group(g
 
 
 @pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_a_batch_hands_out_a_later_group_with_one_message_after_a_group_with_two(grouped_deploy, kind) -> None:
+    """Review of SQL Server work groups, M1: the head search kept the previous group's tie when a probe
+    found nothing, so b (one message, nothing waiting behind it) after a (two) got no head."""
+    client = grouped_deploy(kind).client()
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(2)])
+    b = client.enqueue({"n": 0}, group_key="b")["id"]
+
+    batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
+
+    assert sorted(map(str, ids(batch))) == sorted(map(str, [a[0], b]))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "work"])
 def test_a_group_is_handed_out_in_enqueue_order_one_message_at_a_time(grouped_deploy, kind) -> None:
     client = grouped_deploy(kind).client()
     a = ids([client.enqueue({"n": n}, group_key="a") for n in range(4)])
@@ -262,6 +275,29 @@ def test_a_batch_whose_first_item_of_a_group_is_a_duplicate_still_leads_to_that_
 
     batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
     assert sorted(map(str, ids(batch))) == sorted(map(str, [queued, rows[1]["id"]]))
+
+
+def test_work_an_own_exhausted_lease_in_a_group_a_producer_holds_does_not_stall_the_dequeue(grouped_deploy) -> None:
+    """Review of SQL Server work groups, S1: a worker's own expired lease with its attempts spent is
+    buried by its next dequeue, which must hold the group first; with the group held by a producer's
+    open transaction the dequeue does not wait for it: it serves the other groups, and the message
+    is buried once the group is free."""
+    env = grouped_deploy("work", max_attempts=1)
+    client, producer = env.client(), env.client(autocommit=False)
+    spent = client.enqueue({"n": 0}, group_key="a")["id"]
+    assert ids(client.dequeue(worker="w", lease_seconds=1)) == [spent]
+    b = client.enqueue({"n": 0}, group_key="b")["id"]
+    time.sleep(1.2)   # the lease expires: its one attempt is spent
+    queued = producer.enqueue({"n": 1}, group_key="a")["id"]   # open: the producer has group a
+
+    no_wait(client)
+    served = client.dequeue(batch_size=10, worker="w")
+    assert ids(served) == [b]
+    assert client.complete(b, "w", served[0]["lease_token"])
+
+    producer.conn.commit()
+    assert ids(client.dequeue(batch_size=10, worker="w")) == [queued]
+    assert [row["id"] for row in client.dead_list()] == [spent]
 
 
 def test_work_a_head_whose_last_lease_expired_goes_dead_and_the_same_dequeue_moves_its_group_on(

@@ -3672,7 +3672,7 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_thumbnails].[test process finds its handler for a caller holding only the admin role]
+CREATE PROCEDURE [test_queue_thumbnails].[test process finds its handler for a caller in the admin role only]
 AS
 BEGIN
     -- Assemble: a user in the admin role alone holds no permission on the handler and sees none of

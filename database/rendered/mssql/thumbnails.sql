@@ -2222,7 +2222,8 @@ BEGIN
     DECLARE @handler_name nvarchar(300) = QUOTENAME(N'queue') + N'.' + QUOTENAME(N'make_thumbnail');
     DECLARE @handler_found bit;
     DECLARE @handler_chained bit;
-    EXEC [queue].[thumbnails_process_handler] @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
+    EXEC [queue].[thumbnails_process_handler]
+        @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
     IF COALESCE(@handler_found, 0) = 0
         BEGIN
             SET @error_message = CONCAT(

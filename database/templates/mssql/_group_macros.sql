@@ -179,14 +179,24 @@ IF @next_id IS NULL
         SET LOCK_TIMEOUT 0;
         DELETE FROM g
         FROM {{ groups_t }} AS g WITH (INDEX ({{ groups_pk }}), FORCESEEK, ROWLOCK) -- noqa: LT05
+{% if is_work %}
+        {#- A group with a message in flight is never empty: the probes read past that message's row
+            while something that does not hold the group (extend_lease, release) has it locked, and a
+            groups row put back without its in_flight would let a second message of the group out. #}
+        WHERE g.group_key = @group AND g.in_flight IS NULL;
+{% else %}
         WHERE g.group_key = @group;
-        INSERT INTO {{ groups_t }} (group_key)
-        SELECT @group
-        WHERE EXISTS (
-            SELECT 1
-            FROM {{ t }} AS m WITH (INDEX ({{ group_ix }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-            WHERE m.group_key = @group AND m.group_key IS NOT NULL
-        );
+{% endif %}
+        IF @@ROWCOUNT = 1
+            BEGIN
+                INSERT INTO {{ groups_t }} (group_key)
+                SELECT @group
+                WHERE EXISTS (
+                    SELECT 1
+                    FROM {{ t }} AS m WITH (INDEX ({{ group_ix }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.group_key = @group AND m.group_key IS NOT NULL
+                );
+            END;
     END;
 {%- endmacro %}
 
@@ -232,8 +242,13 @@ WHERE g.group_key = @group;
 {#- The head of the held group @group into @next_id: its oldest message this statement can see by
     tie (two one-row seeks on ix_<q>_group, the waiting ones and the flagged ones). -#}
 {% macro find_work_head() %}
+-- Ties too: a probe that finds no row assigns nothing, and a tie left from
+-- another group (or from process's last turn: a DECLARE resets nothing)
+-- would pick the NULL id.
 SET @waiting_id = NULL;
+SET @waiting_tie = NULL;
 SET @flagged_id = NULL;
+SET @flagged_tie = NULL;
 SELECT TOP (1)
     @waiting_id = m.id,
     @waiting_tie = m.{{ tie }}
@@ -247,7 +262,9 @@ FROM {{ t }} AS m WITH ({{ group_probe }}) -- noqa: LT05
 WHERE m.group_key = @group AND m.group_head = 1 AND m.group_key IS NOT NULL
 ORDER BY m.{{ tie }};
 SET @next_id = IIF(
-    @flagged_id IS NULL OR @waiting_tie < @flagged_tie, @waiting_id, @flagged_id
+    @flagged_id IS NULL OR @waiting_tie < @flagged_tie,
+    @waiting_id,
+    @flagged_id
 );
 {%- endmacro %}
 
@@ -295,6 +312,17 @@ WHILE @group IS NOT NULL
 {#- An acknowledgement holds the groups of its messages, waiting, one at
     a time in key order (the fixed lock order: groups rows in key order, then message rows). Expects
     @acked_groups (group_key) filled with their distinct keys. -#}
+{#- Each group of @acked_groups taken without waiting (take_group); one someone else holds leaves the
+    set. -#}
+{% macro take_acked_groups() %}
+{% call each_acked_group() %}{{ take_group('@group') }}
+IF @@ROWCOUNT = 0
+    BEGIN
+        DELETE FROM @acked_groups
+        WHERE group_key = @group;
+    END;{% endcall %}
+{%- endmacro %}
+
 {% macro hold_groups_in_order() %}
 {% call each_acked_group() %}{{ hold_group() }}{% endcall %}
 {%- endmacro %}
@@ -311,7 +339,9 @@ WHILE @group IS NOT NULL
     SELECT DISTINCT m.group_key
     FROM @batch AS b
     INNER JOIN {{ t }} AS m ON b.id = m.id
-    WHERE m.group_key IS NOT NULL;
+    WHERE m.group_key IS NOT NULL
+    -- As the acknowledgement's own join: a seek per item, whatever a table variable's estimate says.
+    OPTION (LOOP JOIN, FORCE ORDER);
 {%- endmacro %}
 
 {#- A batch enqueue joins the groups of @joined (group_key, group_head) one at a time in key order

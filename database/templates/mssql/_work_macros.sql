@@ -451,7 +451,10 @@ last_error, last_worker, dead_at, payload
     DELETE FROM @visited;
     DELETE FROM @acked_groups;
 
-    -- 1. Own messages first; the groups of those the claim will bury are held first.
+    -- 1. Own messages first; the groups of those the claim will bury are taken first, without
+    -- waiting (a group's row before its messages, the fixed lock order). A group someone holds (a
+    -- producer's open transaction, an acknowledgement) is left out, and so are its messages this
+    -- claim would bury: they stay expired for the next claim, this worker's or the group's taker's.
     -- (A lock-free probe of the worker's expired leases; attempts is tested outside the seek.)
     INSERT INTO @acked_groups (group_key)
     SELECT DISTINCT o.group_key
@@ -465,31 +468,32 @@ last_error, last_worker, dead_at, payload
             AND m.group_key IS NOT NULL
     ) AS o
     WHERE o.attempts >= {{ max_attempts }};
-    {{ grp.hold_groups_in_order() | indent(4) }}
-{{ claim_statement('own_messages', '@remaining', 'm.leased_by = @worker AND m.leased_by IS NOT NULL', true, lease_index) }}
-
-    -- A lease that expired between the probe and the claim: its group is held now (rare).
-    INSERT INTO @acked_groups (group_key)
-    SELECT DISTINCT c.group_key
-    FROM @claimed AS c
-    WHERE
-        c.attempts > {{ max_attempts }} AND c.previous_visible_at <= @now AND c.group_key IS NOT NULL
+    {{ grp.take_acked_groups() | indent(4) }}
+{% set own_where %}m.leased_by = @worker AND m.leased_by IS NOT NULL
+        -- Not one it would bury whose group it did not take (a residual test: no OR, the seek stays).
         AND NOT EXISTS (
             SELECT 1
-            FROM @acked_groups AS a
-            WHERE a.group_key = c.group_key
-        );
-    IF @@ROWCOUNT > 0
-        BEGIN
-            {{ grp.hold_groups_in_order() | indent(12) }}
-        END;
+            WHERE
+                m.group_key IS NOT NULL AND m.visible_at <= @now AND m.attempts >= {{ max_attempts }}
+                AND NOT EXISTS (
+                    SELECT 1
+                    FROM @acked_groups AS a
+                    WHERE a.group_key = m.group_key
+                )
+        ){% endset %}
+{{ claim_statement('own_messages', '@remaining', own_where, true, lease_index) }}
 
 {{ bury_exhausted() }}
     {{ grp.settle_groups_in_order() | indent(4) }}
 
     SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-    -- Which source first: the one whose oldest due entry is older (lock-free probes).
+    -- Which source first: the one whose oldest due entry is older (lock-free probes; reset first:
+    -- a probe that finds nothing assigns nothing, and process's loop runs this again).
+    SET @oldest_ungrouped_at = NULL;
+    SET @oldest_ungrouped_tie = NULL;
+    SET @oldest_head_at = NULL;
+    SET @oldest_head_tie = NULL;
     SELECT TOP (1)
         @oldest_ungrouped_at = m.visible_at,
         @oldest_ungrouped_tie = m.{{ tie }}

@@ -176,7 +176,9 @@ BEGIN
                 IF @group_held = 1
                     BEGIN
                         {{ grp.read_in_flight() | indent(24) }}
-                        {{ grp.settle_work(true) | indent(24) }}
+                        {# Unchecked: dead_requeue deletes no queue row, so the in-flight message
+                           is still there; reading it would wait for a caller holding its row. #}
+                        {{ grp.settle_work(false) | indent(24) }}
                     END;
 {% endif %}
 

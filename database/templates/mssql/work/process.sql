@@ -74,7 +74,8 @@ BEGIN
     DECLARE @handler_name nvarchar(300) = QUOTENAME(N'{{ handler_parts[0] }}') + N'.' + QUOTENAME(N'{{ handler_parts[1] }}');
     DECLARE @handler_found bit;
     DECLARE @handler_chained bit;
-    EXEC {{ names.verb('process_handler') }} @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
+    EXEC {{ names.verb('process_handler') }}
+        @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
     IF COALESCE(@handler_found, 0) = 0
         BEGIN
 {{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "N'" ~ handler_signature ~ " does not exist.'"]) }}

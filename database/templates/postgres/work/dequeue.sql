@@ -108,9 +108,11 @@ BEGIN
         -- Re-leasing its own messages changes no group (they are their groups' in-flight messages),
         -- so only the groups of those the claim will bury are locked, first (the fixed lock order):
         -- a message whose expired lease used up max_attempts goes to the dead-letter table, and its
-        -- group's next message becomes the head. Any other own group may be held by a producer's
-        -- open transaction, which this dequeue must not wait for. Nobody else leases to this worker
-        -- and now_utc is fixed, so the claim buries no message outside this set.
+        -- group's next message becomes the head. Any of those groups may be held by a producer's or
+        -- an acknowledgement's open transaction, which this dequeue must not wait for: SKIP LOCKED,
+        -- and the claim leaves out what it would bury in a group it could not lock (it stays
+        -- expired, for the next claim: this worker's, or the one that takes its group). Nobody else
+        -- leases to this worker and now_utc is fixed, so the claim buries no message outside this set.
         own_keys := ARRAY(
             SELECT g.group_key FROM {{ grp.groups_t }} AS g
             WHERE g.group_key IN (
@@ -120,10 +122,12 @@ BEGIN
                     AND m.visible_at <= now_utc AND m.attempts >= {{ max_attempts }}
             )
             ORDER BY g.group_key
-            FOR NO KEY UPDATE
+            FOR NO KEY UPDATE SKIP LOCKED
         );
-{% endif %}
+{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since AND NOT (m.group_key IS NOT NULL AND m.visible_at <= now_utc AND m.attempts >= " ~ max_attempts ~ " AND NOT m.group_key = ANY(own_keys))", "batch_size", own=true) | indent(4, first=true) }}
+{% else %}
 {{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since", "batch_size", own=true) | indent(4, first=true) }}
+{% endif %}
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
 {% if groups %}
         IF buried_count > 0 THEN

@@ -176,6 +176,8 @@ GO
 
 {{ pins.fake_helper(cls, t) }}
 
+{{ pins.fake_helper(cls, dead_t, pins.dead_pinned, 'dead-letter') }}
+
 {% if opt.handler %}
 {% set handler_parts = opt.handler.split('.') if '.' in opt.handler else [schema, opt.handler] %}
 {% set handler_name = '[' ~ handler_parts[0] ~ '].[' ~ handler_parts[1] ~ ']' %}
@@ -2136,6 +2138,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC {{ cls }}.[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_dead(3) }}
 {{ insert_dead(1) }}
@@ -2187,6 +2190,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC {{ cls }}.[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_dead(3) }}
 {{ insert_dead(1) }}
@@ -2236,6 +2240,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC {{ cls }}.[index the faked dead-letter table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act

@@ -369,6 +369,25 @@ def test_work_purge_keeps_the_group_of_a_message_in_flight_that_another_session_
     assert ids(client.dequeue(batch_size=10, worker="w2")) == [older]
 
 
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_purge_deletes_the_rows_of_emptied_groups_even_when_it_purges_no_message(grouped_deploy, kind) -> None:
+    """docs/operations.md: a verb that empties a group leaves its row; purge sweeps them whatever
+    older_than selects, and keeps the row of a group that still has messages."""
+    env = grouped_deploy(kind)
+    client = env.client()
+    for group in ("done", "kept"):
+        client.enqueue({"n": 0}, group_key=group)
+    taken = client.dequeue(worker="w") if kind == "work" else client.dequeue()
+    assert [row["group_key"] for row in taken] == ["done"]
+    if kind == "work":
+        assert client.complete(taken[0]["id"], "w", taken[0]["lease_token"])
+    assert sorted(row["group_key"] for row in env.table_rows("_groups", "group_key")) == ["done", "kept"]
+
+    assert client.purge(older_than=datetime(1900, 1, 1, tzinfo=timezone.utc)) == 0
+
+    assert [row["group_key"] for row in env.table_rows("_groups", "group_key")] == ["kept"]
+
+
 def test_work_a_head_whose_last_lease_expired_goes_dead_and_the_same_dequeue_moves_its_group_on(
         grouped_deploy) -> None:
     client = grouped_deploy("work", max_attempts=1).client()

@@ -388,6 +388,26 @@ def test_purge_deletes_the_rows_of_emptied_groups_even_when_it_purges_no_message
     assert [row["group_key"] for row in env.table_rows("_groups", "group_key")] == ["kept"]
 
 
+@pytest.mark.parametrize("kind", ["fifo", "work"])
+def test_wait_finds_a_free_group_behind_a_hundred_candidates_of_a_held_group(grouped_deploy, kind) -> None:
+    """Final review of SQL Server work groups, S1: wait read the first 100 due head candidates on every
+    step; a hundred spurious candidates of a group a producer holds (each enqueued while it was held
+    is a candidate) hid a free group's head for the whole hold. The window now slides."""
+    env = grouped_deploy(kind)
+    client, holder, producer = env.client(), env.client(autocommit=False), env.client()
+    client.enqueue({"n": 0}, group_key="g")          # the group's row exists: the producers below never wait
+    holder.enqueue({"n": 1}, group_key="g")          # open: the holder has group g
+    no_wait(producer)
+    for n in range(100):
+        producer.enqueue({"n": 2 + n}, group_key="g")
+    free = producer.enqueue({"n": 0}, group_key="f")["id"]
+
+    assert client.wait(wait_ms=2000) is True
+    holder.conn.rollback()
+    batch = client.dequeue(batch_size=10, worker="w") if kind == "work" else client.dequeue(batch_size=10)
+    assert free in ids(batch)
+
+
 def test_work_a_head_whose_last_lease_expired_goes_dead_and_the_same_dequeue_moves_its_group_on(
         grouped_deploy) -> None:
     client = grouped_deploy("work", max_attempts=1).client()

@@ -2745,6 +2745,11 @@ GO
 {% endfor %}
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHeads{{ tag }}', @Actual = N'#Heads{{ tag }}';
 {%- endmacro %}
+{#- The groups' rows and the messages' flags: what a settle leaves. -#}
+{% macro assert_group(in_flight, heads, tag='') %}
+{{ assert_in_flight(in_flight, tag) }}
+{{ assert_heads(heads, tag) }}
+{%- endmacro %}
 {#- Message n enqueued into group (its id: the faked identity's next value, or n's client id). -#}
 {% macro enqueue_grouped(n, group) %}
     INSERT INTO #Enqueued (id, duplicate)
@@ -2782,8 +2787,8 @@ BEGIN
     ({{ mid(2) }}, 0),
     ({{ mid(3) }}, 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedEnqueued', @Actual = N'#Enqueued';
-{{ assert_heads([(1, 1), (2, 0), (3, 1)]) }}
-{{ assert_in_flight([('a', 1), ('b', none)]) }}
+{{ assert_group([('a', 1), ('b', none)],
+                [(1, 1), (2, 0), (3, 1)]) }}
 END;
 GO
 
@@ -2805,8 +2810,8 @@ BEGIN
     EXEC {{ names.verb('enqueue_batch') }} @items = @items;
 
     -- Assert: 2 heads b (4, b's second item, waits), 5 heads c, 3 waits behind a's in-flight 1.
-{{ assert_heads([(1, 1), (2, 1), (3, 0), (4, 0), (5, 1), (6, none)]) }}
-{{ assert_in_flight([('a', 1), ('b', none), ('c', none)]) }}
+{{ assert_group([('a', 1), ('b', none), ('c', none)],
+                [(1, 1), (2, 1), (3, 0), (4, 0), (5, 1), (6, none)]) }}
 END;
 GO
 
@@ -2835,8 +2840,7 @@ BEGIN
 
     -- Assert
 {{ expect_dequeued([(1, 1), (3, 1)]) }}
-{{ assert_in_flight([('a', 1), ('b', 3)]) }}
-{{ assert_heads([(1, 1), (2, 0), (3, 1)]) }}
+{{ assert_group([('a', 1), ('b', 3)], [(1, 1), (2, 0), (3, 1)]) }}
 END;
 GO
 
@@ -2882,14 +2886,12 @@ BEGIN
 {{ expect_dequeued([(1, 1)], tag='1') }}
 {{ fail_leased(0) }}
     -- The retry keeps its group: 1 in flight, still the head.
-{{ assert_in_flight([('a', 1)], tag='1') }}
-{{ assert_heads([(1, 1), (2, 0)], tag='1') }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert: the retry, its second attempt; 2 still waits.
 {{ expect_dequeued([(1, 2)]) }}
-{{ assert_in_flight([('a', 1)]) }}
-{{ assert_heads([(1, 1), (2, 0)]) }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)]) }}
 END;
 GO
 
@@ -2905,8 +2907,7 @@ BEGIN
 
     -- Assert: nothing, 2 included.
 {{ expect_dequeued([]) }}
-{{ assert_in_flight([('a', 1)]) }}
-{{ assert_heads([(1, 1), (2, 0)]) }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)]) }}
 END;
 GO
 
@@ -2951,14 +2952,12 @@ BEGIN
     DECLARE @released bit = (SELECT r.released FROM #Released AS r);
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @released, @Message = N'released';
     -- release changes no group: 1 in flight, still the head.
-{{ assert_in_flight([('a', 1)], tag='1') }}
-{{ assert_heads([(1, 1), (2, 0)], tag='1') }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert: 1 again, on the attempt release gave back; 2 still waits.
 {{ expect_dequeued([(1, 1)]) }}
-{{ assert_in_flight([('a', 1)]) }}
-{{ assert_heads([(1, 1), (2, 0)]) }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)]) }}
 END;
 GO
 
@@ -2976,8 +2975,7 @@ BEGIN
         @id = {{ mid(1) }},
         @worker = N'w',
         @lease_token = {{ token(1) }};
-{{ assert_in_flight([('a', none)], tag='1') }}
-{{ assert_heads([(2, 1)], tag='1') }}
+{{ assert_group([('a', none)], [(2, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert: 2 is the group's head and goes to the next worker.
@@ -3006,8 +3004,7 @@ BEGIN
     DECLARE @completed int = (SELECT COUNT(*) FROM #Completed AS c WHERE c.completed = 1);
     EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @completed, @Message = N'completed';
     -- Both groups settled: nothing in flight, 2 and 4 their heads.
-{{ assert_in_flight([('a', none), ('b', none)], tag='1') }}
-{{ assert_heads([(2, 1), (4, 1)], tag='1') }}
+{{ assert_group([('a', none), ('b', none)], [(2, 1), (4, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert
@@ -3044,8 +3041,7 @@ BEGIN
     ({{ mid(3) }}, 'dead');
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedOutcomes', @Actual = N'#Outcomes';
     -- a keeps 1 in flight (its head); b's next message, 4, is its head.
-{{ assert_in_flight([('a', 1), ('b', none)], tag='1') }}
-{{ assert_heads([(1, 1), (2, 0), (4, 1)], tag='1') }}
+{{ assert_group([('a', 1), ('b', none)], [(1, 1), (2, 0), (4, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert: 4 (its due time is the older), then 1's retry; 2 still waits.
@@ -3078,8 +3074,7 @@ BEGIN
 
     -- Assert: the claim buried 1 and moved the group on in the same call: 2 is out.
 {{ expect_dequeued([(2, 1)]) }}
-{{ assert_in_flight([('a', 2)]) }}
-{{ assert_heads([(2, 1)]) }}
+{{ assert_group([('a', 2)], [(2, 1)]) }}
 {{ assert_dead([(1, max_attempts, 'lease expired', 'w')]) }}
 END;
 GO
@@ -3097,8 +3092,7 @@ BEGIN
         @worker = N'w',
         @error = N'boom',
         @lease_token = {{ token(1) }};
-{{ assert_in_flight([('a', none)], tag='1') }}
-{{ assert_heads([(2, 1)], tag='1') }}
+{{ assert_group([('a', none)], [(2, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert
@@ -3122,8 +3116,7 @@ BEGIN
     -- Assert: 1 is gone and its group settled: nothing in flight, 2 the head, and out next.
     DECLARE @purged bigint = (SELECT p.purged FROM #Purged AS p);
     EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @purged, @Message = N'purged';
-{{ assert_in_flight([('a', none)], tag='1') }}
-{{ assert_heads([(2, 1)], tag='1') }}
+{{ assert_group([('a', none)], [(2, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600, tag='2') }}
 {{ expect_dequeued([(2, 1)], tag='2') }}
 {{ assert_in_flight([('a', 2)]) }}

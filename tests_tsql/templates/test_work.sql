@@ -2710,40 +2710,38 @@ GO
     VALUES (N'{{ group }}', {{ mid(in_flight[group]) if group in in_flight else 'NULL' }});
 {% endfor %}
 {%- endmacro %}
-{#- The groups' in-flight messages against (group, n or none); tag: a second check in one test. -#}
-{% macro assert_in_flight(expected, tag='') %}
+{#- The rows of `source` (its `columns`: (name, #table type)) against `rows` (SQL literals), as
+    #<name> and #Expected<name>. -#}
+{% macro assert_rows(name, source, columns, rows) %}
     SELECT
-        g.group_key,
-        g.in_flight
-    INTO #InFlight{{ tag }}
-    FROM {{ groups_t }} AS g;
+{% for column, _ in columns %}
+        s.{{ column }}{{ ',' if not loop.last }}
+{% endfor %}
+    INTO #{{ name }}
+    FROM {{ source }} AS s;
 
-    CREATE TABLE #ExpectedInFlight{{ tag }} (group_key nvarchar(200) NOT NULL, in_flight {{ id_type }} NULL);
-{% if expected %}
-    INSERT INTO #ExpectedInFlight{{ tag }} (group_key, in_flight)
+    CREATE TABLE #Expected{{ name }} ({% for column, type in columns %}{{ column }} {{ type }}{{ ', ' if not loop.last }}{% endfor %});
+{% if rows %}
+    INSERT INTO #Expected{{ name }} ({{ columns | map(attribute=0) | join(', ') }})
     VALUES
-{% for group, n in expected %}
-    (N'{{ group }}', {{ mid(n) if n else 'NULL' }}){{ ';' if loop.last else ',' }}
+{% for row in rows %}
+    ({{ row | join(', ') }}){{ ';' if loop.last else ',' }}
 {% endfor %}
 {% endif %}
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedInFlight{{ tag }}', @Actual = N'#InFlight{{ tag }}';
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected{{ name }}', @Actual = N'#{{ name }}';
+{%- endmacro %}
+{#- The groups' in-flight messages against (group, n or none); tag: a second check in one test. -#}
+{% macro assert_in_flight(expected, tag='') %}
+{% set rows = [] %}
+{% for group, n in expected %}{% set _ = rows.append(["N'" ~ group ~ "'", mid(n) if n else 'NULL']) %}{% endfor %}
+{{ assert_rows('InFlight' ~ tag, groups_t, [('group_key', 'nvarchar(200) NOT NULL'), ('in_flight', id_type ~ ' NULL')], rows) }}
 {%- endmacro %}
 {#- Every queued message's group_head flag against (n, flag or none): a settle that leaves a stale
     flag (a second head candidate, or none) shows here before any claim trips over it. -#}
 {% macro assert_heads(expected, tag='') %}
-    SELECT
-        m.id,
-        m.group_head
-    INTO #Heads{{ tag }}
-    FROM {{ t }} AS m;
-
-    CREATE TABLE #ExpectedHeads{{ tag }} (id {{ id_type }} NOT NULL, group_head bit NULL);
-    INSERT INTO #ExpectedHeads{{ tag }} (id, group_head)
-    VALUES
-{% for n, head in expected %}
-    ({{ mid(n) }}, {{ 'NULL' if head is none else head }}){{ ';' if loop.last else ',' }}
-{% endfor %}
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedHeads{{ tag }}', @Actual = N'#Heads{{ tag }}';
+{% set rows = [] %}
+{% for n, head in expected %}{% set _ = rows.append([mid(n), 'NULL' if head is none else head]) %}{% endfor %}
+{{ assert_rows('Heads' ~ tag, t, [('id', id_type ~ ' NOT NULL'), ('group_head', 'bit NULL')], rows) }}
 {%- endmacro %}
 {#- The groups' rows and the messages' flags: what a settle leaves. -#}
 {% macro assert_group(in_flight, heads, tag='') %}
@@ -2858,13 +2856,9 @@ BEGIN
 END;
 GO
 
-{#- w leases 1 (#Dequeued1) and fails it with its lease token; the outcome must be `outcome`. -#}
-{% macro fail_leased(retry_after, outcome='retrying') %}
-    DECLARE @token uniqueidentifier = (
-        SELECT d.lease_token
-        FROM #Dequeued1 AS d
-        WHERE d.id = {{ mid(1) }}
-    );
+{#- w fails 1 under lease token `token` (an expression) with `retry_after`; the outcome must be
+    `outcome`. -#}
+{% macro fail_one(token, retry_after, outcome) %}
     CREATE TABLE #Outcome (outcome varchar(8) NULL);
     INSERT INTO #Outcome (outcome)
     EXEC {{ names.verb('fail') }}
@@ -2872,9 +2866,18 @@ GO
         @worker = N'w',
         @error = N'boom',
         @retry_after_seconds = {{ retry_after }},
-        @lease_token = @token;
+        @lease_token = {{ token }};
     DECLARE @outcome varchar(8) = (SELECT o.outcome FROM #Outcome AS o);
     EXEC tSQLt.AssertEquals @Expected = '{{ outcome }}', @Actual = @outcome, @Message = N'fail';
+{%- endmacro %}
+{#- w fails 1, leased in #Dequeued1, with that lease's token: a retry. -#}
+{% macro fail_leased(retry_after) %}
+    DECLARE @token uniqueidentifier = (
+        SELECT d.lease_token
+        FROM #Dequeued1 AS d
+        WHERE d.id = {{ mid(1) }}
+    );
+{{ fail_one('@token', retry_after, 'retrying') }}
 {%- endmacro %}
 
 CREATE PROCEDURE {{ cls }}.[test a failed head retries before the group's later messages]
@@ -3085,13 +3088,7 @@ BEGIN
     -- Assemble: 1 is leased to w on its last attempt; 2 waits behind it.
 {{ assemble_groups([(1, 'a', 1, 600, 'w', max_attempts, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
-    CREATE TABLE #Outcome (outcome varchar(8) NULL);
-    INSERT INTO #Outcome (outcome)
-    EXEC {{ names.verb('fail') }}
-        @id = {{ mid(1) }},
-        @worker = N'w',
-        @error = N'boom',
-        @lease_token = {{ token(1) }};
+{{ fail_one(token(1), 0, 'dead') }}
 {{ assert_group([('a', none)], [(2, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 

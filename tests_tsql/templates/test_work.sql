@@ -2969,7 +2969,11 @@ BEGIN
     CREATE TABLE #Completed (id {{ id_type }} NOT NULL, completed bit NOT NULL);
     INSERT INTO #Completed (id, completed)
     EXEC {{ names.verb('complete_batch') }} @acks = @acks, @worker = N'w';
-    DECLARE @completed int = (SELECT COUNT(*) FROM #Completed AS c WHERE c.completed = 1);
+    DECLARE @completed int = (
+        SELECT COUNT(*)
+        FROM #Completed AS c
+        WHERE c.completed = 1
+    );
     EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @completed, @Message = N'completed';
     -- Both groups settled: nothing in flight, 2 and 4 their heads.
 {{ assert_group([('a', none), ('b', none)], [(2, 1), (4, 1)], tag='1') }}

@@ -168,12 +168,6 @@
 -- tSQLt's own names are mixed case (tSQLt.FakeTable, #Expected, #Actual) and a test is named by a
 -- sentence in brackets ([test enqueue ...]), as tSQLt documents: sqlfluff's identifier casing (CP02)
 -- and special-character (RF05) rules cannot hold for them. Every other rule applies.
-{% if groups %}
--- sqlfluff:max_parse_nodes:250000
--- A grouped work queue's class is the largest file sqlfluff parses here: its default parse-node
--- budget (100,000, a guard against hostile input; this file is generated) is below what the class
--- needs, as .sqlfluff's large_file_skip_byte_limit = 0 is for its size.
-{% endif %}
 SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO

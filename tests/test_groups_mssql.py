@@ -376,7 +376,7 @@ def test_the_own_claim_takes_the_groups_it_buries_in_without_waiting() -> None:
         assert "READPAST, UPDLOCK, READCOMMITTEDLOCK" in taken and "HOLDLOCK" not in taken
         assert re.search(r"IF @@ROWCOUNT = 0\s*BEGIN\s*DELETE FROM @acked_groups\s*WHERE group_key = @group;", taken)
         claim = own[own.index("WITH own_messages AS"):]
-        assert re.search(r"WHERE m\.leased_by = @worker AND m\.leased_by IS NOT NULL\s*AND NOT EXISTS \(\s*SELECT 1\s*"
+        assert re.search(r"WHERE\s*m\.leased_by = @worker AND m\.leased_by IS NOT NULL\s*AND NOT EXISTS \(\s*SELECT 1\s*"
                          r"WHERE\s*m\.group_key IS NOT NULL AND m\.visible_at <= @now AND m\.attempts >= 5\s*"
                          r"AND NOT EXISTS \(\s*SELECT 1\s*FROM @acked_groups AS a\s*WHERE a\.group_key = m\.group_key",
                          claim)
@@ -451,3 +451,22 @@ def test_grouped_work_tsqlt_tests_fake_the_groups_table_and_build_its_key_from_t
         keeps = next(t for t in naming if "[test purge keeps the row of a group with a message in flight]" in t)
         assert keeps.startswith(f"--[@tSQLt:NoTransaction]('[test_s_{queue}].[undo what a test outside a transaction left]')")
         assert f"EXEC [s].[{queue}_purge];" in keeps
+
+
+def test_work_wait_slides_its_window_so_held_groups_candidates_never_hide_a_free_group() -> None:
+    """Re-review S1: work's grouped wait read the first 100 due candidates on every step (fifo's had
+    been fixed): 100 spurious candidates of held groups hid a free group's head for the whole hold."""
+    for queue, tie in (("jobs", "id"), ("tasks", "seq")):
+        wait = _code(_procedure(_render_work()[f"{queue}.sql"], "wait", queue))
+        step = wait[wait.index("WHILE 1 = 1"):wait.index("WAITFOR DELAY")]
+        window = step[step.index("INSERT INTO @window"):step.index("FROM @window AS c")]
+        assert re.search(rf"m\.group_head = 1 AND m\.visible_at >= @after_at AND m\.visible_at <= @now\s*"
+                         rf"AND NOT \(m\.visible_at = @after_at AND m\.{tie} <= @after_tie\)\s*"
+                         rf"ORDER BY m\.visible_at, m\.{tie};", window)
+        slide = step[step.index("IF (SELECT COUNT(*) FROM @window) < 100"):]
+        assert re.search(r"SET @after_at = '00010101';\s*SET @after_tie = 0;", slide)
+        assert re.search(r"@after_at = c\.visible_at,\s*@after_tie = c\.tie\s*FROM @window AS c\s*"
+                         r"ORDER BY c\.visible_at DESC, c\.tie DESC;", slide)
+        # The probe of the window comes before the slide, and nothing else moves the window.
+        assert step.index("FROM @window AS c") < step.index("IF (SELECT COUNT(*) FROM @window) < 100")
+        assert wait.count("@after_at =") == 2 and wait.count("SET @after_at") == 1

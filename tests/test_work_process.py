@@ -521,3 +521,22 @@ def test_a_handler_that_raises_a_missing_routine_for_one_message_fails_that_mess
 
 def _q(deployed: Any, schema: str, name: str) -> str:
     return f'"{schema}"."{name}"' if deployed.dialect == "postgres" else f"[{schema}].[{name}]"
+
+
+def test_one_process_call_works_through_every_group_one_message_at_a_time(deploy_queues) -> None:
+    """Review of SQL Server work groups, M1: the head search kept a tie from process's previous turn,
+    so a turn whose only due group had a single message claimed nothing and process stopped with work
+    due. a, a, b: one call processes all three."""
+    deployed = deploy_with_handler(deploy_queues, groups=True)
+    conn = deployed.connect(autocommit=True)
+    client = deployed.client("jobs", conn)
+    sent = [client.enqueue({"n": n}, group_key=group)["id"] for n, group in enumerate(["a", "a", "b"])]
+
+    result = client.process(time_budget_seconds=30)
+
+    assert result["processed"] == result["completed"] == 3
+    handled = [row[0] for row in run(conn, deployed.dialect,
+                                     f"SELECT message_id FROM {_q(deployed, deployed.catalog.schema, 'handled')}")]
+    assert sorted(handled) == sorted(sent)
+    assert counts(client) == (0, 0, 0, 0)
+    conn.close()

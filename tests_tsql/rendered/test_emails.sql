@@ -22,6 +22,14 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_emails].[index the faked dead-letter table]
+AS
+BEGIN
+    CREATE CLUSTERED INDEX [pk_emails_dead]
+        ON [queue].[emails_dead] (id);
+END;
+GO
+
 CREATE PROCEDURE [test_queue_emails].[undo what a test outside a transaction left]
 AS
 BEGIN
@@ -3255,6 +3263,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC [test_queue_emails].[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails_dead] (
         id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
@@ -3319,6 +3328,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC [test_queue_emails].[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails_dead] (
         id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
@@ -3381,6 +3391,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC [test_queue_emails].[index the faked dead-letter table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act

@@ -22,6 +22,14 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[index the faked dead-letter table]
+AS
+BEGIN
+    CREATE NONCLUSTERED INDEX [pk_thumbnails_dead]
+        ON [queue].[thumbnails_dead] (id);
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[undo what a test outside a transaction left]
 AS
 BEGIN
@@ -3339,6 +3347,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC [test_queue_thumbnails].[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails_dead] (
         id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
@@ -3403,6 +3412,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC [test_queue_thumbnails].[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails_dead] (
         id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
@@ -3465,6 +3475,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC [test_queue_thumbnails].[index the faked dead-letter table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51001;
 
     -- Act

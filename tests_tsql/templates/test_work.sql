@@ -177,6 +177,8 @@ GO
 
 {{ pins.fake_helper(cls, t) }}
 
+{{ pins.fake_helper(cls, dead_t, pins.dead_pinned, 'dead-letter') }}
+
 {% if opt.handler %}
 {% set handler_parts = opt.handler.split('.') if '.' in opt.handler else [schema, opt.handler] %}
 {% set handler_name = '[' ~ handler_parts[0] ~ '].[' ~ handler_parts[1] ~ ']' %}
@@ -2137,6 +2139,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC {{ cls }}.[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_dead(3) }}
 {{ insert_dead(1) }}
@@ -2188,6 +2191,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC {{ cls }}.[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_dead(3) }}
 {{ insert_dead(1) }}
@@ -2237,6 +2241,7 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC {{ cls }}.[index the faked dead-letter table];
     EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.invalid_argument }};
 
     -- Act

@@ -882,8 +882,9 @@ def _compared(conditions: tuple[str, ...]) -> tuple[list[tuple[str, str]], list[
 
 
 def pinned_reads(procedure: Procedure) -> list[PinnedRead]:
-    """The claims (claims() whose hints take UPDLOCK: a purge's chunk is not one) and the probes of
-    a procedure."""
+    """The claims (claims() whose hints take UPDLOCK: a purge's chunk is not one), the probes, and
+    every other read that names an index (INDEX (...): a plain read pinned to its key, e.g. dead_list's
+    pages) of a procedure."""
     claimed = {id(bracketed): hints for bracketed, hints, _, _ in claims(procedure)}
     out = []
     for select in descendants(procedure.segment, "select_statement"):
@@ -894,8 +895,10 @@ def pinned_reads(procedure: Procedure) -> list[PinnedRead]:
             for bracketed, hints in hint_lists(element, nested=False):
                 if id(bracketed) in claimed:
                     what = "claim" if "UPDLOCK" in hints else None
+                elif PROBE_HINTS <= set(hints) and "UPDLOCK" not in hints:
+                    what = "probe"
                 else:
-                    what = "probe" if PROBE_HINTS <= set(hints) and "UPDLOCK" not in hints else None
+                    what = "read" if any(h.startswith("INDEX") for h in hints) else None
                 if what is not None and reference is not None:
                     out.append(_pinned_read(procedure, what, bracketed, hints, reference, select))
     for delete in descendants(procedure.segment, "delete_statement"):     # DELETE TOP (n) FROM t WITH (...)

@@ -1795,6 +1795,8 @@ GO
 
 -- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
 -- `limit`: PostgreSQL reserves that word, and the parameter names are the same in both dialects.)
+-- Pinned to the primary key on id: with client ids the table is clustered on dead_seq, and a plan
+-- compiled while the table was small could scan and sort all of it for every page.
 CREATE OR ALTER PROCEDURE [queue].[emails_dead_list]
     @after_id bigint = NULL,
     @page_size int = 100
@@ -1829,7 +1831,7 @@ BEGIN
                 d.last_error,
                 d.last_worker,
                 d.dead_at
-            FROM [queue].[emails_dead] AS d
+            FROM [queue].[emails_dead] AS d WITH (INDEX ([pk_emails_dead]))
             ORDER BY d.id ASC;
         END;
     ELSE
@@ -1844,7 +1846,7 @@ BEGIN
                 d.last_error,
                 d.last_worker,
                 d.dead_at
-            FROM [queue].[emails_dead] AS d
+            FROM [queue].[emails_dead] AS d WITH (INDEX ([pk_emails_dead]), FORCESEEK)
             WHERE d.id > @after_id
             ORDER BY d.id ASC;
         END;

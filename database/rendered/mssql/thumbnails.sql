@@ -1926,6 +1926,8 @@ GO
 
 -- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
 -- `limit`: PostgreSQL reserves that word, and the parameter names are the same in both dialects.)
+-- Pinned to the primary key on id: with client ids the table is clustered on dead_seq, and a plan
+-- compiled while the table was small could scan and sort all of it for every page.
 CREATE OR ALTER PROCEDURE [queue].[thumbnails_dead_list]
     @after_id uniqueidentifier = NULL,
     @page_size int = 100
@@ -1960,7 +1962,7 @@ BEGIN
                 d.last_error,
                 d.last_worker,
                 d.dead_at
-            FROM [queue].[thumbnails_dead] AS d
+            FROM [queue].[thumbnails_dead] AS d WITH (INDEX ([pk_thumbnails_dead]))
             ORDER BY d.id ASC;
         END;
     ELSE
@@ -1975,7 +1977,7 @@ BEGIN
                 d.last_error,
                 d.last_worker,
                 d.dead_at
-            FROM [queue].[thumbnails_dead] AS d
+            FROM [queue].[thumbnails_dead] AS d WITH (INDEX ([pk_thumbnails_dead]), FORCESEEK)
             WHERE d.id > @after_id
             ORDER BY d.id ASC;
         END;

@@ -462,8 +462,8 @@ BEGIN
     END IF;
     lease_until := now_utc + make_interval(secs => effective_lease);
 
-    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_thumbnails_lease_start.
-    -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
+    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe on
+    -- ix_thumbnails_lease_start, the claim on ix_thumbnails_lease. The claim the probe guards is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.

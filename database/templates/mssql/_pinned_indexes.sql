@@ -60,6 +60,12 @@
 {% set groups_pinned = [('UNIQUE NONCLUSTERED', names.index('pk', 'groups'), 'group_key', none)]
     if has_groups else [] %}
 
+{#- work: the dead-letter table's primary key on id, which dead_list reads in order (with client ids
+    the table is clustered on dead_seq since storage v2, and the key on id is NONCLUSTERED: unpinned, a
+    plan compiled on a small table could scan and sort the whole table on every page). -#}
+{% set dead_pinned = [('NONCLUSTERED' if opt.client_ids else 'CLUSTERED', names.index('pk', 'dead'), 'id', none)]
+    if kind == 'work' else [] %}
+
 {#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written
     as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one),
     as a usable nonclustered index without a filter (the claim indexes' shape): a disabled one (a bulk

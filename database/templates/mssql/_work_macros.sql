@@ -226,7 +226,12 @@ last_error, last_worker, dead_at, payload
 {% endif %}
             m.payload
         FROM {{ t }} AS m WITH (INDEX ({{ index }}), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+{% if '\n' in where_sql %}
+        WHERE
+            {{ where_sql }}
+{% else %}
         WHERE {{ where_sql }}
+{% endif %}
 {% if top_sql %}
         ORDER BY m.visible_at, m.{{ tie }}
 {% endif %}
@@ -364,7 +369,9 @@ last_error, last_worker, dead_at, payload
 {{ grp.work_declare() }}
     -- The groups this call has been to (taken or not): a group is tried once a call, and the probe
     -- steps over the other candidates of a group it could not take.
-    DECLARE @visited TABLE (group_key {{ key_type }} NOT NULL PRIMARY KEY); -- noqa: CP02
+    DECLARE @visited TABLE (
+        group_key {{ key_type }} NOT NULL PRIMARY KEY -- noqa: CP02
+    );
     DECLARE @acked_groups TABLE (
         group_key {{ key_type }} NOT NULL PRIMARY KEY -- noqa: CP02
     );
@@ -470,17 +477,17 @@ last_error, last_worker, dead_at, payload
     WHERE o.attempts >= {{ max_attempts }};
     {{ grp.take_acked_groups() | indent(4) }}
 {% set own_where %}m.leased_by = @worker AND m.leased_by IS NOT NULL
-        -- Not one it would bury whose group it did not take (a residual test: no OR, the seek stays).
-        AND NOT EXISTS (
-            SELECT 1
-            WHERE
-                m.group_key IS NOT NULL AND m.visible_at <= @now AND m.attempts >= {{ max_attempts }}
-                AND NOT EXISTS (
-                    SELECT 1
-                    FROM @acked_groups AS a
-                    WHERE a.group_key = m.group_key
-                )
-        ){% endset %}
+            -- Not one it would bury in a group it did not take (residual: no OR, the seek stays).
+            AND NOT EXISTS (
+                SELECT 1
+                WHERE
+                    m.group_key IS NOT NULL AND m.visible_at <= @now AND m.attempts >= {{ max_attempts }}
+                    AND NOT EXISTS (
+                        SELECT 1
+                        FROM @acked_groups AS a
+                        WHERE a.group_key = m.group_key
+                    )
+            ){% endset %}
 {{ claim_statement('own_messages', '@remaining', own_where, true, lease_index) }}
 
 {{ bury_exhausted() }}

@@ -2,6 +2,8 @@
 {{ m.unit(names.plain('_dead_list'), 'code') }}
 -- Paged by id: pass the last id of a page as after_id to read the next one. (page_size, not
 -- `limit`: PostgreSQL reserves that word, and the parameter names are the same in both dialects.)
+-- Pinned to the primary key on id: with client ids the table is clustered on dead_seq, and a plan
+-- compiled while the table was small could scan and sort all of it for every page.
 CREATE OR ALTER PROCEDURE {{ names.verb('dead_list') }}
     @after_id {{ id_type }} = NULL,
     @page_size int = 100
@@ -36,9 +38,11 @@ BEGIN
                 d.last_error,
                 d.last_worker,
                 d.dead_at
-            FROM {{ dead_t }} AS d
 {% if paged %}
+            FROM {{ dead_t }} AS d WITH (INDEX ({{ pins.dead_pinned[0][1] }}), FORCESEEK)
             WHERE d.id > @after_id
+{% else %}
+            FROM {{ dead_t }} AS d WITH (INDEX ({{ pins.dead_pinned[0][1] }}))
 {% endif %}
             ORDER BY d.id ASC;
         END;

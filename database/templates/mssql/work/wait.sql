@@ -15,27 +15,65 @@
                 END;
 {% endcall %}
 {% elif groups %}
-{% call m.wait_procedure() %}
+{% set wait_declarations %}
+    DECLARE @now datetime2(7);
+    DECLARE @after_at datetime2(7) = '00010101';
+    DECLARE @after_tie bigint = 0;
+    DECLARE @window TABLE (
+        visible_at datetime2(7) NOT NULL,
+        tie bigint NOT NULL,
+        group_key {{ key_type }} NOT NULL, -- noqa: CP02
+        PRIMARY KEY (visible_at, tie)
+    );
+{%- endset %}
+{% call m.wait_procedure(wait_declarations) %}
             -- A due message without a group on its claim index, else a due head candidate of a
-            -- group nobody holds right now: the first 100 due candidates, each with its groups row
-            -- read past a holder (the predicate on locked_at, true for every row, makes the seek
-            -- look the heap row up, on which a holder's stamp holds X; the key's U would let a read
-            -- through). A group busy with an in-flight message has no due candidate but a producer's
-            -- spurious one, which the next claim to visit the group demotes. Only READPAST,
-            -- READCOMMITTEDLOCK probes, no U lock.
+            -- group nobody holds right now, each with its groups row read past a holder (the
+            -- predicate on locked_at, true for every row, makes the seek look the heap row up, on
+            -- which a holder's stamp holds X; the key's U would let a read through). A group busy
+            -- with an in-flight message has no due candidate but a producer's spurious one, which
+            -- the next claim to visit the group demotes. Only READPAST, READCOMMITTEDLOCK probes,
+            -- no U lock.
+            -- Bounded: a step reads a window of 100 candidates in claim order, and the window
+            -- slides across the steps (the next starts after this one's last, and from the start
+            -- again once a window reaches the end), as fifo's wait: 100 or more spurious candidates
+            -- of held groups ahead of a free group's head delay ready by a step per 100, not for
+            -- the whole hold.
+            SET @now = SYSUTCDATETIME();
             SELECT TOP (1) @ready = 1
             FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-            WHERE m.group_key IS NULL AND m.visible_at <= SYSUTCDATETIME();
+            WHERE m.group_key IS NULL AND m.visible_at <= @now;
             IF @ready = 0
                 BEGIN
+                    DELETE FROM @window;
+                    INSERT INTO @window (visible_at, tie, group_key)
+                    SELECT TOP (100)
+                        m.visible_at,
+                        m.{{ tie }},
+                        m.group_key
+                    FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE
+                        m.group_head = 1 AND m.visible_at >= @after_at AND m.visible_at <= @now
+                        -- after the last window's last candidate (residual: no OR, the seek stays)
+                        AND NOT (m.visible_at = @after_at AND m.{{ tie }} <= @after_tie)
+                    ORDER BY m.visible_at, m.{{ tie }};
                     SELECT TOP (1) @ready = 1
-                    FROM (
-                        SELECT TOP (100) m.group_key
-                        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE m.group_head = 1 AND m.visible_at <= SYSUTCDATETIME()
-                        ORDER BY m.visible_at, m.{{ tie }}
-                    ) AS c
+                    FROM @window AS c
                     WHERE {{ grp.not_held('c.group_key') | indent(20) }};
+                    -- The next window: after this one, or from the start when this one was the last.
+                    IF (SELECT COUNT(*) FROM @window) < 100
+                        BEGIN
+                            SET @after_at = '00010101';
+                            SET @after_tie = 0;
+                        END;
+                    ELSE
+                        BEGIN
+                            SELECT TOP (1)
+                                @after_at = c.visible_at,
+                                @after_tie = c.tie
+                            FROM @window AS c
+                            ORDER BY c.visible_at DESC, c.tie DESC;
+                        END;
                 END;
 {% endcall %}
 {% else %}

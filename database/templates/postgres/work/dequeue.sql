@@ -93,8 +93,8 @@ BEGIN
 {{ w.check_lease('dequeue', 'effective_lease') }}
     lease_until := now_utc + make_interval(secs => effective_lease);
 
-    -- 1. Own messages first (leased, even unexpired: a restarted worker), on ix_{{ queue.name }}_lease_start.
-    -- The probe has a cached plan; the claim it guards is planned on every call and is needed only
+    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe on
+    -- ix_{{ queue.name }}_lease_start, the claim on ix_{{ queue.name }}_lease. The claim the probe guards is needed only
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
@@ -105,26 +105,32 @@ BEGIN
         SELECT FROM {{ t }} AS m WHERE m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
     ) THEN
 {% if groups %}
+{#- An own message the claim will bury: its lease expired with max_attempts used (the claim's
+    `exhausted`, read before the claim adds the attempt: claim_statement in _work_macros.sql). -#}
+{% set spent = "m.visible_at <= now_utc AND m.attempts >= " ~ max_attempts %}
+{% set own = "m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since" %}
         -- Re-leasing its own messages changes no group (they are their groups' in-flight messages),
         -- so only the groups of those the claim will bury are locked, first (the fixed lock order):
         -- a message whose expired lease used up max_attempts goes to the dead-letter table, and its
-        -- group's next message becomes the head. Any of those groups may be held by a producer's or
-        -- an acknowledgement's open transaction, which this dequeue must not wait for: SKIP LOCKED,
-        -- and the claim leaves out what it would bury in a group it could not lock (it stays
-        -- expired, for the next claim: this worker's, or the one that takes its group). Nobody else
-        -- leases to this worker and now_utc is fixed, so the claim buries no message outside this set.
+        -- group's next message becomes the head. Whoever holds one of those groups (a producer's or
+        -- an acknowledgement's open transaction, purge, another consumer's claim, a wait probe for
+        -- an instant) is not waited for: SKIP LOCKED, and the claim leaves out what it would bury in
+        -- a group it could not lock. That message stays expired for the next claim, this worker's
+        -- or the one that takes its group; until then it keeps this step running on each call of
+        -- the worker (docs/work-queue.md, Claim plans). Nobody else leases to this worker and
+        -- now_utc is fixed, so the claim buries no message outside this set.
         own_keys := ARRAY(
             SELECT g.group_key FROM {{ grp.groups_t }} AS g
             WHERE g.group_key IN (
                 SELECT m.group_key FROM {{ t }} AS m
-                WHERE
-                    m.leased_by = {{ fn }}_dequeue.worker AND m.leased_at >= own_since
-                    AND m.visible_at <= now_utc AND m.attempts >= {{ max_attempts }}
+                WHERE {{ own }} AND {{ spent }}
             )
             ORDER BY g.group_key
             FOR NO KEY UPDATE SKIP LOCKED
         );
-{{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since AND NOT (m.group_key IS NOT NULL AND m.visible_at <= now_utc AND m.attempts >= " ~ max_attempts ~ " AND NOT m.group_key = ANY(own_keys))", "batch_size", own=true) | indent(4, first=true) }}
+{% set own_where %}{{ own }}
+            AND NOT (m.group_key IS NOT NULL AND {{ spent }} AND NOT m.group_key = ANY(own_keys)){% endset %}
+{{ w.claim_statement(own_where, "batch_size", own=true) | indent(4, first=true) }}
 {% else %}
 {{ w.claim_statement("m.leased_by = " ~ fn ~ "_dequeue.worker AND m.leased_at >= own_since", "batch_size", own=true) | indent(4, first=true) }}
 {% endif %}

@@ -414,6 +414,45 @@ def test_dead_requeue_settles_its_group_without_reading_the_in_flight_row() -> N
     assert "WHERE m.id = @in_flight" not in settle[:settle.index("UPDATE g")]
 
 
+def test_grouped_work_tsqlt_tests_fake_the_groups_table_and_build_its_key_from_the_ddl() -> None:
+    """Review S4: as fifo's (above), every work test that names the groups table fakes it first and
+    builds the key the verbs pin on the fake through the class's helper, whose index comes from the
+    table's DDL source (_pinned_indexes.sql), not from a key written again in the test."""
+    catalog = parse_catalog({"schema": "s", "queues": WORK_QUEUES})
+    rendered = {f.queue: f.text for f in render_tsqlt(catalog)}
+    ddl = _render_work()
+    for queue in ("jobs", "tasks", "chores"):
+        assert f"CONSTRAINT [pk_{queue}_groups] PRIMARY KEY NONCLUSTERED (group_key)" in ddl[f"{queue}.sql"]
+        text = rendered[queue]
+        helper = text[text.index(f"CREATE PROCEDURE [test_s_{queue}].[index the faked groups table]"):]
+        helper = helper[:helper.index("\nGO\n")]
+        assert re.search(rf"CREATE UNIQUE NONCLUSTERED INDEX \[pk_{queue}_groups\]\s+ON \[s\]\.\[{queue}_groups\] "
+                         r"\(group_key\);", helper)
+        tests = re.findall(rf"(?:--\[@tSQLt:NoTransaction\]\([^\n]*\)\n)?CREATE PROCEDURE \[test_s_{queue}\]\.\[test [^\]]*\]"
+                           r"\nAS\nBEGIN\n.*?\nEND;\nGO\n", text, re.S)
+        # The role tests run the verbs on the real tables on purpose (a fake carries no grants) and
+        # write no group.
+        role_tests = [t for t in tests if re.search(r"CREATE PROCEDURE \S+\.\[test the \w+ role ", t)]
+        assert role_tests and all("group_key = N'" not in t and f"INTO [s].[{queue}_groups]" not in t
+                                  for t in role_tests)
+        naming = [t for t in tests if t not in role_tests and (f"[s].[{queue}_groups]" in t or "group_key = N'" in t)]
+        assert len(naming) >= 15
+        fake = (f"EXEC tSQLt.FakeTable @TableName = N'[s].[{queue}_groups]';\n"
+                f"    EXEC [test_s_{queue}].[index the faked groups table];")
+        assert "CREATE UNIQUE NONCLUSTERED INDEX" not in "".join(naming)
+        for test in naming:
+            name = test[test.index("CREATE PROCEDURE"):test.index("\n", test.index("CREATE PROCEDURE"))]
+            assert fake in test, name
+            first_use = min(i for i in (test.find(f"INSERT INTO [s].[{queue}_groups]"), test.find(f"EXEC [s].[{queue}_"),
+                                        test.find(f"FROM [s].[{queue}_groups]")) if i >= 0)
+            assert test.index(fake) < first_use, name
+        # Purge drops empty groups' rows only outside a caller's transaction: the test of the row it
+        # must keep (S3) runs outside tSQLt's, or it would pass with the defect in place.
+        keeps = next(t for t in naming if "[test purge keeps the row of a group with a message in flight]" in t)
+        assert keeps.startswith(f"--[@tSQLt:NoTransaction]('[test_s_{queue}].[undo what a test outside a transaction left]')")
+        assert f"EXEC [s].[{queue}_purge];" in keeps
+
+
 def test_work_wait_slides_its_window_so_held_groups_candidates_never_hide_a_free_group() -> None:
     """Re-review S1: work's grouped wait read the first 100 due candidates on every step (fifo's had
     been fixed): 100 spurious candidates of held groups hid a free group's head for the whole hold."""

@@ -80,15 +80,16 @@
         group_key nvarchar(200) NULL{% endif %}
 
 {%- endmacro %}
-{#- dequeue's result set, in the order it came, as #Actual (position, id, attempts). -#}
-{% macro dequeue_into_actual(batch_size, worker, lease_seconds='NULL') %}
-    CREATE TABLE #Dequeued (
+{#- dequeue's result set, in the order it came, as #Actual (position, id, attempts); tag tells the
+    #tables of a second dequeue in the same test apart. -#}
+{% macro dequeue_into_actual(batch_size, worker, lease_seconds='NULL', tag='') %}
+    CREATE TABLE #Dequeued{{ tag }} (
         position int IDENTITY (1, 1) NOT NULL,
 {{ dequeue_columns() }}
     );
 
-    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
-    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }})
+    -- {{ 'Act: ' if not tag }}INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued{{ tag }} (id, payload, enqueued_at, due_at, attempts, lease_token{{ gk }})
     EXEC {{ names.verb('dequeue') }}
         @batch_size = {{ batch_size }},
         @worker = N'{{ worker }}',
@@ -98,20 +99,20 @@
         d.position,
         d.id,
         d.attempts
-    INTO #Actual
-    FROM #Dequeued AS d;
+    INTO #Actual{{ tag }}
+    FROM #Dequeued{{ tag }} AS d;
 {%- endmacro %}
 {#- #Expected for dequeue_into_actual: (n, attempts) in the order they must come. -#}
-{% macro expect_dequeued(rows) %}
-    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, attempts int NOT NULL);
+{% macro expect_dequeued(rows, tag='') %}
+    CREATE TABLE #Expected{{ tag }} (position int NOT NULL, id {{ id_type }} NOT NULL, attempts int NOT NULL);
 {% if rows %}
-    INSERT INTO #Expected (position, id, attempts)
+    INSERT INTO #Expected{{ tag }} (position, id, attempts)
     VALUES
 {% for n, attempts in rows %}
     ({{ loop.index }}, {{ mid(n) }}, {{ attempts }}){{ ';' if loop.last else ',' }}
 {% endfor %}
 {% endif %}
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected{{ tag }}', @Actual = N'#Actual{{ tag }}';
 {%- endmacro %}
 {#- The queue's rows (id, attempts, leased_by, is the message visible now) against the expected ones. -#}
 {% macro assert_queue(rows) %}
@@ -2682,57 +2683,138 @@ GO
 -- by an acknowledgement), and producers that never wait, need two sessions: the conformance suite
 -- (tests/conformance/test_groups.py) runs those against a real server.
 {% set groups_t = names.obj('_groups') %}
-{#- The queue table and the groups table faked (the groups table's key is the index its hints
-    name), grouped messages and their groups' rows in place: rows (n, group, head, visible, leased_by,
-    attempts, lease), in_flight {group: n}. -#}
-{% macro assemble_groups(rows, in_flight={}) %}
-    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+{{ pins.fake_helper(cls, groups_t, pins.groups_pinned, 'groups') }}
+{#- The queue table and the groups table faked, each with the indexes the verbs pin (the groups
+    table's key is the index its hints name, built from its DDL's one source, _pinned_indexes.sql);
+    identity: the queue table keeps its identity and defaults, for the tests that enqueue. -#}
+{% macro fake_groups(identity=false) %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}'{{ ', @Identity = 1, @Defaults = 1' if identity }};
     EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ groups_t }}';
-    CREATE UNIQUE NONCLUSTERED INDEX {{ names.index('pk', 'groups') }} ON {{ groups_t }} (group_key);
+    EXEC {{ cls }}.[index the faked groups table];
+{%- endmacro %}
+{#- Both tables faked, grouped messages and their groups' rows in place: rows (n, group, head,
+    visible, leased_by, attempts, lease), in_flight {group: n}. -#}
+{% macro assemble_groups(rows, in_flight={}) %}
+{{ fake_groups() }}
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-{% for n, group, head, visible, leased_by, attempts, lease in rows %}
+{% if rows %}
     INSERT INTO {{ t }} (
         id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, attempts, leased_by, leased_at, lease_token,
         group_key, group_head, payload
     )
-    VALUES (
+    VALUES
+{% for n, group, head, visible, leased_by, attempts, lease in rows %}
+    (
         {{ mid(n) }}, {{ (n ~ ', ') if client_ids }}DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now),
         DATEADD(SECOND, {{ visible }}, @now), {{ attempts }}, {{ ("N'" ~ leased_by ~ "'") if leased_by else 'NULL' }},
         {{ 'DATEADD(SECOND, -10, @now)' if leased_by else 'NULL' }}, {{ token(lease) if lease else 'NULL' }},
         N'{{ group }}', {{ head }}, {{ sample(n) }}
-    );
+    ){{ ';' if loop.last else ',' }}
 {% endfor %}
-{% for group in rows | map(attribute=1) | unique %}
     INSERT INTO {{ groups_t }} (group_key, in_flight)
-    VALUES (N'{{ group }}', {{ mid(in_flight[group]) if group in in_flight else 'NULL' }});
+    VALUES
+{% for group in rows | map(attribute=1) | unique %}
+    (N'{{ group }}', {{ mid(in_flight[group]) if group in in_flight else 'NULL' }}){{ ';' if loop.last else ',' }}
 {% endfor %}
+{% endif %}
 {%- endmacro %}
-{#- The groups' in-flight messages against (group, n or none). -#}
-{% macro assert_in_flight(expected) %}
+{#- The rows of `source` (its `columns`: (name, #table type)) against `rows` (SQL literals), as
+    #<name> and #Expected<name>. -#}
+{% macro assert_rows(name, source, columns, rows) %}
     SELECT
-        g.group_key,
-        g.in_flight
-    INTO #InFlight
-    FROM {{ groups_t }} AS g;
+{% for column, _ in columns %}
+        s.{{ column }}{{ ',' if not loop.last }}
+{% endfor %}
+    INTO #{{ name }}
+    FROM {{ source }} AS s;
 
-    CREATE TABLE #ExpectedInFlight (group_key nvarchar(200) NOT NULL, in_flight {{ id_type }} NULL);
-    INSERT INTO #ExpectedInFlight (group_key, in_flight)
-    VALUES {% for group, n in expected %}(N'{{ group }}', {{ mid(n) if n else 'NULL' }}){{ ', ' if not loop.last }}{% endfor %};
-    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedInFlight', @Actual = N'#InFlight';
+    CREATE TABLE #Expected{{ name }} ({% for column, type in columns %}{{ column }} {{ type }}{{ ', ' if not loop.last }}{% endfor %});
+{% if rows %}
+    INSERT INTO #Expected{{ name }} ({{ columns | map(attribute=0) | join(', ') }})
+    VALUES
+{% for row in rows %}
+    ({{ row | join(', ') }}){{ ';' if loop.last else ',' }}
+{% endfor %}
+{% endif %}
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected{{ name }}', @Actual = N'#{{ name }}';
 {%- endmacro %}
+{#- The groups' in-flight messages against (group, n or none); tag: a second check in one test. -#}
+{% macro assert_in_flight(expected, tag='') %}
+{% set rows = [] %}
+{% for group, n in expected %}{% set _ = rows.append(["N'" ~ group ~ "'", mid(n) if n else 'NULL']) %}{% endfor %}
+{{ assert_rows('InFlight' ~ tag, groups_t, [('group_key', 'nvarchar(200) NOT NULL'), ('in_flight', id_type ~ ' NULL')], rows) }}
+{%- endmacro %}
+{#- Every queued message's group_head flag against (n, flag or none): a settle that leaves a stale
+    flag (a second head candidate, or none) shows here before any claim trips over it. -#}
+{% macro assert_heads(expected, tag='') %}
+{% set rows = [] %}
+{% for n, head in expected %}{% set _ = rows.append([mid(n), 'NULL' if head is none else head]) %}{% endfor %}
+{{ assert_rows('Heads' ~ tag, t, [('id', id_type ~ ' NOT NULL'), ('group_head', 'bit NULL')], rows) }}
+{%- endmacro %}
+{#- The groups' rows and the messages' flags: what a settle leaves. -#}
+{% macro assert_group(in_flight, heads, tag='') %}
+{{ assert_in_flight(in_flight, tag) }}
+{{ assert_heads(heads, tag) }}
+{%- endmacro %}
+{#- Message n enqueued into group (its id: the faked identity's next value, or n's client id). -#}
+{% macro enqueue_grouped(n, group) %}
+    INSERT INTO #Enqueued (id, duplicate)
+    EXEC {{ names.verb('enqueue') }}
+        @payload = {{ sample(n) }},{% if client_ids %}
+
+        @id = {{ mid(n) }},{% endif %}
+
+        @group_key = N'{{ group }}';
+{%- endmacro %}
+{#- 1 enqueued into group a (a new key), then leased to w: a's in-flight message. -#}
+{% macro enqueue_in_flight() %}
+{{ fake_groups(identity=true) }}
+    CREATE TABLE #Enqueued (id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+{{ enqueue_grouped(1, 'a') }}
+{{ dequeue_into_actual(1, 'w', 600, tag='1') }}
+{{ expect_dequeued([(1, 1)], tag='1') }}
+{%- endmacro %}
+
+CREATE PROCEDURE {{ cls }}.[test enqueue and enqueue_batch head only a group's first message]
+AS
+BEGIN
+    -- Assemble: 1 into group a, a new key (its groups row is created and 1 heads it), then leased.
+{{ enqueue_in_flight() }}
+    DECLARE @items {{ items }};
+    INSERT INTO @items (ordinal, payload, group_key{{ ', id' if client_ids }})
+    VALUES
+{% for n, group in [(3, 'b'), (4, 'a'), (5, 'b'), (6, 'c'), (7, none)] %}
+    ({{ loop.index }}, {{ sample(n) }}, {{ ("N'" ~ group ~ "'") if group else 'NULL' }}{{ (', ' ~ mid(n)) if client_ids }}){{ ';' if loop.last else ',' }}
+{% endfor %}
+    CREATE TABLE #Returned (ordinal int NOT NULL, id {{ id_type }} NOT NULL, duplicate bit NOT NULL);
+
+    -- Act: 2 into a, whose message is in flight; then a batch into b (a new key), a, b, c (new) and
+    -- no group.
+{{ enqueue_grouped(2, 'a') }}
+    INSERT INTO #Returned (ordinal, id, duplicate)
+    EXEC {{ names.verb('enqueue_batch') }} @items = @items;
+
+    -- Assert: 3 heads b (5, b's second item, waits), 6 heads c; 2 and 4 wait behind a's in-flight 1;
+    -- a's row keeps 1 in flight.
+{{ assert_group([('a', 1), ('b', none), ('c', none)],
+                [(1, 1), (2, 0), (3, 1), (4, 0), (5, 0), (6, 1), (7, none)]) }}
+END;
+GO
 
 CREATE PROCEDURE {{ cls }}.[test dequeue hands out the head of each group, one message per group]
 AS
 BEGIN
-    -- Assemble: group a holds 1, 2 and 4 (1 its head), group b holds 3; a batch of ten.
+    -- Assemble: a holds 1 (its head) and 2, b only 3; a batch of ten. (Review M1: the head search
+    -- kept the tie of a's waiting 2 when b had no waiting message, picked the NULL id and gave b
+    -- nothing.)
 {{ assemble_groups([(1, 'a', 1, -60, none, 0, none), (2, 'a', 0, -50, none, 0, none),
-                    (3, 'b', 1, -40, none, 0, none), (4, 'a', 0, -30, none, 0, none)]) }}
+                    (3, 'b', 1, -40, none, 0, none)]) }}
 {{ dequeue_into_actual(10, 'w', 600) }}
 
-    -- Assert: the heads, oldest first, each now its group's in-flight message; 2 and 4 wait.
+    -- Assert: the heads, oldest first, each now its group's in-flight message; 2 waits.
 {{ expect_dequeued([(1, 1), (3, 1)]) }}
-{{ assert_in_flight([('a', 1), ('b', 3)]) }}
+{{ assert_group([('a', 1), ('b', 3)], [(1, 1), (2, 0), (3, 1)]) }}
 END;
 GO
 
@@ -2750,10 +2832,70 @@ BEGIN
 END;
 GO
 
+{#- w fails 1 under lease token `token` (an expression) with `retry_after`; the outcome must be
+    `outcome`. -#}
+{% macro fail_one(token, retry_after, outcome) %}
+    CREATE TABLE #Outcome (outcome varchar(8) NULL);
+    INSERT INTO #Outcome (outcome)
+    EXEC {{ names.verb('fail') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @error = N'boom',
+        @retry_after_seconds = {{ retry_after }},
+        @lease_token = {{ token }};
+    DECLARE @outcome varchar(8) = (SELECT o.outcome FROM #Outcome AS o);
+    EXEC tSQLt.AssertEquals @Expected = '{{ outcome }}', @Actual = @outcome, @Message = N'fail';
+{%- endmacro %}
+{#- w fails 1, leased in #Dequeued1, with that lease's token: a retry. -#}
+{% macro fail_leased(retry_after) %}
+    DECLARE @token uniqueidentifier = (
+        SELECT d.lease_token
+        FROM #Dequeued1 AS d
+        WHERE d.id = {{ mid(1) }}
+    );
+{{ fail_one('@token', retry_after, 'retrying') }}
+{%- endmacro %}
+
 CREATE PROCEDURE {{ cls }}.[test a failed head retries before the group's later messages]
 AS
 BEGIN
-    -- Assemble: 2 failed (in flight, its retry due now); 1 is older in the queue but waits behind it.
+    -- Assemble: 1 heads group a, 2 waits behind it; w leases 1 and fails it, no retry delay.
+{{ assemble_groups([(1, 'a', 1, -60, none, 0, none), (2, 'a', 0, -50, none, 0, none)]) }}
+{{ dequeue_into_actual(1, 'w', 600, tag='1') }}
+{{ expect_dequeued([(1, 1)], tag='1') }}
+{{ fail_leased(0) }}
+    -- The retry keeps its group: 1 in flight, still the head.
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)], tag='1') }}
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert: the retry, its second attempt; 2 still waits.
+{{ expect_dequeued([(1, 2)]) }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a group whose head waits for its retry hands out nothing]
+AS
+BEGIN
+    -- Assemble: as above, the retry a minute away.
+{{ assemble_groups([(1, 'a', 1, -60, none, 0, none), (2, 'a', 0, -50, none, 0, none)]) }}
+{{ dequeue_into_actual(1, 'w', 600, tag='1') }}
+{{ expect_dequeued([(1, 1)], tag='1') }}
+{{ fail_leased(60) }}
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert: nothing, 2 included.
+{{ expect_dequeued([]) }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test an older id behind the in-flight message waits for it]
+AS
+BEGIN
+    -- Assemble: 2 failed (in flight, its retry due now); 1, older, waits behind it: the state a
+    -- dead_requeue of 1 leaves while 2 is in flight (fail never makes it: a retry keeps its head,
+    -- see the two tests above for fail's own sequence).
 {{ assemble_groups([(1, 'a', 0, -60, none, 0, none), (2, 'a', 1, -5, none, 1, none)], {'a': 2}) }}
 {{ dequeue_into_actual(10, 'w', 600) }}
 
@@ -2763,15 +2905,26 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE {{ cls }}.[test a group whose head waits for its retry hands out nothing]
+CREATE PROCEDURE {{ cls }}.[test release keeps the group: the same message comes back next]
 AS
 BEGIN
-    -- Assemble: 2 failed, its retry a minute away; 1 is due but behind it.
-{{ assemble_groups([(1, 'a', 0, -60, none, 0, none), (2, 'a', 1, 60, none, 1, none)], {'a': 2}) }}
-{{ dequeue_into_actual(10, 'w', 600) }}
+    -- Assemble: 1 is leased to w (in flight, its first attempt), 2 waits behind it.
+{{ assemble_groups([(1, 'a', 1, 600, 'w', 1, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
+    CREATE TABLE #Released (released bit NULL);
+    INSERT INTO #Released (released)
+    EXEC {{ names.verb('release') }}
+        @id = {{ mid(1) }},
+        @worker = N'w',
+        @lease_token = {{ token(1) }};
+    DECLARE @released bit = (SELECT r.released FROM #Released AS r);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @released, @Message = N'released';
+    -- release changes no group: 1 in flight, still the head.
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)], tag='1') }}
+{{ dequeue_into_actual(10, 'v', 600) }}
 
-    -- Assert
-{{ expect_dequeued([]) }}
+    -- Assert: 1 again, on the attempt release gave back; 2 still waits.
+{{ expect_dequeued([(1, 1)]) }}
+{{ assert_group([('a', 1)], [(1, 1), (2, 0)]) }}
 END;
 GO
 
@@ -2789,11 +2942,83 @@ BEGIN
         @id = {{ mid(1) }},
         @worker = N'w',
         @lease_token = {{ token(1) }};
+{{ assert_group([('a', none)], [(2, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert: 2 is the group's head and goes to the next worker.
 {{ expect_dequeued([(2, 1)]) }}
 {{ assert_in_flight([('a', 2)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test complete_batch settles each group of the batch]
+AS
+BEGIN
+    -- Assemble: w holds 1 (group a) and 3 (group b), each in flight; 2 and 4 wait behind them.
+{{ assemble_groups([(1, 'a', 1, 600, 'w', 1, 1), (2, 'a', 0, -60, none, 0, none),
+                    (3, 'b', 1, 600, 'w', 1, 3), (4, 'b', 0, -50, none, 0, none)], {'a': 1, 'b': 3}) }}
+{% if history %}
+    EXEC tSQLt.FakeTable @TableName = N'{{ history_t }}', @Identity = 1, @ComputedColumns = 1;
+{% endif %}
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(3) }}, {{ token(3) }}),
+    ({{ mid(1) }}, {{ token(1) }});
+    CREATE TABLE #Completed (id {{ id_type }} NOT NULL, completed bit NOT NULL);
+    INSERT INTO #Completed (id, completed)
+    EXEC {{ names.verb('complete_batch') }} @acks = @acks, @worker = N'w';
+    DECLARE @completed int = (
+        SELECT COUNT(*)
+        FROM #Completed AS c
+        WHERE c.completed = 1
+    );
+    EXEC tSQLt.AssertEquals @Expected = 2, @Actual = @completed, @Message = N'completed';
+    -- Both groups settled: nothing in flight, 2 and 4 their heads.
+{{ assert_group([('a', none), ('b', none)], [(2, 1), (4, 1)], tag='1') }}
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert
+{{ expect_dequeued([(2, 1), (4, 1)]) }}
+{{ assert_in_flight([('a', 2), ('b', 4)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test fail_batch keeps a retry in flight and settles a burial]
+AS
+BEGIN
+    -- Assemble: w holds 1 (group a, attempts left) and 3 (group b, its last attempt), each in
+    -- flight; 2 and 4 wait behind them.
+{{ assemble_groups([(1, 'a', 1, 600, 'w', 1, 1), (2, 'a', 0, -60, none, 0, none),
+                    (3, 'b', 1, 600, 'w', max_attempts, 3), (4, 'b', 0, -50, none, 0, none)],
+                   {'a': 1, 'b': 3}) }}
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(3) }}, {{ token(3) }}),
+    ({{ mid(1) }}, {{ token(1) }});
+    CREATE TABLE #Outcomes (id {{ id_type }} NOT NULL, outcome varchar(8) NOT NULL);
+    INSERT INTO #Outcomes (id, outcome)
+    EXEC {{ names.verb('fail_batch') }}
+        @acks = @acks,
+        @worker = N'w',
+        @error = N'boom',
+        @retry_after_seconds = 0;
+    CREATE TABLE #ExpectedOutcomes (id {{ id_type }} NOT NULL, outcome varchar(8) NOT NULL);
+    INSERT INTO #ExpectedOutcomes (id, outcome)
+    VALUES
+    ({{ mid(1) }}, 'retrying'),
+    ({{ mid(3) }}, 'dead');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedOutcomes', @Actual = N'#Outcomes';
+    -- a keeps 1 in flight (its head); b's next message, 4, is its head.
+{{ assert_group([('a', 1), ('b', none)], [(1, 1), (2, 0), (4, 1)], tag='1') }}
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert: 4 (its due time is the older), then 1's retry; 2 still waits.
+{{ expect_dequeued([(4, 1), (1, 2)]) }}
+{{ assert_in_flight([('a', 1), ('b', 4)]) }}
+{{ assert_dead([(3, max_attempts, 'boom', 'w')]) }}
 END;
 GO
 
@@ -2810,24 +3035,81 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE {{ cls }}.[test dequeue buries an exhausted head and hands out the next]
+AS
+BEGIN
+    -- Assemble: w's lease of 1, its last attempt, expired 5 seconds ago; 2 waits behind it.
+{{ assemble_groups([(1, 'a', 1, -5, 'w', max_attempts, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+{{ dequeue_into_actual(10, 'v', 600) }}
+
+    -- Assert: the claim buried 1 and moved the group on in the same call: 2 is out.
+{{ expect_dequeued([(2, 1)]) }}
+{{ assert_group([('a', 2)], [(2, 1)]) }}
+{{ assert_dead([(1, max_attempts, 'lease expired', 'w')]) }}
+END;
+GO
+
 CREATE PROCEDURE {{ cls }}.[test fail to the dead-letter table unblocks the group]
 AS
 BEGIN
     -- Assemble: 1 is leased to w on its last attempt; 2 waits behind it.
 {{ assemble_groups([(1, 'a', 1, 600, 'w', max_attempts, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
-    CREATE TABLE #Outcome (outcome varchar(8) NULL);
-    INSERT INTO #Outcome (outcome)
-    EXEC {{ names.verb('fail') }}
-        @id = {{ mid(1) }},
-        @worker = N'w',
-        @error = N'boom',
-        @lease_token = {{ token(1) }};
+{{ fail_one(token(1), 0, 'dead') }}
+{{ assert_group([('a', none)], [(2, 1)], tag='1') }}
 {{ dequeue_into_actual(10, 'v', 600) }}
 
     -- Assert
 {{ expect_dequeued([(2, 1)]) }}
 {{ assert_in_flight([('a', 2)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test purge of the in-flight head lets the next one out]
+AS
+BEGIN
+    -- Assemble: 1 is leased to w (in flight), 2 waits behind it.
+{{ assemble_groups([(1, 'a', 1, 600, 'w', 1, 1), (2, 'a', 0, -60, none, 0, none)], {'a': 1}) }}
+    CREATE TABLE #Purged (purged bigint NULL);
+
+    -- Act: the oldest message, 1. (max_rows: in a transaction, tSQLt's here, purge requires it, and
+    -- it runs each chunk in that transaction instead of one of its own.)
+    INSERT INTO #Purged (purged)
+    EXEC {{ names.verb('purge') }} @max_rows = 1;
+
+    -- Assert: 1 is gone and its group settled: nothing in flight, 2 the head, and out next.
+    DECLARE @purged bigint = (SELECT p.purged FROM #Purged AS p);
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @purged, @Message = N'purged';
+{{ assert_group([('a', none)], [(2, 1)], tag='1') }}
+{{ dequeue_into_actual(10, 'v', 600, tag='2') }}
+{{ expect_dequeued([(2, 1)], tag='2') }}
+{{ assert_in_flight([('a', 2)]) }}
+END;
+GO
+
+--[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
+CREATE PROCEDURE {{ cls }}.[test purge keeps the row of a group with a message in flight]
+AS
+BEGIN
+    -- Assemble: a's row names 7 in flight, a message purge's lock-free probes cannot see (on a
+    -- server: its row locked for an instant by extend_lease or release, which do not hold the group;
+    -- here: absent from the faked table); b's row has no message and none in flight. Outside tSQLt's
+    -- transaction (NoTransaction): purge drops empty groups' rows only outside a caller's
+    -- transaction, so inside tSQLt's it would skip both rows and prove nothing.
+{{ fake_groups() }}
+    INSERT INTO {{ groups_t }} (group_key, in_flight)
+    VALUES
+    (N'a', {{ mid(7) }}),
+    (N'b', NULL);
+
+    -- Act: its one row goes to the caller (INSERT ... EXEC would run it inside the INSERT's
+    -- transaction, and the pass would not run).
+    EXEC {{ names.verb('purge') }};
+
+    -- Assert: a's row stays, with 7 in flight (review S3: it was deleted, and put back only with a
+    -- message the probes saw, so without its in_flight); b's empty row is gone: the pass ran.
+{{ assert_in_flight([('a', 7)]) }}
 END;
 GO
 {% endif %}

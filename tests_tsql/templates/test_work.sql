@@ -3096,7 +3096,7 @@ BEGIN
     -- server: its row locked for an instant by extend_lease or release, which do not hold the group;
     -- here: absent from the faked table); b's row has no message and none in flight. Outside tSQLt's
     -- transaction (NoTransaction): purge drops empty groups' rows only outside a caller's
-    -- transaction, so inside tSQLt's it would skip both rows and prove nothing.
+    -- transaction, so inside tSQLt's it would skip both rows (and fail: b's row would stay).
 {{ fake_groups() }}
     INSERT INTO {{ groups_t }} (group_key, in_flight)
     VALUES

@@ -3739,8 +3739,8 @@ BEGIN
         @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
 
     -- Assert: 51003, the check passed.
-    EXEC tSQLt.AssertEquals @Expected = NULL, @Actual = @visible, @Message = N'the user sees the handler: no test';
     EXEC tSQLt.AssertEquals @Expected = 51003, @Actual = @error_number;
+    EXEC tSQLt.AssertEquals @Expected = NULL, @Actual = @visible, @Message = N'the user sees the handler: no test';
 END;
 GO
 
@@ -3758,7 +3758,7 @@ BEGIN
     EXEC [test_queue_thumbnails].[as test_admin_only_user]
         @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
 
-    -- Assert: 51005 (no_handler), before the transaction check (51003: the check let it pass).
+    -- Assert: 51005, no_handler, before the transaction check (51003: the check let it pass).
     EXEC tSQLt.AssertEquals @Expected = 51005, @Actual = @error_number;
 END;
 GO

@@ -2444,6 +2444,19 @@ GO
 {% set handler_parts = opt.handler.split('.') if '.' in opt.handler else [schema, opt.handler] %}
 {% set handler_q = '[' ~ handler_parts[0] ~ '].[' ~ handler_parts[1] ~ ']' %}
 {% set admin_role = '[' ~ schema ~ '_admin]' %}
+{#- Act: process run as the admin-only user; Assert: what it raised, `expected` (`why` says what it
+    means). Leaves @visible for the caller's own assertion. -#}
+{% macro process_as_admin_only_user(expected, why) %}
+    DECLARE @visible int;
+    DECLARE @error_number int;
+
+    -- Act
+    EXEC {{ cls }}.[as test_admin_only_user]
+        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
+
+    -- Assert: {{ expected }}, {{ why }}.
+    EXEC tSQLt.AssertEquals @Expected = {{ expected }}, @Actual = @error_number;
+{%- endmacro %}
 -- The handler process calls, of the queue's signature; any procedure of that name is set aside
 -- first (tSQLt.RemoveObject renames it, and the test's rollback brings it back).
 CREATE PROCEDURE {{ cls }}.[create the handler]
@@ -2532,16 +2545,8 @@ BEGIN
     -- its metadata (OBJECT_ID is NULL for it); process runs the handler through the ownership chain.
     EXEC {{ cls }}.[create the handler];
     EXEC {{ cls }}.[create the admin-only user];
-    DECLARE @visible int;
-    DECLARE @error_number int;
-
-    -- Act
-    EXEC {{ cls }}.[as test_admin_only_user]
-        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
-
-    -- Assert: 51003, the check passed.
+{{ process_as_admin_only_user(errors.in_transaction, 'the check passed') }}
     EXEC tSQLt.AssertEquals @Expected = NULL, @Actual = @visible, @Message = N'the user sees the handler: no test';
-    EXEC tSQLt.AssertEquals @Expected = {{ errors.in_transaction }}, @Actual = @error_number;
 END;
 GO
 
@@ -2552,15 +2557,7 @@ BEGIN
     -- every call would fail with 229 (review fix19 SHOULD-1).
     EXEC {{ cls }}.[give the handler another owner];
     EXEC {{ cls }}.[create the admin-only user];
-    DECLARE @visible int;
-    DECLARE @error_number int;
-
-    -- Act
-    EXEC {{ cls }}.[as test_admin_only_user]
-        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
-
-    -- Assert: 51005 (no_handler), before the transaction check (51003: the check let it pass).
-    EXEC tSQLt.AssertEquals @Expected = {{ errors.no_handler }}, @Actual = @error_number;
+{{ process_as_admin_only_user(errors.no_handler, 'no_handler, before the transaction check (51003: the check let it pass)') }}
 END;
 GO
 
@@ -2572,15 +2569,7 @@ BEGIN
     EXEC {{ cls }}.[give the handler another owner];
     EXEC {{ cls }}.[create the admin-only user];
     GRANT EXECUTE ON OBJECT::{{ handler_q }} TO [test_admin_only_user];
-    DECLARE @visible int;
-    DECLARE @error_number int;
-
-    -- Act
-    EXEC {{ cls }}.[as test_admin_only_user]
-        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
-
-    -- Assert: 51003, the handler check passed (51005 if it refused).
-    EXEC tSQLt.AssertEquals @Expected = {{ errors.in_transaction }}, @Actual = @error_number;
+{{ process_as_admin_only_user(errors.in_transaction, 'the handler check passed (51005 if it refused)') }}
 END;
 GO
 

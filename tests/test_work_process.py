@@ -6,11 +6,12 @@ contract) and what the handler's own writes became (kept only when the message c
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -352,6 +353,66 @@ def test_process_with_a_handler_of_its_name_but_other_parameter_types_is_no_hand
     conn.close()
 
 
+@contextlib.contextmanager
+def admin_only_caller(deployed: Any, owner: Any) -> Iterator[tuple[Any, str]]:
+    """A connection acting as a new user (SQL Server) / role (PostgreSQL) that is a member of the admin
+    role only, and that user's name; the user is dropped afterwards (with what it was granted)."""
+    dialect = deployed.dialect
+    admin = f"{deployed.catalog.schema}_admin"
+    user = f"u_{secrets.token_hex(4)}"
+    if dialect == "postgres":
+        run(owner, dialect, f'CREATE ROLE "{user}" NOLOGIN IN ROLE "{admin}"')
+    else:
+        run(owner, dialect, f"CREATE USER [{user}] WITHOUT LOGIN")
+        run(owner, dialect, f"ALTER ROLE [{admin}] ADD MEMBER [{user}]")
+    conn = deployed.connect(autocommit=True)
+    try:
+        run(conn, dialect, f'SET ROLE "{user}"' if dialect == "postgres" else f"EXECUTE AS USER = N'{user}'")
+        yield conn, user
+    finally:
+        run(conn, dialect, "RESET ROLE" if dialect == "postgres" else "REVERT")
+        conn.close()
+        if dialect == "postgres":
+            run(owner, dialect, f'DROP OWNED BY "{user}"')
+            run(owner, dialect, f'DROP ROLE "{user}"')
+        else:
+            run(owner, dialect, f"DROP USER [{user}]")
+
+
+@contextlib.contextmanager
+def handler_of_another_owner(deployed: Any, owner: Any) -> Iterator[str]:
+    """work_handler and its table handled given to a new owner, another than process's (an
+    application's own): SQL Server a user without login, so that process reaches the handler outside
+    its ownership chain (while the handler's own chain to its table holds); PostgreSQL a role, with
+    EXECUTE on the handler revoked from PUBLIC. Yields the handler's name as GRANT takes it; the
+    objects go back to their owner and the new owner is dropped afterwards."""
+    dialect = deployed.dialect
+    schema = deployed.catalog.schema
+    handler_owner = f"h_{secrets.token_hex(4)}"
+    if dialect == "postgres":
+        handler = f'PROCEDURE "{schema}".work_handler(bigint, jsonb)'
+        objects = [handler, f'TABLE "{schema}".handled']
+        run(owner, dialect, f'CREATE ROLE "{handler_owner}" NOLOGIN')
+        run(owner, dialect, f"REVOKE EXECUTE ON {handler} FROM PUBLIC")
+        for name in objects:
+            run(owner, dialect, f'ALTER {name} OWNER TO "{handler_owner}"')
+    else:
+        handler = f"OBJECT::[{schema}].[work_handler]"
+        objects = [handler, f"OBJECT::[{schema}].[handled]"]
+        run(owner, dialect, f"CREATE USER [{handler_owner}] WITHOUT LOGIN")
+        for name in objects:
+            run(owner, dialect, f"ALTER AUTHORIZATION ON {name} TO [{handler_owner}]")
+    try:
+        yield handler
+    finally:
+        for name in objects:
+            if dialect == "postgres":
+                run(owner, dialect, f"ALTER {name} OWNER TO CURRENT_USER")
+            else:
+                run(owner, dialect, f"ALTER AUTHORIZATION ON {name} TO SCHEMA OWNER")
+        run(owner, dialect, f'DROP ROLE "{handler_owner}"' if dialect == "postgres" else f"DROP USER [{handler_owner}]")
+
+
 def test_a_caller_holding_only_the_admin_role_runs_process(deploy_queues) -> None:
     # Least privilege: process is the admin role's verb. The handler is the DBA's; the admin role holds
     # nothing on it (SQL Server: process reaches it and its table through the ownership chain, and sees
@@ -360,38 +421,19 @@ def test_a_caller_holding_only_the_admin_role_runs_process(deploy_queues) -> Non
     # database/examples/handlers/postgres does).
     deployed = deploy_with_handler(deploy_queues, max_attempts=2)
     schema = deployed.catalog.schema
-    admin = f"{schema}_admin"
-    user = f"u_{secrets.token_hex(4)}"
     owner = deployed.connect(autocommit=True)
     owner_client = deployed.client("jobs", owner)
     owner_client.enqueue_batch({"payload": {"n": n, "fail": n == 2}} for n in range(3))
-    conn = deployed.connect(autocommit=True)
-    try:
-        if deployed.dialect == "postgres":
-            run(owner, "postgres", f'GRANT INSERT ON "{schema}".handled TO "{admin}"')
-            run(owner, "postgres", f'CREATE ROLE "{user}" NOLOGIN IN ROLE "{admin}"')
-            run(conn, "postgres", f'SET ROLE "{user}"')
-        else:
-            run(owner, "mssql", f"CREATE USER [{user}] WITHOUT LOGIN")
-            run(owner, "mssql", f"ALTER ROLE [{admin}] ADD MEMBER [{user}]")
-            run(conn, "mssql", f"EXECUTE AS USER = N'{user}'")
+    if deployed.dialect == "postgres":
+        run(owner, "postgres", f'GRANT INSERT ON "{schema}".handled TO "{schema}_admin"')
+    with admin_only_caller(deployed, owner) as (conn, _):
+        if deployed.dialect == "mssql":
             assert run(conn, "mssql", f"SELECT OBJECT_ID(N'[{schema}].[work_handler]', N'P')") == [(None,)]
         result = deployed.client("jobs", conn).process(time_budget_seconds=30)
-        assert (result["processed"], result["completed"], result["failed"]) == (4, 2, 2)
-        assert counts(owner_client) == (0, 0, 0, 1)
-        assert sorted(n for (n,) in run(owner, deployed.dialect, f"SELECT n FROM {_q(deployed, schema, 'handled')}")) == [0, 1]
-    finally:
-        if deployed.dialect == "postgres":
-            run(conn, "postgres", "RESET ROLE")
-        else:
-            run(conn, "mssql", "REVERT")
-        conn.close()
-        if deployed.dialect == "postgres":
-            run(owner, "postgres", f'DROP OWNED BY "{user}"')
-            run(owner, "postgres", f'DROP ROLE "{user}"')
-        else:
-            run(owner, "mssql", f"DROP USER [{user}]")
-        owner.close()
+    assert (result["processed"], result["completed"], result["failed"]) == (4, 2, 2)
+    assert counts(owner_client) == (0, 0, 0, 1)
+    assert sorted(n for (n,) in run(owner, deployed.dialect, f"SELECT n FROM {_q(deployed, schema, 'handled')}")) == [0, 1]
+    owner.close()
 
 
 def _attempts(deployed: Any, conn: Any) -> list[int]:
@@ -404,45 +446,41 @@ def test_a_handler_the_admin_caller_may_not_execute_is_no_handler_and_spends_not
     # handler always runs with the caller's rights (42501). Before process asked, every message failed
     # at the call until it was dead: a whole backlog dead-lettered within one time budget.
     deployed = deploy_with_handler(deploy_queues, max_attempts=2)
-    schema = deployed.catalog.schema
-    admin = f"{schema}_admin"
-    user = f"u_{secrets.token_hex(4)}"
-    handler_owner = f"h_{secrets.token_hex(4)}"
     owner = deployed.connect(autocommit=True)
     owner_client = deployed.client("jobs", owner)
     owner_client.enqueue_batch({"payload": {"n": n}} for n in range(3))
-    conn = deployed.connect(autocommit=True)
-    try:
-        if deployed.dialect == "postgres":
-            run(owner, "postgres", f'REVOKE EXECUTE ON PROCEDURE "{schema}".work_handler(bigint, jsonb) FROM PUBLIC')
-            run(owner, "postgres", f'CREATE ROLE "{user}" NOLOGIN IN ROLE "{admin}"')
-            run(conn, "postgres", f'SET ROLE "{user}"')
-        else:
-            run(owner, "mssql", f"CREATE USER [{handler_owner}] WITHOUT LOGIN")
-            run(owner, "mssql", f"ALTER AUTHORIZATION ON OBJECT::[{schema}].[work_handler] TO [{handler_owner}]")
-            run(owner, "mssql", f"CREATE USER [{user}] WITHOUT LOGIN")
-            run(owner, "mssql", f"ALTER ROLE [{admin}] ADD MEMBER [{user}]")
-            run(conn, "mssql", f"EXECUTE AS USER = N'{user}'")
+    with handler_of_another_owner(deployed, owner), admin_only_caller(deployed, owner) as (conn, _):
         with pytest.raises(Exception) as raised:
             deployed.client("jobs", conn).process(time_budget_seconds=30)
-        assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
-        assert "execute" in str(raised.value).lower()
-        assert counts(owner_client) == (3, 0, 0, 0)
-        assert _attempts(deployed, owner) == [0, 0, 0]
-    finally:
+    assert error_code(raised.value) == code_of(deployed.dialect, "no_handler")
+    assert "execute" in str(raised.value).lower()
+    assert counts(owner_client) == (3, 0, 0, 0)
+    assert _attempts(deployed, owner) == [0, 0, 0]
+    owner.close()
+
+
+def test_a_handler_of_another_owner_the_admin_caller_may_execute_runs_every_message(deploy_queues) -> None:
+    # The other half of the check above (review fix19 SHOULD-1): the same handler of another owner,
+    # with EXECUTE granted to the caller (SQL Server: checked in the caller's context, as the call
+    # outside the ownership chain will be), runs, and process completes every message. A check that
+    # refused every handler of another owner, or asked in any other context than the caller's,
+    # would stop it with no_handler.
+    deployed = deploy_with_handler(deploy_queues, max_attempts=2)
+    schema = deployed.catalog.schema
+    owner = deployed.connect(autocommit=True)
+    owner_client = deployed.client("jobs", owner)
+    owner_client.enqueue_batch({"payload": {"n": n}} for n in range(3))
+    with handler_of_another_owner(deployed, owner) as handler, admin_only_caller(deployed, owner) as (conn, user):
         if deployed.dialect == "postgres":
-            run(conn, "postgres", "RESET ROLE")
+            run(owner, "postgres", f'GRANT EXECUTE ON {handler} TO "{user}"')
+            run(owner, "postgres", f'GRANT INSERT ON "{schema}".handled TO "{user}"')
         else:
-            run(conn, "mssql", "REVERT")
-        conn.close()
-        if deployed.dialect == "postgres":
-            run(owner, "postgres", f'DROP OWNED BY "{user}"')
-            run(owner, "postgres", f'DROP ROLE "{user}"')
-        else:
-            run(owner, "mssql", f"ALTER AUTHORIZATION ON OBJECT::[{schema}].[work_handler] TO SCHEMA OWNER")
-            run(owner, "mssql", f"DROP USER [{handler_owner}]")
-            run(owner, "mssql", f"DROP USER [{user}]")
-        owner.close()
+            run(owner, "mssql", f"GRANT EXECUTE ON {handler} TO [{user}]")
+        result = deployed.client("jobs", conn).process(time_budget_seconds=30)
+    assert (result["processed"], result["completed"], result["failed"]) == (3, 3, 0)
+    assert counts(owner_client) == (0, 0, 0, 0)
+    assert sorted(n for (n,) in run(owner, deployed.dialect, f"SELECT n FROM {_q(deployed, schema, 'handled')}")) == [0, 1, 2]
+    owner.close()
 
 
 def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_stops_it(deploy_queues) -> None:

@@ -3683,43 +3683,102 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE [test_queue_thumbnails].[test process finds its handler for a caller in the admin role only]
+-- A user in the admin role alone, [test_admin_only_user], and [as test_admin_only_user], which runs
+-- process as that user: a procedure WITH EXECUTE AS it (sqlfluff cannot parse a statement EXECUTE AS /
+-- REVERT; the user and the procedure go with tSQLt's rollback), process by dynamic SQL, so that the
+-- user's own EXECUTE permission is checked, not the ownership chain. @visible is the handler's
+-- OBJECT_ID as the user sees it, @error_number what process raised (tSQLt's own transaction hides
+-- the loop: process refuses it, 51003, right after the handler check, so 51003 and not 51005,
+-- no_handler, shows that the check let the user pass).
+CREATE PROCEDURE [test_queue_thumbnails].[create the admin-only user]
 AS
 BEGIN
-    -- Assemble: a user in the admin role alone holds no permission on the handler and sees none of
-    -- its metadata (OBJECT_ID is NULL for it); process runs the handler through the ownership chain.
-    -- tSQLt's own transaction hides the loop: process refuses it (51003) right after the handler
-    -- check, so 51003 and not 51005 (no_handler) shows that the check found the handler.
-    EXEC [test_queue_thumbnails].[create the handler];
     CREATE USER [test_admin_only_user] WITHOUT LOGIN;
     ALTER ROLE [queue_admin] ADD MEMBER [test_admin_only_user];
-
-    -- Act: as that user, through a procedure WITH EXECUTE AS it (sqlfluff cannot parse a statement
-    -- EXECUTE AS / REVERT; the procedure goes with tSQLt's rollback); process by dynamic SQL, so that
-    -- the user's own EXECUTE permission is checked, not the ownership chain. What it saw comes back
-    -- through the session context.
     EXEC (N'CREATE PROCEDURE [test_queue_thumbnails].[as test_admin_only_user]
+    @visible int OUTPUT,
+    @error_number int OUTPUT
 WITH EXECUTE AS ''test_admin_only_user''
 AS
 BEGIN
     SET NOCOUNT ON;
-    DECLARE @visible int = OBJECT_ID(N''[queue].[make_thumbnail]'', N''P'');
-    DECLARE @error_number int;
+    SET @visible = OBJECT_ID(N''[queue].[make_thumbnail]'', N''P'');
     BEGIN TRY
         EXEC (N''EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;'');
     END TRY
     BEGIN CATCH
         SET @error_number = ERROR_NUMBER();
     END CATCH;
-    EXEC sys.sp_set_session_context @key = N''test process visible'', @value = @visible;
-    EXEC sys.sp_set_session_context @key = N''test process error'', @value = @error_number;
 END;');
-    EXEC [test_queue_thumbnails].[as test_admin_only_user];
-    DECLARE @visible int = CONVERT(int, SESSION_CONTEXT(N'test process visible'));
-    DECLARE @error_number int = CONVERT(int, SESSION_CONTEXT(N'test process error'));
+END;
+GO
 
-    -- Assert
+-- The handler double given another owner than process's: process no longer reaches it through the
+-- ownership chain, and SQL Server checks the caller's EXECUTE on it at the call.
+CREATE PROCEDURE [test_queue_thumbnails].[give the handler another owner]
+AS
+BEGIN
+    EXEC [test_queue_thumbnails].[create the handler];
+    CREATE USER [test_handler_owner] WITHOUT LOGIN;
+    ALTER AUTHORIZATION ON OBJECT::[queue].[make_thumbnail] TO [test_handler_owner];
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process finds its handler for a caller in the admin role only]
+AS
+BEGIN
+    -- Assemble: a user in the admin role alone holds no permission on the handler and sees none of
+    -- its metadata (OBJECT_ID is NULL for it); process runs the handler through the ownership chain.
+    EXEC [test_queue_thumbnails].[create the handler];
+    EXEC [test_queue_thumbnails].[create the admin-only user];
+    DECLARE @visible int;
+    DECLARE @error_number int;
+
+    -- Act
+    EXEC [test_queue_thumbnails].[as test_admin_only_user]
+        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
+
+    -- Assert: 51003, the check passed.
+    EXEC tSQLt.AssertEquals @Expected = 51003, @Actual = @error_number;
     EXEC tSQLt.AssertEquals @Expected = NULL, @Actual = @visible, @Message = N'the user sees the handler: no test';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process refuses an unchained handler without EXECUTE]
+AS
+BEGIN
+    -- Assemble: the handler has another owner, and the admin-only user holds no EXECUTE on it:
+    -- every call would fail with 229 (review fix19 SHOULD-1).
+    EXEC [test_queue_thumbnails].[give the handler another owner];
+    EXEC [test_queue_thumbnails].[create the admin-only user];
+    DECLARE @visible int;
+    DECLARE @error_number int;
+
+    -- Act
+    EXEC [test_queue_thumbnails].[as test_admin_only_user]
+        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
+
+    -- Assert: 51005, no_handler, before the transaction check (51003: the check let it pass).
+    EXEC tSQLt.AssertEquals @Expected = 51005, @Actual = @error_number;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process accepts an unchained handler with EXECUTE]
+AS
+BEGIN
+    -- Assemble: the same, and the admin-only user granted EXECUTE on the handler: process asks in
+    -- the caller's context (HAS_PERMS_BY_NAME of the handler's bracketed name, class OBJECT).
+    EXEC [test_queue_thumbnails].[give the handler another owner];
+    EXEC [test_queue_thumbnails].[create the admin-only user];
+    GRANT EXECUTE ON OBJECT::[queue].[make_thumbnail] TO [test_admin_only_user];
+    DECLARE @visible int;
+    DECLARE @error_number int;
+
+    -- Act
+    EXEC [test_queue_thumbnails].[as test_admin_only_user]
+        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
+
+    -- Assert: 51003, the handler check passed (51005 if it refused).
     EXEC tSQLt.AssertEquals @Expected = 51003, @Actual = @error_number;
 END;
 GO

@@ -2444,6 +2444,19 @@ GO
 {% set handler_parts = opt.handler.split('.') if '.' in opt.handler else [schema, opt.handler] %}
 {% set handler_q = '[' ~ handler_parts[0] ~ '].[' ~ handler_parts[1] ~ ']' %}
 {% set admin_role = '[' ~ schema ~ '_admin]' %}
+{#- Act: process run as the admin-only user; Assert: what it raised, `expected` (`why` says what it
+    means). Leaves @visible for the caller's own assertion. -#}
+{% macro process_as_admin_only_user(expected, why) %}
+    DECLARE @visible int;
+    DECLARE @error_number int;
+
+    -- Act
+    EXEC {{ cls }}.[as test_admin_only_user]
+        @visible = @visible OUTPUT, @error_number = @error_number OUTPUT;
+
+    -- Assert: {{ expected }}, {{ why }}.
+    EXEC tSQLt.AssertEquals @Expected = {{ expected }}, @Actual = @error_number;
+{%- endmacro %}
 -- The handler process calls, of the queue's signature; any procedure of that name is set aside
 -- first (tSQLt.RemoveObject renames it, and the test's rollback brings it back).
 CREATE PROCEDURE {{ cls }}.[create the handler]
@@ -2484,44 +2497,79 @@ BEGIN
 END;
 GO
 
-CREATE PROCEDURE {{ cls }}.[test process finds its handler for a caller in the admin role only]
+-- A user in the admin role alone, [test_admin_only_user], and [as test_admin_only_user], which runs
+-- process as that user: a procedure WITH EXECUTE AS it (sqlfluff cannot parse a statement EXECUTE AS /
+-- REVERT; the user and the procedure go with tSQLt's rollback), process by dynamic SQL, so that the
+-- user's own EXECUTE permission is checked, not the ownership chain. @visible is the handler's
+-- OBJECT_ID as the user sees it, @error_number what process raised (tSQLt's own transaction hides
+-- the loop: process refuses it, 51003, right after the handler check, so 51003 and not 51005,
+-- no_handler, shows that the check let the user pass).
+CREATE PROCEDURE {{ cls }}.[create the admin-only user]
 AS
 BEGIN
-    -- Assemble: a user in the admin role alone holds no permission on the handler and sees none of
-    -- its metadata (OBJECT_ID is NULL for it); process runs the handler through the ownership chain.
-    -- tSQLt's own transaction hides the loop: process refuses it (51003) right after the handler
-    -- check, so 51003 and not 51005 (no_handler) shows that the check found the handler.
-    EXEC {{ cls }}.[create the handler];
     CREATE USER [test_admin_only_user] WITHOUT LOGIN;
     ALTER ROLE {{ admin_role }} ADD MEMBER [test_admin_only_user];
-
-    -- Act: as that user, through a procedure WITH EXECUTE AS it (sqlfluff cannot parse a statement
-    -- EXECUTE AS / REVERT; the procedure goes with tSQLt's rollback); process by dynamic SQL, so that
-    -- the user's own EXECUTE permission is checked, not the ownership chain. What it saw comes back
-    -- through the session context.
     EXEC (N'CREATE PROCEDURE {{ cls }}.[as test_admin_only_user]
+    @visible int OUTPUT,
+    @error_number int OUTPUT
 WITH EXECUTE AS ''test_admin_only_user''
 AS
 BEGIN
     SET NOCOUNT ON;
-    DECLARE @visible int = OBJECT_ID(N''{{ handler_q }}'', N''P'');
-    DECLARE @error_number int;
+    SET @visible = OBJECT_ID(N''{{ handler_q }}'', N''P'');
     BEGIN TRY
         EXEC (N''EXEC {{ names.verb('process') }} @time_budget_seconds = 1;'');
     END TRY
     BEGIN CATCH
         SET @error_number = ERROR_NUMBER();
     END CATCH;
-    EXEC sys.sp_set_session_context @key = N''test process visible'', @value = @visible;
-    EXEC sys.sp_set_session_context @key = N''test process error'', @value = @error_number;
 END;');
-    EXEC {{ cls }}.[as test_admin_only_user];
-    DECLARE @visible int = CONVERT(int, SESSION_CONTEXT(N'test process visible'));
-    DECLARE @error_number int = CONVERT(int, SESSION_CONTEXT(N'test process error'));
+END;
+GO
 
-    -- Assert
+-- The handler double given another owner than process's: process no longer reaches it through the
+-- ownership chain, and SQL Server checks the caller's EXECUTE on it at the call.
+CREATE PROCEDURE {{ cls }}.[give the handler another owner]
+AS
+BEGIN
+    EXEC {{ cls }}.[create the handler];
+    CREATE USER [test_handler_owner] WITHOUT LOGIN;
+    ALTER AUTHORIZATION ON OBJECT::{{ handler_q }} TO [test_handler_owner];
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test process finds its handler for a caller in the admin role only]
+AS
+BEGIN
+    -- Assemble: a user in the admin role alone holds no permission on the handler and sees none of
+    -- its metadata (OBJECT_ID is NULL for it); process runs the handler through the ownership chain.
+    EXEC {{ cls }}.[create the handler];
+    EXEC {{ cls }}.[create the admin-only user];
+{{ process_as_admin_only_user(errors.in_transaction, 'the check passed') }}
     EXEC tSQLt.AssertEquals @Expected = NULL, @Actual = @visible, @Message = N'the user sees the handler: no test';
-    EXEC tSQLt.AssertEquals @Expected = {{ errors.in_transaction }}, @Actual = @error_number;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test process refuses an unchained handler without EXECUTE]
+AS
+BEGIN
+    -- Assemble: the handler has another owner, and the admin-only user holds no EXECUTE on it:
+    -- every call would fail with 229 (review fix19 SHOULD-1).
+    EXEC {{ cls }}.[give the handler another owner];
+    EXEC {{ cls }}.[create the admin-only user];
+{{ process_as_admin_only_user(errors.no_handler, 'no_handler, before the transaction check (51003: the check let it pass)') }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test process accepts an unchained handler with EXECUTE]
+AS
+BEGIN
+    -- Assemble: the same, and the admin-only user granted EXECUTE on the handler: process asks in
+    -- the caller's context (HAS_PERMS_BY_NAME of the handler's bracketed name, class OBJECT).
+    EXEC {{ cls }}.[give the handler another owner];
+    EXEC {{ cls }}.[create the admin-only user];
+    GRANT EXECUTE ON OBJECT::{{ handler_q }} TO [test_admin_only_user];
+{{ process_as_admin_only_user(errors.in_transaction, 'the handler check passed (51005 if it refused)') }}
 END;
 GO
 

@@ -184,7 +184,9 @@ def _table_unit(catalog, name: str):
 
 def check_deploy(migrations, table: str, indexes: list[IndexKey], old_reads: list, new_reads: list) -> None:
     """Run a storage unit's migrations as deploy does (every before-code step in order, the code
-    units, every after-code step in order) on the table's indexes and check the pins at each step."""
+    units, every after-code step in order) on the table's indexes and check the pins at each step
+    (the pins on that table: the model holds its indexes only)."""
+    old_reads, new_reads = ([r for r in reads if r.table == table] for reads in (old_reads, new_reads))
     states: list[State] = [tuple(i for i in indexes if i.table == table)]
     before = [s for mig in migrations for s in mig.steps if not s.after_code]
     after = [s for mig in migrations for s in mig.steps if s.after_code]
@@ -205,6 +207,7 @@ def check_reruns(migrations, table: str, indexes: list[IndexKey], old_reads: lis
     transaction, so it left nothing) and is then run again whole, for every k: no step fails, the
     pins of the code running at each step (the new code once the first run passed the code units)
     find their index, and the table ends with the indexes a single run gives it."""
+    old_reads, new_reads = ([r for r in reads if r.table == table] for reads in (old_reads, new_reads))
     code_units = None
     sequence = ([s for mig in migrations for s in mig.steps if not s.after_code] + [code_units]
                 + [s for mig in migrations for s in mig.steps if s.after_code])

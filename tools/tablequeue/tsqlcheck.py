@@ -638,6 +638,13 @@ class _Resolver:
             if self.names[role] not in self.catalog.roles:
                 self.unresolved(self.line(role), "role", self.raws[role])
 
+    def st_Owner(self, s: m.Owner) -> None:
+        names = [self.names[i] for i in s.name]
+        if _key(names) not in self.catalog.procedures and _key(names) not in self.catalog.tables:
+            self.unresolved(s.line, "object", self.display(s.name))
+        if self.names[s.principal] not in self.catalog.roles:
+            self.unresolved(self.line(s.principal), "role", self.raws[s.principal])
+
     def st_DropNamed(self, s: m.DropNamed) -> None:
         names = [self.names[i] for i in s.name]
         if s.what == "schema":

@@ -347,6 +347,14 @@ class Grant(Statement):
 
 
 @dataclass(eq=False)
+class Owner(Statement):
+    """ALTER AUTHORIZATION ON OBJECT::x TO p: the object must exist and p be a principal."""
+
+    name: tuple[int, ...]
+    principal: int
+
+
+@dataclass(eq=False)
 class TableUse(Statement):
     """A statement about a table that reads no rows: SET IDENTITY_INSERT, ALTER INDEX ... ON."""
 
@@ -1156,6 +1164,18 @@ class _Extractor:
                  for i in code(r) if kind(i) in IDENTIFIER_LEAVES]
         permission = normalised([child(segment, "permissions_segment")]) if child(segment, "permissions_segment") else ""
         self.statements.append(Grant(self.line(segment), permission, what.upper(), name, roles))
+
+    def s_alter_authorization_statement(self, segment: BaseSegment) -> None:
+        securable = child(segment, "securable_segment")
+        reference = child(securable, "object_reference") if securable is not None else None
+        principal = child(segment, "role_reference")
+        if reference is None or principal is None or keywords(securable)[:1] != ["OBJECT"]:
+            self.statements.append(Skipped(self.line(segment), "alter_authorization_statement (not ON OBJECT::)",
+                                           self.variables_only(segment)))
+            return
+        self.statements.append(Owner(self.line(segment), self.name_parts(reference, "object"),
+                                     self.tok(next(i for i in code(principal) if kind(i) in IDENTIFIER_LEAVES),
+                                              "role")))
 
     # -- expressions -----------------------------------------------------------------------------
 

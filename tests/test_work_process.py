@@ -522,6 +522,61 @@ def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_st
     owner.close()
 
 
+def test_a_handler_altered_to_other_parameters_under_a_running_process_stops_it_with_the_run_in_the_message(
+        deploy_queues) -> None:
+    # A deploy changes the handler's parameters in one step while process runs (SQL Server: CREATE OR
+    # ALTER with a third, required parameter: the next call fails with 201; PostgreSQL: DROP and
+    # CREATE of the new signature in one transaction: 42883). The message in flight completes with the
+    # old body; the next one's call fails, the handler check fails too: that message is handed back
+    # with its attempt and process stops with no_handler, its message saying what the run did.
+    deployed = deploy_with_handler(deploy_queues, sleep_seconds=1.5, max_attempts=2)
+    schema = deployed.catalog.schema
+    owner = deployed.connect(autocommit=True)
+    owner_client = deployed.client("jobs", owner)
+    owner_client.enqueue_batch({"payload": {"n": n}} for n in range(4))
+    raised: list[BaseException] = []
+
+    def worker() -> None:
+        conn = deployed.connect(autocommit=True)
+        try:
+            deployed.client("jobs", conn).process(time_budget_seconds=60)
+        except Exception as exc:  # noqa: BLE001 - the test asserts what it was
+            raised.append(exc)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    for _ in range(200):
+        if counts(owner_client)[2] == 1:  # the first message's lease is committed: its handler runs
+            break
+        threading.Event().wait(0.05)
+    if deployed.dialect == "postgres":
+        with owner.transaction():
+            run(owner, "postgres", f'DROP PROCEDURE "{schema}".work_handler(bigint, jsonb)')
+            run(owner, "postgres", f"""
+                CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb, tenant integer)
+                LANGUAGE plpgsql AS $handler$ BEGIN END $handler$""")
+    else:
+        run(owner, "mssql", f"""
+            CREATE OR ALTER PROCEDURE [{schema}].work_handler @id bigint, @payload nvarchar(max), @tenant int
+            AS
+            BEGIN
+                SET NOCOUNT ON;
+            END""")
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert raised and error_code(raised[0]) == code_of(deployed.dialect, "no_handler"), raised
+    text = str(raised[0])
+    assert "can no longer be run" in text and " handed back after 2 processed, 1 completed, 0 failed" in text, text
+    assert ("201" in text) if deployed.dialect == "mssql" else ("42883" in text), text
+    assert counts(owner_client) == (3, 0, 0, 0)
+    assert _attempts(deployed, owner) == [0, 0, 0]
+    handled = run(owner, deployed.dialect, f"SELECT n FROM {_q(deployed, schema, 'handled')}")
+    assert len(handled) == 1
+    owner.close()
+
+
 def test_a_handler_that_raises_a_missing_routine_for_one_message_fails_that_message_only(deploy_queues) -> None:
     # The same error numbers raised inside a handler that is still there and runnable are the
     # handler's own (a dispatcher calling a routine the payload names): recorded with fail, the

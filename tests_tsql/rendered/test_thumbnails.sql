@@ -48,8 +48,12 @@ BEGIN
         BEGIN
             DROP PROCEDURE [queue].[make_thumbnail];
         END;
+    -- The flag is read and cleared before the DROP, so that a DROP that fails cannot leave it set for
+    -- the next test of the session (which did not create the schema).
+    DECLARE @created_schema int = CONVERT(int, SESSION_CONTEXT(N'tablequeue test created schema'));
+    EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = NULL;
     IF
-        CONVERT(int, SESSION_CONTEXT(N'tablequeue test created schema')) = 1
+        @created_schema = 1
         AND NOT EXISTS (
             SELECT 1 FROM sys.objects AS o
             WHERE o.schema_id = SCHEMA_ID(N'queue')
@@ -57,7 +61,6 @@ BEGIN
         BEGIN
             EXEC (N'DROP SCHEMA [queue];');
         END;
-    EXEC sys.sp_set_session_context @key = N'tablequeue test created schema', @value = NULL;
     IF @left_open = 1
         BEGIN
             EXEC tSQLt.UndoTestDoubles;

@@ -103,6 +103,8 @@ IF OBJECT_ID(N'[queue].[thumbnails_dead]', N'U') IS NULL
         -- Few inserts, paged reads by id (dead_list). Client ids are random GUIDs: clustered on them,
         -- every insert would land on a random page and split it. dead_seq keeps inserts appending;
         -- the primary key on id, nonclustered, is what dead_list, dead_requeue and dead_delete seek.
+        -- No OPTIMIZE_FOR_SEQUENTIAL_KEY (the queue table has it): dead letters arrive one per
+        -- message transaction, never in a convoy on the last page.
         CREATE TABLE [queue].[thumbnails_dead] (
             id uniqueidentifier NOT NULL,
             dead_seq bigint IDENTITY (1, 1) NOT NULL,
@@ -1949,6 +1951,10 @@ BEGIN
             THROW 51001, @error_message, 1;
         END;
     SET XACT_ABORT ON;
+    -- A page reads the key on id, then looks each row up in the clustered dead_seq; a delete of the
+    -- same row (dead_delete, a burial replacing an older copy) locks them the other way round: a
+    -- rare deadlock, of which this read is the victim (retry it), not the operator's delete.
+    SET DEADLOCK_PRIORITY LOW;
 
     IF @after_id IS NULL
         BEGIN
@@ -2168,6 +2174,9 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- ON, as every procedure that reads (check-tsql's rule); its only run-time error is a lock wait
+    -- on the catalog (1222 under the caller's LOCK_TIMEOUT, a handler's ALTER still open), which then
+    -- dooms a caller's transaction instead of process refusing it with 51003. Rare, and it fails closed.
     SET XACT_ABORT ON;
     DECLARE @handler_name nvarchar(300) = N'[queue].[make_thumbnail]';
     DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
@@ -2226,7 +2235,17 @@ BEGIN
     DECLARE @handler_chained bit;
     EXEC [queue].[thumbnails_process_handler]
         @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
-    IF COALESCE(@handler_found, 0) = 0
+    IF @handler_found IS NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.thumbnails_process: could not check handler procedure ',
+                N'queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)): ',
+                N'its check runs as the database owner, who cannot be impersonated ',
+                N'(error 15517: ALTER AUTHORIZATION ON DATABASE to a valid login; docs/work-queue.md).'
+            );
+            THROW 51005, @error_message, 1;
+        END;
+    IF @handler_found = 0
         BEGIN
             SET @error_message = CONCAT(
                 N'queue.thumbnails_process: handler procedure ',
@@ -2289,6 +2308,7 @@ BEGIN
     DECLARE @pause datetime;
     DECLARE @outcome varchar(8);
     DECLARE @handler_unrunnable bit = 0;
+    DECLARE @released int;
     DECLARE @claimed TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
         seq bigint NOT NULL,
@@ -2650,6 +2670,9 @@ BEGIN
                         -- the message's fault when the handler check now fails: handled after
                         -- this loop. Raised inside a handler that is still there and runnable, it
                         -- is the handler's own error, recorded with fail as any other.
+                        -- The check runs inside this CATCH: an error of its own (1222 on the catalog
+                        -- read of a handler whose ALTER is still open) ends process with that error,
+                        -- the message's attempt counted and its lease left to expire: closed, not lost.
                         IF @error_number IN (229, 2812, 201, 8144, 8145)
                             BEGIN
                                 EXEC [queue].[thumbnails_process_handler]
@@ -2690,10 +2713,19 @@ BEGIN
                         WHERE
                             id = @id AND leased_by = @worker AND visible_at > @now
                             AND (@lease_token IS NULL OR lease_token = @lease_token);
+                        SET @released = @@ROWCOUNT;
+                        -- What the run did is in the message: the refusal ends it without its row.
                         SET @error_message = CONCAT(
                             N'queue.thumbnails_process: the handler can no longer be run; message ',
                             @id,
-                            N' handed back after: ',
+                            IIF(@released = 1, N' handed back', N' not handed back (its lease had expired)'),
+                            N' after ',
+                            @processed,
+                            N' processed, ',
+                            @completed,
+                            N' completed, ',
+                            @failed,
+                            N' failed; the error: ',
                             @error
                         );
                         THROW 51005, @error_message, 1;

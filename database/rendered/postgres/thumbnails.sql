@@ -1854,9 +1854,11 @@ BEGIN
         IF handler_unrunnable THEN
             -- The lease goes back with its attempt, as release gives it (nothing if the lease had
             -- already expired), and process stops.
-            PERFORM FROM "queue"."thumbnails_release"(id => message.id, worker => worker_name);
+            SELECT r.released INTO lease_kept
+            FROM "queue"."thumbnails_release"(id => message.id, worker => worker_name) AS r;
             COMMIT;
-            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler can no longer be run; message %s handed back after: SQLSTATE %s: %s', message.id, error_state, error_text);
+            -- What the run did is in the message: the refusal ends it without its row.
+            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the error: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease had expired)' END, processed, completed, failed, error_state, error_text);
         END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;

@@ -179,6 +179,8 @@ IF OBJECT_ID(N'{{ dead_t }}', N'U') IS NULL
         -- Few inserts, paged reads by id (dead_list). Client ids are random GUIDs: clustered on them,
         -- every insert would land on a random page and split it. dead_seq keeps inserts appending;
         -- the primary key on id, nonclustered, is what dead_list, dead_requeue and dead_delete seek.
+        -- No OPTIMIZE_FOR_SEQUENTIAL_KEY (the queue table has it): dead letters arrive one per
+        -- message transaction, never in a convoy on the last page.
 {% else %}
         -- Few inserts, paged reads by id (dead_list): clustered on id.
 {% endif %}

@@ -19,6 +19,12 @@ BEGIN
 {{ w.throw('invalid_argument', ["N'" ~ names.plain('_dead_list') ~ ": page_size must be between 1 and 1000, got '", "COALESCE(CONVERT(nvarchar(12), @page_size), N'NULL')", "N'.'"]) }}
         END;
     SET XACT_ABORT ON;
+{% if client_ids %}
+    -- A page reads the key on id, then looks each row up in the clustered dead_seq; a delete of the
+    -- same row (dead_delete, a burial replacing an older copy) locks them the other way round: a
+    -- rare deadlock, of which this read is the victim (retry it), not the operator's delete.
+    SET DEADLOCK_PRIORITY LOW;
+{% endif %}
 
 {% for paged in (false, true) %}
     {{ 'ELSE' if paged else 'IF @after_id IS NULL' }}

@@ -20,6 +20,9 @@ CREATE OR ALTER PROCEDURE {{ names.verb('process_handler') }}
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- ON, as every procedure that reads (check-tsql's rule); its only run-time error is a lock wait
+    -- on the catalog (1222 under the caller's LOCK_TIMEOUT, a handler's ALTER still open), which then
+    -- dooms a caller's transaction instead of process refusing it with 51003. Rare, and it fails closed.
     SET XACT_ABORT ON;
     DECLARE @handler_name nvarchar(300) = N'{{ handler_q }}';
     DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
@@ -76,7 +79,11 @@ BEGIN
     DECLARE @handler_chained bit;
     EXEC {{ names.verb('process_handler') }}
         @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
-    IF COALESCE(@handler_found, 0) = 0
+    IF @handler_found IS NULL
+        BEGIN
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": could not check handler procedure '", "N'" ~ handler_signature ~ ": '", "N'its check runs as the database owner, who cannot be impersonated '", "N'(error 15517: ALTER AUTHORIZATION ON DATABASE to a valid login; docs/work-queue.md).'"]) }}
+        END;
+    IF @handler_found = 0
         BEGIN
 {{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": handler procedure '", "N'" ~ handler_signature ~ " does not exist.'"]) }}
         END;
@@ -123,6 +130,7 @@ BEGIN
     DECLARE @step_rows int;
 {% endif %}
     DECLARE @handler_unrunnable bit = 0;
+    DECLARE @released int;
 {{ w.claimed_table() }}
 
     -- A deadlock (1205), a lock timeout (1222) or a snapshot conflict (3960) says nothing about a
@@ -211,6 +219,9 @@ BEGIN
                         -- the message's fault when the handler check now fails: handled after
                         -- this loop. Raised inside a handler that is still there and runnable, it
                         -- is the handler's own error, recorded with fail as any other.
+                        -- The check runs inside this CATCH: an error of its own (1222 on the catalog
+                        -- read of a handler whose ALTER is still open) ends process with that error,
+                        -- the message's attempt counted and its lease left to expire: closed, not lost.
                         IF @error_number IN (229, 2812, 201, 8144, 8145)
                             BEGIN
                                 EXEC {{ names.verb('process_handler') }}
@@ -241,7 +252,12 @@ BEGIN
                     BEGIN TRY
                         SET @now = SYSUTCDATETIME();
 {{ w.release_statement('@id', '@worker', '@lease_token') | indent(20, first=true) }}
-{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": the handler can no longer be run; message '", "@id", "N' handed back after: '", "@error"]) | indent(12, first=true) }}
+                        SET @released = @@ROWCOUNT;
+                        -- What the run did is in the message: the refusal ends it without its row.
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": the handler can no longer be run; message '", "@id",
+                          "IIF(@released = 1, N' handed back', N' not handed back (its lease had expired)')",
+                          "N' after '", "@processed", "N' processed, '", "@completed", "N' completed, '", "@failed",
+                          "N' failed; the error: '", "@error"]) | indent(12, first=true) }}
                     END TRY
                     BEGIN CATCH
                         IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;

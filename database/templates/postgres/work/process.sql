@@ -157,9 +157,11 @@ FROM {{ names.verb('fail') }}(
         IF handler_unrunnable THEN
             -- The lease goes back with its attempt, as release gives it (nothing if the lease had
             -- already expired), and process stops.
-            PERFORM FROM {{ names.verb('release') }}(id => message.id, worker => worker_name);
+            SELECT r.released INTO lease_kept
+            FROM {{ names.verb('release') }}(id => message.id, worker => worker_name) AS r;
             COMMIT;
-{{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": the handler can no longer be run; message %s handed back after: SQLSTATE %s: %s', message.id, error_state, error_text)") | indent(4, first=true) }}
+            -- What the run did is in the message: the refusal ends it without its row.
+{{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the error: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease had expired)' END, processed, completed, failed, error_state, error_text)") | indent(4, first=true) }}
         END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;

@@ -483,13 +483,12 @@ def test_a_handler_of_another_owner_the_admin_caller_may_execute_runs_every_mess
     owner.close()
 
 
-def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_stops_it(deploy_queues) -> None:
-    # A routine application deploy drops the handler while process runs: the next call fails at the
-    # call itself (2812 / 42883) and the handler check fails too, so it is not the message's fault:
-    # the lease goes back with its attempt and process stops with no_handler, instead of failing each
-    # message until the backlog is dead.
+def _process_in_the_background(deploy_queues: Callable[..., Any]) -> tuple[Any, Any, Any, threading.Thread,
+                                                                            list[BaseException]]:
+    """A queue of 4 messages whose handler takes 1.5 s, and process in a thread of its own, returned
+    once its first message's lease is committed (its handler runs): the deployment, the owner's
+    connection and client, the thread, and the list it appends what it raised to."""
     deployed = deploy_with_handler(deploy_queues, sleep_seconds=1.5, max_attempts=2)
-    schema = deployed.catalog.schema
     owner = deployed.connect(autocommit=True)
     owner_client = deployed.client("jobs", owner)
     owner_client.enqueue_batch({"payload": {"n": n}} for n in range(4))
@@ -507,9 +506,19 @@ def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_st
     thread = threading.Thread(target=worker)
     thread.start()
     for _ in range(200):
-        if counts(owner_client)[2] == 1:  # the first message's lease is committed: its handler runs
+        if counts(owner_client)[2] == 1:
             break
         threading.Event().wait(0.05)
+    return deployed, owner, owner_client, thread, raised
+
+
+def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_stops_it(deploy_queues) -> None:
+    # A routine application deploy drops the handler while process runs: the next call fails at the
+    # call itself (2812 / 42883) and the handler check fails too, so it is not the message's fault:
+    # the lease goes back with its attempt and process stops with no_handler, instead of failing each
+    # message until the backlog is dead.
+    deployed, owner, owner_client, thread, raised = _process_in_the_background(deploy_queues)
+    schema = deployed.catalog.schema
     signature = "(bigint, jsonb)" if deployed.dialect == "postgres" else ""
     run(owner, deployed.dialect, f"DROP PROCEDURE {_q(deployed, schema, 'work_handler')}{signature}")
     thread.join(timeout=120)
@@ -529,28 +538,8 @@ def test_a_handler_altered_to_other_parameters_under_a_running_process_stops_it_
     # CREATE of the new signature in one transaction: 42883). The message in flight completes with the
     # old body; the next one's call fails, the handler check fails too: that message is handed back
     # with its attempt and process stops with no_handler, its message saying what the run did.
-    deployed = deploy_with_handler(deploy_queues, sleep_seconds=1.5, max_attempts=2)
+    deployed, owner, owner_client, thread, raised = _process_in_the_background(deploy_queues)
     schema = deployed.catalog.schema
-    owner = deployed.connect(autocommit=True)
-    owner_client = deployed.client("jobs", owner)
-    owner_client.enqueue_batch({"payload": {"n": n}} for n in range(4))
-    raised: list[BaseException] = []
-
-    def worker() -> None:
-        conn = deployed.connect(autocommit=True)
-        try:
-            deployed.client("jobs", conn).process(time_budget_seconds=60)
-        except Exception as exc:  # noqa: BLE001 - the test asserts what it was
-            raised.append(exc)
-        finally:
-            conn.close()
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    for _ in range(200):
-        if counts(owner_client)[2] == 1:  # the first message's lease is committed: its handler runs
-            break
-        threading.Event().wait(0.05)
     if deployed.dialect == "postgres":
         with owner.transaction():
             run(owner, "postgres", f'DROP PROCEDURE "{schema}".work_handler(bigint, jsonb)')

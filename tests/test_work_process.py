@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from conftest import drop_schema
 from tablequeue.errors import QUEUE_ERRORS
 
 MESSAGES = 3000
@@ -48,16 +49,19 @@ def run(conn: Any, dialect: str, sql: str) -> list[tuple]:
     return rows
 
 
-def create_handler(deployed: Any, sleep_seconds: float = 0.0) -> None:
+def create_handler(deployed: Any, sleep_seconds: float = 0.0, handler_schema: str | None = None) -> None:
     """<schema>.work_handler(id, payload): records the message in <schema>.handled, then raises
-    'handler refused message <n>' when the payload says fail."""
+    'handler refused message <n>' when the payload says fail. PostgreSQL: handler_schema puts the
+    handler in a schema of its own (created here)."""
     schema = deployed.catalog.schema
     conn = deployed.connect(autocommit=True)
     try:
         if deployed.dialect == "postgres":
             run(conn, "postgres", f'CREATE TABLE "{schema}".handled (message_id bigint NOT NULL, n integer NOT NULL)')
+            if handler_schema:
+                run(conn, "postgres", f'CREATE SCHEMA "{handler_schema}"')
             run(conn, "postgres", f"""
-                CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb)
+                CREATE PROCEDURE "{handler_schema or schema}".work_handler(id bigint, payload jsonb)
                 LANGUAGE plpgsql AS $handler$
                 BEGIN
                     INSERT INTO "{schema}".handled (message_id, n) VALUES (id, (payload ->> 'n')::integer);
@@ -88,13 +92,13 @@ def create_handler(deployed: Any, sleep_seconds: float = 0.0) -> None:
 
 
 def deploy_with_handler(deploy_queues: Callable[..., Any], sleep_seconds: float = 0.0, handler: bool = True,
-                        **options: Any) -> Any:
+                        handler_schema: str | None = None, **options: Any) -> Any:
     schema = f"t_{secrets.token_hex(4)}"
     queue = {"name": "jobs", "kind": "work", "payload": "json",
-             "options": {"handler": f"{schema}.work_handler", "history": True, **options}}
+             "options": {"handler": f"{handler_schema or schema}.work_handler", "history": True, **options}}
     deployed = deploy_queues(queue, schema=schema)
     if handler:
-        create_handler(deployed, sleep_seconds)
+        create_handler(deployed, sleep_seconds, handler_schema)
     return deployed
 
 
@@ -483,25 +487,32 @@ def test_a_handler_of_another_owner_the_admin_caller_may_execute_runs_every_mess
     owner.close()
 
 
-def _process_in_the_background(deploy_queues: Callable[..., Any]) -> tuple[Any, Any, Any, threading.Thread,
-                                                                            list[BaseException]]:
-    """A queue of 4 messages whose handler takes 1.5 s, and process in a thread of its own, returned
-    once its first message's lease is committed (its handler runs): the deployment, the owner's
-    connection and client, the thread, and the list it appends what it raised to."""
-    deployed = deploy_with_handler(deploy_queues, sleep_seconds=1.5, max_attempts=2)
+def _four_slow_messages(deploy_queues: Callable[..., Any], handler_schema: str | None = None) -> tuple[Any, Any, Any]:
+    """A queue of 4 messages whose handler takes 1.5 s: the deployment, the owner's connection and client."""
+    deployed = deploy_with_handler(deploy_queues, sleep_seconds=1.5, max_attempts=2, handler_schema=handler_schema)
     owner = deployed.connect(autocommit=True)
     owner_client = deployed.client("jobs", owner)
     owner_client.enqueue_batch({"payload": {"n": n}} for n in range(4))
+    return deployed, owner, owner_client
+
+
+def _start_process(deployed: Any, owner_client: Any, conn: Any = None) -> tuple[threading.Thread,
+                                                                               list[BaseException], list[dict]]:
+    """process in a thread of its own (on conn, else a connection of its own that it closes), returned
+    once its first message's lease is committed (its handler runs): the thread, the list it appends
+    what it raised to, and the list it appends its result to."""
     raised: list[BaseException] = []
+    results: list[dict] = []
 
     def worker() -> None:
-        conn = deployed.connect(autocommit=True)
+        own = conn or deployed.connect(autocommit=True)
         try:
-            deployed.client("jobs", conn).process(time_budget_seconds=60)
+            results.append(deployed.client("jobs", own).process(time_budget_seconds=60))
         except Exception as exc:  # noqa: BLE001 - the test asserts what it was
             raised.append(exc)
         finally:
-            conn.close()
+            if conn is None:
+                own.close()
 
     thread = threading.Thread(target=worker)
     thread.start()
@@ -509,7 +520,30 @@ def _process_in_the_background(deploy_queues: Callable[..., Any]) -> tuple[Any, 
         if counts(owner_client)[2] == 1:
             break
         threading.Event().wait(0.05)
+    return thread, raised, results
+
+
+def _process_in_the_background(deploy_queues: Callable[..., Any], handler_schema: str | None = None
+                               ) -> tuple[Any, Any, Any, threading.Thread, list[BaseException]]:
+    """_four_slow_messages with process started on them: the deployment, the owner's connection and
+    client, the thread, and the list it appends what it raised to."""
+    deployed, owner, owner_client = _four_slow_messages(deploy_queues, handler_schema)
+    thread, raised, _ = _start_process(deployed, owner_client)
     return deployed, owner, owner_client, thread, raised
+
+
+def _handed_back_and_stopped(deployed: Any, owner: Any, owner_client: Any, thread: threading.Thread,
+                             raised: list[BaseException]) -> None:
+    """process stopped with no_handler, the message in hand given back with its attempt, nothing
+    failed or dead: what every change that leaves the handler unrunnable under a run must give."""
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert raised and error_code(raised[0]) == code_of(deployed.dialect, "no_handler"), raised
+    assert " handed back after " in str(raised[0]) and " 0 failed" in str(raised[0]), raised[0]
+    ready, delayed, in_flight, dead = counts(owner_client)
+    assert (delayed, in_flight, dead) == (0, 0, 0)
+    assert 1 <= ready <= 3
+    assert _attempts(deployed, owner) == [0] * ready
 
 
 def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_stops_it(deploy_queues) -> None:
@@ -521,14 +555,151 @@ def test_a_handler_dropped_under_a_running_process_hands_the_message_back_and_st
     schema = deployed.catalog.schema
     signature = "(bigint, jsonb)" if deployed.dialect == "postgres" else ""
     run(owner, deployed.dialect, f"DROP PROCEDURE {_q(deployed, schema, 'work_handler')}{signature}")
+    _handed_back_and_stopped(deployed, owner, owner_client, thread, raised)
+    owner.close()
+
+
+@pytest.fixture
+def handler_schema(pg_url: str) -> Iterator[str]:
+    """The name of a schema for a handler of its own (PostgreSQL), dropped afterwards with what it holds,
+    under its name or the name a test renamed it to (its name + '_v1')."""
+    name = f"h_{secrets.token_hex(4)}"
+    yield name
+    for each in (name, f"{name}_v1"):
+        drop_schema("postgres", pg_url, each)
+
+
+# The CALL finds the handler by schema name, name and signature every time, so the check after a call
+# error does too (review pgprocess MUST-1): a check of the saved oid passed after a rename or a move
+# (the oid survives) and never ran on 3F000, and each remaining message failed until it was dead.
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("change", [
+    "ALTER PROCEDURE {h}.work_handler(bigint, jsonb) RENAME TO work_handler_old",
+    "ALTER SCHEMA {h} RENAME TO {h}_v1",
+    "DROP SCHEMA {h} CASCADE",
+], ids=["handler-renamed", "schema-renamed", "schema-dropped"])
+def test_a_handler_renamed_or_its_schema_changed_under_a_running_process_hands_the_message_back_and_stops_it(
+        deploy_queues, handler_schema, change) -> None:
+    deployed, owner, owner_client, thread, raised = _process_in_the_background(deploy_queues, handler_schema)
+    run(owner, "postgres", change.format(h=handler_schema))
+    _handed_back_and_stopped(deployed, owner, owner_client, thread, raised)
+    owner.close()
+
+
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+def test_usage_on_the_handlers_schema_revoked_under_a_running_process_hands_the_message_back_and_stops_it(
+        deploy_queues, handler_schema) -> None:
+    # An admin caller with EXECUTE on the handler but, from now on, no USAGE on its schema: the CALL
+    # fails with 42501 while has_function_privilege on the handler (which ignores the schema) still
+    # says yes. Up front the same caller is no_handler, nothing claimed.
+    deployed, owner, owner_client = _four_slow_messages(deploy_queues, handler_schema)
+    schema = deployed.catalog.schema
+    run(owner, "postgres", f'GRANT INSERT ON "{schema}".handled TO "{schema}_admin"')
+    with admin_only_caller(deployed, owner) as (conn, user):
+        run(owner, "postgres", f'GRANT EXECUTE ON PROCEDURE "{handler_schema}".work_handler(bigint, jsonb) TO "{user}"')
+        with pytest.raises(Exception) as refused:
+            deployed.client("jobs", conn).process(time_budget_seconds=5)
+        assert error_code(refused.value) == "TQ005" and "USAGE" in str(refused.value), refused.value
+        assert counts(owner_client) == (4, 0, 0, 0)
+        run(owner, "postgres", f'GRANT USAGE ON SCHEMA "{handler_schema}" TO "{user}"')
+        thread, raised, _ = _start_process(deployed, owner_client, conn)
+        run(owner, "postgres", f'REVOKE USAGE ON SCHEMA "{handler_schema}" FROM "{user}"')
+        _handed_back_and_stopped(deployed, owner, owner_client, thread, raised)
+    assert "42501" in str(raised[0]), raised[0]
+    owner.close()
+
+
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+def test_an_overload_with_defaults_that_makes_the_call_ambiguous_is_no_handler_up_front(deploy_queues) -> None:
+    # CREATE OR REPLACE with a new defaulted parameter creates an overload: CALL h(id, payload) is then
+    # ambiguous (42725) for every message. An overload of other types is not (the exact match wins).
+    deployed = deploy_with_handler(deploy_queues)
+    schema = deployed.catalog.schema
+    conn = deployed.connect(autocommit=True)
+    run(conn, "postgres", f'''CREATE PROCEDURE "{schema}".work_handler(id uuid, payload jsonb, verbose boolean DEFAULT false)
+                             LANGUAGE sql AS $$ SELECT 1 $$''')
+    client = deployed.client("jobs", conn)
+    client.enqueue({"n": 1})
+    assert client.process(time_budget_seconds=5) == {"processed": 1, "completed": 1, "failed": 0}
+    run(conn, "postgres", f'''CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb, verbose boolean DEFAULT false)
+                             LANGUAGE sql AS $$ SELECT 1 $$''')
+    client.enqueue({"n": 2})
+    with pytest.raises(Exception) as raised:
+        client.process(time_budget_seconds=5)
+    assert error_code(raised.value) == "TQ005" and "ambiguous" in str(raised.value), raised.value
+    assert counts(client) == (1, 0, 0, 0)
+    assert _attempts(deployed, conn) == [0]
+    conn.close()
+
+
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+def test_a_handler_replaced_by_drop_and_create_under_a_running_process_keeps_processing(deploy_queues) -> None:
+    # The same signature dropped and created again in one transaction (review pgprocess SHOULD-1): the
+    # next CALL finds the new procedure by name. When its first call raises 42501 of its own, the check
+    # passes with another oid: the handler was replaced under the run, so the message runs once more
+    # without spending an attempt, instead of process stopping because the old oid is gone.
+    deployed, owner, owner_client = _four_slow_messages(deploy_queues)
+    schema = deployed.catalog.schema
+    run(owner, "postgres", f'CREATE SEQUENCE "{schema}".new_calls')
+    thread, raised, results = _start_process(deployed, owner_client)
+    with owner.transaction():
+        run(owner, "postgres", f'DROP PROCEDURE "{schema}".work_handler(bigint, jsonb)')
+        run(owner, "postgres", f"""
+            CREATE PROCEDURE "{schema}".work_handler(id bigint, payload jsonb)
+            LANGUAGE plpgsql AS $handler$
+            BEGIN
+                IF nextval('"{schema}".new_calls') = 1 THEN
+                    RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'not yet';
+                END IF;
+                INSERT INTO "{schema}".handled (message_id, n) VALUES (id, (payload ->> 'n')::integer);
+            END
+            $handler$""")
     thread.join(timeout=120)
     assert not thread.is_alive()
-    assert raised and error_code(raised[0]) == code_of(deployed.dialect, "no_handler"), raised
-    ready, delayed, in_flight, dead = counts(owner_client)
-    assert (delayed, in_flight, dead) == (0, 0, 0)
-    assert 1 <= ready <= 3
-    assert _attempts(deployed, owner) == [0] * ready
+    assert not raised, raised
+    assert results == [{"processed": 4, "completed": 4, "failed": 0}]
+    assert counts(owner_client) == (0, 0, 0, 0)
+    assert sorted(n for (n,) in run(owner, "postgres", f"SELECT n FROM {_q(deployed, schema, 'handled')}")) == [0, 1, 2, 3]
+    assert run(owner, "postgres", f'SELECT attempts FROM "{schema}".jobs_history ORDER BY id') == [(1,)] * 4
     owner.close()
+
+
+@pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
+def test_process_evaluates_no_operator_a_callers_search_path_could_supply(deploy_queues) -> None:
+    """process runs with its caller's rights and search_path (it commits, so it cannot pin its own): an
+    operator of exact types that pg_catalog lacks, planted in a schema first on that path, would win
+    over pg_catalog's cast-based one and run as the caller (review pgprocess MUST-2): the handler
+    check's oid comparison and the pause before a transient retry, reached here by a lock timeout."""
+    schema = f"t_{secrets.token_hex(4)}"
+    deployed = deploy_queues({"name": "jobs", "kind": "work", "payload": "json", "options": {
+        "handler": f"{schema}.work_handler", "history": True, "max_attempts": 1, "lease_seconds": 60}},
+        schema=schema)
+    holder = create_blocked_handler(deployed, blocked_calls=1)
+    conn = deployed.connect(autocommit=True)
+    planted = f"p_{secrets.token_hex(4)}"
+    run(conn, "postgres", f'CREATE SCHEMA "{planted}"')
+    for left, right, operator in (("oid", "regprocedure", "="), ("double precision", "numeric", "*"),
+                                  ("numeric", "double precision", "+")):
+        function = f'"{planted}".op_{left.split()[0]}_{right.split()[0]}'
+        returns = "boolean" if operator == "=" else "double precision"
+        run(conn, "postgres", f"CREATE FUNCTION {function}(a {left}, b {right}) RETURNS {returns} LANGUAGE plpgsql "
+                              f"AS $$ BEGIN RAISE EXCEPTION 'planted operator ran'; END $$")
+        run(conn, "postgres", f'CREATE OPERATOR "{planted}".{operator} (LEFTARG = {left}, RIGHTARG = {right}, '
+                              f"FUNCTION = {function})")
+    client = deployed.client("jobs", conn)
+    try:
+        run(conn, "postgres", f'SET search_path = "{planted}", public')
+        client.enqueue_batch({"payload": {"n": n}} for n in range(2))
+        result = client.process(time_budget_seconds=30)
+    finally:
+        holder.rollback()
+        holder.close()
+        run(conn, "postgres", "RESET search_path")
+        run(conn, "postgres", f'DROP SCHEMA "{planted}" CASCADE')
+    assert result == {"processed": 2, "completed": 2, "failed": 0}
+    assert run(conn, "postgres", "SELECT nextval('\"{0}\".handler_calls')".format(schema)) == [(4,)]
+    assert counts(client) == (0, 0, 0, 0)
+    conn.close()
 
 
 def test_a_handler_altered_to_other_parameters_under_a_running_process_stops_it_with_the_run_in_the_message(

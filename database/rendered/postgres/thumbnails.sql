@@ -1692,9 +1692,10 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_dead_delete" TO "queue_admin";
 -- Unlike every function here it has no definer rights and no pinned search_path: PostgreSQL refuses
 -- COMMIT in a procedure that has either (SQLSTATE 2D000). Nothing is lost by it: the procedure
 -- touches no table itself; it calls the definer functions dequeue / complete / fail, so its
--- caller needs EXECUTE on those (S_consumer) and on the handler. It runs with the caller's rights,
--- so the caller's search_path can only mislead the caller; the routines it calls are
--- schema-qualified all the same.
+-- caller needs EXECUTE on those (S_consumer) and on the handler. It runs with the caller's rights
+-- and search_path, and the schemas on that path may be writable by others: every routine it calls
+-- is schema-qualified, and every operator it evaluates is pg_catalog's, written out where
+-- pg_catalog has no exact match (an operator of exact types elsewhere on the path would win).
 CREATE OR REPLACE PROCEDURE "queue"."thumbnails_process"(
     time_budget_seconds integer DEFAULT 60,
     INOUT processed bigint DEFAULT NULL,
@@ -1712,7 +1713,10 @@ DECLARE
     lease_kept boolean;
     lease_lost boolean;
     handler_unrunnable boolean;
-    handler_oid regprocedure;
+    handler_replaced boolean;
+    handler_oid oid;
+    handler_found oid;
+    handler_problem text;
     outcome_text text;
     error_state text;
     error_text text;
@@ -1733,24 +1737,45 @@ BEGIN
     -- Every transaction this procedure begins, right after each COMMIT, before any query.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
-    -- types would fail every message at the CALL (42883) until each one is dead-lettered.
-    handler_oid := pg_catalog.to_regprocedure(
-        pg_catalog.format('%I.%I(uuid, jsonb)', 'queue', 'make_thumbnail')
-    );
-    IF NOT EXISTS (
-        SELECT FROM pg_catalog.pg_proc AS p
-        WHERE
-            p.oid = handler_oid
-            AND p.prokind = 'p'
-    ) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.';
+    -- A handler the CALL cannot run would fail every message at the CALL until each one is
+    -- dead-lettered: no schema (3F000) or no USAGE on it, no procedure of this signature (PostgreSQL
+    -- overloads: one of other types is 42883), no EXECUTE (42501; the handler runs with the
+    -- caller's rights), or an overload with defaults that makes the call ambiguous (42725).
+    SELECT
+        CASE
+            WHEN n.oid IS NULL THEN 'schema queue of handler procedure queue.make_thumbnail does not exist.'
+            WHEN NOT pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+                THEN 'the caller has no USAGE on schema queue of handler procedure queue.make_thumbnail: grant it.'
+            WHEN p.oid IS NULL
+                THEN 'handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.'
+            WHEN NOT pg_catalog.has_function_privilege(p.oid, 'EXECUTE')
+                THEN 'the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.'
+            WHEN EXISTS (
+                SELECT FROM pg_catalog.pg_proc AS o
+                WHERE
+                    o.pronamespace OPERATOR(pg_catalog.=) n.oid
+                    AND o.proname OPERATOR(pg_catalog.=) 'make_thumbnail'
+                    AND o.oid OPERATOR(pg_catalog.<>) p.oid
+                    AND o.pronargs OPERATOR(pg_catalog.>) 2
+                    AND pg_catalog.int2mi(o.pronargs, o.pronargdefaults) OPERATOR(pg_catalog.<=) 2
+                    AND o.proargtypes[0] OPERATOR(pg_catalog.=) p.proargtypes[0]
+                    AND o.proargtypes[1] OPERATOR(pg_catalog.=) p.proargtypes[1]
+            ) THEN 'another routine queue.make_thumbnail(uuid, jsonb, ...) with defaults makes its call ambiguous.'
+        END,
+        p.oid
+    INTO handler_problem, handler_found
+    FROM (VALUES (1)) AS one (x)
+    LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname OPERATOR(pg_catalog.=) 'queue'
+    LEFT JOIN pg_catalog.pg_proc AS p
+        ON
+            p.pronamespace OPERATOR(pg_catalog.=) n.oid
+            AND p.proname OPERATOR(pg_catalog.=) 'make_thumbnail'
+            AND p.prokind OPERATOR(pg_catalog.=) 'p'
+            AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'uuid, jsonb';
+    IF handler_problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: %s', handler_problem);
     END IF;
-    -- The handler runs with the caller's rights: without EXECUTE on it every message would fail at
-    -- the CALL (42501) until it is dead.
-    IF NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
-        RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = 'queue.thumbnails_process: the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.';
-    END IF;
+    handler_oid := handler_found;
 
     processed := 0;
     completed := 0;
@@ -1775,7 +1800,7 @@ BEGIN
                     RAISE;
                 END IF;
                 transient_retries := transient_retries + 1;
-                PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+                PERFORM pg_catalog.pg_sleep(pg_catalog.float8pl(0.02, pg_catalog.float8mul(pg_catalog.random(), 0.18)));
             END;
         END LOOP;
         EXIT WHEN NOT claimed;
@@ -1785,6 +1810,7 @@ BEGIN
         transient_retries := 0;
 
         handler_unrunnable := false;
+        handler_replaced := false;
         LOOP
             lease_lost := false;
             BEGIN
@@ -1804,20 +1830,59 @@ BEGIN
                 EXIT WHEN lease_lost;
                 GET STACKED DIAGNOSTICS
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
-                -- An error that can mean the handler cannot be run (dropped, its EXECUTE revoked
-                -- while process runs: 42883, 42501) is not the message's fault when the handler
-                -- check now fails: handled after this block (no COMMIT inside a block with a
-                -- handler). Raised inside a handler that is still there and runnable, it is the
-                -- handler's own error, recorded with fail as any other.
-                -- (A dropped handler's oid has no privilege: NULL.)
-                IF error_state IN ('42883', '42501')
-                    AND NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
-                    handler_unrunnable := true;
-                    EXIT;
+                -- An error that can mean the handler cannot be run (dropped, renamed, moved, its
+                -- schema renamed or dropped, USAGE or EXECUTE revoked, an ambiguous overload added
+                -- while process runs: 42883, 42501, 3F000, 42725) is not the message's fault when
+                -- the handler check, by name as the CALL looks it up, now fails: handled after
+                -- this block (no COMMIT inside a block with a handler). Raised inside a handler
+                -- that is still there and runnable, it is the handler's own error, recorded with
+                -- fail as any other; unless the handler was replaced under the run (DROP and
+                -- CREATE: another oid), when the message runs once more, spending no attempt.
+                IF error_state IN ('42883', '42501', '3F000', '42725') THEN
+                    SELECT
+                        CASE
+                            WHEN n.oid IS NULL THEN 'schema queue of handler procedure queue.make_thumbnail does not exist.'
+                            WHEN NOT pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+                                THEN 'the caller has no USAGE on schema queue of handler procedure queue.make_thumbnail: grant it.'
+                            WHEN p.oid IS NULL
+                                THEN 'handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.'
+                            WHEN NOT pg_catalog.has_function_privilege(p.oid, 'EXECUTE')
+                                THEN 'the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.'
+                            WHEN EXISTS (
+                                SELECT FROM pg_catalog.pg_proc AS o
+                                WHERE
+                                    o.pronamespace OPERATOR(pg_catalog.=) n.oid
+                                    AND o.proname OPERATOR(pg_catalog.=) 'make_thumbnail'
+                                    AND o.oid OPERATOR(pg_catalog.<>) p.oid
+                                    AND o.pronargs OPERATOR(pg_catalog.>) 2
+                                    AND pg_catalog.int2mi(o.pronargs, o.pronargdefaults) OPERATOR(pg_catalog.<=) 2
+                                    AND o.proargtypes[0] OPERATOR(pg_catalog.=) p.proargtypes[0]
+                                    AND o.proargtypes[1] OPERATOR(pg_catalog.=) p.proargtypes[1]
+                            ) THEN 'another routine queue.make_thumbnail(uuid, jsonb, ...) with defaults makes its call ambiguous.'
+                        END,
+                        p.oid
+                    INTO handler_problem, handler_found
+                    FROM (VALUES (1)) AS one (x)
+                    LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname OPERATOR(pg_catalog.=) 'queue'
+                    LEFT JOIN pg_catalog.pg_proc AS p
+                        ON
+                            p.pronamespace OPERATOR(pg_catalog.=) n.oid
+                            AND p.proname OPERATOR(pg_catalog.=) 'make_thumbnail'
+                            AND p.prokind OPERATOR(pg_catalog.=) 'p'
+                            AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'uuid, jsonb';
+                    IF handler_problem IS NOT NULL THEN
+                        handler_unrunnable := true;
+                        EXIT;
+                    END IF;
+                    IF handler_found OPERATOR(pg_catalog.<>) handler_oid AND NOT handler_replaced THEN
+                        handler_oid := handler_found;
+                        handler_replaced := true;
+                        CONTINUE;
+                    END IF;
                 END IF;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
-                    PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+                    PERFORM pg_catalog.pg_sleep(pg_catalog.float8pl(0.02, pg_catalog.float8mul(pg_catalog.random(), 0.18)));
                     CONTINUE;
                 END IF;
                 -- The SQLSTATE, where it was raised (the innermost routine of the context, PL/pgSQL
@@ -1842,7 +1907,7 @@ BEGIN
                             RAISE;
                         END IF;
                         transient_retries := transient_retries + 1;
-                        PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+                        PERFORM pg_catalog.pg_sleep(pg_catalog.float8pl(0.02, pg_catalog.float8mul(pg_catalog.random(), 0.18)));
                     END;
                 END LOOP;
                 IF outcome_text <> 'lost' THEN
@@ -1854,8 +1919,20 @@ BEGIN
         IF handler_unrunnable THEN
             -- The lease goes back with its attempt, as release gives it (nothing if the lease had
             -- already expired), and process stops.
-            SELECT r.released INTO lease_kept
-            FROM "queue"."thumbnails_release"(id => message.id, worker => worker_name) AS r;
+            transient_retries := 0;
+            LOOP
+                BEGIN
+                    SELECT r.released INTO lease_kept
+                    FROM "queue"."thumbnails_release"(id => message.id, worker => worker_name) AS r;
+                    EXIT;
+                EXCEPTION WHEN deadlock_detected OR lock_not_available OR serialization_failure THEN
+                    IF transient_retries >= 3 THEN
+                        RAISE;
+                    END IF;
+                    transient_retries := transient_retries + 1;
+                    PERFORM pg_catalog.pg_sleep(pg_catalog.float8pl(0.02, pg_catalog.float8mul(pg_catalog.random(), 0.18)));
+                END;
+            END LOOP;
             COMMIT;
             -- What the run did is in the message: the refusal ends it without its row.
             RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the error: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease had expired)' END, processed, completed, failed, error_state, error_text);

@@ -286,8 +286,52 @@ WITH (
 {#- The in-database worker's steps: run the statements, and again after a short random pause (so
     that they do not meet the same peer at once) on a deadlock, a lock timeout or a serialization
     failure, up to 3 times. Expects transient_retries integer. -#}
+{#- The pause is written with pg_catalog's functions, not + and *: pg_catalog has no exact
+    operator for numeric + double precision or double precision * numeric, so an exact one in a
+    schema on the caller's search_path (process runs with it) would be chosen. -#}
 {% macro transient_pause() %}
-PERFORM pg_catalog.pg_sleep(0.02 + pg_catalog.random() * 0.18);
+PERFORM pg_catalog.pg_sleep(pg_catalog.float8pl(0.02, pg_catalog.float8mul(pg_catalog.random(), 0.18)));
+{%- endmacro %}
+
+{#- process's handler check, before the loop and again after a call error that can mean the handler
+    cannot be run: by schema name, name and signature, as the CALL finds it, in the caller's rights
+    (the CALL runs in them). Sets handler_problem (NULL: runnable) and handler_found (its oid). A
+    routine of the same name and schema that takes the same two types first and defaults the rest
+    makes the CALL ambiguous (42725); an overload with other types does not (the exact match wins).
+    Every operator is pg_catalog's, written out: process runs with the caller's search_path. -#}
+{% macro handler_check(handler_schema, handler_name, id_type, payload_type) %}
+{%- set handler = handler_schema ~ '.' ~ handler_name %}
+SELECT
+    CASE
+        WHEN n.oid IS NULL THEN 'schema {{ handler_schema }} of handler procedure {{ handler }} does not exist.'
+        WHEN NOT pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+            THEN 'the caller has no USAGE on schema {{ handler_schema }} of handler procedure {{ handler }}: grant it.'
+        WHEN p.oid IS NULL
+            THEN 'handler procedure {{ handler }}(id {{ id_type }}, payload {{ payload_type }}) does not exist.'
+        WHEN NOT pg_catalog.has_function_privilege(p.oid, 'EXECUTE')
+            THEN 'the caller may not execute handler procedure {{ handler }}: grant EXECUTE on it.'
+        WHEN EXISTS (
+            SELECT FROM pg_catalog.pg_proc AS o
+            WHERE
+                o.pronamespace OPERATOR(pg_catalog.=) n.oid
+                AND o.proname OPERATOR(pg_catalog.=) '{{ handler_name }}'
+                AND o.oid OPERATOR(pg_catalog.<>) p.oid
+                AND o.pronargs OPERATOR(pg_catalog.>) 2
+                AND pg_catalog.int2mi(o.pronargs, o.pronargdefaults) OPERATOR(pg_catalog.<=) 2
+                AND o.proargtypes[0] OPERATOR(pg_catalog.=) p.proargtypes[0]
+                AND o.proargtypes[1] OPERATOR(pg_catalog.=) p.proargtypes[1]
+        ) THEN 'another routine {{ handler }}({{ id_type }}, {{ payload_type }}, ...) with defaults makes its call ambiguous.'
+    END,
+    p.oid
+INTO handler_problem, handler_found
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname OPERATOR(pg_catalog.=) '{{ handler_schema }}'
+LEFT JOIN pg_catalog.pg_proc AS p
+    ON
+        p.pronamespace OPERATOR(pg_catalog.=) n.oid
+        AND p.proname OPERATOR(pg_catalog.=) '{{ handler_name }}'
+        AND p.prokind OPERATOR(pg_catalog.=) 'p'
+        AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) '{{ id_type }}, {{ payload_type }}';
 {%- endmacro %}
 
 {% macro retry_transient() %}

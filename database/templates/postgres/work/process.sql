@@ -9,9 +9,10 @@
 -- Unlike every function here it has no definer rights and no pinned search_path: PostgreSQL refuses
 -- COMMIT in a procedure that has either (SQLSTATE 2D000). Nothing is lost by it: the procedure
 -- touches no table itself; it calls the definer functions dequeue / complete / fail, so its
--- caller needs EXECUTE on those (S_consumer) and on the handler. It runs with the caller's rights,
--- so the caller's search_path can only mislead the caller; the routines it calls are
--- schema-qualified all the same.
+-- caller needs EXECUTE on those (S_consumer) and on the handler. It runs with the caller's rights
+-- and search_path, and the schemas on that path may be writable by others: every routine it calls
+-- is schema-qualified, and every operator it evaluates is pg_catalog's, written out where
+-- pg_catalog has no exact match (an operator of exact types elsewhere on the path would win).
 CREATE OR REPLACE PROCEDURE {{ names.verb('process') }}(
     time_budget_seconds integer DEFAULT 60,
     INOUT processed bigint DEFAULT NULL,
@@ -29,7 +30,10 @@ DECLARE
     lease_kept boolean;
     lease_lost boolean;
     handler_unrunnable boolean;
-    handler_oid regprocedure;
+    handler_replaced boolean;
+    handler_oid oid;
+    handler_found oid;
+    handler_problem text;
     outcome_text text;
     error_state text;
     error_text text;
@@ -50,24 +54,17 @@ BEGIN
     -- Every transaction this procedure begins, right after each COMMIT, before any query.
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 
-    -- By signature, not by name: PostgreSQL overloads, and a handler of the same name taking other
-    -- types would fail every message at the CALL (42883) until each one is dead-lettered.
-    handler_oid := pg_catalog.to_regprocedure(
-        pg_catalog.format('%I.%I({{ id_type }}, {{ payload_type }})', '{{ handler_parts[0] }}', '{{ handler_parts[1] }}')
-    );
-    IF NOT EXISTS (
-        SELECT FROM pg_catalog.pg_proc AS p
-        WHERE
-            p.oid = handler_oid
-            AND p.prokind = 'p'
-    ) THEN
-{{ m.throw('no_handler', "'" ~ names.plain('_process') ~ ": handler procedure " ~ handler_parts[0] ~ "." ~ handler_parts[1] ~ "(id " ~ id_type ~ ", payload " ~ payload_type ~ ") does not exist.'") }}
+    -- A handler the CALL cannot run would fail every message at the CALL until each one is
+    -- dead-lettered: no schema (3F000) or no USAGE on it, no procedure of this signature (PostgreSQL
+    -- overloads: one of other types is 42883), no EXECUTE (42501; the handler runs with the
+    -- caller's rights), or an overload with defaults that makes the call ambiguous (42725).
+{% filter indent(4, first=true) %}
+{{ w.handler_check(handler_parts[0], handler_parts[1], id_type, payload_type) }}
+{% endfilter %}
+    IF handler_problem IS NOT NULL THEN
+{{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": %s', handler_problem)") }}
     END IF;
-    -- The handler runs with the caller's rights: without EXECUTE on it every message would fail at
-    -- the CALL (42501) until it is dead.
-    IF NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
-{{ m.throw('no_handler', "'" ~ names.plain('_process') ~ ": the caller may not execute handler procedure " ~ handler_parts[0] ~ "." ~ handler_parts[1] ~ ": grant EXECUTE on it.'") }}
-    END IF;
+    handler_oid := handler_found;
 
     processed := 0;
     completed := 0;
@@ -95,6 +92,7 @@ claimed := FOUND;
         transient_retries := 0;
 
         handler_unrunnable := false;
+        handler_replaced := false;
         LOOP
             lease_lost := false;
             BEGIN
@@ -114,16 +112,27 @@ claimed := FOUND;
                 EXIT WHEN lease_lost;
                 GET STACKED DIAGNOSTICS
                     error_state = RETURNED_SQLSTATE, error_text = MESSAGE_TEXT, error_context = PG_EXCEPTION_CONTEXT;
-                -- An error that can mean the handler cannot be run (dropped, its EXECUTE revoked
-                -- while process runs: 42883, 42501) is not the message's fault when the handler
-                -- check now fails: handled after this block (no COMMIT inside a block with a
-                -- handler). Raised inside a handler that is still there and runnable, it is the
-                -- handler's own error, recorded with fail as any other.
-                -- (A dropped handler's oid has no privilege: NULL.)
-                IF error_state IN ('42883', '42501')
-                    AND NOT coalesce(pg_catalog.has_function_privilege(handler_oid, 'EXECUTE'), false) THEN
-                    handler_unrunnable := true;
-                    EXIT;
+                -- An error that can mean the handler cannot be run (dropped, renamed, moved, its
+                -- schema renamed or dropped, USAGE or EXECUTE revoked, an ambiguous overload added
+                -- while process runs: 42883, 42501, 3F000, 42725) is not the message's fault when
+                -- the handler check, by name as the CALL looks it up, now fails: handled after
+                -- this block (no COMMIT inside a block with a handler). Raised inside a handler
+                -- that is still there and runnable, it is the handler's own error, recorded with
+                -- fail as any other; unless the handler was replaced under the run (DROP and
+                -- CREATE: another oid), when the message runs once more, spending no attempt.
+                IF error_state IN ('42883', '42501', '3F000', '42725') THEN
+{% filter indent(20, first=true) %}
+{{ w.handler_check(handler_parts[0], handler_parts[1], id_type, payload_type) }}
+{% endfilter %}
+                    IF handler_problem IS NOT NULL THEN
+                        handler_unrunnable := true;
+                        EXIT;
+                    END IF;
+                    IF handler_found OPERATOR(pg_catalog.<>) handler_oid AND NOT handler_replaced THEN
+                        handler_oid := handler_found;
+                        handler_replaced := true;
+                        CONTINUE;
+                    END IF;
                 END IF;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN
                     transient_retries := transient_retries + 1;
@@ -157,8 +166,13 @@ FROM {{ names.verb('fail') }}(
         IF handler_unrunnable THEN
             -- The lease goes back with its attempt, as release gives it (nothing if the lease had
             -- already expired), and process stops.
-            SELECT r.released INTO lease_kept
-            FROM {{ names.verb('release') }}(id => message.id, worker => worker_name) AS r;
+{% filter indent(12, first=true) %}
+{% call w.retry_transient() %}
+SELECT r.released INTO lease_kept
+FROM {{ names.verb('release') }}(id => message.id, worker => worker_name) AS r;
+{% endcall %}
+{% endfilter %}
+
             COMMIT;
             -- What the run did is in the message: the refusal ends it without its row.
 {{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the error: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease had expired)' END, processed, completed, failed, error_state, error_text)") | indent(4, first=true) }}

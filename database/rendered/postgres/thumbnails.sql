@@ -1744,11 +1744,11 @@ BEGIN
     SELECT
         CASE
             WHEN n.oid IS NULL THEN 'schema queue of handler procedure queue.make_thumbnail does not exist.'
-            WHEN NOT pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+            WHEN NOT coalesce(pg_catalog.has_schema_privilege(n.oid, 'USAGE'), false)
                 THEN 'the caller has no USAGE on schema queue of handler procedure queue.make_thumbnail: grant it.'
             WHEN p.oid IS NULL
                 THEN 'handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.'
-            WHEN NOT pg_catalog.has_function_privilege(p.oid, 'EXECUTE')
+            WHEN NOT coalesce(pg_catalog.has_function_privilege(p.oid, 'EXECUTE'), false)
                 THEN 'the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.'
             WHEN EXISTS (
                 SELECT FROM pg_catalog.pg_proc AS o
@@ -1842,11 +1842,11 @@ BEGIN
                     SELECT
                         CASE
                             WHEN n.oid IS NULL THEN 'schema queue of handler procedure queue.make_thumbnail does not exist.'
-                            WHEN NOT pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+                            WHEN NOT coalesce(pg_catalog.has_schema_privilege(n.oid, 'USAGE'), false)
                                 THEN 'the caller has no USAGE on schema queue of handler procedure queue.make_thumbnail: grant it.'
                             WHEN p.oid IS NULL
                                 THEN 'handler procedure queue.make_thumbnail(id uuid, payload jsonb) does not exist.'
-                            WHEN NOT pg_catalog.has_function_privilege(p.oid, 'EXECUTE')
+                            WHEN NOT coalesce(pg_catalog.has_function_privilege(p.oid, 'EXECUTE'), false)
                                 THEN 'the caller may not execute handler procedure queue.make_thumbnail: grant EXECUTE on it.'
                             WHEN EXISTS (
                                 SELECT FROM pg_catalog.pg_proc AS o

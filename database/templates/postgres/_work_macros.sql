@@ -298,17 +298,18 @@ PERFORM pg_catalog.pg_sleep(pg_catalog.float8pl(0.02, pg_catalog.float8mul(pg_ca
     (the CALL runs in them). Sets handler_problem (NULL: runnable) and handler_found (its oid). A
     routine of the same name and schema that takes the same two types first and defaults the rest
     makes the CALL ambiguous (42725); an overload with other types does not (the exact match wins).
-    Every operator is pg_catalog's, written out: process runs with the caller's search_path. -#}
+    Every operator is pg_catalog's, written out: process runs with the caller's search_path. The
+    privilege functions give NULL for an object dropped since the join read it: not runnable. -#}
 {% macro handler_check(handler_schema, handler_name, id_type, payload_type) %}
 {%- set handler = handler_schema ~ '.' ~ handler_name %}
 SELECT
     CASE
         WHEN n.oid IS NULL THEN 'schema {{ handler_schema }} of handler procedure {{ handler }} does not exist.'
-        WHEN NOT pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+        WHEN NOT coalesce(pg_catalog.has_schema_privilege(n.oid, 'USAGE'), false)
             THEN 'the caller has no USAGE on schema {{ handler_schema }} of handler procedure {{ handler }}: grant it.'
         WHEN p.oid IS NULL
             THEN 'handler procedure {{ handler }}(id {{ id_type }}, payload {{ payload_type }}) does not exist.'
-        WHEN NOT pg_catalog.has_function_privilege(p.oid, 'EXECUTE')
+        WHEN NOT coalesce(pg_catalog.has_function_privilege(p.oid, 'EXECUTE'), false)
             THEN 'the caller may not execute handler procedure {{ handler }}: grant EXECUTE on it.'
         WHEN EXISTS (
             SELECT FROM pg_catalog.pg_proc AS o

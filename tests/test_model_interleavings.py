@@ -107,6 +107,9 @@ SHORT_LEASE = 1
 LONG_LEASE = 600
 MAX_SLEEPS = 1
 KEYS = (None, "a", "b", "c")
+# Option groups: a message's group follows from its serial (n = 1, 2, 3, ... -> g1, g2, ungrouped,
+# ...), so the rules draw nothing more and every group sees messages from every session.
+GROUP_KEYS = ("g1", "g2", None)
 CLIENT_IDS = {key: uuid.uuid5(uuid.NAMESPACE_URL, f"tablequeue-model/{key}") for key in KEYS if key}
 ENDS = (None, "commit", "rollback")
 REPEATABLE_READ = "repeatable read"
@@ -298,6 +301,9 @@ class Message:
     commit_seq: int = 0             # when that transaction committed
     visible_write: bool = False     # staged: this transaction makes it visible (again)
     dead_seq: int = 0
+    group: str | None = None        # option groups: the message's group_key
+    in_flight: bool = False         # work with groups: its group's in-flight message (leased, or
+                                    # released or failed to retry, until completed or dead)
 
 
 @dataclass
@@ -307,6 +313,7 @@ class Txn:
     holds_locks: bool = False
     dequeue_windows: list[tuple[int, int]] = field(default_factory=list)
     buriable: set[int] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)   # groups its enqueues named (a duplicate item too)
 
 
 def step(method: Callable) -> Callable:
@@ -356,6 +363,61 @@ class QueueMachine(RuleBasedStateMachine):
     @property
     def client_ids(self) -> bool:
         return bool(self.options.get("client_ids"))
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.options.get("groups"))
+
+    def group_of(self, serial: int) -> str | None:
+        return GROUP_KEYS[(serial - 1) % len(GROUP_KEYS)] if self.grouped else None
+
+    def group_touched_elsewhere(self, index: int, group: str) -> bool:
+        """Another session's open transaction changed a message of the group (enqueued, dequeued or
+        acknowledged one): it may hold the group, and a claim then steps over the whole group."""
+        return any(other != index and (group in txn.groups or any(m.group == group for m in txn.writes.values()))
+                   for other, txn in self.txns.items())
+
+    def check_group_order(self, index: int, label: str, message: Message, queued: list[Message],
+                          window: tuple[int, int], exempt: set[int]) -> None:
+        """(8) A message of a group is handed out only as its group's head: no other message of the
+        group is in flight (work; `exempt`: those the claim may have buried first), and no message of
+        the group with a lower id is queued and visible to this session (one that committed during
+        the call may still come after it)."""
+        same = [m for m in queued if m.group == message.group and m.serial != message.serial]
+        busy = [m for m in same if m.in_flight and m.serial not in exempt]
+        expect(not busy, f"(8) {label} handed out id {message.id} of group {message.group!r} while "
+                         f"{', '.join(f'id {m.id}' for m in busy)} of that group is in flight")
+        holders = sorted(other for other, txn in self.txns.items() if other != index and any(
+            m.group == message.group and m.serial != message.serial and (m.in_flight or m.state == "consumed")
+            for m in txn.writes.values()))
+        expect(not holders, f"(8) {label} handed out id {message.id} of group {message.group!r}, which the open "
+                            f"transaction of session {holders[0] if holders else None} holds (it took a message of it)")
+        if self.client_ids or any(m.in_flight for m in same):
+            return                  # client ids: the group's order is insertion order (seq), not id
+        older = [m for m in same if m.id < message.id and not self.late(index, m, window)
+                 and self.holder(index, m.serial) is None]
+        expect(not older, f"(8) {label} handed out id {message.id} of group {message.group!r} before the "
+                          f"older {', '.join(f'id {m.id}' for m in older)} of that group")
+
+    def check_one_per_group(self, index: int, label: str, handed_out: list[Message | None]) -> None:
+        groups = [m.group for m in handed_out if m is not None and m.group is not None]
+        expect(len(groups) == len(set(groups)), f"(8) session {index}: {label} handed out two messages of one "
+                                                f"group: groups {groups}")
+
+    def group_heads(self, index: int, queued: list[Message], window: tuple[int, int]) -> set[int] | None:
+        """The serials a grouped claim may hand out for certain: ungrouped messages and each group's
+        head, of groups no other open transaction touched and with no message whose visibility is
+        uncertain for this session (late); None without groups."""
+        if not self.grouped:
+            return None
+        heads = {m.serial for m in queued if m.group is None}
+        for group in {m.group for m in queued if m.group is not None}:
+            members = sorted((m for m in queued if m.group == group), key=lambda m: m.id)
+            if self.group_touched_elsewhere(index, group) or any(self.late(index, m, window) for m in members):
+                continue
+            in_flight = [m for m in members if m.in_flight]
+            heads.add((in_flight or members)[0].serial)
+        return heads
 
     def session(self, index: int) -> Session:
         return self.harness.sessions[index]
@@ -571,6 +633,8 @@ class QueueMachine(RuleBasedStateMachine):
     # -- enqueue, shared: dedupe keys (client ids) and the ids handed back ----------------------------
     def item(self, serial: int, key: str | None) -> dict[str, Any]:
         item: dict[str, Any] = {"payload": {"n": serial}}
+        if self.grouped:
+            item["group_key"] = self.group_of(serial)
         if key is not None:
             item["id" if self.client_ids else "dedupe_key"] = CLIENT_IDS[key] if self.client_ids else key
         return item
@@ -605,7 +669,8 @@ class QueueMachine(RuleBasedStateMachine):
                        f"(2) session {index}: {label}: new message got id {result['id']}, which an earlier message had")
                 new_ids.append(result["id"])
             self.seen_ids.add(result["id"])
-            message = Message(serial, result["id"], key, writer=index, write_seq=call.start_seq, visible_write=True)
+            message = Message(serial, result["id"], key, writer=index, write_seq=call.start_seq, visible_write=True,
+                              group=self.group_of(serial))
             txn.writes[serial] = message
             if key is not None:
                 queued[key] = message
@@ -613,6 +678,7 @@ class QueueMachine(RuleBasedStateMachine):
             expect(new_ids == sorted(new_ids), f"session {index}: {label}: ids not in item order: {new_ids}")
         if any(key is not None for key in keys):
             txn.holds_locks = True
+        txn.groups.update(g for g in map(self.group_of, serials) if g is not None)
 
     def enqueue_call(self, index: int, keys: list[str | None], end: str | None, batch: bool) -> None:
         serials = [next(self.serials) for _ in keys]
@@ -671,7 +737,9 @@ class DestructiveMachine(QueueMachine):
         txn = self.txn(index)
         label = call.label
         got = [row["id"] for row in call.value]
-        available = [m for m in self.queued(index) if self.holder(index, m.serial) is None]
+        queued = self.queued(index)
+        available = [m for m in queued if self.holder(index, m.serial) is None]
+        window = (call.start_seq, call.end_seq)
         for row in call.value:
             serial = self.serial_of(row)
             message = self.view(index, serial)
@@ -682,8 +750,15 @@ class DestructiveMachine(QueueMachine):
                    f"(2) session {index}: {label} handed out id {row['id']} (n={serial}), "
                    + ("consumed by a committed dequeue already" if message else "which no committed enqueue made"))
             expect(row["id"] == message.id, f"session {index}: {label}: n={serial} came back as id {row['id']}, enqueued as {message.id}")
+            if message.group is not None and txn.isolation != REPEATABLE_READ:
+                self.check_group_order(index, f"session {index}: {label}", message, queued, window, set())
         expect(len(got) <= batch_size, f"session {index}: {label} handed out {len(got)} messages")
-        window = (call.start_seq, call.end_seq)
+        self.check_one_per_group(index, label, [self.view(index, self.serial_of(row)) for row in call.value])
+        heads = self.group_heads(index, queued, window)
+        if heads is not None:
+            # The grouped claim takes its two sources (ungrouped, group heads) one after the other:
+            # no id order across them; what it may leave behind is judged on the heads.
+            available = [m for m in available if m.serial in heads]
         if txn.isolation != REPEATABLE_READ:
             self.check_order(index, label, batch_size, got, available, window)
         for row in call.value:
@@ -705,7 +780,7 @@ class DestructiveMachine(QueueMachine):
             expect(got == newest, f"(3) LIFO: session {index}: {label} handed out {got}; the newest were {newest}")
             return
         eligible = sorted(m.id for m in available if not self.late(index, m, window))
-        if self.order == "lax":
+        if self.order == "lax" and not self.grouped:
             expect(got == sorted(got), f"(3) lax FIFO: session {index}: {label} handed out {got}, not in id order")
             skipped = [i for i in eligible if got and i < max(got) and i not in got]
             expect(not skipped, f"(3) lax FIFO: session {index}: {label} handed out {got} and skipped the older "
@@ -725,8 +800,10 @@ class DestructiveMachine(QueueMachine):
 
     def drain(self, index: int) -> None:
         left = sorted(m.id for m in self.committed.values() if m.state == "queued")
-        self.send(index, "dequeue(batch_size=1000)", lambda client: client.dequeue(batch_size=1000),
-                  lambda call: self.check_dequeued(index, 1000, call, draining=True), "commit")
+        # With groups a dequeue hands out one message per group: a group's next comes in the next call.
+        for _ in range(len(left) if self.grouped else 1):
+            self.send(index, "dequeue(batch_size=1000)", lambda client: client.dequeue(batch_size=1000),
+                      lambda call: self.check_dequeued(index, 1000, call, draining=True), "commit")
         expect(not [m for m in self.committed.values() if m.state == "queued"],
                f"(1) a new session's dequeue did not drain the queue (it held {left})")
 
@@ -807,6 +884,10 @@ class WorkMachine(QueueMachine):
         rows = call.value
         expect(len(rows) <= batch_size, f"{label} handed out {len(rows)} messages")
         before = {m.serial: m for m in self.queued(index)}
+        window = (call.start_seq, call.end_seq)
+        # In flight, expired, attempts used: a claim may bury it and then hand out its group's next.
+        buried_first = {m.serial for m in before.values() if m.in_flight and m.attempts >= self.max_attempts
+                        and (m.leased_by is None or self.lease_state(m, call) != "live")}
         got = []
         for row in rows:
             serial = self.serial_of(row)
@@ -816,6 +897,8 @@ class WorkMachine(QueueMachine):
             holder = self.holder(index, serial)
             expect(holder is None, f"(2) {label} handed out id {row['id']}, which the open transaction of session {holder} holds")
             expect(row["id"] == message.id, f"{label}: n={serial} came back as id {row['id']}, enqueued as {message.id}")
+            if message.group is not None and txn.isolation != REPEATABLE_READ:
+                self.check_group_order(index, label, message, list(before.values()), window, buried_first)
             lease = self.lease_state(message, call)
             attempts = row["attempts"]
             if message.leased_by is not None and lease != "expired":
@@ -848,12 +931,16 @@ class WorkMachine(QueueMachine):
                 new_lease = (call.sent + lease_seconds, call.returned + lease_seconds)
                 short = lease_seconds == SHORT_LEASE
             txn.writes[serial] = replace(message, attempts=attempts, leased_by=worker, token=row["lease_token"],
-                                         lease=new_lease, short_lease=short)
+                                         lease=new_lease, short_lease=short, in_flight=self.grouped)
             got.append(serial)
-        window = (call.start_seq, call.end_seq)
+        self.check_one_per_group(index, call.label, [before.get(serial) for serial in got])
+        heads = self.group_heads(index, list(before.values()), window)
+        served = {before[serial].group for serial in got}
         claimable = []
         for message in before.values():
             if message.serial in got or self.maybe_locked(index, message.serial):
+                continue
+            if heads is not None and (message.serial not in heads or message.group in served - {None}):
                 continue
             lease = "expired" if message.leased_by is None else self.lease_state(message, call)
             if message.attempts >= self.max_attempts and lease != "live":
@@ -901,6 +988,8 @@ class WorkMachine(QueueMachine):
         txn = self.txn(index)
         label = f"session {index}: {label}"
         message = self.view(index, serial)
+        if message is not None and message.group is not None:
+            txn.groups.add(message.group)   # an acknowledgement holds the group, its lease or not
         mine = (message is not None and message.state == "queued" and message.leased_by == self.worker(index)
                 and self.holder(index, serial) is None)
         lease = self.lease_state(message, call) if mine else "none"
@@ -1033,8 +1122,10 @@ class WorkMachine(QueueMachine):
             queued = [m for m in self.committed.values() if m.state == "queued"]
             lease = {m.serial: "expired" if m.leased_by is None else self.lease_state(m, call) for m in queued}
             others_waiting = any(self.session(i).busy for i in range(SESSIONS) if i != session)
+            heads = self.group_heads(session, queued, window)
             ready_for_sure = [m.serial for m in queued if lease[m.serial] == "expired" and not others_waiting
-                              and not self.maybe_locked(session, m.serial) and not self.late(session, m, window)]
+                              and not self.maybe_locked(session, m.serial) and not self.late(session, m, window)
+                              and (heads is None or m.serial in heads)]
             maybe_ready = [m.serial for m in queued if lease[m.serial] != "live"]
             label = f"session {session}: {call.label}"
             expect(call.value or not ready_for_sure,
@@ -1134,11 +1225,14 @@ DESTRUCTIVE_QUEUES = {
     "lifo": {"kind": "lifo", "options": {"dedupe": True}},
     "heap": {"kind": "heap", "options": {"dedupe": True}},
     "pending": {"kind": "pending", "options": {"dedupe": True}},
+    "fifo_groups": {"kind": "fifo", "options": {"groups": True, "dedupe": True}},
 }
 WORK_QUEUES = {
     "work_dedupe": {"kind": "work", "options": {"dedupe": True, "max_attempts": 3, "lease_seconds": LONG_LEASE}},
     "work_client_ids": {"kind": "work", "options": {"client_ids": True, "max_attempts": 2, "history": True,
                                                     "lease_seconds": LONG_LEASE}},
+    "work_groups": {"kind": "work", "options": {"groups": True, "dedupe": True, "max_attempts": 2,
+                                                "lease_seconds": LONG_LEASE}},
 }
 
 

@@ -3803,7 +3803,22 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.RemoveObject @ObjectName = N'[queue].[make_thumbnail]', @IfExists = 1;
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 51005;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51005, @ExpectedMessagePattern = N'%does not exist%';
+
+    -- Act
+    EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test process refuses with 51005 when its handler check could not run]
+AS
+BEGIN
+    -- Assemble: the check replaced by a spy, which leaves its outputs NULL, as a check that could not
+    -- run does (15517: a database owner that cannot be impersonated, which a test cannot set up).
+    EXEC tSQLt.SpyProcedure @ProcedureName = N'[queue].[thumbnails_process_handler]';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 51005, @ExpectedMessagePattern = N'%could not check handler procedure%';
 
     -- Act
     EXEC [queue].[thumbnails_process] @time_budget_seconds = 1;

@@ -2593,7 +2593,22 @@ AS
 BEGIN
     -- Assemble
     EXEC tSQLt.RemoveObject @ObjectName = N'{{ handler_q }}', @IfExists = 1;
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = {{ errors.no_handler }};
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.no_handler }}, @ExpectedMessagePattern = N'%does not exist%';
+
+    -- Act
+    EXEC {{ names.verb('process') }} @time_budget_seconds = 1;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test process refuses with 51005 when its handler check could not run]
+AS
+BEGIN
+    -- Assemble: the check replaced by a spy, which leaves its outputs NULL, as a check that could not
+    -- run does (15517: a database owner that cannot be impersonated, which a test cannot set up).
+    EXEC tSQLt.SpyProcedure @ProcedureName = N'{{ names.verb('process_handler') }}';
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = {{ errors.no_handler }}, @ExpectedMessagePattern = N'%could not check handler procedure%';
 
     -- Act
     EXEC {{ names.verb('process') }} @time_budget_seconds = 1;

@@ -23,7 +23,8 @@ QUEUE_ERRORS: dict[str, QueueError] = {
     "in_transaction": QueueError(51003, "TQ003", "process or wait (which commit between their steps) was called inside an open transaction"),
     "not_found": QueueError(51004, "TQ004", "no message with that id (dead-letter requeue/delete)"),
     "no_handler": QueueError(51005, "TQ005", "the in-database worker's handler procedure does not exist with the queue's parameters, "
-                                              "the caller may not execute it, or it can no longer be run"),
+                                              "the caller may not execute it, it can no longer be run, or the check could not "
+                                              "run (SQL Server: 15517)"),
     "handler_failed": QueueError(51006, "TQ006", "the handler procedure raised an error (recorded with fail)"),
     "deploy_refused": QueueError(51007, "TQ007", "the hand-run deploy script refused: the deploy history is in another "
                                  "state than the script was made for, a table to be created again is not empty, or "

@@ -2174,9 +2174,9 @@ CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
 AS
 BEGIN
     SET NOCOUNT ON;
-    -- ON, as every procedure that reads (check-tsql's rule); its only run-time error is a lock wait
-    -- on the catalog (1222 under the caller's LOCK_TIMEOUT, a handler's ALTER still open), which then
-    -- dooms a caller's transaction instead of process refusing it with 51003. Rare, and it fails closed.
+    -- ON, as every procedure that reads (check-tsql's rule): a run-time error of its catalog reads (a
+    -- lock wait, 1222 under the caller's LOCK_TIMEOUT while a handler's ALTER is open) then dooms a
+    -- caller's transaction instead of process refusing it with 51003. Rare, and it fails closed.
     SET XACT_ABORT ON;
     DECLARE @handler_name nvarchar(300) = N'[queue].[make_thumbnail]';
     DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
@@ -2240,8 +2240,8 @@ BEGIN
             SET @error_message = CONCAT(
                 N'queue.thumbnails_process: could not check handler procedure ',
                 N'queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)): ',
-                N'its check runs as the database owner, who cannot be impersonated ',
-                N'(error 15517: ALTER AUTHORIZATION ON DATABASE to a valid login; docs/work-queue.md).'
+                N'see the error raised just before this one (most often 15517: its check runs as the ',
+                N'database owner, who cannot be impersonated; docs/work-queue.md).'
             );
             THROW 51005, @error_message, 1;
         END;
@@ -2718,14 +2718,14 @@ BEGIN
                         SET @error_message = CONCAT(
                             N'queue.thumbnails_process: the handler can no longer be run; message ',
                             @id,
-                            IIF(@released = 1, N' handed back', N' not handed back (its lease had expired)'),
+                            IIF(@released = 1, N' handed back', N' not handed back (its lease was no longer held)'),
                             N' after ',
                             @processed,
                             N' processed, ',
                             @completed,
                             N' completed, ',
                             @failed,
-                            N' failed; the error: ',
+                            N' failed; the handler''s call raised: ',
                             @error
                         );
                         THROW 51005, @error_message, 1;

@@ -1935,7 +1935,7 @@ BEGIN
             END LOOP;
             COMMIT;
             -- What the run did is in the message: the refusal ends it without its row.
-            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the error: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease had expired)' END, processed, completed, failed, error_state, error_text);
+            RAISE EXCEPTION USING ERRCODE = 'TQ005', MESSAGE = pg_catalog.format('queue.thumbnails_process: the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the handler''s call raised: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease was no longer held)' END, processed, completed, failed, error_state, error_text);
         END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;

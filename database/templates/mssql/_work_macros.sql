@@ -100,6 +100,7 @@ last_error, last_worker, dead_at, payload
 
 {#- release's statement: the live lease given back with the attempt it counted, visible now (release,
     and process when its handler cannot be run). -#}
+{#- One statement: process reads its @@ROWCOUNT right after it. -#}
 {% macro release_statement(id_sql, worker_sql, token_sql) %}
     UPDATE {{ t }}
     SET

@@ -20,9 +20,9 @@ CREATE OR ALTER PROCEDURE {{ names.verb('process_handler') }}
 AS
 BEGIN
     SET NOCOUNT ON;
-    -- ON, as every procedure that reads (check-tsql's rule); its only run-time error is a lock wait
-    -- on the catalog (1222 under the caller's LOCK_TIMEOUT, a handler's ALTER still open), which then
-    -- dooms a caller's transaction instead of process refusing it with 51003. Rare, and it fails closed.
+    -- ON, as every procedure that reads (check-tsql's rule): a run-time error of its catalog reads (a
+    -- lock wait, 1222 under the caller's LOCK_TIMEOUT while a handler's ALTER is open) then dooms a
+    -- caller's transaction instead of process refusing it with 51003. Rare, and it fails closed.
     SET XACT_ABORT ON;
     DECLARE @handler_name nvarchar(300) = N'{{ handler_q }}';
     DECLARE @handler_id int = OBJECT_ID(@handler_name, N'P');
@@ -81,7 +81,7 @@ BEGIN
         @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
     IF @handler_found IS NULL
         BEGIN
-{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": could not check handler procedure '", "N'" ~ handler_signature ~ ": '", "N'its check runs as the database owner, who cannot be impersonated '", "N'(error 15517: ALTER AUTHORIZATION ON DATABASE to a valid login; docs/work-queue.md).'"]) }}
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": could not check handler procedure '", "N'" ~ handler_signature ~ ": '", "N'see the error raised just before this one (most often 15517: its check runs as the '", "N'database owner, who cannot be impersonated; docs/work-queue.md).'"]) }}
         END;
     IF @handler_found = 0
         BEGIN
@@ -255,9 +255,9 @@ BEGIN
                         SET @released = @@ROWCOUNT;
                         -- What the run did is in the message: the refusal ends it without its row.
 {{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": the handler can no longer be run; message '", "@id",
-                          "IIF(@released = 1, N' handed back', N' not handed back (its lease had expired)')",
+                          "IIF(@released = 1, N' handed back', N' not handed back (its lease was no longer held)')",
                           "N' after '", "@processed", "N' processed, '", "@completed", "N' completed, '", "@failed",
-                          "N' failed; the error: '", "@error"]) | indent(12, first=true) }}
+                          "N' failed; the handler''s call raised: '", "@error"]) | indent(12, first=true) }}
                     END TRY
                     BEGIN CATCH
                         IF ERROR_NUMBER() NOT IN (1205, 1222, 3960) OR @transient_retries >= 3 THROW;

@@ -175,7 +175,7 @@ FROM {{ names.verb('release') }}(id => message.id, worker => worker_name) AS r;
 
             COMMIT;
             -- What the run did is in the message: the refusal ends it without its row.
-{{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the error: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease had expired)' END, processed, completed, failed, error_state, error_text)") | indent(4, first=true) }}
+{{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": the handler can no longer be run; message %s %s after %s processed, %s completed, %s failed; the handler''s call raised: SQLSTATE %s: %s', message.id, CASE WHEN lease_kept THEN 'handed back' ELSE 'not handed back (its lease was no longer held)' END, processed, completed, failed, error_state, error_text)") | indent(4, first=true) }}
         END IF;
         COMMIT;
         SET TRANSACTION ISOLATION LEVEL READ COMMITTED;

@@ -1229,13 +1229,13 @@ def test_stream_zombie_driver_writing_after_the_winner_deletes_nothing_of_its_ro
     Before, B's overwrite deleted A's acknowledged rows and marker and published B's rows."""
     from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles, read_results
 
-    catalog = pg.deploy(work_queue("zombies"))
+    catalog = pg.deploy(work_queue("zombies", lease_seconds=600))
     options = direct_sink_options(pg, catalog, "zombies", tmp_path, "5c-query")
     output, checkpoint = tmp_path / "out", str(tmp_path / "checkpoint")
     leases = leased(pg, catalog, "zombies", 6)
     first, zombie = (AckSink(str(output), options, checkpoint=checkpoint) for _ in range(2))
     zombie._files = HadoopFiles(spark)
-    assert zombie.written(0) is None                          # B checks first: nothing written yet
+    assert not zombie.written(0)                              # B checks first: nothing written yet
     first(spark.createDataFrame([(*lease, None, "A") for lease in leases], SINK_ROWS), 0)
     assert first.counts["completed"] == 6
     with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.zombies: the marker of .*/out/batch_id=0 appeared "
@@ -1258,7 +1258,7 @@ def test_stream_sink_acknowledges_and_reads_a_micro_batch_of_the_layout_before_a
     their batch_id."""
     from pipelines.stream_job import WRITTEN, AckSink, read_results
 
-    catalog = pg.deploy(work_queue("upgraded"))
+    catalog = pg.deploy(work_queue("upgraded", lease_seconds=600))
     options = direct_sink_options(pg, catalog, "upgraded", tmp_path, "9d-query")
     output = tmp_path / "out"
     old, new = leased(pg, catalog, "upgraded", 3, worker="w-old"), leased(pg, catalog, "upgraded", 2, 3, "w-new")
@@ -1282,7 +1282,7 @@ def test_stream_sink_refuses_a_micro_batch_with_two_rows_of_a_message(spark, pg,
     marker is written and no message is acknowledged (all still leased)."""
     from pipelines.stream_job import WRITTEN, AckSink
 
-    catalog = pg.deploy(work_queue("exploded"))
+    catalog = pg.deploy(work_queue("exploded", lease_seconds=600))
     options = direct_sink_options(pg, catalog, "exploded", tmp_path, "1b-query")
     output = tmp_path / "out"
     leases = leased(pg, catalog, "exploded", 7)

@@ -8,13 +8,16 @@ that writes each micro-batch's results before it completes or fails their messag
 
 The stream's rows carry (id, lease_token, worker) from the reader and an `error` column (NULL when
 the handler succeeded). AckSink, for micro-batch N:
-1. unless <output>/batch_id=N/_tablequeue_written exists, writes the micro-batch (every column) to
-   <output>/batch_id=N (overwrite: a folder without the marker was never acknowledged from), then
-   writes the marker;
-2. reads back (id, lease_token, worker, error) from that folder, and each task acknowledges its rows
-   by worker: complete_batch for rows without an error, fail_batch for rows with one (the queue
-   retries them, or moves them to the dead letters at max_attempts). Both are fenced by the lease
-   token: an acknowledgement repeated after a restart answers lost and changes nothing.
+1. unless <output>/batch_id=N/_tablequeue_written exists, writes the micro-batch (every column) to a
+   new folder of its own, <output>/batch_id=N/_attempt-<uuid>, refuses it (deleted) if a message has
+   more than one row, then creates the marker only if it is absent, naming that attempt folder (a
+   second driver that loses the race deletes its own attempt and stops), and deletes the other,
+   never acknowledged, attempt folders of batch_id=N;
+2. reads back (id, lease_token, worker, error) from the folder the marker names (a marker written
+   before attempt folders names none: its rows are in batch_id=N itself), and each task acknowledges
+   its rows by worker: complete_batch for rows without an error, fail_batch for rows with one (the
+   queue retries them, or moves them to the dead letters at max_attempts). Both are fenced by the
+   lease token: an acknowledgement repeated after a restart answers lost and changes nothing.
 
 The acknowledgement comes from what was written, never from a recomputation: a micro-batch replayed
 from the checkpoint after a crash between 1 and 2 is not written again (the replay would hold only the
@@ -29,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -47,6 +52,9 @@ from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  
 
 ACK_COLUMNS = ("id", "lease_token", "worker", "error")
 WRITTEN = "_tablequeue_written"      # Spark's readers skip names starting with "_"
+ATTEMPT = "_attempt-"                # and so a raw read of <output> skips every attempt folder
+ATTEMPT_NAME = re.compile(r"_attempt-[0-9a-f]{32}")
+DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
 # Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
 # "uncertain" one of a call tried again after a transient error (the earlier try may have committed).
@@ -194,6 +202,50 @@ class HadoopFiles:
             return []
         return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
 
+    def data_files(self, path: str) -> list[str]:
+        """The files of folder `path` Spark's readers would read (not _SUCCESS, not .crc)."""
+        where, fs = self._at(path)
+        if not fs.exists(where):
+            return []
+        return sorted(str(status.getPath()) for status in fs.listStatus(where)
+                      if status.isFile() and not status.getPath().getName().startswith(("_", ".")))
+
+    def delete(self, path: str) -> None:
+        """Delete folder `path` and what it holds; nothing if it is gone already."""
+        where, fs = self._at(path)
+        fs.delete(where, True)
+
+
+def read_marker(files: HadoopFiles, batch: str) -> tuple[str | None, str] | None:
+    """The marker of micro-batch folder `batch` (<output>/batch_id=N): None without one, else (the
+    query id it holds, or None; the folder of the stored rows): the attempt folder it names, or
+    `batch` itself for a marker written before attempt folders existed (no "attempt")."""
+    marker = f"{batch}/{WRITTEN}"
+    if not files.is_file(marker):
+        return None
+    text = files.read_text(marker)
+    try:
+        content = json.loads(text) if text.strip() else {}
+    except ValueError:
+        content = {}
+    if not isinstance(content, dict):
+        content = {}
+    attempt = content.get("attempt")
+    if attempt is None:
+        return content.get("query"), batch
+    if not isinstance(attempt, str) or not ATTEMPT_NAME.fullmatch(attempt):
+        raise PipelineError(f"{marker} names {attempt!r} as the folder of the micro-batch's rows: not one of "
+                            f"AckSink's attempt folders ({ATTEMPT}<32 hex digits>)")
+    return content.get("query"), f"{batch}/{attempt}"
+
+
+def stored_paths(files: HadoopFiles, folder: str) -> list[str]:
+    """What to give spark.read.parquet for the rows of `folder`: its data files. An attempt folder
+    given by name reads as well (partition discovery still finds batch_id=N above it), but Spark
+    then logs a WARNING "All paths were ignored" for a name starting with "_": wrong, and on
+    every micro-batch."""
+    return files.data_files(folder) or [folder]
+
 
 class AckSink:
     """foreachBatch(AckSink(output, options, checkpoint=...)): options name the queue as the reader's
@@ -251,10 +303,11 @@ class AckSink:
             self._storage_checked = True
         self._files = HadoopFiles(frame.sparkSession)
         with job_description(frame.sparkSession, f"stream {self.target.name}: micro-batch {batch_id}"):
-            replay = self.written(batch_id)
+            stored = self.written(batch_id)
+            replay = stored is not None
             if replay:
                 log().info("stream %s: micro-batch %s was written before (a replay): acknowledging its stored "
-                           "rows again", self.target.name, batch_id)
+                           "rows in %s again", self.target.name, batch_id, stored)
             else:
                 self.write(frame, batch_id)
             counts = self.acknowledge(frame.sparkSession, batch_id)
@@ -270,42 +323,75 @@ class AckSink:
                    "(after a retried call)",
                    self.target.name, batch_id, *(counts[c] for c in COUNTS))
 
-    def written(self, batch_id: int) -> bool:
-        """Whether this query wrote micro-batch batch_id before (its marker exists). A marker of
-        another query (an earlier checkpoint) is refused: its stored rows hold that query's leases,
-        and this query's micro-batch would never be written."""
-        marker = f"{self.folder(batch_id)}/{WRITTEN}"
-        if not self._files.is_file(marker):
-            return False
-        text = self._files.read_text(marker)
-        try:
-            written_by = json.loads(text).get("query") if text.strip() else None
-        except (ValueError, AttributeError):
-            written_by = None
+    def written(self, batch_id: int) -> str | None:
+        """The folder of micro-batch batch_id's stored rows if this query wrote it before (the folder
+        its marker names), else None. A marker of another query (an earlier checkpoint) is refused:
+        its stored rows hold that query's leases, and this query's micro-batch would never be written."""
+        marked = read_marker(self._files, self.folder(batch_id))
+        if marked is None:
+            return None
+        written_by, stored = marked
         if written_by != self.query_id():
             raise PipelineError(
                 f"stream {self.target.name}: {self.folder(batch_id)} was written by another streaming query "
                 f"({written_by or 'no query id'}), not by the query of checkpoint {self.checkpoint} "
                 f"({self.query_id()}): a new checkpoint needs a new output folder (or keep the old checkpoint)")
-        return True
+        return stored
 
-    def write(self, frame: Any, batch_id: int) -> None:
-        """The micro-batch's rows, then the marker naming the query and the micro-batch: a folder
-        without it was never acknowledged from."""
-        marker = json.dumps({"query": self.query_id(), "batch_id": batch_id}).encode("utf-8")
-        frame.write.mode("overwrite").parquet(self.folder(batch_id))
+    def write(self, frame: Any, batch_id: int) -> str:
+        """The micro-batch's rows to a new attempt folder of batch_id=N, checked for one row per
+        message, then published by the marker naming the query, the micro-batch and the attempt
+        (created only if absent). Returns the attempt folder. Nothing is ever overwritten: a second
+        (zombie) driver of the query that passed written() too writes its own attempt, loses the
+        marker race and deletes only that attempt; an attempt folder without the marker naming it
+        was never acknowledged from, and the winner deletes those (a crash before the marker)."""
+        attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
+        folder = f"{self.folder(batch_id)}/{attempt}"
+        frame.write.parquet(folder)                  # a new folder: nothing to overwrite
+        self.refuse_duplicates(frame.sparkSession, batch_id, folder)
+        self.mark(batch_id, attempt)
+        for name in self._files.folders(self.folder(batch_id)):
+            if name.startswith(ATTEMPT) and name != attempt:
+                self._files.delete(f"{self.folder(batch_id)}/{name}")
+        return folder
+
+    def refuse_duplicates(self, spark: Any, batch_id: int, folder: str) -> None:
+        """Refuse (and delete) a written attempt with more than one row for a message (a handler or
+        a join that adds rows): two results for one message, or a complete and a fail of it racing."""
+        doubled = (spark.read.parquet(*stored_paths(self._files, folder)).select("id").groupBy("id").count()
+                   .where("count > 1").limit(DUPLICATES_SHOWN).collect())
+        if doubled:
+            self._files.delete(folder)
+            ids = ", ".join(str(row["id"]) for row in doubled)
+            raise PipelineError(f"stream {self.target.name}: micro-batch {batch_id} has more than one row for the "
+                                f"message(s) with id {ids} (at most {DUPLICATES_SHOWN} shown): one row per message: "
+                                f"dedupe before the sink; nothing of the micro-batch was acknowledged")
+
+    def mark(self, batch_id: int, attempt: str) -> None:
+        """Create micro-batch batch_id's marker naming `attempt`, only if absent; a marker created by
+        someone else since written() said no is a second driver of this query: this driver's attempt
+        folder is deleted and the micro-batch refused."""
+        marker = json.dumps({"query": self.query_id(), "batch_id": batch_id, "attempt": attempt}).encode("utf-8")
         if not self._files.create_new(f"{self.folder(batch_id)}/{WRITTEN}", marker):
-            # Created by someone else since written() said no: a second driver of this query.
+            self._files.delete(f"{self.folder(batch_id)}/{attempt}")
             raise PipelineError(f"stream {self.target.name}: the marker of {self.folder(batch_id)} appeared while "
                                 f"this driver wrote the micro-batch: another driver runs the query of checkpoint "
                                 f"{self.checkpoint}; stop one of them")
+
+    def stored_rows(self, spark: Any, batch_id: int) -> Any:
+        """The rows of micro-batch batch_id as written (every column), from the folder its marker names."""
+        stored = self.written(batch_id)
+        if stored is None:
+            raise PipelineError(f"stream {self.target.name}: micro-batch {batch_id} has no marker in "
+                                f"{self.folder(batch_id)}: nothing was written to acknowledge")
+        return spark.read.parquet(*stored_paths(self._files, stored))
 
     def acknowledge(self, spark: Any, batch_id: int) -> dict[str, int]:
         from functools import partial
 
         from pyspark.sql import functions as F
 
-        stored = spark.read.parquet(self.folder(batch_id)).select(
+        stored = self.stored_rows(spark, batch_id).select(
             F.col("id"), F.col("lease_token"), F.col("worker"), F.col("error"))
         ack = partial(acknowledge_partition, self.target, self.retry_after_seconds)
         # One row of four counts per task comes back: one stage, no shuffle for the sum.
@@ -314,17 +400,19 @@ class AckSink:
 
 
 def read_results(spark: Any, output: str) -> Any:
-    """The rows of every acknowledged micro-batch under `output` (AckSink's folders): only the
-    batch_id=N folders with a marker, with their batch_id column. spark.read.parquet(output) would
-    also read a folder without one (a crash before the marker, a micro-batch being written, a
-    non-atomic commit on object stores), whose rows were never acknowledged: a message's second
+    """The rows of every acknowledged micro-batch under `output` (AckSink's folders): of each
+    batch_id=N folder with a marker, the attempt folder the marker names (or the folder itself for
+    a marker written before attempt folders), with their batch_id column. spark.read.parquet(output)
+    skips the attempt folders (their names start with "_") and would read an old folder without a
+    marker (a crash before the marker), whose rows were never acknowledged: a message's second
     result row. Rows with error NULL are the results."""
     files, root = HadoopFiles(spark), output.rstrip("/")
-    marked = [name for name in files.folders(root)
-              if name.startswith("batch_id=") and files.is_file(f"{root}/{name}/{WRITTEN}")]
-    if not marked:
+    stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}") for name in files.folders(root)
+                                       if name.startswith("batch_id=")) if marked is not None]
+    if not stored:
         raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
-    return spark.read.option("basePath", root).parquet(*[f"{root}/{name}" for name in marked])
+    return spark.read.option("basePath", root).parquet(*[path for folder in stored
+                                                         for path in stored_paths(files, folder)])
 
 
 # -- a whole run: until nothing is ready ------------------------------------------------------------

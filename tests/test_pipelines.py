@@ -695,7 +695,10 @@ def test_spark_demo_on_the_example_catalog(spark, pg, tmp_path):
     assert history == summary["completed"]
     assert Path(summary["chart"]).is_file()
     # The stream's output: one row without error per completed message, and one error row per failed attempt.
-    results = [r for r in output_rows(summary["output"]) if r["error"] is None]
+    # Its rows are in attempt folders (names starting with "_"), which a raw read of the folder skips.
+    from pipelines.stream_job import read_results
+
+    results = [r.asDict() for r in read_results(spark, summary["output"]).where("error IS NULL").collect()]
     assert len(results) == len({r["id"] for r in results}) == summary["completed"]
     assert summary["retries"] > 0
     assert summary["results"] == summary["completed"] and summary["results_doubled"] == 0
@@ -1052,16 +1055,10 @@ def test_stream_handler_errors_of_decoding_and_serialising_are_the_rows_error():
 def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spark, pg, tmp_path):
     """Leases that ran out before a fresh micro-batch was acknowledged mean a second result row
     later: a WARNING naming the queue and the micro-batch. A replay's lost answers are expected."""
-    from pipelines.common import QueueTarget
-    from pipelines.sources import target_options
     from pipelines.stream_job import COUNTS, AckSink
 
     catalog = pg.deploy(work_queue("late"))
-    url_file = tmp_path / "url"
-    url_file.write_text(pg.url)
-    (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "metadata").write_text('{"id":"3f1e-query"}\n')
-    options = {**target_options(QueueTarget.of(pg.url, catalog, "late"), str(url_file)), "ack": "sink"}
+    options = direct_sink_options(pg, catalog, "late", tmp_path, "3f1e-query")
     sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
     sink.acknowledge = lambda spark_, batch_id: {**dict.fromkeys(COUNTS, 0), "completed": 1, "lost": 2}
     frame = spark.createDataFrame([(1, "t1", "w", None), (2, "t2", "w", None), (3, "t3", "w", None)],
@@ -1079,16 +1076,52 @@ def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spar
         assert len(logged) == 1
     finally:
         log().removeHandler(listener)
-    assert json.loads((tmp_path / "out" / "batch_id=4" / "_tablequeue_written").read_text()) == {
-        "query": "3f1e-query", "batch_id": 4}
+    marker = json.loads((tmp_path / "out" / "batch_id=4" / "_tablequeue_written").read_text())
+    assert marker == {"query": "3f1e-query", "batch_id": 4, "attempt": attempt_folders(tmp_path / "out", 4)[0]}
+
+
+def direct_sink_options(pg: "Postgres", catalog: Catalog, queue: str, tmp_path: Path, query: str) -> dict:
+    """The reader's options (ack=sink) of `queue` for an AckSink called directly (no streaming query),
+    with a checkpoint at tmp_path/checkpoint whose metadata holds the query id `query`."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "metadata").write_text(json.dumps({"id": query}) + "\n")
+    return {**target_options(QueueTarget.of(pg.url, catalog, queue), str(url_file)), "ack": "sink"}
+
+
+def attempt_folders(output: Path, batch_id: int) -> list[str]:
+    return sorted(p.name for p in (output / f"batch_id={batch_id}").iterdir() if p.name.startswith("_attempt-"))
+
+
+def leased(pg: "Postgres", catalog: Catalog, queue: str, count: int, first: int = 0, worker: str = "w") -> list[tuple]:
+    """(id, lease_token, worker) of `count` new messages, leased by `worker` as a reader would (a
+    worker's own unfinished leases come back first: a second call needs another worker)."""
+    from tablequeue.client import QueueClient
+
+    enqueue_numbered(pg, catalog, queue, count, first)
+    conn = connect(pg.url, autocommit=True)
+    try:
+        rows = QueueClient.for_catalog(conn, "postgres", catalog, queue).dequeue(count, worker=worker)
+    finally:
+        conn.close()
+    assert len(rows) == count
+    return [(r["id"], str(r["lease_token"]), worker) for r in rows]
+
+
+SINK_ROWS = "id long, lease_token string, worker string, error string, written_by string"
 
 
 def test_stream_crash_between_the_write_and_the_marker_rewrites_and_acknowledges_the_rewrite(spark, pg, tmp_path):
-    """The query dies after micro-batch 0's rows were written and before its marker. The first run's
-    rows all carry an error; the restart's replay (same leases) computes them without one. The
-    replay finds no marker, so it writes the micro-batch again (overwrite) and acknowledges that:
-    every message is completed once on its first attempt, and the stored row (error NULL, run 2) is
-    the one acknowledged. Acknowledging the first write would have failed them all."""
+    """The query dies after micro-batch 0's rows were written (to an attempt folder) and before its
+    marker. The first run's rows all carry an error; the restart's replay (same leases) computes them
+    without one. The replay finds no marker, so it writes the micro-batch again, to an attempt folder
+    of its own, acknowledges that, and deletes the first run's attempt folder: every message is
+    completed once on its first attempt, and the stored row (error NULL, run 2) is the one
+    acknowledged. Acknowledging the first write would have failed them all."""
     from pipelines.common import QueueTarget
     from pipelines.sources import target_options
     from pipelines.stream_job import WRITTEN, AckSink, handle, read_results
@@ -1101,12 +1134,14 @@ def test_stream_crash_between_the_write_and_the_marker_rewrites_and_acknowledges
                "messagesPerPartition": "50", "ack": "sink", "idleWaitSeconds": "1"}
     checkpoint, output = str(tmp_path / "checkpoint"), tmp_path / "output"
 
+    crashed: list[str] = []
+
     class CrashBeforeMarker(AckSink):
-        def write(self, frame: Any, batch_id: int) -> None:
-            if not (output / f"batch_id={batch_id}").exists():
-                frame.write.mode("overwrite").parquet(self.folder(batch_id))
+        def mark(self, batch_id: int, attempt: str) -> None:
+            if not crashed:
+                crashed.append(attempt)
                 raise RuntimeError(f"driver lost before the marker of micro-batch {batch_id}")
-            super().write(frame, batch_id)
+            super().mark(batch_id, attempt)
 
     def start(run: int) -> Any:
         stream = spark.readStream.format("tablequeue").options(**options).load()
@@ -1120,11 +1155,14 @@ def test_stream_crash_between_the_write_and_the_marker_rewrites_and_acknowledges
     query = start(1)
     with pytest.raises(Exception, match="driver lost before the marker of micro-batch 0"):
         query.awaitTermination(timeout=600)
-    first = pq.read_table(output / "batch_id=0").to_pylist()
-    assert len(first) == 20 and {r["run"] for r in first} == {1} and not (output / "batch_id=0" / WRITTEN).exists()
+    assert attempt_folders(output, 0) == crashed and not (output / "batch_id=0" / WRITTEN).exists()
+    first = pq.read_table(output / "batch_id=0" / crashed[0]).to_pylist()
+    assert len(first) == 20 and {r["run"] for r in first} == {1}
     query = start(2)
     query.processAllAvailable()
     query.stop()
+    marked = json.loads((output / "batch_id=0" / WRITTEN).read_text())["attempt"]
+    assert marked != crashed[0] and attempt_folders(output, 0) == [marked]
     stored = [r.asDict() for r in read_results(spark, str(output)).collect()]
     assert sorted(r["id"] for r in stored) == sorted(r["id"] for r in first)
     assert {(r["run"], r["error"], r["batch_id"]) for r in stored} == {(2, None, 0)}
@@ -1154,17 +1192,12 @@ def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path)
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
     """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
     marker another driver of the same query created while this one wrote the micro-batch is not
-    overwritten; the write is refused, naming the queue, the folder and the checkpoint."""
-    from pipelines.common import QueueTarget
-    from pipelines.sources import target_options
+    overwritten; the write is refused, naming the queue, the folder and the checkpoint, and this
+    driver's attempt folder is deleted."""
     from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
 
     catalog = pg.deploy(work_queue("zombie"))
-    url_file = tmp_path / "url"
-    url_file.write_text(pg.url)
-    (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "metadata").write_text('{"id":"7a-query"}\n')
-    options = {**target_options(QueueTarget.of(pg.url, catalog, "zombie"), str(url_file)), "ack": "sink"}
+    options = direct_sink_options(pg, catalog, "zombie", tmp_path, "7a-query")
     other = b'{"query": "7a-query", "batch_id": 0, "driver": "the other"}'
 
     class RacedFiles(HadoopFiles):
@@ -1183,8 +1216,94 @@ def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(
                                             r"of checkpoint .*/checkpoint"):
         sink.write(frame, 0)
     assert (tmp_path / "out" / "batch_id=0" / WRITTEN).read_bytes() == other
-    sink.write(frame, 1)
-    assert json.loads(sink._files.read_text(f"{sink.folder(1)}/{WRITTEN}")) == {"query": "7a-query", "batch_id": 1}
+    assert attempt_folders(tmp_path / "out", 0) == []
+    stored = sink.write(frame, 1)
+    attempt = stored.rsplit("/", 1)[1]
+    assert attempt_folders(tmp_path / "out", 1) == [attempt] and re.fullmatch(r"_attempt-[0-9a-f]{32}", attempt)
+    assert json.loads(sink._files.read_text(f"{sink.folder(1)}/{WRITTEN}")) == {
+        "query": "7a-query", "batch_id": 1, "attempt": attempt}
+
+
+def test_stream_zombie_driver_writing_after_the_winner_deletes_nothing_of_its_rows(spark, pg, tmp_path):
+    """Two drivers of one query (two AckSinks on one checkpoint and output, their steps interleaved
+    by hand): B finds no marker of micro-batch 0, then A writes, marks and acknowledges it, then B
+    writes its own rows. B's write goes to its own attempt folder and is refused at the marker
+    (its folder deleted); A's rows stay, read_results returns them, and A's acknowledgement stands.
+    Before, B's overwrite deleted A's acknowledged rows and marker and published B's rows."""
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles, read_results
+
+    catalog = pg.deploy(work_queue("zombies", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "zombies", tmp_path, "5c-query")
+    output, checkpoint = tmp_path / "out", str(tmp_path / "checkpoint")
+    leases = leased(pg, catalog, "zombies", 6)
+    first, zombie = (AckSink(str(output), options, checkpoint=checkpoint) for _ in range(2))
+    zombie._files = HadoopFiles(spark)
+    assert not zombie.written(0)                              # B checks first: nothing written yet
+    first(spark.createDataFrame([(*lease, None, "A") for lease in leases], SINK_ROWS), 0)
+    assert first.counts["completed"] == 6
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.zombies: the marker of .*/out/batch_id=0 appeared "
+                                            r"while this driver wrote the micro-batch: another driver runs"):
+        zombie.write(spark.createDataFrame([(*lease, "B's error", "B") for lease in leases], SINK_ROWS), 0)
+    marked = json.loads((output / "batch_id=0" / WRITTEN).read_text())
+    assert attempt_folders(output, 0) == [marked["attempt"]]
+    stored = sorted((r["id"], r["written_by"], r["error"], r["batch_id"])
+                    for r in read_results(spark, str(output)).collect())
+    assert stored == sorted((lease[0], "A", None, 0) for lease in leases)
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'zombies', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in leases)
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'zombies')}") == 0
+
+
+def test_stream_sink_acknowledges_and_reads_a_micro_batch_of_the_layout_before_attempt_folders(spark, pg, tmp_path):
+    """A micro-batch written before attempt folders (rows in batch_id=N itself, a marker without
+    "attempt") is replayed after the upgrade: its stored rows are acknowledged (the replay's own
+    frame is empty), and read_results returns it next to a micro-batch of the new layout, both with
+    their batch_id."""
+    from pipelines.stream_job import WRITTEN, AckSink, read_results
+
+    catalog = pg.deploy(work_queue("upgraded", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "upgraded", tmp_path, "9d-query")
+    output = tmp_path / "out"
+    old, new = leased(pg, catalog, "upgraded", 3, worker="w-old"), leased(pg, catalog, "upgraded", 2, 3, "w-new")
+    spark.createDataFrame([(*lease, None, "old") for lease in old], SINK_ROWS).write.parquet(str(output / "batch_id=0"))
+    (output / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": "9d-query", "batch_id": 0}))
+    sink = AckSink(str(output), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink(spark.createDataFrame([], SINK_ROWS), 0)
+    sink(spark.createDataFrame([(*lease, None, "new") for lease in new], SINK_ROWS), 1)
+    assert sink.counts["completed"] == 5
+    assert attempt_folders(output, 0) == [] and "attempt" in json.loads((output / "batch_id=1" / WRITTEN).read_text())
+    stored = sorted((r["id"], r["written_by"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert stored == sorted([(lease[0], "old", 0) for lease in old] + [(lease[0], "new", 1) for lease in new])
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'upgraded', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in old + new)
+
+
+def test_stream_sink_refuses_a_micro_batch_with_two_rows_of_a_message(spark, pg, tmp_path):
+    """A handler or join that gives a message two rows (here 6 of 7 messages, one of them once with
+    an error) would complete a message twice, or complete and fail it at once: the micro-batch is
+    refused naming the queue, the micro-batch and 5 of the ids; its attempt folder is deleted, no
+    marker is written and no message is acknowledged (all still leased)."""
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("exploded", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "exploded", tmp_path, "1b-query")
+    output = tmp_path / "out"
+    leases = leased(pg, catalog, "exploded", 7)
+    rows = [(*lease, None, "x") for lease in leases] + [(*lease, "ValueError: second", "x") for lease in leases[:1]]
+    rows += [(*lease, None, "x") for lease in leases[2:]]
+    sink = AckSink(str(output), options, checkpoint=str(tmp_path / "checkpoint"))
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.exploded: micro-batch 3 has more than one row for "
+                                            r"the message\(s\) with id [0-9, ]+ \(at most 5 shown\): one row per "
+                                            r"message: dedupe before the sink") as refused:
+        sink(spark.createDataFrame(rows, SINK_ROWS), 3)
+    named = {int(i) for i in re.search(r"with id ([0-9, ]+) ", str(refused.value)).group(1).split(", ")}
+    assert len(named) == 5 and named <= {lease[0] for lease in leases if lease != leases[1]}
+    assert attempt_folders(output, 3) == [] and not (output / "batch_id=3" / WRITTEN).exists()
+    assert sink.counts["completed"] == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'exploded', '_history')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'exploded', '_dead')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'exploded')} "
+                     f"WHERE leased_by = 'w' AND last_error IS NULL") == 7
 
 
 def test_stream_reader_has_a_lease_token_column_only_with_ack_sink(spark, pg, tmp_path):

@@ -48,6 +48,10 @@ def test_example_catalog_is_valid_and_fills_defaults() -> None:
      "not a valid procedure name"),
     ({"name": "orders", "kind": "work", "options": {"history_retention_days": 3}}, "options.history_retention_days",
      "only meaningful with history"),
+    # A trailing newline would reach the rendered SQL's literals (a regex's $ matches before it).
+    ({"name": "orders\n", "kind": "heap"}, "name", "not a valid queue name"),
+    ({"name": "orders", "kind": "work", "options": {"handler": "app.h\n"}}, "options.handler",
+     "not a valid procedure name"),
     ({"name": "orders", "kind": "heap", "options": {"bogus": 1}}, "options.bogus", "unknown option"),
     ({"name": "orders", "kind": "pending", "options": {"groups": True}}, "options.groups",
      "belongs to kind fifo, work"),
@@ -79,6 +83,8 @@ def test_error_names_the_queue_when_its_name_is_valid(tmp_path: Path) -> None:
 def test_bad_schema_and_duplicates_and_top_level_keys(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="field 'schema'"):
         parse_catalog({"schema": "dbo; drop", "queues": [{"name": "a", "kind": "heap"}]})
+    with pytest.raises(CatalogError, match="field 'schema'"):
+        parse_catalog({"schema": "app\n", "queues": [{"name": "a", "kind": "heap"}]})
     with pytest.raises(CatalogError, match="queue 'a': field 'name': defined more than once"):
         parse_catalog({"queues": [{"name": "a", "kind": "heap"}, {"name": "a", "kind": "fifo"}]})
     with pytest.raises(CatalogError, match="field 'version': unknown key"):

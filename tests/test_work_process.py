@@ -577,7 +577,9 @@ def handler_schema(pg_url: str) -> Iterator[str]:
     "ALTER PROCEDURE {h}.work_handler(bigint, jsonb) RENAME TO work_handler_old",
     "ALTER SCHEMA {h} RENAME TO {h}_v1",
     "DROP SCHEMA {h} CASCADE",
-], ids=["handler-renamed", "schema-renamed", "schema-dropped"])
+    "DROP PROCEDURE {h}.work_handler(bigint, jsonb); "
+    "CREATE FUNCTION {h}.work_handler(id bigint, payload jsonb) RETURNS void LANGUAGE plpgsql AS $f$ BEGIN END $f$",
+], ids=["handler-renamed", "schema-renamed", "schema-dropped", "replaced-by-a-function"])
 def test_a_handler_renamed_or_its_schema_changed_under_a_running_process_hands_the_message_back_and_stops_it(
         deploy_queues, handler_schema, change) -> None:
     deployed, owner, owner_client, thread, raised = _process_in_the_background(deploy_queues, handler_schema)
@@ -636,8 +638,8 @@ def test_an_overload_with_defaults_that_makes_the_call_ambiguous_is_no_handler_u
 def test_a_handler_replaced_by_drop_and_create_under_a_running_process_keeps_processing(deploy_queues) -> None:
     # The same signature dropped and created again in one transaction (review pgprocess SHOULD-1): the
     # next CALL finds the new procedure by name. When its first call raises 42501 of its own, the check
-    # passes with another oid: the handler was replaced under the run, so the message runs once more
-    # without spending an attempt, instead of process stopping because the old oid is gone.
+    # (by name, as the CALL) passes: the handler's own error, recorded with fail, and the run goes on,
+    # instead of stopping because the old oid is gone.
     deployed, owner, owner_client = _four_slow_messages(deploy_queues)
     schema = deployed.catalog.schema
     run(owner, "postgres", f'CREATE SEQUENCE "{schema}".new_calls')
@@ -657,10 +659,10 @@ def test_a_handler_replaced_by_drop_and_create_under_a_running_process_keeps_pro
     thread.join(timeout=120)
     assert not thread.is_alive()
     assert not raised, raised
-    assert results == [{"processed": 4, "completed": 4, "failed": 0}]
+    assert results == [{"processed": 5, "completed": 4, "failed": 1}]
     assert counts(owner_client) == (0, 0, 0, 0)
     assert sorted(n for (n,) in run(owner, "postgres", f"SELECT n FROM {_q(deployed, schema, 'handled')}")) == [0, 1, 2, 3]
-    assert run(owner, "postgres", f'SELECT attempts FROM "{schema}".jobs_history ORDER BY id') == [(1,)] * 4
+    assert sorted(a for (a,) in run(owner, "postgres", f'SELECT attempts FROM "{schema}".jobs_history')) == [1, 1, 1, 2]
     owner.close()
 
 

@@ -17,10 +17,10 @@ PAYLOAD_TYPES = ("binary", "text", "json")
 
 # Queue names are capped so that the longest generated object name (see GENERATED_SUFFIXES)
 # still fits PostgreSQL's 63-byte identifier limit; SQL Server's 128 is then never reached.
-QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
-SCHEMA_NAME = re.compile(r"^[a-z][a-z0-9_]{0,29}$")
+QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}\Z")
+SCHEMA_NAME = re.compile(r"^[a-z][a-z0-9_]{0,29}\Z")
 # A handler procedure for the in-database worker: optionally schema-qualified.
-HANDLER_NAME = re.compile(r"^(?:[a-z][a-z0-9_]{0,62}\.)?[a-z][a-z0-9_]{0,62}$")
+HANDLER_NAME = re.compile(r"^(?:[a-z][a-z0-9_]{0,62}\.)?[a-z][a-z0-9_]{0,62}\Z")
 POSTGRES_MAX_IDENTIFIER = 63
 MSSQL_MAX_IDENTIFIER = 128
 RESERVED_PREFIX = "tablequeue"

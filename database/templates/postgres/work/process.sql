@@ -30,8 +30,6 @@ DECLARE
     lease_kept boolean;
     lease_lost boolean;
     handler_unrunnable boolean;
-    handler_replaced boolean;
-    handler_oid oid;
     handler_found oid;
     handler_problem text;
     outcome_text text;
@@ -64,7 +62,6 @@ BEGIN
     IF handler_problem IS NOT NULL THEN
 {{ m.throw('no_handler', "pg_catalog.format('" ~ names.plain('_process') ~ ": %s', handler_problem)") }}
     END IF;
-    handler_oid := handler_found;
 
     processed := 0;
     completed := 0;
@@ -92,7 +89,6 @@ claimed := FOUND;
         transient_retries := 0;
 
         handler_unrunnable := false;
-        handler_replaced := false;
         LOOP
             lease_lost := false;
             BEGIN
@@ -117,21 +113,16 @@ claimed := FOUND;
                 -- while process runs: 42883, 42501, 3F000, 42725) is not the message's fault when
                 -- the handler check, by name as the CALL looks it up, now fails: handled after
                 -- this block (no COMMIT inside a block with a handler). Raised inside a handler
-                -- that is still there and runnable, it is the handler's own error, recorded with
-                -- fail as any other; unless the handler was replaced under the run (DROP and
-                -- CREATE: another oid), when the message runs once more, spending no attempt.
-                IF error_state IN ('42883', '42501', '3F000', '42725') THEN
+                -- that is still there and runnable (a handler replaced under the run by DROP and
+                -- CREATE too: the check goes by name, as the CALL), it is the handler's own error,
+                -- recorded with fail as any other, as on SQL Server. 42809: replaced by a function.
+                IF error_state IN ('42883', '42501', '3F000', '42725', '42809') THEN
 {% filter indent(20, first=true) %}
 {{ w.handler_check(handler_parts[0], handler_parts[1], id_type, payload_type) }}
 {% endfilter %}
                     IF handler_problem IS NOT NULL THEN
                         handler_unrunnable := true;
                         EXIT;
-                    END IF;
-                    IF handler_found OPERATOR(pg_catalog.<>) handler_oid AND NOT handler_replaced THEN
-                        handler_oid := handler_found;
-                        handler_replaced := true;
-                        CONTINUE;
                     END IF;
                 END IF;
                 IF error_state IN ('40P01', '55P03', '40001') AND transient_retries < 3 THEN

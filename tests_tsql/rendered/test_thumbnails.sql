@@ -3814,8 +3814,10 @@ GO
 CREATE PROCEDURE [test_queue_thumbnails].[test process refuses with 51005 when its handler check could not run]
 AS
 BEGIN
-    -- Assemble: the check replaced by a spy, which leaves its outputs NULL, as a check that could not
-    -- run does (15517: a database owner that cannot be impersonated, which a test cannot set up).
+    -- Assemble: the check replaced by a spy, which leaves its outputs NULL. This proves the branch
+    -- after a check that could not run, not the sequence on a server (15517 at the EXECUTE AS entry,
+    -- ending that statement only, process going on to this branch): unproven here, and under tSQLt's
+    -- TRY a real 15517 would reach the test as 15517, not as 51005.
     EXEC tSQLt.SpyProcedure @ProcedureName = N'[queue].[thumbnails_process_handler]';
     EXEC tSQLt.ExpectException
         @ExpectedErrorNumber = 51005, @ExpectedMessagePattern = N'%could not check handler procedure%';

@@ -84,7 +84,7 @@ TSQLT_PROCEDURES: dict[str, tuple[str, ...]] = {
     "Fail": tuple(f"@Message{i}" for i in range(10)),
     "RemoveObjectIfExists": ("@ObjectName", "@NewName"),
     "RemoveObject": ("@ObjectName", "@NewName", "@IfExists"),
-    "SpyProcedure": ("@ProcedureName", "@CommandToExecute", "@CallOriginal"),
+    "SpyProcedure": ("@ProcedureName", "@CommandToExecute"),
     "UndoTestDoubles": ("@Force",),
 }
 # tSQLt arguments whose string value names a table (or a #temp table); ApplyConstraint's

@@ -2165,7 +2165,7 @@ GO
 -- sys.parameters show a caller only objects it holds a permission on, and the admin role runs the
 -- handler through the ownership chain without any permission on it, so a check in process itself
 -- saw no handler (OBJECT_ID NULL: no_handler for a handler that exists). It needs a database owner
--- that can be impersonated (docs/operations.md). No role is granted it: process reaches it through
+-- that can be impersonated (docs/work-queue.md). No role is granted it: process reaches it through
 -- the ownership chain.
 CREATE OR ALTER PROCEDURE [queue].[thumbnails_process_handler]
     @found bit OUTPUT,
@@ -2240,8 +2240,8 @@ BEGIN
             SET @error_message = CONCAT(
                 N'queue.thumbnails_process: could not check handler procedure ',
                 N'queue.make_thumbnail(@id uniqueidentifier, @payload nvarchar(max)): ',
-                N'see the error raised just before this one (most often 15517: its check runs as the ',
-                N'database owner, who cannot be impersonated; docs/work-queue.md).'
+                N'see the error raised just before this one (most often 15517: its check runs as its owner, ',
+                N'normally the database owner, who cannot be impersonated; docs/work-queue.md).'
             );
             THROW 51005, @error_message, 1;
         END;

@@ -11,7 +11,7 @@
 -- sys.parameters show a caller only objects it holds a permission on, and the admin role runs the
 -- handler through the ownership chain without any permission on it, so a check in process itself
 -- saw no handler (OBJECT_ID NULL: no_handler for a handler that exists). It needs a database owner
--- that can be impersonated (docs/operations.md). No role is granted it: process reaches it through
+-- that can be impersonated (docs/work-queue.md). No role is granted it: process reaches it through
 -- the ownership chain.
 CREATE OR ALTER PROCEDURE {{ names.verb('process_handler') }}
     @found bit OUTPUT,
@@ -81,7 +81,7 @@ BEGIN
         @found = @handler_found OUTPUT, @chained = @handler_chained OUTPUT;
     IF @handler_found IS NULL
         BEGIN
-{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": could not check handler procedure '", "N'" ~ handler_signature ~ ": '", "N'see the error raised just before this one (most often 15517: its check runs as the '", "N'database owner, who cannot be impersonated; docs/work-queue.md).'"]) }}
+{{ w.throw('no_handler', ["N'" ~ names.plain('_process') ~ ": could not check handler procedure '", "N'" ~ handler_signature ~ ": '", "N'see the error raised just before this one (most often 15517: its check runs as its owner, '", "N'normally the database owner, who cannot be impersonated; docs/work-queue.md).'"]) }}
         END;
     IF @handler_found = 0
         BEGIN

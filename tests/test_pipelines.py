@@ -931,11 +931,11 @@ class CrashingSink:
     def __call__(self, frame: Any, batch_id: int) -> None:
         original = self.sink.acknowledge
 
-        def acknowledge(spark: Any, number: int) -> dict:
+        def acknowledge(spark: Any, number: int, stored: Any = None) -> dict:
             if number == self.after_write and "write" not in self.crashed:
                 self.crashed.add("write")
                 raise RuntimeError(f"driver lost after writing micro-batch {number}")
-            counts = original(spark, number)
+            counts = original(spark, number, stored)
             if number == self.after_ack and "ack" not in self.crashed:
                 self.crashed.add("ack")
                 raise RuntimeError(f"driver lost after acknowledging micro-batch {number}")
@@ -1388,37 +1388,50 @@ def test_stream_sink_retried_create_that_made_our_marker_wins(spark, pg, tmp_pat
     assert (tmp_path / "out" / "batch_id=1" / WRITTEN).read_bytes() == b""
 
 
-def test_stream_sink_empty_marker_and_marker_of_a_missing_folder_are_refused_by_name(spark, pg, tmp_path):
-    """An empty marker next to an attempt folder (a driver died between create and close) is its own
-    PipelineError, "delete it and restart", for the replay and for read_results (before: the replay
-    said "written by another streaming query" and read_results skipped the micro-batch). A marker
-    naming an attempt folder that is gone is a PipelineError naming the marker (before: Spark's
-    PATH_NOT_FOUND)."""
-    from pipelines.stream_job import WRITTEN, AckSink, read_results
+def broken_marker(spark: Any, pg: "Postgres", tmp_path: Path, marker: str) -> tuple[Any, Any, Catalog]:
+    """An AckSink, a frame of 2 leased messages written to an attempt folder of batch_id=0, and that
+    micro-batch's marker holding `marker`."""
+    from pipelines.stream_job import WRITTEN, AckSink
 
     catalog = pg.deploy(work_queue("broken", lease_seconds=600))
     options = direct_sink_options(pg, catalog, "broken", tmp_path, "6e-query")
-    output = tmp_path / "out"
-    leases = leased(pg, catalog, "broken", 2)
-    sink = AckSink(str(output), options, checkpoint=str(tmp_path / "checkpoint"))
-    frame = spark.createDataFrame([(*lease, None, "x") for lease in leases], SINK_ROWS)
-    attempt = "_attempt-" + "a" * 32
-    frame.write.parquet(str(output / "batch_id=0" / attempt))
-    (output / "batch_id=0" / WRITTEN).write_text("")
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    frame = spark.createDataFrame([(*lease, None, "x") for lease in leased(pg, catalog, "broken", 2)], SINK_ROWS)
+    frame.write.parquet(str(tmp_path / "out" / "batch_id=0" / ("_attempt-" + "a" * 32)))
+    (tmp_path / "out" / "batch_id=0" / WRITTEN).write_text(marker)
+    return sink, frame, catalog
+
+
+def test_stream_sink_empty_marker_is_refused_as_a_dead_drivers_by_the_replay_and_read_results(spark, pg, tmp_path):
+    """An empty marker next to an attempt folder (a driver died between create and close) is its own
+    PipelineError, "delete it and restart", for the replay and for read_results; nothing is
+    acknowledged (before: the replay said "written by another streaming query ... a new checkpoint
+    needs a new output folder", and read_results skipped the micro-batch: 0 rows, no error)."""
+    from pipelines.stream_job import read_results
+
+    sink, frame, catalog = broken_marker(spark, pg, tmp_path, "")
     empty = r".*/out/batch_id=0/_tablequeue_written is empty or unreadable: it was left by a driver that died while " \
             r"writing it; nothing was acknowledged from it: delete it and restart"
     with pytest.raises(PipelineError, match=empty):
-        sink(frame, 0)
+        read_results(spark, str(tmp_path / "out"))
     with pytest.raises(PipelineError, match=empty):
-        read_results(spark, str(output))
-    (output / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": "6e-query", "batch_id": 0,
-                                                              "attempt": "_attempt-" + "b" * 32}))
+        sink(frame, 0)
+    assert sink.counts["completed"] == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'broken', '_history')}") == 0
+
+
+def test_stream_sink_marker_naming_a_missing_folder_is_refused_naming_the_marker(spark, pg, tmp_path):
+    """A marker naming an attempt folder that is gone is a PipelineError naming the marker and the
+    folder, for the replay and for read_results (before: Spark's PATH_NOT_FOUND)."""
+    from pipelines.stream_job import read_results
+
+    named = json.dumps({"query": "6e-query", "batch_id": 0, "attempt": "_attempt-" + "b" * 32})
+    sink, frame, catalog = broken_marker(spark, pg, tmp_path, named)
     gone = r".*/out/batch_id=0/_tablequeue_written names _attempt-b{32}, which is gone"
     with pytest.raises(PipelineError, match=gone):
-        sink(frame, 0)
+        read_results(spark, str(tmp_path / "out"))
     with pytest.raises(PipelineError, match=gone):
-        read_results(spark, str(output))
-    assert sink.counts["completed"] == 0
+        sink(frame, 0)
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'broken', '_history')}") == 0
 
 

@@ -56,6 +56,9 @@ ATTEMPT = "_attempt-"                # and so a raw read of <output> skips every
 ATTEMPT_NAME = re.compile(r"_attempt-[0-9a-f]{32}")
 # Hadoop's builder option of an atomic create-if-absent (S3A: an If-None-Match PUT, checked at close).
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
+# S3A's probe (Constants.CONDITIONAL_CREATE_ENABLED, also its setting): on, create(path, false) is
+# that conditional PUT as well (HADOOP-19256's release note).
+S3A_CONDITIONAL = "fs.s3a.create.conditional.enabled"
 ATOMIC_CREATE_SCHEMES = ("file", "hdfs", "abfs", "abfss")
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
 DUPLICATES_SHOWN = 5
@@ -195,7 +198,8 @@ class HadoopFiles:
         (S3A on Hadoop 3.4.2+ reports the capability), or plain create(overwrite=false) on a
         filesystem whose create is one exclusive step (HDFS, ABFS) or local (see docs/pipelines.md)."""
         where, fs = self._at(path)
-        return bool(fs.hasPathCapability(where, CONDITIONAL_CREATE)) or fs.getScheme() in ATOMIC_CREATE_SCHEMES
+        return (fs.getScheme() in ATOMIC_CREATE_SCHEMES
+                or any(bool(fs.hasPathCapability(where, probe)) for probe in (CONDITIONAL_CREATE, S3A_CONDITIONAL)))
 
     def create_new(self, path: str, data: bytes) -> bool:
         """Write a file that must not exist yet; False if it existed (at create or at close: a

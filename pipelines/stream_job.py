@@ -54,6 +54,13 @@ ACK_COLUMNS = ("id", "lease_token", "worker", "error")
 WRITTEN = "_tablequeue_written"      # Spark's readers skip names starting with "_"
 ATTEMPT = "_attempt-"                # and so a raw read of <output> skips every attempt folder
 ATTEMPT_NAME = re.compile(r"_attempt-[0-9a-f]{32}")
+# Hadoop's builder option of an atomic create-if-absent (S3A: an If-None-Match PUT, checked at close).
+CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
+# S3A's probe (Constants.CONDITIONAL_CREATE_ENABLED, also its setting): on, create(path, false) is
+# that conditional PUT as well (HADOOP-19256's release note).
+S3A_CONDITIONAL = "fs.s3a.create.conditional.enabled"
+ATOMIC_CREATE_SCHEMES = ("file", "hdfs", "abfs", "abfss")
+LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
 # Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
@@ -153,6 +160,13 @@ def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], lis
     return answer, bool(tries)
 
 
+def lost_create(exc: Any) -> bool:
+    """Whether a Py4JJavaError of a create-if-absent says the file existed: FileAlreadyExists (at
+    create, or at close for a conditional create), or S3's 412 Precondition Failed."""
+    text = f"{exc.java_exception.getClass().getName()}: {exc.java_exception.getMessage()}"
+    return any(sign in text for sign in LOST_CREATE)
+
+
 class HadoopFiles:
     """The sink's small files (markers, the checkpoint's metadata, the listing of batch folders)
     through Spark's own Hadoop FileSystem on the driver (JVM), so that they go where Spark writes the
@@ -179,21 +193,42 @@ class HadoopFiles:
         finally:
             stream.close()
 
+    def atomic_create(self, path: str) -> bool:
+        """Whether create_new at `path` is an atomic create-if-absent: the store's conditional create
+        (S3A on Hadoop 3.4.2+ reports the capability), or plain create(overwrite=false) on a
+        filesystem whose create is one exclusive step (HDFS, ABFS) or local (see docs/pipelines.md)."""
+        where, fs = self._at(path)
+        return (fs.getScheme() in ATOMIC_CREATE_SCHEMES
+                or any(bool(fs.hasPathCapability(where, probe)) for probe in (CONDITIONAL_CREATE, S3A_CONDITIONAL)))
+
     def create_new(self, path: str, data: bytes) -> bool:
-        """Write a file that must not exist yet (create(path, overwrite=false)); False if it does."""
+        """Write a file that must not exist yet; False if it existed (at create or at close: a
+        conditional create checks at close), or if the create failed and the file exists afterwards
+        (the caller reads it: a retried create may have made it). The content goes in one write, so a
+        conditional create (one PUT at close) is never seen empty; elsewhere it may be until close."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
         try:
-            stream = fs.create(where, False)
+            if fs.hasPathCapability(where, CONDITIONAL_CREATE):
+                builder = fs.createFile(where).overwrite(False)
+                builder.must(CONDITIONAL_CREATE, True)
+                stream = builder.build()
+            else:
+                stream = fs.create(where, False)
         except Py4JJavaError as exc:
-            if "FileAlreadyExistsException" in str(exc.java_exception.getClass().getName()) or fs.exists(where):
+            if lost_create(exc) or fs.exists(where):
                 return False
             raise
         try:
-            stream.write(bytearray(data))
-        finally:
-            stream.close()
+            try:
+                stream.write(bytearray(data))
+            finally:
+                stream.close()
+        except Py4JJavaError as exc:
+            if lost_create(exc):
+                return False
+            raise
         return True
 
     def folders(self, path: str) -> list[str]:
@@ -202,13 +237,9 @@ class HadoopFiles:
             return []
         return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
 
-    def data_files(self, path: str) -> list[str]:
-        """The files of folder `path` Spark's readers would read (not _SUCCESS, not .crc)."""
+    def exists(self, path: str) -> bool:
         where, fs = self._at(path)
-        if not fs.exists(where):
-            return []
-        return sorted(str(status.getPath()) for status in fs.listStatus(where)
-                      if status.isFile() and not status.getPath().getName().startswith(("_", ".")))
+        return bool(fs.exists(where))
 
     def delete(self, path: str) -> None:
         """Delete folder `path` and what it holds; nothing if it is gone already."""
@@ -219,32 +250,45 @@ class HadoopFiles:
 def read_marker(files: HadoopFiles, batch: str) -> tuple[str | None, str] | None:
     """The marker of micro-batch folder `batch` (<output>/batch_id=N): None without one, else (the
     query id it holds, or None; the folder of the stored rows): the attempt folder it names, or
-    `batch` itself for a marker written before attempt folders existed (no "attempt")."""
+    `batch` itself for a marker written before attempt folders existed (no "attempt"). An empty or
+    unparsable marker next to attempt folders, and a marker naming a folder that is gone, raise."""
     marker = f"{batch}/{WRITTEN}"
     if not files.is_file(marker):
         return None
-    text = files.read_text(marker)
-    try:
-        content = json.loads(text) if text.strip() else {}
-    except ValueError:
-        content = {}
-    if not isinstance(content, dict):
-        content = {}
+    content = marker_content(files.read_text(marker))
+    if content is None and any(name.startswith(ATTEMPT) for name in files.folders(batch)):
+        raise PipelineError(f"{marker} is empty or unreadable: it was left by a driver that died while writing it; "
+                            f"nothing was acknowledged from it: delete it and restart the query")
+    content = content or {}
     attempt = content.get("attempt")
     if attempt is None:
         return content.get("query"), batch
     if not isinstance(attempt, str) or not ATTEMPT_NAME.fullmatch(attempt):
         raise PipelineError(f"{marker} names {attempt!r} as the folder of the micro-batch's rows: not one of "
                             f"AckSink's attempt folders ({ATTEMPT}<32 hex digits>)")
+    if not files.exists(f"{batch}/{attempt}"):
+        raise PipelineError(f"{marker} names {attempt}, which is gone: the micro-batch's rows were deleted (by hand, "
+                            f"or by a second driver of the query on a store without an atomic create)")
     return content.get("query"), f"{batch}/{attempt}"
 
 
-def stored_paths(files: HadoopFiles, folder: str) -> list[str]:
-    """What to give spark.read.parquet for the rows of `folder`: its data files. An attempt folder
-    given by name reads as well (partition discovery still finds batch_id=N above it), but Spark
-    then logs a WARNING "All paths were ignored" for a name starting with "_": wrong, and on
-    every micro-batch."""
-    return files.data_files(folder) or [folder]
+def marker_content(text: str) -> dict | None:
+    """The marker's JSON object, None if it is empty or not one."""
+    try:
+        content = json.loads(text) if text.strip() else None
+    except ValueError:
+        return None
+    return content if isinstance(content, dict) else None
+
+
+def read_stored(spark: Any, folder: str, schema: Any = None) -> Any:
+    """The rows of a stored folder, read by its name (no listing of its files through py4j, no
+    parallel listing job): with `schema` (the written frame's), Spark infers nothing either. For an
+    attempt folder Spark logs a WARNING "All paths were ignored: .../_attempt-..." (its check of
+    hidden names, DataSource.checkAndGlobPathIfNecessary); it only logs: the folder is still read,
+    all its rows (see docs/pipelines.md)."""
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    return reader.parquet(folder)
 
 
 class AckSink:
@@ -298,19 +342,25 @@ class AckSink:
             raise PipelineError(f"stream {self.target.name}: the sink acknowledges each row by {', '.join(ACK_COLUMNS)} "
                                 f"(error NULL: completed, else failed); the stream lacks {missing}: keep the "
                                 f"reader's id, lease_token and worker, and add error (handle() does)")
+        self._files = HadoopFiles(frame.sparkSession)
         if not self._storage_checked:
             require_shared_storage(frame.sparkSession, self.output)
+            if not self._files.atomic_create(self.output):
+                log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
+                              "conditional create; other stores: see docs/pipelines.md): a second driver of the "
+                              "query is then not guarded against, and may replace the marker and delete the "
+                              "acknowledged rows: run one driver per checkpoint", self.target.name, self.output)
             self._storage_checked = True
-        self._files = HadoopFiles(frame.sparkSession)
         with job_description(frame.sparkSession, f"stream {self.target.name}: micro-batch {batch_id}"):
             stored = self.written(batch_id)
             replay = stored is not None
             if replay:
                 log().info("stream %s: micro-batch %s was written before (a replay): acknowledging its stored "
                            "rows in %s again", self.target.name, batch_id, stored)
+                counts = self.acknowledge(frame.sparkSession, batch_id,
+                                          self.stored_rows(frame.sparkSession, batch_id, frame.schema))
             else:
-                self.write(frame, batch_id)
-            counts = self.acknowledge(frame.sparkSession, batch_id)
+                counts = self.acknowledge(frame.sparkSession, batch_id, self.write(frame, batch_id))
         for name in COUNTS:
             self.counts[name] += counts[name]
         if not replay and counts["lost"]:
@@ -338,27 +388,29 @@ class AckSink:
                 f"({self.query_id()}): a new checkpoint needs a new output folder (or keep the old checkpoint)")
         return stored
 
-    def write(self, frame: Any, batch_id: int) -> str:
+    def write(self, frame: Any, batch_id: int) -> Any:
         """The micro-batch's rows to a new attempt folder of batch_id=N, checked for one row per
         message, then published by the marker naming the query, the micro-batch and the attempt
         (created only if absent). Returns the attempt folder. Nothing is ever overwritten: a second
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
-        was never acknowledged from, and the winner deletes those (a crash before the marker)."""
+        was never acknowledged from, and the winner deletes those (a crash before the marker).
+        Returns the rows as stored (the attempt folder, read with the frame's schema)."""
         attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
         folder = f"{self.folder(batch_id)}/{attempt}"
         frame.write.parquet(folder)                  # a new folder: nothing to overwrite
-        self.refuse_duplicates(frame.sparkSession, batch_id, folder)
+        stored = read_stored(frame.sparkSession, folder, frame.schema)
+        self.refuse_duplicates(stored, batch_id, folder)
         self.mark(batch_id, attempt)
         for name in self._files.folders(self.folder(batch_id)):
             if name.startswith(ATTEMPT) and name != attempt:
                 self._files.delete(f"{self.folder(batch_id)}/{name}")
-        return folder
+        return stored
 
-    def refuse_duplicates(self, spark: Any, batch_id: int, folder: str) -> None:
+    def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
         """Refuse (and delete) a written attempt with more than one row for a message (a handler or
         a join that adds rows): two results for one message, or a complete and a fail of it racing."""
-        doubled = (spark.read.parquet(*stored_paths(self._files, folder)).select("id").groupBy("id").count()
+        doubled = (stored.select("id").groupBy("id").count()
                    .where("count > 1").limit(DUPLICATES_SHOWN).collect())
         if doubled:
             self._files.delete(folder)
@@ -368,30 +420,46 @@ class AckSink:
                                 f"dedupe before the sink; nothing of the micro-batch was acknowledged")
 
     def mark(self, batch_id: int, attempt: str) -> None:
-        """Create micro-batch batch_id's marker naming `attempt`, only if absent; a marker created by
-        someone else since written() said no is a second driver of this query: this driver's attempt
-        folder is deleted and the micro-batch refused."""
-        marker = json.dumps({"query": self.query_id(), "batch_id": batch_id, "attempt": attempt}).encode("utf-8")
-        if not self._files.create_new(f"{self.folder(batch_id)}/{WRITTEN}", marker):
-            self._files.delete(f"{self.folder(batch_id)}/{attempt}")
-            raise PipelineError(f"stream {self.target.name}: the marker of {self.folder(batch_id)} appeared while "
-                                f"this driver wrote the micro-batch: another driver runs the query of checkpoint "
-                                f"{self.checkpoint}; stop one of them")
+        """Create micro-batch batch_id's marker naming `attempt`, only if absent. If the create was
+        not a clear win, the marker decides: naming `attempt`, this driver won (a retried create
+        whose first try reached the store); naming another attempt, a second driver of this query
+        created it since written() said no: this driver's attempt folder is deleted and the
+        micro-batch refused; empty or unreadable: refused, deleting nothing."""
+        marker = f"{self.folder(batch_id)}/{WRITTEN}"
+        content = json.dumps({"query": self.query_id(), "batch_id": batch_id, "attempt": attempt}).encode("utf-8")
+        if self._files.create_new(marker, content):
+            return
+        found = marker_content(self._files.read_text(marker)) if self._files.is_file(marker) else None
+        if found is None:
+            raise PipelineError(f"stream {self.target.name}: creating {marker} failed and it is now missing, empty or "
+                                f"unreadable: another driver may be writing it, or one died while writing it; "
+                                f"nothing was acknowledged: stop other drivers of checkpoint {self.checkpoint}, "
+                                f"delete {marker} if it is empty, and restart")
+        if found.get("query") == self.query_id() and found.get("attempt") == attempt:
+            return
+        self._files.delete(f"{self.folder(batch_id)}/{attempt}")
+        raise PipelineError(f"stream {self.target.name}: the marker of {self.folder(batch_id)} appeared while "
+                            f"this driver wrote the micro-batch: another driver runs the query of checkpoint "
+                            f"{self.checkpoint}; stop one of them")
 
-    def stored_rows(self, spark: Any, batch_id: int) -> Any:
-        """The rows of micro-batch batch_id as written (every column), from the folder its marker names."""
+    def stored_rows(self, spark: Any, batch_id: int, schema: Any = None) -> Any:
+        """The rows of micro-batch batch_id as written (every column), from the folder its marker names;
+        read with `schema` (a replay's frame: the same query's columns) nothing is inferred."""
         stored = self.written(batch_id)
         if stored is None:
             raise PipelineError(f"stream {self.target.name}: micro-batch {batch_id} has no marker in "
                                 f"{self.folder(batch_id)}: nothing was written to acknowledge")
-        return spark.read.parquet(*stored_paths(self._files, stored))
+        return read_stored(spark, stored, schema)
 
-    def acknowledge(self, spark: Any, batch_id: int) -> dict[str, int]:
+    def acknowledge(self, spark: Any, batch_id: int, stored: Any = None) -> dict[str, int]:
+        """Acknowledge micro-batch batch_id's stored rows: `stored` (every column, as __call__ passes
+        them: what write() just marked, or a replay's stored_rows), else read from the folder its
+        marker names."""
         from functools import partial
 
         from pyspark.sql import functions as F
 
-        stored = self.stored_rows(spark, batch_id).select(
+        stored = (self.stored_rows(spark, batch_id) if stored is None else stored).select(
             F.col("id"), F.col("lease_token"), F.col("worker"), F.col("error"))
         ack = partial(acknowledge_partition, self.target, self.retry_after_seconds)
         # One row of four counts per task comes back: one stage, no shuffle for the sum.
@@ -411,8 +479,8 @@ def read_results(spark: Any, output: str) -> Any:
                                        if name.startswith("batch_id=")) if marked is not None]
     if not stored:
         raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
-    return spark.read.option("basePath", root).parquet(*[path for folder in stored
-                                                         for path in stored_paths(files, folder)])
+    # The folders by name: one listing each in Spark, no py4j listing of their files here.
+    return spark.read.option("basePath", root).parquet(*stored)
 
 
 # -- a whole run: until nothing is ready ------------------------------------------------------------

@@ -931,11 +931,11 @@ class CrashingSink:
     def __call__(self, frame: Any, batch_id: int) -> None:
         original = self.sink.acknowledge
 
-        def acknowledge(spark: Any, number: int) -> dict:
+        def acknowledge(spark: Any, number: int, stored: Any = None) -> dict:
             if number == self.after_write and "write" not in self.crashed:
                 self.crashed.add("write")
                 raise RuntimeError(f"driver lost after writing micro-batch {number}")
-            counts = original(spark, number)
+            counts = original(spark, number, stored)
             if number == self.after_ack and "ack" not in self.crashed:
                 self.crashed.add("ack")
                 raise RuntimeError(f"driver lost after acknowledging micro-batch {number}")
@@ -1060,7 +1060,7 @@ def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spar
     catalog = pg.deploy(work_queue("late"))
     options = direct_sink_options(pg, catalog, "late", tmp_path, "3f1e-query")
     sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
-    sink.acknowledge = lambda spark_, batch_id: {**dict.fromkeys(COUNTS, 0), "completed": 1, "lost": 2}
+    sink.acknowledge = lambda spark_, batch_id, stored=None: {**dict.fromkeys(COUNTS, 0), "completed": 1, "lost": 2}
     frame = spark.createDataFrame([(1, "t1", "w", None), (2, "t2", "w", None), (3, "t3", "w", None)],
                                   "id long, lease_token string, worker string, error string")
     logged: list[logging.LogRecord] = []
@@ -1217,8 +1217,8 @@ def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(
         sink.write(frame, 0)
     assert (tmp_path / "out" / "batch_id=0" / WRITTEN).read_bytes() == other
     assert attempt_folders(tmp_path / "out", 0) == []
-    stored = sink.write(frame, 1)
-    attempt = stored.rsplit("/", 1)[1]
+    assert sorted(sink.write(frame, 1).select("id").collect()) == [(1,)]
+    attempt = json.loads(sink._files.read_text(f"{sink.folder(1)}/{WRITTEN}"))["attempt"]
     assert attempt_folders(tmp_path / "out", 1) == [attempt] and re.fullmatch(r"_attempt-[0-9a-f]{32}", attempt)
     assert json.loads(sink._files.read_text(f"{sink.folder(1)}/{WRITTEN}")) == {
         "query": "7a-query", "batch_id": 1, "attempt": attempt}
@@ -1254,6 +1254,187 @@ def test_stream_zombie_driver_writing_after_the_winner_deletes_nothing_of_its_ro
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'zombies')}") == 0
 
 
+def test_stream_sink_warns_once_naming_the_output_when_the_store_has_no_atomic_create(spark, pg, tmp_path,
+                                                                                     monkeypatch):
+    """On a store without an atomic create-if-absent (HadoopFiles.atomic_create False: S3A without
+    the conditional create, an unknown scheme), both drivers of a query could "win" the marker: the
+    first micro-batch logs one WARNING naming the queue and the output and saying a second driver is
+    not guarded against; later micro-batches log nothing more."""
+    from pipelines import stream_job
+    from pipelines.stream_job import COUNTS, AckSink, HadoopFiles
+
+    class NonAtomic(HadoopFiles):
+        def atomic_create(self, path: str) -> bool:
+            return False
+
+    monkeypatch.setattr(stream_job, "HadoopFiles", NonAtomic)
+    catalog = pg.deploy(work_queue("plain"))
+    options = direct_sink_options(pg, catalog, "plain", tmp_path, "2e-query")
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink.acknowledge = lambda spark_, batch_id, stored=None: dict.fromkeys(COUNTS, 0)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    logged: list[logging.LogRecord] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = logged.append  # type: ignore[method-assign]
+    log().addHandler(listener)
+    try:
+        sink(frame, 0)
+        sink(frame, 1)
+    finally:
+        log().removeHandler(listener)
+    assert len(logged) == 1 and re.search(r"stream [a-z0-9_]+\.plain: .*/out has no atomic create-if-absent .* a "
+                                          r"second driver of the query is then not guarded against",
+                                          logged[0].getMessage())
+    assert HadoopFiles(spark).atomic_create(str(tmp_path / "out"))          # file: the local create
+
+
+def test_stream_sink_conditional_create_lost_at_close_is_a_lost_race(spark, pg, tmp_path):
+    """A store with Hadoop's conditional create (S3A's If-None-Match PUT) is used through the builder
+    with fs.option.create.conditional.overwrite as a must option, and reports the other driver's
+    marker only at close() (412 / FileAlreadyExists): that is a lost race like one at create():
+    this driver's attempt folder is deleted and the lost-race PipelineError raised (before: only
+    create(path, false) was called and a failure at close escaped as a Py4JJavaError)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("conditional"))
+    options = direct_sink_options(pg, catalog, "conditional", tmp_path, "8c-query")
+    other = b'{"query": "8c-query", "batch_id": 0, "attempt": "_attempt-' + b"0" * 32 + b'"}'
+    used: list[tuple] = []
+
+    class ConditionalFs:
+        """An S3A-like filesystem for the marker: the conditional create, checked at close."""
+
+        def __init__(self, fs: Any) -> None:
+            self.fs = fs
+
+        def __getattr__(self, name: str) -> Any:       # exists, getFileStatus, open: the real ones
+            return getattr(self.fs, name)
+
+        def hasPathCapability(self, where: Any, capability: str) -> bool:
+            return capability == "fs.option.create.conditional.overwrite"
+
+        def createFile(self, where: Any) -> Any:
+            class Builder:
+                def overwrite(self, flag: bool) -> "Builder":
+                    used.append(("overwrite", flag))
+                    return self
+
+                def must(self, key: str, value: bool) -> "Builder":
+                    used.append(("must", key, value))
+                    return self
+
+                def build(self) -> Any:
+                    class Upload:
+                        def write(self, data: bytearray) -> None:
+                            used.append(("write", bytes(data)))
+
+                        def close(self) -> None:          # the other driver's PUT came first: 412
+                            assert plain.create_new(str(where), other)
+                            raise Py4JJavaError("An error occurred while calling o1.close", plain.jvm.org.apache
+                                                .hadoop.fs.FileAlreadyExistsException(f"{where}: 412 Precondition "
+                                                                                      f"Failed"))
+                    return Upload()
+            return Builder()
+
+    class ConditionalFiles(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return (where, ConditionalFs(fs)) if path.endswith(WRITTEN) else (where, fs)
+
+    plain = HadoopFiles(spark)
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = ConditionalFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.conditional: the marker of .*/out/batch_id=0 "
+                                            r"appeared while this driver wrote the micro-batch: another driver runs"):
+        sink.write(frame, 0)
+    assert used[:2] == [("overwrite", False), ("must", "fs.option.create.conditional.overwrite", True)]
+    assert json.loads(used[2][1])["query"] == "8c-query"          # the whole content in one write
+    assert (tmp_path / "out" / "batch_id=0" / WRITTEN).read_bytes() == other
+    assert attempt_folders(tmp_path / "out", 0) == []
+
+
+def test_stream_sink_retried_create_that_made_our_marker_wins(spark, pg, tmp_path):
+    """A create whose first try reached the store and whose retry answered "already exists" (ABFS's
+    409 after a broken connection, S3's 412) reports a lost race, yet the marker names this
+    driver's attempt: the sink reads the marker, keeps its attempt folder and goes on (before: it
+    deleted the folder its own marker names, and every replay failed). An empty marker after a
+    failed create is refused without deleting anything."""
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("retried"))
+    options = direct_sink_options(pg, catalog, "retried", tmp_path, "4d-query")
+
+    class RetriedFiles(HadoopFiles):
+        """The first try creates the marker (with this content, or empty), the retry answers False."""
+
+        def create_new(self, path: str, data: bytes) -> bool:
+            super().create_new(path, b"" if "batch_id=1/" in path else data)
+            return False
+
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = RetriedFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    assert sorted(sink.write(frame, 0).select("id").collect()) == [(1,)]
+    marked = json.loads((tmp_path / "out" / "batch_id=0" / WRITTEN).read_text())
+    assert marked["query"] == "4d-query" and attempt_folders(tmp_path / "out", 0) == [marked["attempt"]]
+    assert sink.written(0) == f"{sink.folder(0)}/{marked['attempt']}"
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.retried: creating .*/out/batch_id=1/"
+                                            r"_tablequeue_written failed and it is now missing, empty or unreadable"):
+        sink.write(frame, 1)
+    assert len(attempt_folders(tmp_path / "out", 1)) == 1
+    assert (tmp_path / "out" / "batch_id=1" / WRITTEN).read_bytes() == b""
+
+
+def broken_marker(spark: Any, pg: "Postgres", tmp_path: Path, marker: str) -> tuple[Any, Any, Catalog]:
+    """An AckSink, a frame of 2 leased messages written to an attempt folder of batch_id=0, and that
+    micro-batch's marker holding `marker`."""
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("broken", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "broken", tmp_path, "6e-query")
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    frame = spark.createDataFrame([(*lease, None, "x") for lease in leased(pg, catalog, "broken", 2)], SINK_ROWS)
+    frame.write.parquet(str(tmp_path / "out" / "batch_id=0" / ("_attempt-" + "a" * 32)))
+    (tmp_path / "out" / "batch_id=0" / WRITTEN).write_text(marker)
+    return sink, frame, catalog
+
+
+def test_stream_sink_empty_marker_is_refused_as_a_dead_drivers_by_the_replay_and_read_results(spark, pg, tmp_path):
+    """An empty marker next to an attempt folder (a driver died between create and close) is its own
+    PipelineError, "delete it and restart", for the replay and for read_results; nothing is
+    acknowledged (before: the replay said "written by another streaming query ... a new checkpoint
+    needs a new output folder", and read_results skipped the micro-batch: 0 rows, no error)."""
+    from pipelines.stream_job import read_results
+
+    sink, frame, catalog = broken_marker(spark, pg, tmp_path, "")
+    empty = r".*/out/batch_id=0/_tablequeue_written is empty or unreadable: it was left by a driver that died while " \
+            r"writing it; nothing was acknowledged from it: delete it and restart"
+    with pytest.raises(PipelineError, match=empty):
+        read_results(spark, str(tmp_path / "out"))
+    with pytest.raises(PipelineError, match=empty):
+        sink(frame, 0)
+    assert sink.counts["completed"] == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'broken', '_history')}") == 0
+
+
+def test_stream_sink_marker_naming_a_missing_folder_is_refused_naming_the_marker(spark, pg, tmp_path):
+    """A marker naming an attempt folder that is gone is a PipelineError naming the marker and the
+    folder, for the replay and for read_results (before: Spark's PATH_NOT_FOUND)."""
+    from pipelines.stream_job import read_results
+
+    named = json.dumps({"query": "6e-query", "batch_id": 0, "attempt": "_attempt-" + "b" * 32})
+    sink, frame, catalog = broken_marker(spark, pg, tmp_path, named)
+    gone = r".*/out/batch_id=0/_tablequeue_written names _attempt-b{32}, which is gone"
+    with pytest.raises(PipelineError, match=gone):
+        read_results(spark, str(tmp_path / "out"))
+    with pytest.raises(PipelineError, match=gone):
+        sink(frame, 0)
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'broken', '_history')}") == 0
+
+
 def test_stream_sink_acknowledges_and_reads_a_micro_batch_of_the_layout_before_attempt_folders(spark, pg, tmp_path):
     """A micro-batch written before attempt folders (rows in batch_id=N itself, a marker without
     "attempt") is replayed after the upgrade: its stored rows are acknowledged (the replay's own
@@ -1278,7 +1459,7 @@ def test_stream_sink_acknowledges_and_reads_a_micro_batch_of_the_layout_before_a
     assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in old + new)
 
 
-def test_stream_sink_refuses_a_micro_batch_with_two_rows_of_a_message(spark, pg, tmp_path):
+def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):
     """A handler or join that gives a message two rows (here 6 of 7 messages, one of them once with
     an error) would complete a message twice, or complete and fail it at once: the micro-batch is
     refused naming the queue, the micro-batch and 5 of the ids; its attempt folder is deleted, no

@@ -58,8 +58,9 @@ ATTEMPT_NAME = re.compile(r"_attempt-[0-9a-f]{32}")
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # S3A's probe (Constants.CONDITIONAL_CREATE_ENABLED, also its setting): on, create(path, false) is
 # that conditional PUT as well (HADOOP-19256's release note).
-S3A_CONDITIONAL = "fs.s3a.create.conditional.enabled"
-ATOMIC_CREATE_SCHEMES = ("file", "hdfs", "abfs", "abfss")
+# Schemes whose create(path, overwrite=false) is one exclusive step; "file" only on one host (a local
+# master): it checks, then creates.
+ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
@@ -176,6 +177,7 @@ class HadoopFiles:
     def __init__(self, spark: Any) -> None:
         self.jvm = spark.sparkContext._jvm
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
+        self.one_host = spark.sparkContext.master.startswith("local")
 
     def _at(self, path: str) -> tuple[Any, Any]:
         where = self.jvm.org.apache.hadoop.fs.Path(path)
@@ -194,12 +196,16 @@ class HadoopFiles:
             stream.close()
 
     def atomic_create(self, path: str) -> bool:
-        """Whether create_new at `path` is an atomic create-if-absent: the store's conditional create
-        (S3A on Hadoop 3.4.2+ reports the capability), or plain create(overwrite=false) on a
-        filesystem whose create is one exclusive step (HDFS, ABFS) or local (see docs/pipelines.md)."""
+        """Whether create_new at `path` is an atomic create-if-absent: the store's conditional create,
+        which create_new then uses (the filesystem reports fs.option.create.conditional.overwrite), or
+        plain create(overwrite=false) on a filesystem whose create is one exclusive step (HDFS, ABFS),
+        or local under a local master (one host). S3A's own fs.s3a.create.conditional.enabled is not
+        asked: it can be on while a plain create is still a check and then a PUT (see
+        docs/pipelines.md)."""
         where, fs = self._at(path)
-        return (fs.getScheme() in ATOMIC_CREATE_SCHEMES
-                or any(bool(fs.hasPathCapability(where, probe)) for probe in (CONDITIONAL_CREATE, S3A_CONDITIONAL)))
+        scheme = fs.getScheme()
+        return (scheme in ATOMIC_CREATE_SCHEMES or (scheme == "file" and self.one_host)
+                or bool(fs.hasPathCapability(where, CONDITIONAL_CREATE)))
 
     def create_new(self, path: str, data: bytes) -> bool:
         """Write a file that must not exist yet; False if it existed (at create or at close: a
@@ -257,8 +263,9 @@ def read_marker(files: HadoopFiles, batch: str) -> tuple[str | None, str] | None
         return None
     content = marker_content(files.read_text(marker))
     if content is None and any(name.startswith(ATTEMPT) for name in files.folders(batch)):
-        raise PipelineError(f"{marker} is empty or unreadable: it was left by a driver that died while writing it; "
-                            f"nothing was acknowledged from it: delete it and restart the query")
+        raise PipelineError(f"{marker} is empty or unreadable: a driver is writing it now (retry), or one died while "
+                            f"writing it; nothing was acknowledged from it: delete it only if it stays empty while no "
+                            f"driver of the query runs, then restart the query")
     content = content or {}
     attempt = content.get("attempt")
     if attempt is None:
@@ -357,8 +364,9 @@ class AckSink:
             if replay:
                 log().info("stream %s: micro-batch %s was written before (a replay): acknowledging its stored "
                            "rows in %s again", self.target.name, batch_id, stored)
-                counts = self.acknowledge(frame.sparkSession, batch_id,
-                                          self.stored_rows(frame.sparkSession, batch_id, frame.schema))
+                # The stored schema, inferred: a query restarted with changed code may project other
+                # columns or types than the rows were written with.
+                counts = self.acknowledge(frame.sparkSession, batch_id, self.stored_rows(frame.sparkSession, batch_id))
             else:
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.write(frame, batch_id))
         for name in COUNTS:
@@ -391,7 +399,7 @@ class AckSink:
     def write(self, frame: Any, batch_id: int) -> Any:
         """The micro-batch's rows to a new attempt folder of batch_id=N, checked for one row per
         message, then published by the marker naming the query, the micro-batch and the attempt
-        (created only if absent). Returns the attempt folder. Nothing is ever overwritten: a second
+        (created only if absent). Nothing is ever overwritten: a second
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
         was never acknowledged from, and the winner deletes those (a crash before the marker).

@@ -1285,7 +1285,27 @@ def test_stream_sink_warns_once_naming_the_output_when_the_store_has_no_atomic_c
     assert len(logged) == 1 and re.search(r"stream [a-z0-9_]+\.plain: .*/out has no atomic create-if-absent .* a "
                                           r"second driver of the query is then not guarded against",
                                           logged[0].getMessage())
-    assert HadoopFiles(spark).atomic_create(str(tmp_path / "out"))          # file: the local create
+    assert HadoopFiles(spark).atomic_create(str(tmp_path / "out"))          # file under a local master
+    # S3A's own switch is not a conditional create (its plain create may still check, then PUT): only
+    # the capability the builder is used with counts; and a local filesystem on a cluster (a shared
+    # mount, several hosts) does not either.
+    from pipelines.stream_job import HadoopFiles as Files
+
+    class S3aSwitchOnly(Files):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+
+            class Fs:
+                def getScheme(self) -> str:
+                    return "s3a"
+
+                def hasPathCapability(self, at: Any, capability: str) -> bool:
+                    return capability == "fs.s3a.create.conditional.enabled"
+            return where, Fs()
+    assert not S3aSwitchOnly(spark).atomic_create(str(tmp_path / "out"))
+    on_a_cluster = Files(spark)
+    on_a_cluster.one_host = False
+    assert not on_a_cluster.atomic_create(str(tmp_path / "out"))
 
 
 def test_stream_sink_conditional_create_lost_at_close_is_a_lost_race(spark, pg, tmp_path):
@@ -1410,8 +1430,9 @@ def test_stream_sink_empty_marker_is_refused_as_a_dead_drivers_by_the_replay_and
     from pipelines.stream_job import read_results
 
     sink, frame, catalog = broken_marker(spark, pg, tmp_path, "")
-    empty = r".*/out/batch_id=0/_tablequeue_written is empty or unreadable: it was left by a driver that died while " \
-            r"writing it; nothing was acknowledged from it: delete it and restart"
+    empty = r".*/out/batch_id=0/_tablequeue_written is empty or unreadable: a driver is writing it now \(retry\), or " \
+            r"one died while writing it; nothing was acknowledged from it: delete it only if it stays empty while " \
+            r"no driver of the query runs"
     with pytest.raises(PipelineError, match=empty):
         read_results(spark, str(tmp_path / "out"))
     with pytest.raises(PipelineError, match=empty):

@@ -399,6 +399,14 @@ class QueueMachine(RuleBasedStateMachine):
         expect(not older, f"(8) {label} handed out id {message.id} of group {message.group!r} before the "
                           f"older {', '.join(f'id {m.id}' for m in older)} of that group")
 
+    def hold_groups(self, index: int, serials: list[int]) -> None:
+        """An acknowledgement takes its messages' groups (its lease or not), from the send on: a call
+        parked on a later one holds the earlier ones."""
+        for serial in serials:
+            message = self.view(index, serial)
+            if message is not None and message.group is not None:
+                self.txn(index).groups.add(message.group)
+
     def check_one_per_group(self, index: int, label: str, handed_out: list[Message | None]) -> None:
         groups = [m.group for m in handed_out if m is not None and m.group is not None]
         expect(len(groups) == len(set(groups)), f"(8) session {index}: {label} handed out two messages of one "
@@ -678,10 +686,12 @@ class QueueMachine(RuleBasedStateMachine):
             expect(new_ids == sorted(new_ids), f"session {index}: {label}: ids not in item order: {new_ids}")
         if any(key is not None for key in keys):
             txn.holds_locks = True
-        txn.groups.update(g for g in map(self.group_of, serials) if g is not None)
 
     def enqueue_call(self, index: int, keys: list[str | None], end: str | None, batch: bool) -> None:
         serials = [next(self.serials) for _ in keys]
+        # From the send on: a call parked on a later item (a dedupe key) already holds the groups of
+        # the items before it.
+        self.txn(index).groups.update(g for g in map(self.group_of, serials) if g is not None)
         items = [self.item(serial, key) for serial, key in zip(serials, keys)]
         if batch:
             label = f"enqueue_batch(keys={keys})"
@@ -967,6 +977,7 @@ class WorkMachine(QueueMachine):
         if target is None:
             return
         worker, serial, message_id, token = target
+        self.hold_groups(index, [serial])
         arguments = f"id={message_id!r}, worker={worker!r}, lease_token={token_kind}"
         if verb == "complete":
             label, action = f"complete({arguments})", lambda c: c.complete(message_id, worker, lease_token=token)
@@ -988,8 +999,6 @@ class WorkMachine(QueueMachine):
         txn = self.txn(index)
         label = f"session {index}: {label}"
         message = self.view(index, serial)
-        if message is not None and message.group is not None:
-            txn.groups.add(message.group)   # an acknowledgement holds the group, its lease or not
         mine = (message is not None and message.state == "queued" and message.leased_by == self.worker(index)
                 and self.holder(index, serial) is None)
         lease = self.lease_state(message, call) if mine else "none"
@@ -1067,6 +1076,7 @@ class WorkMachine(QueueMachine):
                                        f"{label}, item id={message_id!r}")
 
         self.batch_targets[index] = set(chosen)
+        self.hold_groups(index, list(chosen))
         self.send(index, label, action, check, end)
 
     @rule(session=SESSION, verb=st.sampled_from(("complete_batch", "fail_batch")), picks=PICKS, tokens=TOKENS,
@@ -1086,6 +1096,7 @@ class WorkMachine(QueueMachine):
         if target is None:
             return
         worker, serial, message_id, lease_token = target
+        self.hold_groups(session, [serial])
         label = (f"complete_next(id={message_id!r}, worker={worker!r}, lease_token={token}, "
                  f"batch_size={batch_size}, lease_seconds={lease_seconds})")
 
@@ -1374,4 +1385,18 @@ def test_the_consumers_v2_verbs_keep_the_model_in_a_scripted_example(deploy_queu
         ("complete_next", {"session": 0, "pick": 0, "token": "current", "batch_size": 1, "end": "commit", **long}),
         ("acknowledge_a_batch", {"session": 0, "verb": "fail_batch", "picks": [0],
                                  "tokens": ["current", "none", "none"], "end": "commit"}),
+    ])
+
+
+def test_a_producer_parked_on_a_later_item_holds_the_groups_of_the_items_before_it(deploy_queues) -> None:
+    """Found by a CI run of the groups model: session 1's batch joined group g2 for its second item and
+    then waited for key 'a' (session 0's open dequeue consumed it), so session 0's dequeue stepped
+    over g2's head; the model recorded a producer's groups only when its call returned, and took the
+    skipped head for one left behind. A call holds its items' groups from the send on."""
+    replay(deploy_queues, "fifo_groups", [
+        ("enqueue", {"session": 0, "key": "a", "end": "commit"}),
+        ("enqueue_batch", {"session": 0, "keys": [None, None], "end": "commit"}),
+        ("dequeue", {"session": 0, "batch_size": 1, "end": None}),
+        ("enqueue_batch", {"session": 1, "keys": [None, "a"], "end": None}),
+        ("dequeue", {"session": 0, "batch_size": 2, "end": None}),
     ])

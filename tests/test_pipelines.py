@@ -7,6 +7,7 @@ the queue table for depth), the figures of the report against plain Python over 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -59,6 +60,19 @@ SMALL_DATA_CONF = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
 }
+
+
+@contextlib.contextmanager
+def logged_by_the_pipelines(level: int = logging.NOTSET) -> Iterator[list[logging.LogRecord]]:
+    """The records the pipelines' logger emits at `level` or above while the block runs."""
+    logged: list[logging.LogRecord] = []
+    listener = logging.Handler(level)
+    listener.emit = logged.append  # type: ignore[method-assign]
+    log().addHandler(listener)
+    try:
+        yield logged
+    finally:
+        log().removeHandler(listener)
 
 
 @pytest.fixture(scope="module")
@@ -612,14 +626,8 @@ def test_report_figures_match_an_independent_computation(spark, pg, drained):
                                     ("_dead", ("enqueued_at", "dead_at"), 3)):
         shifts = ", ".join(f"{c} = {c} - (id % {spread}) * interval '1 minute'" for c in columns)
         pg.rows(f"UPDATE {table(catalog, 'emails', suffix)} SET {shifts} RETURNING 1")
-    logged: list[logging.LogRecord] = []
-    listener = logging.Handler()
-    listener.emit = logged.append  # type: ignore[method-assign]
-    log().addHandler(listener)
-    try:
+    with logged_by_the_pipelines() as logged:
         report = run_report(spark, pg.url, catalog, "emails", str(out))
-    finally:
-        log().removeHandler(listener)
     history = pg.rows(f"SELECT enqueued_at, started_at, finished_at, worker, attempts "
                       f"FROM {table(catalog, 'emails', '_history')}")
     dead = pg.rows(f"SELECT dead_at, last_worker FROM {table(catalog, 'emails', '_dead')}")
@@ -1063,19 +1071,13 @@ def test_stream_sink_warns_of_a_lost_lease_on_a_fresh_write_not_on_a_replay(spar
     sink.acknowledge = lambda spark_, batch_id, stored=None: {**dict.fromkeys(COUNTS, 0), "completed": 1, "lost": 2}
     frame = spark.createDataFrame([(1, "t1", "w", None), (2, "t2", "w", None), (3, "t3", "w", None)],
                                   "id long, lease_token string, worker string, error string")
-    logged: list[logging.LogRecord] = []
-    listener = logging.Handler(logging.WARNING)
-    listener.emit = logged.append  # type: ignore[method-assign]
-    log().addHandler(listener)
-    try:
+    with logged_by_the_pipelines(logging.WARNING) as logged:
         sink(frame, 4)
         assert len(logged) == 1 and re.search(r"stream [a-z0-9_]+\.late: micro-batch 4: 2 message\(s\) written but "
                                               r"no longer held .* a second result row follows; dedupe on id",
                                               logged[0].getMessage())
         sink(frame, 4)                                  # the replay: its lost answers are expected
         assert len(logged) == 1
-    finally:
-        log().removeHandler(listener)
     marker = json.loads((tmp_path / "out" / "batch_id=4" / "_tablequeue_written").read_text())
     assert marker == {"query": "3f1e-query", "batch_id": 4, "attempt": attempt_folders(tmp_path / "out", 4)[0]}
 
@@ -1273,15 +1275,9 @@ def test_stream_sink_warns_once_naming_the_output_when_the_store_has_no_atomic_c
     sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
     sink.acknowledge = lambda spark_, batch_id, stored=None: dict.fromkeys(COUNTS, 0)
     frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
-    logged: list[logging.LogRecord] = []
-    listener = logging.Handler(logging.WARNING)
-    listener.emit = logged.append  # type: ignore[method-assign]
-    log().addHandler(listener)
-    try:
+    with logged_by_the_pipelines(logging.WARNING) as logged:
         sink(frame, 0)
         sink(frame, 1)
-    finally:
-        log().removeHandler(listener)
     assert len(logged) == 1 and re.search(r"stream [a-z0-9_]+\.plain: .*/out has no atomic create-if-absent .* a "
                                           r"second driver of the query is then not guarded against",
                                           logged[0].getMessage())

@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"results: {bench_dir / 'results.json'} ({results['total_seconds']:.0f}s)")
     if args.merge:
         results = merged(json.loads(earlier.read_text()), results)
-    (bench_dir / "results.json").write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
+    (bench_dir / "results.json").write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
     if not args.no_report:
         from .report import write_report
 

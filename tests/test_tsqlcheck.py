@@ -461,3 +461,50 @@ def test_renaming_in_the_model_equals_renaming_in_the_text() -> None:
         in_batch = {f for f in new if f.file == model.file and model.first_line <= f.line <= last_line}
         assert expected and in_batch == expected, (model.file, token)
         assert all(f.file == model.file and f.line > last_line for f in new - in_batch), (model.file, token)
+
+
+def test_saved_analyses_are_reused_until_their_batch_or_the_checker_changes(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make test` checks the same renders in `make lint` and in pytest: the second run reads what the
+    first parsed. Only a batch whose text is unchanged is reused; an edited batch is parsed again and
+    reported as it now reads; another checker (here: another sqlfluff version) starts a new file."""
+    saved = tmp_path / "analyses.pickle"
+    monkeypatch.setattr(tsqlcheck, "_saved_analyses_path", lambda: saved)
+    monkeypatch.setattr(tsqlcheck, "SAVE_AFTER_PARSING", 3)
+    parsed: list[str] = []
+
+    def sequential(function, items, size, processes=None):  # noqa: ANN001 - map_batches' signature
+        parsed.extend(item[2] for item in items)
+        return [function(item) for item in items]
+
+    monkeypatch.setattr(tsqlcheck, "map_batches", sequential)
+    batches = [f"CREATE TABLE [dbo].[t{i}] ([id] int NOT NULL);\n" for i in range(4)]
+    source = [("x.sql", "GO\n".join(batches))]
+
+    def fresh_process() -> None:
+        monkeypatch.setattr(tsqlcheck, "_ANALYSES", {})
+        monkeypatch.setattr(tsqlcheck, "_READ_FILES", set())
+        monkeypatch.setattr(tsqlcheck, "_USED", set())
+        monkeypatch.setattr(tsqlcheck, "_LOADED", False)
+        parsed.clear()
+
+    def outcome(report: tsqlcheck.Report) -> tuple:
+        return sorted(map(str, report.findings)), sorted(map(str, report.violations))
+
+    fresh_process()
+    first = check_sources(source)
+    assert len(parsed) == 4 and saved.is_file() and not first.findings
+    fresh_process()
+    assert outcome(check_sources(source)) == outcome(first) and parsed == []
+    fresh_process()
+    edited = [("x.sql", "GO\n".join([*batches[:3], "SELECT [nope] FROM [dbo].[t0];\n"]))]
+    report = check_sources(edited)
+    assert parsed == ["SELECT [nope] FROM [dbo].[t0];"]
+    assert [(f.file, f.line) for f in report.findings] == [("x.sql", 7)]
+
+
+def test_the_saved_analyses_are_named_by_the_checker_that_made_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tsqlcheck._saved_analyses_path()
+    assert path is not None and path.parent.name == "check-tsql-cache"
+    monkeypatch.setattr(tsqlcheck.sqlfluff, "__version__", "0.0.0-another")
+    assert tsqlcheck._saved_analyses_path() != path

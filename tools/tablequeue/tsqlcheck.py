@@ -30,14 +30,20 @@ The static rules of tsqlrules run in the same pass, so one command checks everyt
 from __future__ import annotations
 
 import hashlib
+import os
+import pickle
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
+
+import sqlfluff
 
 from . import tsqlmodel as m
 from .gosplit import GoSplitError, split_batches
 from . import tsqlrules
 from .tsqlrules import Claim, Violation
+from .distribution import checkout_root
 from .tsqltree import TsqlParseError, fold, map_batches, parse_batch, split_name
 
 # ------------------------------------------------------------------------------------------------
@@ -929,22 +935,89 @@ def analyse_batch(item: tuple[str, int, str]) -> BatchAnalysis:
 
 
 _ANALYSES: dict[tuple[str, int, str], BatchAnalysis] = {}
+# A run that parsed this many batches saves what it knows (a few edited batches are not worth a
+# rewrite of the whole file: the mutation tests parse one batch at a time).
+SAVE_AFTER_PARSING = 50
+_READ_FILES: set[str] = set()
+_USED: set[tuple[str, int, str]] = set()
+_LOADED = False
+
+
+def _saved_analyses_path() -> Path | None:
+    """Where a checkout keeps the analyses of earlier runs: `make test` runs check-tsql in `make lint`
+    and then again in pytest over the same renders, and parsing is most of either. The file is named
+    by everything an analysis depends on besides the batch (this package's code, sqlfluff's version,
+    the .sqlfluff that configures the parser), so a changed input starts a new file, never reuses an
+    old analysis. None for an installed package (no checkout, nowhere of its own to write)."""
+    root = checkout_root()
+    if root is None:
+        return None
+    digest = hashlib.sha256(sqlfluff.__version__.encode("utf-8"))
+    config = root / ".sqlfluff"
+    digest.update(config.read_bytes() if config.is_file() else b"")
+    for module in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(module.name.encode("utf-8") + b"\0" + module.read_bytes())
+    return root / "build" / "check-tsql-cache" / f"{digest.hexdigest()[:32]}.pickle"
+
+
+def _load_saved_analyses() -> None:
+    """Once per process: what this process parses after that it knows already."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    path = _saved_analyses_path()
+    if path is None or not path.is_file():
+        return
+    try:
+        with path.open("rb") as saved:
+            _ANALYSES.update({key: value for key, value in pickle.load(saved).items() if key not in _ANALYSES})
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError):
+        return      # unreadable (a run killed while writing it): parse again
+
+
+def _save_analyses() -> None:
+    path = _saved_analyses_path()
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob("*.pickle"):
+            if stale != path:
+                stale.unlink(missing_ok=True)
+        # A file this process read keeps only the batches it has now (an edited file's old batches
+        # go); the analyses of files it did not read stay for the run that reads them.
+        kept = {key: value for key, value in _ANALYSES.items() if key[0] not in _READ_FILES or key in _USED}
+        fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
+        with os.fdopen(fd, "wb") as out:
+            pickle.dump(kept, out, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(temporary, path)     # whole or not at all, for a concurrent reader
+    except OSError:
+        return      # a read-only checkout: the next run parses again
 
 
 def analyse(sources: Iterable[tuple[str, str]]) -> tuple[list[BatchAnalysis], list[Finding]]:
-    """Every batch of every (file name, text), parsed once per process and text; GO errors apart."""
+    """Every batch of every (file name, text), parsed once per process and text (and, in a checkout,
+    once per change of code or text: ``_saved_analyses_path``); GO errors apart."""
     items: list[tuple[str, int, str]] = []
     errors: list[Finding] = []
-    for file, text in sources:
+    sources_read = list(sources)
+    for file, text in sources_read:
         try:
             items.extend((file, batch.line, batch.text) for batch in split_batches(text))
         except GoSplitError as exc:
             errors.append(Finding(file, exc.line, str(exc).split(": ", 1)[1]))
     keys = [(file, line, hashlib.sha256(text.encode("utf-8")).hexdigest()) for file, line, text in items]
+    _READ_FILES.update(file for file, _ in sources_read)
+    _USED.update(keys)
+    if any(key not in _ANALYSES for key in keys):
+        _load_saved_analyses()
     todo = [(key, item) for key, item in zip(keys, items) if key not in _ANALYSES]
     for (key, _), analysis in zip(todo, map_batches(analyse_batch, [item for _, item in todo],
                                                     size=lambda item: len(item[2]))):
         _ANALYSES[key] = analysis
+    if len(todo) >= SAVE_AFTER_PARSING:
+        _save_analyses()
     return [_ANALYSES[key] for key in keys], errors
 
 

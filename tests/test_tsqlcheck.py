@@ -8,11 +8,13 @@ mutant), and a sample of mutants is re-parsed from edited text to show that this
 from __future__ import annotations
 
 import collections
+import hashlib
+import pickle
 import random
 
 import pytest
 
-from tablequeue import tsqlcheck
+from tablequeue import tsqlcheck, tsqltree
 from tablequeue.tsqlcheck import check_sources, resolve_batch
 from tsql_renders import CATALOGS, checked_sources, report
 
@@ -466,11 +468,13 @@ def test_renaming_in_the_model_equals_renaming_in_the_text() -> None:
 def test_saved_analyses_are_reused_until_their_batch_or_the_checker_changes(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`make test` checks the same renders in `make lint` and in pytest: the second run reads what the
-    first parsed. Only a batch whose text is unchanged is reused; an edited batch is parsed again and
-    reported as it now reads; another checker (here: another sqlfluff version) starts a new file."""
+    first parsed. Only a batch of the same file, line and text is reused, with its findings; a batch
+    moved down a line, copied to another file or edited is parsed again and reported where it now is,
+    and the edited batch's old analysis leaves the saved file."""
     saved = tmp_path / "analyses.pickle"
     monkeypatch.setattr(tsqlcheck, "_saved_analyses_path", lambda: saved)
-    monkeypatch.setattr(tsqlcheck, "SAVE_AFTER_PARSING", 3)
+    monkeypatch.setattr(tsqlcheck, "_checker_fingerprint", lambda code=None: saved.stem)
+    monkeypatch.setattr(tsqlcheck, "SAVE_AFTER_PARSING", 1)
     parsed: list[str] = []
 
     def sequential(function, items, size, processes=None):  # noqa: ANN001 - map_batches' signature
@@ -478,33 +482,71 @@ def test_saved_analyses_are_reused_until_their_batch_or_the_checker_changes(
         return [function(item) for item in items]
 
     monkeypatch.setattr(tsqlcheck, "map_batches", sequential)
-    batches = [f"CREATE TABLE [dbo].[t{i}] ([id] int NOT NULL);\n" for i in range(4)]
-    source = [("x.sql", "GO\n".join(batches))]
+    batches = [f"CREATE TABLE [dbo].[t{i}] ([id] int NOT NULL);\n" for i in range(3)] + [
+        "SELECT [nope] FROM [dbo].[t0];\n"]
+    text = "GO\n".join(batches)
 
     def fresh_process() -> None:
-        monkeypatch.setattr(tsqlcheck, "_ANALYSES", {})
-        monkeypatch.setattr(tsqlcheck, "_READ_FILES", set())
-        monkeypatch.setattr(tsqlcheck, "_USED", set())
-        monkeypatch.setattr(tsqlcheck, "_LOADED", False)
+        for name, value in (("_ANALYSES", {}), ("_READ_FILES", set()), ("_USED", set()), ("_LAST_USED", {}),
+                            ("_LOADED", False)):
+            monkeypatch.setattr(tsqlcheck, name, value)
         parsed.clear()
 
     def outcome(report: tsqlcheck.Report) -> tuple:
-        return sorted(map(str, report.findings)), sorted(map(str, report.violations))
+        return (sorted((f.file, f.line, f.message) for f in report.findings), sorted(map(str, report.violations)),
+                [(model.file, model.first_line, len(model.tokens)) for model in report.models])
 
     fresh_process()
-    first = check_sources(source)
-    assert len(parsed) == 4 and saved.is_file() and not first.findings
+    first = check_sources([("x.sql", text)])
+    assert len(parsed) == 4 and saved.is_file()
+    assert [(f.file, f.line) for f in first.findings] == [("x.sql", 7)]
     fresh_process()
-    assert outcome(check_sources(source)) == outcome(first) and parsed == []
+    assert outcome(check_sources([("x.sql", text)])) == outcome(first) and parsed == []
     fresh_process()
-    edited = [("x.sql", "GO\n".join([*batches[:3], "SELECT [nope] FROM [dbo].[t0];\n"]))]
-    report = check_sources(edited)
-    assert parsed == ["SELECT [nope] FROM [dbo].[t0];"]
-    assert [(f.file, f.line) for f in report.findings] == [("x.sql", 7)]
+    edited = check_sources([("x.sql", "GO\n".join([*batches[:3], "SELECT [id] FROM [dbo].[t0];\n"]))])
+    assert parsed == ["SELECT [id] FROM [dbo].[t0];"] and not edited.findings
+
+    def saved_keys() -> set:
+        with saved.open("rb") as file:
+            return set(pickle.load(file))
+
+    old_key = ("x.sql", 7, hashlib.sha256(batches[3].rstrip("\n").encode("utf-8")).hexdigest())
+    assert old_key not in saved_keys() and {key[1] for key in saved_keys()} == {1, 3, 5, 7}
+    fresh_process()
+    moved = check_sources([("x.sql", "GO\n" + text)])
+    assert len(parsed) == 4 and [(f.file, f.line) for f in moved.findings] == [("x.sql", 8)]
+    fresh_process()
+    copied = check_sources([("y.sql", text)])
+    assert len(parsed) == 4 and [(f.file, f.line) for f in copied.findings] == [("y.sql", 7)]
+    # the file y.sql's run did not read keeps what the run before it saved
+    assert {key[:2] for key in saved_keys()} == {("x.sql", 2), ("x.sql", 4), ("x.sql", 6), ("x.sql", 8),
+                                                 ("y.sql", 1), ("y.sql", 3), ("y.sql", 5), ("y.sql", 7)}
 
 
-def test_the_saved_analyses_are_named_by_the_checker_that_made_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_saved_analyses_are_named_by_the_checker_that_made_them(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tsqlcheck._saved_analyses_path()
     assert path is not None and path.parent.name == "check-tsql-cache"
-    monkeypatch.setattr(tsqlcheck.sqlfluff, "__version__", "0.0.0-another")
-    assert tsqlcheck._saved_analyses_path() != path
+    assert path.stem == tsqlcheck._checker_fingerprint()
+    assert tsqlcheck._checker_fingerprint("other code") != path.stem
+
+    class OtherConfig:
+        class config:  # noqa: N801 - stands in for the linter's config
+            _configs = {"core": {"max_parse_depth": 1}}
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tsqltree, "_linter", lambda: OtherConfig)
+        assert tsqlcheck._checker_fingerprint() != path.stem
+    # code changed on disk during the run: nothing is saved under the name of the code it started with
+    monkeypatch.setattr(tsqlcheck, "_saved_analyses_path", lambda: tmp_path / f"{path.stem}.pickle")
+    monkeypatch.setattr(tsqlcheck, "_code_digest", lambda: "edited since the import")
+    tsqlcheck._save_analyses()
+    assert not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    tsqlcheck._saved_analyses_path.cache_clear()
+    monkeypatch.setenv(tsqlcheck.CACHE_SWITCH, "off")
+    try:
+        assert tsqlcheck._saved_analyses_path() is None
+    finally:
+        monkeypatch.undo()
+        tsqlcheck._saved_analyses_path.cache_clear()

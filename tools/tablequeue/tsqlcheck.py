@@ -29,15 +29,16 @@ The static rules of tsqlrules run in the same pass, so one command checks everyt
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import pickle
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
-
-import sqlfluff
 
 from . import tsqlmodel as m
 from .gosplit import GoSplitError, split_batches
@@ -938,26 +939,61 @@ _ANALYSES: dict[tuple[str, int, str], BatchAnalysis] = {}
 # A run that parsed this many batches saves what it knows (a few edited batches are not worth a
 # rewrite of the whole file: the mutation tests parse one batch at a time).
 SAVE_AFTER_PARSING = 50
+# A saved analysis no run has used for this long is dropped (file names that come and go: a
+# temporary folder checked once).
+FORGET_AFTER_SECONDS = 7 * 24 * 3600
+# TABLEQUEUE_CHECK_TSQL_CACHE=off parses everything in every run and keeps nothing.
+CACHE_SWITCH = "TABLEQUEUE_CHECK_TSQL_CACHE"
 _READ_FILES: set[str] = set()
 _USED: set[tuple[str, int, str]] = set()
 _LOADED = False
 
 
-def _saved_analyses_path() -> Path | None:
-    """Where a checkout keeps the analyses of earlier runs: `make test` runs check-tsql in `make lint`
-    and then again in pytest over the same renders, and parsing is most of either. The file is named
-    by everything an analysis depends on besides the batch (this package's code, sqlfluff's version,
-    the .sqlfluff that configures the parser), so a changed input starts a new file, never reuses an
-    old analysis. None for an installed package (no checkout, nowhere of its own to write)."""
-    root = checkout_root()
-    if root is None:
-        return None
-    digest = hashlib.sha256(sqlfluff.__version__.encode("utf-8"))
-    config = root / ".sqlfluff"
-    digest.update(config.read_bytes() if config.is_file() else b"")
+def _code_digest() -> str:
+    digest = hashlib.sha256()
     for module in sorted(Path(__file__).parent.glob("*.py")):
         digest.update(module.name.encode("utf-8") + b"\0" + module.read_bytes())
-    return root / "build" / "check-tsql-cache" / f"{digest.hexdigest()[:32]}.pickle"
+    return digest.hexdigest()
+
+
+# The code this process imported (read now, not when it saves: an edit or a pull during a run must
+# not give the old code's analyses the new code's name).
+_IMPORTED_CODE = _code_digest()
+
+
+def _checker_fingerprint(code: str = _IMPORTED_CODE) -> str:
+    """Everything an analysis depends on besides its batch: this package's code, the parser's
+    effective configuration (every config file sqlfluff read, as _linter holds it), the versions of
+    sqlfluff, its optional Rust parser, its regex engine and plugins, and the Python that ran it."""
+    from importlib import metadata
+    import json
+    import sys
+
+    from .tsqltree import _linter
+
+    digest = hashlib.sha256(f"{sys.version_info!r}\0{code}".encode("utf-8"))
+    digest.update(json.dumps(_linter().config._configs, sort_keys=True, default=repr).encode("utf-8"))
+    for distribution in ("sqlfluff", "sqlfluffrs", "regex"):
+        try:
+            digest.update(f"{distribution}={metadata.version(distribution)}".encode("utf-8"))
+        except metadata.PackageNotFoundError:
+            digest.update(f"{distribution}=none".encode("utf-8"))
+    for plugin in sorted(str(e) for e in metadata.entry_points(group="sqlfluff")):
+        digest.update(plugin.encode("utf-8"))
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def _saved_analyses_path() -> Path | None:
+    """Where a checkout keeps the analyses of earlier runs: `make test` runs check-tsql in `make lint`
+    and then again in pytest over the same renders, and parsing is most of either. Named once per
+    process, before it parses anything, by the checker that then runs (``_checker_fingerprint``): a
+    changed input starts a new file, never reuses an old analysis. None for an installed package (no
+    checkout, nowhere of its own to write) and when the cache is switched off."""
+    root = checkout_root()
+    if root is None or os.environ.get(CACHE_SWITCH, "").lower() in ("off", "0", "no", "false"):
+        return None
+    return root / "build" / "check-tsql-cache" / f"{_checker_fingerprint()}.pickle"
 
 
 def _load_saved_analyses() -> None:
@@ -971,29 +1007,47 @@ def _load_saved_analyses() -> None:
         return
     try:
         with path.open("rb") as saved:
-            _ANALYSES.update({key: value for key, value in pickle.load(saved).items() if key not in _ANALYSES})
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError):
-        return      # unreadable (a run killed while writing it): parse again
+            entries = pickle.load(saved)
+        _ANALYSES.update({key: analysis for key, (analysis, _) in entries.items() if key not in _ANALYSES})
+        _LAST_USED.update({key: used for key, (_, used) in entries.items()})
+    except Exception:  # noqa: BLE001 - a damaged or foreign file only costs a parse
+        return
+
+
+_LAST_USED: dict[tuple[str, int, str], float] = {}
 
 
 def _save_analyses() -> None:
     path = _saved_analyses_path()
-    if path is None:
+    # Not when the code or the configuration changed under this run: its analyses were made by the
+    # checker it started with, and must not be saved under the name of another.
+    if path is None or _checker_fingerprint(_code_digest()) != path.stem:
         return
+    now = time.time()
+    # A file this process read keeps only the batches it has now (an edited file's old batches
+    # go); the analyses of files it did not read stay for the run that reads them, for a while.
+    kept = {key: (analysis, now if key in _USED else _LAST_USED.get(key, now))
+            for key, analysis in _ANALYSES.items()
+            if key in _USED or (key[0] not in _READ_FILES and now - _LAST_USED.get(key, now) < FORGET_AFTER_SECONDS)}
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob("*.pickle"):
-            if stale != path:
-                stale.unlink(missing_ok=True)
-        # A file this process read keeps only the batches it has now (an edited file's old batches
-        # go); the analyses of files it did not read stay for the run that reads them.
-        kept = {key: value for key, value in _ANALYSES.items() if key[0] not in _READ_FILES or key in _USED}
+        for other in (*path.parent.glob("*.pickle"), *path.parent.glob("*.part")):
+            # another checker's file (another virtualenv on this checkout) is left for a day
+            if other != path and now - other.stat().st_mtime > 24 * 3600:
+                other.unlink(missing_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
         with os.fdopen(fd, "wb") as out:
             pickle.dump(kept, out, protocol=pickle.HIGHEST_PROTOCOL)
+        os.chmod(temporary, 0o644)
         os.replace(temporary, path)     # whole or not at all, for a concurrent reader
+        temporary = None
     except OSError:
-        return      # a read-only checkout: the next run parses again
+        pass        # a read-only checkout: the next run parses again
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def analyse(sources: Iterable[tuple[str, str]]) -> tuple[list[BatchAnalysis], list[Finding]]:

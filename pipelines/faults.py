@@ -12,8 +12,9 @@ nothing; an operator can use it the same way to rehearse a failure.
 
 Tasks share one queue, so which task gets how many batches is a race. With `hold` (a directory
 every task can reach) the race cannot make a planned crash miss its batch: every task the plan
-never crashes pauses after staging its first batch until a planned crash has happened (the crashing
-task leaves a file in `hold` just before it dies), or for at most `hold_seconds`.
+never crashes pauses after staging its first batch until every planned crash has happened (a
+crashing task leaves a file in `hold` just before it dies), or for at most `hold_seconds`: a retry
+planned to crash must find messages left to lease, however slowly Spark starts it.
 """
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ def crash_plan(event: str, info: Mapping[str, Any], *, plan: Sequence[Mapping[st
     docstring."""
     if hold is not None and event == "staged" and info["batch"] == 1 \
             and all(info["partition"] != step.get("partition", 0) for step in plan):
-        _wait_for_crash(Path(hold), hold_seconds)
+        _wait_for_crashes(Path(hold), len(plan), hold_seconds)
         return
-    for step in plan:
+    for number, step in enumerate(plan):
         at = step.get("at", "staged")
         if at not in EVENTS:
             raise ValueError(f"unknown event {at!r} (expected one of {EVENTS})")
@@ -65,16 +66,22 @@ def crash_plan(event: str, info: Mapping[str, Any], *, plan: Sequence[Mapping[st
             continue
         if hold is not None:
             Path(hold).mkdir(parents=True, exist_ok=True)
-            (Path(hold) / CRASHED_FILE).touch()
+            (Path(hold) / crashed_file(number)).touch()
         if how == "exit":
             os._exit(17)
         raise SimulatedCrash(f"simulated crash of task {info['partition']} attempt {info['attempt']} "
                              f"at {at} of batch {info['batch']}")
 
 
-def _wait_for_crash(hold: Path, seconds: float) -> None:
+def crashed_file(number: int) -> str:
+    """The file a plan's crash number `number` (0-based) leaves in `hold`."""
+    return CRASHED_FILE if number == 0 else f"{CRASHED_FILE}-{number + 1}"
+
+
+def _wait_for_crashes(hold: Path, crashes: int, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    while not (hold / CRASHED_FILE).exists() and time.monotonic() < deadline:
+    while (not all((hold / crashed_file(number)).exists() for number in range(crashes))
+           and time.monotonic() < deadline):
         time.sleep(0.05)
 
 

@@ -498,6 +498,30 @@ def test_crash_plan_holds_the_other_tasks_until_the_planned_crash(tmp_path):
     assert time.monotonic() - started < 10
 
 
+def test_crash_plan_of_two_crashes_holds_the_other_tasks_until_the_second(tmp_path):
+    """A plan that crashes attempt 0 and then its retry: the other tasks wait for both (with only the
+    first, a slow retry found the queue drained by them and never reached its crash)."""
+    hold = tmp_path / "hold"
+    plan = [{"at": "staged", "attempt": 0, "batch": 2}, {"at": "committed", "attempt": 1, "batch": 1}]
+    other = {"partition": 1, "attempt": 0, "batch": 1, "completed_in_batch": 0}
+    with pytest.raises(SimulatedCrash):
+        crash_plan("staged", {**other, "partition": 0, "batch": 2}, plan=plan, how="raise", hold=str(hold))
+    started = time.monotonic()
+    crash_plan("staged", other, plan=plan, how="raise", hold=str(hold), hold_seconds=0.3)
+    assert time.monotonic() - started >= 0.3          # the first crash alone does not free it
+
+    def the_retry_reaches_its_crash() -> None:
+        with pytest.raises(SimulatedCrash):
+            crash_plan("committed", {**other, "partition": 0, "attempt": 1}, plan=plan, how="raise", hold=str(hold))
+
+    timer = threading.Timer(0.2, the_retry_reaches_its_crash)
+    timer.start()
+    started = time.monotonic()
+    crash_plan("staged", other, plan=plan, how="raise", hold=str(hold), hold_seconds=30)
+    timer.join()
+    assert time.monotonic() - started < 10 and sorted(p.name for p in hold.iterdir()) == ["crashed", "crashed-2"]
+
+
 class OneClient:
     """A Reconnecting that hands out the one client it was given."""
 

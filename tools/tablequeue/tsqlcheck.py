@@ -32,10 +32,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import pickle
+import sys
 import tempfile
 import time
+from importlib import metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -45,6 +48,7 @@ from .gosplit import GoSplitError, split_batches
 from . import tsqlrules
 from .tsqlrules import Claim, Violation
 from .distribution import checkout_root
+from . import tsqltree
 from .tsqltree import TsqlParseError, fold, map_batches, parse_batch, split_name
 
 # ------------------------------------------------------------------------------------------------
@@ -946,6 +950,7 @@ FORGET_AFTER_SECONDS = 7 * 24 * 3600
 CACHE_SWITCH = "TABLEQUEUE_CHECK_TSQL_CACHE"
 _READ_FILES: set[str] = set()
 _USED: set[tuple[str, int, str]] = set()
+_LAST_USED: dict[tuple[str, int, str], float] = {}
 _LOADED = False
 
 
@@ -965,14 +970,8 @@ def _checker_fingerprint(code: str = _IMPORTED_CODE) -> str:
     """Everything an analysis depends on besides its batch: this package's code, the parser's
     effective configuration (every config file sqlfluff read, as _linter holds it), the versions of
     sqlfluff, its optional Rust parser, its regex engine and plugins, and the Python that ran it."""
-    from importlib import metadata
-    import json
-    import sys
-
-    from .tsqltree import _linter
-
     digest = hashlib.sha256(f"{sys.version_info!r}\0{code}".encode("utf-8"))
-    digest.update(json.dumps(_linter().config._configs, sort_keys=True, default=repr).encode("utf-8"))
+    digest.update(json.dumps(tsqltree._linter().config._configs, sort_keys=True, default=repr).encode("utf-8"))
     for distribution in ("sqlfluff", "sqlfluffrs", "regex"):
         try:
             digest.update(f"{distribution}={metadata.version(distribution)}".encode("utf-8"))
@@ -1014,9 +1013,6 @@ def _load_saved_analyses() -> None:
         return
 
 
-_LAST_USED: dict[tuple[str, int, str], float] = {}
-
-
 def _save_analyses() -> None:
     path = _saved_analyses_path()
     # Not when the code or the configuration changed under this run: its analyses were made by the
@@ -1034,8 +1030,9 @@ def _save_analyses() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         for other in (*path.parent.glob("*.pickle"), *path.parent.glob("*.part")):
             # another checker's file (another virtualenv on this checkout) is left for a day
-            if other != path and now - other.stat().st_mtime > 24 * 3600:
-                other.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                if other != path and now - other.stat().st_mtime > 24 * 3600:
+                    other.unlink()
         fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
         with os.fdopen(fd, "wb") as out:
             pickle.dump(kept, out, protocol=pickle.HIGHEST_PROTOCOL)

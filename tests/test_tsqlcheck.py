@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import os
 import pickle
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -526,6 +529,11 @@ def test_saved_analyses_are_reused_until_their_batch_or_the_checker_changes(
 def test_the_saved_analyses_are_named_by_the_checker_that_made_them(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tsqlcheck._saved_analyses_path()
+    # the same name in another process (make lint's check-tsql, then pytest), from another directory
+    program = "from tablequeue import tsqlcheck; print(tsqlcheck._saved_analyses_path())"
+    other = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "random"})
+    assert other.stdout.strip() == str(path)
     assert path is not None and path.parent.name == "check-tsql-cache"
     assert path.stem == tsqlcheck._checker_fingerprint()
     assert tsqlcheck._checker_fingerprint("other code") != path.stem

@@ -971,7 +971,7 @@ def _checker_fingerprint(code: str = _IMPORTED_CODE) -> str:
     effective configuration (every config file sqlfluff read, as _linter holds it), the versions of
     sqlfluff, its optional Rust parser, its regex engine and plugins, and the Python that ran it."""
     digest = hashlib.sha256(f"{sys.version_info!r}\0{code}".encode("utf-8"))
-    digest.update(json.dumps(tsqltree._linter().config._configs, sort_keys=True, default=repr).encode("utf-8"))
+    digest.update(json.dumps(tsqltree._linter().config._configs, sort_keys=True, default=_stable_name).encode("utf-8"))
     for distribution in ("sqlfluff", "sqlfluffrs", "regex"):
         try:
             digest.update(f"{distribution}={metadata.version(distribution)}".encode("utf-8"))
@@ -980,6 +980,13 @@ def _checker_fingerprint(code: str = _IMPORTED_CODE) -> str:
     for plugin in sorted(str(e) for e in metadata.entry_points(group="sqlfluff")):
         digest.update(plugin.encode("utf-8"))
     return digest.hexdigest()[:32]
+
+
+def _stable_name(value: object) -> str:
+    """A configuration value JSON cannot hold (the dialect and templater objects) by its class and
+    name: the same in every process (a repr names a memory address)."""
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}:{getattr(value, 'name', '')}"
 
 
 @functools.cache

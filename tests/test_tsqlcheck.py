@@ -546,15 +546,15 @@ def test_the_saved_analyses_are_named_by_the_checker_that_made_them(
         patched.setattr(tsqltree, "_linter", lambda: OtherConfig)
         assert tsqlcheck._checker_fingerprint() != path.stem
     # code changed on disk during the run: nothing is saved under the name of the code it started with
-    monkeypatch.setattr(tsqlcheck, "_saved_analyses_path", lambda: tmp_path / f"{path.stem}.pickle")
-    monkeypatch.setattr(tsqlcheck, "_code_digest", lambda: "edited since the import")
-    tsqlcheck._save_analyses()
+    with monkeypatch.context() as patched:
+        patched.setattr(tsqlcheck, "_saved_analyses_path", lambda: tmp_path / f"{path.stem}.pickle")
+        patched.setattr(tsqlcheck, "_code_digest", lambda: "edited since the import")
+        tsqlcheck._save_analyses()
     assert not list(tmp_path.iterdir())
-    monkeypatch.undo()
     tsqlcheck._saved_analyses_path.cache_clear()
-    monkeypatch.setenv(tsqlcheck.CACHE_SWITCH, "off")
     try:
-        assert tsqlcheck._saved_analyses_path() is None
+        with monkeypatch.context() as patched:
+            patched.setenv(tsqlcheck.CACHE_SWITCH, "off")
+            assert tsqlcheck._saved_analyses_path() is None
     finally:
-        monkeypatch.undo()
         tsqlcheck._saved_analyses_path.cache_clear()

@@ -516,22 +516,19 @@ def _start_process(deployed: Any, owner_client: Any, conn: Any = None) -> tuple[
 
     thread = threading.Thread(target=worker)
     thread.start()
-    for _ in range(200):
-        if counts(owner_client)[2] == 1:
-            break
-        threading.Event().wait(0.05)
-    if deployed.dialect == "postgres":
-        # ... and in the handler's sleep, past the CALL's lookup: a change that lands between the
-        # lease's commit and that lookup can meet the CALL half way (its own error then, recorded
-        # with fail), which a loaded host made happen once.
-        probe = deployed.connect(autocommit=True)
-        try:
-            for _ in range(200):
-                if probe.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-                                 "AND datname = current_database()").fetchone()[0]:
-                    break
-                threading.Event().wait(0.05)
-        finally:
+    # PostgreSQL: also in the handler's sleep, past the CALL's lookup: a change that lands between the
+    # lease's commit and that lookup can meet the CALL half way (its own error then, recorded with
+    # fail), which a loaded host made happen once.
+    probe = deployed.connect(autocommit=True) if deployed.dialect == "postgres" else None
+    try:
+        for _ in range(200):
+            if counts(owner_client)[2] == 1 and (probe is None or probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                    "AND datname = current_database()").fetchone()[0]):
+                break
+            threading.Event().wait(0.05)
+    finally:
+        if probe is not None:
             probe.close()
     return thread, raised, results
 

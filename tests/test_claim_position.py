@@ -123,10 +123,14 @@ def test_a_forged_position_within_its_second_never_raises(deploy_queues: Callabl
         else:
             positions = ["|9999999999999999999|1|", "|0|9999999999999999999|", "|0|1|2026-13-45 25:61:61.000000 AD",
                          "|0|1|0000-01-01 00:00:00.000000 AD",
-                         # The earliest time the pattern takes (1653): read back, before every message.
-                         "|0|0|-9999999999999999"]
+                         # The earliest time read back (1653): before every message.
+                         "|0|0|-9999999999999999",
+                         # A sign without digits, and lengths just past what is read back.
+                         "|0|1|-", "|0|1|-99999999999999999", "|0|1|999999999999999999",
+                         "|0|9999999999999999999|", "|9999999999999999999|1|"]
         owns = ["2026-13-45 25:61:61.000000 AD|w", "0000-01-01 00:00:00.000000 AD|w", "9999999999999999|w",
-                "-9999999999999999|w", "99999999999999999|w"]
+                "-9999999999999999|w", "99999999999999999|w", "-|w", "-99999999999999999|w",
+                "999999999999999999|w"]
         for value in positions:
             for own in owns if variant == "work" else [None]:
                 conn.execute("SELECT set_config(%s, (extract(EPOCH FROM clock_timestamp()) + 0.5)::numeric(16, 6) || %s, false)",

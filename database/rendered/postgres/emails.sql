@@ -196,12 +196,16 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, false;
+            id := new_id;
+            duplicate := false;
+            RETURN NEXT;
             RETURN;
         END IF;
         SELECT m.id INTO new_id FROM "queue"."emails" AS m WHERE m.dedupe_key = emails_enqueue.dedupe_key;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, true;
+            id := new_id;
+            duplicate := true;
+            RETURN NEXT;
             RETURN;
         END IF;
     END LOOP;
@@ -447,8 +451,16 @@ DECLARE
     own_state text := current_setting('tablequeue.queue.emails.own', true);
     own_since timestamptz := '-infinity';
     own_count integer;
+    claimed_exhausted boolean;
+    claimed_worker text;
+    claimed_tie bigint;
+    claimed_time timestamptz;
+    -- The first key at or after the position still visible to a one-message claim (position_seen).
+    seen_time timestamptz;
+    seen_id bigint;
     position_time timestamptz;
-    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."emails_rewinds" AS r);
+    -- A function call, not a query of the sequence: no executor start-up on every call.
+    rewinds bigint := coalesce(pg_sequence_last_value('"queue"."emails_rewinds"'::regclass), 0);
     -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
     position_state text := current_setting('tablequeue.queue.emails', true);
     position_expires numeric;
@@ -473,7 +485,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker THEN
+    IF substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker AND strpos(own_state, '|') <= 18
+        AND own_state ~ '^(-?[0-9]+)?\|' THEN
         own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
@@ -544,7 +557,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.emails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || emails_dequeue.worker, false);
+        own_state := set_config('tablequeue.queue.emails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || emails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -554,7 +567,8 @@ BEGIN
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+        AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -583,7 +597,95 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+        position_state := set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+    END IF;
+
+    -- One message and none of the worker's own: the hot path. The claim fills the OUT parameters (no
+    -- read-back) and finds this session's next position itself (m.position_seen: no probe after it).
+    IF remaining = 1 AND own_count = 0 THEN
+        LOOP
+            WITH next_messages AS (
+                SELECT
+                    m.id,
+                    m.id AS tie,
+                    m.visible_at,
+                    m.leased_by
+                FROM "queue"."emails" AS m
+                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
+                ORDER BY m.visible_at, m.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED
+            ),
+
+            leased AS (
+                UPDATE "queue"."emails" AS m
+                SET
+                    attempts = m.attempts + 1,
+                    visible_at = lease_until,
+                    leased_by = emails_dequeue.worker,
+                    leased_at = now_utc,
+                    lease_token = gen_random_uuid()
+                FROM next_messages AS n
+                WHERE m.id = n.id
+                RETURNING m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token, n.tie, n.visible_at, n.leased_by
+            )
+
+            SELECT
+                l.id, l.payload, l.enqueued_at, l.due_at, l.attempts, l.lease_token,
+                l.attempts > 3 AND l.visible_at <= now_utc, l.leased_by, l.tie, l.visible_at,
+                seen.visible_at, seen.id
+            INTO
+                id, payload, enqueued_at, due_at, attempts, lease_token,
+                claimed_exhausted, claimed_worker, claimed_tie, claimed_time,
+                seen_time, seen_id
+            FROM leased AS l
+            LEFT JOIN LATERAL (
+                SELECT m.visible_at, m.id
+                FROM "queue"."emails" AS m
+                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= l.visible_at
+                ORDER BY m.visible_at, m.id
+                LIMIT 1
+            ) AS seen ON true;
+            EXIT WHEN NOT FOUND;
+            IF NOT claimed_exhausted THEN
+                IF seen_id <> claimed_tie THEN
+                    position_time := seen_time;
+                    position_id := seen_id;
+                ELSE
+                    position_time := claimed_time;
+                    position_id := claimed_tie + 1;
+                END IF;
+                position_state := set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            WITH gone AS (
+                DELETE FROM "queue"."emails" AS m
+                WHERE m.id = emails_dequeue.id
+                RETURNING m.*
+            ),
+
+            buried AS (
+                INSERT INTO "queue"."emails_dead" (
+                    id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                )
+                SELECT
+                    g.id,
+                    g.enqueued_at,
+                    g.due_at,
+                    g.dedupe_key,
+                    g.attempts - 1,
+                    'lease expired',
+                    claimed_worker,
+                    now_utc,
+                    g.payload
+                FROM gone AS g
+                RETURNING 1
+            )
+
+            SELECT count(*) INTO buried_count FROM buried;
+        END LOOP;
+        RETURN;
     END IF;
     WHILE remaining > 0 LOOP
         IF remaining = 1 THEN
@@ -724,7 +826,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+        position_state := set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
     -- In claim order: the array keeps it. One primary-key probe per claimed id, as its own statement:
@@ -806,7 +908,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT done_count > 0;
+    completed := done_count > 0;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -859,7 +962,8 @@ BEGIN
         AND m.attempts < 3;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
-        RETURN QUERY SELECT 'retrying'::text;
+        outcome := 'retrying';
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -900,7 +1004,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+    outcome := CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -952,7 +1057,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT changed > 0;
+    extended := changed > 0;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -1008,7 +1114,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT changed > 0;
+    released := changed > 0;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -1283,6 +1390,8 @@ SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
+    now_utc timestamptz := clock_timestamp();
+    done_count bigint;
     completed_now boolean;
     effective_lease integer := coalesce(emails_complete_next.lease_seconds, 600);
 BEGIN
@@ -1295,8 +1404,46 @@ BEGIN
     IF effective_lease NOT BETWEEN 1 AND 604800 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_complete_next: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
     END IF;
-    SELECT c.completed INTO completed_now
-    FROM "queue"."emails_complete"(emails_complete_next.id, emails_complete_next.worker, emails_complete_next.lease_token) AS c;
+    -- complete's statements in this function's body (a call of complete would cost a function entry).
+    -- One statement: queue table, then history table (the fixed lock order).
+    WITH done AS (
+        DELETE FROM "queue"."emails" AS m
+        WHERE m.id = emails_complete_next.id AND m.leased_by IS NOT DISTINCT FROM emails_complete_next.worker
+            AND (emails_complete_next.lease_token IS NULL OR m.lease_token = emails_complete_next.lease_token)
+            AND m.visible_at > now_utc
+        RETURNING m.*
+    ),
+
+    kept AS (
+        INSERT INTO "queue"."emails_history" (
+            id, enqueued_at, due_at, started_at, finished_at, duration_ms, worker, attempts, payload
+        )
+        SELECT
+            d.id,
+            d.enqueued_at,
+            d.due_at,
+            d.leased_at,
+            now_utc,
+            (extract(EPOCH FROM now_utc - d.leased_at) * 1000)::bigint,
+            d.leased_by,
+            d.attempts,
+            d.payload
+        FROM done AS d
+        RETURNING 1
+    )
+
+    SELECT count(*) INTO done_count FROM kept;
+    IF done_count = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_complete_next.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    completed_now := done_count > 0;
     RETURN QUERY
     SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, completed_now
     FROM "queue"."emails_dequeue"(emails_complete_next.batch_size, emails_complete_next.worker, emails_complete_next.lease_seconds) AS d;
@@ -1337,7 +1484,8 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     deadline timestamptz;
     position_time timestamptz;
-    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."emails_rewinds" AS r);
+    -- A function call, not a query of the sequence: no executor start-up on every call.
+    rewinds bigint := coalesce(pg_sequence_last_value('"queue"."emails_rewinds"'::regclass), 0);
     -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
     position_state text := current_setting('tablequeue.queue.emails', true);
     position_expires numeric;
@@ -1348,7 +1496,8 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+        AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -1377,7 +1526,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+        position_state := set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
     PERFORM
     FROM "queue"."emails" AS m

@@ -81,7 +81,9 @@ BEGIN
     INSERT INTO "queue"."events" AS m (payload)
     VALUES (events_enqueue.payload)
     RETURNING m.id INTO new_id;
-    RETURN QUERY SELECT new_id, false;
+    id := new_id;
+    duplicate := false;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -180,7 +182,7 @@ BEGIN
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -207,7 +209,7 @@ BEGIN
             INTO position_id
             FROM "queue"."events_id_seq" AS s;
         END IF;
-        PERFORM set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
+        position_state := set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
     END IF;
 
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
@@ -248,7 +250,7 @@ BEGIN
             ELSE
                 position_id := events_dequeue.id + 1;
             END IF;
-            PERFORM set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
+            position_state := set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
             RETURN NEXT;
         END IF;
     ELSE
@@ -285,7 +287,7 @@ BEGIN
                 INTO position_id
                 FROM "queue"."events_id_seq" AS s;
             END IF;
-            PERFORM set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
+            position_state := set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
         END IF;
     END IF;
 END;
@@ -467,7 +469,7 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -494,7 +496,7 @@ BEGIN
             INTO position_id
             FROM "queue"."events_id_seq" AS s;
         END IF;
-        PERFORM set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
+        position_state := set_config('tablequeue.queue.events', position_expires || '|' || position_id, false);
     END IF;
     PERFORM
     FROM "queue"."events" AS m

@@ -81,7 +81,9 @@ BEGIN
     INSERT INTO "queue"."ledger" AS m (payload)
     VALUES (ledger_enqueue.payload)
     RETURNING m.id INTO new_id;
-    RETURN QUERY SELECT new_id, false;
+    id := new_id;
+    duplicate := false;
+    RETURN NEXT;
 END;
 $function$;
 

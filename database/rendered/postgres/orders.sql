@@ -91,12 +91,16 @@ BEGIN
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, false;
+            id := new_id;
+            duplicate := false;
+            RETURN NEXT;
             RETURN;
         END IF;
         SELECT m.id INTO new_id FROM "queue"."orders" AS m WHERE m.dedupe_key = orders_enqueue.dedupe_key;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, true;
+            id := new_id;
+            duplicate := true;
+            RETURN NEXT;
             RETURN;
         END IF;
     END LOOP;
@@ -281,7 +285,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.orders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -308,7 +312,7 @@ BEGIN
             INTO position_id
             FROM "queue"."orders_id_seq" AS s;
         END IF;
-        PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
+        position_state := set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
     END IF;
 
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
@@ -349,7 +353,7 @@ BEGIN
             ELSE
                 position_id := orders_dequeue.id + 1;
             END IF;
-            PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
+            position_state := set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
             RETURN NEXT;
         END IF;
     ELSE
@@ -386,7 +390,7 @@ BEGIN
                 INTO position_id
                 FROM "queue"."orders_id_seq" AS s;
             END IF;
-            PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
+            position_state := set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
         END IF;
     END IF;
 END;
@@ -568,7 +572,7 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -595,7 +599,7 @@ BEGIN
             INTO position_id
             FROM "queue"."orders_id_seq" AS s;
         END IF;
-        PERFORM set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
+        position_state := set_config('tablequeue.queue.orders', position_expires || '|' || position_id, false);
     END IF;
     PERFORM
     FROM "queue"."orders" AS m

@@ -106,12 +106,16 @@ BEGIN
         ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, false;
+            id := new_id;
+            duplicate := false;
+            RETURN NEXT;
             RETURN;
         END IF;
         SELECT m.id INTO new_id FROM "queue"."reminders" AS m WHERE m.dedupe_key = reminders_enqueue.dedupe_key;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, true;
+            id := new_id;
+            duplicate := true;
+            RETURN NEXT;
             RETURN;
         END IF;
     END LOOP;
@@ -298,7 +302,8 @@ DECLARE
     seen_time timestamptz;
     seen_id bigint;
     position_time timestamptz;
-    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."reminders_rewinds" AS r);
+    -- A function call, not a query of the sequence: no executor start-up on every call.
+    rewinds bigint := coalesce(pg_sequence_last_value('"queue"."reminders_rewinds"'::regclass), 0);
     -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
     position_state text := current_setting('tablequeue.queue.reminders', true);
     position_expires numeric;
@@ -311,7 +316,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.reminders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+        AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -340,7 +346,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+        position_state := set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
     -- Batch size 1 has its own statement with a literal LIMIT. PL/pgSQL caches one plan per
@@ -383,7 +389,7 @@ BEGIN
                 position_time := reminders_dequeue.due_at;
                 position_id := reminders_dequeue.id + 1;
             END IF;
-            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+            position_state := set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
             RETURN NEXT;
         END IF;
     ELSE
@@ -418,7 +424,7 @@ BEGIN
                 position_time := now_utc;
                 position_id := 0;
             END IF;
-            PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+            position_state := set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
         END IF;
     END IF;
 END;
@@ -596,7 +602,8 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     deadline timestamptz;
     position_time timestamptz;
-    rewinds bigint := (SELECT CASE WHEN r.is_called THEN r.last_value ELSE 0 END FROM "queue"."reminders_rewinds" AS r);
+    -- A function call, not a query of the sequence: no executor start-up on every call.
+    rewinds bigint := coalesce(pg_sequence_last_value('"queue"."reminders_rewinds"'::regclass), 0);
     -- '<found again after, epoch seconds>|<rewinds>|<tie-breaker>|<time>' (see position_load).
     position_state text := current_setting('tablequeue.queue.reminders', true);
     position_expires numeric;
@@ -607,7 +614,8 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF position_state !~ '^[0-9]{1,12}(\.[0-9]{1,9})?\|[0-9]{1,18}\|[0-9]{1,18}\|(-?[0-9]{1,16})?$' THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+        AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -636,7 +644,7 @@ BEGIN
             position_time := now_utc;
             position_id := 0;
         END IF;
-        PERFORM set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
+        position_state := set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
     PERFORM
     FROM "queue"."reminders" AS m

@@ -188,14 +188,14 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING m.id INTO new_id;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, false;
+            RETURN NEXT ROW(new_id, false)::"queue"."thumbnails_enqueue_result";
             RETURN;
         END IF;
         IF new_id IS NULL THEN
             SELECT m.id INTO new_id FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_enqueue.id;
         END IF;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, true;
+            RETURN NEXT ROW(new_id, true)::"queue"."thumbnails_enqueue_result";
             RETURN;
         END IF;
     END LOOP;
@@ -467,7 +467,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^(-?[0-9]{1,16})?\|' AND substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker THEN
+    IF substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker AND strpos(own_state, '|') <= 18
+        AND own_state ~ '^(-?[0-9]+)?\|' THEN
         own_since := coalesce('epoch'::timestamptz + nullif(split_part(own_state, '|', 1), '')::bigint * interval '1 microsecond', '-infinity');
     END IF;
     IF EXISTS (
@@ -547,7 +548,7 @@ BEGIN
         END IF;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
     ELSE
-        PERFORM set_config('tablequeue.queue.thumbnails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || thumbnails_dequeue.worker, false);
+        own_state := set_config('tablequeue.queue.thumbnails.own', CASE WHEN isfinite(now_utc) THEN (extract(EPOCH FROM now_utc) * 1000000)::bigint::text ELSE '' END || '|' || thumbnails_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -771,7 +772,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT done_count > 0;
+    completed := done_count > 0;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -824,7 +826,8 @@ BEGIN
         AND m.attempts < 4;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
-        RETURN QUERY SELECT 'retrying'::text;
+        outcome := 'retrying';
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -874,7 +877,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+    outcome := CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -926,7 +930,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT changed > 0;
+    extended := changed > 0;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -982,7 +987,8 @@ BEGIN
         END;
     END IF;
     END IF;
-    RETURN QUERY SELECT changed > 0;
+    released := changed > 0;
+    RETURN NEXT;
 END;
 $function$;
 
@@ -1248,6 +1254,8 @@ SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
+    now_utc timestamptz := clock_timestamp();
+    done_count bigint;
     completed_now boolean;
     effective_lease integer := coalesce(thumbnails_complete_next.lease_seconds, 120);
 BEGIN
@@ -1260,8 +1268,23 @@ BEGIN
     IF effective_lease NOT BETWEEN 1 AND 604800 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_complete_next: lease_seconds must be between 1 and 604800, got %s.', effective_lease);
     END IF;
-    SELECT c.completed INTO completed_now
-    FROM "queue"."thumbnails_complete"(thumbnails_complete_next.id, thumbnails_complete_next.worker, thumbnails_complete_next.lease_token) AS c;
+    -- complete's statements in this function's body (a call of complete would cost a function entry).
+    DELETE FROM "queue"."thumbnails" AS m
+    WHERE m.id = thumbnails_complete_next.id AND m.leased_by IS NOT DISTINCT FROM thumbnails_complete_next.worker
+        AND (thumbnails_complete_next.lease_token IS NULL OR m.lease_token = thumbnails_complete_next.lease_token)
+        AND m.visible_at > now_utc;
+    GET DIAGNOSTICS done_count = ROW_COUNT;
+    IF done_count = 0 THEN
+    IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = thumbnails_complete_next.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END IF;
+    END IF;
+    completed_now := done_count > 0;
     RETURN QUERY
     SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, completed_now
     FROM "queue"."thumbnails_dequeue"(thumbnails_complete_next.batch_size, thumbnails_complete_next.worker, thumbnails_complete_next.lease_seconds) AS d;

@@ -76,7 +76,9 @@ BEGIN
     INSERT INTO "queue"."undo" AS m (payload)
     VALUES (undo_enqueue.payload)
     RETURNING m.id INTO new_id;
-    RETURN QUERY SELECT new_id, false;
+    id := new_id;
+    duplicate := false;
+    RETURN NEXT;
 END;
 $function$;
 

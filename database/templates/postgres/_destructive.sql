@@ -290,12 +290,12 @@ BEGIN
 {% if opt.notify %}
 {{ m.notify() | indent(8, first=true) }}
 {% endif %}
-            RETURN QUERY SELECT new_id, false;
+{{ m.answer([('id', 'new_id'), ('duplicate', 'false')]) | indent(8, first=true) }}
             RETURN;
         END IF;
         SELECT m.id INTO new_id FROM {{ t }} AS m WHERE m.dedupe_key = {{ fn }}_enqueue.dedupe_key;
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, true;
+{{ m.answer([('id', 'new_id'), ('duplicate', 'true')]) | indent(8, first=true) }}
             RETURN;
         END IF;
     END LOOP;
@@ -309,7 +309,7 @@ BEGIN
 {% if opt.notify %}
 {{ m.notify() }}
 {% endif %}
-    RETURN QUERY SELECT new_id, false;
+{{ m.answer([('id', 'new_id'), ('duplicate', 'false')]) }}
 {% endif %}
 END;
 $function$;

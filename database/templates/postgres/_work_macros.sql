@@ -4,6 +4,7 @@
   t, dead_t, fn, tie, has_priority, dedupe, client_ids, max_attempts.
 -#}
 {% import '_macros.sql' as m with context %}
+{% import '_group_macros.sql' as grp with context %}
 
 {#- After a lease-guarded statement changed nothing: at READ COMMITTED the lease is simply not the
     caller's (any more). In a REPEATABLE READ or SERIALIZABLE transaction the statement judged the
@@ -67,6 +68,41 @@ m.id = {{ fn }}_{{ verb }}.id AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_{{ v
     FROM unnest({{ here }}.ids, {{ here }}.lease_tokens) AS u (id, lease_token);
     IF distinct_count < cardinality({{ here }}.ids) THEN
 {{ m.throw('invalid_argument', "'" ~ names.plain('_' ~ verb) ~ ": an id is listed twice.'") }}
+    END IF;
+{%- endmacro %}
+
+{#- complete's statements, for complete and complete_next (`verb`: whose id, worker and lease_token):
+    delete the message if the caller holds its lease (to the history table too, with option history)
+    and set done_count. Expects now_utc and done_count (with groups: held_keys, head_ids). -#}
+{% macro complete_statements(verb) %}
+{% if groups %}
+    -- The message's group first (the fixed lock order): completing its in-flight message moves its head.
+{{ grp.lock_groups_of('ARRAY[' ~ fn ~ '_' ~ verb ~ '.id]', 'held_keys') }}
+{% endif %}
+{% if history %}
+    -- One statement: queue table, then history table (the fixed lock order).
+    WITH done AS (
+        DELETE FROM {{ t }} AS m
+        WHERE {{ lease_guard(verb) | indent(4) }}
+        RETURNING m.*
+    ),
+
+    kept AS (
+{{ history_insert() }}
+    )
+
+    SELECT count(*) INTO done_count FROM kept;
+{% else %}
+    DELETE FROM {{ t }} AS m
+    WHERE {{ lease_guard(verb) }};
+    GET DIAGNOSTICS done_count = ROW_COUNT;
+{% endif %}
+    IF done_count = 0 THEN
+{{ lost_under_snapshot('m.id = ' ~ fn ~ '_' ~ verb ~ '.id') }}
+{% if groups %}
+    ELSIF cardinality(held_keys) > 0 THEN
+{{ grp.settle('held_keys') | indent(4, first=true) }}
+{% endif %}
     END IF;
 {%- endmacro %}
 
@@ -209,18 +245,10 @@ WITH (
     SELECT count(*) INTO {{ count_var }} FROM buried;
 {%- endmacro %}
 
-{#- One claim statement: lock up to limit_sql visible rows matching where_sql in claim order
-    (SKIP LOCKED) and lease them to the worker. Sets ids_var to the leased ids in claim order (NULL
-    for none) and buried_var to the number of claimed rows whose lease had already expired
-    max_attempts times: the claim would be one attempt too many, so a second statement, which runs
-    only then, moves them to the dead-letter table ('lease expired') with the attempts and the
-    worker they had. Keeping that move out of the claim keeps the claim a two-node statement that
-    never touches the dead-letter table (the SQL Server twin has the same shape). Expects the
-    variables exhausted_ids and exhausted_workers. -#}
-{% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', own=false) %}
-{#- Only a lease that had expired is buried: a live own lease comes back unchanged, even with
-    max_attempts lowered below its attempts since it was taken. -#}
-{% set exhausted = "(l.attempts > " ~ max_attempts ~ " AND l.previous_visible_at <= now_utc)" %}
+{#- The claim's two CTEs: lock up to limit_sql visible rows matching where_sql in claim order (SKIP
+    LOCKED), next_messages, and lease them to the worker, leased (returning `returning`, over m, the
+    leased row, and n, the row as it was claimed). -#}
+{% macro claim_ctes(where_sql, limit_sql, own=false, returning="m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker") %}
     WITH next_messages AS (
         SELECT
             m.id,
@@ -255,8 +283,23 @@ WITH (
 {% endif %}
         FROM next_messages AS n
         WHERE m.id = n.id
-        RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+        RETURNING {{ returning }}
     )
+{%- endmacro %}
+
+{#- One claim statement: lock up to limit_sql visible rows matching where_sql in claim order
+    (SKIP LOCKED) and lease them to the worker. Sets ids_var to the leased ids in claim order (NULL
+    for none) and buried_var to the number of claimed rows whose lease had already expired
+    max_attempts times: the claim would be one attempt too many, so a second statement, which runs
+    only then, moves them to the dead-letter table ('lease expired') with the attempts and the
+    worker they had. Keeping that move out of the claim keeps the claim a two-node statement that
+    never touches the dead-letter table (the SQL Server twin has the same shape). Expects the
+    variables exhausted_ids and exhausted_workers. -#}
+{% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', own=false) %}
+{#- Only a lease that had expired is buried: a live own lease comes back unchanged, even with
+    max_attempts lowered below its attempts since it was taken. -#}
+{% set exhausted = "(l.attempts > " ~ max_attempts ~ " AND l.previous_visible_at <= now_utc)" %}
+{{ claim_ctes(where_sql, limit_sql, own) }}
 
     SELECT
         array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT {{ exhausted }}),

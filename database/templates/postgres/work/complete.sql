@@ -23,36 +23,8 @@ BEGIN
 {% if groups %}
 {{ m.check_read_committed('complete') }}
 {% endif %}
-{% if groups %}
-    -- The message's group first (the fixed lock order): completing its in-flight message moves its head.
-{{ grp.lock_groups_of('ARRAY[' ~ fn ~ '_complete.id]', 'held_keys') }}
-{% endif %}
-{% if history %}
-    -- One statement: queue table, then history table (the fixed lock order).
-    WITH done AS (
-        DELETE FROM {{ t }} AS m
-        WHERE {{ w.lease_guard('complete') | indent(4) }}
-        RETURNING m.*
-    ),
-
-    kept AS (
-{{ w.history_insert() }}
-    )
-
-    SELECT count(*) INTO done_count FROM kept;
-{% else %}
-    DELETE FROM {{ t }} AS m
-    WHERE {{ w.lease_guard('complete') }};
-    GET DIAGNOSTICS done_count = ROW_COUNT;
-{% endif %}
-    IF done_count = 0 THEN
-{{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_complete.id') }}
-{% if groups %}
-    ELSIF cardinality(held_keys) > 0 THEN
-{{ grp.settle('held_keys') | indent(4, first=true) }}
-{% endif %}
-    END IF;
-    RETURN QUERY SELECT done_count > 0;
+{{ w.complete_statements('complete') }}
+{{ m.answer([('completed', 'done_count > 0')]) }}
 END;
 $function$;
 

@@ -15,6 +15,12 @@ RETURNS SETOF {{ names.obj("_complete_next_result") }}
 AS $function$
 #variable_conflict use_column
 DECLARE
+    now_utc timestamptz := clock_timestamp();
+    done_count bigint;
+{% if groups %}
+    held_keys text[];
+    head_ids {{ id_type }}[];
+{% endif %}
     completed_now boolean;
     effective_lease integer := coalesce({{ fn }}_complete_next.lease_seconds, {{ lease_seconds }});
 BEGIN
@@ -24,8 +30,9 @@ BEGIN
 {% endif %}
 {{ m.check_batch_size('complete_next') }}
 {{ w.check_lease('complete_next', 'effective_lease') }}
-    SELECT c.completed INTO completed_now
-    FROM {{ names.verb('complete') }}({{ fn }}_complete_next.id, {{ fn }}_complete_next.worker, {{ fn }}_complete_next.lease_token) AS c;
+    -- complete's statements in this function's body (a call of complete would cost a function entry).
+{{ w.complete_statements('complete_next') }}
+    completed_now := done_count > 0;
     RETURN QUERY
     SELECT d.id, d.payload, d.enqueued_at, d.due_at, d.attempts, d.lease_token, {% if groups %}d.group_key, {% endif %}completed_now
     FROM {{ names.verb('dequeue') }}({{ fn }}_complete_next.batch_size, {{ fn }}_complete_next.worker, {{ fn }}_complete_next.lease_seconds) AS d;

@@ -34,6 +34,27 @@
     END LOOP;
 {%- endmacro %}
 {% endif %}
+{% if not has_priority and not groups %}
+{#- The claim of one visible message into the OUT parameters, with where it leaves this session's
+    claim position (seen_time, seen_id: m.position_seen over the claimed row as the claim found it)
+    and whether its lease had expired max_attempts times (claimed_exhausted: claim_statement's rule;
+    such a row goes to the dead-letter table instead). -#}
+{% macro claim_one() %}
+{{ w.claim_ctes(m.position_predicate(position_key) ~ " AND m.visible_at <= now_utc", "1",
+   returning="m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token, n.tie, n.visible_at, n.leased_by") | indent(8, first=true) }}
+
+            SELECT
+                l.id, l.payload, l.enqueued_at, l.due_at, l.attempts, l.lease_token,
+                l.attempts > {{ max_attempts }} AND l.visible_at <= now_utc, l.leased_by, l.tie, l.visible_at,
+                seen.visible_at, seen.{{ tie }}
+            INTO
+                id, payload, enqueued_at, due_at, attempts, lease_token,
+                claimed_exhausted, claimed_worker, claimed_tie, claimed_time,
+                seen_time, seen_id
+            FROM leased AS l
+{{ m.position_seen(position_key, 'l') | indent(12, first=true) }};
+{%- endmacro %}
+{% endif %}
 {{ m.unit(names.plain('_dequeue'), 'code') }}
 -- A dequeue by worker W first takes back W's own unfinished messages: W declares, by asking, that
 -- it holds nothing else. A worker name is therefore one single-threaded consumer at a time.
@@ -84,7 +105,11 @@ DECLARE
     grouped_first boolean;
 {% else %}
     own_count integer;
-{{ m.position_declare(position_key, seen=false) }}
+    claimed_exhausted boolean;
+    claimed_worker text;
+    claimed_tie bigint;
+    claimed_time timestamptz;
+{{ m.position_declare(position_key) }}
 {% endif %}
 BEGIN
 {{ m.check_batch_size('dequeue') }}
@@ -98,7 +123,8 @@ BEGIN
     -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
-    IF own_state ~ '^{{ m.time_pattern() }}\|' AND substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker THEN
+    IF substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker AND strpos(own_state, '|') <= 18
+        AND own_state ~ '^{{ m.time_pattern() }}\|' THEN
         own_since := {{ m.text_to_time("split_part(own_state, '|', 1)") }};
     END IF;
     IF EXISTS (
@@ -141,7 +167,7 @@ BEGIN
         END IF;
 {% endif %}
     ELSE
-        PERFORM set_config({{ m.position_setting('.own') }}, {{ m.time_to_text('now_utc') }} || '|' || {{ fn }}_dequeue.worker, false);
+        own_state := set_config({{ m.position_setting('.own') }}, {{ m.time_to_text('now_utc') }} || '|' || {{ fn }}_dequeue.worker, false);
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
@@ -176,6 +202,22 @@ BEGIN
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
 {{ m.position_load(position_key) }}
+
+    -- One message and none of the worker's own: the hot path. The claim fills the OUT parameters (no
+    -- read-back) and finds this session's next position itself (m.position_seen: no probe after it).
+    IF remaining = 1 AND own_count = 0 THEN
+        LOOP
+{{ claim_one() }}
+            EXIT WHEN NOT FOUND;
+            IF NOT claimed_exhausted THEN
+{{ m.position_after_claim(position_key, 'claimed_tie', 'claimed_time') | indent(12, first=true) }}
+                RETURN NEXT;
+                RETURN;
+            END IF;
+{{ w.bury("m.id = " ~ fn ~ "_dequeue.id", "g.attempts - 1", "'lease expired'", "claimed_worker", "buried_count") | indent(8, first=true) }}
+        END LOOP;
+        RETURN;
+    END IF;
 {% endif %}
 {% if not groups %}
     WHILE remaining > 0 LOOP

@@ -67,7 +67,7 @@ BEGIN
 {% if opt.notify %}
 {{ m.notify() | indent(8, first=true) }}
 {% endif %}
-            RETURN QUERY SELECT new_id, false;
+{{ m.answer([('id', 'new_id'), ('duplicate', 'false')], (names.obj('_enqueue_result') if client_ids else none)) | indent(8, first=true) }}
             RETURN;
         END IF;
 {% if dedupe %}
@@ -79,7 +79,7 @@ BEGIN
         END IF;
 {% endif %}
         IF new_id IS NOT NULL THEN
-            RETURN QUERY SELECT new_id, true;
+{{ m.answer([('id', 'new_id'), ('duplicate', 'true')], (names.obj('_enqueue_result') if client_ids else none)) | indent(8, first=true) }}
             RETURN;
         END IF;
     END LOOP;
@@ -90,7 +90,7 @@ BEGIN
 {% if opt.notify %}
 {{ m.notify() }}
 {% endif %}
-    RETURN QUERY SELECT new_id, false;
+{{ m.answer([('id', 'new_id'), ('duplicate', 'false')], (names.obj('_enqueue_result') if client_ids else none)) }}
 {% endif %}
 END;
 $function$;

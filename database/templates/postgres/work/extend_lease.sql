@@ -25,7 +25,7 @@ BEGIN
     IF changed = 0 THEN
 {{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_extend_lease.id') }}
     END IF;
-    RETURN QUERY SELECT changed > 0;
+{{ m.answer([('extended', 'changed > 0')]) }}
 END;
 $function$;
 

@@ -45,7 +45,7 @@ BEGIN
         AND m.attempts < {{ max_attempts }};
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed > 0 THEN
-        RETURN QUERY SELECT 'retrying'::text;
+{{ m.answer([('outcome', "'retrying'")]) | indent(4, first=true) }}
         RETURN;
     END IF;
 
@@ -57,7 +57,7 @@ BEGIN
 {{ grp.settle('held_keys') | indent(4, first=true) }}
 {% endif %}
     END IF;
-    RETURN QUERY SELECT CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END;
+{{ m.answer([('outcome', "CASE WHEN changed > 0 THEN 'dead' ELSE 'lost' END")]) }}
 END;
 $function$;
 

@@ -35,7 +35,7 @@ BEGIN
 {{ m.notify() | indent(4, first=true) }}
 {% endif %}
     END IF;
-    RETURN QUERY SELECT changed > 0;
+{{ m.answer([('released', 'changed > 0')]) }}
 END;
 $function$;
 

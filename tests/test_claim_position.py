@@ -12,6 +12,8 @@ sees (order, nothing lost or handed out twice) is in tests/conformance.
 """
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Callable
 
 import pytest
@@ -118,6 +120,7 @@ def test_a_forged_position_within_its_second_never_raises(deploy_queues: Callabl
     try:
         client = deployed.client("q", conn)
         setting = f"tablequeue.{deployed.catalog.schema}.q"
+        rest = "|1" if variant in ("heap", "fifo") else "|0|1|"
         if variant in ("heap", "fifo"):
             positions = ["|9999999999999999999"]
         else:
@@ -131,6 +134,14 @@ def test_a_forged_position_within_its_second_never_raises(deploy_queues: Callabl
         owns = ["2026-13-45 25:61:61.000000 AD|w", "0000-01-01 00:00:00.000000 AD|w", "9999999999999999|w",
                 "-9999999999999999|w", "99999999999999999|w", "-|w", "-99999999999999999|w",
                 "999999999999999999|w"]
+        # An expiry that overflows numeric (131,072 digits, or 16,383 after the point): the whole setting.
+        for whole in ("9" * 140_000 + rest, "1." + "9" * 17_000 + rest):
+            conn.execute("SELECT set_config(%s, %s, false)", (setting, whole))
+            sent = client.enqueue({"i": 1})["id"]
+            got = client.dequeue(worker="w") if variant == "work" else client.dequeue()
+            assert [row["id"] for row in got] == [sent], whole[-40:]
+            if variant == "work":
+                assert client.complete(sent, "w")
         for value in positions:
             for own in owns if variant == "work" else [None]:
                 conn.execute("SELECT set_config(%s, (extract(EPOCH FROM clock_timestamp()) + 0.5)::numeric(16, 6) || %s, false)",
@@ -212,3 +223,58 @@ def test_an_idle_wait_reads_from_the_sessions_position_not_through_what_it_consu
             conn.close()
     assert first > CONSUMED / 100, f"a probe from the head read only {first} buffers"
     assert steady < 60, f"an idle wait step read {steady} buffers:\n" + "\n\n".join(steady_plans)
+
+
+def test_a_claim_through_evalplanqual_leaves_the_position_before_what_its_snapshot_saw(
+        deploy_queues: Callable[..., Any]) -> None:
+    # The senior-PostgreSQL review's interleaving (round 2): R's lease has expired by the claimer's
+    # clock; a fail of R (with its lease still live by the failer's clock, retry in 2 s) commits after
+    # the claim's snapshot and before its row lock, so the claim locks R's latest version through
+    # EvalPlanQual, whose key (the retry time) lies past S, visible and older. The one-message claim's
+    # position must stay before S: the next dequeue hands S out, not nothing for a second.
+    deployed = deploy_queues({"name": "q", "payload": "json", "kind": "work", "options": {"max_attempts": 5}})
+    schema = deployed.catalog.schema
+    admin, failer, claimer = deployed.connect(), deployed.connect(), deployed.connect()
+    try:
+        # The claim waits on R, after its snapshot and before its row lock, until the test lets it go.
+        admin.execute(f"""CREATE FUNCTION "{schema}".pause_at(i bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+            BEGIN
+                IF i = nullif(current_setting('test.pause_id', true), '')::bigint THEN
+                    PERFORM pg_advisory_xact_lock_shared(4242);
+                END IF;
+                RETURN true;
+            END $$""")
+        source = admin.execute(f"""SELECT pg_get_functiondef('"{schema}".q_dequeue(integer, text, integer)'::regprocedure)""").fetchone()[0]
+        hot = source.index("the hot path")
+        at = source.index("AND m.visible_at <= now_utc", hot) + len("AND m.visible_at <= now_utc")
+        admin.execute(source[:at] + f' AND "{schema}".pause_at(m.id)' + source[at:])
+        producer = deployed.client("q", admin)
+
+        r = producer.enqueue({"r": 1})["id"]
+        [leased] = producer.dequeue(worker="x", lease_seconds=1)
+        assert leased["id"] == r
+        failer.autocommit = False
+        deployed.client("q", failer).fail(r, "x", "boom", retry_after_seconds=2, lease_token=leased["lease_token"])
+        time.sleep(1.2)                       # R's lease has expired
+        s = producer.enqueue({"s": 1})["id"]  # visible now, before R's retry time
+        time.sleep(1.0)                       # the retry time has passed too
+
+        admin.execute("SELECT pg_advisory_lock(4242)")
+        claimer.execute("SELECT set_config('test.pause_id', %s, false)", (str(r),))
+        consumer = deployed.client("q", claimer)
+        got: list = []
+        thread = threading.Thread(target=lambda: got.extend(consumer.dequeue(worker="c")))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not admin.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").fetchone()[0]:
+            assert time.monotonic() < deadline, "the claim never reached R"
+            time.sleep(0.05)
+        failer.commit()
+        admin.execute("SELECT pg_advisory_unlock(4242)")
+        thread.join(30)
+        assert [row["id"] for row in got] == [r]
+        claimer.execute("SELECT set_config('test.pause_id', '', false)")
+        assert [row["id"] for row in consumer.dequeue(worker="c2")] == [s]
+    finally:
+        for conn in (admin, failer, claimer):
+            conn.close()

@@ -13,11 +13,12 @@ depth"; check-tsql's claim-pin rule).
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import pytest
 
-from pg_buffers import buffers_of_dequeues
+from pg_buffers import buffers_of, buffers_of_dequeues, start_explaining, stop_explaining
 
 pytestmark = pytest.mark.parametrize("engine_url", ["postgres"], indirect=True)
 
@@ -95,3 +96,59 @@ def test_a_plan_cached_on_an_empty_queue_reads_a_handful_of_pages_at_depth(
     # The control: the same measure, the plans made again without the claim's index, reads the table.
     buffers, plans = without_index
     assert buffers > DEPTH / 1_000, f"without {claim_index} a dequeue read only {buffers} buffers:\n" + "\n\n".join(plans)
+
+
+# A batch claim's generic plan made over a queue already this deep: the join of the claimed ids
+# with the table, costed at a tenth of the claim index's rows (the estimate of `LIMIT batch_size`),
+# was a hash join over a sequential scan of the whole table on every call (67 messages/s at batch 10).
+BATCH_DEPTH = 40_000
+BATCH = 10
+
+
+@pytest.mark.parametrize("variant", ["fifo", "pending", "work"])
+def test_a_batch_claim_planned_on_a_deep_queue_reads_a_handful_of_pages_per_message(
+        deploy_queues: Callable[..., Any], variant: str) -> None:
+    entry, columns, _ = VARIANTS[variant]
+    deployed = deploy_queues({"name": "q", "payload": "json", **entry})
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    try:
+        names = ", ".join(["payload", *columns])
+        values = ", ".join(["'{}'::jsonb", *columns.values()])
+        conn.execute(f'INSERT INTO "{schema}"."q" ({names}) SELECT {values} FROM generate_series(1, {BATCH_DEPTH}) AS n')
+        conn.execute(f'ANALYZE "{schema}"."q"')
+        table_pages = conn.execute(f"SELECT pg_relation_size('\"{schema}\".\"q\"') / 8192").fetchone()[0]
+        conn.execute("LOAD 'auto_explain'")
+        client = deployed.client("q", conn)
+        work = variant == "work"
+
+        def batch() -> list[dict]:
+            rows = client.dequeue(batch_size=BATCH, worker="w") if work else client.dequeue(batch_size=BATCH)
+            assert len(rows) == BATCH
+            if work:
+                assert all(done["completed"] for done in client.complete_batch(rows, "w"))
+            return rows
+
+        for _ in range(7):  # the generic plan, made at this depth
+            batch()
+        notices = start_explaining(conn)
+        try:
+            measured = []
+            for _ in range(3):
+                notices.clear()
+                rows = client.dequeue(batch_size=BATCH, worker="w") if work else client.dequeue(batch_size=BATCH)
+                assert len(rows) == BATCH
+                measured.append(buffers_of(notices, "dequeue"))
+                if work:
+                    conn.execute("SET auto_explain.log_min_duration = -1")
+                    assert all(done["completed"] for done in client.complete_batch(rows, "w"))
+                    conn.execute("SET auto_explain.log_min_duration = 0")
+        finally:
+            stop_explaining(conn)
+    finally:
+        conn.close()
+    buffers, plans = min(measured)
+    # A seek reads a few pages per message (work: its four index entries per lease and the read-back);
+    # the sequential scan read the whole table.
+    assert not any(re.search(r"Seq Scan on q\b", plan) for plan in plans), "\n\n".join(plans)
+    assert buffers < table_pages / 2, f"a batch of {BATCH} read {buffers} of {table_pages} pages:\n" + "\n\n".join(plans)

@@ -516,17 +516,17 @@ BEGIN
                 leased_by = emails_dequeue.worker,
                 leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END,
                 lease_token = CASE WHEN m.visible_at <= now_utc THEN gen_random_uuid() ELSE m.lease_token END
-            FROM next_messages AS n
-            WHERE m.id = n.id
-            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+            WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+            RETURNING m.id, m.attempts
         )
 
         SELECT
-            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
-            array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
-            array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc))
+            array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 3 AND n.visible_at <= now_utc)),
+            array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc)),
+            array_agg(n.leased_by) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc))
         INTO step_ids, exhausted_ids, exhausted_workers
-        FROM leased AS l;
+        FROM leased AS l
+        INNER JOIN next_messages AS n ON l.id = n.id;
         buried_count := 0;
         IF exhausted_ids IS NOT NULL THEN
             WITH gone AS (
@@ -567,7 +567,7 @@ BEGIN
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
     own_count := cardinality(claimed_ids);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
         AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;
@@ -652,7 +652,11 @@ BEGIN
                     position_time := seen_time;
                     position_id := seen_id;
                 ELSE
-                    position_time := claimed_time;
+                    -- The claimed key as the claim's snapshot saw it (seen_time): under EvalPlanQual (a fail or
+                    -- release committed between the claim's snapshot and its row lock) the claim returns the row's
+                    -- latest version, whose key may lie later, past rows the snapshot sees before it. NULL when
+                    -- that version lay outside the lateral's bound: then nothing lay between.
+                    position_time := coalesce(seen_time, claimed_time);
                     position_id := claimed_tie + 1;
                 END IF;
                 position_state := set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
@@ -712,15 +716,16 @@ BEGIN
                     lease_token = gen_random_uuid()
                 FROM next_messages AS n
                 WHERE m.id = n.id
-                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+                RETURNING m.id, m.attempts
             )
 
             SELECT
-                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
-                array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
-                array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc))
+                array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 3 AND n.visible_at <= now_utc)),
+                array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc)),
+                array_agg(n.leased_by) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc))
             INTO step_ids, exhausted_ids, exhausted_workers
-            FROM leased AS l;
+            FROM leased AS l
+            INNER JOIN next_messages AS n ON l.id = n.id;
             buried_count := 0;
             IF exhausted_ids IS NOT NULL THEN
                 WITH gone AS (
@@ -771,17 +776,17 @@ BEGIN
                     leased_by = emails_dequeue.worker,
                     leased_at = now_utc,
                     lease_token = gen_random_uuid()
-                FROM next_messages AS n
-                WHERE m.id = n.id
-                RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+                WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+                RETURNING m.id, m.attempts
             )
 
             SELECT
-                array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
-                array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc)),
-                array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 3 AND l.previous_visible_at <= now_utc))
+                array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 3 AND n.visible_at <= now_utc)),
+                array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc)),
+                array_agg(n.leased_by) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc))
             INTO step_ids, exhausted_ids, exhausted_workers
-            FROM leased AS l;
+            FROM leased AS l
+            INNER JOIN next_messages AS n ON l.id = n.id;
             buried_count := 0;
             IF exhausted_ids IS NOT NULL THEN
                 WITH gone AS (
@@ -1496,7 +1501,7 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
         AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;

@@ -182,7 +182,7 @@ BEGIN
     -- A heap promises no order; the claim still walks the primary key, because a LIMIT over a
     -- sequential scan re-reads every dead tuple at the head of the table until vacuum runs.
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -266,8 +266,7 @@ BEGIN
 
         claimed AS (
             DELETE FROM "queue"."events" AS m
-            USING next_messages AS n
-            WHERE m.id = n.id
+            WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
             RETURNING m.id, m.payload, m.enqueued_at
         )
 
@@ -469,7 +468,7 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN

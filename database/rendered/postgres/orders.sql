@@ -285,7 +285,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.orders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN
@@ -369,8 +369,7 @@ BEGIN
 
         claimed AS (
             DELETE FROM "queue"."orders" AS m
-            USING next_messages AS n
-            WHERE m.id = n.id
+            WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
             RETURNING m.id, m.payload, m.enqueued_at
         )
 
@@ -572,7 +571,7 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 2)) <= 18) THEN
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18) THEN
         position_state := '';
     END IF;
     IF position_state <> '' THEN

@@ -316,7 +316,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.reminders_dequeue: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
     END IF;
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
         AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;
@@ -386,7 +386,11 @@ BEGIN
                 position_time := seen_time;
                 position_id := seen_id;
             ELSE
-                position_time := reminders_dequeue.due_at;
+                -- The claimed key as the claim's snapshot saw it (seen_time): under EvalPlanQual (a fail or
+                -- release committed between the claim's snapshot and its row lock) the claim returns the row's
+                -- latest version, whose key may lie later, past rows the snapshot sees before it. NULL when
+                -- that version lay outside the lateral's bound: then nothing lay between.
+                position_time := coalesce(seen_time, reminders_dequeue.due_at);
                 position_id := reminders_dequeue.id + 1;
             END IF;
             position_state := set_config('tablequeue.queue.reminders', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
@@ -405,8 +409,7 @@ BEGIN
 
         claimed AS (
             DELETE FROM "queue"."reminders" AS m
-            USING next_messages AS n
-            WHERE m.id = n.id
+            WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
             RETURNING m.id, m.payload, m.enqueued_at, m.due_at
         )
 
@@ -614,7 +617,7 @@ BEGIN
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
-    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
+    IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
         AND length(split_part(position_state, '|', 4)) <= 17) THEN
         position_state := '';
     END IF;

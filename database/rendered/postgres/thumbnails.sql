@@ -498,17 +498,17 @@ BEGIN
                 leased_by = thumbnails_dequeue.worker,
                 leased_at = CASE WHEN m.visible_at <= now_utc THEN now_utc ELSE m.leased_at END,
                 lease_token = CASE WHEN m.visible_at <= now_utc THEN gen_random_uuid() ELSE m.lease_token END
-            FROM next_messages AS n
-            WHERE m.id = n.id
-            RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+            WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+            RETURNING m.id, m.attempts
         )
 
         SELECT
-            array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
-            array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
-            array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc))
+            array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 4 AND n.visible_at <= now_utc)),
+            array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc)),
+            array_agg(n.leased_by) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc))
         INTO step_ids, exhausted_ids, exhausted_workers
-        FROM leased AS l;
+        FROM leased AS l
+        INNER JOIN next_messages AS n ON l.id = n.id;
         buried_count := 0;
         IF exhausted_ids IS NOT NULL THEN
             WITH gone AS (
@@ -588,15 +588,16 @@ BEGIN
                         lease_token = gen_random_uuid()
                     FROM next_messages AS n
                     WHERE m.id = n.id
-                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+                    RETURNING m.id, m.attempts
                 )
 
                 SELECT
-                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
-                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
-                    array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc))
+                    array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(n.leased_by) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc))
                 INTO level_ids, exhausted_ids, exhausted_workers
-                FROM leased AS l;
+                FROM leased AS l
+                INNER JOIN next_messages AS n ON l.id = n.id;
                 level_buried := 0;
                 IF exhausted_ids IS NOT NULL THEN
                     WITH gone AS (
@@ -656,17 +657,17 @@ BEGIN
                         leased_by = thumbnails_dequeue.worker,
                         leased_at = now_utc,
                         lease_token = gen_random_uuid()
-                    FROM next_messages AS n
-                    WHERE m.id = n.id
-                    RETURNING m.id, n.tie, n.visible_at AS previous_visible_at, m.attempts, n.leased_by AS previous_worker
+                    WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+                    RETURNING m.id, m.attempts
                 )
 
                 SELECT
-                    array_agg(l.id ORDER BY l.previous_visible_at, l.tie) FILTER (WHERE NOT (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
-                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc)),
-                    array_agg(l.previous_worker) FILTER (WHERE (l.attempts > 4 AND l.previous_visible_at <= now_utc))
+                    array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(n.leased_by) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc))
                 INTO level_ids, exhausted_ids, exhausted_workers
-                FROM leased AS l;
+                FROM leased AS l
+                INNER JOIN next_messages AS n ON l.id = n.id;
                 level_buried := 0;
                 IF exhausted_ids IS NOT NULL THEN
                     WITH gone AS (

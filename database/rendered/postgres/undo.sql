@@ -205,8 +205,7 @@ BEGIN
 
         claimed AS (
             DELETE FROM "queue"."undo" AS m
-            USING next_messages AS n
-            WHERE m.id = n.id
+            WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
             RETURNING m.id, m.payload, m.enqueued_at
         )
 

@@ -30,7 +30,10 @@
 {% import '_group_macros.sql' as grp with context %}
 {% endif %}
 {#- The claim's two CTEs: lock up to limit_sql rows in claim order (next_messages) and delete them,
-    returning them (claimed). -#}
+    returning them (claimed). For a variable limit the delete finds them by `id = ANY(the claimed
+    ids)`, not by a join: the generic plan of the join with `LIMIT limit_sql` (costed at a tenth of
+    the index's rows) can be a hash join over a sequential scan of the whole queue (claim_ctes in
+    _work_macros.sql); `LIMIT 1` keeps the join, a nested loop. -#}
 {% macro claim_ctes(limit_sql) %}
     WITH next_messages AS (
         SELECT m.id
@@ -47,8 +50,12 @@
 
     claimed AS (
         DELETE FROM {{ t }} AS m
+{% if limit_sql == '1' %}
         USING next_messages AS n
         WHERE m.id = n.id
+{% else %}
+        WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+{% endif %}
         RETURNING m.id, m.payload, m.enqueued_at{% if has_due %}, m.due_at{% endif %}
 
     )
@@ -94,8 +101,12 @@
 
         claimed AS (
             DELETE FROM {{ t }} AS m
+{% if limit_sql == '1' %}
             USING next_messages AS n
             WHERE m.id = n.id
+{% else %}
+            WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+{% endif %}
             RETURNING m.id, m.payload, m.enqueued_at
         )
 

@@ -195,10 +195,10 @@ SET plan_cache_mode = force_generic_plan
 {%- endmacro %}
 
 {#- True when position_state is what position_store writes and its integers fit a bigint (at most
-    18 digits) and its time the timestamptz arithmetic (at most 17 characters). The expiry is read
-    as numeric: any length. -#}
+    18 digits), its time the timestamptz arithmetic (at most 17 characters) and its expiry a numeric
+    (at most 22 characters: a numeric of 131,072 digits overflows). -#}
 {% macro position_valid(key) -%}
-position_state ~ '{{ position_pattern(key) }}'
+position_state ~ '{{ position_pattern(key) }}' AND length(split_part(position_state, '|', 1)) <= 22
 {%- if key | length == 2 %} AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
         AND length(split_part(position_state, '|', 4)) <= 17
 {%- else %} AND length(split_part(position_state, '|', 2)) <= 18{% endif %}
@@ -278,9 +278,10 @@ position_state ~ '{{ position_pattern(key) }}'
 {#- The hot path finds its next position in the claim statement itself: a LEFT JOIN LATERAL on
     the claimed row (alias `claimed`) reads the claim index from the position, into seen_time and
     seen_id. It sees what the claim's snapshot sees: a row another consumer holds (the claim stepped
-    over it) and the claimed row itself (deleted by this very statement), so it stops at the claimed
-    row at the latest. Bounded on the leading column only: a row comparison stops a scan only on
-    its first column. -#}
+    over it) and the claimed row itself (deleted or leased by this very statement), so it stops at
+    the claimed row at the latest; except under EvalPlanQual, where the claim returns the row's
+    latest version, whose key the snapshot may not see (position_after_claim). Bounded on the
+    leading column only: a row comparison stops a scan only on its first column. -#}
 {% macro position_seen(key, claimed) %}
 LEFT JOIN LATERAL (
     SELECT {% for column in key %}m.{{ column }}{{ ', ' if not loop.last }}{% endfor %}
@@ -304,7 +305,11 @@ LEFT JOIN LATERAL (
         position_id := seen_id;
     ELSE
 {% if key | length == 2 %}
-        position_time := {{ claimed_time_sql }};
+        -- The claimed key as the claim's snapshot saw it (seen_time): under EvalPlanQual (a fail or
+        -- release committed between the claim's snapshot and its row lock) the claim returns the row's
+        -- latest version, whose key may lie later, past rows the snapshot sees before it. NULL when
+        -- that version lay outside the lateral's bound: then nothing lay between.
+        position_time := coalesce(seen_time, {{ claimed_time_sql }});
 {% endif %}
         position_id := {{ claimed_id_sql }} + 1;
     END IF;

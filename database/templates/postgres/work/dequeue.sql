@@ -38,10 +38,12 @@
 {#- The claim of one visible message into the OUT parameters, with where it leaves this session's
     claim position (seen_time, seen_id: m.position_seen over the claimed row as the claim found it)
     and whether its lease had expired max_attempts times (claimed_exhausted: claim_statement's rule;
-    such a row goes to the dead-letter table instead). -#}
+    such a row goes to the dead-letter table instead). Its LIMIT 1 lease is a join with
+    next_messages (claim_ctes), so it returns the rows as they were itself: no second join. -#}
 {% macro claim_one() %}
 {{ w.claim_ctes(m.position_predicate(position_key) ~ " AND m.visible_at <= now_utc", "1",
-   returning="m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token, n.tie, n.visible_at, n.leased_by") | indent(8, first=true) }}
+   returning="m.id, m.payload, m.enqueued_at, m.due_at, m.attempts, m.lease_token, n.tie, n.visible_at, n.leased_by")
+   | indent(8, first=true) }}
 
             SELECT
                 l.id, l.payload, l.enqueued_at, l.due_at, l.attempts, l.lease_token,

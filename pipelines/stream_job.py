@@ -14,7 +14,8 @@ the handler succeeded). AckSink, for micro-batch N:
    second driver that loses the race deletes its own attempt and stops), and deletes the other,
    never acknowledged, attempt folders of batch_id=N;
 2. reads back (id, lease_token, worker, error) from the folder the marker names (a marker written
-   before attempt folders names none: its rows are in batch_id=N itself), and each task acknowledges
+   before attempt folders names none: its rows are in batch_id=N itself; a replay deletes the attempt
+   folders it does not name, as the first write did), and each task acknowledges
    its rows by worker: complete_batch for rows without an error, fail_batch for rows with one (the
    queue retries them, or moves them to the dead letters at max_attempts). Both are fenced by the
    lease token: an acknowledgement repeated after a restart answers lost and changes nothing.
@@ -364,6 +365,7 @@ class AckSink:
             if replay:
                 log().info("stream %s: micro-batch %s was written before (a replay): acknowledging its stored "
                            "rows in %s again", self.target.name, batch_id, stored)
+                self.delete_unnamed(batch_id, stored)
                 # The stored schema, inferred: a query restarted with changed code may project other
                 # columns or types than the rows were written with.
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.stored_rows(frame.sparkSession, batch_id))
@@ -402,7 +404,8 @@ class AckSink:
         (created only if absent). Nothing is ever overwritten: a second
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
-        was never acknowledged from, and the winner deletes those (a crash before the marker).
+        was never acknowledged from, and the winner deletes those (a crash before the marker), as
+        does a replay of the micro-batch (delete_unnamed).
         Returns the rows as stored (the attempt folder, read with the frame's schema)."""
         attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
         folder = f"{self.folder(batch_id)}/{attempt}"
@@ -410,10 +413,18 @@ class AckSink:
         stored = read_stored(frame.sparkSession, folder, frame.schema)
         self.refuse_duplicates(stored, batch_id, folder)
         self.mark(batch_id, attempt)
-        for name in self._files.folders(self.folder(batch_id)):
-            if name.startswith(ATTEMPT) and name != attempt:
-                self._files.delete(f"{self.folder(batch_id)}/{name}")
+        self.delete_unnamed(batch_id, folder)
         return stored
+
+    def delete_unnamed(self, batch_id: int, named: str) -> None:
+        """Delete the attempt folders of micro-batch batch_id other than `named`, the folder its
+        marker names (batch_id=N itself for a marker written before attempt folders: then every
+        attempt folder): no marker named them, so nothing was acknowledged from them (a driver that
+        crashed before its marker, or a second driver that lost the race). Called only once the marker
+        was read and names `named`: never while it is empty or unreadable (read_marker raises then)."""
+        for name in self._files.folders(self.folder(batch_id)):
+            if name.startswith(ATTEMPT) and f"{self.folder(batch_id)}/{name}" != named:
+                self._files.delete(f"{self.folder(batch_id)}/{name}")
 
     def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
         """Refuse (and delete) a written attempt with more than one row for a message (a handler or

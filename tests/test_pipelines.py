@@ -1457,6 +1457,7 @@ def test_stream_sink_empty_marker_is_refused_as_a_dead_drivers_by_the_replay_and
         read_results(spark, str(tmp_path / "out"))
     with pytest.raises(PipelineError, match=empty):
         sink(frame, 0)
+    assert attempt_folders(tmp_path / "out", 0) == ["_attempt-" + "a" * 32]       # the replay deleted nothing
     assert sink.counts["completed"] == 0
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'broken', '_history')}") == 0
 
@@ -1498,6 +1499,38 @@ def test_stream_sink_acknowledges_and_reads_a_micro_batch_of_the_layout_before_a
     assert stored == sorted([(lease[0], "old", 0) for lease in old] + [(lease[0], "new", 1) for lease in new])
     history = pg.rows(f"SELECT id FROM {table(catalog, 'upgraded', '_history')}")
     assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in old + new)
+
+
+def test_stream_sink_replay_deletes_the_attempt_folders_its_marker_does_not_name(spark, pg, tmp_path):
+    """Micro-batch 0's marker names attempt A; next to it are attempt B (a driver that crashed after
+    its write, before its marker) and C (a second driver that lost the marker race and died before
+    deleting it). Micro-batch 1 is of the layout before attempt folders (the marker names batch_id=1
+    itself) with an attempt folder D beside it. Their replays acknowledge the named rows and delete
+    B, C and D, as a first write deletes the attempt folders its marker does not name (before: a
+    replay left them forever); A and batch_id=1's own rows stay and read_results returns them."""
+    from pipelines.stream_job import WRITTEN, AckSink, read_results
+
+    catalog = pg.deploy(work_queue("leftover", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "leftover", tmp_path, "2a-query")
+    output = tmp_path / "out"
+    named, old = leased(pg, catalog, "leftover", 3, worker="w-a"), leased(pg, catalog, "leftover", 2, 3, "w-old")
+    a, b, c, d = (f"_attempt-{letter * 32}" for letter in "abcd")
+    for folder, leases, written_by in (("batch_id=0/" + a, named, "A"), ("batch_id=0/" + b, named, "B"),
+                                        ("batch_id=0/" + c, named, "C"), ("batch_id=1", old, "old"),
+                                        ("batch_id=1/" + d, old, "D")):
+        spark.createDataFrame([(*lease, None, written_by) for lease in leases], SINK_ROWS).write.parquet(
+            str(output / folder))
+    (output / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": "2a-query", "batch_id": 0, "attempt": a}))
+    (output / "batch_id=1" / WRITTEN).write_text(json.dumps({"query": "2a-query", "batch_id": 1}))
+    sink = AckSink(str(output), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink(spark.createDataFrame([], SINK_ROWS), 0)
+    sink(spark.createDataFrame([], SINK_ROWS), 1)
+    assert attempt_folders(output, 0) == [a] and attempt_folders(output, 1) == []
+    assert sink.counts["completed"] == 5
+    stored = sorted((r["id"], r["written_by"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert stored == sorted([(lease[0], "A", 0) for lease in named] + [(lease[0], "old", 1) for lease in old])
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'leftover', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in named + old)
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):

@@ -63,6 +63,7 @@ CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # master): it checks, then creates.
 ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
+GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")   # Hadoop's glob characters, escaped by a backslash
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
 # Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
@@ -244,9 +245,21 @@ class HadoopFiles:
             return []
         return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
 
-    def exists(self, path: str) -> bool:
-        where, fs = self._at(path)
-        return bool(fs.exists(where))
+    def listing(self, pattern: str) -> dict[str, dict[str, bool]]:
+        """What Hadoop glob `pattern` matches, by parent folder name: {parent: {name: is a folder}};
+        {} when nothing matches (also when a folder on the way is missing). One call: the store lists
+        each folder the pattern goes through (HDFS: one NameNode call each; object stores: one LIST
+        each), never a status or an existence check per path."""
+        where, fs = self._at(pattern)
+        found: dict[str, dict[str, bool]] = defaultdict(dict)
+        for status in fs.globStatus(where) or []:
+            path = status.getPath()
+            found[str(path.getParent().getName())][str(path.getName())] = bool(status.isDirectory())
+        return dict(found)
+
+    def children(self, folder: str) -> dict[str, bool]:
+        """What folder `folder` holds, {name: is a folder}; {} if it is missing or empty."""
+        return self.listing(f"{glob_literal(folder)}/*").get(folder.rstrip("/").rsplit("/", 1)[-1], {})
 
     def delete(self, path: str) -> None:
         """Delete folder `path` and what it holds; nothing if it is gone already."""
@@ -254,16 +267,26 @@ class HadoopFiles:
         fs.delete(where, True)
 
 
-def read_marker(files: HadoopFiles, batch: str) -> tuple[str | None, str] | None:
+def glob_literal(path: str) -> str:
+    """`path` as a Hadoop glob that matches only itself."""
+    return GLOB_SPECIAL.sub(r"\\\1", path)
+
+
+def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | None = None
+                ) -> tuple[str | None, str] | None:
     """The marker of micro-batch folder `batch` (<output>/batch_id=N): None without one, else (the
     query id it holds, or None; the folder of the stored rows): the attempt folder it names, or
     `batch` itself for a marker written before attempt folders existed (no "attempt"). An empty or
-    unparsable marker next to attempt folders, and a marker naming a folder that is gone, raise."""
+    unparsable marker next to attempt folders, and a marker naming a folder that is gone, raise.
+    `entries`: what `batch` holds ({name: is a folder}) if the caller listed it (read_results lists
+    every batch folder at once), else listed here; then only the marker itself is read."""
     marker = f"{batch}/{WRITTEN}"
-    if not files.is_file(marker):
+    if entries is None:
+        entries = files.children(batch)
+    if entries.get(WRITTEN, True):                      # no marker, or a folder of its name
         return None
     content = marker_content(files.read_text(marker))
-    if content is None and any(name.startswith(ATTEMPT) for name in files.folders(batch)):
+    if content is None and any(name.startswith(ATTEMPT) and folder for name, folder in entries.items()):
         raise PipelineError(f"{marker} is empty or unreadable: a driver is writing it now (retry), or one died while "
                             f"writing it; nothing was acknowledged from it: delete it only if it stays empty while no "
                             f"driver of the query runs, then restart the query")
@@ -274,7 +297,7 @@ def read_marker(files: HadoopFiles, batch: str) -> tuple[str | None, str] | None
     if not isinstance(attempt, str) or not ATTEMPT_NAME.fullmatch(attempt):
         raise PipelineError(f"{marker} names {attempt!r} as the folder of the micro-batch's rows: not one of "
                             f"AckSink's attempt folders ({ATTEMPT}<32 hex digits>)")
-    if not files.exists(f"{batch}/{attempt}"):
+    if attempt not in entries:
         raise PipelineError(f"{marker} names {attempt}, which is gone: the micro-batch's rows were deleted (by hand, "
                             f"or by a second driver of the query on a store without an atomic create)")
     return content.get("query"), f"{batch}/{attempt}"
@@ -494,8 +517,11 @@ def read_results(spark: Any, output: str) -> Any:
     marker (a crash before the marker), whose rows were never acknowledged: a message's second
     result row. Rows with error NULL are the results."""
     files, root = HadoopFiles(spark), output.rstrip("/")
-    stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}") for name in files.folders(root)
-                                       if name.startswith("batch_id=")) if marked is not None]
+    # One listing of every batch folder's entries (markers and attempt folders), then one read per
+    # marker: not a status, a listing and an existence check per folder.
+    listed = files.listing(f"{glob_literal(root)}/batch_id=*/*")
+    stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}", listed[name]) for name in sorted(listed))
+              if marked is not None]
     if not stored:
         raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
     # The folders by name: one listing each in Spark, no py4j listing of their files here.

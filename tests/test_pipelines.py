@@ -1215,6 +1215,55 @@ def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path)
         read_results(spark, str(tmp_path / "empty"))
 
 
+class CountedFs:
+    """A Hadoop FileSystem (py4j) that counts the calls made on it, by method name, into `calls`."""
+
+    def __init__(self, fs: Any, calls: Counter) -> None:
+        self.fs, self.calls = fs, calls
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.fs, name)
+
+        def counted(*args: Any) -> Any:
+            self.calls[name] += 1
+            return method(*args)
+        return counted
+
+
+def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tmp_path, monkeypatch):
+    """read_results over 6 batch folders (4 marked attempt folders, one of them next to an unnamed
+    attempt; one marked folder of the layout before attempt folders; one unmarked attempt: a crash
+    before its marker) asks the filesystem for one glob of <output>/batch_id=*/* and opens each of
+    the 5 markers, nothing else (before: an exists and a listing of the output, then per folder an
+    exists, and with a marker a status, an open and an exists of the folder it names: 22 calls)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import WRITTEN, HadoopFiles, read_results
+
+    calls: Counter = Counter()
+
+    class Counted(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, CountedFs(fs, calls)
+
+    output = tmp_path / "out"
+    for batch_id in range(6):
+        attempt = f"_attempt-{batch_id:032x}"
+        folder = f"batch_id={batch_id}" if batch_id == 4 else f"batch_id={batch_id}/{attempt}"
+        spark.createDataFrame([(batch_id * 10, None), (batch_id * 10 + 1, None)], "id long, error string").write.parquet(
+            str(output / folder))
+        if batch_id < 5:
+            named = {} if batch_id == 4 else {"attempt": attempt}
+            (output / f"batch_id={batch_id}" / WRITTEN).write_text(json.dumps({"query": "q", "batch_id": batch_id,
+                                                                               **named}))
+    spark.createDataFrame([(99, None)], "id long, error string").write.parquet(
+        str(output / "batch_id=2" / ("_attempt-" + "f" * 32)))
+    monkeypatch.setattr(stream_job, "HadoopFiles", Counted)
+    rows = sorted((r["id"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert rows == [(n * 10 + i, n) for n in range(5) for i in (0, 1)]
+    assert calls == Counter({"globStatus": 1, "open": 5})
+
+
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
     """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
     marker another driver of the same query created while this one wrote the micro-batch is not

@@ -62,6 +62,10 @@ CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # Schemes whose create(path, overwrite=false) is one exclusive step; "file" only on one host (a local
 # master): it checks, then creates.
 ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
+# Where rename(src, dst) is one atomic step that refuses an existing dst (returns false): HDFS, and
+# ABFS on an account with a hierarchical namespace (its DFS rename sends If-None-Match: *; without
+# the namespace a rename is a copy and a delete). ABFS reports the namespace as this capability.
+NAMESPACE_CAPABILITY = "fs.capability.paths.acls"      # CommonPathCapabilities.FS_ACLS
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
 GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")   # Hadoop's glob characters, escaped by a backslash
 DUPLICATES_SHOWN = 5
@@ -163,6 +167,13 @@ def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], lis
     return answer, bool(tries)
 
 
+def renames_into_place(fs: Any, where: Any) -> bool:
+    """Whether Hadoop filesystem `fs` renames atomically, refusing an existing target: HDFS, and ABFS
+    on an account with a hierarchical namespace (it reports NAMESPACE_CAPABILITY at `where`)."""
+    scheme = fs.getScheme()
+    return scheme == "hdfs" or (scheme in ("abfs", "abfss") and bool(fs.hasPathCapability(where, NAMESPACE_CAPABILITY)))
+
+
 def lost_create(exc: Any) -> bool:
     """Whether a Py4JJavaError of a create-if-absent says the file existed: FileAlreadyExists (at
     create, or at close for a conditional create), or S3's 412 Precondition Failed."""
@@ -200,8 +211,9 @@ class HadoopFiles:
     def atomic_create(self, path: str) -> bool:
         """Whether create_new at `path` is an atomic create-if-absent: the store's conditional create,
         which create_new then uses (the filesystem reports fs.option.create.conditional.overwrite), or
-        plain create(overwrite=false) on a filesystem whose create is one exclusive step (HDFS, ABFS),
-        or local under a local master (one host). S3A's own fs.s3a.create.conditional.enabled is not
+        plain create(overwrite=false) on a filesystem whose create is one exclusive step (HDFS, ABFS;
+        where rename is atomic, create_new renames a temporary file into place instead), or local
+        under a local master (one host). S3A's own fs.s3a.create.conditional.enabled is not
         asked: it can be on while a plain create is still a check and then a PUT (see
         docs/pipelines.md)."""
         where, fs = self._at(path)
@@ -213,12 +225,17 @@ class HadoopFiles:
         """Write a file that must not exist yet; False if it existed (at create or at close: a
         conditional create checks at close), or if the create failed and the file exists afterwards
         (the caller reads it: a retried create may have made it). The content goes in one write, so a
-        conditional create (one PUT at close) is never seen empty; elsewhere it may be until close."""
+        conditional create (one PUT at close) is never seen empty. Where rename is atomic and refuses
+        an existing target (renames_into_place: HDFS, ABFS with a hierarchical namespace) the file is
+        never seen empty either: see rename_into_place. Elsewhere it may be empty until close."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
+        conditional = bool(fs.hasPathCapability(where, CONDITIONAL_CREATE))
+        if not conditional and renames_into_place(fs, where):
+            return self.rename_into_place(path, data)
         try:
-            if fs.hasPathCapability(where, CONDITIONAL_CREATE):
+            if conditional:
                 builder = fs.createFile(where).overwrite(False)
                 builder.must(CONDITIONAL_CREATE, True)
                 stream = builder.build()
@@ -244,6 +261,31 @@ class HadoopFiles:
         if not fs.exists(where):
             return []
         return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
+
+    def rename_into_place(self, path: str, data: bytes) -> bool:
+        """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed
+        to `path`; False if the rename was refused (the file existed) or failed while the file exists
+        afterwards, and the temporary file is deleted then. A driver that dies before the rename
+        leaves only its temporary file, never an empty `path`."""
+        from py4j.protocol import Py4JJavaError
+
+        where, fs = self._at(path)
+        temp = self.jvm.org.apache.hadoop.fs.Path(f"{path}.{uuid.uuid4().hex}.tmp")
+        stream = fs.create(temp, False)
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()
+        try:
+            if fs.rename(temp, where):
+                return True
+        except Py4JJavaError as exc:
+            fs.delete(temp, False)
+            if lost_create(exc) or fs.exists(where):
+                return False
+            raise
+        fs.delete(temp, False)
+        return False
 
     def listing(self, pattern: str) -> dict[str, dict[str, bool]]:
         """What Hadoop glob `pattern` matches, by parent folder name: {parent: {name: is a folder}};

@@ -1250,8 +1250,8 @@ def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tm
     for batch_id in range(6):
         attempt = f"_attempt-{batch_id:032x}"
         folder = f"batch_id={batch_id}" if batch_id == 4 else f"batch_id={batch_id}/{attempt}"
-        spark.createDataFrame([(batch_id * 10, None), (batch_id * 10 + 1, None)], "id long, error string").write.parquet(
-            str(output / folder))
+        rows = [(batch_id * 10, None), (batch_id * 10 + 1, None)]
+        spark.createDataFrame(rows, "id long, error string").write.parquet(str(output / folder))
         if batch_id < 5:
             named = {} if batch_id == 4 else {"attempt": attempt}
             (output / f"batch_id={batch_id}" / WRITTEN).write_text(json.dumps({"query": "q", "batch_id": batch_id,
@@ -1443,6 +1443,91 @@ def test_stream_sink_conditional_create_lost_at_close_is_a_lost_race(spark, pg, 
     assert json.loads(used[2][1])["query"] == "8c-query"          # the whole content in one write
     assert (tmp_path / "out" / "batch_id=0" / WRITTEN).read_bytes() == other
     assert attempt_folders(tmp_path / "out", 0) == []
+
+
+def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_refuses_a_target(spark, pg,
+                                                                                                 tmp_path):
+    """On HDFS (and ABFS with a hierarchical namespace), where rename(src, dst) is atomic and returns
+    false when dst exists, the marker is written whole to <batch>/_tablequeue_written.<hex>.tmp and
+    renamed into place (a local filesystem that says it is HDFS and refuses an existing target, as
+    HDFS does): micro-batch 0 wins and its marker holds the content; micro-batch 1's rename is
+    refused (another driver's marker came first): a lost race, the temporary file and the attempt
+    deleted; micro-batch 2's driver dies at the rename: no marker at all, so no empty marker to
+    refuse (before: the marker was created empty, then written, under the same name)."""
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles, read_results, renames_into_place
+
+    catalog = pg.deploy(work_queue("renamed"))
+    options = direct_sink_options(pg, catalog, "renamed", tmp_path, "3b-query")
+    other = b'{"query": "3b-query", "batch_id": 1, "attempt": "_attempt-' + b"0" * 32 + b'"}'
+    used: list[tuple] = []
+
+    class HdfsLike:
+        def __init__(self, fs: Any) -> None:
+            self.fs = fs
+
+        def __getattr__(self, name: str) -> Any:        # exists, open, delete, globStatus: the real ones
+            return getattr(self.fs, name)
+
+        def getScheme(self) -> str:
+            return "hdfs"
+
+        def create(self, where: Any, overwrite: bool) -> Any:
+            used.append(("create", where.getName()))
+            return self.fs.create(where, overwrite)
+
+        def rename(self, source: Any, target: Any) -> bool:
+            used.append(("rename", source.getName(), target.getName()))
+            if "batch_id=1/" in str(target):             # the other driver's rows and marker come first
+                spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(
+                    str(tmp_path / "out" / "batch_id=1" / ("_attempt-" + "0" * 32)))
+                assert plain.create_new(str(target), other)
+            if "batch_id=2/" in str(target):
+                raise RuntimeError("driver lost at the rename")
+            return False if self.fs.exists(target) else self.fs.rename(source, target)
+
+    class HdfsFiles(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, HdfsLike(fs)
+
+    plain = HadoopFiles(spark)
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = HdfsFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    temporary = r"_tablequeue_written\.[0-9a-f]{32}\.tmp"
+
+    def left(batch_id: int) -> list[str]:
+        return sorted(p.name for p in (tmp_path / "out" / f"batch_id={batch_id}").iterdir()
+                      if not p.name.startswith("."))
+
+    sink.write(frame, 0)
+    attempt = json.loads((tmp_path / "out" / "batch_id=0" / WRITTEN).read_text())["attempt"]
+    assert left(0) == sorted([attempt, WRITTEN])
+    assert [u[0] for u in used] == ["create", "rename"] and used[0][1] == used[1][1] and used[1][2] == WRITTEN
+    assert re.fullmatch(temporary, used[0][1])
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.renamed: the marker of .*/out/batch_id=1 appeared "
+                                            r"while this driver wrote the micro-batch: another driver runs"):
+        sink.write(frame, 1)
+    assert left(1) == ["_attempt-" + "0" * 32, WRITTEN]
+    assert (tmp_path / "out" / "batch_id=1" / WRITTEN).read_bytes() == other
+    with pytest.raises(RuntimeError, match="driver lost at the rename"):
+        sink.write(frame, 2)
+    assert not (tmp_path / "out" / "batch_id=2" / WRITTEN).exists() and sink.written(2) is None
+    assert [name for name in left(2) if not name.startswith("_attempt-")][0] == used[-1][1]
+    assert sorted(r["id"] for r in read_results(spark, str(tmp_path / "out")).collect()) == [1, 2]
+
+    class Store:
+        def __init__(self, scheme: str, namespace: bool) -> None:
+            self.scheme, self.namespace = scheme, namespace
+
+        def getScheme(self) -> str:
+            return self.scheme
+
+        def hasPathCapability(self, where: Any, capability: str) -> bool:
+            return self.namespace and capability == "fs.capability.paths.acls"
+    assert [renames_into_place(Store(scheme, namespace), None) for scheme, namespace in (
+        ("hdfs", False), ("abfss", True), ("abfs", True), ("abfss", False), ("s3a", True), ("file", True))] == [
+        True, True, True, False, False, False]
 
 
 def test_stream_sink_retried_create_that_made_our_marker_wins(spark, pg, tmp_path):

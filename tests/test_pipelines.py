@@ -1215,11 +1215,23 @@ def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path)
         read_results(spark, str(tmp_path / "empty"))
 
 
-class CountedFs:
-    """A Hadoop FileSystem (py4j) that counts the calls made on it, by method name, into `calls`."""
+class FakeFs:
+    """A Hadoop FileSystem (py4j) of the tests: the methods a subclass defines replace the real ones,
+    the others are the real filesystem's."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
+
+
+class CountedFs(FakeFs):
+    """A Hadoop FileSystem that counts the calls made on it, by method name, into `calls`."""
 
     def __init__(self, fs: Any, calls: Counter) -> None:
-        self.fs, self.calls = fs, calls
+        super().__init__(fs)
+        self.calls = calls
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.fs, name)
@@ -1392,14 +1404,8 @@ def test_stream_sink_conditional_create_lost_at_close_is_a_lost_race(spark, pg, 
     other = b'{"query": "8c-query", "batch_id": 0, "attempt": "_attempt-' + b"0" * 32 + b'"}'
     used: list[tuple] = []
 
-    class ConditionalFs:
+    class ConditionalFs(FakeFs):
         """An S3A-like filesystem for the marker: the conditional create, checked at close."""
-
-        def __init__(self, fs: Any) -> None:
-            self.fs = fs
-
-        def __getattr__(self, name: str) -> Any:       # exists, getFileStatus, open: the real ones
-            return getattr(self.fs, name)
 
         def hasPathCapability(self, where: Any, capability: str) -> bool:
             return capability == "fs.option.create.conditional.overwrite"
@@ -1461,13 +1467,7 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
     other = b'{"query": "3b-query", "batch_id": 1, "attempt": "_attempt-' + b"0" * 32 + b'"}'
     used: list[tuple] = []
 
-    class HdfsLike:
-        def __init__(self, fs: Any) -> None:
-            self.fs = fs
-
-        def __getattr__(self, name: str) -> Any:        # exists, open, delete, globStatus: the real ones
-            return getattr(self.fs, name)
-
+    class HdfsLike(FakeFs):
         def getScheme(self) -> str:
             return "hdfs"
 

@@ -14,10 +14,11 @@ the handler succeeded). AckSink, for micro-batch N:
    second driver that loses the race deletes its own attempt and stops), and deletes the other,
    never acknowledged, attempt folders of batch_id=N;
 2. reads back (id, lease_token, worker, error) from the folder the marker names (a marker written
-   before attempt folders names none: its rows are in batch_id=N itself; a replay deletes the attempt
-   folders it does not name, as the first write did), and each task acknowledges
+   before attempt folders names none: its rows are in batch_id=N itself), and each task acknowledges
    its rows by worker: complete_batch for rows without an error, fail_batch for rows with one (the
-   queue retries them, or moves them to the dead letters at max_attempts). Both are fenced by the
+   queue retries them, or moves them to the dead letters at max_attempts); a replay then deletes the
+   attempt folders the marker does not name, as the first write did, best effort and only where the
+   marker's create is atomic. The acknowledgements are fenced by the
    lease token: an acknowledgement repeated after a restart answers lost and changes nothing.
 
 The acknowledgement comes from what was written, never from a recomputation: a micro-batch replayed
@@ -388,6 +389,7 @@ class AckSink:
         self.retry_after_seconds = retry_after_seconds
         self.counts = dict.fromkeys(COUNTS, 0)
         self._storage_checked = False
+        self._atomic_create = False         # HadoopFiles.atomic_create(output), asked at the first micro-batch
         self._query: str | None = None
         self._files: HadoopFiles | None = None
 
@@ -418,7 +420,8 @@ class AckSink:
         self._files = HadoopFiles(frame.sparkSession)
         if not self._storage_checked:
             require_shared_storage(frame.sparkSession, self.output)
-            if not self._files.atomic_create(self.output):
+            self._atomic_create = self._files.atomic_create(self.output)
+            if not self._atomic_create:
                 log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
                               "conditional create; other stores: see docs/pipelines.md): a second driver of the "
                               "query is then not guarded against, and may replace the marker and delete the "
@@ -430,10 +433,13 @@ class AckSink:
             if replay:
                 log().info("stream %s: micro-batch %s was written before (a replay): acknowledging its stored "
                            "rows in %s again", self.target.name, batch_id, stored)
-                self.delete_unnamed(batch_id, stored)
                 # The stored schema, inferred: a query restarted with changed code may project other
                 # columns or types than the rows were written with.
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.stored_rows(frame.sparkSession, batch_id))
+                # Only where the marker cannot be replaced: elsewhere a second driver may have replaced it
+                # since it was read above, and the folder it names now would be "unnamed" here.
+                if self._atomic_create:
+                    self.delete_unnamed(batch_id, stored)
             else:
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.write(frame, batch_id))
         for name in COUNTS:
@@ -470,7 +476,7 @@ class AckSink:
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
         was never acknowledged from, and the winner deletes those (a crash before the marker), as
-        does a replay of the micro-batch (delete_unnamed).
+        does a replay of the micro-batch where the marker's create is atomic (delete_unnamed).
         Returns the rows as stored (the attempt folder, read with the frame's schema)."""
         attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
         folder = f"{self.folder(batch_id)}/{attempt}"
@@ -486,10 +492,26 @@ class AckSink:
         marker names (batch_id=N itself for a marker written before attempt folders: then every
         attempt folder): no marker named them, so nothing was acknowledged from them (a driver that
         crashed before its marker, or a second driver that lost the race). Called only once the marker
-        was read and names `named`: never while it is empty or unreadable (read_marker raises then)."""
-        for name in self._files.folders(self.folder(batch_id)):
-            if name.startswith(ATTEMPT) and f"{self.folder(batch_id)}/{name}" != named:
-                self._files.delete(f"{self.folder(batch_id)}/{name}")
+        was read and names `named`: never while it is empty or unreadable (read_marker raises then);
+        by a replay only where the marker's create is atomic (nothing can replace it). Best effort:
+        nothing reads an unnamed folder, so a listing or delete the store refuses (no delete right, a
+        locked bucket, throttling) logs one WARNING naming the folders left and fails nothing."""
+        batch = self.folder(batch_id)
+        failed: dict[str, Exception] = {}
+        try:
+            unnamed = [f"{batch}/{name}" for name in self._files.folders(batch)
+                       if name.startswith(ATTEMPT) and f"{batch}/{name}" != named]
+        except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+            unnamed, failed[batch] = [], exc
+        for folder in unnamed:
+            try:
+                self._files.delete(folder)
+            except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+                failed[folder] = exc
+        if failed:
+            log().warning("stream %s: micro-batch %s: not deleted, attempt folders its marker does not name (nothing "
+                          "reads them; delete them by hand or with retention, see docs/pipelines.md): %s",
+                          self.target.name, batch_id, "; ".join(f"{folder} ({exc})" for folder, exc in failed.items()))
 
     def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
         """Refuse (and delete) a written attempt with more than one row for a message (a handler or

@@ -1667,6 +1667,102 @@ def test_stream_sink_replay_deletes_the_attempt_folders_its_marker_does_not_name
     assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in named + old)
 
 
+def marked_beside(spark: Any, pg: "Postgres", tmp_path: Path, queue: str, query: str, unnamed: str, written_by: str
+                  ) -> tuple[dict, Catalog, list[tuple], str]:
+    """The reader's options of a new work queue `queue` (checkpoint of query id `query`), and micro-batch
+    0 of 3 leased messages stored twice: in attempt folder X (written_by "X"), which its marker names,
+    and in attempt folder `unnamed` (written_by `written_by`) beside it. Returns the options, the
+    catalog, the leases and X's name."""
+    from pipelines.stream_job import WRITTEN
+
+    catalog = pg.deploy(work_queue(queue, lease_seconds=600))
+    options = direct_sink_options(pg, catalog, queue, tmp_path, query)
+    named = leased(pg, catalog, queue, 3, worker="w-a")
+    x = "_attempt-" + "1" * 32
+    for folder, by in ((x, "X"), (unnamed, written_by)):
+        spark.createDataFrame([(*lease, None, by) for lease in named], SINK_ROWS).write.parquet(
+            str(tmp_path / "out" / "batch_id=0" / folder))
+    (tmp_path / "out" / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": query, "batch_id": 0, "attempt": x}))
+    return options, catalog, named, x
+
+
+def test_stream_sink_replay_on_a_store_without_an_atomic_create_deletes_no_attempt_folder(spark, pg, tmp_path,
+                                                                                           monkeypatch):
+    """On a store without an atomic create (HadoopFiles.atomic_create False: S3A without the
+    conditional create, gs, a shared mount) a second driver can replace the marker. Here, just after
+    the replay read the marker (naming X), a zombie driver that passed written() before the marker
+    existed "creates" it by an overwrite naming its own attempt Y, and deletes X as unnamed (its first
+    write's cleanup). The replay deletes no attempt folder on such a store: Y, which the marker names
+    now, keeps its rows, the replay acknowledges them and read_results returns them (before: the
+    replay deleted Y as unnamed, no copy of the micro-batch was left and read_results failed for the
+    whole output)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import WRITTEN, AckSink, read_results
+
+    y = "_attempt-" + "2" * 32
+    options, catalog, named, x = marked_beside(spark, pg, tmp_path, "unguarded", "4f-query", y, "Y")
+    out = tmp_path / "out"
+    replaced: list[str] = []
+
+    class Unguarded(stream_job.HadoopFiles):
+        def atomic_create(self, path: str) -> bool:
+            return False
+
+        def read_text(self, path: str) -> str:
+            text = super().read_text(path)
+            if path.endswith(WRITTEN) and not replaced:          # the zombie, right after the replay's read
+                replaced.append(text)
+                (out / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": "4f-query", "batch_id": 0,
+                                                                       "attempt": y}))
+                shutil.rmtree(out / "batch_id=0" / x)
+            return text
+
+    monkeypatch.setattr(stream_job, "HadoopFiles", Unguarded)
+    sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink(spark.createDataFrame([], SINK_ROWS), 0)
+    assert replaced and json.loads(replaced[0])["attempt"] == x
+    assert attempt_folders(out, 0) == [y]
+    assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["Y"] * 3
+    assert sink.counts["completed"] == 3
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'unguarded', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in named)
+
+
+def test_stream_sink_replay_acknowledges_before_its_cleanup_and_a_failing_delete_only_warns(spark, pg, tmp_path,
+                                                                                            monkeypatch):
+    """A replay of micro-batch 0 (marker naming X, an unnamed attempt B beside it) on a store that
+    refuses the delete of B (no delete right on the output prefix, an Object Lock bucket, throttling):
+    the replay acknowledges X's rows first, and the failing delete logs one WARNING naming the
+    queue, the micro-batch and B, and fails nothing; B stays, unread (before: the replay deleted
+    before acknowledging, so every restart failed at this micro-batch and acknowledged nothing)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines import stream_job
+    from pipelines.stream_job import AckSink, read_results
+
+    b = "_attempt-" + "b" * 32
+    options, catalog, named, x = marked_beside(spark, pg, tmp_path, "undeletable", "5b-query", b, "B")
+    out = tmp_path / "out"
+
+    class NoDelete(stream_job.HadoopFiles):
+        def delete(self, path: str) -> None:
+            raise Py4JJavaError("An error occurred while calling o1.delete",
+                                self.jvm.java.nio.file.AccessDeniedException(f"{path}: 403 Forbidden"))
+
+    monkeypatch.setattr(stream_job, "HadoopFiles", NoDelete)
+    sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        sink(spark.createDataFrame([], SINK_ROWS), 0)
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'undeletable', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in named)
+    assert sink.counts["completed"] == 3
+    assert attempt_folders(out, 0) == sorted([x, b])
+    assert len(logged) == 1 and re.search(rf"stream [a-z0-9_]+\.undeletable: micro-batch 0: not deleted, attempt "
+                                          rf"folders its marker does not name .*/out/batch_id=0/{b} \(.*403 Forbidden",
+                                          logged[0].getMessage())
+    assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["X"] * 3
+
+
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):
     """A handler or join that gives a message two rows (here 6 of 7 messages, one of them once with
     an error) would complete a message twice, or complete and fail it at once: the micro-batch is

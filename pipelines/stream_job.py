@@ -190,6 +190,7 @@ class HadoopFiles:
 
     def __init__(self, spark: Any) -> None:
         self.jvm = spark.sparkContext._jvm
+        self.gateway = spark.sparkContext._gateway
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
         self.one_host = spark.sparkContext.master.startswith("local")
 
@@ -265,9 +266,10 @@ class HadoopFiles:
 
     def rename_into_place(self, path: str, data: bytes) -> bool:
         """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed
-        to `path`; False if the rename was refused (the file existed) or failed while the file exists
-        afterwards, and the temporary file is deleted then. A driver that dies before the rename
-        leaves only its temporary file, never an empty `path`."""
+        to `path` (rename_refusing); False if the rename was refused (the file existed, or a directory
+        of its name) or failed while the file exists afterwards, and the temporary file is deleted
+        then. A driver that dies before the rename leaves only its temporary file, never an empty
+        `path`."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
@@ -278,7 +280,7 @@ class HadoopFiles:
         finally:
             stream.close()
         try:
-            if fs.rename(temp, where):
+            if self.rename_refusing(fs, temp, where):
                 return True
         except Py4JJavaError as exc:
             fs.delete(temp, False)
@@ -286,6 +288,33 @@ class HadoopFiles:
                 return False
             raise
         fs.delete(temp, False)
+        return False
+
+    def rename_refusing(self, fs: Any, source: Any, target: Any) -> bool:
+        """rename(source, target) that never moves `source` into a directory named `target`: True if
+        `target` is now the renamed file. HDFS's rename(src, dst) onto an existing directory moves src
+        inside it and returns true; on HDFS the NameNode's rename(src, dst, Options.Rename.NONE)
+        (public on DistributedFileSystem) is used instead: it raises FileAlreadyExistsException for
+        any existing dst, file or directory. Elsewhere (ABFS with a hierarchical namespace) a true
+        rename(src, dst) whose target is not a file is refused: the file moved inside is deleted."""
+        from py4j.protocol import Py4JError, Py4JJavaError
+
+        if fs.getScheme() == "hdfs":
+            rename = self.jvm.org.apache.hadoop.fs.Options.Rename
+            options = self.gateway.new_array(rename, 1)
+            options[0] = rename.NONE
+            try:
+                fs.rename(source, target, options)
+                return True
+            except Py4JJavaError:
+                raise
+            except Py4JError:               # a filesystem without that rename: the check below
+                pass
+        if not fs.rename(source, target):
+            return False
+        if fs.getFileStatus(target).isFile():
+            return True
+        fs.delete(self.jvm.org.apache.hadoop.fs.Path(target, source.getName()), False)
         return False
 
     def listing(self, pattern: str) -> dict[str, dict[str, bool]]:

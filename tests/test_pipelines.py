@@ -1226,6 +1226,29 @@ class FakeFs:
         return getattr(self.fs, name)
 
 
+class HdfsFs(FakeFs):
+    """A local filesystem that says it is HDFS and renames as HDFS does: rename(src, dst) refuses an
+    existing file dst (false) and moves src into an existing directory dst (true);
+    rename(src, dst, Options.Rename.NONE) raises FileAlreadyExistsException for any existing dst."""
+
+    def getScheme(self) -> str:
+        return "hdfs"
+
+    def rename(self, source: Any, target: Any, *options: Any) -> Any:
+        from py4j.protocol import Py4JJavaError
+        from pyspark import SparkContext
+
+        if options:
+            assert [str(option) for option in options[0]] == ["NONE"]
+            if self.fs.exists(target):
+                raise Py4JJavaError("An error occurred while calling o1.rename", SparkContext._jvm.org.apache.hadoop
+                                    .fs.FileAlreadyExistsException(f"rename destination {target} already exists"))
+            return self.fs.rename(source, target)
+        if self.fs.exists(target) and self.fs.getFileStatus(target).isFile():
+            return False
+        return self.fs.rename(source, target)        # onto a directory: into it (the local one does the same)
+
+
 class CountedFs(FakeFs):
     """A Hadoop FileSystem that counts the calls made on it, by method name, into `calls`."""
 
@@ -1467,15 +1490,12 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
     other = b'{"query": "3b-query", "batch_id": 1, "attempt": "_attempt-' + b"0" * 32 + b'"}'
     used: list[tuple] = []
 
-    class HdfsLike(FakeFs):
-        def getScheme(self) -> str:
-            return "hdfs"
-
+    class HdfsLike(HdfsFs):
         def create(self, where: Any, overwrite: bool) -> Any:
             used.append(("create", where.getName()))
             return self.fs.create(where, overwrite)
 
-        def rename(self, source: Any, target: Any) -> bool:
+        def rename(self, source: Any, target: Any, *options: Any) -> Any:
             used.append(("rename", source.getName(), target.getName()))
             if "batch_id=1/" in str(target):             # the other driver's rows and marker come first
                 spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(
@@ -1483,7 +1503,7 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
                 assert plain.create_new(str(target), other)
             if "batch_id=2/" in str(target):
                 raise RuntimeError("driver lost at the rename")
-            return False if self.fs.exists(target) else self.fs.rename(source, target)
+            return super().rename(source, target, *options)
 
     class HdfsFiles(HadoopFiles):
         def _at(self, path: str) -> tuple[Any, Any]:
@@ -1503,8 +1523,6 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
     sink.write(frame, 0)
     attempt = json.loads((tmp_path / "out" / "batch_id=0" / WRITTEN).read_text())["attempt"]
     assert left(0) == sorted([attempt, WRITTEN])
-    assert [u[0] for u in used] == ["create", "rename"] and used[0][1] == used[1][1] and used[1][2] == WRITTEN
-    assert re.fullmatch(temporary, used[0][1])
     with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.renamed: the marker of .*/out/batch_id=1 appeared "
                                             r"while this driver wrote the micro-batch: another driver runs"):
         sink.write(frame, 1)
@@ -1515,6 +1533,8 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
     assert not (tmp_path / "out" / "batch_id=2" / WRITTEN).exists() and sink.written(2) is None
     assert [name for name in left(2) if not name.startswith("_attempt-")][0] == used[-1][1]
     assert sorted(r["id"] for r in read_results(spark, str(tmp_path / "out")).collect()) == [1, 2]
+    assert [u[0] for u in used[:2]] == ["create", "rename"] and used[0][1] == used[1][1] and used[1][2] == WRITTEN
+    assert re.fullmatch(temporary, used[0][1])
 
     class Store:
         def __init__(self, scheme: str, namespace: bool) -> None:
@@ -1761,6 +1781,52 @@ def test_stream_sink_replay_acknowledges_before_its_cleanup_and_a_failing_delete
                                           rf"folders its marker does not name .*/out/batch_id=0/{b} \(.*403 Forbidden",
                                           logged[0].getMessage())
     assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["X"] * 3
+
+
+def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(spark, pg, tmp_path):
+    """A directory named _tablequeue_written in batch_id=N (made by hand or by a tool): HDFS's
+    rename(tmp, marker) would move the temporary file into it and return true, a "won" marker that
+    is no file. On HDFS the sink renames with Options.Rename.NONE, which refuses any existing target
+    (micro-batch 0); where rename has no such option (an ABFS-like store whose rename moves into the
+    directory, micro-batch 1) a true rename whose target is no file is refused. Both: the micro-batch
+    is refused with a PipelineError, nothing acknowledged, no marker, and the directory keeps nothing
+    of the sink's (before: the write "won" without a marker file, and every replay wrote it again)."""
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("renamedir"))
+    options = direct_sink_options(pg, catalog, "renamedir", tmp_path, "6a-query")
+
+    renamed: list[tuple] = []
+
+    class Hdfs(HdfsFs):
+        def rename(self, source: Any, target: Any, *options: Any) -> Any:
+            renamed.append((target.getParent().getName(), len(options)))
+            return super().rename(source, target, *options)
+
+    class AbfsLike(Hdfs):
+        def getScheme(self) -> str:
+            return "abfss"
+
+        def hasPathCapability(self, where: Any, capability: str) -> bool:
+            return capability == "fs.capability.paths.acls"
+
+    class DirectoryFiles(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, (Hdfs(fs) if "batch_id=0" in path else AbfsLike(fs))
+
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = DirectoryFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    for batch_id in (0, 1):
+        (tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).mkdir(parents=True)
+        with pytest.raises(PipelineError, match=rf"stream [a-z0-9_]+\.renamedir: creating .*/out/batch_id={batch_id}/"
+                                                rf"{WRITTEN} failed and it is now missing, empty or unreadable"):
+            sink.write(frame, batch_id)
+        assert sink.written(batch_id) is None
+        assert list((tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).iterdir()) == []
+        assert not [p.name for p in (tmp_path / "out" / f"batch_id={batch_id}").iterdir() if p.name.endswith(".tmp")]
+    assert renamed == [("batch_id=0", 1), ("batch_id=1", 0)]        # HDFS: only the rename with the option
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):

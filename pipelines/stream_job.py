@@ -319,9 +319,10 @@ class HadoopFiles:
 
     def listing(self, pattern: str) -> dict[str, dict[str, bool]]:
         """What Hadoop glob `pattern` matches, by parent folder name: {parent: {name: is a folder}};
-        {} when nothing matches (also when a folder on the way is missing). One call: the store lists
-        each folder the pattern goes through (HDFS: one NameNode call each; object stores: one LIST
-        each), never a status or an existence check per path."""
+        {} when nothing matches (also when a folder on the way is missing). One py4j call; in the JVM
+        Hadoop's glob lists each folder a wildcard goes through, one after another (HDFS: one NameNode
+        call each; object stores: one LIST each), and the default glob also takes the status of a
+        folder whose listing holds exactly one entry: about one or two store requests per folder."""
         where, fs = self._at(pattern)
         found: dict[str, dict[str, bool]] = defaultdict(dict)
         for status in fs.globStatus(where) or []:
@@ -610,8 +611,8 @@ def read_results(spark: Any, output: str) -> Any:
     marker (a crash before the marker), whose rows were never acknowledged: a message's second
     result row. Rows with error NULL are the results."""
     files, root = HadoopFiles(spark), output.rstrip("/")
-    # One listing of every batch folder's entries (markers and attempt folders), then one read per
-    # marker: not a status, a listing and an existence check per folder.
+    # One glob of every batch folder's entries (markers and attempt folders; the store still lists
+    # each folder, see HadoopFiles.listing), then one read per marker.
     listed = files.listing(f"{glob_literal(root)}/batch_id=*/*")
     stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}", listed[name]) for name in sorted(listed))
               if marked is not None]

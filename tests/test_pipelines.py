@@ -1270,7 +1270,9 @@ def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tm
     attempt; one marked folder of the layout before attempt folders; one unmarked attempt: a crash
     before its marker) asks the filesystem for one glob of <output>/batch_id=*/* and opens each of
     the 5 markers, nothing else (before: an exists and a listing of the output, then per folder an
-    exists, and with a marker a status, an open and an exists of the folder it names: 22 calls)."""
+    exists, and with a marker a status, an open and an exists of the folder it names: 22 calls).
+    These are py4j calls on the Hadoop FileSystem, not store requests: inside the JVM the glob still
+    lists the output and each batch folder (see docs/pipelines.md)."""
     from pipelines import stream_job
     from pipelines.stream_job import WRITTEN, HadoopFiles, read_results
 

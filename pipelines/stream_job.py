@@ -69,6 +69,7 @@ ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
 NAMESPACE_CAPABILITY = "fs.capability.paths.acls"      # CommonPathCapabilities.FS_ACLS
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
 GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")   # Hadoop's glob characters, escaped by a backslash
+URI_PREFIX = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*:(?://[^/]*)?)?)(.*)", re.DOTALL)    # scheme://authority, path
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
 # Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
@@ -341,8 +342,10 @@ class HadoopFiles:
 
 
 def glob_literal(path: str) -> str:
-    """`path` as a Hadoop glob that matches only itself."""
-    return GLOB_SPECIAL.sub(r"\\\1", path)
+    """`path` as a Hadoop glob that matches only itself: its path escaped, not its scheme and
+    authority (Hadoop's glob matches only the path: an IPv6 host's brackets stay as they are)."""
+    prefix, rest = URI_PREFIX.match(path).groups()
+    return prefix + GLOB_SPECIAL.sub(r"\\\1", rest)
 
 
 def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | None = None

@@ -1301,6 +1301,18 @@ def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tm
     assert calls == Counter({"globStatus": 1, "open": 5})
 
 
+def test_stream_results_glob_escapes_the_path_not_the_scheme_and_authority():
+    """read_results' glob of <output> escapes Hadoop's glob characters of the output's path only: an
+    IPv6 NameNode's brackets in the authority stay as they are (Hadoop's glob matches only the path;
+    before, hdfs://\\[::1\\]:8020 named no host)."""
+    from pipelines.stream_job import glob_literal
+
+    assert glob_literal("hdfs://[::1]:8020/out/a[1]") == "hdfs://[::1]:8020/out/a\\[1\\]"
+    assert glob_literal("s3a://bucket/o*?{x}") == "s3a://bucket/o\\*\\?\\{x\\}"
+    assert glob_literal("file:/tmp/out[2]") == "file:/tmp/out\\[2\\]"
+    assert glob_literal("/tmp/out[2]") == "/tmp/out\\[2\\]"
+
+
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
     """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
     marker another driver of the same query created while this one wrote the micro-batch is not

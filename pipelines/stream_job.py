@@ -16,7 +16,9 @@ the handler succeeded). AckSink, for micro-batch N:
 2. reads back (id, lease_token, worker, error) from the folder the marker names (a marker written
    before attempt folders names none: its rows are in batch_id=N itself), and each task acknowledges
    its rows by worker: complete_batch for rows without an error, fail_batch for rows with one (the
-   queue retries them, or moves them to the dead letters at max_attempts). Both are fenced by the
+   queue retries them, or moves them to the dead letters at max_attempts); a replay then deletes the
+   attempt folders the marker does not name, as the first write did, best effort and only where the
+   marker's create is atomic. The acknowledgements are fenced by the
    lease token: an acknowledgement repeated after a restart answers lost and changes nothing.
 
 The acknowledgement comes from what was written, never from a recomputation: a micro-batch replayed
@@ -61,7 +63,13 @@ CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # Schemes whose create(path, overwrite=false) is one exclusive step; "file" only on one host (a local
 # master): it checks, then creates.
 ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
+# Where rename(src, dst) is one atomic step that refuses an existing dst (returns false): HDFS, and
+# ABFS on an account with a hierarchical namespace (its DFS rename sends If-None-Match: *; without
+# the namespace a rename is a copy and a delete). ABFS reports the namespace as this capability.
+NAMESPACE_CAPABILITY = "fs.capability.paths.acls"      # CommonPathCapabilities.FS_ACLS
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
+GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")   # Hadoop's glob characters, escaped by a backslash
+URI_PREFIX = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*:(?://[^/]*)?)?)(.*)", re.DOTALL)    # scheme://authority, path
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
 # Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
@@ -161,6 +169,13 @@ def _acknowledged(connection: Reconnecting, what: str, call: Callable[[Any], lis
     return answer, bool(tries)
 
 
+def renames_into_place(fs: Any, where: Any) -> bool:
+    """Whether Hadoop filesystem `fs` renames atomically, refusing an existing target: HDFS, and ABFS
+    on an account with a hierarchical namespace (it reports NAMESPACE_CAPABILITY at `where`)."""
+    scheme = fs.getScheme()
+    return scheme == "hdfs" or (scheme in ("abfs", "abfss") and bool(fs.hasPathCapability(where, NAMESPACE_CAPABILITY)))
+
+
 def lost_create(exc: Any) -> bool:
     """Whether a Py4JJavaError of a create-if-absent says the file existed: FileAlreadyExists (at
     create, or at close for a conditional create), or S3's 412 Precondition Failed."""
@@ -176,6 +191,7 @@ class HadoopFiles:
 
     def __init__(self, spark: Any) -> None:
         self.jvm = spark.sparkContext._jvm
+        self.gateway = spark.sparkContext._gateway
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
         self.one_host = spark.sparkContext.master.startswith("local")
 
@@ -198,8 +214,9 @@ class HadoopFiles:
     def atomic_create(self, path: str) -> bool:
         """Whether create_new at `path` is an atomic create-if-absent: the store's conditional create,
         which create_new then uses (the filesystem reports fs.option.create.conditional.overwrite), or
-        plain create(overwrite=false) on a filesystem whose create is one exclusive step (HDFS, ABFS),
-        or local under a local master (one host). S3A's own fs.s3a.create.conditional.enabled is not
+        plain create(overwrite=false) on a filesystem whose create is one exclusive step (HDFS, ABFS;
+        where rename is atomic, create_new renames a temporary file into place instead), or local
+        under a local master (one host). S3A's own fs.s3a.create.conditional.enabled is not
         asked: it can be on while a plain create is still a check and then a PUT (see
         docs/pipelines.md)."""
         where, fs = self._at(path)
@@ -211,12 +228,17 @@ class HadoopFiles:
         """Write a file that must not exist yet; False if it existed (at create or at close: a
         conditional create checks at close), or if the create failed and the file exists afterwards
         (the caller reads it: a retried create may have made it). The content goes in one write, so a
-        conditional create (one PUT at close) is never seen empty; elsewhere it may be until close."""
+        conditional create (one PUT at close) is never seen empty. Where rename is atomic and refuses
+        an existing target (renames_into_place: HDFS, ABFS with a hierarchical namespace) the file is
+        never seen empty either: see rename_into_place. Elsewhere it may be empty until close."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
+        conditional = bool(fs.hasPathCapability(where, CONDITIONAL_CREATE))
+        if not conditional and renames_into_place(fs, where):
+            return self.rename_into_place(path, data)
         try:
-            if fs.hasPathCapability(where, CONDITIONAL_CREATE):
+            if conditional:
                 builder = fs.createFile(where).overwrite(False)
                 builder.must(CONDITIONAL_CREATE, True)
                 stream = builder.build()
@@ -243,9 +265,75 @@ class HadoopFiles:
             return []
         return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
 
-    def exists(self, path: str) -> bool:
+    def rename_into_place(self, path: str, data: bytes) -> bool:
+        """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed
+        to `path` (rename_refusing); False if the rename was refused (the file existed, or a directory
+        of its name) or failed while the file exists afterwards, and the temporary file is deleted
+        then. A driver that dies before the rename leaves only its temporary file, never an empty
+        `path`."""
+        from py4j.protocol import Py4JJavaError
+
         where, fs = self._at(path)
-        return bool(fs.exists(where))
+        temp = self.jvm.org.apache.hadoop.fs.Path(f"{path}.{uuid.uuid4().hex}.tmp")
+        stream = fs.create(temp, False)
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()
+        try:
+            if self.rename_refusing(fs, temp, where):
+                return True
+        except Py4JJavaError as exc:
+            fs.delete(temp, False)
+            if lost_create(exc) or fs.exists(where):
+                return False
+            raise
+        fs.delete(temp, False)
+        return False
+
+    def rename_refusing(self, fs: Any, source: Any, target: Any) -> bool:
+        """rename(source, target) that never moves `source` into a directory named `target`: True if
+        `target` is now the renamed file. HDFS's rename(src, dst) onto an existing directory moves src
+        inside it and returns true; on HDFS the NameNode's rename(src, dst, Options.Rename.NONE)
+        (public on DistributedFileSystem) is used instead: it raises FileAlreadyExistsException for
+        any existing dst, file or directory. Elsewhere (ABFS with a hierarchical namespace) a true
+        rename(src, dst) whose target is not a file is refused: the file moved inside is deleted."""
+        from py4j.protocol import Py4JError, Py4JJavaError
+
+        if fs.getScheme() == "hdfs":
+            rename = self.jvm.org.apache.hadoop.fs.Options.Rename
+            options = self.gateway.new_array(rename, 1)
+            options[0] = rename.NONE
+            try:
+                fs.rename(source, target, options)
+                return True
+            except Py4JJavaError:
+                raise
+            except Py4JError:               # a filesystem without that rename: the check below
+                pass
+        if not fs.rename(source, target):
+            return False
+        if fs.getFileStatus(target).isFile():
+            return True
+        fs.delete(self.jvm.org.apache.hadoop.fs.Path(target, source.getName()), False)
+        return False
+
+    def listing(self, pattern: str) -> dict[str, dict[str, bool]]:
+        """What Hadoop glob `pattern` matches, by parent folder name: {parent: {name: is a folder}};
+        {} when nothing matches (also when a folder on the way is missing). One py4j call; in the JVM
+        Hadoop's glob lists each folder a wildcard goes through, one after another (HDFS: one NameNode
+        call each; object stores: one LIST each), and the default glob also takes the status of a
+        folder whose listing holds exactly one entry: about one or two store requests per folder."""
+        where, fs = self._at(pattern)
+        found: dict[str, dict[str, bool]] = defaultdict(dict)
+        for status in fs.globStatus(where) or []:
+            path = status.getPath()
+            found[str(path.getParent().getName())][str(path.getName())] = bool(status.isDirectory())
+        return dict(found)
+
+    def children(self, folder: str) -> dict[str, bool]:
+        """What folder `folder` holds, {name: is a folder}; {} if it is missing or empty."""
+        return self.listing(f"{glob_literal(folder)}/*").get(folder.rstrip("/").rsplit("/", 1)[-1], {})
 
     def delete(self, path: str) -> None:
         """Delete folder `path` and what it holds; nothing if it is gone already."""
@@ -253,16 +341,28 @@ class HadoopFiles:
         fs.delete(where, True)
 
 
-def read_marker(files: HadoopFiles, batch: str) -> tuple[str | None, str] | None:
+def glob_literal(path: str) -> str:
+    """`path` as a Hadoop glob that matches only itself: its path escaped, not its scheme and
+    authority (Hadoop's glob matches only the path: an IPv6 host's brackets stay as they are)."""
+    prefix, rest = URI_PREFIX.match(path).groups()
+    return prefix + GLOB_SPECIAL.sub(r"\\\1", rest)
+
+
+def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | None = None
+                ) -> tuple[str | None, str] | None:
     """The marker of micro-batch folder `batch` (<output>/batch_id=N): None without one, else (the
     query id it holds, or None; the folder of the stored rows): the attempt folder it names, or
     `batch` itself for a marker written before attempt folders existed (no "attempt"). An empty or
-    unparsable marker next to attempt folders, and a marker naming a folder that is gone, raise."""
+    unparsable marker next to attempt folders, and a marker naming a folder that is gone, raise.
+    `entries`: what `batch` holds ({name: is a folder}) if the caller listed it (read_results lists
+    every batch folder at once), else listed here; then only the marker itself is read."""
     marker = f"{batch}/{WRITTEN}"
-    if not files.is_file(marker):
+    if entries is None:
+        entries = files.children(batch)
+    if entries.get(WRITTEN, True):                      # no marker, or a folder of its name
         return None
     content = marker_content(files.read_text(marker))
-    if content is None and any(name.startswith(ATTEMPT) for name in files.folders(batch)):
+    if content is None and any(name.startswith(ATTEMPT) and folder for name, folder in entries.items()):
         raise PipelineError(f"{marker} is empty or unreadable: a driver is writing it now (retry), or one died while "
                             f"writing it; nothing was acknowledged from it: delete it only if it stays empty while no "
                             f"driver of the query runs, then restart the query")
@@ -273,7 +373,7 @@ def read_marker(files: HadoopFiles, batch: str) -> tuple[str | None, str] | None
     if not isinstance(attempt, str) or not ATTEMPT_NAME.fullmatch(attempt):
         raise PipelineError(f"{marker} names {attempt!r} as the folder of the micro-batch's rows: not one of "
                             f"AckSink's attempt folders ({ATTEMPT}<32 hex digits>)")
-    if not files.exists(f"{batch}/{attempt}"):
+    if attempt not in entries:
         raise PipelineError(f"{marker} names {attempt}, which is gone: the micro-batch's rows were deleted (by hand, "
                             f"or by a second driver of the query on a store without an atomic create)")
     return content.get("query"), f"{batch}/{attempt}"
@@ -322,6 +422,7 @@ class AckSink:
         self.retry_after_seconds = retry_after_seconds
         self.counts = dict.fromkeys(COUNTS, 0)
         self._storage_checked = False
+        self._atomic_create = False         # HadoopFiles.atomic_create(output), asked at the first micro-batch
         self._query: str | None = None
         self._files: HadoopFiles | None = None
 
@@ -352,7 +453,8 @@ class AckSink:
         self._files = HadoopFiles(frame.sparkSession)
         if not self._storage_checked:
             require_shared_storage(frame.sparkSession, self.output)
-            if not self._files.atomic_create(self.output):
+            self._atomic_create = self._files.atomic_create(self.output)
+            if not self._atomic_create:
                 log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
                               "conditional create; other stores: see docs/pipelines.md): a second driver of the "
                               "query is then not guarded against, and may replace the marker and delete the "
@@ -367,6 +469,10 @@ class AckSink:
                 # The stored schema, inferred: a query restarted with changed code may project other
                 # columns or types than the rows were written with.
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.stored_rows(frame.sparkSession, batch_id))
+                # Only where the marker cannot be replaced: elsewhere a second driver may have replaced it
+                # since it was read above, and the folder it names now would be "unnamed" here.
+                if self._atomic_create:
+                    self.delete_unnamed(batch_id, stored)
             else:
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.write(frame, batch_id))
         for name in COUNTS:
@@ -402,7 +508,8 @@ class AckSink:
         (created only if absent). Nothing is ever overwritten: a second
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
-        was never acknowledged from, and the winner deletes those (a crash before the marker).
+        was never acknowledged from, and the winner deletes those (a crash before the marker), as
+        does a replay of the micro-batch where the marker's create is atomic (delete_unnamed).
         Returns the rows as stored (the attempt folder, read with the frame's schema)."""
         attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
         folder = f"{self.folder(batch_id)}/{attempt}"
@@ -410,10 +517,34 @@ class AckSink:
         stored = read_stored(frame.sparkSession, folder, frame.schema)
         self.refuse_duplicates(stored, batch_id, folder)
         self.mark(batch_id, attempt)
-        for name in self._files.folders(self.folder(batch_id)):
-            if name.startswith(ATTEMPT) and name != attempt:
-                self._files.delete(f"{self.folder(batch_id)}/{name}")
+        self.delete_unnamed(batch_id, folder)
         return stored
+
+    def delete_unnamed(self, batch_id: int, named: str) -> None:
+        """Delete the attempt folders of micro-batch batch_id other than `named`, the folder its
+        marker names (batch_id=N itself for a marker written before attempt folders: then every
+        attempt folder): no marker named them, so nothing was acknowledged from them (a driver that
+        crashed before its marker, or a second driver that lost the race). Called only once the marker
+        was read and names `named`: never while it is empty or unreadable (read_marker raises then);
+        by a replay only where the marker's create is atomic (nothing can replace it). Best effort:
+        nothing reads an unnamed folder, so a listing or delete the store refuses (no delete right, a
+        locked bucket, throttling) logs one WARNING naming the folders left and fails nothing."""
+        batch = self.folder(batch_id)
+        failed: dict[str, Exception] = {}
+        try:
+            unnamed = [f"{batch}/{name}" for name in self._files.folders(batch)
+                       if name.startswith(ATTEMPT) and f"{batch}/{name}" != named]
+        except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+            unnamed, failed[batch] = [], exc
+        for folder in unnamed:
+            try:
+                self._files.delete(folder)
+            except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+                failed[folder] = exc
+        if failed:
+            log().warning("stream %s: micro-batch %s: not deleted, attempt folders its marker does not name (nothing "
+                          "reads them; delete them by hand or with retention, see docs/pipelines.md): %s",
+                          self.target.name, batch_id, "; ".join(f"{folder} ({exc})" for folder, exc in failed.items()))
 
     def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
         """Refuse (and delete) a written attempt with more than one row for a message (a handler or
@@ -483,8 +614,11 @@ def read_results(spark: Any, output: str) -> Any:
     marker (a crash before the marker), whose rows were never acknowledged: a message's second
     result row. Rows with error NULL are the results."""
     files, root = HadoopFiles(spark), output.rstrip("/")
-    stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}") for name in files.folders(root)
-                                       if name.startswith("batch_id=")) if marked is not None]
+    # One glob of every batch folder's entries (markers and attempt folders; the store still lists
+    # each folder, see HadoopFiles.listing), then one read per marker.
+    listed = files.listing(f"{glob_literal(root)}/batch_id=*/*")
+    stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}", listed[name]) for name in sorted(listed))
+              if marked is not None]
     if not stored:
         raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
     # The folders by name: one listing each in Spark, no py4j listing of their files here.

@@ -1215,6 +1215,104 @@ def test_stream_results_are_read_from_marked_micro_batches_only(spark, tmp_path)
         read_results(spark, str(tmp_path / "empty"))
 
 
+class FakeFs:
+    """A Hadoop FileSystem (py4j) of the tests: the methods a subclass defines replace the real ones,
+    the others are the real filesystem's."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
+
+
+class HdfsFs(FakeFs):
+    """A local filesystem that says it is HDFS and renames as HDFS does: rename(src, dst) refuses an
+    existing file dst (false) and moves src into an existing directory dst (true);
+    rename(src, dst, Options.Rename.NONE) raises FileAlreadyExistsException for any existing dst."""
+
+    def getScheme(self) -> str:
+        return "hdfs"
+
+    def rename(self, source: Any, target: Any, *options: Any) -> Any:
+        from py4j.protocol import Py4JJavaError
+        from pyspark import SparkContext
+
+        if options:
+            assert [str(option) for option in options[0]] == ["NONE"]
+            if self.fs.exists(target):
+                raise Py4JJavaError("An error occurred while calling o1.rename", SparkContext._jvm.org.apache.hadoop
+                                    .fs.FileAlreadyExistsException(f"rename destination {target} already exists"))
+            return self.fs.rename(source, target)
+        if self.fs.exists(target) and self.fs.getFileStatus(target).isFile():
+            return False
+        return self.fs.rename(source, target)        # onto a directory: into it (the local one does the same)
+
+
+class CountedFs(FakeFs):
+    """A Hadoop FileSystem that counts the calls made on it, by method name, into `calls`."""
+
+    def __init__(self, fs: Any, calls: Counter) -> None:
+        super().__init__(fs)
+        self.calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.fs, name)
+
+        def counted(*args: Any) -> Any:
+            self.calls[name] += 1
+            return method(*args)
+        return counted
+
+
+def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tmp_path, monkeypatch):
+    """read_results over 6 batch folders (4 marked attempt folders, one of them next to an unnamed
+    attempt; one marked folder of the layout before attempt folders; one unmarked attempt: a crash
+    before its marker) asks the filesystem for one glob of <output>/batch_id=*/* and opens each of
+    the 5 markers, nothing else (before: an exists and a listing of the output, then per folder an
+    exists, and with a marker a status, an open and an exists of the folder it names: 22 calls).
+    These are py4j calls on the Hadoop FileSystem, not store requests: inside the JVM the glob still
+    lists the output and each batch folder (see docs/pipelines.md)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import WRITTEN, HadoopFiles, read_results
+
+    calls: Counter = Counter()
+
+    class Counted(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, CountedFs(fs, calls)
+
+    output = tmp_path / "out"
+    for batch_id in range(6):
+        attempt = f"_attempt-{batch_id:032x}"
+        folder = f"batch_id={batch_id}" if batch_id == 4 else f"batch_id={batch_id}/{attempt}"
+        rows = [(batch_id * 10, None), (batch_id * 10 + 1, None)]
+        spark.createDataFrame(rows, "id long, error string").write.parquet(str(output / folder))
+        if batch_id < 5:
+            named = {} if batch_id == 4 else {"attempt": attempt}
+            (output / f"batch_id={batch_id}" / WRITTEN).write_text(json.dumps({"query": "q", "batch_id": batch_id,
+                                                                               **named}))
+    spark.createDataFrame([(99, None)], "id long, error string").write.parquet(
+        str(output / "batch_id=2" / ("_attempt-" + "f" * 32)))
+    monkeypatch.setattr(stream_job, "HadoopFiles", Counted)
+    rows = sorted((r["id"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert rows == [(n * 10 + i, n) for n in range(5) for i in (0, 1)]
+    assert calls == Counter({"globStatus": 1, "open": 5})
+
+
+def test_stream_results_glob_escapes_the_path_not_the_scheme_and_authority():
+    """read_results' glob of <output> escapes Hadoop's glob characters of the output's path only: an
+    IPv6 NameNode's brackets in the authority stay as they are (Hadoop's glob matches only the path;
+    before, hdfs://\\[::1\\]:8020 named no host)."""
+    from pipelines.stream_job import glob_literal
+
+    assert glob_literal("hdfs://[::1]:8020/out/a[1]") == "hdfs://[::1]:8020/out/a\\[1\\]"
+    assert glob_literal("s3a://bucket/o*?{x}") == "s3a://bucket/o\\*\\?\\{x\\}"
+    assert glob_literal("file:/tmp/out[2]") == "file:/tmp/out\\[2\\]"
+    assert glob_literal("/tmp/out[2]") == "/tmp/out\\[2\\]"
+
+
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
     """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
     marker another driver of the same query created while this one wrote the micro-batch is not
@@ -1343,14 +1441,8 @@ def test_stream_sink_conditional_create_lost_at_close_is_a_lost_race(spark, pg, 
     other = b'{"query": "8c-query", "batch_id": 0, "attempt": "_attempt-' + b"0" * 32 + b'"}'
     used: list[tuple] = []
 
-    class ConditionalFs:
+    class ConditionalFs(FakeFs):
         """An S3A-like filesystem for the marker: the conditional create, checked at close."""
-
-        def __init__(self, fs: Any) -> None:
-            self.fs = fs
-
-        def __getattr__(self, name: str) -> Any:       # exists, getFileStatus, open: the real ones
-            return getattr(self.fs, name)
 
         def hasPathCapability(self, where: Any, capability: str) -> bool:
             return capability == "fs.option.create.conditional.overwrite"
@@ -1394,6 +1486,82 @@ def test_stream_sink_conditional_create_lost_at_close_is_a_lost_race(spark, pg, 
     assert json.loads(used[2][1])["query"] == "8c-query"          # the whole content in one write
     assert (tmp_path / "out" / "batch_id=0" / WRITTEN).read_bytes() == other
     assert attempt_folders(tmp_path / "out", 0) == []
+
+
+def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_refuses_a_target(spark, pg,
+                                                                                                 tmp_path):
+    """On HDFS (and ABFS with a hierarchical namespace), where rename(src, dst) is atomic and returns
+    false when dst exists, the marker is written whole to <batch>/_tablequeue_written.<hex>.tmp and
+    renamed into place (a local filesystem that says it is HDFS and refuses an existing target, as
+    HDFS does): micro-batch 0 wins and its marker holds the content; micro-batch 1's rename is
+    refused (another driver's marker came first): a lost race, the temporary file and the attempt
+    deleted; micro-batch 2's driver dies at the rename: no marker at all, so no empty marker to
+    refuse (before: the marker was created empty, then written, under the same name)."""
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles, read_results, renames_into_place
+
+    catalog = pg.deploy(work_queue("renamed"))
+    options = direct_sink_options(pg, catalog, "renamed", tmp_path, "3b-query")
+    other = b'{"query": "3b-query", "batch_id": 1, "attempt": "_attempt-' + b"0" * 32 + b'"}'
+    used: list[tuple] = []
+
+    class HdfsLike(HdfsFs):
+        def create(self, where: Any, overwrite: bool) -> Any:
+            used.append(("create", where.getName()))
+            return self.fs.create(where, overwrite)
+
+        def rename(self, source: Any, target: Any, *options: Any) -> Any:
+            used.append(("rename", source.getName(), target.getName()))
+            if "batch_id=1/" in str(target):             # the other driver's rows and marker come first
+                spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(
+                    str(tmp_path / "out" / "batch_id=1" / ("_attempt-" + "0" * 32)))
+                assert plain.create_new(str(target), other)
+            if "batch_id=2/" in str(target):
+                raise RuntimeError("driver lost at the rename")
+            return super().rename(source, target, *options)
+
+    class HdfsFiles(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, HdfsLike(fs)
+
+    plain = HadoopFiles(spark)
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = HdfsFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    temporary = r"_tablequeue_written\.[0-9a-f]{32}\.tmp"
+
+    def left(batch_id: int) -> list[str]:
+        return sorted(p.name for p in (tmp_path / "out" / f"batch_id={batch_id}").iterdir()
+                      if not p.name.startswith("."))
+
+    sink.write(frame, 0)
+    attempt = json.loads((tmp_path / "out" / "batch_id=0" / WRITTEN).read_text())["attempt"]
+    assert left(0) == sorted([attempt, WRITTEN])
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.renamed: the marker of .*/out/batch_id=1 appeared "
+                                            r"while this driver wrote the micro-batch: another driver runs"):
+        sink.write(frame, 1)
+    assert left(1) == ["_attempt-" + "0" * 32, WRITTEN]
+    assert (tmp_path / "out" / "batch_id=1" / WRITTEN).read_bytes() == other
+    with pytest.raises(RuntimeError, match="driver lost at the rename"):
+        sink.write(frame, 2)
+    assert not (tmp_path / "out" / "batch_id=2" / WRITTEN).exists() and sink.written(2) is None
+    assert [name for name in left(2) if not name.startswith("_attempt-")][0] == used[-1][1]
+    assert sorted(r["id"] for r in read_results(spark, str(tmp_path / "out")).collect()) == [1, 2]
+    assert [u[0] for u in used[:2]] == ["create", "rename"] and used[0][1] == used[1][1] and used[1][2] == WRITTEN
+    assert re.fullmatch(temporary, used[0][1])
+
+    class Store:
+        def __init__(self, scheme: str, namespace: bool) -> None:
+            self.scheme, self.namespace = scheme, namespace
+
+        def getScheme(self) -> str:
+            return self.scheme
+
+        def hasPathCapability(self, where: Any, capability: str) -> bool:
+            return self.namespace and capability == "fs.capability.paths.acls"
+    assert [renames_into_place(Store(scheme, namespace), None) for scheme, namespace in (
+        ("hdfs", False), ("abfss", True), ("abfs", True), ("abfss", False), ("s3a", True), ("file", True))] == [
+        True, True, True, False, False, False]
 
 
 def test_stream_sink_retried_create_that_made_our_marker_wins(spark, pg, tmp_path):
@@ -1457,6 +1625,7 @@ def test_stream_sink_empty_marker_is_refused_as_a_dead_drivers_by_the_replay_and
         read_results(spark, str(tmp_path / "out"))
     with pytest.raises(PipelineError, match=empty):
         sink(frame, 0)
+    assert attempt_folders(tmp_path / "out", 0) == ["_attempt-" + "a" * 32]       # the replay deleted nothing
     assert sink.counts["completed"] == 0
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'broken', '_history')}") == 0
 
@@ -1498,6 +1667,180 @@ def test_stream_sink_acknowledges_and_reads_a_micro_batch_of_the_layout_before_a
     assert stored == sorted([(lease[0], "old", 0) for lease in old] + [(lease[0], "new", 1) for lease in new])
     history = pg.rows(f"SELECT id FROM {table(catalog, 'upgraded', '_history')}")
     assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in old + new)
+
+
+def test_stream_sink_replay_deletes_the_attempt_folders_its_marker_does_not_name(spark, pg, tmp_path):
+    """Micro-batch 0's marker names attempt A; next to it are attempt B (a driver that crashed after
+    its write, before its marker) and C (a second driver that lost the marker race and died before
+    deleting it). Micro-batch 1 is of the layout before attempt folders (the marker names batch_id=1
+    itself) with an attempt folder D beside it. Their replays acknowledge the named rows and delete
+    B, C and D, as a first write deletes the attempt folders its marker does not name (before: a
+    replay left them forever); A and batch_id=1's own rows stay and read_results returns them."""
+    from pipelines.stream_job import WRITTEN, AckSink, read_results
+
+    catalog = pg.deploy(work_queue("leftover", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "leftover", tmp_path, "2a-query")
+    output = tmp_path / "out"
+    named, old = leased(pg, catalog, "leftover", 3, worker="w-a"), leased(pg, catalog, "leftover", 2, 3, "w-old")
+    a, b, c, d = (f"_attempt-{letter * 32}" for letter in "abcd")
+    for folder, leases, written_by in (("batch_id=0/" + a, named, "A"), ("batch_id=0/" + b, named, "B"),
+                                        ("batch_id=0/" + c, named, "C"), ("batch_id=1", old, "old"),
+                                        ("batch_id=1/" + d, old, "D")):
+        spark.createDataFrame([(*lease, None, written_by) for lease in leases], SINK_ROWS).write.parquet(
+            str(output / folder))
+    (output / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": "2a-query", "batch_id": 0, "attempt": a}))
+    (output / "batch_id=1" / WRITTEN).write_text(json.dumps({"query": "2a-query", "batch_id": 1}))
+    sink = AckSink(str(output), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink(spark.createDataFrame([], SINK_ROWS), 0)
+    sink(spark.createDataFrame([], SINK_ROWS), 1)
+    assert attempt_folders(output, 0) == [a] and attempt_folders(output, 1) == []
+    assert sink.counts["completed"] == 5
+    stored = sorted((r["id"], r["written_by"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert stored == sorted([(lease[0], "A", 0) for lease in named] + [(lease[0], "old", 1) for lease in old])
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'leftover', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in named + old)
+
+
+def marked_beside(spark: Any, pg: "Postgres", tmp_path: Path, queue: str, query: str, unnamed: str, written_by: str
+                  ) -> tuple[dict, Catalog, list[tuple], str]:
+    """The reader's options of a new work queue `queue` (checkpoint of query id `query`), and micro-batch
+    0 of 3 leased messages stored twice: in attempt folder X (written_by "X"), which its marker names,
+    and in attempt folder `unnamed` (written_by `written_by`) beside it. Returns the options, the
+    catalog, the leases and X's name."""
+    from pipelines.stream_job import WRITTEN
+
+    catalog = pg.deploy(work_queue(queue, lease_seconds=600))
+    options = direct_sink_options(pg, catalog, queue, tmp_path, query)
+    named = leased(pg, catalog, queue, 3, worker="w-a")
+    x = "_attempt-" + "1" * 32
+    for folder, by in ((x, "X"), (unnamed, written_by)):
+        spark.createDataFrame([(*lease, None, by) for lease in named], SINK_ROWS).write.parquet(
+            str(tmp_path / "out" / "batch_id=0" / folder))
+    (tmp_path / "out" / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": query, "batch_id": 0, "attempt": x}))
+    return options, catalog, named, x
+
+
+def test_stream_sink_replay_on_a_store_without_an_atomic_create_deletes_no_attempt_folder(spark, pg, tmp_path,
+                                                                                           monkeypatch):
+    """On a store without an atomic create (HadoopFiles.atomic_create False: S3A without the
+    conditional create, gs, a shared mount) a second driver can replace the marker. Here, just after
+    the replay read the marker (naming X), a zombie driver that passed written() before the marker
+    existed "creates" it by an overwrite naming its own attempt Y, and deletes X as unnamed (its first
+    write's cleanup). The replay deletes no attempt folder on such a store: Y, which the marker names
+    now, keeps its rows, the replay acknowledges them and read_results returns them (before: the
+    replay deleted Y as unnamed, no copy of the micro-batch was left and read_results failed for the
+    whole output)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import WRITTEN, AckSink, read_results
+
+    y = "_attempt-" + "2" * 32
+    options, catalog, named, x = marked_beside(spark, pg, tmp_path, "unguarded", "4f-query", y, "Y")
+    out = tmp_path / "out"
+    replaced: list[str] = []
+
+    class Unguarded(stream_job.HadoopFiles):
+        def atomic_create(self, path: str) -> bool:
+            return False
+
+        def read_text(self, path: str) -> str:
+            text = super().read_text(path)
+            if path.endswith(WRITTEN) and not replaced:          # the zombie, right after the replay's read
+                replaced.append(text)
+                (out / "batch_id=0" / WRITTEN).write_text(json.dumps({"query": "4f-query", "batch_id": 0,
+                                                                       "attempt": y}))
+                shutil.rmtree(out / "batch_id=0" / x)
+            return text
+
+    monkeypatch.setattr(stream_job, "HadoopFiles", Unguarded)
+    sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink(spark.createDataFrame([], SINK_ROWS), 0)
+    assert replaced and json.loads(replaced[0])["attempt"] == x
+    assert attempt_folders(out, 0) == [y]
+    assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["Y"] * 3
+    assert sink.counts["completed"] == 3
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'unguarded', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in named)
+
+
+def test_stream_sink_replay_acknowledges_before_its_cleanup_and_a_failing_delete_only_warns(spark, pg, tmp_path,
+                                                                                            monkeypatch):
+    """A replay of micro-batch 0 (marker naming X, an unnamed attempt B beside it) on a store that
+    refuses the delete of B (no delete right on the output prefix, an Object Lock bucket, throttling):
+    the replay acknowledges X's rows first, and the failing delete logs one WARNING naming the
+    queue, the micro-batch and B, and fails nothing; B stays, unread (before: the replay deleted
+    before acknowledging, so every restart failed at this micro-batch and acknowledged nothing)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines import stream_job
+    from pipelines.stream_job import AckSink, read_results
+
+    b = "_attempt-" + "b" * 32
+    options, catalog, named, x = marked_beside(spark, pg, tmp_path, "undeletable", "5b-query", b, "B")
+    out = tmp_path / "out"
+
+    class NoDelete(stream_job.HadoopFiles):
+        def delete(self, path: str) -> None:
+            raise Py4JJavaError("An error occurred while calling o1.delete",
+                                self.jvm.java.nio.file.AccessDeniedException(f"{path}: 403 Forbidden"))
+
+    monkeypatch.setattr(stream_job, "HadoopFiles", NoDelete)
+    sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        sink(spark.createDataFrame([], SINK_ROWS), 0)
+    history = pg.rows(f"SELECT id FROM {table(catalog, 'undeletable', '_history')}")
+    assert sorted(r["id"] for r in history) == sorted(lease[0] for lease in named)
+    assert sink.counts["completed"] == 3
+    assert attempt_folders(out, 0) == sorted([x, b])
+    assert len(logged) == 1 and re.search(rf"stream [a-z0-9_]+\.undeletable: micro-batch 0: not deleted, attempt "
+                                          rf"folders its marker does not name .*/out/batch_id=0/{b} \(.*403 Forbidden",
+                                          logged[0].getMessage())
+    assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["X"] * 3
+
+
+def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(spark, pg, tmp_path):
+    """A directory named _tablequeue_written in batch_id=N (made by hand or by a tool): HDFS's
+    rename(tmp, marker) would move the temporary file into it and return true, a "won" marker that
+    is no file. On HDFS the sink renames with Options.Rename.NONE, which refuses any existing target
+    (micro-batch 0); where rename has no such option (an ABFS-like store whose rename moves into the
+    directory, micro-batch 1) a true rename whose target is no file is refused. Both: the micro-batch
+    is refused with a PipelineError, nothing acknowledged, no marker, and the directory keeps nothing
+    of the sink's (before: the write "won" without a marker file, and every replay wrote it again)."""
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("renamedir"))
+    options = direct_sink_options(pg, catalog, "renamedir", tmp_path, "6a-query")
+
+    renamed: list[tuple] = []
+
+    class Hdfs(HdfsFs):
+        def rename(self, source: Any, target: Any, *options: Any) -> Any:
+            renamed.append((target.getParent().getName(), len(options)))
+            return super().rename(source, target, *options)
+
+    class AbfsLike(Hdfs):
+        def getScheme(self) -> str:
+            return "abfss"
+
+        def hasPathCapability(self, where: Any, capability: str) -> bool:
+            return capability == "fs.capability.paths.acls"
+
+    class DirectoryFiles(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, (Hdfs(fs) if "batch_id=0" in path else AbfsLike(fs))
+
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = DirectoryFiles(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    for batch_id in (0, 1):
+        (tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).mkdir(parents=True)
+        with pytest.raises(PipelineError, match=rf"stream [a-z0-9_]+\.renamedir: creating .*/out/batch_id={batch_id}/"
+                                                rf"{WRITTEN} failed and it is now missing, empty or unreadable"):
+            sink.write(frame, batch_id)
+        assert sink.written(batch_id) is None
+        assert list((tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).iterdir()) == []
+        assert not [p.name for p in (tmp_path / "out" / f"batch_id={batch_id}").iterdir() if p.name.endswith(".tmp")]
+    assert renamed == [("batch_id=0", 1), ("batch_id=1", 0)]        # HDFS: only the rename with the option
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):

@@ -1,8 +1,9 @@
 """The work kind's raw SQL cycle for the pgbench ceiling, cut out of the rendered functions.
 
 "Same shape" means the same statements the functions run, in the same order, without PL/pgSQL
-around them: the probe for the worker's own messages, the claim of visible messages, the read of
-the claimed rows, then complete's DELETE. PL/pgSQL variables become pgbench variables or the
+around them: the probe for the worker's own messages, the one-message claim of visible messages
+(which returns the leased row and finds the next claim position with its lateral), then complete's
+DELETE. PL/pgSQL variables become pgbench variables or the
 expressions they hold (now_utc -> now(): for a one-statement transaction, the same instant known
 at statement start). A second, minimal shape (one claim UPDATE, one DELETE) shows what the leanest
 possible lease cycle costs, for scale.
@@ -25,7 +26,9 @@ def _flat(sql: str) -> str:
 
 def _subst(sql: str, fn: str, lease: int) -> str:
     sql = sql.replace(f"{fn}_dequeue.worker", WORKER).replace(f"{fn}_complete.worker", WORKER)
-    sql = sql.replace(f"{fn}_complete.id", "(:p_ids::bigint[])[1]")
+    sql = sql.replace(f"{fn}_complete.id", ":p_id")
+    # The raw shapes check the lease by worker name (work_fn_cycle's `fenced` off): no token.
+    sql = sql.replace(f"{fn}_complete.lease_token", "NULL::uuid")
     sql = re.sub(r"\blease_until\b", f"(now() + make_interval(secs => {lease}))", sql)
     sql = re.sub(r"\bnow_utc\b", "now()", sql)
     sql = re.sub(r"\b(batch_size|remaining)\b", ":batch", sql)
@@ -33,34 +36,30 @@ def _subst(sql: str, fn: str, lease: int) -> str:
 
 
 def work_raw_cycle(env, queue: str, lease: int = 300) -> str | None:  # noqa: ANN001
-    """dequeue's statements for a batch of one (the own-messages probe, the LIMIT 1 claim of visible
-    messages, the read of the claimed rows) in one transaction, then complete's DELETE. After the
-    probe finds nothing the function skips the own-messages claim, and so does this script."""
+    """dequeue's statements for a batch of one (the own-messages probe, the one-message claim of
+    visible messages with its position lateral) in one transaction, then complete's DELETE. After
+    the probe finds nothing the function skips the own-messages claim, and so does this script."""
     q = env.queue(queue)
     if q.options.get("client_ids") or q.options.get("priority"):
         return None  # ids are uuids / claims loop over levels: not a one-line shape
     fn = q.name
     deq = rendered_unit(env, queue, "dequeue")
     probe = re.search(r"IF EXISTS \(\s*(SELECT FROM .*?)\s*\) THEN", deq, re.S)
-    claims = re.findall(r"(WITH next_messages AS \(.*?)\s+INTO step_ids, exhausted_ids, exhausted_workers\s+"
-                        r"(FROM leased AS l);", deq, re.S)
-    visible = [" ".join(c) for c in claims if "visible_at <= now_utc" in c[0] and "LIMIT 1\n" in c[0]]
-    final = re.search(r"RETURN QUERY\s*(SELECT m\.id.*?);\s*END;", deq, re.S)
+    one = re.search(r"(WITH next_messages AS \((?:(?!WITH next_messages).)*?LIMIT 1\s.*?)\s+SELECT\s+l\.id,.*?INTO\s+id,.*?"
+                    r"(FROM leased AS l\s+LEFT JOIN LATERAL .*?\) AS seen ON true);", deq, re.S)
     comp = rendered_unit(env, queue, "complete")
     delete = re.search(r"(DELETE FROM .*?);\s*GET DIAGNOSTICS", comp, re.S)
     if delete is None:  # history: one statement, queue table then history table
         history = re.search(r"(WITH done AS .*?SELECT count\(\*\))\s+INTO done_count\s+(FROM kept);", comp, re.S)
         delete = history and re.match(r"(.*)", history.group(1) + " " + history.group(2), re.S)
-    if not probe or len(visible) != 1 or not final or not delete:
+    if not probe or not one or not delete:
         raise RuntimeError(f"bench: the statements of {queue}_dequeue/_complete are not where work_raw expects")
     own = "SELECT EXISTS (" + _flat(_subst(probe.group(1), fn, lease)) + ")"
-    claim = _flat(_subst(visible[0], fn, lease))
-    claim = re.sub(r"\) FILTER \(WHERE l\.attempts <= (\d+)\),", r") FILTER (WHERE l.attempts <= \1) AS ids,", claim, count=1)
-    read = _flat(_subst(final.group(1), fn, lease)).replace("unnest(claimed_ids)", "unnest(:p_ids::bigint[])")
+    claim = _flat(_subst(one.group(1) + " SELECT l.id, l.payload, l.enqueued_at, l.due_at, l.attempts, "
+                                        "l.lease_token, seen.id AS seen_id " + one.group(2), fn, lease))
     done = _flat(_subst(delete.group(1), fn, lease))
-    # dequeue's three statements run in one transaction, as inside the function; complete in its own.
-    return ("\\set batch 1\nBEGIN;\n" + own + ";\n" + claim + " \\gset p_\n" + read + ";\nCOMMIT;\n"
-            + done + ";\n")
+    # dequeue's two statements run in one transaction, as inside the function; complete in its own.
+    return "BEGIN;\n" + own + ";\n" + claim + " \\gset p_\nCOMMIT;\n" + done + ";\n"
 
 
 def work_minimal_cycle(env, queue: str, lease: int = 300) -> str:  # noqa: ANN001

@@ -49,3 +49,32 @@ def test_the_server_under_callgrind_counts_each_run_and_the_function_over_its_st
     assert ratio == pytest.approx(raw["per_message"] / fn["per_message"])
     assert lines and "raw / functions" in lines[0]
     assert 0 < inside["insert"] < fn["runs"][1]["instructions"] and inside["absent"] == 0
+
+
+def test_the_work_kinds_raw_cycle_is_cut_out_of_the_rendered_functions_and_runs() -> None:
+    # work_raw reads dequeue's and complete's statements out of the rendered functions: a template
+    # change that moves them must fail here, not half way through `make bench` (it did once).
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from bench.env import server, set_depth
+    from bench.work_raw import work_raw_cycle
+
+    with server() as srv:
+        for options in ({}, {"history": True}):
+            deployed = deploy_env(srv["url"], [{"name": "q_work", "kind": "work", "payload": "json",
+                                                "options": options}])
+            try:
+                set_depth(deployed, "q_work", 20)
+                script = work_raw_cycle(deployed, "q_work")
+                folder = Path(tempfile.mkdtemp())
+                (folder / "cycle.sql").write_text(script)
+                run = subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", "1", "-t", "5", "-f",
+                                      str(folder / "cycle.sql"), deployed.url], capture_output=True, text=True)
+                assert "number of transactions actually processed: 5/5" in run.stdout, run.stdout + run.stderr
+                with deployed.conn() as conn:
+                    left = conn.execute(f"SELECT count(*) FROM {deployed.table('q_work')}").fetchone()[0]
+                assert left == 15, options  # each cycle leased one message and completed it
+            finally:
+                deployed.drop()

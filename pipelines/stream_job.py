@@ -11,8 +11,8 @@ the handler succeeded). AckSink, for micro-batch N:
 1. unless <output>/batch_id=N/_tablequeue_written exists, writes the micro-batch (every column) to a
    new folder of its own, <output>/batch_id=N/_attempt-<uuid>, refuses it (deleted) if a message has
    more than one row, then creates the marker only if it is absent, naming that attempt folder (a
-   second driver that loses the race deletes its own attempt and stops), and deletes the other,
-   never acknowledged, attempt folders of batch_id=N;
+   second driver that loses the race deletes its own attempt and stops), and, where that create is
+   atomic, deletes the other, never acknowledged, attempt folders of batch_id=N;
 2. reads back (id, lease_token, worker, error) from the folder the marker names (a marker written
    before attempt folders names none: its rows are in batch_id=N itself), and each task acknowledges
    its rows by worker: complete_batch for rows without an error, fail_batch for rows with one (the
@@ -508,8 +508,8 @@ class AckSink:
         (created only if absent). Nothing is ever overwritten: a second
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
-        was never acknowledged from, and the winner deletes those (a crash before the marker), as
-        does a replay of the micro-batch where the marker's create is atomic (delete_unnamed).
+        was never acknowledged from, and where the marker's create is atomic the winner deletes those
+        (a crash before the marker), as does a replay of the micro-batch (delete_unnamed).
         Returns the rows as stored (the attempt folder, read with the frame's schema)."""
         attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
         folder = f"{self.folder(batch_id)}/{attempt}"
@@ -517,7 +517,10 @@ class AckSink:
         stored = read_stored(frame.sparkSession, folder, frame.schema)
         self.refuse_duplicates(stored, batch_id, folder)
         self.mark(batch_id, attempt)
-        self.delete_unnamed(batch_id, folder)
+        # Only where the marker cannot be replaced: elsewhere two drivers can both "win" it, and each
+        # would delete the other's attempt, leaving the marker naming a folder that is gone.
+        if self._atomic_create:
+            self.delete_unnamed(batch_id, folder)
         return stored
 
     def delete_unnamed(self, batch_id: int, named: str) -> None:
@@ -526,7 +529,7 @@ class AckSink:
         attempt folder): no marker named them, so nothing was acknowledged from them (a driver that
         crashed before its marker, or a second driver that lost the race). Called only once the marker
         was read and names `named`: never while it is empty or unreadable (read_marker raises then);
-        by a replay only where the marker's create is atomic (nothing can replace it). Best effort:
+        only where the marker's create is atomic (nothing can replace it). Best effort:
         nothing reads an unnamed folder, so a listing or delete the store refuses (no delete right, a
         locked bucket, throttling) logs one WARNING naming the folders left and fails nothing."""
         batch = self.folder(batch_id)

@@ -2161,3 +2161,51 @@ def test_transient_errors_are_retried_after_jittered_pauses_and_others_are_not()
     with pytest.raises(psycopg.OperationalError):
         with_retries("enqueue", lambda: (_ for _ in ()).throw(psycopg.OperationalError("down")), retries=1,
                      sleep=pauses.append)
+
+
+def test_stream_two_first_writers_on_a_store_without_an_atomic_create_keep_both_attempts(spark, pg, tmp_path,
+                                                                                         monkeypatch):
+    """A store whose create is a check and then an unconditional write (the data-engineer re-review's
+    y4): driver 2 wrote Y and passed its check; driver 1 then writes X, "creates" the marker and
+    acknowledges X; driver 2's write lands, replacing the marker (Y). Where each winner deleted the
+    attempt folders its marker does not name, each deleted the other's: no copy left, the marker naming
+    a folder that is gone, read_results failing for the whole output. Now nothing is deleted there."""
+    from pipelines import stream_job
+    from pipelines.stream_job import WRITTEN, AckSink, read_results
+
+    catalog = pg.deploy(work_queue("twowin", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "twowin", tmp_path, "twowin-query")
+    named = leased(pg, catalog, "twowin", 3, worker="w-a")
+    out = tmp_path / "out"
+
+    class Unguarded(stream_job.HadoopFiles):
+        before_put: Any = None
+
+        def atomic_create(self, path: str) -> bool:
+            return False
+
+        def create_new(self, path: str, data: bytes) -> bool:      # its check passed before: a plain PUT
+            if self.before_put is not None:
+                self.before_put()
+            where, fs = self._at(path)
+            stream = fs.create(where, True)
+            try:
+                stream.write(bytearray(data))
+            finally:
+                stream.close()
+            return True
+
+    monkeypatch.setattr(stream_job, "HadoopFiles", Unguarded)
+    first = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    second = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    frame_x = spark.createDataFrame([(*lease, None, "X") for lease in named], SINK_ROWS)
+    frame_y = spark.createDataFrame([(*lease, None, "Y") for lease in named], SINK_ROWS)
+    second._files = Unguarded(spark)
+    second._files.before_put = lambda: first(frame_x, 0)
+    second.write(frame_y, 0)
+
+    assert first.counts["completed"] == 3
+    assert len(attempt_folders(out, 0)) == 2
+    marker = json.loads((out / "batch_id=0" / WRITTEN).read_text())
+    assert marker["attempt"] in attempt_folders(out, 0)
+    assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["Y"] * 3

@@ -632,7 +632,7 @@ BEGIN
 
             SELECT
                 l.id, l.payload, l.enqueued_at, l.due_at, l.attempts, l.lease_token,
-                l.attempts > 3 AND l.visible_at <= now_utc, l.leased_by, l.tie, l.visible_at,
+                (l.attempts > 3 AND l.visible_at <= now_utc), l.leased_by, l.tie, l.visible_at,
                 seen.visible_at, seen.id
             INTO
                 id, payload, enqueued_at, due_at, attempts, lease_token,

@@ -305,10 +305,15 @@ WITH (
     worker they had. Keeping that move out of the claim keeps the claim a two-node statement that
     never touches the dead-letter table (the SQL Server twin has the same shape). Expects the
     variables exhausted_ids and exhausted_workers. -#}
+{#- A claimed row the claim would give one attempt too many (attempts_sql: its attempts with this
+    claim's; visible_sql: its visible_at as claimed): only a lease that had expired is buried, a live
+    own lease comes back unchanged, even with max_attempts lowered below its attempts since. -#}
+{% macro exhausted(attempts_sql, visible_sql) -%}
+({{ attempts_sql }} > {{ max_attempts }} AND {{ visible_sql }} <= now_utc)
+{%- endmacro %}
+
 {% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', own=false) %}
-{#- Only a lease that had expired is buried: a live own lease comes back unchanged, even with
-    max_attempts lowered below its attempts since it was taken. -#}
-{% set exhausted = "(l.attempts > " ~ max_attempts ~ " AND n.visible_at <= now_utc)" %}
+{% set exhausted = exhausted('l.attempts', 'n.visible_at') %}
 {{ claim_ctes(where_sql, limit_sql, own) }}
 
     SELECT

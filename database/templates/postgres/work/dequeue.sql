@@ -37,8 +37,8 @@
 {% if not has_priority and not groups %}
 {#- The claim of one visible message into the OUT parameters, with where it leaves this session's
     claim position (seen_time, seen_id: m.position_seen over the claimed row as the claim found it)
-    and whether its lease had expired max_attempts times (claimed_exhausted: claim_statement's rule;
-    such a row goes to the dead-letter table instead). Its LIMIT 1 lease is a join with
+    and whether its lease had expired max_attempts times (claimed_exhausted, w.exhausted; such a row
+    goes to the dead-letter table instead). Its LIMIT 1 lease is a join with
     next_messages (claim_ctes), so it returns the rows as they were itself: no second join. -#}
 {% macro claim_one() %}
 {{ w.claim_ctes(m.position_predicate(position_key) ~ " AND m.visible_at <= now_utc", "1",
@@ -47,7 +47,7 @@
 
             SELECT
                 l.id, l.payload, l.enqueued_at, l.due_at, l.attempts, l.lease_token,
-                l.attempts > {{ max_attempts }} AND l.visible_at <= now_utc, l.leased_by, l.tie, l.visible_at,
+                {{ w.exhausted('l.attempts', 'l.visible_at') }}, l.leased_by, l.tie, l.visible_at,
                 seen.visible_at, seen.{{ tie }}
             INTO
                 id, payload, enqueued_at, due_at, attempts, lease_token,

@@ -927,8 +927,9 @@ def pgmq_section(measured: dict, w: Any) -> None:
     if lease:
         w("**What one lease writes** (pg_walinspect over one batch-of-one lease: the probe and the claims in one "
           "transaction): the index entries per index, and whether the row's new version was a HOT update; then the "
-          "whole cycle (lease + complete) counted as above. Today's storage, two alternative designs as raw SQL "
-          "(`bench/work_raw.py`, *Analysis*), and pgmq's `read` + `delete` (its functions, as in the tables above).")
+          "whole cycle (lease + complete) counted as above. Today's storage (design C, storage v3), storage v2's and two "
+          "other designs as raw SQL (`bench/work_raw.py`, *Analysis*), and pgmq's `read` + `delete` (its functions, as "
+          "in the tables above).")
         w("")
         w("| design | index entries a lease writes | HOT " + ("| instructions per cycle | WAL bytes per cycle "
                                                                   if counted else "") + "|")

@@ -45,8 +45,11 @@ def work_raw_cycle(env, queue: str, lease: int = 300) -> str | None:  # noqa: AN
     fn = q.name
     deq = rendered_unit(env, queue, "dequeue")
     probe = re.search(r"IF EXISTS \(\s*(SELECT FROM .*?)\s*\) THEN", deq, re.S)
-    one = re.search(r"(WITH next_messages AS \((?:(?!WITH next_messages).)*?LIMIT 1\s.*?)\s+SELECT\s+l\.id,.*?INTO\s+id,.*?"
-                    r"(FROM leased AS l\s+LEFT JOIN LATERAL .*?\) AS seen ON true);", deq, re.S)
+    # The hot path's claim, after the look for expired leases (storage v3), which a session runs at
+    # most once a second and so is no part of a message's cycle.
+    hot = deq.find("the hot path")
+    one = hot >= 0 and re.search(r"(WITH next_messages AS \((?:(?!WITH next_messages).)*?LIMIT 1\s.*?)\s+SELECT\s+l\.id,.*?INTO\s+id,.*?"
+                    r"(FROM leased AS l\s+LEFT JOIN LATERAL .*?\) AS seen ON true);", deq[hot:], re.S)
     comp = rendered_unit(env, queue, "complete")
     delete = re.search(r"(DELETE FROM .*?);\s*GET DIAGNOSTICS", comp, re.S)
     if delete is None:  # history: one statement, queue table then history table
@@ -112,12 +115,16 @@ _DONE = "DELETE FROM {t} AS m WHERE m.id = {id} AND m.leased_by = {w} AND m.visi
 
 
 def lease_designs(queue: str) -> list[LeaseDesign]:
-    """Today's storage and two that write fewer index entries per lease. Every design keeps the
-    worker's own unfinished messages first (its probe) and the claim's exact index order."""
+    """Storage v2's indexes, two designs that write fewer index entries per lease, and today's
+    (storage v3, design C). Every design keeps the worker's own unfinished messages first (its probe)
+    and the claim's exact index order."""
     return [
         LeaseDesign(
-            "today: pk, claim (visible_at, id), lease (leased_by, visible_at, id), lease start (leased_by, "
-            "leased_at)", queue, (),
+            "v2 (0.2.0 before storage v3): pk, claim (visible_at, id), lease (leased_by, visible_at, id), lease start "
+            "(leased_by, leased_at)", f"{queue}_design_v2",
+            ("CREATE INDEX ON {t} (visible_at, id)",
+             "CREATE INDEX ON {t} (leased_by, visible_at, id) WHERE leased_by IS NOT NULL",
+             "CREATE INDEX ON {t} (leased_by, leased_at) WHERE leased_by IS NOT NULL"),
             "SELECT EXISTS (SELECT FROM {t} AS m WHERE m.leased_by = {w} AND m.leased_at >= '-infinity')",
             (_claim("m.visible_at <= now()"),), _DONE),
         LeaseDesign(
@@ -140,14 +147,11 @@ def lease_designs(queue: str) -> list[LeaseDesign]:
             ("WITH l AS (" + _claim("m.leased_by IS NOT NULL AND m.visible_at <= now()") + ") SELECT count(*) FROM l",
              _claim("m.leased_by IS NULL AND m.visible_at <= now()")), _DONE),
         LeaseDesign(
-            "C, indexes by lease state, leases by worker: pk, ready (visible_at, id) where not leased, lease start "
-            "(leased_by, leased_at) where leased", f"{queue}_design_c",
-            ("CREATE INDEX ON {t} (visible_at, id) WHERE leased_by IS NULL",
-             "CREATE INDEX ON {t} (leased_by, leased_at) WHERE leased_by IS NOT NULL"),
+            "today (design C, storage v3): pk, ready (visible_at, id) where not leased, lease start "
+            "(leased_by, leased_at) where leased", queue, (),
             "SELECT EXISTS (SELECT FROM {t} AS m WHERE m.leased_by = {w} AND m.leased_at >= '-infinity')",
-            # Expired leases are not in index order here: a session reclaims them when the ready
-            # claim comes up short and once a second (as it refreshes its claim position), by
-            # reading the live leases; so the per-message cycle is the probe and the ready claim.
+            # Expired leases are not in index order: a session's look reads the live leases at most
+            # once a second (docs/work-queue.md, Expired leases), no part of the per-message cycle.
             (_claim("m.leased_by IS NULL AND m.visible_at <= now()"),), _DONE),
     ]
 

@@ -252,7 +252,7 @@ def test_postgres_upgrade_creates_new_storage_units_next_to_queues_that_hold_mes
             assert states[f"{schema}.ix_w_lease_start"] == "missing"
             # A storage unit is its version and shape, not its text: an edit at the same version is not
             # applied (tests/test_storage_versions.py is what stops such an edit from being released).
-            edited = [replace(u, body=u.body.replace("-- The own-messages probe", "-- The probe"))
+            edited = [replace(u, body=u.body.replace("-- Leased messages: the own-messages probe", "-- Leases: the probe"))
                       if u.name.endswith("_lease_start") else u for u in units]
             assert edited != units and run_deploy("postgres", pg_url, schema, edited).applied == []
         finally:

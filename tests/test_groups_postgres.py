@@ -538,7 +538,7 @@ def test_at_depth_the_claim_reads_the_head_index_and_never_a_blocked_backlog(dep
         text = "\n".join(inner)
         assert "Seq Scan" not in text, text
         assert "ix_q_heads" in text and "ix_q_group" in text
-        assert ("ix_q_claim" if kind == "work" else "ix_q_ungrouped") in text
+        assert ("ix_q_ready" if kind == "work" else "ix_q_ungrouped") in text
         # No node of any statement reads the blocked group's backlog.
         rows = [int(n) for n in __import__("re").findall(r"(?:actual rows|Rows Removed by Filter)[=:] ?(\d+)", text)]
         assert rows and max(rows) < 1000, "\n".join([p for p in inner if "1003" in p][:1])

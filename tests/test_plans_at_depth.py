@@ -33,9 +33,9 @@ VARIANTS = {
     "fifo": ({"kind": "fifo"}, {}, "pk_q"),
     "lifo": ({"kind": "lifo"}, {}, "pk_q"),
     "pending": ({"kind": "pending"}, {"due_at": "now()"}, "ix_q_due"),
-    "work": ({"kind": "work"}, {"due_at": "now()", "visible_at": "now()"}, "ix_q_claim"),
+    "work": ({"kind": "work"}, {"due_at": "now()", "visible_at": "now()"}, "ix_q_ready"),
     "work_priority": ({"kind": "work", "options": {"priority": True}},
-                      {"due_at": "now()", "visible_at": "now()", "priority": "n % 3"}, "ix_q_claim"),
+                      {"due_at": "now()", "visible_at": "now()", "priority": "n % 3"}, "ix_q_ready"),
 }
 
 
@@ -152,3 +152,55 @@ def test_a_batch_claim_planned_on_a_deep_queue_reads_a_handful_of_pages_per_mess
     # the sequential scan read the whole table.
     assert not any(re.search(r"Seq Scan on q\b", plan) for plan in plans), "\n\n".join(plans)
     assert buffers < table_pages / 2, f"a batch of {BATCH} read {buffers} of {table_pages} pages:\n" + "\n\n".join(plans)
+
+
+LOOK_DEPTH = 200_000
+
+
+@pytest.mark.parametrize("mode", ["auto", "force_generic_plan"])
+def test_the_look_for_expired_leases_planned_on_an_empty_queue_reads_the_leases_not_the_queue(
+        deploy_queues: Callable[..., Any], mode: str) -> None:
+    # Storage v3: expired leases are not in ix_q_ready; the look reads ix_q_lease_start (every lease,
+    # expired or not) and must stay on it at depth, whatever plan it cached on the empty queue.
+    deployed = deploy_queues({"name": "q", "payload": "json", "kind": "work"})
+    schema = deployed.catalog.schema
+    admin, conn = deployed.connect(), deployed.connect()
+    setting = f"tablequeue.{schema}.q.expired"
+    try:
+        admin.execute(f'ALTER TABLE "{schema}"."q" SET (autovacuum_enabled = false)')
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        conn.execute("LOAD 'auto_explain'")
+        client = deployed.client("q", conn)
+        for _ in range(7):                      # every dequeue looks: the look's plan is the cached one
+            conn.execute("SELECT set_config(%s, '', false)", (setting,))
+            warm_up_on_empty(client)
+        admin.execute(f"""INSERT INTO "{schema}"."q" (payload, due_at, visible_at, leased_by, leased_at, attempts)
+                          SELECT '{{}}'::jsonb, now(), CASE WHEN n <= 50 THEN now() + interval '1 hour'
+                                                            WHEN n <= 100 THEN now() - interval '1 minute' ELSE now() END,
+                                 CASE WHEN n <= 100 THEN 'other' END, CASE WHEN n <= 100 THEN now() END,
+                                 CASE WHEN n <= 100 THEN 1 ELSE 0 END
+                          FROM generate_series(1, {LOOK_DEPTH}) AS n""")
+        table_pages = admin.execute(f"SELECT pg_relation_size('\"{schema}\".\"q\"') / 8192").fetchone()[0]
+
+        def measured_look(worker: str) -> tuple[int, list[str]]:
+            notices = start_explaining(conn)
+            try:
+                conn.execute("SELECT set_config(%s, '', false)", (setting,))
+                rows = client.dequeue(worker=worker, batch_size=3)
+                assert [row["attempts"] for row in rows] == [2, 2, 2]   # three of the fifty expired leases
+                return buffers_of([n for n in notices if "m.leased_by IS NOT NULL AND m.visible_at" in n], "dequeue")
+            finally:
+                stop_explaining(conn)
+
+        buffers, plans = measured_look("w1")
+        admin.execute(f'DROP INDEX "{schema}"."ix_q_lease_start"')
+        without_index, control_plans = measured_look("w2")
+    finally:
+        admin.close()
+        conn.close()
+    assert plans, "auto_explain saw no look"
+    assert not any(re.search(r"Seq Scan on q\b", plan) for plan in plans), "\n\n".join(plans)
+    assert buffers < table_pages / 20, f"the look read {buffers} of {table_pages} pages:\n" + "\n\n".join(plans)
+    # The control: without the index it reads the table.
+    assert without_index > table_pages / 2, f"without ix_q_lease_start the look read only {without_index}:\n" + \
+        "\n\n".join(control_plans)

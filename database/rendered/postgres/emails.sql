@@ -1,9 +1,10 @@
 -- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.emails
--- tablequeue:unit queue.emails storage v2 table
+-- tablequeue:unit queue.emails storage v3 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
--- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
+-- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed:
+-- a HOT update needs every indexed column unchanged, a partial index's predicate columns included).
 CREATE TABLE IF NOT EXISTS "queue"."emails" (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."emails_id_seq"),
     enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -36,14 +37,13 @@ WITH (
     autovacuum_analyze_threshold = 1000
 );
 
--- The claim's exact WHERE and ORDER BY.
-CREATE INDEX IF NOT EXISTS "ix_emails_claim"
-ON "queue"."emails" (visible_at, id);
-
--- A worker's own messages (the restart path) and the in-flight count; only leased rows.
-CREATE INDEX IF NOT EXISTS "ix_emails_lease"
-ON "queue"."emails" (leased_by, visible_at, id)
-WHERE leased_by IS NOT NULL;
+-- The claim's exact WHERE and ORDER BY, of the messages nobody leases (new, due, retrying, released).
+-- Partial, so that a lease (leased_by set) writes no entry here: a leased row version is in the
+-- primary key and the lease start index only (docs/queue-kinds.md, What a lease writes), where the
+-- look for expired leases finds it.
+CREATE INDEX IF NOT EXISTS "ix_emails_ready"
+ON "queue"."emails" (visible_at, id)
+WHERE leased_by IS NULL;
 
 CREATE UNIQUE INDEX IF NOT EXISTS "ux_emails_dedupe"
 ON "queue"."emails" (dedupe_key)
@@ -79,8 +79,9 @@ CREATE SEQUENCE IF NOT EXISTS "queue"."emails_rewinds";
 -- tablequeue:unit queue.ix_emails_lease_start storage v1 index
 -- tablequeue:shape kind=work
 
--- The own-messages probe: a worker's leases taken since this session last found it holding none
--- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
+-- Leased messages: the own-messages probe (a worker's leases taken since this session last found it
+-- holding none), the look for expired leases (dequeue, at most once a second per session) and the
+-- in-flight count. An index of its own, so that queues deployed before it gain it without a rebuild.
 CREATE INDEX IF NOT EXISTS "ix_emails_lease_start"
 ON "queue"."emails" (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
@@ -450,7 +451,10 @@ DECLARE
     -- need not read back through the entries of the messages it has finished (docs/work-queue.md).
     own_state text := current_setting('tablequeue.queue.emails.own', true);
     own_since timestamptz := '-infinity';
-    own_count integer;
+    -- When this session's next look for expired leases is due (w.expired_due).
+    expired_state text := current_setting('tablequeue.queue.emails.expired', true);
+    -- How many the steps before the claim from the position took (own messages, expired leases).
+    before_ready integer;
     claimed_exhausted boolean;
     claimed_worker text;
     claimed_tie bigint;
@@ -480,9 +484,9 @@ BEGIN
     END IF;
     lease_until := now_utc + make_interval(secs => effective_lease);
 
-    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe on
-    -- ix_emails_lease_start, the claim on ix_emails_lease. The claim the probe guards is needed only
-    -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
+    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe and the claim on
+    -- ix_emails_lease_start (the claim sorts the worker's few leases). The claim the probe guards is needed
+    -- only after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
     IF substr(own_state, strpos(own_state, '|') + 1) = emails_dequeue.worker AND strpos(own_state, '|') <= 18
@@ -561,11 +565,151 @@ BEGIN
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
-    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_emails_claim.
-    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
-    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    -- 2. Expired leases: a crashed or stopped worker's messages. A lease takes a message out of ix_emails_ready, so they are
+    -- found on ix_emails_lease_start, which this reads whole: at most once a second per session
+    -- (w.expired_due; docs/work-queue.md, Expired leases), in that index's order. A look that filled the
+    -- batch may have left more behind (a crashed worker's whole batch): the next call looks again.
+    IF remaining > 0 AND (expired_state IS NULL OR length(expired_state) <> 16 OR expired_state COLLATE "C" <= (extract(EPOCH FROM now_utc) * 1000000)::bigint::text
+        OR expired_state COLLATE "C" > ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text) THEN
+        WHILE remaining > 0 LOOP
+            IF remaining = 1 THEN
+                WITH next_messages AS (
+                    SELECT
+                        m.id,
+                        m.id AS tie,
+                        m.visible_at,
+                        m.leased_by
+                    FROM "queue"."emails" AS m
+                    WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+                    ORDER BY m.leased_by, m.leased_at
+                    LIMIT 1
+                    FOR UPDATE SKIP LOCKED
+                ),
+
+                leased AS (
+                    UPDATE "queue"."emails" AS m
+                    SET
+                        attempts = m.attempts + 1,
+                        visible_at = lease_until,
+                        leased_by = emails_dequeue.worker,
+                        leased_at = now_utc,
+                        lease_token = gen_random_uuid()
+                    FROM next_messages AS n
+                    WHERE m.id = n.id
+                    RETURNING m.id, m.attempts
+                )
+
+                SELECT
+                    array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 3 AND n.visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc)),
+                    array_agg(n.leased_by) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc))
+                INTO step_ids, exhausted_ids, exhausted_workers
+                FROM leased AS l
+                INNER JOIN next_messages AS n ON l.id = n.id;
+                buried_count := 0;
+                IF exhausted_ids IS NOT NULL THEN
+                    WITH gone AS (
+                        DELETE FROM "queue"."emails" AS m
+                        WHERE m.id = ANY(exhausted_ids)
+                        RETURNING m.*
+                    ),
+
+                    buried AS (
+                        INSERT INTO "queue"."emails_dead" (
+                            id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            g.id,
+                            g.enqueued_at,
+                            g.due_at,
+                            g.dedupe_key,
+                            g.attempts - 1,
+                            'lease expired',
+                            exhausted_workers[array_position(exhausted_ids, g.id)],
+                            now_utc,
+                            g.payload
+                        FROM gone AS g
+                        RETURNING 1
+                    )
+
+                    SELECT count(*) INTO buried_count FROM buried;
+                END IF;
+            ELSE
+                WITH next_messages AS (
+                    SELECT
+                        m.id,
+                        m.id AS tie,
+                        m.visible_at,
+                        m.leased_by
+                    FROM "queue"."emails" AS m
+                    WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+                    ORDER BY m.leased_by, m.leased_at
+                    LIMIT remaining
+                    FOR UPDATE SKIP LOCKED
+                ),
+
+                leased AS (
+                    UPDATE "queue"."emails" AS m
+                    SET
+                        attempts = m.attempts + 1,
+                        visible_at = lease_until,
+                        leased_by = emails_dequeue.worker,
+                        leased_at = now_utc,
+                        lease_token = gen_random_uuid()
+                    WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+                    RETURNING m.id, m.attempts
+                )
+
+                SELECT
+                    array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 3 AND n.visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc)),
+                    array_agg(n.leased_by) FILTER (WHERE (l.attempts > 3 AND n.visible_at <= now_utc))
+                INTO step_ids, exhausted_ids, exhausted_workers
+                FROM leased AS l
+                INNER JOIN next_messages AS n ON l.id = n.id;
+                buried_count := 0;
+                IF exhausted_ids IS NOT NULL THEN
+                    WITH gone AS (
+                        DELETE FROM "queue"."emails" AS m
+                        WHERE m.id = ANY(exhausted_ids)
+                        RETURNING m.*
+                    ),
+
+                    buried AS (
+                        INSERT INTO "queue"."emails_dead" (
+                            id, enqueued_at, due_at, dedupe_key, attempts, last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            g.id,
+                            g.enqueued_at,
+                            g.due_at,
+                            g.dedupe_key,
+                            g.attempts - 1,
+                            'lease expired',
+                            exhausted_workers[array_position(exhausted_ids, g.id)],
+                            now_utc,
+                            g.payload
+                        FROM gone AS g
+                        RETURNING 1
+                    )
+
+                    SELECT count(*) INTO buried_count FROM buried;
+                END IF;
+            END IF;
+            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+            remaining := batch_size - cardinality(claimed_ids);
+            EXIT WHEN buried_count = 0;
+        END LOOP;
+        IF remaining > 0 THEN
+        expired_state := set_config('tablequeue.queue.emails.expired', ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text, false);
+        END IF;
+    END IF;
+
+    -- 3. Messages nobody leases (new, due, retried, released), on ix_emails_ready. Separate statements,
+    -- never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees its place in the
+    -- batch, so claim again until the batch is full or nothing visible is left.
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
-    own_count := cardinality(claimed_ids);
+    before_ready := cardinality(claimed_ids);
     -- A value this function did not write (set by hand: any text) is ignored, not cast into an error.
     IF NOT (position_state ~ '^[0-9]+(\.[0-9]+)?\|[0-9]+\|[0-9]+\|(-?[0-9]+)?$' AND length(split_part(position_state, '|', 1)) <= 22 AND length(split_part(position_state, '|', 2)) <= 18 AND length(split_part(position_state, '|', 3)) <= 18
         AND length(split_part(position_state, '|', 4)) <= 17) THEN
@@ -590,7 +734,7 @@ BEGIN
         SELECT m.visible_at, m.id
         INTO position_time, position_id
         FROM "queue"."emails" AS m
-        WHERE (m.visible_at, m.id) >= (position_time, position_id)
+        WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id)
         ORDER BY m.visible_at, m.id
         LIMIT 1;
         IF position_id IS NULL OR position_time > now_utc THEN
@@ -600,9 +744,9 @@ BEGIN
         position_state := set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
-    -- One message and none of the worker's own: the hot path. The claim fills the OUT parameters (no
+    -- One message and nothing taken before: the hot path. The claim fills the OUT parameters (no
     -- read-back) and finds this session's next position itself (m.position_seen: no probe after it).
-    IF remaining = 1 AND own_count = 0 THEN
+    IF remaining = 1 AND before_ready = 0 THEN
         LOOP
             WITH next_messages AS (
                 SELECT
@@ -611,7 +755,7 @@ BEGIN
                     m.visible_at,
                     m.leased_by
                 FROM "queue"."emails" AS m
-                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
+                WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
                 ORDER BY m.visible_at, m.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED
@@ -642,7 +786,7 @@ BEGIN
             LEFT JOIN LATERAL (
                 SELECT m.visible_at, m.id
                 FROM "queue"."emails" AS m
-                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= l.visible_at
+                WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= l.visible_at
                 ORDER BY m.visible_at, m.id
                 LIMIT 1
             ) AS seen ON true;
@@ -700,7 +844,7 @@ BEGIN
                     m.visible_at,
                     m.leased_by
                 FROM "queue"."emails" AS m
-                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
+                WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
                 ORDER BY m.visible_at, m.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED
@@ -762,7 +906,7 @@ BEGIN
                     m.visible_at,
                     m.leased_by
                 FROM "queue"."emails" AS m
-                WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
+                WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
                 ORDER BY m.visible_at, m.id
                 LIMIT remaining
                 FOR UPDATE SKIP LOCKED
@@ -820,11 +964,11 @@ BEGIN
         remaining := batch_size - cardinality(claimed_ids);
         EXIT WHEN buried_count = 0;
     END LOOP;
-    IF cardinality(claimed_ids) > own_count THEN
+    IF cardinality(claimed_ids) > before_ready THEN
         SELECT m.visible_at, m.id
         INTO position_time, position_id
         FROM "queue"."emails" AS m
-        WHERE (m.visible_at, m.id) >= (position_time, position_id)
+        WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id)
         ORDER BY m.visible_at, m.id
         LIMIT 1;
         IF position_id IS NULL OR position_time > now_utc THEN
@@ -1495,6 +1639,7 @@ DECLARE
     position_state text := current_setting('tablequeue.queue.emails', true);
     position_expires numeric;
     position_id bigint;
+    expired_state text := current_setting('tablequeue.queue.emails.expired', true);
 BEGIN
     IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.emails_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
@@ -1524,7 +1669,7 @@ BEGIN
         SELECT m.visible_at, m.id
         INTO position_time, position_id
         FROM "queue"."emails" AS m
-        WHERE (m.visible_at, m.id) >= (position_time, position_id)
+        WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id)
         ORDER BY m.visible_at, m.id
         LIMIT 1;
         IF position_id IS NULL OR position_time > now_utc THEN
@@ -1535,12 +1680,26 @@ BEGIN
     END IF;
     PERFORM
     FROM "queue"."emails" AS m
-    WHERE (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
+    WHERE m.leased_by IS NULL AND (m.visible_at, m.id) >= (position_time, position_id) AND m.visible_at <= now_utc
     ORDER BY m.visible_at, m.id
     LIMIT 1
     FOR KEY SHARE SKIP LOCKED;
     IF FOUND THEN
         RETURN true;
+    END IF;
+    -- An expired lease, when this session's dequeue would look for one now (w.expired_due): not
+    -- sooner, or the caller would dequeue nothing and be woken again at once until its look is due.
+    IF (expired_state IS NULL OR length(expired_state) <> 16 OR expired_state COLLATE "C" <= (extract(EPOCH FROM now_utc) * 1000000)::bigint::text
+        OR expired_state COLLATE "C" > ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text) THEN
+        PERFORM
+        FROM "queue"."emails" AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+        ORDER BY m.leased_by, m.leased_at
+        LIMIT 1
+        FOR KEY SHARE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
     END IF;
     IF clock_timestamp() >= deadline THEN
         RETURN NULL;
@@ -1600,6 +1759,8 @@ GRANT EXECUTE ON PROCEDURE "queue"."emails_wait" TO "queue_consumer";
 
 -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
 -- delayed: not yet due and not leased; in_flight: under a live lease; dead: in S.Q_dead.
+-- Messages nobody leases are counted on ix_emails_ready, leased ones (expired or live) on
+-- ix_emails_lease_start: as many as leases held.
 CREATE OR REPLACE FUNCTION "queue"."emails_stats"()
 RETURNS TABLE (
     ready bigint,
@@ -1622,6 +1783,8 @@ DECLARE
     exact_limit constant bigint := 10000;
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
+    expired_count bigint;
+    expired_oldest timestamptz;
     delayed_count bigint := 0;
     in_flight_count bigint;
     dead_count bigint;
@@ -1630,19 +1793,31 @@ DECLARE
     oldest_ready timestamptz;
 BEGIN
     SELECT count(*) INTO ready_count FROM (
-        SELECT 1 FROM "queue"."emails" AS m WHERE m.visible_at <= now_utc LIMIT exact_limit + 1
+        SELECT 1 FROM "queue"."emails" AS m WHERE m.leased_by IS NULL AND m.visible_at <= now_utc LIMIT exact_limit + 1
     ) AS counted;
-    -- The range past now also holds the in-flight rows: few, as many as leases held.
     SELECT count(*) INTO delayed_count FROM (
-        SELECT 1 FROM "queue"."emails" AS m WHERE m.visible_at > now_utc AND m.leased_by IS NULL LIMIT exact_limit + 1
+        SELECT 1 FROM "queue"."emails" AS m WHERE m.leased_by IS NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
     ) AS counted;
     SELECT m.visible_at INTO oldest_ready
     FROM "queue"."emails" AS m
-    WHERE m.visible_at <= now_utc
+    WHERE m.leased_by IS NULL AND m.visible_at <= now_utc
     ORDER BY m.visible_at, m.id
     LIMIT 1;
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
+    -- Along ix_emails_lease_start's order, so that the plan walks it (w.expired_order).
+    SELECT count(*), min(e.visible_at) INTO expired_count, expired_oldest FROM (
+        SELECT m.visible_at FROM "queue"."emails" AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+        ORDER BY m.leased_by, m.leased_at
+        LIMIT exact_limit + 1
+    ) AS e;
+    ready_count := ready_count + expired_count;
+    oldest_ready := least(oldest_ready, expired_oldest);
     SELECT count(*) INTO in_flight_count FROM (
-        SELECT 1 FROM "queue"."emails" AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+        SELECT 1 FROM "queue"."emails" AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc
+        ORDER BY m.leased_by, m.leased_at
+        LIMIT exact_limit + 1
     ) AS counted;
     SELECT count(*) INTO dead_count FROM (
         SELECT 1 FROM "queue"."emails_dead" AS d LIMIT exact_limit + 1

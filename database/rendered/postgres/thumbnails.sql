@@ -1,9 +1,10 @@
 -- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.thumbnails
--- tablequeue:unit queue.thumbnails storage v2 table
+-- tablequeue:unit queue.thumbnails storage v3 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
--- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
+-- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed:
+-- a HOT update needs every indexed column unchanged, a partial index's predicate columns included).
 CREATE TABLE IF NOT EXISTS "queue"."thumbnails" (
     -- Client-supplied (Pintér); seq is the claim order's tie-breaker.
     id uuid NOT NULL,
@@ -38,14 +39,14 @@ WITH (
     autovacuum_analyze_threshold = 1000
 );
 
--- The claim's exact WHERE and ORDER BY (one priority level per range scan).
-CREATE INDEX IF NOT EXISTS "ix_thumbnails_claim"
-ON "queue"."thumbnails" (priority DESC, visible_at, seq);
-
--- A worker's own messages (the restart path) and the in-flight count; only leased rows.
-CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease"
-ON "queue"."thumbnails" (leased_by, visible_at, seq)
-WHERE leased_by IS NOT NULL;
+-- The claim's exact WHERE and ORDER BY, of the messages nobody leases (new, due, retrying, released).
+-- One priority level per range scan.
+-- Partial, so that a lease (leased_by set) writes no entry here: a leased row version is in the
+-- primary key and the lease start index only (docs/queue-kinds.md, What a lease writes), where the
+-- look for expired leases finds it.
+CREATE INDEX IF NOT EXISTS "ix_thumbnails_ready"
+ON "queue"."thumbnails" (priority DESC, visible_at, seq)
+WHERE leased_by IS NULL;
 
 -- tablequeue:unit queue.thumbnails_enqueue_result storage v1 type
 -- tablequeue:shape kind=work
@@ -90,8 +91,9 @@ CREATE SEQUENCE IF NOT EXISTS "queue"."thumbnails_rewinds";
 -- tablequeue:unit queue.ix_thumbnails_lease_start storage v1 index
 -- tablequeue:shape kind=work
 
--- The own-messages probe: a worker's leases taken since this session last found it holding none
--- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
+-- Leased messages: the own-messages probe (a worker's leases taken since this session last found it
+-- holding none), the look for expired leases (dequeue, at most once a second per session) and the
+-- in-flight count. An index of its own, so that queues deployed before it gain it without a rebuild.
 CREATE INDEX IF NOT EXISTS "ix_thumbnails_lease_start"
 ON "queue"."thumbnails" (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;
@@ -444,6 +446,8 @@ DECLARE
     -- need not read back through the entries of the messages it has finished (docs/work-queue.md).
     own_state text := current_setting('tablequeue.queue.thumbnails.own', true);
     own_since timestamptz := '-infinity';
+    -- When this session's next look for expired leases is due (w.expired_due).
+    expired_state text := current_setting('tablequeue.queue.thumbnails.expired', true);
     current_level integer;
     level_ids uuid[];
     level_buried bigint;
@@ -462,9 +466,9 @@ BEGIN
     END IF;
     lease_until := now_utc + make_interval(secs => effective_lease);
 
-    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe on
-    -- ix_thumbnails_lease_start, the claim on ix_thumbnails_lease. The claim the probe guards is needed only
-    -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
+    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe and the claim on
+    -- ix_thumbnails_lease_start (the claim sorts the worker's few leases). The claim the probe guards is needed
+    -- only after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
     IF substr(own_state, strpos(own_state, '|') + 1) = thumbnails_dequeue.worker AND strpos(own_state, '|') <= 18
@@ -552,9 +556,167 @@ BEGIN
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
-    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_thumbnails_claim.
-    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
-    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    -- 2. Expired leases: a crashed or stopped worker's messages. A lease takes a message out of ix_thumbnails_ready, so they are
+    -- found on ix_thumbnails_lease_start, which this reads whole: at most once a second per session
+    -- (w.expired_due; docs/work-queue.md, Expired leases), in that index's order. A look that filled the
+    -- batch may have left more behind (a crashed worker's whole batch): the next call looks again.
+    IF remaining > 0 AND (expired_state IS NULL OR length(expired_state) <> 16 OR expired_state COLLATE "C" <= (extract(EPOCH FROM now_utc) * 1000000)::bigint::text
+        OR expired_state COLLATE "C" > ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text) THEN
+        WHILE remaining > 0 LOOP
+            IF remaining = 1 THEN
+                WITH next_messages AS (
+                    SELECT
+                        m.id,
+                        m.seq AS tie,
+                        m.visible_at,
+                        m.leased_by
+                    FROM "queue"."thumbnails" AS m
+                    WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+                    ORDER BY m.leased_by, m.leased_at
+                    LIMIT 1
+                    FOR UPDATE SKIP LOCKED
+                ),
+
+                leased AS (
+                    UPDATE "queue"."thumbnails" AS m
+                    SET
+                        attempts = m.attempts + 1,
+                        visible_at = lease_until,
+                        leased_by = thumbnails_dequeue.worker,
+                        leased_at = now_utc,
+                        lease_token = gen_random_uuid()
+                    FROM next_messages AS n
+                    WHERE m.id = n.id
+                    RETURNING m.id, m.attempts
+                )
+
+                SELECT
+                    array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(n.leased_by) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc))
+                INTO step_ids, exhausted_ids, exhausted_workers
+                FROM leased AS l
+                INNER JOIN next_messages AS n ON l.id = n.id;
+                buried_count := 0;
+                IF exhausted_ids IS NOT NULL THEN
+                    WITH gone AS (
+                        DELETE FROM "queue"."thumbnails" AS m
+                        WHERE m.id = ANY(exhausted_ids)
+                        RETURNING m.*
+                    ),
+
+                    buried AS (
+                        INSERT INTO "queue"."thumbnails_dead" (
+                            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            g.id,
+                            g.enqueued_at,
+                            g.due_at,
+                            g.priority,
+                            g.attempts - 1,
+                            'lease expired',
+                            exhausted_workers[array_position(exhausted_ids, g.id)],
+                            now_utc,
+                            g.payload
+                        FROM gone AS g
+                        ON CONFLICT (id) DO UPDATE SET
+                            enqueued_at = excluded.enqueued_at,
+                            due_at = excluded.due_at,
+                            priority = excluded.priority,
+                            attempts = excluded.attempts,
+                            last_error = excluded.last_error,
+                            last_worker = excluded.last_worker,
+                            dead_at = excluded.dead_at,
+                            payload = excluded.payload
+                        RETURNING 1
+                    )
+
+                    SELECT count(*) INTO buried_count FROM buried;
+                END IF;
+            ELSE
+                WITH next_messages AS (
+                    SELECT
+                        m.id,
+                        m.seq AS tie,
+                        m.visible_at,
+                        m.leased_by
+                    FROM "queue"."thumbnails" AS m
+                    WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+                    ORDER BY m.leased_by, m.leased_at
+                    LIMIT remaining
+                    FOR UPDATE SKIP LOCKED
+                ),
+
+                leased AS (
+                    UPDATE "queue"."thumbnails" AS m
+                    SET
+                        attempts = m.attempts + 1,
+                        visible_at = lease_until,
+                        leased_by = thumbnails_dequeue.worker,
+                        leased_at = now_utc,
+                        lease_token = gen_random_uuid()
+                    WHERE m.id = ANY(ARRAY(SELECT n.id FROM next_messages AS n))
+                    RETURNING m.id, m.attempts
+                )
+
+                SELECT
+                    array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(l.id) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc)),
+                    array_agg(n.leased_by) FILTER (WHERE (l.attempts > 4 AND n.visible_at <= now_utc))
+                INTO step_ids, exhausted_ids, exhausted_workers
+                FROM leased AS l
+                INNER JOIN next_messages AS n ON l.id = n.id;
+                buried_count := 0;
+                IF exhausted_ids IS NOT NULL THEN
+                    WITH gone AS (
+                        DELETE FROM "queue"."thumbnails" AS m
+                        WHERE m.id = ANY(exhausted_ids)
+                        RETURNING m.*
+                    ),
+
+                    buried AS (
+                        INSERT INTO "queue"."thumbnails_dead" (
+                            id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+                        )
+                        SELECT
+                            g.id,
+                            g.enqueued_at,
+                            g.due_at,
+                            g.priority,
+                            g.attempts - 1,
+                            'lease expired',
+                            exhausted_workers[array_position(exhausted_ids, g.id)],
+                            now_utc,
+                            g.payload
+                        FROM gone AS g
+                        ON CONFLICT (id) DO UPDATE SET
+                            enqueued_at = excluded.enqueued_at,
+                            due_at = excluded.due_at,
+                            priority = excluded.priority,
+                            attempts = excluded.attempts,
+                            last_error = excluded.last_error,
+                            last_worker = excluded.last_worker,
+                            dead_at = excluded.dead_at,
+                            payload = excluded.payload
+                        RETURNING 1
+                    )
+
+                    SELECT count(*) INTO buried_count FROM buried;
+                END IF;
+            END IF;
+            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+            remaining := batch_size - cardinality(claimed_ids);
+            EXIT WHEN buried_count = 0;
+        END LOOP;
+        IF remaining > 0 THEN
+        expired_state := set_config('tablequeue.queue.thumbnails.expired', ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text, false);
+        END IF;
+    END IF;
+
+    -- 3. Messages nobody leases (new, due, retried, released), on ix_thumbnails_ready. Separate statements,
+    -- never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees its place in the
+    -- batch, so claim again until the batch is full or nothing visible is left.
     -- Priority levels claim from the head of each level (no claim position: docs/work-queue.md).
     WHILE remaining > 0 LOOP
         -- A loose index scan: one range scan per priority level present. A single ORDER BY
@@ -562,7 +724,7 @@ BEGIN
         -- claim, and the whole index when nothing is ready.
         step_ids := '{}';
         buried_count := 0;
-        current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
+        current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.leased_by IS NULL ORDER BY m.priority DESC LIMIT 1);
         WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
             IF remaining - cardinality(step_ids) = 1 THEN
                 WITH next_messages AS (
@@ -572,7 +734,7 @@ BEGIN
                         m.visible_at,
                         m.leased_by
                     FROM "queue"."thumbnails" AS m
-                    WHERE m.priority = current_level AND m.visible_at <= now_utc
+                    WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
                     ORDER BY m.visible_at, m.seq
                     LIMIT 1
                     FOR UPDATE SKIP LOCKED
@@ -643,7 +805,7 @@ BEGIN
                         m.visible_at,
                         m.leased_by
                     FROM "queue"."thumbnails" AS m
-                    WHERE m.priority = current_level AND m.visible_at <= now_utc
+                    WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
                     ORDER BY m.visible_at, m.seq
                     LIMIT remaining - cardinality(step_ids)
                     FOR UPDATE SKIP LOCKED
@@ -709,7 +871,10 @@ BEGIN
             step_ids := step_ids || coalesce(level_ids, '{}');
             buried_count := buried_count + level_buried;
             current_level := (
-                SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+                SELECT m.priority FROM "queue"."thumbnails" AS m
+                WHERE m.priority < current_level AND m.leased_by IS NULL
+                ORDER BY m.priority DESC
+                LIMIT 1
             );
         END LOOP;
         claimed_ids := claimed_ids || coalesce(step_ids, '{}');
@@ -1324,17 +1489,18 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     deadline timestamptz;
     current_level integer;
+    expired_state text := current_setting('tablequeue.queue.thumbnails.expired', true);
 BEGIN
     IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_wait: wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'));
     END IF;
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
     -- One probe per priority level present, from the top (the loose index scan of dequeue).
-    current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
+    current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.leased_by IS NULL ORDER BY m.priority DESC LIMIT 1);
     WHILE current_level IS NOT NULL LOOP
         PERFORM
         FROM "queue"."thumbnails" AS m
-        WHERE m.priority = current_level AND m.visible_at <= now_utc
+        WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
         ORDER BY m.visible_at, m.seq
         LIMIT 1
         FOR KEY SHARE SKIP LOCKED;
@@ -1342,9 +1508,26 @@ BEGIN
             RETURN true;
         END IF;
         current_level := (
-            SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+            SELECT m.priority FROM "queue"."thumbnails" AS m
+            WHERE m.priority < current_level AND m.leased_by IS NULL
+            ORDER BY m.priority DESC
+            LIMIT 1
         );
     END LOOP;
+    -- An expired lease, when this session's dequeue would look for one now (w.expired_due): not
+    -- sooner, or the caller would dequeue nothing and be woken again at once until its look is due.
+    IF (expired_state IS NULL OR length(expired_state) <> 16 OR expired_state COLLATE "C" <= (extract(EPOCH FROM now_utc) * 1000000)::bigint::text
+        OR expired_state COLLATE "C" > ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text) THEN
+        PERFORM
+        FROM "queue"."thumbnails" AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+        ORDER BY m.leased_by, m.leased_at
+        LIMIT 1
+        FOR KEY SHARE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+    END IF;
     IF clock_timestamp() >= deadline THEN
         RETURN NULL;
     END IF;
@@ -1403,6 +1586,8 @@ GRANT EXECUTE ON PROCEDURE "queue"."thumbnails_wait" TO "queue_consumer";
 
 -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
 -- delayed: not yet due and not leased; in_flight: under a live lease; dead: in S.Q_dead.
+-- Messages nobody leases are counted on ix_thumbnails_ready, leased ones (expired or live) on
+-- ix_thumbnails_lease_start: as many as leases held.
 CREATE OR REPLACE FUNCTION "queue"."thumbnails_stats"()
 RETURNS TABLE (
     ready bigint,
@@ -1425,6 +1610,8 @@ DECLARE
     exact_limit constant bigint := 10000;
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
+    expired_count bigint;
+    expired_oldest timestamptz;
     delayed_count bigint := 0;
     in_flight_count bigint;
     dead_count bigint;
@@ -1435,29 +1622,47 @@ DECLARE
     level_oldest timestamptz;
 BEGIN
     -- One priority level at a time, as the claim reads the index.
-    current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m ORDER BY m.priority DESC LIMIT 1);
+    current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.leased_by IS NULL ORDER BY m.priority DESC LIMIT 1);
     WHILE current_level IS NOT NULL AND ready_count <= exact_limit AND delayed_count <= exact_limit LOOP
         ready_count := ready_count + (SELECT count(*) FROM (
             SELECT 1 FROM "queue"."thumbnails" AS m
-            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
             LIMIT exact_limit + 1 - ready_count
         ) AS counted);
         delayed_count := delayed_count + (SELECT count(*) FROM (
             SELECT 1 FROM "queue"."thumbnails" AS m
-            WHERE m.priority = current_level AND m.visible_at > now_utc AND m.leased_by IS NULL
+            WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at > now_utc
             LIMIT exact_limit + 1 - delayed_count
         ) AS counted);
         level_oldest := (
             SELECT m.visible_at FROM "queue"."thumbnails" AS m
-            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
             ORDER BY m.visible_at, m.seq
             LIMIT 1
         );
         oldest_ready := least(oldest_ready, level_oldest);
-        current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1);
+        current_level := (
+            SELECT m.priority FROM "queue"."thumbnails" AS m
+            WHERE m.priority < current_level AND m.leased_by IS NULL
+            ORDER BY m.priority DESC
+            LIMIT 1
+        );
     END LOOP;
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
+    -- Along ix_thumbnails_lease_start's order, so that the plan walks it (w.expired_order).
+    SELECT count(*), min(e.visible_at) INTO expired_count, expired_oldest FROM (
+        SELECT m.visible_at FROM "queue"."thumbnails" AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+        ORDER BY m.leased_by, m.leased_at
+        LIMIT exact_limit + 1
+    ) AS e;
+    ready_count := ready_count + expired_count;
+    oldest_ready := least(oldest_ready, expired_oldest);
     SELECT count(*) INTO in_flight_count FROM (
-        SELECT 1 FROM "queue"."thumbnails" AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+        SELECT 1 FROM "queue"."thumbnails" AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc
+        ORDER BY m.leased_by, m.leased_at
+        LIMIT exact_limit + 1
     ) AS counted;
     SELECT count(*) INTO dead_count FROM (
         SELECT 1 FROM "queue"."thumbnails_dead" AS d LIMIT exact_limit + 1
@@ -1527,6 +1732,7 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     purged_count bigint;
+    leased_count bigint;
 BEGIN
     IF thumbnails_purge.max_rows < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_purge: max_rows must be at least 1, got %s.', thumbnails_purge.max_rows);
@@ -1538,10 +1744,11 @@ BEGIN
     -- The doomed ids as an array, not a join: a generic plan (PL/pgSQL's own after a few calls, or
     -- plan_cache_mode) costs LIMIT max_rows at a tenth of the table and joins by hashing a sequential
     -- scan of all of it; an array is probed on the primary key whatever its size.
+    -- No index leads on seq: the messages nobody leases in claim order along ix_thumbnails_ready, then
+    -- the leased ones along ix_thumbnails_lease_start.
     WITH doomed AS (
         SELECT m.id FROM "queue"."thumbnails" AS m
-        WHERE thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than
-        -- In claim order, along the claim index: no index leads on seq.
+        WHERE m.leased_by IS NULL AND (thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than)
         ORDER BY m.priority DESC, m.visible_at, m.seq
         LIMIT thumbnails_purge.max_rows
         FOR UPDATE SKIP LOCKED
@@ -1552,6 +1759,22 @@ BEGIN
     )
 
     SELECT count(*) INTO purged_count FROM deleted;
+    IF thumbnails_purge.max_rows IS NULL OR purged_count < thumbnails_purge.max_rows THEN
+        WITH doomed AS (
+            SELECT m.id FROM "queue"."thumbnails" AS m
+            WHERE m.leased_by IS NOT NULL AND (thumbnails_purge.older_than IS NULL OR m.enqueued_at < thumbnails_purge.older_than)
+            ORDER BY m.leased_by, m.leased_at
+            LIMIT thumbnails_purge.max_rows - purged_count
+            FOR UPDATE SKIP LOCKED
+        ),
+
+        deleted AS (
+            DELETE FROM "queue"."thumbnails" AS m WHERE m.id = ANY(ARRAY(SELECT d.id FROM doomed AS d)) RETURNING 1
+        )
+
+        SELECT count(*) INTO leased_count FROM deleted;
+        purged_count := purged_count + leased_count;
+    END IF;
     RETURN QUERY SELECT purged_count;
 END;
 $function$;

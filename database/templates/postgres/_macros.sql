@@ -177,6 +177,13 @@ SET plan_cache_mode = force_generic_plan
 {%- endif %}
 {%- endmacro %}
 
+{#- work: the predicate of ix_<q>_ready, the claim index of the messages nobody leases (with groups:
+    of those without a group), over alias `alias` (none: bare columns, for the CREATE INDEX). -#}
+{% macro ready_predicate(grouped, alias=none) -%}
+{%- set p = (alias ~ '.') if alias else '' -%}
+{{ p }}leased_by IS NULL{% if grouped %} AND {{ p }}group_key IS NULL{% endif %}
+{%- endmacro %}
+
 {#- The claim position (docs/queue-kinds.md, "The claim position"): where a session's next claim
     starts in the claim index, kept between calls in a custom setting named after the queue. -#}
 {% macro position_setting(suffix='') %}'tablequeue.{{ schema }}.{{ queue.name }}{{ suffix }}'{% endmacro %}
@@ -232,8 +239,10 @@ position_state ~ '{{ position_pattern(key) }}' AND length(split_part(position_st
     position_id bigint;
 {%- endmacro %}
 
+{#- work: the position lies in ix_<q>_ready (no position with groups or priority), whose predicate it
+    carries, so that every scan from it can use the partial index. -#}
 {% macro position_predicate(key) -%}
-{% if key | length == 2 %}(m.{{ key[0] }}, m.{{ key[1] }}) >= (position_time, position_id){% else %}m.{{ key[0] }} >= position_id{% endif %}
+{% if queue.kind == 'work' %}{{ ready_predicate(false, 'm') }} AND {% endif %}{% if key | length == 2 %}(m.{{ key[0] }}, m.{{ key[1] }}) >= (position_time, position_id){% else %}m.{{ key[0] }} >= position_id{% endif %}
 {%- endmacro %}
 
 {#- The smallest key still visible at or after the position (every row another consumer holds

@@ -25,6 +25,36 @@
     END IF;
 {%- endmacro %}
 
+{#- ix_<q>_ready's predicate over alias `alias`: every claim from it repeats it, so that the planner
+    can use the partial index. -#}
+{% macro ready_filter(alias=none) %}{{ m.ready_predicate(groups, alias) }}{% endmacro %}
+
+{#- Leased messages whose lease has expired (a crashed or stopped worker's), over alias `alias`: in
+    ix_<q>_lease_start, not in ix_<q>_ready (with groups: of those without a group; a grouped head is
+    found again on ix_<q>_heads, whose entries a lease keeps). -#}
+{#- The look's order: ix_<q>_lease_start's own, so that its plan walks that index and stops at the batch
+    (a plan cached on an empty queue for an order no index gives, visible_at, is a sort over a
+    sequential scan of the whole table; tests/test_plans_at_depth.py). -#}
+{% set expired_order = 'm.leased_by, m.leased_at' %}
+{% macro expired_filter(alias) -%}
+{{ alias }}.leased_by IS NOT NULL{% if groups %} AND {{ alias }}.group_key IS NULL{% endif %} AND {{ alias }}.visible_at <= now_utc
+{%- endmacro %}
+
+{#- A session looks for expired leases at most once a second (dequeue, and wait_step's probe), so that
+    the look, which reads every lease the queue holds, costs a busy consumer once a second and not on
+    every call. The setting holds when the next look is due: epoch microseconds (16 digits from 2001
+    to 2286) as text, compared as text in the C collation, so that no value a session sets (the
+    settings are the session's to change) can raise; one more than a second ahead is not trusted. -#}
+{% macro expired_setting() %}{{ m.position_setting('.expired') }}{% endmacro %}
+{% macro epoch_us(expr) %}(extract(EPOCH FROM {{ expr }}) * 1000000)::bigint{% endmacro %}
+{% macro expired_due(state) -%}
+({{ state }} IS NULL OR length({{ state }}) <> 16 OR {{ state }} COLLATE "C" <= {{ epoch_us('now_utc') }}::text
+        OR {{ state }} COLLATE "C" > ({{ epoch_us('now_utc') }} + 1000000)::text)
+{%- endmacro %}
+{% macro expired_looked(state) %}
+    {{ state }} := set_config({{ expired_setting() }}, ({{ epoch_us('now_utc') }} + 1000000)::text, false);
+{%- endmacro %}
+
 {#- The lease guard of complete, fail, extend_lease, release: the message, leased by this worker,
     the lease still live and, given a token, the lease that token names (0.1.0 callers pass none and
     keep the check by name, deprecated). IS NOT DISTINCT FROM (worker is never NULL here): with `=`
@@ -254,7 +284,7 @@ WITH (
     the whole table for every batch (67 messages/s at batch 10 over 40,000 waiting); an array of ids
     is costed at ten probes of the primary key whatever the depth. A literal `LIMIT 1` is costed at
     one row, so its join is a nested loop, about 19,000 server instructions cheaper than the array. -#}
-{% macro claim_ctes(where_sql, limit_sql, own=false, returning="m.id, m.attempts") %}
+{% macro claim_ctes(where_sql, limit_sql, own=false, returning="m.id, m.attempts", order_sql=none) %}
     WITH next_messages AS (
         SELECT
             m.id,
@@ -263,7 +293,7 @@ WITH (
             m.leased_by
         FROM {{ t }} AS m
         WHERE {{ where_sql }}
-        ORDER BY m.visible_at, m.{{ tie }}
+        ORDER BY {{ order_sql or ('m.visible_at, m.' ~ tie) }}
         LIMIT {{ limit_sql }}
         FOR UPDATE SKIP LOCKED
     ),
@@ -312,9 +342,9 @@ WITH (
 ({{ attempts_sql }} > {{ max_attempts }} AND {{ visible_sql }} <= now_utc)
 {%- endmacro %}
 
-{% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', own=false) %}
+{% macro claim_statement(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', own=false, order_sql=none) %}
 {% set exhausted = exhausted('l.attempts', 'n.visible_at') %}
-{{ claim_ctes(where_sql, limit_sql, own) }}
+{{ claim_ctes(where_sql, limit_sql, own, order_sql=order_sql) }}
 
     SELECT
         array_agg(l.id ORDER BY n.visible_at, n.tie) FILTER (WHERE NOT {{ exhausted }}),
@@ -334,11 +364,11 @@ WITH (
     and the generic plan of a LIMIT given by a variable (costed for an unknown limit) is a sort of
     the whole queue, so such a statement is planned again on every call; with a literal LIMIT 1 the
     generic plan is the index scan and is kept for the session (docs/BENCHMARKS.md, The ceiling). -#}
-{% macro claim_by_limit(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count') %}
+{% macro claim_by_limit(where_sql, limit_sql, ids_var='step_ids', buried_var='buried_count', order_sql=none) %}
     IF {{ limit_sql }} = 1 THEN
-{{ claim_statement(where_sql, '1', ids_var, buried_var) | indent(4, first=true) }}
+{{ claim_statement(where_sql, '1', ids_var, buried_var, order_sql=order_sql) | indent(4, first=true) }}
     ELSE
-{{ claim_statement(where_sql, limit_sql, ids_var, buried_var) | indent(4, first=true) }}
+{{ claim_statement(where_sql, limit_sql, ids_var, buried_var, order_sql=order_sql) | indent(4, first=true) }}
     END IF;
 {%- endmacro %}
 

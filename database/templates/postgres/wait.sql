@@ -4,18 +4,21 @@
 {% set grouped = opt.get('groups', false) %}
 {% if is_work %}
 {% set ready_sql = 'm.visible_at <= now_utc' %}
+{#- The messages nobody leases: ix_<q>_ready's predicate (expired leases: the probe after). -#}
+{% set unleased_sql = w.ready_filter('m') ~ ' AND ' %}
 {% set probe_order_sql = 'm.visible_at, m.' ~ tie %}
 {% set probe_position = not has_priority and not grouped %}
 {% else %}
+{% set unleased_sql = '' %}
 {% set ready_sql = 'm.due_at <= now_utc' if has_due else 'true' %}
 {% set probe_order_sql = claim_order_sql %}
 {% set probe_position = has_position %}
 {% endif %}
-{% macro probe(where_sql) %}
+{% macro probe(where_sql, order_sql=probe_order_sql) %}
     PERFORM
     FROM {{ t }} AS m
     WHERE {{ where_sql }}
-    ORDER BY {{ probe_order_sql }}
+    ORDER BY {{ order_sql }}
     LIMIT 1
     FOR KEY SHARE SKIP LOCKED;
 {%- endmacro %}
@@ -47,6 +50,9 @@ DECLARE
 {% elif probe_position %}
 {{ m.position_declare(position_key, seen=false) }}
 {% endif %}
+{% if is_work %}
+    expired_state text := current_setting({{ w.expired_setting() }}, true);
+{% endif %}
 BEGIN
     IF wait_ms IS NULL OR wait_ms NOT BETWEEN 0 AND 20000 THEN
 {{ m.throw('invalid_argument', "format('" ~ names.plain('_wait') ~ ": wait_ms must be between 0 and 20000, got %s.', coalesce(wait_ms::text, 'NULL'))") }}
@@ -54,14 +60,17 @@ BEGIN
     deadline := started_at + make_interval(secs => wait_ms / 1000.0);
 {% if is_work and has_priority %}
     -- One probe per priority level present, from the top (the loose index scan of dequeue).
-    current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
+    current_level := (SELECT m.priority FROM {{ t }} AS m WHERE {{ w.ready_filter('m') }} ORDER BY m.priority DESC LIMIT 1);
     WHILE current_level IS NOT NULL LOOP
-{{ probe("m.priority = current_level AND " ~ ready_sql) | indent(4, first=true) }}
+{{ probe("m.priority = current_level AND " ~ unleased_sql ~ ready_sql) | indent(4, first=true) }}
         IF FOUND THEN
             RETURN true;
         END IF;
         current_level := (
-            SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+            SELECT m.priority FROM {{ t }} AS m
+            WHERE m.priority < current_level AND {{ w.ready_filter('m') }}
+            ORDER BY m.priority DESC
+            LIMIT 1
         );
     END LOOP;
 {% elif grouped %}
@@ -69,7 +78,7 @@ BEGIN
     -- nobody holds. That probe locks the groups row (FOR SHARE: held groups are stepped over, and a
     -- claim steps over this one for the instant until the caller's COMMIT), never the candidate: a
     -- claim that took the group and then met its head locked would hold the group with no message.
-{{ probe("m.group_key IS NULL AND " ~ ready_sql) }}
+{{ probe((unleased_sql if is_work else 'm.group_key IS NULL AND ') ~ ready_sql) }}
     IF FOUND THEN
         RETURN true;
     END IF;
@@ -87,9 +96,19 @@ BEGIN
 {% if probe_position %}
 {{ m.position_load(position_key) }}
 {% endif %}
-{{ probe((m.position_predicate(position_key) ~ ' AND ' if probe_position else '') ~ ready_sql) }}
+{{ probe((m.position_predicate(position_key) ~ ' AND ' if probe_position else unleased_sql) ~ ready_sql) }}
     IF FOUND THEN
         RETURN true;
+    END IF;
+{% endif %}
+{% if is_work %}
+    -- An expired lease, when this session's dequeue would look for one now (w.expired_due): not
+    -- sooner, or the caller would dequeue nothing and be woken again at once until its look is due.
+    IF {{ w.expired_due('expired_state') }} THEN
+{{ probe(w.expired_filter('m'), w.expired_order) | indent(4, first=true) }}
+        IF FOUND THEN
+            RETURN true;
+        END IF;
     END IF;
 {% endif %}
     IF clock_timestamp() >= deadline THEN

@@ -25,9 +25,11 @@
 {% import '_macros.sql' as m with context %}
 {% import '_work_macros.sql' as w with context %}
 {% import '_group_macros.sql' as grp with context %}
-{# Version 2: lease_token (migrations/work_table_v1_to_v2.sql). #}
-{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
--- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed).
+{# Version 2: lease_token (migrations/work_table_v1_to_v2.sql). Version 3: the claim index ix_Q_ready of
+   messages nobody leases replaces ix_Q_claim and ix_Q_lease (migrations/work_table_v2_to_v3.sql). #}
+{{ m.unit(names.plain(), 'storage', version=3, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
+-- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed:
+-- a HOT update needs every indexed column unchanged, a partial index's predicate columns included).
 CREATE TABLE IF NOT EXISTS {{ t }} (
 {% if client_ids %}
     -- Client-supplied (Pintér); seq is the claim order's tie-breaker.
@@ -73,11 +75,19 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
 -- scans from the head do not wade through dead entries (as the destructive kinds).
 {{ w.updated_table_parameters() }}
 
--- The claim's exact WHERE and ORDER BY{% if has_priority %} (one priority level per range scan){% endif %}{% if groups %} (of messages without a group){% endif %}.
-CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'claim') }}
-ON {{ t }} ({% if has_priority %}priority DESC, {% endif %}visible_at, {{ tie }}){% if groups %}
-
-WHERE group_key IS NULL{% endif %};
+-- The claim's exact WHERE and ORDER BY, of the messages nobody leases (new, due, retrying, released).
+{% if groups %}
+-- Messages with a group are claimed from ix_{{ queue.name }}_heads.
+{% endif %}
+{% if has_priority %}
+-- One priority level per range scan.
+{% endif %}
+-- Partial, so that a lease (leased_by set) writes no entry here: a leased row version is in the
+-- primary key and the lease start index only (docs/queue-kinds.md, What a lease writes), where the
+-- look for expired leases finds it.
+CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'ready') }}
+ON {{ t }} ({% if has_priority %}priority DESC, {% endif %}visible_at, {{ tie }})
+WHERE {{ w.ready_filter() }};
 {% if groups %}
 
 -- The claim of grouped messages: only head candidates, so a held group's backlog is never read.
@@ -90,11 +100,6 @@ CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'group') }}
 ON {{ t }} (group_key, group_head, {{ tie }})
 WHERE group_key IS NOT NULL;
 {% endif %}
-
--- A worker's own messages (the restart path) and the in-flight count; only leased rows.
-CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease') }}
-ON {{ t }} (leased_by, visible_at, {{ tie }})
-WHERE leased_by IS NOT NULL;
 {% if dedupe %}
 
 CREATE UNIQUE INDEX IF NOT EXISTS {{ names.index('ux', 'dedupe') }}
@@ -140,8 +145,9 @@ $type$;
 {{ m.rewinds_unit() }}
 
 {{ m.unit(names.index_plain('ix', 'lease_start'), 'storage', version=1, object='index') }}
--- The own-messages probe: a worker's leases taken since this session last found it holding none
--- (dequeue). An index of its own, so that queues deployed before it gain it without a rebuild.
+-- Leased messages: the own-messages probe (a worker's leases taken since this session last found it
+-- holding none), the look for expired leases (dequeue, at most once a second per session) and the
+-- in-flight count. An index of its own, so that queues deployed before it gain it without a rebuild.
 CREATE INDEX IF NOT EXISTS {{ names.index('ix', 'lease_start') }}
 ON {{ t }} (leased_by, leased_at)
 WHERE leased_by IS NOT NULL;

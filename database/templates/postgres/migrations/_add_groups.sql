@@ -31,12 +31,12 @@ ON {{ t }} (group_key, group_head, {{ tie }})
 WHERE group_key IS NOT NULL;
 {% if is_work %}
 
-{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'claim_new') ~ ' (messages without a group) CONCURRENTLY', build_locks) }}
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'claim_new') }}
+{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'ready_new') ~ ' (messages without a group) CONCURRENTLY', build_locks) }}
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'ready_new') }}
 ON {{ t }} (visible_at, {{ tie }})
-WHERE group_key IS NULL;
+WHERE {{ m.ready_predicate(true) }};
 
-{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'claim') ~ ' with it',
+{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'ready') ~ ' with it',
           'the table, ACCESS EXCLUSIVE to drop the old index and rename the new one (catalog updates)', after_code=true) }}
 {% include 'migrations/_replace_claim_index.sql' %}
 {% else %}

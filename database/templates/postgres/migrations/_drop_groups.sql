@@ -6,13 +6,14 @@
 {% set t = names.obj() %}
 {% set is_work = queue.kind == 'work' %}
 {% if is_work %}
-{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'claim_new') ~ ' (every message) CONCURRENTLY',
+{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'ready_new') ~ ' (every message) CONCURRENTLY',
           'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions',
           after_code=true) }}
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'claim_new') }}
-ON {{ t }} (visible_at, {{ tie }});
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'ready_new') }}
+ON {{ t }} (visible_at, {{ tie }})
+WHERE {{ m.ready_predicate(false) }};
 
-{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'claim') ~ ' with it',
+{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'ready') ~ ' with it',
           'the table, ACCESS EXCLUSIVE to drop the old index and rename the new one (catalog updates)', after_code=true) }}
 {% include 'migrations/_replace_claim_index.sql' %}
 

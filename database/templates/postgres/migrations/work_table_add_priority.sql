@@ -8,11 +8,12 @@
           'the table, ACCESS EXCLUSIVE for a catalog update (a constant default: no rewrite since PostgreSQL 11)') }}
 ALTER TABLE {{ t }} ADD COLUMN IF NOT EXISTS priority integer NOT NULL DEFAULT 0;
 
-{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'claim_new') ~ ' (priority leading) CONCURRENTLY',
+{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'ready_new') ~ ' (priority leading) CONCURRENTLY',
           'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions') }}
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'claim_new') }}
-ON {{ t }} (priority DESC, visible_at, {{ tie }});
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'ready_new') }}
+ON {{ t }} (priority DESC, visible_at, {{ tie }})
+WHERE {{ m.ready_predicate(false) }};
 
-{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'claim') ~ ' with it',
+{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'ready') ~ ' with it',
           'the table, ACCESS EXCLUSIVE to drop the old index and rename the new one (catalog updates)') }}
 {% include 'migrations/_replace_claim_index.sql' %}

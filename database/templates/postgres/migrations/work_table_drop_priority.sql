@@ -4,13 +4,14 @@
 {% import '_macros.sql' as m with context %}
 {% set t = names.obj() %}
 {% set tie = 'seq' if opt.client_ids else 'id' %}
-{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'claim_new') ~ ' (no priority) CONCURRENTLY',
+{{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'ready_new') ~ ' (no priority) CONCURRENTLY',
           'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions',
           after_code=true) }}
-CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'claim_new') }}
-ON {{ t }} (visible_at, {{ tie }});
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'ready_new') }}
+ON {{ t }} (visible_at, {{ tie }})
+WHERE {{ m.ready_predicate(false) }};
 
-{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'claim') ~ ' with it, drop column priority',
+{{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'ready') ~ ' with it, drop column priority',
           'the table, ACCESS EXCLUSIVE for catalog updates (no rewrite)', after_code=true) }}
 {% include 'migrations/_replace_claim_index.sql' %}
 

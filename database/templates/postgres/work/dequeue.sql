@@ -1,9 +1,9 @@
 {#- PostgreSQL: S.Q_dequeue of the work kind (included by work.sql, whose variables and imports it uses). -#}
 {% if groups %}
-{#- The claim of messages without a group: the kind's claim, on the partial ix_<q>_claim. -#}
+{#- The claim of messages without a group: the kind's claim, on the partial ix_<q>_ready. -#}
 {% macro ungrouped_claim() %}
         WHILE remaining > 0 LOOP
-{{ w.claim_by_limit("m.group_key IS NULL AND m.visible_at <= now_utc", "remaining") | indent(8, first=true) }}
+{{ w.claim_by_limit(w.ready_filter('m') ~ " AND m.visible_at <= now_utc", "remaining") | indent(8, first=true) }}
             claimed_ids := claimed_ids || coalesce(step_ids, '{}');
             remaining := batch_size - cardinality(claimed_ids);
             EXIT WHEN buried_count = 0;
@@ -91,6 +91,8 @@ DECLARE
     -- need not read back through the entries of the messages it has finished (docs/work-queue.md).
     own_state text := current_setting({{ m.position_setting('.own') }}, true);
     own_since timestamptz := '-infinity';
+    -- When this session's next look for expired leases is due (w.expired_due).
+    expired_state text := current_setting({{ w.expired_setting() }}, true);
 {% if has_priority %}
     current_level integer;
     level_ids {{ id_type }}[];
@@ -106,7 +108,8 @@ DECLARE
     head_tie bigint;
     grouped_first boolean;
 {% else %}
-    own_count integer;
+    -- How many the steps before the claim from the position took (own messages, expired leases).
+    before_ready integer;
     claimed_exhausted boolean;
     claimed_worker text;
     claimed_tie bigint;
@@ -120,9 +123,9 @@ BEGIN
 {{ w.check_lease('dequeue', 'effective_lease') }}
     lease_until := now_utc + make_interval(secs => effective_lease);
 
-    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe on
-    -- ix_{{ queue.name }}_lease_start, the claim on ix_{{ queue.name }}_lease. The claim the probe guards is needed only
-    -- after a restart. A worker name is one single-threaded consumer (contract), so no lease can
+    -- 1. Own messages first (leased, even unexpired: a restarted worker): the probe and the claim on
+    -- ix_{{ queue.name }}_lease_start (the claim sorts the worker's few leases). The claim the probe guards is needed
+    -- only after a restart. A worker name is one single-threaded consumer (contract), so no lease can
     -- come to this worker between the probe and the claim. `>=`: the claim below leases at the
     -- very time it records.
     IF substr(own_state, strpos(own_state, '|') + 1) = {{ fn }}_dequeue.worker AND strpos(own_state, '|') <= 18
@@ -173,18 +176,35 @@ BEGIN
     END IF;
     remaining := batch_size - cardinality(claimed_ids);
 
-    -- 2. Visible messages (new, due, retried, or with an expired lease), on ix_{{ queue.name }}_claim.
-    -- Two statements, never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees
-    -- its place in the batch, so claim again until the batch is full or nothing visible is left.
+    -- 2. Expired leases: a crashed or stopped worker's messages{% if groups %} without a group (a grouped head comes
+    -- back on ix_{{ queue.name }}_heads){% endif %}. A lease takes a message out of ix_{{ queue.name }}_ready, so they are
+    -- found on ix_{{ queue.name }}_lease_start, which this reads whole: at most once a second per session
+    -- (w.expired_due; docs/work-queue.md, Expired leases), in that index's order. A look that filled the
+    -- batch may have left more behind (a crashed worker's whole batch): the next call looks again.
+    IF remaining > 0 AND {{ w.expired_due('expired_state') }} THEN
+        WHILE remaining > 0 LOOP
+{{ w.claim_by_limit(w.expired_filter('m'), "remaining", order_sql=w.expired_order) | indent(8, first=true) }}
+            claimed_ids := claimed_ids || coalesce(step_ids, '{}');
+            remaining := batch_size - cardinality(claimed_ids);
+            EXIT WHEN buried_count = 0;
+        END LOOP;
+        IF remaining > 0 THEN
+    {{ w.expired_looked('expired_state') }}
+        END IF;
+    END IF;
+
+    -- 3. Messages nobody leases (new, due, retried, released), on ix_{{ queue.name }}_ready. Separate statements,
+    -- never an OR (DESIGN.md §4). A row that goes to the dead-letter table frees its place in the
+    -- batch, so claim again until the batch is full or nothing visible is left.
 {% if has_priority %}
     -- Priority levels claim from the head of each level (no claim position: docs/work-queue.md).
 {% elif groups %}
-    -- Messages without a group on ix_{{ queue.name }}_claim, grouped ones on ix_{{ queue.name }}_heads, each from the head of
+    -- Messages without a group on ix_{{ queue.name }}_ready, grouped ones on ix_{{ queue.name }}_heads, each from the head of
     -- its index (no claim position: a promoted head can be old). The source with the older first
     -- message is claimed from first, the other fills the batch (docs/queue-kinds.md, Message groups).
     SELECT m.visible_at, m.{{ tie }} INTO ungrouped_at, ungrouped_tie
     FROM {{ t }} AS m
-    WHERE m.group_key IS NULL AND m.visible_at <= now_utc
+    WHERE {{ w.ready_filter('m') }} AND m.visible_at <= now_utc
     ORDER BY m.visible_at, m.{{ tie }}
     LIMIT 1;
     SELECT m.visible_at, m.{{ tie }} INTO head_at, head_tie
@@ -202,12 +222,12 @@ BEGIN
     END IF;
 {% else %}
     -- From this session's claim position (docs/queue-kinds.md, The claim position).
-    own_count := cardinality(claimed_ids);
+    before_ready := cardinality(claimed_ids);
 {{ m.position_load(position_key) }}
 
-    -- One message and none of the worker's own: the hot path. The claim fills the OUT parameters (no
+    -- One message and nothing taken before: the hot path. The claim fills the OUT parameters (no
     -- read-back) and finds this session's next position itself (m.position_seen: no probe after it).
-    IF remaining = 1 AND own_count = 0 THEN
+    IF remaining = 1 AND before_ready = 0 THEN
         LOOP
 {{ claim_one() }}
             EXIT WHEN NOT FOUND;
@@ -229,13 +249,16 @@ BEGIN
         -- claim, and the whole index when nothing is ready.
         step_ids := '{}';
         buried_count := 0;
-        current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
+        current_level := (SELECT m.priority FROM {{ t }} AS m WHERE {{ w.ready_filter('m') }} ORDER BY m.priority DESC LIMIT 1);
         WHILE current_level IS NOT NULL AND cardinality(step_ids) < remaining LOOP
-{{ w.claim_by_limit("m.priority = current_level AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8, first=true) }}
+{{ w.claim_by_limit("m.priority = current_level AND " ~ w.ready_filter('m') ~ " AND m.visible_at <= now_utc", "remaining - cardinality(step_ids)", "level_ids", "level_buried") | indent(8, first=true) }}
             step_ids := step_ids || coalesce(level_ids, '{}');
             buried_count := buried_count + level_buried;
             current_level := (
-                SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1
+                SELECT m.priority FROM {{ t }} AS m
+                WHERE m.priority < current_level AND {{ w.ready_filter('m') }}
+                ORDER BY m.priority DESC
+                LIMIT 1
             );
         END LOOP;
 {% else %}
@@ -247,7 +270,7 @@ BEGIN
     END LOOP;
 {% endif %}
 {% if not has_priority and not groups %}
-    IF cardinality(claimed_ids) > own_count THEN
+    IF cardinality(claimed_ids) > before_ready THEN
 {{ m.position_find(position_key) | indent(4, first=true) }}
     END IF;
 {% endif %}

@@ -2,6 +2,8 @@
 {{ m.unit(names.plain('_stats'), 'code') }}
 -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
 -- delayed: not yet due and not leased; in_flight: under a live lease; dead: in S.Q_dead.
+-- Messages nobody leases are counted on ix_{{ queue.name }}_ready, leased ones (expired or live) on
+-- ix_{{ queue.name }}_lease_start: as many as leases held.
 CREATE OR REPLACE FUNCTION {{ names.verb('stats') }}()
 RETURNS TABLE (
     ready bigint,
@@ -20,6 +22,8 @@ DECLARE
     exact_limit constant bigint := 10000;
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
+    expired_count bigint;
+    expired_oldest timestamptz;
     delayed_count bigint := 0;
     in_flight_count bigint;
     dead_count bigint;
@@ -33,51 +37,68 @@ DECLARE
 BEGIN
 {% if has_priority %}
     -- One priority level at a time, as the claim reads the index.
-    current_level := (SELECT m.priority FROM {{ t }} AS m ORDER BY m.priority DESC LIMIT 1);
+    current_level := (SELECT m.priority FROM {{ t }} AS m WHERE m.leased_by IS NULL ORDER BY m.priority DESC LIMIT 1);
     WHILE current_level IS NOT NULL AND ready_count <= exact_limit AND delayed_count <= exact_limit LOOP
         ready_count := ready_count + (SELECT count(*) FROM (
             SELECT 1 FROM {{ t }} AS m
-            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
             LIMIT exact_limit + 1 - ready_count
         ) AS counted);
         delayed_count := delayed_count + (SELECT count(*) FROM (
             SELECT 1 FROM {{ t }} AS m
-            WHERE m.priority = current_level AND m.visible_at > now_utc AND m.leased_by IS NULL
+            WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at > now_utc
             LIMIT exact_limit + 1 - delayed_count
         ) AS counted);
         level_oldest := (
             SELECT m.visible_at FROM {{ t }} AS m
-            WHERE m.priority = current_level AND m.visible_at <= now_utc
+            WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
             ORDER BY m.visible_at, m.{{ tie }}
             LIMIT 1
         );
         oldest_ready := least(oldest_ready, level_oldest);
-        current_level := (SELECT m.priority FROM {{ t }} AS m WHERE m.priority < current_level ORDER BY m.priority DESC LIMIT 1);
+        current_level := (
+            SELECT m.priority FROM {{ t }} AS m
+            WHERE m.priority < current_level AND m.leased_by IS NULL
+            ORDER BY m.priority DESC
+            LIMIT 1
+        );
     END LOOP;
 {% else %}
     SELECT count(*) INTO ready_count FROM (
-        SELECT 1 FROM {{ t }} AS m WHERE m.visible_at <= now_utc LIMIT exact_limit + 1
+        SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NULL AND m.visible_at <= now_utc LIMIT exact_limit + 1
     ) AS counted;
-    -- The range past now also holds the in-flight rows: few, as many as leases held.
     SELECT count(*) INTO delayed_count FROM (
-        SELECT 1 FROM {{ t }} AS m WHERE m.visible_at > now_utc AND m.leased_by IS NULL LIMIT exact_limit + 1
+        SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
     ) AS counted;
 {% if groups %}
     -- The oldest of either claim index (the ungrouped one is partial): no index orders them all.
     oldest_ready := least(
-        (SELECT m.visible_at FROM {{ t }} AS m WHERE m.group_key IS NULL AND m.visible_at <= now_utc ORDER BY m.visible_at, m.{{ tie }} LIMIT 1),
+        (SELECT m.visible_at FROM {{ t }} AS m WHERE {{ w.ready_filter('m') }} AND m.visible_at <= now_utc ORDER BY m.visible_at, m.{{ tie }} LIMIT 1),
         (SELECT m.visible_at FROM {{ t }} AS m WHERE m.group_head AND m.visible_at <= now_utc ORDER BY m.visible_at, m.{{ tie }} LIMIT 1)
     );
 {% else %}
     SELECT m.visible_at INTO oldest_ready
     FROM {{ t }} AS m
-    WHERE m.visible_at <= now_utc
+    WHERE m.leased_by IS NULL AND m.visible_at <= now_utc
     ORDER BY m.visible_at, m.{{ tie }}
     LIMIT 1;
 {% endif %}
 {% endif %}
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
+    -- Along ix_{{ queue.name }}_lease_start's order, so that the plan walks it (w.expired_order).
+    SELECT count(*), min(e.visible_at) INTO expired_count, expired_oldest FROM (
+        SELECT m.visible_at FROM {{ t }} AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= now_utc
+        ORDER BY {{ w.expired_order }}
+        LIMIT exact_limit + 1
+    ) AS e;
+    ready_count := ready_count + expired_count;
+    oldest_ready := least(oldest_ready, expired_oldest);
     SELECT count(*) INTO in_flight_count FROM (
-        SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+        SELECT 1 FROM {{ t }} AS m
+        WHERE m.leased_by IS NOT NULL AND m.visible_at > now_utc
+        ORDER BY {{ w.expired_order }}
+        LIMIT exact_limit + 1
     ) AS counted;
     SELECT count(*) INTO dead_count FROM (
         SELECT 1 FROM {{ dead_t }} AS d LIMIT exact_limit + 1

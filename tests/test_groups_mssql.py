@@ -253,8 +253,9 @@ def test_the_grouped_work_claim_reads_only_due_head_candidates_and_never_waits()
         dequeue = _code(_procedure(_render_work()[f"{queue}.sql"], "dequeue", queue))
         # Ungrouped messages on the filtered claim index; grouped ones from the head index, a range
         # seek from the last candidate seen, stepping over every group this call has tried.
-        assert re.search(rf"INDEX \(\[ix_{queue}_ungrouped\]\), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, "
-                         rf"READCOMMITTEDLOCK\)\s*WHERE m\.group_key IS NULL AND m\.visible_at <= @now", dequeue)
+        assert re.search(rf"INDEX \(\[ix_{queue}_ready_ungrouped\]\), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, "
+                         rf"READCOMMITTEDLOCK\)\s*WHERE m\.group_key IS NULL AND m\.leased_by IS NULL AND "
+                         rf"m\.visible_at <= @now", dequeue)
         probe = dequeue[dequeue.index("@after_at = m.visible_at"):]
         probe = probe[:probe.index(f"ORDER BY m.visible_at, m.{tie};")]
         assert f"INDEX ([ix_{queue}_heads]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK" in probe
@@ -328,18 +329,18 @@ def test_the_work_groups_migrations_build_what_a_fresh_install_has() -> None:
     fresh = _render_work()["jobs.sql"]
 
     def indexes(text: str) -> set[str]:
-        return {" ".join(i.split()) for i in re.findall(r"CREATE NONCLUSTERED INDEX \[ix_jobs_(?:ungrouped|heads|group)\][^;]*?"
+        return {" ".join(i.split()) for i in re.findall(r"CREATE NONCLUSTERED INDEX \[ix_jobs_(?:ready_ungrouped|heads|group)\][^;]*?"
                                                          r"WHERE [^;\n]*", text)}
 
     assert indexes(fresh) == indexes(added) and len(indexes(fresh)) == 3
-    assert "[ix_jobs_claim]" not in fresh
+    assert "[ix_jobs_ready]" not in fresh
     # The old claim index goes after the code units (the old code pins it until then); dropping
     # groups builds it again before them and drops the group indexes after.
     after = added.index("tablequeue:step transaction after-code")
-    assert added.index("DROP INDEX IF EXISTS [ix_jobs_claim]") > after
-    assert dropped.index("CREATE NONCLUSTERED INDEX [ix_jobs_claim]") < dropped.index("after-code")
+    assert added.index("DROP INDEX IF EXISTS [ix_jobs_ready]") > after
+    assert dropped.index("CREATE NONCLUSTERED INDEX [ix_jobs_ready]") < dropped.index("after-code")
     assert all(dropped.index(f"DROP INDEX IF EXISTS [ix_jobs_{p}]") > dropped.index("after-code")
-               for p in ("heads", "group", "ungrouped"))
+               for p in ("heads", "group", "ready_ungrouped"))
     for role in ("dead", "history"):
         assert "ADD group_key nvarchar(200)" in migrations[f"s.jobs_{role}.work_{role}_add_groups.sql"]
         assert "DROP COLUMN group_key" in migrations[f"s.jobs_{role}.work_{role}_drop_groups.sql"]

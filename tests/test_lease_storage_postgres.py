@@ -128,3 +128,43 @@ def test_a_forged_look_setting_never_raises_and_never_hides_an_expired_lease_for
         assert leased["lease_token"] != got[0]["lease_token"]
     finally:
         conn.close()
+
+
+def test_an_idle_wait_reads_the_leases_about_once_a_second_and_still_wakes_for_an_expired_one(
+        deploy_queues: Callable[..., Any]) -> None:
+    # The senior-PostgreSQL review of storage v3 (M1): wait_step's probe for expired leases reads every
+    # lease the queue holds; it ran on every 50 ms step while the session's look was due (60 reads of
+    # the index in a 3 s wait). A probe that finds none now counts as the session's look.
+    deployed = deploy_queues({"name": "q", "payload": "json", "kind": "work"})
+    schema = deployed.catalog.schema
+    admin, waiter = deployed.connect(), deployed.connect()
+    leases = 2_000
+    try:
+        busy = deployed.client("q", admin)
+        for b in range(2):                      # live leases of busy workers, nothing ready
+            busy.enqueue_batch({"payload": {"i": i}} for i in range(leases // 2))
+            assert len(busy.dequeue(batch_size=leases // 2, worker=f"busy{b}", lease_seconds=600)) == leases // 2
+        idle = deployed.client("q", waiter)
+        assert idle.dequeue(worker="idle") == []    # its look: nothing expired
+
+        def entries_read() -> int:
+            admin.execute("SELECT pg_stat_force_next_flush()")
+            return admin.execute("SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes "
+                                 "WHERE schemaname = %s AND indexrelname = 'ix_q_lease_start'", (schema,)).fetchone()[0]
+
+        time.sleep(1.1)                         # the look is due again
+        waiter.execute("SELECT pg_stat_force_next_flush()")
+        before = entries_read()
+        assert idle.wait(3000) is False
+        waiter.execute("SELECT pg_stat_force_next_flush()")
+        read = entries_read() - before
+        # About one look a second over a 3 s wait; the fault read the index on all ~60 steps.
+        assert read <= 6 * leases, f"an idle 3 s wait read ix_q_lease_start {read / leases:.0f} times"
+        # ... and a lease that expires still wakes the waiter, which then dequeues it.
+        crashed = busy.enqueue({"x": 1})["id"]
+        assert [m["id"] for m in busy.dequeue(worker="crashed", lease_seconds=1)] == [crashed]
+        assert idle.wait(5000) is True
+        assert [(m["id"], m["attempts"]) for m in idle.dequeue(worker="idle")] == [(crashed, 2)]
+    finally:
+        admin.close()
+        waiter.close()

@@ -40,15 +40,17 @@ def _flat(text: str) -> str:
 
 _INDEX_ID = re.compile(r"INDEXPROPERTY\(OBJECT_ID\(N'(?P<table>[^']+)'\),N'(?P<name>\w+)','IndexID'\)"
                        r"IS(?P<not>NOT)?NULL")
-# The key of a usable (not disabled) nonclustered index without a filter: the model's indexes are
-# never disabled, every one it builds here is nonclustered, and one with a filter does not count.
+# The key of a usable (not disabled) nonclustered index, without a filter or with exactly the one the
+# guard names (compared without spaces, brackets and parentheses, as the guard compares SQL Server's
+# filter_definition): the model's indexes are never disabled, every one it builds here is nonclustered.
 _HAS_KEY = re.compile(r"(?P<not>NOT)?COALESCE\(\(SELECTSTRING_AGG\(CONCAT\(c\.name,CASEWHEN"
                       r"ic\.is_descending_key=1THENN'DESC'END\),N','\)WITHINGROUP\(ORDERBY"
                       r"ic\.key_ordinal\)FROMsys\.indexesASiINNERJOINsys\.index_columnsASicON"
                       r"i\.object_id=ic\.object_idANDi\.index_id=ic\.index_idINNERJOINsys\.columnsAScON"
                       r"ic\.object_id=c\.object_idANDic\.column_id=c\.column_idWHEREi\.object_id="
                       r"OBJECT_ID\(N'(?P<table>[^']+)'\)ANDi\.name=N'(?P<name>\w+)'ANDi\.type=(?P<type>[12])AND"
-                      r"i\.is_disabled=0ANDi\.has_filter=0ANDic\.key_ordinal>0\),N''\)=N'(?P<key>[^']*)'")
+                      r"i\.is_disabled=0ANDi\.has_filter=(?:0|1ANDREPLACE\(TRANSLATE\(i\.filter_definition,N'\[\]\(\)',"
+                      r"N''\),N'',N''\)=N'(?P<filter>[^']*)')ANDic\.key_ordinal>0\),N''\)=N'(?P<key>[^']*)'")
 # Guards about other things than the table's indexes: either outcome is possible here.
 _UNKNOWN = re.compile(r"SERVERPROPERTY\('EngineEdition'\)IN\([\d,]+\)|COL_LENGTH\(N'[^']+',N'\w+'\)IS(NOT)?NULL"
                       r"|OBJECT_ID\(N'[^']+',N'D'\)ISNULL")
@@ -66,6 +68,11 @@ def _key(index: IndexKey) -> str:
     return ",".join(f"{c}{'DESC' if d else ''}" for c, d in index.columns)
 
 
+def _filter(index: IndexKey) -> str:
+    """The index's filter as the guard compares it: its conditions without spaces, joined by AND."""
+    return "and".join(c.replace(" ", "").lower() for c in index.filter)
+
+
 def _find(state: State, table: str, name: str) -> IndexKey | None:
     return next((i for i in state if i.table == table and i.name == name.lower()), None)
 
@@ -77,8 +84,9 @@ def _atom(text: str, state: State) -> bool | None:
     match = _HAS_KEY.fullmatch(text)
     if match:
         found = _find(state, _fold(match["table"]), match["name"])
+        wanted = (match["filter"] or "").lower()
         # Every index this model builds is nonclustered: a guard asking for a clustered key never holds.
-        return ((found is not None and not found.filter and match["type"] == "2" and _key(found) == match["key"])
+        return ((found is not None and _filter(found) == wanted and match["type"] == "2" and _key(found) == match["key"])
                 != bool(match["not"]))
     if _UNKNOWN.fullmatch(text):
         return None
@@ -313,19 +321,20 @@ def _build_step(after: dict):
 
 @pytest.mark.parametrize("found", ["priority key", "a filter"])
 def test_a_claim_name_holding_another_index_is_rebuilt_under_a_temporary_name_then_renamed(found: str) -> None:
-    """The name the new code pins holds another index: 0.1.0's key led by priority, or the right key
-    under a filter (has_key counts only a usable nonclustered index without one). The build step
-    builds ix_q_claim_new, drops the old one and renames the new one in its transaction, not
-    DROP_EXISTING (offline: Sch-M on the table for the whole build); its locks line says so."""
+    """The name the new code pins holds another index: a key led by priority, or the right key under
+    another filter (has_key counts only a usable nonclustered index with the claim index's filter,
+    WHERE leased_by IS NULL). The build step builds ix_q_ready_new, drops the old one and renames the
+    new one in its transaction, not DROP_EXISTING (offline: Sch-M on the table for the whole build);
+    its locks line says so."""
     step = _build_step({})
-    other = IndexKey("t", "s.q", "ix_q_claim",
+    other = IndexKey("t", "s.q", "ix_q_ready",
                      (("priority", True), ("visible_at", False), ("id", False)) if found == "priority key"
                      else (("visible_at", False), ("id", False)),
-                     () if found == "priority key" else ("leased_by is not null",))
+                     ("LEASED_BY IS NULL",) if found == "priority key" else ("LEASED_BY IS NOT NULL",))
     states = run_step(step.sql, [(other,)])
     assert [[(i.name, i.columns, i.filter) for i in state] for state in states] == \
-        [[("ix_q_claim", (("visible_at", False), ("id", False)), ())]]
-    assert "DROP_EXISTING" not in step.sql and "ix_q_claim_new" in step.sql
+        [[("ix_q_ready", (("visible_at", False), ("id", False)), ("LEASED_BY IS NULL",))]]
+    assert "DROP_EXISTING" not in step.sql and "ix_q_ready_new" in step.sql
     assert "Sch-M briefly to drop the old index and rename the new one" in " ".join(step.locks.split())
     # The right index already there: nothing is built.
     assert run_step(step.sql, states) == states

@@ -209,20 +209,24 @@ def test_tsqlt_pinned_index_test_expects_the_keys_the_tables_are_built_with() ->
             if filter_ == "NULL":
                 assert ddl_filter is None, f"{tsqlt.name}: {name} is filtered in the DDL"
             else:
-                column, rest = ddl_filter.split(" ", 1)
                 # Compared without spaces and parentheses: the catalog keeps SQL Server's own form.
-                assert filter_ == f"N'[{column}]{rest.replace(' ', '')}'", f"{tsqlt.name}: {name} filter {filter_} vs {ddl_filter}"
+                compared = "AND".join(f"[{column}]{rest.replace(' ', '')}"
+                                      for column, rest in (c.split(" ", 1) for c in ddl_filter.split(" AND ")))
+                assert filter_ == f"N'{compared}'", f"{tsqlt.name}: {name} filter {filter_} vs {ddl_filter}"
             checked += 1
     assert checked
 
 
 def _sql_server_stored_filter(filter_: str) -> str:
-    """A one-column filter as sys.indexes.filter_definition keeps it: SQL Server brackets the column,
-    puts a comparison's constant in parentheses and drops the spaces around its operator
-    ('group_head = 1' -> '([group_head]=(1))'), keeps IS [NOT] NULL as written ('([group_key] IS NULL)')."""
-    column, rest = filter_.split(" ", 1)
-    comparison = re.fullmatch(r"(=|<>|<|>|<=|>=) (\S+)", rest)
-    return f"([{column}]{comparison[1]}({comparison[2]}))" if comparison else f"([{column}] {rest})"
+    """A filter of one-column conditions joined by AND as sys.indexes.filter_definition keeps it: SQL
+    Server brackets each column, puts a comparison's constant in parentheses and drops the spaces around
+    its operator ('group_head = 1' -> '([group_head]=(1))'), keeps IS [NOT] NULL as written, and wraps
+    the whole in one pair of parentheses ('([group_key] IS NULL AND [leased_by] IS NULL)')."""
+    def condition(text: str) -> str:
+        column, rest = text.split(" ", 1)
+        comparison = re.fullmatch(r"(=|<>|<|>|<=|>=) (\S+)", rest)
+        return f"[{column}]{comparison[1]}({comparison[2]})" if comparison else f"[{column}] {rest}"
+    return "(" + " AND ".join(condition(part) for part in filter_.split(" AND ")) + ")"
 
 
 def test_tsqlt_pinned_index_test_compares_filters_in_the_form_sql_server_stores() -> None:

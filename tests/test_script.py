@@ -52,7 +52,7 @@ def test_a_fresh_install_script_holds_every_unit_in_its_own_transaction_under_th
     # The deploy lock first, released last; the plan at the top for review.
     assert text.index("sys.sp_getapplock @Resource = N'tablequeue:deploy:queue'") < text.index("BEGIN TRANSACTION;")
     assert lines[-2].startswith("EXEC sys.sp_releaseapplock @Resource = N'tablequeue:deploy:queue'")
-    assert "--   create    storage queue.emails  v2 (kind=work" in text
+    assert "--   create    storage queue.emails  v3 (kind=work" in text
     for unit in units:
         assert f"-- create {unit.type} {unit.name}" in text
         assert f"'{unit.checksum}'" in text
@@ -98,8 +98,8 @@ def test_an_mssql_script_planned_against_a_database_holds_its_migrations_in_depl
     assert add < last_code < drop
     assert text.index("where this script''s migrations start") < add   # (quoted in its THROW)
     # The claim index with priority under its own name, before the code units; the old one dropped after.
-    assert text.index("CREATE NONCLUSTERED INDEX [ix_q_claim_priority]") < last_code
-    assert last_code < text.index("DROP INDEX IF EXISTS [ix_q_claim] ON [s].[q];")
+    assert text.index("CREATE NONCLUSTERED INDEX [ix_q_ready_priority]") < last_code
+    assert last_code < text.index("DROP INDEX IF EXISTS [ix_q_ready] ON [s].[q];")
     # Every migration's history row names it, with the shape it leaves.
     assert "'work_table_add_priority'" in text and "'kind=work payload=json dedupe=on priority=on client_ids=off'" in text
     batches = split_batches(text.split(":on error exit", 1)[1])

@@ -447,11 +447,11 @@ NO_INDEX = ("a {what} of queue.{queue} without INDEX (ix): a plan compiled on an
             "name the index whose key is its WHERE and ORDER BY")
 PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, new), the violation)
     "a claim without its hints": (
-        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_claim])",
-        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""), NO_INDEX.format(what="claim", queue="emails")),
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_ready])",
+        ("INDEX ([ix_emails_ready]), FORCESEEK, ", ""), NO_INDEX.format(what="claim", queue="emails")),
     "a wait probe without its hints": (
-        "emails.sql", "emails_wait", "INDEX ([ix_emails_claim])",
-        ("INDEX ([ix_emails_claim]), FORCESEEK, ", ""), NO_INDEX.format(what="probe", queue="emails")),
+        "emails.sql", "emails_wait", "INDEX ([ix_emails_ready])",
+        ("INDEX ([ix_emails_ready]), FORCESEEK, ", ""), NO_INDEX.format(what="probe", queue="emails")),
     "a strict FIFO claim without its hint": (
         "ledger.sql", "ledger_dequeue", "INDEX ([pk_ledger])", ("INDEX ([pk_ledger]), ", ""),
         NO_INDEX.format(what="claim", queue="ledger")),
@@ -463,22 +463,34 @@ PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, ne
         "thumbnails.sql", "thumbnails_dequeue", "WHERE m.priority < @priority",
         # The first such hint list of the procedure: the claim's has UPDLOCK, the first level's no FORCESEEK.
         ("FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)", "ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
-        "a probe that compares priority, the first key column of ix_thumbnails_claim_priority, without FORCESEEK: a plan "
+        "a probe that compares priority, the first key column of ix_thumbnails_ready_priority, without FORCESEEK: a plan "
         "compiled on an empty queue may scan the index at depth"),
     "FORCESEEK with nothing to seek on": (
         "orders.sql", "orders_dequeue", "INDEX ([pk_orders])", ("INDEX ([pk_orders]), ", "INDEX ([pk_orders]), FORCESEEK, "),
         "FORCESEEK on a claim that does not compare id, the first key column of pk_orders: no seek plan exists (8622)"),
     "an index the file does not create": (
-        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_claim])", ("[ix_emails_claim]", "[ix_emails_visible]"),
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_ready])", ("[ix_emails_ready]", "[ix_emails_visible]"),
         "INDEX (ix_emails_visible) names no index created on queue.emails"),
     "an index whose key is not the ORDER BY": (
-        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_claim])", ("INDEX ([ix_emails_claim]), FORCESEEK", "INDEX ([pk_emails])"),
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_ready])", ("INDEX ([ix_emails_ready]), FORCESEEK", "INDEX ([pk_emails])"),
         "INDEX (pk_emails): its key (id) is not, after the =-compared columns, the ORDER BY visible_at, id in one "
         "direction: a sort of every matching row"),
     "an ORDER BY the index does not serve": (
         "undo.sql", "undo_dequeue", "INDEX ([pk_undo])", ("ORDER BY m.id DESC", "ORDER BY m.enqueued_at DESC"),
         "INDEX (pk_undo): its key (id) is not, after the =-compared columns, the ORDER BY enqueued_at DESC in one "
         "direction: a sort of every matching row"),
+    "the look for expired leases with FORCESEEK": (
+        # It walks the filtered lease index in its key order (no =-compared column): with FORCESEEK its
+        # visible_at range would have to be a seek, which that key cannot give.
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease]), ROWLOCK",
+        ("INDEX ([ix_emails_lease]), ROWLOCK", "INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK"),
+        "INDEX (ix_emails_lease): its key (leased_by, visible_at, id) does not have the range column visible_at next "
+        "after the =-compared columns: no range seek"),
+    "the look for expired leases out of its index's order": (
+        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease]), ROWLOCK",
+        ("ORDER BY m.leased_by, m.visible_at, m.id", "ORDER BY m.visible_at, m.id"),
+        "INDEX (ix_emails_lease): its key (leased_by, visible_at, id) is not, after the =-compared columns, the ORDER "
+        "BY visible_at, id in one direction: a sort of every matching row"),
     "a filtered index whose filter the claim does not repeat": (
         "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease])",
         ("m.leased_by = @worker AND m.leased_by IS NOT NULL", "m.leased_by = @worker"),
@@ -502,7 +514,7 @@ def test_a_claim_or_probe_without_its_pin_is_refused(defect: str) -> None:
 
 @pytest.mark.parametrize("queue, verb, index, table, faked", [
     ("reminders", "reminders_dequeue", "pk_reminders", "reminders", "queue"),
-    ("emails", "emails_dequeue", "ix_emails_claim", "emails", "queue"),
+    ("emails", "emails_dequeue", "ix_emails_ready", "emails", "queue"),
     ("emails", "emails_dead_list", "pk_emails_dead", "emails_dead", "dead-letter")])
 def test_a_tsqlt_test_that_fakes_a_pinned_table_without_its_indexes_is_refused(queue: str, verb: str, index: str,
                                                                                table: str, faked: str) -> None:
@@ -691,7 +703,7 @@ def test_burying_a_claimed_row_without_the_expired_lease_guard_is_refused() -> N
     assert violations(seeded, "bury-guard", file, "emails_dequeue") == [
         f"{file}:{line_of(text, 'emails_dequeue', 'DELETE m', n)}: bury-guard: claimed rows moved to the dead-letter "
         "table without previous_visible_at <= @now: a worker's own live lease would be buried (procedure "
-        "[queue].[emails_dequeue])" for n in (1, 2)]
+        "[queue].[emails_dequeue])" for n in (1, 2, 3)]   # own messages, the look for expired leases, the claim
 
 
 def test_dynamic_sql_and_select_star_are_refused() -> None:
@@ -796,7 +808,7 @@ GAP_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded [(old, n
         "thumbnails.sql", "thumbnails_dequeue", "FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)",
         [("FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)", "ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
          ("WHERE m.priority < @priority", "WHERE @priority > m.priority")],
-        SEEK.format(what="probe", column="priority", index="ix_thumbnails_claim_priority")),
+        SEEK.format(what="probe", column="priority", index="ix_thumbnails_ready_priority")),
     "a BETWEEN range without FORCESEEK": (
         "reminders.sql", "reminders_dequeue", "INDEX ([pk_reminders])",
         [("FORCESEEK, ", ""), ("WHERE m.due_at <= SYSUTCDATETIME()", "WHERE m.due_at BETWEEN @batch_size AND SYSUTCDATETIME()")],

@@ -14,8 +14,9 @@ GO
 CREATE PROCEDURE [test_queue_emails].[index the faked queue table]
 AS
 BEGIN
-    CREATE NONCLUSTERED INDEX [ix_emails_claim]
-        ON [queue].[emails] (visible_at, id);
+    CREATE NONCLUSTERED INDEX [ix_emails_ready]
+        ON [queue].[emails] (visible_at, id)
+        WHERE leased_by IS NULL;
     CREATE NONCLUSTERED INDEX [ix_emails_lease]
         ON [queue].[emails] (leased_by, visible_at, id)
         WHERE leased_by IS NOT NULL;
@@ -45,6 +46,16 @@ BEGIN
         BEGIN
             EXEC tSQLt.UndoTestDoubles;
         END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[SetUp]
+AS
+BEGIN
+    -- tSQLt runs this before every test of the class. The session's look for expired leases is due
+    -- at the start of each test: SESSION_CONTEXT belongs to the session, not to the transaction tSQLt
+    -- rolls back, so one test's dequeue would otherwise decide whether the next one looks.
+    EXEC sys.sp_set_session_context @key = N'tablequeue.queue.emails.expired', @value = NULL;
 END;
 GO
 
@@ -850,6 +861,328 @@ BEGIN
     VALUES
     (1, 2, N'w', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test dequeue leaves an expired lease until the look is due]
+AS
+BEGIN
+    -- Assemble: 1's lease expired, 2 is ready; this session looked for expired leases a moment ago.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @next_look datetime2(7) = DATEADD(MILLISECOND, 900, SYSUTCDATETIME());
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -10, @now),
+        DATEADD(SECOND, -10, @now), 0,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 2}'
+    );
+    EXEC sys.sp_set_session_context @key = N'tablequeue.queue.emails.expired', @value = @next_look;
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 2,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert: only the ready message; the expired lease waits for the session's next look.
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 2, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, N'crashed', 1),
+    (2, 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test a look short of the batch makes the next due in a second]
+AS
+BEGIN
+    -- Assemble: one expired lease, a batch of two.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, NULL, N'{"n": 1}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 2,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 1, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    DECLARE @next_look sql_variant = SESSION_CONTEXT(N'tablequeue.queue.emails.expired');
+    DECLARE @next_look_type sysname = CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType'));
+    EXEC tSQLt.AssertEqualsString @Expected = N'datetime2', @Actual = @next_look_type;
+    IF CONVERT(datetime2(7), @next_look) NOT BETWEEN DATEADD(SECOND, 1, @now) AND DATEADD(SECOND, 1, SYSUTCDATETIME())
+        BEGIN
+            EXEC tSQLt.Fail N'the next look is not due a second after this one';
+        END;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test a look that fills the batch leaves the look due]
+AS
+BEGIN
+    -- Assemble: a crashed worker's two expired leases, a batch of one.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+    CREATE TABLE #DequeuedAgain (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #DequeuedAgain (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'v',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #ActualAgain
+    FROM #DequeuedAgain AS d;
+
+    -- Assert: the second call looked again and took the other one.
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 1, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    CREATE TABLE #ExpectedAgain (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #ExpectedAgain (position, id, attempts)
+    VALUES
+    (1, 2, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedAgain', @Actual = N'#ActualAgain';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test an untrusted look setting leaves the look due]
+AS
+BEGIN
+    -- Assemble: the session's own values for the key (any type, any time): not one the procedures
+    -- wrote, or more than a second ahead, so the look is due.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @far datetime2(7) = DATEADD(HOUR, 1, SYSUTCDATETIME());
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'crashed', DATEADD(SECOND, -10, @now),
+        NULL, NULL, N'{"n": 2}'
+    );
+    EXEC sys.sp_set_session_context @key = N'tablequeue.queue.emails.expired', @value = N'soon';
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+    EXEC sys.sp_set_session_context @key = N'tablequeue.queue.emails.expired', @value = @far;
+    CREATE TABLE #DequeuedAgain (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #DequeuedAgain (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[emails_dequeue]
+        @batch_size = 1,
+        @worker = N'v',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #ActualAgain
+    FROM #DequeuedAgain AS d;
+
+    -- Assert
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, 1, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    CREATE TABLE #ExpectedAgain (position int NOT NULL, id bigint NOT NULL, attempts int NOT NULL);
+    INSERT INTO #ExpectedAgain (position, id, attempts)
+    VALUES
+    (1, 2, 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedAgain', @Actual = N'#ActualAgain';
 END;
 GO
 
@@ -3708,7 +4041,7 @@ BEGIN
     WHERE
         i.object_id = OBJECT_ID(N'[queue].[emails]')
         AND i.name IN (
-            N'ix_emails_claim',
+            N'ix_emails_ready',
             N'ix_emails_lease'
         )
         AND ic.key_ordinal > 0;
@@ -3727,8 +4060,8 @@ BEGIN
     FROM #Actual AS a;
     INSERT INTO #Expected (index_name, index_type, filter_definition, column_name, is_descending_key, key_ordinal)
     VALUES
-    (N'ix_emails_claim', 2, NULL, N'visible_at', 0, 1),
-    (N'ix_emails_claim', 2, NULL, N'id', 0, 2),
+    (N'ix_emails_ready', 2, N'[leased_by]ISNULL', N'visible_at', 0, 1),
+    (N'ix_emails_ready', 2, N'[leased_by]ISNULL', N'id', 0, 2),
     (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'leased_by', 0, 1),
     (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'visible_at', 0, 2),
     (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'id', 0, 3);
@@ -4341,8 +4674,9 @@ BEGIN
                     ON ic.object_id = c.object_id AND ic.column_id = c.column_id
                 WHERE
                     i.object_id = OBJECT_ID(N'[queue].[emails]')
-                    AND i.name = N'ix_emails_claim_priority'
-                    AND i.type = 2 AND i.is_disabled = 0 AND i.has_filter = 0
+                    AND i.name = N'ix_emails_ready_priority'
+                    AND i.type = 2 AND i.is_disabled = 0 AND i.has_filter = 1
+                    AND REPLACE(TRANSLATE(i.filter_definition, N'[]()', N'    '), N' ', N'') = N'leased_byISNULL'
                     AND ic.key_ordinal > 0
             ),
             N''
@@ -4350,44 +4684,48 @@ BEGIN
         BEGIN
             IF
                 INDEXPROPERTY(
-                    OBJECT_ID(N'[queue].[emails]'), N'ix_emails_claim_priority', 'IndexID'
+                    OBJECT_ID(N'[queue].[emails]'), N'ix_emails_ready_priority', 'IndexID'
                 ) IS NULL
                 BEGIN
                     IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
+                            CREATE NONCLUSTERED INDEX [ix_emails_ready_priority]
                                 ON [queue].[emails] (priority DESC, visible_at, id)
+                                WHERE leased_by IS NULL
                                 WITH (ONLINE = ON);
                         END;
                     ELSE
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_priority]
-                                ON [queue].[emails] (priority DESC, visible_at, id);
+                            CREATE NONCLUSTERED INDEX [ix_emails_ready_priority]
+                                ON [queue].[emails] (priority DESC, visible_at, id)
+                                WHERE leased_by IS NULL;
                         END;
                 END;
             ELSE
                 BEGIN
-                    DROP INDEX IF EXISTS [ix_emails_claim_new] ON [queue].[emails];
+                    DROP INDEX IF EXISTS [ix_emails_ready_new] ON [queue].[emails];
                     IF SERVERPROPERTY('EngineEdition') IN (3, 5, 8)
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_new]
+                            CREATE NONCLUSTERED INDEX [ix_emails_ready_new]
                                 ON [queue].[emails] (priority DESC, visible_at, id)
+                                WHERE leased_by IS NULL
                                 WITH (ONLINE = ON);
                         END;
                     ELSE
                         BEGIN
-                            CREATE NONCLUSTERED INDEX [ix_emails_claim_new]
-                                ON [queue].[emails] (priority DESC, visible_at, id);
+                            CREATE NONCLUSTERED INDEX [ix_emails_ready_new]
+                                ON [queue].[emails] (priority DESC, visible_at, id)
+                                WHERE leased_by IS NULL;
                         END;
-                    DROP INDEX [ix_emails_claim_priority] ON [queue].[emails];
+                    DROP INDEX [ix_emails_ready_priority] ON [queue].[emails];
                     EXEC sys.sp_rename
-                        @objname = N'[queue].[emails].[ix_emails_claim_new]',
-                        @newname = N'ix_emails_claim_priority',
+                        @objname = N'[queue].[emails].[ix_emails_ready_new]',
+                        @newname = N'ix_emails_ready_priority',
                         @objtype = N'INDEX';
                 END;
         END;
 
-    DROP INDEX IF EXISTS [ix_emails_claim] ON [queue].[emails];
+    DROP INDEX IF EXISTS [ix_emails_ready] ON [queue].[emails];
 
     -- Assert
     SELECT

@@ -15,11 +15,11 @@
 {% macro key_column(part) -%}
 {{ part.split(' ')[0] }}{{ '|1' if part.endswith(' DESC') else '|0' }}
 {%- endmacro %}
-{#- A one-column filter ('col IS NOT NULL', 'col = 1') compared without spaces and parentheses:
-    sys.indexes.filter_definition keeps SQL Server's own form of it ('([col]=(1))', '([col] IS NULL)'),
-    which the test does not restate. -#}
+{#- A filter of one-column conditions joined by AND ('col IS NOT NULL', 'col = 1', 'a IS NULL AND b IS
+    NULL') compared without spaces and parentheses: sys.indexes.filter_definition keeps SQL Server's own
+    form of it ('([col]=(1))', '([a] IS NULL AND [b] IS NULL)'), which the test does not restate. -#}
 {% macro compared_filter(filter) -%}
-{% set column, rest = filter.split(' ', 1) %}[{{ column }}]{{ rest | replace(' ', '') }}
+{% for condition in filter.split(' AND ') %}{% set column, rest = condition.split(' ', 1) %}{{ 'AND' if not loop.first }}[{{ column }}]{{ rest | replace(' ', '') }}{% endfor %}
 {%- endmacro %}
 {#- The same for the filter the catalog stores. -#}
 {% macro compared_filter_sql(column_sql) -%}

@@ -223,6 +223,16 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE {{ cls }}.[SetUp]
+AS
+BEGIN
+    -- tSQLt runs this before every test of the class. The session's look for expired leases is due
+    -- at the start of each test: SESSION_CONTEXT belongs to the session, not to the transaction tSQLt
+    -- rolls back, so one test's dequeue would otherwise decide whether the next one looks.
+    EXEC sys.sp_set_session_context @key = N'tablequeue.{{ schema }}.{{ queue.name }}.expired', @value = NULL;
+END;
+GO
+
 -- enqueue -----------------------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test enqueue stores a message due now, no attempt, and returns its id]
@@ -743,6 +753,91 @@ BEGIN
     -- Assert
 {{ expect_dequeued([(1, 2)]) }}
 {{ assert_queue([(1, 2, 'w', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test dequeue leaves an expired lease until the look is due]
+AS
+BEGIN
+    -- Assemble: 1's lease expired, 2 is ready; this session looked for expired leases a moment ago.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @next_look datetime2(7) = DATEADD(MILLISECOND, 900, SYSUTCDATETIME());
+{{ insert_message(1, visible=-5, leased_by='crashed', attempts=1) }}
+{{ insert_message(2, visible=-10) }}
+    EXEC sys.sp_set_session_context @key = N'tablequeue.{{ schema }}.{{ queue.name }}.expired', @value = @next_look;
+{{ dequeue_into_actual(2, 'w') }}
+
+    -- Assert: only the ready message; the expired lease waits for the session's next look.
+{{ expect_dequeued([(2, 1)]) }}
+{{ assert_queue([(1, 1, 'crashed', true), (2, 1, 'w', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a look short of the batch makes the next due in a second]
+AS
+BEGIN
+    -- Assemble: one expired lease, a batch of two.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-5, leased_by='crashed', attempts=1) }}
+{{ dequeue_into_actual(2, 'w') }}
+
+    -- Assert
+{{ expect_dequeued([(1, 2)]) }}
+    DECLARE @next_look sql_variant = SESSION_CONTEXT(N'tablequeue.{{ schema }}.{{ queue.name }}.expired');
+    DECLARE @next_look_type sysname = CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType'));
+    EXEC tSQLt.AssertEqualsString @Expected = N'datetime2', @Actual = @next_look_type;
+    IF CONVERT(datetime2(7), @next_look) NOT BETWEEN DATEADD(SECOND, 1, @now) AND DATEADD(SECOND, 1, SYSUTCDATETIME())
+        BEGIN
+            EXEC tSQLt.Fail N'the next look is not due a second after this one';
+        END;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test a look that fills the batch leaves the look due]
+AS
+BEGIN
+    -- Assemble: a crashed worker's two expired leases, a batch of one.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=-5, leased_by='crashed', attempts=1) }}
+{{ insert_message(2, visible=-5, leased_by='crashed', attempts=1) }}
+{{ dequeue_into_actual(1, 'w') }}
+{{ dequeue_into_actual(1, 'v', tag='Again') }}
+
+    -- Assert: the second call looked again and took the other one.
+{{ expect_dequeued([(1, 2)]) }}
+{{ expect_dequeued([(2, 2)], tag='Again') }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test an untrusted look setting leaves the look due]
+AS
+BEGIN
+    -- Assemble: the session's own values for the key (any type, any time): not one the procedures
+    -- wrote, or more than a second ahead, so the look is due.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    DECLARE @far datetime2(7) = DATEADD(HOUR, 1, SYSUTCDATETIME());
+{{ insert_message(1, visible=-5, leased_by='crashed', attempts=1) }}
+{{ insert_message(2, visible=-5, leased_by='crashed', attempts=1) }}
+    EXEC sys.sp_set_session_context @key = N'tablequeue.{{ schema }}.{{ queue.name }}.expired', @value = N'soon';
+{{ dequeue_into_actual(1, 'w') }}
+    EXEC sys.sp_set_session_context @key = N'tablequeue.{{ schema }}.{{ queue.name }}.expired', @value = @far;
+{{ dequeue_into_actual(1, 'v', tag='Again') }}
+
+    -- Assert
+{{ expect_dequeued([(1, 2)]) }}
+{{ expect_dequeued([(2, 2)], tag='Again') }}
 END;
 GO
 

@@ -60,7 +60,10 @@ claim-pin           every claim (a claim's hinted read with UPDLOCK) and every p
                     index, INDEX (ix), an index or key the SQL creates on that table, whose key is the
                     read's =-compared columns, then its ORDER BY in one direction (or its range column);
                     a filtered index's filter is repeated in the read's WHERE; FORCESEEK when the WHERE
-                    compares the key's first column, never without (no seek plan: 8622); a comparison
+                    compares the key's first column, never without (no seek plan: 8622); a read that
+                    walks a filtered index from its start in its key order (no =-compared column, no
+                    FORCESEEK: the look for expired leases) may range-compare a later key column, a
+                    residual test; a comparison
                     counts with its column on either side, BETWEEN as a range; OR, IN (a, b) and NOT
                     BETWEEN are refused (several seek ranges, no index order). A plan compiled on an
                     empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
@@ -927,7 +930,11 @@ def _key_mismatch(key: IndexKey, read: PinnedRead) -> str | None:
                 {kd != od for (_, kd), (_, od) in zip(head, read.order)}) > 1:
             return (f"is not, after the =-compared columns, the ORDER BY {_written(read.order)} in one direction: "
                     "a sort of every matching row")
-    if read.ranged and (len(set(read.ranged)) > 1 or not rest or rest[0][0] != read.ranged[0]):
+    # A walk of a filtered index from its start, in its key order, without FORCESEEK and with no
+    # =-compared column (the look for expired leases reads the whole lease index, which holds only the
+    # leased rows): a range comparison of a later key column is a residual test, not a seek.
+    walks = bool(key.filter) and not read.equal and not read.forceseek and bool(read.order)
+    if read.ranged and not walks and (len(set(read.ranged)) > 1 or not rest or rest[0][0] != read.ranged[0]):
         return (f"does not have the range column{'s' if len(set(read.ranged)) > 1 else ''} "
                 f"{', '.join(sorted(set(read.ranged)))} next after the =-compared columns: no range seek")
     missing = [f for f in key.filter if f not in read.conditions]

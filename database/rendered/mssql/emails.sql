@@ -4,7 +4,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.emails storage v2 table
+-- tablequeue:unit queue.emails storage v3 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL
@@ -29,17 +29,22 @@ IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL
             dedupe_key nvarchar(200) COLLATE Latin1_General_100_BIN2 NULL, -- noqa: CP02
             payload nvarchar(MAX) NOT NULL,
             CONSTRAINT [ck_emails_payload_json] CHECK (ISJSON(payload) = 1),
-            -- Clustered on the immutable id: a claim, fail or extend updates the row in place (only
-            -- the narrow claim index moves), complete is a clustered seek, and deleted rows leave
-            -- no emptied heap pages behind.
+            -- Clustered on the immutable id: a claim, fail or extend updates the row in place (a
+            -- claim moves its entry from the claim index to the lease index, an extend moves it
+            -- within the lease index), complete is a clustered seek, and deleted rows leave no
+            -- emptied heap pages behind.
             CONSTRAINT [pk_emails] PRIMARY KEY CLUSTERED (id)
         );
 
-        -- The claim's exact WHERE and ORDER BY.
-        CREATE NONCLUSTERED INDEX [ix_emails_claim]
-            ON [queue].[emails] (visible_at, id);
+        -- The claim's exact WHERE and ORDER BY, of the messages nobody leases: filtered, so that a
+        -- lease moves a message's entry out of it into the lease index instead of moving its key
+        -- within it (docs/queue-kinds.md, What a lease writes).
+        CREATE NONCLUSTERED INDEX [ix_emails_ready]
+            ON [queue].[emails] (visible_at, id)
+            WHERE leased_by IS NULL;
 
-        -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
+        -- Leased rows only: a worker's own messages (the restart path), the in-flight count and
+        -- the look for expired leases (dequeue, at most once a second per session).
         CREATE NONCLUSTERED INDEX [ix_emails_lease]
             ON [queue].[emails] (leased_by, visible_at, id)
             WHERE leased_by IS NOT NULL;
@@ -499,6 +504,15 @@ BEGIN
     DECLARE @claimed_now int = 0;
     DECLARE @exhausted int;
     DECLARE @started_transaction bit = 0;
+    DECLARE @next_look sql_variant = SESSION_CONTEXT(N'tablequeue.queue.emails.expired');
+    DECLARE @look_due bit = CASE
+        WHEN @next_look IS NULL THEN 1
+        WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+        ELSE 0
+    END;
+    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
     DECLARE @buried_count int = 0;
 
     BEGIN TRY
@@ -591,7 +605,98 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
+        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
+        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        IF @remaining > 0 AND @look_due = 1
+            BEGIN
+                WHILE @remaining > 0
+                    BEGIN
+                        WITH expired_leases AS (
+                            SELECT TOP (@remaining)
+                                m.id,
+                                m.enqueued_at,
+                                m.due_at,
+                                m.visible_at,
+                                m.attempts,
+                                m.leased_by,
+                                m.leased_at,
+                                m.lease_token,
+                                m.payload
+                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+                            ORDER BY m.leased_by, m.visible_at, m.id
+                        )
+
+                        UPDATE expired_leases
+                        SET
+                            attempts = attempts + 1,
+                            visible_at = @lease_until,
+                            leased_by = @worker,
+                            leased_at = @now,
+                            lease_token = NEWID()
+                        OUTPUT
+                            INSERTED.id,
+                            0,
+                            DELETED.visible_at,
+                            DELETED.leased_by,
+                            INSERTED.enqueued_at,
+                            INSERTED.due_at,
+                            INSERTED.attempts,
+                            INSERTED.lease_token,
+                            INSERTED.payload
+                        INTO @claimed (
+                            id, own, previous_visible_at, previous_worker,
+                            enqueued_at, due_at, attempts, lease_token, payload
+                        );
+                        IF @@ROWCOUNT = 0 BREAK;
+                        SET @buried_count = 0;
+                        SET @exhausted = (
+                            SELECT COUNT(*)
+                            FROM @claimed AS c
+                            WHERE c.attempts > 3 AND c.previous_visible_at <= @now
+                        );
+                        IF @exhausted > 0
+                            BEGIN
+                                DELETE m
+                                OUTPUT
+                                    DELETED.id,
+                                    DELETED.enqueued_at,
+                                    DELETED.due_at,
+                                    DELETED.dedupe_key,
+                                    c.attempts - 1,
+                                    N'lease expired',
+                                    c.previous_worker,
+                                    @now,
+                                    DELETED.payload
+                                INTO
+                                    [queue].[emails_dead] (
+                                        id, enqueued_at, due_at, dedupe_key, attempts,
+                                        last_error, last_worker, dead_at, payload
+                                    )
+                                FROM [queue].[emails] AS m
+                                INNER JOIN @claimed AS c ON m.id = c.id
+                                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+                                SET @buried_count = @@ROWCOUNT;
+
+                                DELETE c
+                                FROM @claimed AS c
+                                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+                            END;
+                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                        IF @buried_count = 0 BREAK;
+                    END;
+                IF @remaining > 0
+                    BEGIN
+                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
+                        EXEC sys.sp_set_session_context
+                            @key = N'tablequeue.queue.emails.expired',
+                            @value = @look_after;
+                    END;
+            END;
+
+        -- 3. Messages nobody leases (new, due, retried, released), on the filtered claim index, whose
+        -- filter the claims repeat. A claimed row that goes to the dead-letter table frees its place in
         -- the batch: claim again until the batch is full or nothing visible is left.
         WHILE @remaining > 0
             BEGIN
@@ -606,8 +711,8 @@ BEGIN
                         m.leased_at,
                         m.lease_token,
                         m.payload
-                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                    WHERE m.visible_at <= @now
+                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_ready]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NULL AND m.visible_at <= @now
                     ORDER BY m.visible_at, m.id
                 )
 
@@ -1335,6 +1440,15 @@ BEGIN
     DECLARE @claimed_now int = 0;
     DECLARE @exhausted int;
     DECLARE @started_transaction bit = 0;
+    DECLARE @next_look sql_variant = SESSION_CONTEXT(N'tablequeue.queue.emails.expired');
+    DECLARE @look_due bit = CASE
+        WHEN @next_look IS NULL THEN 1
+        WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+        ELSE 0
+    END;
+    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
     DECLARE @buried_count int = 0;
     DECLARE @previous_completed bit;
 
@@ -1447,7 +1561,98 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
+        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
+        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        IF @remaining > 0 AND @look_due = 1
+            BEGIN
+                WHILE @remaining > 0
+                    BEGIN
+                        WITH expired_leases AS (
+                            SELECT TOP (@remaining)
+                                m.id,
+                                m.enqueued_at,
+                                m.due_at,
+                                m.visible_at,
+                                m.attempts,
+                                m.leased_by,
+                                m.leased_at,
+                                m.lease_token,
+                                m.payload
+                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+                            ORDER BY m.leased_by, m.visible_at, m.id
+                        )
+
+                        UPDATE expired_leases
+                        SET
+                            attempts = attempts + 1,
+                            visible_at = @lease_until,
+                            leased_by = @worker,
+                            leased_at = @now,
+                            lease_token = NEWID()
+                        OUTPUT
+                            INSERTED.id,
+                            0,
+                            DELETED.visible_at,
+                            DELETED.leased_by,
+                            INSERTED.enqueued_at,
+                            INSERTED.due_at,
+                            INSERTED.attempts,
+                            INSERTED.lease_token,
+                            INSERTED.payload
+                        INTO @claimed (
+                            id, own, previous_visible_at, previous_worker,
+                            enqueued_at, due_at, attempts, lease_token, payload
+                        );
+                        IF @@ROWCOUNT = 0 BREAK;
+                        SET @buried_count = 0;
+                        SET @exhausted = (
+                            SELECT COUNT(*)
+                            FROM @claimed AS c
+                            WHERE c.attempts > 3 AND c.previous_visible_at <= @now
+                        );
+                        IF @exhausted > 0
+                            BEGIN
+                                DELETE m
+                                OUTPUT
+                                    DELETED.id,
+                                    DELETED.enqueued_at,
+                                    DELETED.due_at,
+                                    DELETED.dedupe_key,
+                                    c.attempts - 1,
+                                    N'lease expired',
+                                    c.previous_worker,
+                                    @now,
+                                    DELETED.payload
+                                INTO
+                                    [queue].[emails_dead] (
+                                        id, enqueued_at, due_at, dedupe_key, attempts,
+                                        last_error, last_worker, dead_at, payload
+                                    )
+                                FROM [queue].[emails] AS m
+                                INNER JOIN @claimed AS c ON m.id = c.id
+                                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+                                SET @buried_count = @@ROWCOUNT;
+
+                                DELETE c
+                                FROM @claimed AS c
+                                WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
+                            END;
+                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                        IF @buried_count = 0 BREAK;
+                    END;
+                IF @remaining > 0
+                    BEGIN
+                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
+                        EXEC sys.sp_set_session_context
+                            @key = N'tablequeue.queue.emails.expired',
+                            @value = @look_after;
+                    END;
+            END;
+
+        -- 3. Messages nobody leases (new, due, retried, released), on the filtered claim index, whose
+        -- filter the claims repeat. A claimed row that goes to the dead-letter table frees its place in
         -- the batch: claim again until the batch is full or nothing visible is left.
         WHILE @remaining > 0
             BEGIN
@@ -1462,8 +1667,8 @@ BEGIN
                         m.leased_at,
                         m.lease_token,
                         m.payload
-                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_claim]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                    WHERE m.visible_at <= @now
+                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_ready]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NULL AND m.visible_at <= @now
                     ORDER BY m.visible_at, m.id
                 )
 
@@ -1589,12 +1794,42 @@ BEGIN
 
     DECLARE @deadline datetime2(7) = DATEADD(MILLISECOND, @wait_ms, SYSUTCDATETIME());
     DECLARE @ready bit = 0;
+    DECLARE @now datetime2(7);
+    DECLARE @next_look sql_variant;
+    DECLARE @look_due bit;
+    DECLARE @look_after datetime2(7);
 
     WHILE 1 = 1
         BEGIN
+            SET @now = SYSUTCDATETIME();
             SELECT TOP (1) @ready = 1
-            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_claim]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-            WHERE m.visible_at <= SYSUTCDATETIME();
+            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_ready]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.leased_by IS NULL AND m.visible_at <= @now;
+            IF @ready = 0
+                BEGIN
+                    SET @next_look = SESSION_CONTEXT(N'tablequeue.queue.emails.expired');
+                    SET @look_due = CASE
+                        WHEN @next_look IS NULL THEN 1
+                        WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+                        WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+                        WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+                        ELSE 0
+                    END;
+                    IF @look_due = 1
+                        BEGIN
+                            SELECT TOP (1) @ready = 1
+                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+                            ORDER BY m.leased_by, m.visible_at, m.id;
+                            IF @ready = 0
+                                BEGIN
+                                    SET @look_after = DATEADD(SECOND, 1, @now);
+                                    EXEC sys.sp_set_session_context
+                                        @key = N'tablequeue.queue.emails.expired',
+                                        @value = @look_after;
+                                END;
+                        END;
+                END;
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
             WAITFOR DELAY '00:00:00.050';
@@ -1623,7 +1858,8 @@ BEGIN
     -- the limit the catalog's row count stands in (NServiceBus.SqlServer #481). READPAST: rows a
     -- claim holds right now are not counted, and stats never waits for them.
     -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
-    -- delayed: not yet due and not leased; in_flight: under a live lease.
+    -- delayed: not yet due and not leased; in_flight: under a live lease. Messages nobody leases are
+    -- counted on the claim index (filtered WHERE leased_by IS NULL), leased ones on ix_emails_lease.
     DECLARE @exact_limit bigint = 10000;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @estimated bit = 0;
@@ -1635,24 +1871,38 @@ BEGIN
         FROM (
             SELECT TOP (@exact_limit + 1) m.id
             FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-            WHERE m.visible_at <= @now
+            WHERE m.leased_by IS NULL AND m.visible_at <= @now
         ) AS counted
     );
-    -- The range after now also holds the in-flight rows: as many as there are leases.
     SET @delayed = (
         SELECT COUNT_BIG(*)
         FROM (
             SELECT TOP (@exact_limit + 1) m.id
             FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-            WHERE m.visible_at > @now AND m.leased_by IS NULL
+            WHERE m.leased_by IS NULL AND m.visible_at > @now
         ) AS counted
     );
     SET @oldest_ready = (
         SELECT TOP (1) m.visible_at
         FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-        WHERE m.visible_at <= @now
+        WHERE m.leased_by IS NULL AND m.visible_at <= @now
         ORDER BY m.visible_at ASC, m.id ASC
     );
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
+    DECLARE @expired bigint;
+    DECLARE @oldest_expired datetime2(7);
+    SELECT
+        @expired = COUNT_BIG(*),
+        @oldest_expired = MIN(e.visible_at)
+    FROM (
+        SELECT TOP (@exact_limit + 1) m.visible_at
+        FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+    ) AS e;
+    -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
+    DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
+    SET @ready = @ready + @expired;
+    IF @oldest_ready IS NULL OR @oldest_expired < @oldest_ready SET @oldest_ready = @oldest_expired;
     DECLARE @in_flight bigint = (
         SELECT COUNT_BIG(*)
         FROM (
@@ -1669,7 +1919,7 @@ BEGIN
         ) AS counted
     );
 
-    IF @ready > @exact_limit OR @delayed > @exact_limit OR @in_flight > @exact_limit
+    IF @ready_capped = 1 OR @delayed > @exact_limit OR @in_flight > @exact_limit
         BEGIN
             DECLARE @total_estimate bigint = (
                 SELECT SUM(p.rows)
@@ -1678,7 +1928,7 @@ BEGIN
             );
             SET @estimated = 1;
             -- The catalog's total less the exact counts is the estimate of the one over the limit.
-            IF @ready > @exact_limit AND @total_estimate - @delayed - @in_flight > @ready
+            IF @ready_capped = 1 AND @total_estimate - @delayed - @in_flight > @ready
                 SET @ready = @total_estimate - @delayed - @in_flight;
             ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
                 SET @delayed = @total_estimate - @ready - @in_flight;

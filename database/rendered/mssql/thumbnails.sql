@@ -4,7 +4,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.thumbnails storage v2 table
+-- tablequeue:unit queue.thumbnails storage v3 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 IF OBJECT_ID(N'[queue].[thumbnails]', N'U') IS NULL
@@ -39,11 +39,16 @@ IF OBJECT_ID(N'[queue].[thumbnails]', N'U') IS NULL
         CREATE UNIQUE CLUSTERED INDEX [ux_thumbnails_seq]
             ON [queue].[thumbnails] (seq);
 
-        -- The claim's exact WHERE and ORDER BY, one priority level per seek.
-        CREATE NONCLUSTERED INDEX [ix_thumbnails_claim_priority]
-            ON [queue].[thumbnails] (priority DESC, visible_at, seq);
+        -- The claim's exact WHERE and ORDER BY, of the messages nobody leases: filtered, so that a
+        -- lease moves a message's entry out of it into the lease index instead of moving its key
+        -- within it (docs/queue-kinds.md, What a lease writes).
+        -- One priority level per seek.
+        CREATE NONCLUSTERED INDEX [ix_thumbnails_ready_priority]
+            ON [queue].[thumbnails] (priority DESC, visible_at, seq)
+            WHERE leased_by IS NULL;
 
-        -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
+        -- Leased rows only: a worker's own messages (the restart path), the in-flight count and
+        -- the look for expired leases (dequeue, at most once a second per session).
         CREATE NONCLUSTERED INDEX [ix_thumbnails_lease]
             ON [queue].[thumbnails] (leased_by, visible_at, seq)
             WHERE leased_by IS NOT NULL;
@@ -426,6 +431,15 @@ BEGIN
     DECLARE @exhausted int;
     DECLARE @priority int;
     DECLARE @started_transaction bit = 0;
+    DECLARE @next_look sql_variant = SESSION_CONTEXT(N'tablequeue.queue.thumbnails.expired');
+    DECLARE @look_due bit = CASE
+        WHEN @next_look IS NULL THEN 1
+        WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+        ELSE 0
+    END;
+    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
     DECLARE @buried TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
         enqueued_at datetime2(7) NOT NULL,
@@ -558,7 +572,127 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
+        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
+        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        IF @remaining > 0 AND @look_due = 1
+            BEGIN
+                WHILE @remaining > 0
+                    BEGIN
+                        WITH expired_leases AS (
+                            SELECT TOP (@remaining)
+                                m.id,
+                                m.seq,
+                                m.priority,
+                                m.enqueued_at,
+                                m.due_at,
+                                m.visible_at,
+                                m.attempts,
+                                m.leased_by,
+                                m.leased_at,
+                                m.lease_token,
+                                m.payload
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+                            ORDER BY m.leased_by, m.visible_at, m.seq
+                        )
+
+                        UPDATE expired_leases
+                        SET
+                            attempts = attempts + 1,
+                            visible_at = @lease_until,
+                            leased_by = @worker,
+                            leased_at = @now,
+                            lease_token = NEWID()
+                        OUTPUT
+                            INSERTED.id,
+                            INSERTED.seq,
+                            0,
+                            INSERTED.priority,
+                            DELETED.visible_at,
+                            DELETED.leased_by,
+                            INSERTED.enqueued_at,
+                            INSERTED.due_at,
+                            INSERTED.attempts,
+                            INSERTED.lease_token,
+                            INSERTED.payload
+                        INTO @claimed (
+                            id, seq, own, priority, previous_visible_at, previous_worker,
+                            enqueued_at, due_at, attempts, lease_token, payload
+                        );
+                        IF @@ROWCOUNT = 0 BREAK;
+                        SET @buried_count = 0;
+                        SET @exhausted = (
+                            SELECT COUNT(*)
+                            FROM @claimed AS c
+                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                        );
+                        IF @exhausted > 0
+                            BEGIN
+                                DELETE m
+                                OUTPUT
+                                    DELETED.id,
+                                    DELETED.enqueued_at,
+                                    DELETED.due_at,
+                                    DELETED.priority,
+                                    c.attempts - 1,
+                                    N'lease expired',
+                                    c.previous_worker,
+                                    @now,
+                                    DELETED.payload
+                                INTO
+                                    @buried (
+                                        id, enqueued_at, due_at, priority, attempts,
+                                        last_error, last_worker, dead_at, payload
+                                    )
+                                FROM [queue].[thumbnails] AS m
+                                INNER JOIN @claimed AS c ON m.id = c.id
+                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                SET @buried_count = @@ROWCOUNT;
+
+                                IF @buried_count > 0
+                                    BEGIN
+                                        DELETE d
+                                        FROM [queue].[thumbnails_dead] AS d
+                                        INNER JOIN @buried AS b ON d.id = b.id;
+
+                                        INSERT INTO [queue].[thumbnails_dead] (
+                                            id, enqueued_at, due_at, priority, attempts,
+                                            last_error, last_worker, dead_at, payload
+                                        )
+                                        SELECT
+                                            id,
+                                            enqueued_at,
+                                            due_at,
+                                            priority,
+                                            attempts,
+                                            last_error,
+                                            last_worker,
+                                            dead_at,
+                                            payload
+                                        FROM @buried;
+
+                                        DELETE FROM @buried;
+                                    END;
+
+                                DELETE c
+                                FROM @claimed AS c
+                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                            END;
+                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                        IF @buried_count = 0 BREAK;
+                    END;
+                IF @remaining > 0
+                    BEGIN
+                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
+                        EXEC sys.sp_set_session_context
+                            @key = N'tablequeue.queue.thumbnails.expired',
+                            @value = @look_after;
+                    END;
+            END;
+
+        -- 3. Messages nobody leases (new, due, retried, released), on the filtered claim index, whose
+        -- filter the claims repeat. A claimed row that goes to the dead-letter table frees its place in
         -- the batch: claim again until the batch is full or nothing visible is left.
         WHILE @remaining > 0
             BEGIN
@@ -569,7 +703,8 @@ BEGIN
                 SET @claimed_now = 0;
                 SET @priority = (
                     SELECT TOP (1) m.priority
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NULL
                     ORDER BY m.priority DESC
                 );
                 WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -587,8 +722,8 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.priority = @priority AND m.visible_at <= @now
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                             ORDER BY m.visible_at, m.seq
                         )
 
@@ -618,8 +753,8 @@ BEGIN
                         SET @claimed_now = @claimed_now + @@ROWCOUNT;
                         SET @priority = (
                             SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.priority < @priority
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.priority < @priority AND m.leased_by IS NULL
                             ORDER BY m.priority DESC
                         );
                     END;
@@ -1356,6 +1491,15 @@ BEGIN
     DECLARE @exhausted int;
     DECLARE @priority int;
     DECLARE @started_transaction bit = 0;
+    DECLARE @next_look sql_variant = SESSION_CONTEXT(N'tablequeue.queue.thumbnails.expired');
+    DECLARE @look_due bit = CASE
+        WHEN @next_look IS NULL THEN 1
+        WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+        ELSE 0
+    END;
+    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
     DECLARE @buried TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
         enqueued_at datetime2(7) NOT NULL,
@@ -1495,7 +1639,127 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
+        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
+        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        IF @remaining > 0 AND @look_due = 1
+            BEGIN
+                WHILE @remaining > 0
+                    BEGIN
+                        WITH expired_leases AS (
+                            SELECT TOP (@remaining)
+                                m.id,
+                                m.seq,
+                                m.priority,
+                                m.enqueued_at,
+                                m.due_at,
+                                m.visible_at,
+                                m.attempts,
+                                m.leased_by,
+                                m.leased_at,
+                                m.lease_token,
+                                m.payload
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+                            ORDER BY m.leased_by, m.visible_at, m.seq
+                        )
+
+                        UPDATE expired_leases
+                        SET
+                            attempts = attempts + 1,
+                            visible_at = @lease_until,
+                            leased_by = @worker,
+                            leased_at = @now,
+                            lease_token = NEWID()
+                        OUTPUT
+                            INSERTED.id,
+                            INSERTED.seq,
+                            0,
+                            INSERTED.priority,
+                            DELETED.visible_at,
+                            DELETED.leased_by,
+                            INSERTED.enqueued_at,
+                            INSERTED.due_at,
+                            INSERTED.attempts,
+                            INSERTED.lease_token,
+                            INSERTED.payload
+                        INTO @claimed (
+                            id, seq, own, priority, previous_visible_at, previous_worker,
+                            enqueued_at, due_at, attempts, lease_token, payload
+                        );
+                        IF @@ROWCOUNT = 0 BREAK;
+                        SET @buried_count = 0;
+                        SET @exhausted = (
+                            SELECT COUNT(*)
+                            FROM @claimed AS c
+                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                        );
+                        IF @exhausted > 0
+                            BEGIN
+                                DELETE m
+                                OUTPUT
+                                    DELETED.id,
+                                    DELETED.enqueued_at,
+                                    DELETED.due_at,
+                                    DELETED.priority,
+                                    c.attempts - 1,
+                                    N'lease expired',
+                                    c.previous_worker,
+                                    @now,
+                                    DELETED.payload
+                                INTO
+                                    @buried (
+                                        id, enqueued_at, due_at, priority, attempts,
+                                        last_error, last_worker, dead_at, payload
+                                    )
+                                FROM [queue].[thumbnails] AS m
+                                INNER JOIN @claimed AS c ON m.id = c.id
+                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                SET @buried_count = @@ROWCOUNT;
+
+                                IF @buried_count > 0
+                                    BEGIN
+                                        DELETE d
+                                        FROM [queue].[thumbnails_dead] AS d
+                                        INNER JOIN @buried AS b ON d.id = b.id;
+
+                                        INSERT INTO [queue].[thumbnails_dead] (
+                                            id, enqueued_at, due_at, priority, attempts,
+                                            last_error, last_worker, dead_at, payload
+                                        )
+                                        SELECT
+                                            id,
+                                            enqueued_at,
+                                            due_at,
+                                            priority,
+                                            attempts,
+                                            last_error,
+                                            last_worker,
+                                            dead_at,
+                                            payload
+                                        FROM @buried;
+
+                                        DELETE FROM @buried;
+                                    END;
+
+                                DELETE c
+                                FROM @claimed AS c
+                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                            END;
+                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                        IF @buried_count = 0 BREAK;
+                    END;
+                IF @remaining > 0
+                    BEGIN
+                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
+                        EXEC sys.sp_set_session_context
+                            @key = N'tablequeue.queue.thumbnails.expired',
+                            @value = @look_after;
+                    END;
+            END;
+
+        -- 3. Messages nobody leases (new, due, retried, released), on the filtered claim index, whose
+        -- filter the claims repeat. A claimed row that goes to the dead-letter table frees its place in
         -- the batch: claim again until the batch is full or nothing visible is left.
         WHILE @remaining > 0
             BEGIN
@@ -1506,7 +1770,8 @@ BEGIN
                 SET @claimed_now = 0;
                 SET @priority = (
                     SELECT TOP (1) m.priority
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NULL
                     ORDER BY m.priority DESC
                 );
                 WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -1524,8 +1789,8 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.priority = @priority AND m.visible_at <= @now
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                             ORDER BY m.visible_at, m.seq
                         )
 
@@ -1555,8 +1820,8 @@ BEGIN
                         SET @claimed_now = @claimed_now + @@ROWCOUNT;
                         SET @priority = (
                             SELECT TOP (1) m.priority
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.priority < @priority
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.priority < @priority AND m.leased_by IS NULL
                             ORDER BY m.priority DESC
                         );
                     END;
@@ -1687,6 +1952,9 @@ BEGIN
     DECLARE @ready bit = 0;
     DECLARE @now datetime2(7);
     DECLARE @priority int;
+    DECLARE @next_look sql_variant;
+    DECLARE @look_due bit;
+    DECLARE @look_after datetime2(7);
 
     WHILE 1 = 1
         BEGIN
@@ -1695,20 +1963,46 @@ BEGIN
             SET @now = SYSUTCDATETIME();
             SET @priority = (
                 SELECT TOP (1) m.priority
-                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.leased_by IS NULL
                 ORDER BY m.priority DESC
             );
             WHILE @priority IS NOT NULL AND @ready = 0
                 BEGIN
                     SELECT TOP (1) @ready = 1
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                    WHERE m.priority = @priority AND m.visible_at <= @now;
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now;
                     SET @priority = (
                         SELECT TOP (1) m.priority
-                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE m.priority < @priority
+                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.priority < @priority AND m.leased_by IS NULL
                         ORDER BY m.priority DESC
                     );
+                END;
+            IF @ready = 0
+                BEGIN
+                    SET @next_look = SESSION_CONTEXT(N'tablequeue.queue.thumbnails.expired');
+                    SET @look_due = CASE
+                        WHEN @next_look IS NULL THEN 1
+                        WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+                        WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+                        WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+                        ELSE 0
+                    END;
+                    IF @look_due = 1
+                        BEGIN
+                            SELECT TOP (1) @ready = 1
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+                            ORDER BY m.leased_by, m.visible_at, m.seq;
+                            IF @ready = 0
+                                BEGIN
+                                    SET @look_after = DATEADD(SECOND, 1, @now);
+                                    EXEC sys.sp_set_session_context
+                                        @key = N'tablequeue.queue.thumbnails.expired',
+                                        @value = @look_after;
+                                END;
+                        END;
                 END;
 
             IF @ready = 1 OR SYSUTCDATETIME() >= @deadline BREAK;
@@ -1738,7 +2032,8 @@ BEGIN
     -- the limit the catalog's row count stands in (NServiceBus.SqlServer #481). READPAST: rows a
     -- claim holds right now are not counted, and stats never waits for them.
     -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
-    -- delayed: not yet due and not leased; in_flight: under a live lease.
+    -- delayed: not yet due and not leased; in_flight: under a live lease. Messages nobody leases are
+    -- counted on the claim index (filtered WHERE leased_by IS NULL), leased ones on ix_thumbnails_lease.
     DECLARE @exact_limit bigint = 10000;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @estimated bit = 0;
@@ -1749,6 +2044,7 @@ BEGIN
     DECLARE @priority int = (
         SELECT TOP (1) m.priority
         FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE m.leased_by IS NULL
         ORDER BY m.priority DESC
     );
 
@@ -1760,7 +2056,7 @@ BEGIN
                 FROM (
                     SELECT TOP (@exact_limit + 1 - @ready) m.seq
                     FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-                    WHERE m.priority = @priority AND m.visible_at <= @now
+                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                 ) AS counted
             );
             SET @delayed = @delayed + (
@@ -1768,23 +2064,38 @@ BEGIN
                 FROM (
                     SELECT TOP (@exact_limit + 1 - @delayed) m.seq
                     FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-                    WHERE m.priority = @priority AND m.visible_at > @now AND m.leased_by IS NULL
+                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at > @now
                 ) AS counted
             );
             SET @level_oldest = (
                 SELECT TOP (1) m.visible_at
                 FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-                WHERE m.priority = @priority AND m.visible_at <= @now
+                WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                 ORDER BY m.visible_at ASC, m.seq ASC
             );
             IF @oldest_ready IS NULL OR @level_oldest < @oldest_ready SET @oldest_ready = @level_oldest;
             SET @priority = (
                 SELECT TOP (1) m.priority
                 FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-                WHERE m.priority < @priority
+                WHERE m.priority < @priority AND m.leased_by IS NULL
                 ORDER BY m.priority DESC
             );
         END;
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
+    DECLARE @expired bigint;
+    DECLARE @oldest_expired datetime2(7);
+    SELECT
+        @expired = COUNT_BIG(*),
+        @oldest_expired = MIN(e.visible_at)
+    FROM (
+        SELECT TOP (@exact_limit + 1) m.visible_at
+        FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+    ) AS e;
+    -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
+    DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
+    SET @ready = @ready + @expired;
+    IF @oldest_ready IS NULL OR @oldest_expired < @oldest_ready SET @oldest_ready = @oldest_expired;
     DECLARE @in_flight bigint = (
         SELECT COUNT_BIG(*)
         FROM (
@@ -1801,7 +2112,7 @@ BEGIN
         ) AS counted
     );
 
-    IF @ready > @exact_limit OR @delayed > @exact_limit OR @in_flight > @exact_limit
+    IF @ready_capped = 1 OR @delayed > @exact_limit OR @in_flight > @exact_limit
         BEGIN
             DECLARE @total_estimate bigint = (
                 SELECT SUM(p.rows)
@@ -1810,7 +2121,7 @@ BEGIN
             );
             SET @estimated = 1;
             -- The catalog's total less the exact counts is the estimate of the one over the limit.
-            IF @ready > @exact_limit AND @total_estimate - @delayed - @in_flight > @ready
+            IF @ready_capped = 1 AND @total_estimate - @delayed - @in_flight > @ready
                 SET @ready = @total_estimate - @delayed - @in_flight;
             ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
                 SET @delayed = @total_estimate - @ready - @in_flight;
@@ -2341,6 +2652,15 @@ BEGIN
                 DECLARE @exhausted int;
                 DECLARE @priority int;
                 DECLARE @started_transaction bit = 0;
+                DECLARE @next_look sql_variant = SESSION_CONTEXT(N'tablequeue.queue.thumbnails.expired');
+                DECLARE @look_due bit = CASE
+                    WHEN @next_look IS NULL THEN 1
+                    WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+                    WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+                    WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+                    ELSE 0
+                END;
+                DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
                 DECLARE @buried TABLE (
                     id uniqueidentifier NOT NULL PRIMARY KEY,
                     enqueued_at datetime2(7) NOT NULL,
@@ -2473,7 +2793,127 @@ BEGIN
 
                     SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-                    -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+                    -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
+                    -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
+                    -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+                    IF @remaining > 0 AND @look_due = 1
+                        BEGIN
+                            WHILE @remaining > 0
+                                BEGIN
+                                    WITH expired_leases AS (
+                                        SELECT TOP (@remaining)
+                                            m.id,
+                                            m.seq,
+                                            m.priority,
+                                            m.enqueued_at,
+                                            m.due_at,
+                                            m.visible_at,
+                                            m.attempts,
+                                            m.leased_by,
+                                            m.leased_at,
+                                            m.lease_token,
+                                            m.payload
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+                                        ORDER BY m.leased_by, m.visible_at, m.seq
+                                    )
+
+                                    UPDATE expired_leases
+                                    SET
+                                        attempts = attempts + 1,
+                                        visible_at = @lease_until,
+                                        leased_by = @worker,
+                                        leased_at = @now,
+                                        lease_token = NEWID()
+                                    OUTPUT
+                                        INSERTED.id,
+                                        INSERTED.seq,
+                                        0,
+                                        INSERTED.priority,
+                                        DELETED.visible_at,
+                                        DELETED.leased_by,
+                                        INSERTED.enqueued_at,
+                                        INSERTED.due_at,
+                                        INSERTED.attempts,
+                                        INSERTED.lease_token,
+                                        INSERTED.payload
+                                    INTO @claimed (
+                                        id, seq, own, priority, previous_visible_at, previous_worker,
+                                        enqueued_at, due_at, attempts, lease_token, payload
+                                    );
+                                    IF @@ROWCOUNT = 0 BREAK;
+                                    SET @buried_count = 0;
+                                    SET @exhausted = (
+                                        SELECT COUNT(*)
+                                        FROM @claimed AS c
+                                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                                    );
+                                    IF @exhausted > 0
+                                        BEGIN
+                                            DELETE m
+                                            OUTPUT
+                                                DELETED.id,
+                                                DELETED.enqueued_at,
+                                                DELETED.due_at,
+                                                DELETED.priority,
+                                                c.attempts - 1,
+                                                N'lease expired',
+                                                c.previous_worker,
+                                                @now,
+                                                DELETED.payload
+                                            INTO
+                                                @buried (
+                                                    id, enqueued_at, due_at, priority, attempts,
+                                                    last_error, last_worker, dead_at, payload
+                                                )
+                                            FROM [queue].[thumbnails] AS m
+                                            INNER JOIN @claimed AS c ON m.id = c.id
+                                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                            SET @buried_count = @@ROWCOUNT;
+
+                                            IF @buried_count > 0
+                                                BEGIN
+                                                    DELETE d
+                                                    FROM [queue].[thumbnails_dead] AS d
+                                                    INNER JOIN @buried AS b ON d.id = b.id;
+
+                                                    INSERT INTO [queue].[thumbnails_dead] (
+                                                        id, enqueued_at, due_at, priority, attempts,
+                                                        last_error, last_worker, dead_at, payload
+                                                    )
+                                                    SELECT
+                                                        id,
+                                                        enqueued_at,
+                                                        due_at,
+                                                        priority,
+                                                        attempts,
+                                                        last_error,
+                                                        last_worker,
+                                                        dead_at,
+                                                        payload
+                                                    FROM @buried;
+
+                                                    DELETE FROM @buried;
+                                                END;
+
+                                            DELETE c
+                                            FROM @claimed AS c
+                                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                        END;
+                                    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                                    IF @buried_count = 0 BREAK;
+                                END;
+                            IF @remaining > 0
+                                BEGIN
+                                    -- Not transactional: a caller that rolls back its dequeue still waits its second.
+                                    EXEC sys.sp_set_session_context
+                                        @key = N'tablequeue.queue.thumbnails.expired',
+                                        @value = @look_after;
+                                END;
+                        END;
+
+                    -- 3. Messages nobody leases (new, due, retried, released), on the filtered claim index, whose
+                    -- filter the claims repeat. A claimed row that goes to the dead-letter table frees its place in
                     -- the batch: claim again until the batch is full or nothing visible is left.
                     WHILE @remaining > 0
                         BEGIN
@@ -2484,7 +2924,8 @@ BEGIN
                             SET @claimed_now = 0;
                             SET @priority = (
                                 SELECT TOP (1) m.priority
-                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                WHERE m.leased_by IS NULL
                                 ORDER BY m.priority DESC
                             );
                             WHILE @priority IS NOT NULL AND @claimed_now < @remaining
@@ -2502,8 +2943,8 @@ BEGIN
                                             m.leased_at,
                                             m.lease_token,
                                             m.payload
-                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                                        WHERE m.priority = @priority AND m.visible_at <= @now
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                                         ORDER BY m.visible_at, m.seq
                                     )
 
@@ -2533,8 +2974,8 @@ BEGIN
                                     SET @claimed_now = @claimed_now + @@ROWCOUNT;
                                     SET @priority = (
                                         SELECT TOP (1) m.priority
-                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_claim_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                                        WHERE m.priority < @priority
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE m.priority < @priority AND m.leased_by IS NULL
                                         ORDER BY m.priority DESC
                                     );
                                 END;

@@ -1689,6 +1689,8 @@ BEGIN
     END IF;
     -- An expired lease, when this session's dequeue would look for one now (w.expired_due): not
     -- sooner, or the caller would dequeue nothing and be woken again at once until its look is due.
+    -- A probe that finds none counts as the session's look (the next is due a second later), as
+    -- dequeue's does: it reads every lease the queue holds, and would otherwise at every step.
     IF (expired_state IS NULL OR length(expired_state) <> 16 OR expired_state COLLATE "C" <= (extract(EPOCH FROM now_utc) * 1000000)::bigint::text
         OR expired_state COLLATE "C" > ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text) THEN
         PERFORM
@@ -1700,6 +1702,7 @@ BEGIN
         IF FOUND THEN
             RETURN true;
         END IF;
+        expired_state := set_config('tablequeue.queue.emails.expired', ((extract(EPOCH FROM now_utc) * 1000000)::bigint + 1000000)::text, false);
     END IF;
     IF clock_timestamp() >= deadline THEN
         RETURN NULL;
@@ -1784,6 +1787,7 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
     expired_count bigint;
+    ready_capped boolean;
     expired_oldest timestamptz;
     delayed_count bigint := 0;
     in_flight_count bigint;
@@ -1811,6 +1815,8 @@ BEGIN
         ORDER BY m.leased_by, m.leased_at
         LIMIT exact_limit + 1
     ) AS e;
+    -- Each of the two counts stopped at exact_limit on its own: only one that did is an estimate.
+    ready_capped := ready_count > exact_limit OR expired_count > exact_limit;
     ready_count := ready_count + expired_count;
     oldest_ready := least(oldest_ready, expired_oldest);
     SELECT count(*) INTO in_flight_count FROM (
@@ -1823,7 +1829,7 @@ BEGIN
         SELECT 1 FROM "queue"."emails_dead" AS d LIMIT exact_limit + 1
     ) AS counted;
 
-    IF ready_count > exact_limit OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+    IF ready_capped OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
         is_estimate := true;
         total_estimate := (
             SELECT CASE
@@ -1834,7 +1840,7 @@ BEGIN
             FROM pg_class AS c
             WHERE c.oid = '"queue"."emails"'::regclass
         );
-        IF ready_count > exact_limit THEN
+        IF ready_capped THEN
             ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
         ELSIF delayed_count > exact_limit THEN
             delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);
@@ -1882,7 +1888,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_custom_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2067,7 +2073,7 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_custom_plan
 AS $function$
 #variable_conflict use_column
 DECLARE

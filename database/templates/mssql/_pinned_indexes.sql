@@ -10,26 +10,36 @@
 {% set pk = names.index('pk') %}
 {#- The destructive kinds pin their clustered primary key, whose key is the claim's ORDER BY. -#}
 {% set pk_key = 'due_at, id' if kind == 'pending' else 'id' %}
-{#- The claim index has one name per key shape: an option migration builds the new one before the
-    code units and drops the old one after them, so that the old code and the new code each find the
-    index they name, with the key they seek on, for the whole deploy. -#}
-{% macro claim_name(priority, quoted=true) %}{{ (names.index if quoted else names.index_name)('ix', 'claim_priority' if priority else 'claim') }}{% endmacro %}
+{#- The work kind's claim index has one name per key and filter: an option or storage migration
+    builds the new one before the code units and drops the old one after them, so that the old code
+    and the new code each find the index they name, with the key and filter they seek on, for the
+    whole deploy. Storage v3 (docs/queue-kinds.md, What a lease writes): ix_<q>_ready, the messages
+    nobody leases, filtered WHERE leased_by IS NULL, so that a lease deletes its entry here and
+    inserts one in ix_<q>_lease, and moves no key within one index. -#}
+{% macro claim_name(priority, quoted=true) %}{{ (names.index if quoted else names.index_name)('ix', 'ready_priority' if priority else 'ready') }}{% endmacro %}
 {% macro claim_key(priority) %}{{ 'priority DESC, ' if priority }}visible_at, {{ tie }}{% endmacro %}
+{% set ready_filter = 'leased_by IS NULL' %}
+{#- Storage v2's names (ix_<q>_claim, ix_<q>_claim_priority, ix_<q>_ungrouped: the same keys, no
+    lease filter), for the migrations that reach v2 and the one that leaves it. -#}
+{% macro claim_name_v2(priority, quoted=true) %}{{ (names.index if quoted else names.index_name)('ix', 'claim_priority' if priority else 'claim') }}{% endmacro %}
 {% set has_priority = kind == 'work' and opt.priority %}
 {% set has_groups = opt.get('groups', false) %}
-{#- work with groups claims its ungrouped messages on ix_<q>_ungrouped, the claim key filtered WHERE
-    group_key IS NULL: a name of its own, as the key shapes above (the option migrations build it
-    beside ix_<q>_claim before the code units and drop the other one after them). -#}
-{% set claim_index = names.index('ix', 'ungrouped') if kind == 'work' and has_groups else claim_name(has_priority) %}
+{#- work with groups claims its ungrouped messages on ix_<q>_ready_ungrouped, the claim key filtered
+    WHERE group_key IS NULL AND leased_by IS NULL: a name of its own, as the key shapes above (the
+    option migrations build it beside ix_<q>_ready before the code units and drop the other one after
+    them). -#}
+{% set ungrouped_name = names.index('ix', 'ready_ungrouped') %}
+{% set ungrouped_filter = 'group_key IS NULL AND leased_by IS NULL' %}
+{% set claim_index = ungrouped_name if kind == 'work' and has_groups else claim_name(has_priority) %}
+{% set claim_filter = ungrouped_filter if kind == 'work' and has_groups else ready_filter %}
+{#- The leased messages: a worker's own (the restart claim), the in-flight count, and the look for
+    expired leases (dequeue, at most once a second per session), which walks it in its key order. -#}
 {% set lease_index = names.index('ix', 'lease') %}
 {% set lease_key = 'leased_by, visible_at, ' ~ tie %}
 {% set lease_filter = 'leased_by IS NOT NULL' %}
 {#- Every index a pin names, as (CREATE ... INDEX words, name, key, filter or none). -#}
-{% if kind == 'work' and has_groups %}
-{% set pinned = [('NONCLUSTERED', claim_index, claim_key(false), 'group_key IS NULL'),
-                 ('NONCLUSTERED', lease_index, lease_key, lease_filter)] %}
-{% elif kind == 'work' %}
-{% set pinned = [('NONCLUSTERED', claim_index, claim_key(has_priority), none),
+{% if kind == 'work' %}
+{% set pinned = [('NONCLUSTERED', claim_index, claim_key(has_priority), claim_filter),
                  ('NONCLUSTERED', lease_index, lease_key, lease_filter)] %}
 {% else %}
 {% set pinned = [('CLUSTERED', pk, pk_key, none)] %}
@@ -68,12 +78,14 @@
 
 {#- A condition: index `name` (unquoted) of table t (quoted) exists with exactly the key `key`, written
     as claim_key writes it (columns in key order, ', ' between them, ' DESC' after a descending one),
-    as a usable nonclustered index without a filter (the claim indexes' shape): a disabled one (a bulk
-    load's habit) fails every pinned claim with Msg 315, a filtered or clustered one is another index,
-    so neither counts as having the key, and the migration builds it again.
+    as a usable nonclustered index with exactly the filter `filter` (none: without a filter): a
+    disabled one (a bulk load's habit) fails every pinned claim with Msg 315, one with another filter
+    or clustered is another index, so neither counts as having the key, and the migration builds it
+    again. The filter is compared as sys.indexes.filter_definition keeps it ('([leased_by] IS NULL)'),
+    without spaces, brackets and parentheses, which `filter` (a pinned index's) never needs.
     Migrations guard on the key, not on the name alone: 0.1.0 named the claim index with priority
     ix_q_claim, the name 0.2.0 gives the key without priority. STRING_AGG: SQL Server 2017. -#}
-{% macro has_key(t, name, key, clustered=false) %}
+{% macro has_key(t, name, key, clustered=false, filter=none) %}
 COALESCE(
     (
         SELECT
@@ -88,7 +100,12 @@ COALESCE(
         WHERE
             i.object_id = OBJECT_ID(N'{{ t }}')
             AND i.name = N'{{ name }}'
+{% if filter %}
+            AND i.type = {{ 1 if clustered else 2 }} AND i.is_disabled = 0 AND i.has_filter = 1
+            AND REPLACE(TRANSLATE(i.filter_definition, N'[]()', N'    '), N' ', N'') = N'{{ filter | replace(' ', '') }}'
+{% else %}
             AND i.type = {{ 1 if clustered else 2 }} AND i.is_disabled = 0 AND i.has_filter = 0
+{% endif %}
             AND ic.key_ordinal > 0
     ),
     N''

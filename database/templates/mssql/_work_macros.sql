@@ -201,7 +201,7 @@ last_error, last_worker, dead_at, payload
     seeking on `index` (docs/queue-kinds.md, "Plans at depth": a plan compiled on an empty queue
     must still seek at depth). top_sql none: the one row where_sql names by its key (a group's
     head), leased only if due_sql holds, tested by the UPDATE, outside the seek's predicate. -#}
-{% macro claim_statement(cte, top_sql, where_sql, own, index, due_sql=none) %}
+{% macro claim_statement(cte, top_sql, where_sql, own, index, due_sql=none, order_sql=none, forceseek=true) %}
     WITH {{ cte }} AS (
 {% if top_sql %}
         SELECT TOP ({{ top_sql }})
@@ -226,7 +226,7 @@ last_error, last_worker, dead_at, payload
             m.group_key,
 {% endif %}
             m.payload
-        FROM {{ t }} AS m WITH (INDEX ({{ index }}), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+        FROM {{ t }} AS m WITH (INDEX ({{ index }}), {% if forceseek %}FORCESEEK, {% endif %}ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
 {% if '\n' in where_sql %}
         WHERE
             {{ where_sql }}
@@ -234,7 +234,7 @@ last_error, last_worker, dead_at, payload
         WHERE {{ where_sql }}
 {% endif %}
 {% if top_sql %}
-        ORDER BY m.visible_at, m.{{ tie }}
+        ORDER BY {{ order_sql or ('m.visible_at, m.' ~ tie) }}
 {% endif %}
     )
 
@@ -328,7 +328,7 @@ last_error, last_worker, dead_at, payload
     other claims hold (ROWLOCK: READPAST skips row locks, not a page lock the engine might choose),
     READCOMMITTEDLOCK keeps it from reading versions under RCSI. The claim index leads with
     priority: the first level is its first entry (no predicate to seek on: INDEX alone), the next
-    ones a seek below the current one. -#}
+    ones a seek below the current one; `leased_by IS NULL` repeats its filter (8622 otherwise). -#}
 {% macro next_level(below) %}
     SET @priority = (
         SELECT TOP (1) m.priority
@@ -337,11 +337,68 @@ last_error, last_worker, dead_at, payload
 {% else %}
         FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
 {% endif %}
-{% if below %}
-        WHERE m.priority < @priority
-{% endif %}
+        WHERE {% if below %}m.priority < @priority AND {% endif %}m.leased_by IS NULL
         ORDER BY m.priority DESC
     );
+{%- endmacro %}
+
+{#- The look for expired leases (docs/work-queue.md, Expired leases). A lease moves a message out of the
+    claim index (filtered WHERE leased_by IS NULL), so one whose lease expired (a crashed or stopped
+    worker's) is found on ix_<q>_lease, which the look reads in its key order: every lease the queue
+    holds, up to the batch. So that it costs a busy consumer once a second and not every call, a
+    session looks at most once a second: SESSION_CONTEXT(look_key) holds when its next look is due
+    (SQL Server 2016 and later, Azure SQL); a value of another type, in the past, or more than a
+    second ahead (the session's to set) means due. A look that filled the batch may have left more
+    behind (a crashed worker's whole batch): then the next call looks again. -#}
+{% set look_key = "N'tablequeue." ~ schema ~ "." ~ queue.name ~ ".expired'" %}
+{#- Whether the session's look is due at @now, given @next_look (SESSION_CONTEXT(look_key)): a CASE,
+    whose conditions are tried in order, so that CONVERT only meets a datetime2. -#}
+{% macro look_due() -%}
+CASE
+        WHEN @next_look IS NULL THEN 1
+        WHEN CONVERT(sysname, SQL_VARIANT_PROPERTY(@next_look, 'BaseType')) <> N'datetime2' THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) <= @now THEN 1
+        WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
+        ELSE 0
+    END
+{%- endmacro %}
+
+{#- The look's leases: expired (visible_at <= @now), of messages without a group with groups. -#}
+{% set expired_where = 'm.leased_by IS NOT NULL AND ' ~ ('m.group_key IS NULL AND ' if groups else '') ~ 'm.visible_at <= @now' %}
+{% set expired_order = 'm.leased_by, m.visible_at, m.' ~ tie %}
+
+{% macro look_declarations() %}
+    DECLARE @next_look sql_variant = SESSION_CONTEXT({{ look_key }});
+    DECLARE @look_due bit = {{ look_due() }};
+    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
+{%- endmacro %}
+
+{% macro look_for_expired_leases() %}
+    -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
+    -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
+    -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+{% if groups %}
+    -- Only messages without a group: an expired grouped head comes back on {{ grp.heads_ix }}.
+{% endif %}
+    IF @remaining > 0 AND @look_due = 1
+        BEGIN
+            WHILE @remaining > 0
+                BEGIN
+{{ claim_statement('expired_leases', '@remaining', expired_where, false, lease_index, order_sql=expired_order, forceseek=false) | indent(16, first=true) }}
+                    IF @@ROWCOUNT = 0 BREAK;
+                    SET @buried_count = 0;
+{{ bury_exhausted() | indent(16, first=true) }}
+                    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                    IF @buried_count = 0 BREAK;
+                END;
+            IF @remaining > 0
+                BEGIN
+                    -- Not transactional: a caller that rolls back its dequeue still waits its second.
+                    EXEC sys.sp_set_session_context
+                        @key = {{ look_key }},
+                        @value = @look_after;
+                END;
+        END;
 {%- endmacro %}
 
 {#- The claim: expects @batch_size, @worker, @lease_seconds (validated) and @claimed. Two claim
@@ -364,6 +421,7 @@ last_error, last_worker, dead_at, payload
     DECLARE @priority int;
 {% endif %}
     DECLARE @started_transaction bit = 0;
+{{ look_declarations() }}
 {{ buried_table() }}
 {%- if groups %}
 
@@ -398,7 +456,10 @@ last_error, last_worker, dead_at, payload
 
     SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-    -- 2. Visible messages. A claimed row that goes to the dead-letter table frees its place in
+{{ look_for_expired_leases() }}
+
+    -- 3. Messages nobody leases (new, due, retried, released), on the filtered claim index, whose
+    -- filter the claims repeat. A claimed row that goes to the dead-letter table frees its place in
     -- the batch: claim again until the batch is full or nothing visible is left.
     WHILE @remaining > 0
         BEGIN
@@ -411,12 +472,12 @@ last_error, last_worker, dead_at, payload
 {{ next_level(false) | indent(8, first=true) }}
             WHILE @priority IS NOT NULL AND @claimed_now < @remaining
                 BEGIN
-{{ claim_statement('next_messages', '@remaining - @claimed_now', 'm.priority = @priority AND m.visible_at <= @now', false, claim_index) | indent(16, first=true) }}
+{{ claim_statement('next_messages', '@remaining - @claimed_now', 'm.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now', false, claim_index) | indent(16, first=true) }}
                     SET @claimed_now = @claimed_now + @@ROWCOUNT;
 {{ next_level(true) | indent(16, first=true) }}
                 END;
 {% else %}
-{{ claim_statement('next_messages', '@remaining', 'm.visible_at <= @now', false, claim_index) | indent(8, first=true) }}
+{{ claim_statement('next_messages', '@remaining', 'm.leased_by IS NULL AND m.visible_at <= @now', false, claim_index) | indent(8, first=true) }}
             SET @claimed_now = @@ROWCOUNT;
 {% endif %}
 
@@ -435,7 +496,7 @@ last_error, last_worker, dead_at, payload
 {% macro ungrouped_claim() %}
             WHILE @remaining > 0
                 BEGIN
-{{ claim_statement('next_messages', '@remaining', 'm.group_key IS NULL AND m.visible_at <= @now', false, claim_index) | indent(16, first=true) }}
+{{ claim_statement('next_messages', '@remaining', 'm.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now', false, claim_index) | indent(16, first=true) }}
                     IF @@ROWCOUNT = 0 BREAK;
                     SET @buried_count = 0;
 {{ bury_exhausted() | indent(16, first=true) }}
@@ -496,6 +557,8 @@ last_error, last_worker, dead_at, payload
 
     SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
+{{ look_for_expired_leases() }}
+
     -- Which source first: the one whose oldest due entry is older (lock-free probes; reset first:
     -- a probe that finds nothing assigns nothing, and process's loop runs this again).
     SET @oldest_ungrouped_at = NULL;
@@ -506,7 +569,7 @@ last_error, last_worker, dead_at, payload
         @oldest_ungrouped_at = m.visible_at,
         @oldest_ungrouped_tie = m.{{ tie }}
     FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-    WHERE m.group_key IS NULL AND m.visible_at <= @now
+    WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now
     ORDER BY m.visible_at, m.{{ tie }};
     SELECT TOP (1)
         @oldest_head_at = m.visible_at,

@@ -43,8 +43,9 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
-{# Storage v2: lease_token (migrations/work_table_v1_to_v2.sql). #}
-{{ m.unit(names.plain(), 'storage', version=2, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
+{# Storage v2: lease_token (migrations/work_table_v1_to_v2.sql). Storage v3: the claim index of the
+   messages nobody leases, filtered WHERE leased_by IS NULL (migrations/work_table_v2_to_v3.sql). #}
+{{ m.unit(names.plain(), 'storage', version=3, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN
         CREATE TABLE {{ t }} (
@@ -91,9 +92,10 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
 {% if client_ids %}
             CONSTRAINT {{ names.index('pk') }} PRIMARY KEY NONCLUSTERED (id)
 {% else %}
-            -- Clustered on the immutable id: a claim, fail or extend updates the row in place (only
-            -- the narrow claim index moves), complete is a clustered seek, and deleted rows leave
-            -- no emptied heap pages behind.
+            -- Clustered on the immutable id: a claim, fail or extend updates the row in place (a
+            -- claim moves its entry from the claim index to the lease index, an extend moves it
+            -- within the lease index), complete is a clustered seek, and deleted rows leave no
+            -- emptied heap pages behind.
             CONSTRAINT {{ names.index('pk') }} PRIMARY KEY CLUSTERED (id)
 {% endif %}
         );
@@ -103,10 +105,19 @@ IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
             ON {{ t }} (seq);
 {% endif %}
 
-        -- The claim's exact WHERE and ORDER BY{% if has_priority %}, one priority level per seek{% endif %}{% if groups %} (of messages without a group){% endif %}.
+        -- The claim's exact WHERE and ORDER BY, of the messages nobody leases: filtered, so that a
+        -- lease moves a message's entry out of it into the lease index instead of moving its key
+        -- within it (docs/queue-kinds.md, What a lease writes).
+{% if has_priority %}
+        -- One priority level per seek.
+{% endif %}
+{% if groups %}
+        -- Messages with a group are claimed on the head candidates' index.
+{% endif %}
         {{ pins.create_index(pins.pinned[0], t) | indent(8) }};
 
-        -- A worker's own messages (the restart path) and the in-flight count: leased rows only.
+        -- Leased rows only: a worker's own messages (the restart path), the in-flight count and
+        -- the look for expired leases (dequeue, at most once a second per session).
         {{ pins.create_index(pins.pinned[1], t) | indent(8) }};
 {% if groups %}
 

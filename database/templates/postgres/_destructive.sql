@@ -683,7 +683,7 @@ CREATE OR REPLACE FUNCTION {{ names.verb('purge') }}(
     max_rows integer DEFAULT NULL
 )
 RETURNS TABLE (purged bigint)
-{{ m.definer() }}
+{{ m.definer(plans='custom') }}
 AS $function$
 #variable_conflict use_column
 DECLARE

@@ -92,14 +92,17 @@ $ownership$;
     a statement whose cost depends on a parameter's value (an array's length, a LIMIT) otherwise gets a
     custom plan, costed with the real value, that always beats the cached generic one, so it was planned
     again on every call (a third to half of a call's server time for dequeue, enqueue_batch and
-    complete_batch). Every claim is written to seek under a generic plan (tests/test_plans_at_depth.py);
-    purge and history_purge rely on it (tests/test_purge_plans.py). -#}
-{% macro definer() %}
+    complete_batch). Every claim is written to seek under a generic plan (tests/test_plans_at_depth.py).
+    plans='custom' for the purges, admin calls made now and then: a generic plan cached while the
+    queue was empty read the whole table at depth (its LIMIT max_rows and id = ANY(...) are costed for
+    unknown values), and planning each call is cheap next to what a purge deletes
+    (tests/test_purge_plans.py). -#}
+{% macro definer(plans='generic') %}
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_{{ plans }}_plan
 {%- endmacro %}
 
 {#- Option notify: wake the clients that LISTEN on the queue's channel (the quoted identifier

@@ -104,11 +104,14 @@ BEGIN
 {% if is_work %}
     -- An expired lease, when this session's dequeue would look for one now (w.expired_due): not
     -- sooner, or the caller would dequeue nothing and be woken again at once until its look is due.
+    -- A probe that finds none counts as the session's look (the next is due a second later), as
+    -- dequeue's does: it reads every lease the queue holds, and would otherwise at every step.
     IF {{ w.expired_due('expired_state') }} THEN
 {{ probe(w.expired_filter('m'), w.expired_order) | indent(4, first=true) }}
         IF FOUND THEN
             RETURN true;
         END IF;
+    {{ w.expired_looked('expired_state') }}
     END IF;
 {% endif %}
     IF clock_timestamp() >= deadline THEN

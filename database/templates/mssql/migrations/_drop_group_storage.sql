@@ -1,9 +1,11 @@
 {#- After the code units: the group indexes, the columns, the groups table's rows, for
-    fifo_table_drop_groups and work_table_drop_groups, which set t and groups_t and import m. -#}
+    fifo_table_drop_groups and work_table_drop_groups, which set t and groups_t and import m. The
+    ungrouped claim index: fifo's ix_<q>_ungrouped, work's ix_<q>_ready_ungrouped (storage v3). -#}
+{% set ungrouped_purpose = 'ready_ungrouped' if queue.kind == 'work' else 'ungrouped' %}
 {{ m.step('transaction', 'drop the group indexes and columns, empty the groups table',
           'the table, Sch-M for metadata changes (the column space is reclaimed by the next index rebuild), every edition; the groups table, X on its rows (one per live key) to delete them',
           after_code=true) }}
-{% for purpose in ('heads', 'group', 'ungrouped') %}
+{% for purpose in ('heads', 'group', ungrouped_purpose) %}
 DROP INDEX IF EXISTS {{ names.index('ix', purpose) }} ON {{ t }};
 GO
 

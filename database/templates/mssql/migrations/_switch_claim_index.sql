@@ -12,19 +12,25 @@
   transaction: a failed step leaves neither half, and a re-run starts again from the guard.
   old_key (optional): drop the old index only while it has that key (v1_to_v2: 0.1.0's shape, so
   that a claim index without priority that a later migration of the same deploy built is kept).
-  Included by work_table_add_priority.sql, work_table_drop_priority.sql and work_table_v1_to_v2.sql,
+  Included by work_table_add_priority.sql and work_table_drop_priority.sql (storage v3: the claim
+  indexes ix_q_ready and ix_q_ready_priority, filtered WHERE leased_by IS NULL) and by
+  work_table_v1_to_v2.sql (`v2` set: storage v2's ix_q_claim and ix_q_claim_priority, no filter),
   which set `priority`.
 -#}
 {% import '_pinned_indexes.sql' as pins with context %}
 {% set t = names.obj() %}
-{% set new_index = pins.claim_name(priority, quoted=false) %}
-{% set old_index = pins.claim_name(not priority, quoted=false) %}
-{% set statement = pins.create_index(('NONCLUSTERED', pins.claim_name(priority), pins.claim_key(priority), none), t) %}
-{% set rebuilt = pins.create_index(('NONCLUSTERED', names.index('ix', 'claim_new'), pins.claim_key(priority), none), t) %}
+{% set to_v2 = v2 is defined and v2 %}
+{% set name_of = pins.claim_name_v2 if to_v2 else pins.claim_name %}
+{% set filter = none if to_v2 else pins.ready_filter %}
+{% set temporary = names.index('ix', 'claim_new' if to_v2 else 'ready_new') %}
+{% set new_index = name_of(priority, quoted=false) %}
+{% set old_index = name_of(not priority, quoted=false) %}
+{% set statement = pins.create_index(('NONCLUSTERED', name_of(priority), pins.claim_key(priority), filter), t) %}
+{% set rebuilt = pins.create_index(('NONCLUSTERED', temporary, pins.claim_key(priority), filter), t) %}
 {{ m.step('transaction', 'build ' ~ new_index ~ (' (priority leading)' if priority else ' (without priority)'),
           'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait, reads go on); a name holding another key: the same build under a temporary name, then Sch-M briefly to drop the old index and rename the new one') }}
 IF
-    NOT {{ pins.has_key(t, new_index, pins.claim_key(priority)) | indent(4) }}
+    NOT {{ pins.has_key(t, new_index, pins.claim_key(priority), filter=filter) | indent(4) }}
     BEGIN
         IF
             INDEXPROPERTY(
@@ -35,11 +41,11 @@ IF
             END;
         ELSE
             BEGIN
-                DROP INDEX IF EXISTS {{ names.index('ix', 'claim_new') }} ON {{ t }};
+                DROP INDEX IF EXISTS {{ temporary }} ON {{ t }};
 {{ m.create_index_online(rebuilt) | indent(16, first=true) }}
-                DROP INDEX {{ pins.claim_name(priority) }} ON {{ t }};
+                DROP INDEX {{ name_of(priority) }} ON {{ t }};
                 EXEC sys.sp_rename
-                    @objname = N'{{ t }}.{{ names.index('ix', 'claim_new') }}',
+                    @objname = N'{{ t }}.{{ temporary }}',
                     @newname = N'{{ new_index }}',
                     @objtype = N'INDEX';
             END;
@@ -53,9 +59,9 @@ IF
     BEGIN
         -- IF EXISTS under the guard: check-tsql does not model sp_rename, so after a build that
         -- renamed (above, or an earlier migration's) it no longer sees this name as there.
-        DROP INDEX IF EXISTS {{ pins.claim_name(not priority) }} ON {{ t }};
+        DROP INDEX IF EXISTS {{ name_of(not priority) }} ON {{ t }};
     END;
 {% else %}
-DROP INDEX IF EXISTS {{ pins.claim_name(not priority) }} ON {{ t }};
+DROP INDEX IF EXISTS {{ name_of(not priority) }} ON {{ t }};
 {% endif %}
 GO

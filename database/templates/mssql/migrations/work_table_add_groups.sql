@@ -1,7 +1,7 @@
 {#- work: option groups turned on for a deployed queue (docs/queue-kinds.md, Message groups): the
-    columns, the indexes a fresh install has (declared in _pinned_indexes.sql: ix_<q>_ungrouped, the
-    claim key filtered WHERE group_key IS NULL, the head and group indexes) built before the code
-    units, and the old claim index ix_<q>_claim dropped after them, so that the old code and the new
+    columns, the indexes a fresh install has (declared in _pinned_indexes.sql: ix_<q>_ready_ungrouped,
+    the claim key filtered WHERE group_key IS NULL AND leased_by IS NULL, the head and group indexes)
+    built before the code units, and the old claim index ix_<q>_ready dropped after them, so that the old code and the new
     code each find the index they pin for the whole deploy. The messages already waiting have no
     group and keep their order; the groups table is a storage unit of its own, created by the deploy.
     (priority is refused with groups: the old claim index is the one without priority.) -#}

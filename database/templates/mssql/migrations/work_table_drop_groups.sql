@@ -1,4 +1,4 @@
-{#- work: option groups turned off: the claim index without a filter (ix_<q>_claim) built before the
+{#- work: option groups turned off: the claim index of every message nobody leases (ix_<q>_ready) built before the
     code units; after them the group indexes, then the columns; every message waiting becomes a
     message without a group, in its claim order. The groups table stays (a storage unit of its own,
     left as tablequeue leaves every table it no longer renders), emptied: its rows meant nothing
@@ -15,7 +15,7 @@ IF
         OBJECT_ID(N'{{ t }}'), N'{{ claim_name }}', 'IndexID'
     ) IS NULL
     BEGIN
-{{ m.create_index_online(pins.create_index(('NONCLUSTERED', pins.claim_name(false), pins.claim_key(false), none), t)) | indent(8, first=true) }}
+{{ m.create_index_online(pins.create_index(('NONCLUSTERED', pins.claim_name(false), pins.claim_key(false), pins.ready_filter), t)) | indent(8, first=true) }}
     END;
 GO
 

@@ -21,8 +21,8 @@ GO
 {% if opt.priority %}
 
 {% import '_pinned_indexes.sql' as pins with context %}
-{% set v010_index = pins.claim_name(false, quoted=false) %}
-{% set new_index = pins.claim_name(true, quoted=false) %}
+{% set v010_index = pins.claim_name_v2(false, quoted=false) %}
+{% set new_index = pins.claim_name_v2(true, quoted=false) %}
 {{ m.step('transaction', 'rename ' ~ v010_index ~ ' (priority leading) to ' ~ new_index,
           'the table, Sch-M briefly for a metadata change (no row is read), every edition') }}
 IF
@@ -32,13 +32,14 @@ IF
     ) IS NULL
     BEGIN
         EXEC sys.sp_rename
-            @objname = N'{{ t }}.{{ pins.claim_name(false) }}',
+            @objname = N'{{ t }}.{{ pins.claim_name_v2(false) }}',
             @newname = N'{{ new_index }}',
             @objtype = N'INDEX';
     END;
 GO
 
 {% set priority = true %}
+{% set v2 = true %}
 {% set old_key = pins.claim_key(true) %}
 {% include 'migrations/_switch_claim_index.sql' %}
 {% endif %}

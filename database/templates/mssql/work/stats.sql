@@ -14,7 +14,8 @@ BEGIN
     -- the limit the catalog's row count stands in (NServiceBus.SqlServer #481). READPAST: rows a
     -- claim holds right now are not counted, and stats never waits for them.
     -- ready: visible_at <= now (new, due, retried, or with an expired lease: all claimable);
-    -- delayed: not yet due and not leased; in_flight: under a live lease.
+    -- delayed: not yet due and not leased; in_flight: under a live lease. Messages nobody leases are
+    -- counted on the claim index (filtered WHERE leased_by IS NULL), leased ones on ix_{{ queue.name }}_lease.
     DECLARE @exact_limit bigint = 10000;
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @estimated bit = 0;
@@ -26,6 +27,7 @@ BEGIN
     DECLARE @priority int = (
         SELECT TOP (1) m.priority
         FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE m.leased_by IS NULL
         ORDER BY m.priority DESC
     );
 
@@ -37,7 +39,7 @@ BEGIN
                 FROM (
                     SELECT TOP (@exact_limit + 1 - @ready) m.{{ tie }}
                     FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-                    WHERE m.priority = @priority AND m.visible_at <= @now
+                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                 ) AS counted
             );
             SET @delayed = @delayed + (
@@ -45,20 +47,20 @@ BEGIN
                 FROM (
                     SELECT TOP (@exact_limit + 1 - @delayed) m.{{ tie }}
                     FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-                    WHERE m.priority = @priority AND m.visible_at > @now AND m.leased_by IS NULL
+                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at > @now
                 ) AS counted
             );
             SET @level_oldest = (
                 SELECT TOP (1) m.visible_at
                 FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-                WHERE m.priority = @priority AND m.visible_at <= @now
+                WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                 ORDER BY m.visible_at ASC, m.{{ tie }} ASC
             );
             IF @oldest_ready IS NULL OR @level_oldest < @oldest_ready SET @oldest_ready = @level_oldest;
             SET @priority = (
                 SELECT TOP (1) m.priority
                 FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-                WHERE m.priority < @priority
+                WHERE m.priority < @priority AND m.leased_by IS NULL
                 ORDER BY m.priority DESC
             );
         END;
@@ -68,16 +70,15 @@ BEGIN
         FROM (
             SELECT TOP (@exact_limit + 1) m.{{ tie }}
             FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-            WHERE m.visible_at <= @now
+            WHERE m.leased_by IS NULL AND m.visible_at <= @now
         ) AS counted
     );
-    -- The range after now also holds the in-flight rows: as many as there are leases.
     SET @delayed = (
         SELECT COUNT_BIG(*)
         FROM (
             SELECT TOP (@exact_limit + 1) m.{{ tie }}
             FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-            WHERE m.visible_at > @now AND m.leased_by IS NULL
+            WHERE m.leased_by IS NULL AND m.visible_at > @now
         ) AS counted
     );
 {% if groups %}
@@ -92,7 +93,7 @@ BEGIN
     SET @oldest_ready = (
         SELECT TOP (1) m.visible_at
         FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-        WHERE m.group_key IS NULL AND m.visible_at <= @now
+        WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now
         ORDER BY m.visible_at ASC, m.{{ tie }} ASC
     );
     IF @oldest_ready IS NULL OR @oldest_head < @oldest_ready SET @oldest_ready = @oldest_head;
@@ -100,11 +101,26 @@ BEGIN
     SET @oldest_ready = (
         SELECT TOP (1) m.visible_at
         FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-        WHERE m.visible_at <= @now
+        WHERE m.leased_by IS NULL AND m.visible_at <= @now
         ORDER BY m.visible_at ASC, m.{{ tie }} ASC
     );
 {% endif %}
 {% endif %}
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
+    DECLARE @expired bigint;
+    DECLARE @oldest_expired datetime2(7);
+    SELECT
+        @expired = COUNT_BIG(*),
+        @oldest_expired = MIN(e.visible_at)
+    FROM (
+        SELECT TOP (@exact_limit + 1) m.visible_at
+        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
+    ) AS e;
+    -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
+    DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
+    SET @ready = @ready + @expired;
+    IF @oldest_ready IS NULL OR @oldest_expired < @oldest_ready SET @oldest_ready = @oldest_expired;
     DECLARE @in_flight bigint = (
         SELECT COUNT_BIG(*)
         FROM (
@@ -121,7 +137,7 @@ BEGIN
         ) AS counted
     );
 
-    IF @ready > @exact_limit OR @delayed > @exact_limit OR @in_flight > @exact_limit
+    IF @ready_capped = 1 OR @delayed > @exact_limit OR @in_flight > @exact_limit
         BEGIN
             DECLARE @total_estimate bigint = (
                 SELECT SUM(p.rows)
@@ -130,7 +146,7 @@ BEGIN
             );
             SET @estimated = 1;
             -- The catalog's total less the exact counts is the estimate of the one over the limit.
-            IF @ready > @exact_limit AND @total_estimate - @delayed - @in_flight > @ready
+            IF @ready_capped = 1 AND @total_estimate - @delayed - @in_flight > @ready
                 SET @ready = @total_estimate - @delayed - @in_flight;
             ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
                 SET @delayed = @total_estimate - @ready - @in_flight;

@@ -1,7 +1,34 @@
 {#- T-SQL: S.Q_wait of the work kind (included by work.sql, whose variables and imports it uses).
-    Ready: visible now (new, due, retried, or its lease expired), as dequeue's second claim sees it. -#}
+    Ready: visible now and nobody's lease (new, due, retried, released), as dequeue's claim sees it,
+    or an expired lease when this session's look for them is due (w.look_for_expired_leases): not
+    sooner, or the caller would dequeue nothing and be woken again at once until its look is due. -#}
+{#- A probe that finds no expired lease counts as the session's look (the next is due a second later),
+    as dequeue's does: the probe reads every lease the queue holds, and would otherwise do so at every
+    step of the wait. -#}
+{% macro expired_probe() %}
+            IF @ready = 0
+                BEGIN
+                    SET @next_look = SESSION_CONTEXT({{ w.look_key }});
+                    SET @look_due = {{ w.look_due() | indent(16) }};
+                    IF @look_due = 1
+                        BEGIN
+                            SELECT TOP (1) @ready = 1
+                            FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE {{ w.expired_where }}
+                            ORDER BY {{ w.expired_order }};
+                            IF @ready = 0
+                                BEGIN
+                                    SET @look_after = DATEADD(SECOND, 1, @now);
+                                    EXEC sys.sp_set_session_context
+                                        @key = {{ w.look_key }},
+                                        @value = @look_after;
+                                END;
+                        END;
+                END;
+{%- endmacro %}
+{% set look_declarations = '    DECLARE @next_look sql_variant;\n    DECLARE @look_due bit;\n    DECLARE @look_after datetime2(7);' %}
 {% if has_priority %}
-{% call m.wait_procedure('    DECLARE @now datetime2(7);\n    DECLARE @priority int;') %}
+{% call m.wait_procedure('    DECLARE @now datetime2(7);\n    DECLARE @priority int;\n' ~ look_declarations) %}
             -- One seek per priority level present, as the claim walks them (a single range on
             -- visible_at would read every delayed or leased row of the higher levels).
             SET @now = SYSUTCDATETIME();
@@ -10,9 +37,10 @@
                 BEGIN
                     SELECT TOP (1) @ready = 1
                     FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                    WHERE m.priority = @priority AND m.visible_at <= @now;
+                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now;
 {{ w.next_level(true) | indent(16, first=true) }}
                 END;
+{{ expired_probe() }}
 {% endcall %}
 {% elif groups %}
 {% set wait_declarations %}
@@ -25,6 +53,7 @@
         group_key {{ key_type }} NOT NULL, -- noqa: CP02
         PRIMARY KEY (visible_at, tie)
     );
+{{ look_declarations }}
 {%- endset %}
 {% call m.wait_procedure(wait_declarations) %}
             -- A due message without a group on its claim index, else a due head candidate of a
@@ -42,7 +71,7 @@
             SET @now = SYSUTCDATETIME();
             SELECT TOP (1) @ready = 1
             FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-            WHERE m.group_key IS NULL AND m.visible_at <= @now;
+            WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now;
             IF @ready = 0
                 BEGIN
                     DELETE FROM @window;
@@ -75,11 +104,14 @@
                             ORDER BY c.visible_at DESC, c.tie DESC;
                         END;
                 END;
+{{ expired_probe() }}
 {% endcall %}
 {% else %}
-{% call m.wait_procedure() %}
+{% call m.wait_procedure('    DECLARE @now datetime2(7);\n' ~ look_declarations) %}
+            SET @now = SYSUTCDATETIME();
             SELECT TOP (1) @ready = 1
             FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-            WHERE m.visible_at <= SYSUTCDATETIME();
+            WHERE m.leased_by IS NULL AND m.visible_at <= @now;
+{{ expired_probe() }}
 {% endcall %}
 {% endif %}

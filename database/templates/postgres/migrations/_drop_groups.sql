@@ -6,9 +6,9 @@
 {% set t = names.obj() %}
 {% set is_work = queue.kind == 'work' %}
 {% if is_work %}
+{#- Built before the code units, whose claims walk it; the old one replaced after them. -#}
 {{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'ready_new') ~ ' (every message) CONCURRENTLY',
-          'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions',
-          after_code=true) }}
+          'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions') }}
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'ready_new') }}
 ON {{ t }} (visible_at, {{ tie }})
 WHERE {{ m.ready_predicate(false) }};

@@ -1,6 +1,7 @@
 {#- work: option priority turned on for a deployed queue. Every message waiting gets priority 0 (what
     enqueue gives a message without one); the claim index is built again with priority leading, under a
-    temporary name, then takes the name a fresh install gives it. -#}
+    temporary name, before the code units (the new claims walk it), and takes the name a fresh install
+    gives it after them (the old claims walk the old one until then). -#}
 {% import '_macros.sql' as m with context %}
 {% set t = names.obj() %}
 {% set tie = 'seq' if opt.client_ids else 'id' %}
@@ -15,5 +16,5 @@ ON {{ t }} (priority DESC, visible_at, {{ tie }})
 WHERE {{ m.ready_predicate(false) }};
 
 {{ m.step('transaction', 'replace ' ~ names.index_name('ix', 'ready') ~ ' with it',
-          'the table, ACCESS EXCLUSIVE to drop the old index and rename the new one (catalog updates)') }}
+          'the table, ACCESS EXCLUSIVE to drop the old index and rename the new one (catalog updates)', after_code=true) }}
 {% include 'migrations/_replace_claim_index.sql' %}

@@ -1,12 +1,12 @@
-{#- work: option priority turned off for a deployed queue, once the code units no longer use it: the
-    claim index is built again without priority (under a temporary name, then the name a fresh install
-    gives it), then the column goes. The messages waiting keep their order by visible time. -#}
+{#- work: option priority turned off for a deployed queue: the claim index is built again without
+    priority under a temporary name before the code units (the new claims walk it), and once they no
+    longer use the old one it takes the name a fresh install gives it, and the column goes. The messages
+    waiting keep their order by visible time. -#}
 {% import '_macros.sql' as m with context %}
 {% set t = names.obj() %}
 {% set tie = 'seq' if opt.client_ids else 'id' %}
 {{ m.step('concurrent', 'build ' ~ names.index_name('ix', 'ready_new') ~ ' (no priority) CONCURRENTLY',
-          'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions',
-          after_code=true) }}
+          'nothing that blocks reads or writes (SHARE UPDATE EXCLUSIVE); two scans of the table, after waiting for older transactions') }}
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {{ names.index('ix', 'ready_new') }}
 ON {{ t }} (visible_at, {{ tie }})
 WHERE {{ m.ready_predicate(false) }};

@@ -5,7 +5,7 @@ CREATE OR REPLACE FUNCTION {{ names.verb('history_purge') }}(
     max_rows integer DEFAULT NULL
 )
 RETURNS TABLE (purged bigint)
-{{ m.definer() }}
+{{ m.definer(plans='custom') }}
 AS $function$
 #variable_conflict use_column
 DECLARE

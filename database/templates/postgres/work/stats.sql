@@ -23,6 +23,7 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
     expired_count bigint;
+    ready_capped boolean;
     expired_oldest timestamptz;
     delayed_count bigint := 0;
     in_flight_count bigint;
@@ -92,6 +93,8 @@ BEGIN
         ORDER BY {{ w.expired_order }}
         LIMIT exact_limit + 1
     ) AS e;
+    -- Each of the two counts stopped at exact_limit on its own: only one that did is an estimate.
+    ready_capped := ready_count > exact_limit OR expired_count > exact_limit;
     ready_count := ready_count + expired_count;
     oldest_ready := least(oldest_ready, expired_oldest);
     SELECT count(*) INTO in_flight_count FROM (
@@ -104,10 +107,10 @@ BEGIN
         SELECT 1 FROM {{ dead_t }} AS d LIMIT exact_limit + 1
     ) AS counted;
 
-    IF ready_count > exact_limit OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+    IF ready_capped OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
         is_estimate := true;
         total_estimate := {{ w.row_estimate(t) }};
-        IF ready_count > exact_limit THEN
+        IF ready_capped THEN
             ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
         ELSIF delayed_count > exact_limit THEN
             delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);

@@ -377,6 +377,31 @@ def test_xact_abort_off_only_around_one_insert_that_retries_a_duplicate_key() ->
         assert message in violations(seed(text, proc, defect), "xact-abort", file, proc), defect
 
 
+def test_xact_abort_off_only_around_the_looks_record_in_the_session_context() -> None:
+    """The look for expired leases records itself with sys.sp_set_session_context under XACT_ABORT OFF
+    (a read-only key, 15664, or a full session context, 15665, would otherwise roll back the caller's
+    transaction): the same window as the duplicate key's, for that EXEC and those two numbers only."""
+    file, text = golden("emails.sql")
+    proc = "emails_dequeue"
+    assert violations(text, "xact-abort", file, proc) == []
+    off = line_of(text, proc, "SET XACT_ABORT OFF;", 2)
+    message = (f"{file}:{off}: xact-abort: SET XACT_ABORT OFF after SET XACT_ABORT ON (line "
+               f"{line_of(text, proc, 'SET XACT_ABORT ON;')}): the procedure's work must run under XACT_ABORT ON "
+               f"(procedure [queue].[{proc}])")
+    defects = [
+        # Every error swallowed, not only the session context's refusals.
+        replace("IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;", "IF XACT_STATE() = -1 THROW;"),
+        # A duplicate key's numbers: not what this EXEC meets.
+        replace("IF ERROR_NUMBER() NOT IN (15664, 15665)", "IF ERROR_NUMBER() NOT IN (2601, 2627)"),
+        # Another procedure called under XACT_ABORT OFF.
+        replace("EXEC sys.sp_set_session_context", "EXEC sys.sp_rename"),
+        # A second statement runs under XACT_ABORT OFF.
+        on_line_of("@value = @look_after;", lambda indent, line: line + " SET @look_after = @now;"),
+    ]
+    for defect in defects:
+        assert message in violations(seed(text, proc, defect), "xact-abort", file, proc), defect
+
+
 def test_argument_throw_after_xact_abort_is_refused() -> None:
     file, text = golden("emails.sql")
 
@@ -462,7 +487,8 @@ PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, ne
     "the next priority level without FORCESEEK": (
         "thumbnails.sql", "thumbnails_dequeue", "WHERE m.priority < @priority",
         # The first such hint list of the procedure: the claim's has UPDLOCK, the first level's no FORCESEEK.
-        ("FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)", "ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
+        ("INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)",
+         "INDEX ([ix_thumbnails_ready_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
         "a probe that compares priority, the first key column of ix_thumbnails_ready_priority, without FORCESEEK: a plan "
         "compiled on an empty queue may scan the index at depth"),
     "FORCESEEK with nothing to seek on": (
@@ -479,18 +505,27 @@ PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, ne
         "undo.sql", "undo_dequeue", "INDEX ([pk_undo])", ("ORDER BY m.id DESC", "ORDER BY m.enqueued_at DESC"),
         "INDEX (pk_undo): its key (id) is not, after the =-compared columns, the ORDER BY enqueued_at DESC in one "
         "direction: a sort of every matching row"),
-    "the look for expired leases with FORCESEEK": (
-        # It walks the filtered lease index in its key order (no =-compared column): with FORCESEEK its
-        # visible_at range would have to be a seek, which that key cannot give.
-        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease]), ROWLOCK",
-        ("INDEX ([ix_emails_lease]), ROWLOCK", "INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK"),
+    "the look for expired leases without FORCESEEK": (
+        # One lease holder at a time: an equality and a range seek, pinned like every claim.
+        "emails.sql", "emails_dequeue", "m.leased_by = @look_worker AND m.leased_by IS NOT NULL",
+        ("INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05\n"
+         "                            WHERE\n                                m.leased_by = @look_worker",
+         "INDEX ([ix_emails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05\n"
+         "                            WHERE\n                                m.leased_by = @look_worker"),
+        "a claim that compares leased_by, the first key column of ix_emails_lease, without FORCESEEK: a plan compiled "
+        "on an empty queue may scan the index at depth"),
+    "the look for expired leases over every lease": (
+        # The walk of the whole lease index with a residual expiry test: no range seek (the first
+        # version of the look, which a senior-DBA review refused).
+        "emails.sql", "emails_dequeue", "m.leased_by = @look_worker AND m.leased_by IS NOT NULL",
+        ("m.leased_by = @look_worker AND m.leased_by IS NOT NULL\n"
+         "                                AND m.visible_at <= @now\n"
+         "                            ORDER BY m.visible_at, m.id",
+         "m.leased_by IS NOT NULL\n"
+         "                                AND m.visible_at <= @now\n"
+         "                            ORDER BY m.leased_by, m.visible_at, m.id"),
         "INDEX (ix_emails_lease): its key (leased_by, visible_at, id) does not have the range column visible_at next "
         "after the =-compared columns: no range seek"),
-    "the look for expired leases out of its index's order": (
-        "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease]), ROWLOCK",
-        ("ORDER BY m.leased_by, m.visible_at, m.id", "ORDER BY m.visible_at, m.id"),
-        "INDEX (ix_emails_lease): its key (leased_by, visible_at, id) is not, after the =-compared columns, the ORDER "
-        "BY visible_at, id in one direction: a sort of every matching row"),
     "a filtered index whose filter the claim does not repeat": (
         "emails.sql", "emails_dequeue", "INDEX ([ix_emails_lease])",
         ("m.leased_by = @worker AND m.leased_by IS NOT NULL", "m.leased_by = @worker"),
@@ -508,6 +543,8 @@ def test_a_claim_or_probe_without_its_pin_is_refused(defect: str) -> None:
     line = line_of(text, procedure, anchor)
     if anchor.startswith("WHERE"):          # the hint list is on the line above its WHERE
         line -= 1
+    elif anchor.startswith("m.leased_by = @look_worker"):   # ... and above the look's WHERE line
+        line -= 2
     assert violations(seeded, "claim-pin", file) == [
         f"{file}:{line}: claim-pin: {message} (procedure [queue].[{procedure}])"]
 
@@ -805,8 +842,10 @@ SEVERAL = ("a claim of queue.{queue} whose WHERE has {where}: OR, IN (a, b) and 
            "its own")
 GAP_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded [(old, new)], the violation)
     "the next priority level, its column on the right, without FORCESEEK": (
-        "thumbnails.sql", "thumbnails_dequeue", "FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)",
-        [("FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)", "ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
+        "thumbnails.sql", "thumbnails_dequeue", "INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, "
+                                                "READCOMMITTEDLOCK)",
+        [("INDEX ([ix_thumbnails_ready_priority]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK)",
+          "INDEX ([ix_thumbnails_ready_priority]), ROWLOCK, READPAST, READCOMMITTEDLOCK)"),
          ("WHERE m.priority < @priority", "WHERE @priority > m.priority")],
         SEEK.format(what="probe", column="priority", index="ix_thumbnails_ready_priority")),
     "a BETWEEN range without FORCESEEK": (

@@ -860,7 +860,34 @@ BEGIN
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    DECLARE @next_look datetime2(7) = DATEADD(MILLISECOND, 900, SYSUTCDATETIME());
+    DECLARE @next_look datetime2(7);
+    -- A first call on the empty fake compiles the procedure, so that the second runs within the
+    -- 900 ms the key is set for; it finds nothing.
+    CREATE TABLE #DequeuedCompile (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #DequeuedCompile (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #ActualCompile
+    FROM #DequeuedCompile AS d;
+    CREATE TABLE #ExpectedCompile (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedCompile', @Actual = N'#ActualCompile';
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
         lease_token, payload
@@ -881,6 +908,7 @@ BEGIN
         NULL, NULL,
         NULL, N'{"n": 2}'
     );
+    SET @next_look = DATEADD(MILLISECOND, 900, SYSUTCDATETIME());
     EXEC sys.sp_set_session_context @key = N'tablequeue.queue.thumbnails.expired', @value = @next_look;
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -930,6 +958,98 @@ BEGIN
     VALUES
     ('00000000-0000-0000-0000-000000000001', 1, N'crashed', 1),
     ('00000000-0000-0000-0000-000000000002', 1, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the look takes every holder's expired leases and no live one]
+AS
+BEGIN
+    -- Assemble: a's lease is live; b's and c's expired. The look walks the holders one at a time.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'a', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 0, 1,
+        N'b', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -6, @now), 0, 1,
+        N'c', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 3}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 5,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert: both expired leases, oldest expiry first; a's lease as it was.
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000003', 2),
+    (2, '00000000-0000-0000-0000-000000000002', 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, N'a', 0),
+    ('00000000-0000-0000-0000-000000000002', 2, N'w', 0),
+    ('00000000-0000-0000-0000-000000000003', 2, N'w', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
 END;
 GO

@@ -764,15 +764,39 @@ BEGIN
     EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
-    DECLARE @next_look datetime2(7) = DATEADD(MILLISECOND, 900, SYSUTCDATETIME());
+    DECLARE @next_look datetime2(7);
+    -- A first call on the empty fake compiles the procedure, so that the second runs within the
+    -- 900 ms the key is set for; it finds nothing.
+{{ dequeue_into_actual(1, 'w', tag='Compile') }}
+{{ expect_dequeued([], tag='Compile') }}
 {{ insert_message(1, visible=-5, leased_by='crashed', attempts=1) }}
 {{ insert_message(2, visible=-10) }}
+    SET @next_look = DATEADD(MILLISECOND, 900, SYSUTCDATETIME());
     EXEC sys.sp_set_session_context @key = N'tablequeue.{{ schema }}.{{ queue.name }}.expired', @value = @next_look;
 {{ dequeue_into_actual(2, 'w') }}
 
     -- Assert: only the ready message; the expired lease waits for the session's next look.
 {{ expect_dequeued([(2, 1)]) }}
 {{ assert_queue([(1, 1, 'crashed', true), (2, 1, 'w', false)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test the look takes every holder's expired leases and no live one]
+AS
+BEGIN
+    -- Assemble: a's lease is live; b's and c's expired. The look walks the holders one at a time.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='a', attempts=1) }}
+{{ insert_message(2, visible=-5, leased_by='b', attempts=1) }}
+{{ insert_message(3, visible=-6, leased_by='c', attempts=1) }}
+{{ dequeue_into_actual(5, 'w') }}
+
+    -- Assert: both expired leases, oldest expiry first; a's lease as it was.
+{{ expect_dequeued([(3, 2), (2, 2)]) }}
+{{ assert_queue([(1, 1, 'a', false), (2, 2, 'w', false), (3, 2, 'w', false)]) }}
 END;
 GO
 

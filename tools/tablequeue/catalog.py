@@ -39,7 +39,10 @@ GENERATED_SUFFIXES = (
 # templates name nothing else).
 PREFIXED_NAMES = (
     ("pk_", ""), ("pk_", "_dead"), ("pk_", "_history"),
-    ("ix_", "_claim"), ("ix_", "_claim_priority"), ("ix_", "_claim_new"), ("ix_", "_lease"), ("ix_", "_lease_start"), ("ix_", "_due"),
+    ("ix_", "_ready"), ("ix_", "_ready_priority"), ("ix_", "_ready_ungrouped"), ("ix_", "_ready_new"),
+    # storage v2's claim indexes, still named by the migrations that retire them
+    ("ix_", "_claim"), ("ix_", "_claim_priority"), ("ix_", "_claim_new"),
+    ("ix_", "_lease"), ("ix_", "_lease_start"), ("ix_", "_due"),
     ("ix_", "_history_finished"), ("ix_", "_history_id"), ("ix_", "_heads"), ("ix_", "_group"),
     ("ix_", "_ungrouped"), ("pk_", "_groups"), ("ck_", "_group_key"),
     ("ux_", "_dedupe"), ("ux_", "_seq"), ("ux_", "_dead_seq"),

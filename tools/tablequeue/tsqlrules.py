@@ -18,9 +18,12 @@ xact-abort          SET NOCOUNT ON first. The argument checks (THROWs outside BE
                     when it returns. Then SET XACT_ABORT ON, before the first statement that reads or
                     writes a table or begins a transaction, and no THROW outside BEGIN TRY after it
                     (state errors are raised in TRY), nor SET XACT_ABORT OFF again, but for one
-                    window: SET XACT_ABORT OFF; BEGIN TRY <one INSERT ... VALUES>; SET XACT_ABORT ON;
-                    END TRY BEGIN CATCH SET XACT_ABORT ON; IF ERROR_NUMBER() NOT IN (2601, 2627) ...
-                    THROW; END CATCH (a duplicate key retried without a key-range lock)
+                    window: SET XACT_ABORT OFF; BEGIN TRY <one statement>; SET XACT_ABORT ON;
+                    END TRY BEGIN CATCH SET XACT_ABORT ON; IF ERROR_NUMBER() NOT IN (...) ...
+                    THROW; END CATCH, where the statement is an INSERT ... VALUES and the numbers
+                    (2601, 2627) (a duplicate key retried without a key-range lock), or the statement
+                    EXEC sys.sp_set_session_context and the numbers (15664, 15665) (the look's
+                    best-effort record: a read-only key or a full session context)
 updlock             UPDLOCK only in a claim (READPAST + UPDLOCK + ROWLOCK + READCOMMITTEDLOCK in a CTE
                     that the statement UPDATEs or DELETEs; UPDLOCK without READPAST only in the
                     strict FIFO's CTE-then-DELETE; DELETE TOP (n) ... WITH (UPDLOCK)) or with HOLDLOCK
@@ -60,10 +63,7 @@ claim-pin           every claim (a claim's hinted read with UPDLOCK) and every p
                     index, INDEX (ix), an index or key the SQL creates on that table, whose key is the
                     read's =-compared columns, then its ORDER BY in one direction (or its range column);
                     a filtered index's filter is repeated in the read's WHERE; FORCESEEK when the WHERE
-                    compares the key's first column, never without (no seek plan: 8622); a read that
-                    walks a filtered index from its start in its key order (no =-compared column, no
-                    FORCESEEK: the look for expired leases) may range-compare a later key column, a
-                    residual test; a comparison
+                    compares the key's first column, never without (no seek plan: 8622); a comparison
                     counts with its column on either side, BETWEEN as a range; OR, IN (a, b) and NOT
                     BETWEEN are refused (several seek ranges, no index order). A plan compiled on an
                     empty queue must still seek at 10^6 rows (docs/queue-kinds.md, "Plans at depth")
@@ -340,33 +340,36 @@ def _sets(step: Step, text: str) -> bool:
 
 
 DUPLICATE_KEY = "ERROR_NUMBER() NOT IN (2601, 2627)"
+SESSION_CONTEXT_REFUSED = "ERROR_NUMBER() NOT IN (15664, 15665)"
 
 
 def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
-    """Whether the SET XACT_ABORT OFF at body[at] opens the one window the rule allows: an insert that
-    may meet a duplicate key and retry (the grouped producer's new group row; a range-locked check would
-    wait for the neighbouring key's holder). Exactly
+    """Whether the SET XACT_ABORT OFF at body[at] opens one of the windows the rule allows: an insert
+    that may meet a duplicate key and retry (the grouped producer's new group row; a range-locked check
+    would wait for the neighbouring key's holder), or the look's record in the session context, which a
+    read-only key or a full session context refuses (the session then looks again). Exactly
 
         SET XACT_ABORT OFF;
         BEGIN TRY
-            INSERT INTO ... VALUES (...);
+            INSERT INTO ... VALUES (...);           -- or EXEC sys.sp_set_session_context ...;
             SET XACT_ABORT ON;
         END TRY
         BEGIN CATCH
             SET XACT_ABORT ON;
-            IF ERROR_NUMBER() NOT IN (2601, 2627) OR ... THROW;
+            IF ERROR_NUMBER() NOT IN (2601, 2627) OR ... THROW;   -- (15664, 15665) for the EXEC
         END CATCH;
 
-    so one statement (no SELECT) runs under XACT_ABORT OFF, a duplicate key leaves the transaction
-    committable, and anything else is rethrown under XACT_ABORT ON."""
+    so one statement (no SELECT) runs under XACT_ABORT OFF, the error it may meet leaves the
+    transaction committable, and anything else is rethrown under XACT_ABORT ON."""
     window = procedure.steps[at + 1:at + 6]
     if len(window) < 5:
         return False
     insert, on_in_try, on_in_catch, condition, throw = window
+    statement_kind = "insert_statement" if insert.kind == "insert_statement" else "execute_script_statement"
     block = next((b for b in descendants(procedure.segment, "try_catch")
-                  if any(s is insert.segment for s in descendants(b, "insert_statement"))
+                  if any(s is insert.segment for s in descendants(b, statement_kind))
                   and not any(s is insert.segment for inner in descendants(b, "try_catch")
-                              for s in descendants(inner, "insert_statement"))), None)
+                              for s in descendants(inner, statement_kind))), None)
     if block is None:
         return False
     sections: dict[str, list[BaseSegment]] = {}
@@ -376,13 +379,18 @@ def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
             words.append(c.raw.upper())
         elif kind(c) == "statement":
             sections.setdefault(words[-1] if words else "", []).append(code(c)[0])
-    return (insert.kind == "insert_statement" and "VALUES" in insert.text.split()
-            and "SELECT" not in insert.text.split()
+    if insert.kind == "insert_statement":
+        allowed = DUPLICATE_KEY
+        statement_fits = "VALUES" in insert.text.split() and "SELECT" not in insert.text.split()
+    else:
+        allowed = SESSION_CONTEXT_REFUSED
+        statement_fits = _compact(insert.text).startswith(_compact("EXEC sys.sp_set_session_context"))
+    return (statement_fits
             and [s.segment for s in (insert, on_in_try)] == sections.get("TRY")
             and _sets(on_in_try, "SET XACT_ABORT ON") and _sets(on_in_catch, "SET XACT_ABORT ON")
             and sections.get("CATCH", [None])[0] is on_in_catch.segment and len(sections.get("CATCH", [])) == 2
             and condition.kind == "condition"
-            and _compact(DUPLICATE_KEY) in {_compact(d.text) for d in disjuncts(condition.segment)}
+            and _compact(allowed) in {_compact(d.text) for d in disjuncts(condition.segment)}
             and throw.kind == "throw_statement" and not _throw_with_arguments(throw)
             and any(g is condition.segment for g in throw.guards))
 
@@ -930,11 +938,7 @@ def _key_mismatch(key: IndexKey, read: PinnedRead) -> str | None:
                 {kd != od for (_, kd), (_, od) in zip(head, read.order)}) > 1:
             return (f"is not, after the =-compared columns, the ORDER BY {_written(read.order)} in one direction: "
                     "a sort of every matching row")
-    # A walk of a filtered index from its start, in its key order, without FORCESEEK and with no
-    # =-compared column (the look for expired leases reads the whole lease index, which holds only the
-    # leased rows): a range comparison of a later key column is a residual test, not a seek.
-    walks = bool(key.filter) and not read.equal and not read.forceseek and bool(read.order)
-    if read.ranged and not walks and (len(set(read.ranged)) > 1 or not rest or rest[0][0] != read.ranged[0]):
+    if read.ranged and (len(set(read.ranged)) > 1 or not rest or rest[0][0] != read.ranged[0]):
         return (f"does not have the range column{'s' if len(set(read.ranged)) > 1 else ''} "
                 f"{', '.join(sorted(set(read.ranged)))} next after the =-compared columns: no range seek")
     missing = [f for f in key.filter if f not in read.conditions]

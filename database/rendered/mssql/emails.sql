@@ -512,7 +512,8 @@ BEGIN
         WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
         ELSE 0
     END;
-    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
+    DECLARE @look_after datetime2(7);
+    DECLARE @look_worker nvarchar(200);
     DECLARE @buried_count int = 0;
 
     BEGIN TRY
@@ -605,12 +606,17 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
-        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
-        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
+        -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
         IF @remaining > 0 AND @look_due = 1
             BEGIN
-                WHILE @remaining > 0
+                SET @look_worker = (
+                    SELECT TOP (1) m.leased_by
+                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NOT NULL
+                    ORDER BY m.leased_by
+                );
+                WHILE @look_worker IS NOT NULL AND @remaining > 0
                     BEGIN
                         WITH expired_leases AS (
                             SELECT TOP (@remaining)
@@ -623,9 +629,11 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-                            ORDER BY m.leased_by, m.visible_at, m.id
+                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE
+                                m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                AND m.visible_at <= @now
+                            ORDER BY m.visible_at, m.id
                         )
 
                         UPDATE expired_leases
@@ -649,7 +657,6 @@ BEGIN
                             id, own, previous_visible_at, previous_worker,
                             enqueued_at, due_at, attempts, lease_token, payload
                         );
-                        IF @@ROWCOUNT = 0 BREAK;
                         SET @buried_count = 0;
                         SET @exhausted = (
                             SELECT COUNT(*)
@@ -684,14 +691,31 @@ BEGIN
                                 WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
                             END;
                         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                        IF @buried_count = 0 BREAK;
+                        IF @buried_count = 0
+                            BEGIN
+                                SET @look_worker = (
+                                    SELECT TOP (1) m.leased_by
+                                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                    ORDER BY m.leased_by
+                                );
+                            END;
                     END;
                 IF @remaining > 0
                     BEGIN
-                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
-                        EXEC sys.sp_set_session_context
-                            @key = N'tablequeue.queue.emails.expired',
-                            @value = @look_after;
+                        SET @look_after = DATEADD(SECOND, 1, @now);
+                        SET XACT_ABORT OFF;
+                        BEGIN TRY
+                            -- Not transactional: a caller that rolls back still waits its second.
+                            EXEC sys.sp_set_session_context
+                                @key = N'tablequeue.queue.emails.expired',
+                                @value = @look_after;
+                            SET XACT_ABORT ON;
+                        END TRY
+                        BEGIN CATCH
+                            SET XACT_ABORT ON;
+                            IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                        END CATCH;
                     END;
             END;
 
@@ -1448,7 +1472,8 @@ BEGIN
         WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
         ELSE 0
     END;
-    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
+    DECLARE @look_after datetime2(7);
+    DECLARE @look_worker nvarchar(200);
     DECLARE @buried_count int = 0;
     DECLARE @previous_completed bit;
 
@@ -1561,12 +1586,17 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
-        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
-        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
+        -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
         IF @remaining > 0 AND @look_due = 1
             BEGIN
-                WHILE @remaining > 0
+                SET @look_worker = (
+                    SELECT TOP (1) m.leased_by
+                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NOT NULL
+                    ORDER BY m.leased_by
+                );
+                WHILE @look_worker IS NOT NULL AND @remaining > 0
                     BEGIN
                         WITH expired_leases AS (
                             SELECT TOP (@remaining)
@@ -1579,9 +1609,11 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-                            ORDER BY m.leased_by, m.visible_at, m.id
+                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE
+                                m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                AND m.visible_at <= @now
+                            ORDER BY m.visible_at, m.id
                         )
 
                         UPDATE expired_leases
@@ -1605,7 +1637,6 @@ BEGIN
                             id, own, previous_visible_at, previous_worker,
                             enqueued_at, due_at, attempts, lease_token, payload
                         );
-                        IF @@ROWCOUNT = 0 BREAK;
                         SET @buried_count = 0;
                         SET @exhausted = (
                             SELECT COUNT(*)
@@ -1640,14 +1671,31 @@ BEGIN
                                 WHERE c.attempts > 3 AND c.previous_visible_at <= @now;
                             END;
                         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                        IF @buried_count = 0 BREAK;
+                        IF @buried_count = 0
+                            BEGIN
+                                SET @look_worker = (
+                                    SELECT TOP (1) m.leased_by
+                                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                    ORDER BY m.leased_by
+                                );
+                            END;
                     END;
                 IF @remaining > 0
                     BEGIN
-                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
-                        EXEC sys.sp_set_session_context
-                            @key = N'tablequeue.queue.emails.expired',
-                            @value = @look_after;
+                        SET @look_after = DATEADD(SECOND, 1, @now);
+                        SET XACT_ABORT OFF;
+                        BEGIN TRY
+                            -- Not transactional: a caller that rolls back still waits its second.
+                            EXEC sys.sp_set_session_context
+                                @key = N'tablequeue.queue.emails.expired',
+                                @value = @look_after;
+                            SET XACT_ABORT ON;
+                        END TRY
+                        BEGIN CATCH
+                            SET XACT_ABORT ON;
+                            IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                        END CATCH;
                     END;
             END;
 
@@ -1798,6 +1846,7 @@ BEGIN
     DECLARE @next_look sql_variant;
     DECLARE @look_due bit;
     DECLARE @look_after datetime2(7);
+    DECLARE @look_worker nvarchar(200);
 
     WHILE 1 = 1
         BEGIN
@@ -1817,16 +1866,41 @@ BEGIN
                     END;
                     IF @look_due = 1
                         BEGIN
-                            SELECT TOP (1) @ready = 1
-                            FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-                            ORDER BY m.leased_by, m.visible_at, m.id;
+                            SET @look_worker = (
+                                SELECT TOP (1) m.leased_by
+                                FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                WHERE m.leased_by IS NOT NULL
+                                ORDER BY m.leased_by
+                            );
+                            WHILE @look_worker IS NOT NULL AND @ready = 0
+                                BEGIN
+                                    SELECT TOP (1) @ready = 1
+                                    FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE
+                                        m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                        AND m.visible_at <= @now;
+                                    SET @look_worker = (
+                                        SELECT TOP (1) m.leased_by
+                                        FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                        ORDER BY m.leased_by
+                                    );
+                                END;
                             IF @ready = 0
                                 BEGIN
                                     SET @look_after = DATEADD(SECOND, 1, @now);
-                                    EXEC sys.sp_set_session_context
-                                        @key = N'tablequeue.queue.emails.expired',
-                                        @value = @look_after;
+                                    SET XACT_ABORT OFF;
+                                    BEGIN TRY
+                                        -- Not transactional: a caller that rolls back still waits its second.
+                                        EXEC sys.sp_set_session_context
+                                            @key = N'tablequeue.queue.emails.expired',
+                                            @value = @look_after;
+                                        SET XACT_ABORT ON;
+                                    END TRY
+                                    BEGIN CATCH
+                                        SET XACT_ABORT ON;
+                                        IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                                    END CATCH;
                                 END;
                         END;
                 END;
@@ -1888,17 +1962,39 @@ BEGIN
         WHERE m.leased_by IS NULL AND m.visible_at <= @now
         ORDER BY m.visible_at ASC, m.id ASC
     );
-    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
-    DECLARE @expired bigint;
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
+    -- time on ix_emails_lease (w.next_lease_holder), each holder's oldest first, so the oldest is exact.
+    DECLARE @expired bigint = 0;
     DECLARE @oldest_expired datetime2(7);
-    SELECT
-        @expired = COUNT_BIG(*),
-        @oldest_expired = MIN(e.visible_at)
-    FROM (
-        SELECT TOP (@exact_limit + 1) m.visible_at
-        FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-        WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-    ) AS e;
+    DECLARE @holder_oldest datetime2(7);
+    DECLARE @look_worker nvarchar(200);
+    SET @look_worker = (
+        SELECT TOP (1) m.leased_by
+        FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.leased_by IS NOT NULL
+        ORDER BY m.leased_by
+    );
+    WHILE @look_worker IS NOT NULL
+        BEGIN
+            SET @holder_oldest = NULL;
+            SELECT
+                @expired = @expired + COUNT_BIG(*),
+                @holder_oldest = MIN(e.visible_at)
+            FROM (
+                SELECT TOP (@exact_limit + 1) m.visible_at
+                FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                ORDER BY m.visible_at
+            ) AS e;
+            IF @oldest_expired IS NULL OR @holder_oldest < @oldest_expired SET @oldest_expired = @holder_oldest;
+            IF @expired > @exact_limit BREAK;
+            SET @look_worker = (
+                SELECT TOP (1) m.leased_by
+                FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                ORDER BY m.leased_by
+            );
+        END;
     -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
     DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
     SET @ready = @ready + @expired;

@@ -439,7 +439,8 @@ BEGIN
         WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
         ELSE 0
     END;
-    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
+    DECLARE @look_after datetime2(7);
+    DECLARE @look_worker nvarchar(200);
     DECLARE @buried TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
         enqueued_at datetime2(7) NOT NULL,
@@ -572,12 +573,17 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
-        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
-        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
+        -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
         IF @remaining > 0 AND @look_due = 1
             BEGIN
-                WHILE @remaining > 0
+                SET @look_worker = (
+                    SELECT TOP (1) m.leased_by
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NOT NULL
+                    ORDER BY m.leased_by
+                );
+                WHILE @look_worker IS NOT NULL AND @remaining > 0
                     BEGIN
                         WITH expired_leases AS (
                             SELECT TOP (@remaining)
@@ -592,9 +598,11 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-                            ORDER BY m.leased_by, m.visible_at, m.seq
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE
+                                m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                AND m.visible_at <= @now
+                            ORDER BY m.visible_at, m.seq
                         )
 
                         UPDATE expired_leases
@@ -620,7 +628,6 @@ BEGIN
                             id, seq, own, priority, previous_visible_at, previous_worker,
                             enqueued_at, due_at, attempts, lease_token, payload
                         );
-                        IF @@ROWCOUNT = 0 BREAK;
                         SET @buried_count = 0;
                         SET @exhausted = (
                             SELECT COUNT(*)
@@ -680,14 +687,31 @@ BEGIN
                                 WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
                             END;
                         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                        IF @buried_count = 0 BREAK;
+                        IF @buried_count = 0
+                            BEGIN
+                                SET @look_worker = (
+                                    SELECT TOP (1) m.leased_by
+                                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                    ORDER BY m.leased_by
+                                );
+                            END;
                     END;
                 IF @remaining > 0
                     BEGIN
-                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
-                        EXEC sys.sp_set_session_context
-                            @key = N'tablequeue.queue.thumbnails.expired',
-                            @value = @look_after;
+                        SET @look_after = DATEADD(SECOND, 1, @now);
+                        SET XACT_ABORT OFF;
+                        BEGIN TRY
+                            -- Not transactional: a caller that rolls back still waits its second.
+                            EXEC sys.sp_set_session_context
+                                @key = N'tablequeue.queue.thumbnails.expired',
+                                @value = @look_after;
+                            SET XACT_ABORT ON;
+                        END TRY
+                        BEGIN CATCH
+                            SET XACT_ABORT ON;
+                            IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                        END CATCH;
                     END;
             END;
 
@@ -1499,7 +1523,8 @@ BEGIN
         WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
         ELSE 0
     END;
-    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
+    DECLARE @look_after datetime2(7);
+    DECLARE @look_worker nvarchar(200);
     DECLARE @buried TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
         enqueued_at datetime2(7) NOT NULL,
@@ -1639,12 +1664,17 @@ BEGIN
 
         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-        -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
-        -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
-        -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+        -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
+        -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
         IF @remaining > 0 AND @look_due = 1
             BEGIN
-                WHILE @remaining > 0
+                SET @look_worker = (
+                    SELECT TOP (1) m.leased_by
+                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                    WHERE m.leased_by IS NOT NULL
+                    ORDER BY m.leased_by
+                );
+                WHILE @look_worker IS NOT NULL AND @remaining > 0
                     BEGIN
                         WITH expired_leases AS (
                             SELECT TOP (@remaining)
@@ -1659,9 +1689,11 @@ BEGIN
                                 m.leased_at,
                                 m.lease_token,
                                 m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-                            ORDER BY m.leased_by, m.visible_at, m.seq
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE
+                                m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                AND m.visible_at <= @now
+                            ORDER BY m.visible_at, m.seq
                         )
 
                         UPDATE expired_leases
@@ -1687,7 +1719,6 @@ BEGIN
                             id, seq, own, priority, previous_visible_at, previous_worker,
                             enqueued_at, due_at, attempts, lease_token, payload
                         );
-                        IF @@ROWCOUNT = 0 BREAK;
                         SET @buried_count = 0;
                         SET @exhausted = (
                             SELECT COUNT(*)
@@ -1747,14 +1778,31 @@ BEGIN
                                 WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
                             END;
                         SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                        IF @buried_count = 0 BREAK;
+                        IF @buried_count = 0
+                            BEGIN
+                                SET @look_worker = (
+                                    SELECT TOP (1) m.leased_by
+                                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                    ORDER BY m.leased_by
+                                );
+                            END;
                     END;
                 IF @remaining > 0
                     BEGIN
-                        -- Not transactional: a caller that rolls back its dequeue still waits its second.
-                        EXEC sys.sp_set_session_context
-                            @key = N'tablequeue.queue.thumbnails.expired',
-                            @value = @look_after;
+                        SET @look_after = DATEADD(SECOND, 1, @now);
+                        SET XACT_ABORT OFF;
+                        BEGIN TRY
+                            -- Not transactional: a caller that rolls back still waits its second.
+                            EXEC sys.sp_set_session_context
+                                @key = N'tablequeue.queue.thumbnails.expired',
+                                @value = @look_after;
+                            SET XACT_ABORT ON;
+                        END TRY
+                        BEGIN CATCH
+                            SET XACT_ABORT ON;
+                            IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                        END CATCH;
                     END;
             END;
 
@@ -1955,6 +2003,7 @@ BEGIN
     DECLARE @next_look sql_variant;
     DECLARE @look_due bit;
     DECLARE @look_after datetime2(7);
+    DECLARE @look_worker nvarchar(200);
 
     WHILE 1 = 1
         BEGIN
@@ -1991,16 +2040,41 @@ BEGIN
                     END;
                     IF @look_due = 1
                         BEGIN
-                            SELECT TOP (1) @ready = 1
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-                            ORDER BY m.leased_by, m.visible_at, m.seq;
+                            SET @look_worker = (
+                                SELECT TOP (1) m.leased_by
+                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                WHERE m.leased_by IS NOT NULL
+                                ORDER BY m.leased_by
+                            );
+                            WHILE @look_worker IS NOT NULL AND @ready = 0
+                                BEGIN
+                                    SELECT TOP (1) @ready = 1
+                                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE
+                                        m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                        AND m.visible_at <= @now;
+                                    SET @look_worker = (
+                                        SELECT TOP (1) m.leased_by
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                        ORDER BY m.leased_by
+                                    );
+                                END;
                             IF @ready = 0
                                 BEGIN
                                     SET @look_after = DATEADD(SECOND, 1, @now);
-                                    EXEC sys.sp_set_session_context
-                                        @key = N'tablequeue.queue.thumbnails.expired',
-                                        @value = @look_after;
+                                    SET XACT_ABORT OFF;
+                                    BEGIN TRY
+                                        -- Not transactional: a caller that rolls back still waits its second.
+                                        EXEC sys.sp_set_session_context
+                                            @key = N'tablequeue.queue.thumbnails.expired',
+                                            @value = @look_after;
+                                        SET XACT_ABORT ON;
+                                    END TRY
+                                    BEGIN CATCH
+                                        SET XACT_ABORT ON;
+                                        IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                                    END CATCH;
                                 END;
                         END;
                 END;
@@ -2081,17 +2155,39 @@ BEGIN
                 ORDER BY m.priority DESC
             );
         END;
-    -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
-    DECLARE @expired bigint;
+    -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
+    -- time on ix_thumbnails_lease (w.next_lease_holder), each holder's oldest first, so the oldest is exact.
+    DECLARE @expired bigint = 0;
     DECLARE @oldest_expired datetime2(7);
-    SELECT
-        @expired = COUNT_BIG(*),
-        @oldest_expired = MIN(e.visible_at)
-    FROM (
-        SELECT TOP (@exact_limit + 1) m.visible_at
-        FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
-        WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-    ) AS e;
+    DECLARE @holder_oldest datetime2(7);
+    DECLARE @look_worker nvarchar(200);
+    SET @look_worker = (
+        SELECT TOP (1) m.leased_by
+        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.leased_by IS NOT NULL
+        ORDER BY m.leased_by
+    );
+    WHILE @look_worker IS NOT NULL
+        BEGIN
+            SET @holder_oldest = NULL;
+            SELECT
+                @expired = @expired + COUNT_BIG(*),
+                @holder_oldest = MIN(e.visible_at)
+            FROM (
+                SELECT TOP (@exact_limit + 1) m.visible_at
+                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                ORDER BY m.visible_at
+            ) AS e;
+            IF @oldest_expired IS NULL OR @holder_oldest < @oldest_expired SET @oldest_expired = @holder_oldest;
+            IF @expired > @exact_limit BREAK;
+            SET @look_worker = (
+                SELECT TOP (1) m.leased_by
+                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                ORDER BY m.leased_by
+            );
+        END;
     -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
     DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
     SET @ready = @ready + @expired;
@@ -2660,7 +2756,8 @@ BEGIN
                     WHEN CONVERT(datetime2(7), @next_look) > DATEADD(SECOND, 1, @now) THEN 1
                     ELSE 0
                 END;
-                DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
+                DECLARE @look_after datetime2(7);
+                DECLARE @look_worker nvarchar(200);
                 DECLARE @buried TABLE (
                     id uniqueidentifier NOT NULL PRIMARY KEY,
                     enqueued_at datetime2(7) NOT NULL,
@@ -2793,12 +2890,17 @@ BEGIN
 
                     SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
 
-                    -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
-                    -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
-                    -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+                    -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
+                    -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
                     IF @remaining > 0 AND @look_due = 1
                         BEGIN
-                            WHILE @remaining > 0
+                            SET @look_worker = (
+                                SELECT TOP (1) m.leased_by
+                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                WHERE m.leased_by IS NOT NULL
+                                ORDER BY m.leased_by
+                            );
+                            WHILE @look_worker IS NOT NULL AND @remaining > 0
                                 BEGIN
                                     WITH expired_leases AS (
                                         SELECT TOP (@remaining)
@@ -2813,9 +2915,11 @@ BEGIN
                                             m.leased_at,
                                             m.lease_token,
                                             m.payload
-                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                                        WHERE m.leased_by IS NOT NULL AND m.visible_at <= @now
-                                        ORDER BY m.leased_by, m.visible_at, m.seq
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE
+                                            m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                            AND m.visible_at <= @now
+                                        ORDER BY m.visible_at, m.seq
                                     )
 
                                     UPDATE expired_leases
@@ -2841,7 +2945,6 @@ BEGIN
                                         id, seq, own, priority, previous_visible_at, previous_worker,
                                         enqueued_at, due_at, attempts, lease_token, payload
                                     );
-                                    IF @@ROWCOUNT = 0 BREAK;
                                     SET @buried_count = 0;
                                     SET @exhausted = (
                                         SELECT COUNT(*)
@@ -2901,14 +3004,31 @@ BEGIN
                                             WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
                                         END;
                                     SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                                    IF @buried_count = 0 BREAK;
+                                    IF @buried_count = 0
+                                        BEGIN
+                                            SET @look_worker = (
+                                                SELECT TOP (1) m.leased_by
+                                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                                WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                                ORDER BY m.leased_by
+                                            );
+                                        END;
                                 END;
                             IF @remaining > 0
                                 BEGIN
-                                    -- Not transactional: a caller that rolls back its dequeue still waits its second.
-                                    EXEC sys.sp_set_session_context
-                                        @key = N'tablequeue.queue.thumbnails.expired',
-                                        @value = @look_after;
+                                    SET @look_after = DATEADD(SECOND, 1, @now);
+                                    SET XACT_ABORT OFF;
+                                    BEGIN TRY
+                                        -- Not transactional: a caller that rolls back still waits its second.
+                                        EXEC sys.sp_set_session_context
+                                            @key = N'tablequeue.queue.thumbnails.expired',
+                                            @value = @look_after;
+                                        SET XACT_ABORT ON;
+                                    END TRY
+                                    BEGIN CATCH
+                                        SET XACT_ABORT ON;
+                                        IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                                    END CATCH;
                                 END;
                         END;
 

@@ -201,7 +201,7 @@ last_error, last_worker, dead_at, payload
     seeking on `index` (docs/queue-kinds.md, "Plans at depth": a plan compiled on an empty queue
     must still seek at depth). top_sql none: the one row where_sql names by its key (a group's
     head), leased only if due_sql holds, tested by the UPDATE, outside the seek's predicate. -#}
-{% macro claim_statement(cte, top_sql, where_sql, own, index, due_sql=none, order_sql=none, forceseek=true) %}
+{% macro claim_statement(cte, top_sql, where_sql, own, index, due_sql=none) %}
     WITH {{ cte }} AS (
 {% if top_sql %}
         SELECT TOP ({{ top_sql }})
@@ -226,7 +226,7 @@ last_error, last_worker, dead_at, payload
             m.group_key,
 {% endif %}
             m.payload
-        FROM {{ t }} AS m WITH (INDEX ({{ index }}), {% if forceseek %}FORCESEEK, {% endif %}ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+        FROM {{ t }} AS m WITH (INDEX ({{ index }}), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
 {% if '\n' in where_sql %}
         WHERE
             {{ where_sql }}
@@ -234,7 +234,7 @@ last_error, last_worker, dead_at, payload
         WHERE {{ where_sql }}
 {% endif %}
 {% if top_sql %}
-        ORDER BY {{ order_sql or ('m.visible_at, m.' ~ tie) }}
+        ORDER BY m.visible_at, m.{{ tie }}
 {% endif %}
     )
 
@@ -344,12 +344,15 @@ last_error, last_worker, dead_at, payload
 
 {#- The look for expired leases (docs/work-queue.md, Expired leases). A lease moves a message out of the
     claim index (filtered WHERE leased_by IS NULL), so one whose lease expired (a crashed or stopped
-    worker's) is found on ix_<q>_lease, which the look reads in its key order: every lease the queue
-    holds, up to the batch. So that it costs a busy consumer once a second and not every call, a
-    session looks at most once a second: SESSION_CONTEXT(look_key) holds when its next look is due
+    worker's) is found on ix_<q>_lease, (leased_by, visible_at, id): one lease holder at a time, a
+    range seek `leased_by = @look_worker AND visible_at <= @now` each, so that the look reads the
+    expired leases and two index entries per holder, never a live lease (the walk of the priority
+    levels, on the lease index). So that it costs a busy consumer once a second and not every call,
+    a session looks at most once a second: SESSION_CONTEXT(look_key) holds when its next look is due
     (SQL Server 2016 and later, Azure SQL); a value of another type, in the past, or more than a
     second ahead (the session's to set) means due. A look that filled the batch may have left more
-    behind (a crashed worker's whole batch): then the next call looks again. -#}
+    behind (a crashed worker's whole batch): then the next call looks again. A connection reset on
+    reuse from a pool (sp_reset_connection) loses the key: such a session looks on its first call. -#}
 {% set look_key = "N'tablequeue." ~ schema ~ "." ~ queue.name ~ ".expired'" %}
 {#- Whether the session's look is due at @now, given @next_look (SESSION_CONTEXT(look_key)): a CASE,
     whose conditions are tried in order, so that CONVERT only meets a datetime2. -#}
@@ -363,40 +366,76 @@ CASE
     END
 {%- endmacro %}
 
-{#- The look's leases: expired (visible_at <= @now), of messages without a group with groups. -#}
-{% set expired_where = 'm.leased_by IS NOT NULL AND ' ~ ('m.group_key IS NULL AND ' if groups else '') ~ 'm.visible_at <= @now' %}
-{% set expired_order = 'm.leased_by, m.visible_at, m.' ~ tie %}
+{#- One lease holder's expired leases (of messages without a group, with groups): the look's and the
+    wait probe's seek. -#}
+{% set expired_where = 'm.leased_by = @look_worker AND m.leased_by IS NOT NULL\n            AND ' ~ ('m.group_key IS NULL AND ' if groups else '') ~ 'm.visible_at <= @now' %}
+
+{#- The next lease holder after @look_worker (after=false: the first), into @look_worker: a lock-free
+    probe of ix_<q>_lease (READPAST: a row a claim or an acknowledgement holds is read past). -#}
+{% macro next_lease_holder(after=true) %}
+    SET @look_worker = (
+        SELECT TOP (1) m.leased_by
+{% if after %}
+        FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+{% else %}
+        FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.leased_by IS NOT NULL
+{% endif %}
+        ORDER BY m.leased_by
+    );
+{%- endmacro %}
+
+{#- Record the session's look: its next one is due a second after @now. Best effort, under XACT_ABORT
+    OFF for this one statement: sp_set_session_context refuses a key the session made read-only
+    (15664) or a session context over its size limit (15665), and under XACT_ABORT ON either would
+    roll back the caller's transaction; a refused write only makes the session look again next call. -#}
+{% macro record_look() %}
+    SET @look_after = DATEADD(SECOND, 1, @now);
+    SET XACT_ABORT OFF;
+    BEGIN TRY
+        -- Not transactional: a caller that rolls back still waits its second.
+        EXEC sys.sp_set_session_context
+            @key = {{ look_key }},
+            @value = @look_after;
+        SET XACT_ABORT ON;
+    END TRY
+    BEGIN CATCH
+        SET XACT_ABORT ON;
+        IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+    END CATCH;
+{%- endmacro %}
 
 {% macro look_declarations() %}
     DECLARE @next_look sql_variant = SESSION_CONTEXT({{ look_key }});
     DECLARE @look_due bit = {{ look_due() }};
-    DECLARE @look_after datetime2(7) = DATEADD(SECOND, 1, @now);
+    DECLARE @look_after datetime2(7);
+    DECLARE @look_worker nvarchar(200);
 {%- endmacro %}
 
 {% macro look_for_expired_leases() %}
-    -- 2. Expired leases, at most once a second per session (look_declarations), in the order of
-    -- the lease index's key, so that the read stops at the batch: INDEX alone, no FORCESEEK, since
-    -- the look reads the whole filtered index (its filter, repeated, seeks on nothing).
+    -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
+    -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
 {% if groups %}
     -- Only messages without a group: an expired grouped head comes back on {{ grp.heads_ix }}.
 {% endif %}
     IF @remaining > 0 AND @look_due = 1
         BEGIN
-            WHILE @remaining > 0
+{{ next_lease_holder(after=false) | indent(8, first=true) }}
+            WHILE @look_worker IS NOT NULL AND @remaining > 0
                 BEGIN
-{{ claim_statement('expired_leases', '@remaining', expired_where, false, lease_index, order_sql=expired_order, forceseek=false) | indent(16, first=true) }}
-                    IF @@ROWCOUNT = 0 BREAK;
+{{ claim_statement('expired_leases', '@remaining', expired_where, false, lease_index) | indent(16, first=true) }}
                     SET @buried_count = 0;
 {{ bury_exhausted() | indent(16, first=true) }}
                     SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                    IF @buried_count = 0 BREAK;
+                    IF @buried_count = 0
+                        BEGIN
+{{ next_lease_holder() | indent(24, first=true) }}
+                        END;
                 END;
             IF @remaining > 0
                 BEGIN
-                    -- Not transactional: a caller that rolls back its dequeue still waits its second.
-                    EXEC sys.sp_set_session_context
-                        @key = {{ look_key }},
-                        @value = @look_after;
+{{ record_look() | indent(16, first=true) }}
                 END;
         END;
 {%- endmacro %}

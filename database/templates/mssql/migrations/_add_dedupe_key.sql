@@ -13,7 +13,7 @@ IF COL_LENGTH(N'{{ t }}', N'dedupe_key') IS NULL
 GO
 
 {{ m.step('transaction', 'build the filtered unique index ' ~ ux,
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start, Sch-M briefly at the end); Standard, Express: S on the table for the build (writes wait)') }}
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait)') }}
 IF INDEXPROPERTY(OBJECT_ID(N'{{ t }}'), N'{{ ux }}', 'IndexID') IS NULL
     BEGIN
 {{ m.create_index_online('CREATE UNIQUE NONCLUSTERED INDEX ' ~ names.index('ux', 'dedupe') ~ '\n    ON ' ~ t ~ ' (dedupe_key)\n    WHERE dedupe_key IS NOT NULL') | indent(8, first=true) }}

@@ -18,6 +18,7 @@
   which set `priority`.
 -#}
 {% import '_pinned_indexes.sql' as pins with context %}
+{% import 'migrations/_claim_index.sql' as ci with context %}
 {% set t = names.obj() %}
 {% set to_v2 = v2 is defined and v2 %}
 {% set name_of = pins.claim_name_v2 if to_v2 else pins.claim_name %}
@@ -25,31 +26,9 @@
 {% set temporary = names.index('ix', 'claim_new' if to_v2 else 'ready_new') %}
 {% set new_index = name_of(priority, quoted=false) %}
 {% set old_index = name_of(not priority, quoted=false) %}
-{% set statement = pins.create_index(('NONCLUSTERED', name_of(priority), pins.claim_key(priority), filter), t) %}
-{% set rebuilt = pins.create_index(('NONCLUSTERED', temporary, pins.claim_key(priority), filter), t) %}
 {{ m.step('transaction', 'build ' ~ new_index ~ (' (priority leading)' if priority else ' (without priority)'),
           'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait, reads go on); a name holding another key: the same build under a temporary name, then Sch-M briefly to drop the old index and rename the new one') }}
-IF
-    NOT {{ pins.has_key(t, new_index, pins.claim_key(priority), filter=filter) | indent(4) }}
-    BEGIN
-        IF
-            INDEXPROPERTY(
-                OBJECT_ID(N'{{ t }}'), N'{{ new_index }}', 'IndexID'
-            ) IS NULL
-            BEGIN
-{{ m.create_index_online(statement) | indent(16, first=true) }}
-            END;
-        ELSE
-            BEGIN
-                DROP INDEX IF EXISTS {{ temporary }} ON {{ t }};
-{{ m.create_index_online(rebuilt) | indent(16, first=true) }}
-                DROP INDEX {{ name_of(priority) }} ON {{ t }};
-                EXEC sys.sp_rename
-                    @objname = N'{{ t }}.{{ temporary }}',
-                    @newname = N'{{ new_index }}',
-                    @objtype = N'INDEX';
-            END;
-    END;
+{{ ci.build_claim_index(t, ('NONCLUSTERED', name_of(priority), pins.claim_key(priority), filter), temporary) }}
 GO
 
 {{ m.step('transaction', 'drop ' ~ old_index, 'the table, Sch-M briefly, every edition', after_code=true) }}

@@ -13,7 +13,7 @@
 {% set name = index[1] | replace('[', '') | replace(']', '') %}
 
 {{ m.step('transaction', 'build the filtered index ' ~ name,
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start, Sch-M briefly at the end); Standard, Express: S on the table for the build (writes wait)') }}
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait)') }}
 IF
     INDEXPROPERTY(
         OBJECT_ID(N'{{ t }}'), N'{{ name }}', 'IndexID'

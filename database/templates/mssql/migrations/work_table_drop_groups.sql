@@ -9,7 +9,7 @@
 {% set groups_t = names.obj('_groups') %}
 {% set claim_name = pins.claim_name(false, quoted=false) %}
 {{ m.step('transaction', 'build ' ~ claim_name,
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start, Sch-M briefly at the end); Standard, Express: S on the table for the build (writes wait)') }}
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait)') }}
 IF
     INDEXPROPERTY(
         OBJECT_ID(N'{{ t }}'), N'{{ claim_name }}', 'IndexID'

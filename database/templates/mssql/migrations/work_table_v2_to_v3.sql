@@ -9,19 +9,14 @@
     ix_<q>_lease already, where the look for expired leases finds it. -#}
 {% import '_macros.sql' as m with context %}
 {% import '_pinned_indexes.sql' as pins with context %}
+{% import 'migrations/_claim_index.sql' as ci with context %}
 {% set t = names.obj() %}
 {% set claim = pins.pinned[0] %}
 {% set claim_name = claim[1] | replace('[', '') | replace(']', '') %}
 {% set v2_index = names.index('ix', 'ungrouped') if pins.has_groups else pins.claim_name_v2(pins.has_priority) %}
 {{ m.step('transaction', 'build the filtered index ' ~ claim_name,
-          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start, Sch-M briefly at the end); Standard, Express: S on the table for the build (writes wait, reads go on)') }}
-IF
-    INDEXPROPERTY(
-        OBJECT_ID(N'{{ t }}'), N'{{ claim_name }}', 'IndexID'
-    ) IS NULL
-    BEGIN
-{{ m.create_index_online(pins.create_index(claim, t)) | indent(8, first=true) }}
-    END;
+          'Enterprise, Developer, Azure SQL: ONLINE (S briefly at the start and at the end); Standard, Express: S on the table for the build (writes wait, reads go on); a name holding another key or filter: the same build under a temporary name, then Sch-M briefly to drop the old index and rename the new one') }}
+{{ ci.build_claim_index(t, claim, names.index('ix', 'ready_new')) }}
 GO
 
 {{ m.step('transaction', 'drop ' ~ (v2_index | replace('[', '') | replace(']', '')), 'the table, Sch-M briefly, every edition', after_code=true) }}

@@ -3,8 +3,8 @@
     or an expired lease when this session's look for them is due (w.look_for_expired_leases): not
     sooner, or the caller would dequeue nothing and be woken again at once until its look is due. -#}
 {#- A probe that finds no expired lease counts as the session's look (the next is due a second later),
-    as dequeue's does: the probe reads every lease the queue holds, and would otherwise do so at every
-    step of the wait. -#}
+    as dequeue's does: the probe reads the lease index, one lease holder at a time (w.next_lease_holder),
+    and would otherwise do so at every step of the wait. -#}
 {% macro expired_probe() %}
             IF @ready = 0
                 BEGIN
@@ -12,21 +12,23 @@
                     SET @look_due = {{ w.look_due() | indent(16) }};
                     IF @look_due = 1
                         BEGIN
-                            SELECT TOP (1) @ready = 1
-                            FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE {{ w.expired_where }}
-                            ORDER BY {{ w.expired_order }};
+{{ w.next_lease_holder(after=false) | indent(24, first=true) }}
+                            WHILE @look_worker IS NOT NULL AND @ready = 0
+                                BEGIN
+                                    SELECT TOP (1) @ready = 1
+                                    FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE
+                                        {{ w.expired_where | replace('\n            ', '\n                                        ') }};
+{{ w.next_lease_holder() | indent(32, first=true) }}
+                                END;
                             IF @ready = 0
                                 BEGIN
-                                    SET @look_after = DATEADD(SECOND, 1, @now);
-                                    EXEC sys.sp_set_session_context
-                                        @key = {{ w.look_key }},
-                                        @value = @look_after;
+{{ w.record_look() | indent(32, first=true) }}
                                 END;
                         END;
                 END;
 {%- endmacro %}
-{% set look_declarations = '    DECLARE @next_look sql_variant;\n    DECLARE @look_due bit;\n    DECLARE @look_after datetime2(7);' %}
+{% set look_declarations = '    DECLARE @next_look sql_variant;\n    DECLARE @look_due bit;\n    DECLARE @look_after datetime2(7);\n    DECLARE @look_worker nvarchar(200);' %}
 {% if has_priority %}
 {% call m.wait_procedure('    DECLARE @now datetime2(7);\n    DECLARE @priority int;\n' ~ look_declarations) %}
             -- One seek per priority level present, as the claim walks them (a single range on

@@ -390,12 +390,14 @@ def marker_content(text: str) -> dict | None:
 
 def read_stored(spark: Any, folder: str, schema: Any = None) -> Any:
     """The rows of a stored folder, read by its name (no listing of its files through py4j, no
-    parallel listing job): with `schema` (the written frame's), Spark infers nothing either. For an
-    attempt folder Spark logs a WARNING "All paths were ignored: .../_attempt-..." (its check of
-    hidden names, DataSource.checkAndGlobPathIfNecessary); it only logs: the folder is still read,
-    all its rows (see docs/pipelines.md)."""
+    parallel listing job): with `schema` (the written frame's), Spark infers nothing either. The name
+    goes escaped (glob_literal): Spark's reader globs a path holding a glob character
+    (DataSource.checkAndGlobPathIfNecessary), and an output named out[x] or out{a,b} would match
+    other folders or none. For an attempt folder Spark logs a WARNING "All paths were ignored:
+    .../_attempt-..." (its check of hidden names, in the same method); it only logs: the folder is
+    still read, all its rows (see docs/pipelines.md)."""
     reader = spark.read if schema is None else spark.read.schema(schema)
-    return reader.parquet(folder)
+    return reader.parquet(glob_literal(folder))
 
 
 class AckSink:
@@ -624,8 +626,9 @@ def read_results(spark: Any, output: str) -> Any:
               if marked is not None]
     if not stored:
         raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
-    # The folders by name: one listing each in Spark, no py4j listing of their files here.
-    return spark.read.option("basePath", root).parquet(*stored)
+    # The folders by name: one listing each in Spark, no py4j listing of their files here. Escaped as
+    # read_stored's; basePath is not globbed, Spark takes it as it is.
+    return spark.read.option("basePath", root).parquet(*(glob_literal(folder) for folder in stored))
 
 
 # -- a whole run: until nothing is ready ------------------------------------------------------------

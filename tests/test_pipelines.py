@@ -1313,6 +1313,27 @@ def test_stream_results_glob_escapes_the_path_not_the_scheme_and_authority():
     assert glob_literal("/tmp/out[2]") == "/tmp/out\\[2\\]"
 
 
+def test_stream_sink_and_read_results_read_an_output_whose_name_has_glob_characters_as_named(spark, pg, tmp_path):
+    """An output folder named out[x]{a,b}: the sink writes micro-batch 0, reads it back (the duplicate
+    check and the acknowledgement), a replay reads it again, and read_results returns its rows, not
+    those of outxb, which the name matches as a glob (before: Spark's reader globbed the folder names,
+    so the sink's own read found no folder and the micro-batch failed)."""
+    from pipelines.stream_job import AckSink, read_results
+
+    catalog = pg.deploy(work_queue("globbed", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "globbed", tmp_path, "0c-query")
+    output = tmp_path / "out[x]{a,b}"
+    leases = leased(pg, catalog, "globbed", 3)
+    sink = AckSink(str(output), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink(spark.createDataFrame([(*lease, None, "sink") for lease in leases], SINK_ROWS), 0)
+    sink(spark.createDataFrame([], SINK_ROWS), 0)                 # the replay: its stored rows, all lost
+    assert (sink.counts["completed"], sink.counts["lost"]) == (3, 3)
+    decoy = tmp_path / "outxb" / "batch_id=0" / attempt_folders(output, 0)[0]
+    spark.createDataFrame([(99, "t", "w", None, "decoy")], SINK_ROWS).write.parquet(str(decoy))
+    stored = sorted((r["id"], r["written_by"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
+    assert stored == sorted((lease[0], "sink", 0) for lease in leases)
+
+
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
     """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
     marker another driver of the same query created while this one wrote the micro-batch is not

@@ -199,9 +199,12 @@ class HadoopFiles:
         where = self.jvm.org.apache.hadoop.fs.Path(path)
         return where, where.getFileSystem(self.conf)
 
-    def is_file(self, path: str) -> bool:
+    def kind(self, path: str) -> str | None:
+        """What is at `path`: "file", "folder", or None (nothing)."""
         where, fs = self._at(path)
-        return bool(fs.exists(where) and fs.getFileStatus(where).isFile())
+        if not fs.exists(where):
+            return None
+        return "file" if fs.getFileStatus(where).isFile() else "folder"
 
     def read_text(self, path: str) -> str:
         where, fs = self._at(path)
@@ -268,9 +271,9 @@ class HadoopFiles:
     def rename_into_place(self, path: str, data: bytes) -> bool:
         """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed
         to `path` (rename_refusing); False if the rename was refused (the file existed, or a directory
-        of its name) or failed while the file exists afterwards, and the temporary file is deleted
-        then. A driver that dies before the rename leaves only its temporary file, never an empty
-        `path`."""
+        of its name) or failed while something is at `path` afterwards, and the temporary file is
+        deleted then. A driver that dies before the rename leaves only its temporary file, never an
+        empty `path`."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
@@ -285,6 +288,8 @@ class HadoopFiles:
                 return True
         except Py4JJavaError as exc:
             fs.delete(temp, False)
+            # HDFS refuses an existing file with FileAlreadyExistsException, but a directory with a
+            # plain IOException (rename_refusing): what is at `path` now decides.
             if lost_create(exc) or fs.exists(where):
                 return False
             raise
@@ -295,9 +300,13 @@ class HadoopFiles:
         """rename(source, target) that never moves `source` into a directory named `target`: True if
         `target` is now the renamed file. HDFS's rename(src, dst) onto an existing directory moves src
         inside it and returns true; on HDFS the NameNode's rename(src, dst, Options.Rename.NONE)
-        (public on DistributedFileSystem) is used instead: it raises FileAlreadyExistsException for
-        any existing dst, file or directory. Elsewhere (ABFS with a hierarchical namespace) a true
-        rename(src, dst) whose target is not a file is refused: the file moved inside is deleted."""
+        (public on DistributedFileSystem) is used instead, which refuses any existing dst by raising:
+        FileAlreadyExistsException ("rename destination ... already exists") for a file, and for a
+        directory a plain IOException ("Source ... and destination ... must both be directories",
+        FSDirRenameOp.validateOverwrite), which reaches the client as a RemoteException: DFSClient
+        unwraps only FileAlreadyExistsException and a few others. Elsewhere (ABFS with a hierarchical
+        namespace) a true rename(src, dst) whose target is not a file is refused: the file moved
+        inside is deleted."""
         from py4j.protocol import Py4JError, Py4JJavaError
 
         if fs.getScheme() == "hdfs":
@@ -359,7 +368,7 @@ def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | No
     marker = f"{batch}/{WRITTEN}"
     if entries is None:
         entries = files.children(batch)
-    if entries.get(WRITTEN, True):                      # no marker, or a folder of its name
+    if entries.get(WRITTEN, True):      # no marker, or a folder of its name: never marked (mark refuses it)
         return None
     content = marker_content(files.read_text(marker))
     if content is None and any(name.startswith(ATTEMPT) and folder for name, folder in entries.items()):
@@ -568,12 +577,21 @@ class AckSink:
         not a clear win, the marker decides: naming `attempt`, this driver won (a retried create
         whose first try reached the store); naming another attempt, a second driver of this query
         created it since written() said no: this driver's attempt folder is deleted and the
-        micro-batch refused; empty or unreadable: refused, deleting nothing."""
+        micro-batch refused; empty or unreadable: refused, deleting nothing. A folder of the marker's
+        name (made by hand or by a tool: every store refuses the create there) is refused naming it,
+        and this driver's attempt folder, which no marker can name, is deleted."""
         marker = f"{self.folder(batch_id)}/{WRITTEN}"
         content = json.dumps({"query": self.query_id(), "batch_id": batch_id, "attempt": attempt}).encode("utf-8")
         if self._files.create_new(marker, content):
             return
-        found = marker_content(self._files.read_text(marker)) if self._files.is_file(marker) else None
+        kind = self._files.kind(marker)
+        if kind == "folder":
+            self._files.delete(f"{self.folder(batch_id)}/{attempt}")
+            raise PipelineError(f"stream {self.target.name}: {marker} is a directory, where the marker file of "
+                                f"micro-batch {batch_id} belongs: the micro-batch cannot be marked, and nothing of "
+                                f"the micro-batch was acknowledged (its rows written here were deleted): move {marker} "
+                                f"aside (the sink put nothing in it) or delete it, then restart the query")
+        found = marker_content(self._files.read_text(marker)) if kind == "file" else None
         if found is None:
             raise PipelineError(f"stream {self.target.name}: creating {marker} failed and it is now missing, empty or "
                                 f"unreadable: another driver may be writing it, or one died while writing it; "

@@ -1228,8 +1228,11 @@ class FakeFs:
 
 class HdfsFs(FakeFs):
     """A local filesystem that says it is HDFS and renames as HDFS does: rename(src, dst) refuses an
-    existing file dst (false) and moves src into an existing directory dst (true);
-    rename(src, dst, Options.Rename.NONE) raises FileAlreadyExistsException for any existing dst."""
+    existing file dst (false) and moves src into an existing directory dst (true); the NameNode's
+    rename(src, dst, Options.Rename.NONE) of a file (FSDirRenameOp.validateOverwrite) raises for an
+    existing directory dst a plain IOException, which the client gets as a RemoteException (DFSClient
+    unwraps only FileAlreadyExistsException and a few others), and FileAlreadyExistsException for an
+    existing file dst."""
 
     def getScheme(self) -> str:
         return "hdfs"
@@ -1240,9 +1243,13 @@ class HdfsFs(FakeFs):
 
         if options:
             assert [str(option) for option in options[0]] == ["NONE"]
+            hadoop = SparkContext._jvm.org.apache.hadoop
+            if self.fs.exists(target) and self.fs.getFileStatus(target).isDirectory():
+                raise Py4JJavaError("An error occurred while calling o1.rename", hadoop.ipc.RemoteException(
+                    "java.io.IOException", f"Source {source} and destination {target} must both be directories"))
             if self.fs.exists(target):
-                raise Py4JJavaError("An error occurred while calling o1.rename", SparkContext._jvm.org.apache.hadoop
-                                    .fs.FileAlreadyExistsException(f"rename destination {target} already exists"))
+                raise Py4JJavaError("An error occurred while calling o1.rename", hadoop.fs.FileAlreadyExistsException(
+                    f"rename destination {target} already exists"))
             return self.fs.rename(source, target)
         if self.fs.exists(target) and self.fs.getFileStatus(target).isFile():
             return False
@@ -1818,14 +1825,20 @@ def test_stream_sink_replay_acknowledges_before_its_cleanup_and_a_failing_delete
     assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["X"] * 3
 
 
-def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(spark, pg, tmp_path):
-    """A directory named _tablequeue_written in batch_id=N (made by hand or by a tool): HDFS's
+def test_stream_sink_directory_of_the_markers_name_is_refused_naming_it(spark, pg, tmp_path):
+    """A directory named _tablequeue_written in batch_id=N (made by hand or by a tool). HDFS's plain
     rename(tmp, marker) would move the temporary file into it and return true, a "won" marker that
-    is no file. On HDFS the sink renames with Options.Rename.NONE, which refuses any existing target
-    (micro-batch 0); where rename has no such option (an ABFS-like store whose rename moves into the
-    directory, micro-batch 1) a true rename whose target is no file is refused. Both: the micro-batch
-    is refused with a PipelineError, nothing acknowledged, no marker, and the directory keeps nothing
-    of the sink's (before: the write "won" without a marker file, and every replay wrote it again)."""
+    is no file: on HDFS the sink renames with Options.Rename.NONE, which the NameNode refuses with a
+    plain IOException for a directory (a RemoteException, not FileAlreadyExistsException: micro-batch
+    0); where rename has no such option (an ABFS-like store whose rename moves into the directory,
+    micro-batch 1) a true rename whose target is no file is refused; a local create(marker,
+    overwrite=false) refuses it too (micro-batch 2). Each: a PipelineError naming the directory and
+    saying it is a directory where the marker file belongs and to move or delete it, nothing
+    acknowledged, no marker, no temporary file, this attempt's folder deleted and the directory
+    keeping nothing of the sink's (before: "creating ... failed and it is now missing, empty or
+    unreadable", which sent the reader after another driver)."""
+    from py4j.protocol import Py4JJavaError
+
     from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
 
     catalog = pg.deploy(work_queue("renamedir"))
@@ -1835,8 +1848,14 @@ def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(s
 
     class Hdfs(HdfsFs):
         def rename(self, source: Any, target: Any, *options: Any) -> Any:
-            renamed.append((target.getParent().getName(), len(options)))
-            return super().rename(source, target, *options)
+            called = (target.getParent().getName(), len(options))
+            try:
+                answer = super().rename(source, target, *options)
+            except Py4JJavaError as exc:
+                renamed.append((*called, exc.java_exception.getClass().getName()))
+                raise
+            renamed.append((*called, answer))
+            return answer
 
     class AbfsLike(Hdfs):
         def getScheme(self) -> str:
@@ -1848,20 +1867,26 @@ def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(s
     class DirectoryFiles(HadoopFiles):
         def _at(self, path: str) -> tuple[Any, Any]:
             where, fs = super()._at(path)
-            return where, (Hdfs(fs) if "batch_id=0" in path else AbfsLike(fs))
+            return where, {"batch_id=0": Hdfs, "batch_id=1": AbfsLike}.get(path.split("/")[-2], FakeFs)(fs)
 
     sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
     sink._files = DirectoryFiles(spark)
     frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
-    for batch_id in (0, 1):
-        (tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).mkdir(parents=True)
-        with pytest.raises(PipelineError, match=rf"stream [a-z0-9_]+\.renamedir: creating .*/out/batch_id={batch_id}/"
-                                                rf"{WRITTEN} failed and it is now missing, empty or unreadable"):
+    for batch_id in (0, 1, 2):
+        batch = tmp_path / "out" / f"batch_id={batch_id}"
+        (batch / WRITTEN).mkdir(parents=True)
+        marker = rf".*/out/batch_id={batch_id}/{WRITTEN}"
+        with pytest.raises(PipelineError, match=rf"stream [a-z0-9_]+\.renamedir: {marker} is a directory, where the "
+                                                rf"marker file of micro-batch {batch_id} belongs: .*nothing of the "
+                                                rf"micro-batch was acknowledged.*: move {marker} aside .* or delete "
+                                                rf"it, then restart the query"):
             sink.write(frame, batch_id)
         assert sink.written(batch_id) is None
-        assert list((tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).iterdir()) == []
-        assert not [p.name for p in (tmp_path / "out" / f"batch_id={batch_id}").iterdir() if p.name.endswith(".tmp")]
-    assert renamed == [("batch_id=0", 1), ("batch_id=1", 0)]        # HDFS: only the rename with the option
+        assert list((batch / WRITTEN).iterdir()) == []
+        assert sorted(p.name for p in batch.iterdir() if not p.name.startswith(".")) == [WRITTEN]
+    # HDFS: only the rename with the option, refused by the NameNode's IOException; the ABFS-like
+    # rename moved the file into the directory (true), and the sink took it back out.
+    assert renamed == [("batch_id=0", 1, "org.apache.hadoop.ipc.RemoteException"), ("batch_id=1", 0, True)]
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):

@@ -56,6 +56,11 @@ ACK_COLUMNS = ("id", "lease_token", "worker", "error")
 WRITTEN = "_tablequeue_written"      # Spark's readers skip names starting with "_"
 ATTEMPT = "_attempt-"                # and so a raw read of <output> skips every attempt folder
 ATTEMPT_NAME = re.compile(r"_attempt-[0-9a-f]{32}")
+TEMPORARY_MARKER = re.compile(rf"{WRITTEN}\.[0-9a-f]{{32}}\.tmp")     # the marker's, by rename_into_place
+# A temporary marker lives for one write and rename (milliseconds): one older than this is a dead
+# driver's. The age is the store's modification time against the driver's clock: an hour leaves room
+# for their skew.
+TEMPORARY_MARKER_STALE_SECONDS = 3600
 # Hadoop's builder option of an atomic create-if-absent (S3A: an If-None-Match PUT, checked at close).
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # S3A's probe (Constants.CONDITIONAL_CREATE_ENABLED, also its setting): on, create(path, false) is
@@ -262,11 +267,14 @@ class HadoopFiles:
             raise
         return True
 
-    def folders(self, path: str) -> list[str]:
+    def entries(self, path: str) -> dict[str, tuple[bool, float]]:
+        """What folder `path` holds, {name: (is a folder, modification time in seconds since the epoch,
+        the store's clock)}; {} if it is missing."""
         where, fs = self._at(path)
         if not fs.exists(where):
-            return []
-        return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
+            return {}
+        return {str(status.getPath().getName()): (bool(status.isDirectory()), status.getModificationTime() / 1000)
+                for status in fs.listStatus(where)}
 
     def rename_into_place(self, path: str, data: bytes) -> bool:
         """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed
@@ -483,7 +491,7 @@ class AckSink:
                 # Only where the marker cannot be replaced: elsewhere a second driver may have replaced it
                 # since it was read above, and the folder it names now would be "unnamed" here.
                 if self._atomic_create:
-                    self.delete_unnamed(batch_id, stored)
+                    self.delete_leftovers(batch_id, stored)
             else:
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.write(frame, batch_id))
         for name in COUNTS:
@@ -520,7 +528,7 @@ class AckSink:
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
         was never acknowledged from, and where the marker's create is atomic the winner deletes those
-        (a crash before the marker), as does a replay of the micro-batch (delete_unnamed).
+        (a crash before the marker), as does a replay of the micro-batch (delete_leftovers).
         Returns the rows as stored (the attempt folder, read with the frame's schema)."""
         attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
         folder = f"{self.folder(batch_id)}/{attempt}"
@@ -531,34 +539,41 @@ class AckSink:
         # Only where the marker cannot be replaced: elsewhere two drivers can both "win" it, and each
         # would delete the other's attempt, leaving the marker naming a folder that is gone.
         if self._atomic_create:
-            self.delete_unnamed(batch_id, folder)
+            self.delete_leftovers(batch_id, folder)
         return stored
 
-    def delete_unnamed(self, batch_id: int, named: str) -> None:
-        """Delete the attempt folders of micro-batch batch_id other than `named`, the folder its
-        marker names (batch_id=N itself for a marker written before attempt folders: then every
-        attempt folder): no marker named them, so nothing was acknowledged from them (a driver that
-        crashed before its marker, or a second driver that lost the race). Called only once the marker
-        was read and names `named`: never while it is empty or unreadable (read_marker raises then);
-        only where the marker's create is atomic (nothing can replace it). Best effort:
-        nothing reads an unnamed folder, so a listing or delete the store refuses (no delete right, a
-        locked bucket, throttling) logs one WARNING naming the folders left and fails nothing."""
+    def delete_leftovers(self, batch_id: int, named: str) -> None:
+        """Delete what other attempts left in micro-batch batch_id's folder: the attempt folders other
+        than `named`, the folder its marker names (batch_id=N itself for a marker written before
+        attempt folders: then every attempt folder), and the temporary marker files
+        (_tablequeue_written.<hex>.tmp) older than TEMPORARY_MARKER_STALE_SECONDS. No marker named those
+        folders, so nothing was acknowledged from them (a driver that crashed before its marker, or a
+        second driver that lost the race); a temporary file can no longer become the marker (a driver
+        that died before its rename: a live one renames within milliseconds, and is refused anyway).
+        Never the marker. Called only once the marker was read and names `named`: never while it is
+        empty or unreadable (read_marker raises then); only where the marker's create is atomic
+        (nothing can replace it). Best effort: nothing reads a leftover, so a listing or delete the
+        store refuses (no delete right, a locked bucket, throttling) logs one WARNING naming what was
+        left and fails nothing."""
         batch = self.folder(batch_id)
         failed: dict[str, Exception] = {}
+        stale = time.time() - TEMPORARY_MARKER_STALE_SECONDS
         try:
-            unnamed = [f"{batch}/{name}" for name in self._files.folders(batch)
-                       if name.startswith(ATTEMPT) and f"{batch}/{name}" != named]
+            leftovers = [f"{batch}/{name}" for name, (folder, modified) in sorted(self._files.entries(batch).items())
+                         if (folder and name.startswith(ATTEMPT) and f"{batch}/{name}" != named)
+                         or (not folder and TEMPORARY_MARKER.fullmatch(name) and modified < stale)]
         except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
-            unnamed, failed[batch] = [], exc
-        for folder in unnamed:
+            leftovers, failed[batch] = [], exc
+        for leftover in leftovers:
             try:
-                self._files.delete(folder)
+                self._files.delete(leftover)
             except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
-                failed[folder] = exc
+                failed[leftover] = exc
         if failed:
-            log().warning("stream %s: micro-batch %s: not deleted, attempt folders its marker does not name (nothing "
-                          "reads them; delete them by hand or with retention, see docs/pipelines.md): %s",
-                          self.target.name, batch_id, "; ".join(f"{folder} ({exc})" for folder, exc in failed.items()))
+            log().warning("stream %s: micro-batch %s: not deleted, attempt folders its marker does not name or old "
+                          "temporary marker files (nothing reads them; delete them by hand or with retention, see "
+                          "docs/pipelines.md): %s",
+                          self.target.name, batch_id, "; ".join(f"{path} ({exc})" for path, exc in failed.items()))
 
     def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
         """Refuse (and delete) a written attempt with more than one row for a message (a handler or

@@ -1592,6 +1592,45 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
         True, True, True, False, False, False]
 
 
+def test_stream_sink_winner_and_replay_delete_temporary_marker_files_older_than_an_hour(spark, pg, tmp_path):
+    """On an HDFS-like filesystem (the marker renamed into place), batch_id=0 and 1 hold temporary
+    marker files of drivers that died before their rename: one two hours old, one just written (a
+    losing driver may be about to rename it). The winner of micro-batch 0, once its marker is made,
+    and the replay of micro-batch 1 (marked before) delete the old one and keep the new one, the
+    marker and the named attempt (before: every such file stayed until the folder was deleted)."""
+    from pipelines.stream_job import COUNTS, WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("temporaries"))
+    options = direct_sink_options(pg, catalog, "temporaries", tmp_path, "1d-query")
+    out = tmp_path / "out"
+    old, new = (f"{WRITTEN}.{digit * 32}.tmp" for digit in "01")
+    for batch_id in (0, 1):
+        (out / f"batch_id={batch_id}").mkdir(parents=True)
+        for name in (old, new):
+            (out / f"batch_id={batch_id}" / name).write_text('{"query": "1d-query"}')
+        two_hours_ago = time.time() - 2 * 3600
+        os.utime(out / f"batch_id={batch_id}" / old, (two_hours_ago, two_hours_ago))
+    named = "_attempt-" + "a" * 32
+    spark.createDataFrame([(2, "t2", "w", None)], "id long, lease_token string, worker string, error string"
+                          ).write.parquet(str(out / "batch_id=1" / named))
+    (out / "batch_id=1" / WRITTEN).write_text(json.dumps({"query": "1d-query", "batch_id": 1, "attempt": named}))
+
+    class HdfsFiles(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, HdfsFs(fs)
+
+    sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = HdfsFiles(spark)
+    sink.acknowledge = lambda spark_, batch_id, stored=None: dict.fromkeys(COUNTS, 0)
+    sink(spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string"), 0)
+    sink(spark.createDataFrame([], "id long, lease_token string, worker string, error string"), 1)
+    attempt = json.loads((out / "batch_id=0" / WRITTEN).read_text())["attempt"]
+    for batch_id, kept in ((0, attempt), (1, named)):
+        assert sorted(p.name for p in (out / f"batch_id={batch_id}").iterdir() if not p.name.startswith(".")) == (
+            sorted([WRITTEN, new, kept]))
+
+
 def test_stream_sink_retried_create_that_made_our_marker_wins(spark, pg, tmp_path):
     """A create whose first try reached the store and whose retry answered "already exists" (ABFS's
     409 after a broken connection, S3's 412) reports a lost race, yet the marker names this

@@ -593,8 +593,9 @@ class AckSink:
         whose first try reached the store); naming another attempt, a second driver of this query
         created it since written() said no: this driver's attempt folder is deleted and the
         micro-batch refused; empty or unreadable: refused, deleting nothing. A folder of the marker's
-        name (made by hand or by a tool: every store refuses the create there) is refused naming it,
-        and this driver's attempt folder, which no marker can name, is deleted."""
+        name (made by hand or by a tool; HDFS's rename, a local create(path, overwrite=false) and a
+        rename that moved the file into it were each refused there) is refused naming it, and this
+        driver's attempt folder, which no marker can name, is deleted."""
         marker = f"{self.folder(batch_id)}/{WRITTEN}"
         content = json.dumps({"query": self.query_id(), "batch_id": batch_id, "attempt": attempt}).encode("utf-8")
         if self._files.create_new(marker, content):

@@ -47,8 +47,8 @@ if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (PipelineError, QueueTarget, Reconnecting, add_queue_arguments, elapsed_since,  # noqa: E402
-                              job_description, job_main, load_callable, log, require_shared_storage,
-                              with_retries)
+                              job_description, job_main, literal_path, load_callable, log,
+                              require_shared_storage, with_retries)
 from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
 from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  # noqa: E402
 
@@ -73,8 +73,6 @@ ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
 # the namespace a rename is a copy and a delete). ABFS reports the namespace as this capability.
 NAMESPACE_CAPABILITY = "fs.capability.paths.acls"      # CommonPathCapabilities.FS_ACLS
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
-GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")   # Hadoop's glob characters, escaped by a backslash
-URI_PREFIX = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*:(?://[^/]*)?)?)(.*)", re.DOTALL)    # scheme://authority, path
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
 # Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
@@ -350,19 +348,12 @@ class HadoopFiles:
 
     def children(self, folder: str) -> dict[str, bool]:
         """What folder `folder` holds, {name: is a folder}; {} if it is missing or empty."""
-        return self.listing(f"{glob_literal(folder)}/*").get(folder.rstrip("/").rsplit("/", 1)[-1], {})
+        return self.listing(f"{folder}/*").get(folder.rstrip("/").rsplit("/", 1)[-1], {})
 
     def delete(self, path: str) -> None:
         """Delete folder `path` and what it holds; nothing if it is gone already."""
         where, fs = self._at(path)
         fs.delete(where, True)
-
-
-def glob_literal(path: str) -> str:
-    """`path` as a Hadoop glob that matches only itself: its path escaped, not its scheme and
-    authority (Hadoop's glob matches only the path: an IPv6 host's brackets stay as they are)."""
-    prefix, rest = URI_PREFIX.match(path).groups()
-    return prefix + GLOB_SPECIAL.sub(r"\\\1", rest)
 
 
 def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | None = None
@@ -407,14 +398,13 @@ def marker_content(text: str) -> dict | None:
 
 def read_stored(spark: Any, folder: str, schema: Any = None) -> Any:
     """The rows of a stored folder, read by its name (no listing of its files through py4j, no
-    parallel listing job): with `schema` (the written frame's), Spark infers nothing either. The name
-    goes escaped (glob_literal): Spark's reader globs a path holding a glob character
-    (DataSource.checkAndGlobPathIfNecessary), and an output named out[x] or out{a,b} would match
-    other folders or none. For an attempt folder Spark logs a WARNING "All paths were ignored:
-    .../_attempt-..." (its check of hidden names, in the same method); it only logs: the folder is
-    still read, all its rows (see docs/pipelines.md)."""
+    parallel listing job): with `schema` (the written frame's), Spark infers nothing either. The
+    name holds no glob character (the output was refused with one: literal_path). For an attempt
+    folder Spark logs a WARNING "All paths were ignored: .../_attempt-..." (its check of hidden names,
+    DataSource.checkAndGlobPathIfNecessary); it only logs: the folder is still read, all its rows (see
+    docs/pipelines.md)."""
     reader = spark.read if schema is None else spark.read.schema(schema)
-    return reader.parquet(glob_literal(folder))
+    return reader.parquet(folder)
 
 
 class AckSink:
@@ -471,7 +461,12 @@ class AckSink:
                                 f"reader's id, lease_token and worker, and add error (handle() does)")
         self._files = HadoopFiles(frame.sparkSession)
         if not self._storage_checked:
+            # Qualified once, before anything is written or listed: a relative output is then the
+            # same folder for Spark and for the marker, and refused with a glob character also in
+            # the working directory it is under (literal_path).
+            output = literal_path(frame.sparkSession, self.output, f"stream {self.target.name}: output")
             require_shared_storage(frame.sparkSession, self.output)
+            self.output = output
             self._atomic_create = self._files.atomic_create(self.output)
             if not self._atomic_create:
                 log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
@@ -652,17 +647,16 @@ def read_results(spark: Any, output: str) -> Any:
     skips the attempt folders (their names start with "_") and would read an old folder without a
     marker (a crash before the marker), whose rows were never acknowledged: a message's second
     result row. Rows with error NULL are the results."""
-    files, root = HadoopFiles(spark), output.rstrip("/")
+    files, root = HadoopFiles(spark), literal_path(spark, output, "read_results: output")
     # One glob of every batch folder's entries (markers and attempt folders; the store still lists
     # each folder, see HadoopFiles.listing), then one read per marker.
-    listed = files.listing(f"{glob_literal(root)}/batch_id=*/*")
+    listed = files.listing(f"{root}/batch_id=*/*")
     stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}", listed[name]) for name in sorted(listed))
               if marked is not None]
     if not stored:
         raise PipelineError(f"{output}: no acknowledged micro-batch (batch_id=N folder with {WRITTEN}) to read")
-    # The folders by name: one listing each in Spark, no py4j listing of their files here. Escaped as
-    # read_stored's; basePath is not globbed, Spark takes it as it is.
-    return spark.read.option("basePath", root).parquet(*(glob_literal(folder) for folder in stored))
+    # The folders by name: one listing each in Spark, no py4j listing of their files here.
+    return spark.read.option("basePath", root).parquet(*stored)
 
 
 # -- a whole run: until nothing is ready ------------------------------------------------------------

@@ -1308,37 +1308,70 @@ def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tm
     assert calls == Counter({"globStatus": 1, "open": 5})
 
 
-def test_stream_results_glob_escapes_the_path_not_the_scheme_and_authority():
-    """read_results' glob of <output> escapes Hadoop's glob characters of the output's path only: an
-    IPv6 NameNode's brackets in the authority stay as they are (Hadoop's glob matches only the path;
-    before, hdfs://\\[::1\\]:8020 named no host)."""
-    from pipelines.stream_job import glob_literal
+def test_paths_read_back_are_refused_with_a_glob_character_in_their_path_not_in_their_authority():
+    """refuse_glob: a folder the jobs read back through Spark is refused, naming it as given and as
+    qualified, when its qualified path holds one of Hadoop's glob characters { } [ ] * ? \\ (Spark's
+    reader takes it as a pattern); an IPv6 NameNode's brackets in the authority are not globbed and
+    pass (before: the output was escaped as a glob, which Spark 4 logs as a WARNING with a stack trace
+    on every read, and the relative path's working directory was not escaped)."""
+    from pipelines.common import refuse_glob
 
-    assert glob_literal("hdfs://[::1]:8020/out/a[1]") == "hdfs://[::1]:8020/out/a\\[1\\]"
-    assert glob_literal("s3a://bucket/o*?{x}") == "s3a://bucket/o\\*\\?\\{x\\}"
-    assert glob_literal("file:/tmp/out[2]") == "file:/tmp/out\\[2\\]"
-    assert glob_literal("/tmp/out[2]") == "/tmp/out\\[2\\]"
+    refuse_glob("hdfs://[::1]:8020/out", "hdfs://[::1]:8020/out", "output")
+    refuse_glob("file:/tmp/out", "/tmp/out", "output")
+    for qualified, given, shown, found in (
+            ("hdfs://[::1]:8020/out/a[1]", "hdfs://[::1]:8020/out/a[1]", r"hdfs://\[::1\]:8020/out/a\[1\]", r"\[ \]"),
+            ("s3a://bucket/o*?{x}", "s3a://bucket/o*?{x}", r"s3a://bucket/o\*\?\{x\}", r"\* \? \{ \}"),
+            ("file:/jobs/run[1]/out", "out", r"out \(file:/jobs/run\[1\]/out\)", r"\[ \]"),
+            ("file:/tmp/a\\b", "/tmp/a\\b", r"/tmp/a\\b \(file:/tmp/a\\b\)", r"\\")):
+        with pytest.raises(PipelineError, match=rf"^output {shown} holds {found}: Spark's reader takes a path with "
+                                                rf"any of .* as a glob pattern"):
+            refuse_glob(qualified, given, "output")
 
 
-def test_stream_sink_and_read_results_read_an_output_whose_name_has_glob_characters_as_named(spark, pg, tmp_path):
-    """An output folder named out[x]{a,b}: the sink writes micro-batch 0, reads it back (the duplicate
-    check and the acknowledgement), a replay reads it again, and read_results returns its rows, not
-    those of outxb, which the name matches as a glob (before: Spark's reader globbed the folder names,
-    so the sink's own read found no folder and the micro-batch failed)."""
+@contextlib.contextmanager
+def hadoop_working_directory(spark: Any, folder: Path) -> Iterator[None]:
+    """Hadoop's local filesystem (the one Spark's reader and writer and HadoopFiles get for a path
+    without a scheme) working in `folder` while the block runs: a relative path is qualified against
+    it, as against the working directory of a driver started there."""
+    hadoop = spark.sparkContext._jvm.org.apache.hadoop
+    local = hadoop.fs.FileSystem.get(spark.sparkContext._jsc.hadoopConfiguration())
+    before = local.getWorkingDirectory()
+    local.setWorkingDirectory(hadoop.fs.Path(f"file://{folder}"))
+    try:
+        yield
+    finally:
+        local.setWorkingDirectory(before)
+
+
+def test_stream_sink_and_read_results_refuse_an_output_whose_path_has_glob_characters(spark, pg, tmp_path):
+    """An output named out[x]{a,b}, and a relative output out/emails under a working directory
+    run[1]: Spark's reader would glob either (out[x] reads outx). The sink refuses each at its first
+    micro-batch with a PipelineError naming the output as given and qualified, before it writes or
+    acknowledges anything; read_results refuses them too (before: the sink escaped the name as
+    given, so out[x]{a,b} was written and read, with Spark 4's WARNING and stack trace on every read,
+    and under run[1] its read of the attempt it had just written failed with PATH_NOT_FOUND)."""
     from pipelines.stream_job import AckSink, read_results
 
     catalog = pg.deploy(work_queue("globbed", lease_seconds=600))
     options = direct_sink_options(pg, catalog, "globbed", tmp_path, "0c-query")
-    output = tmp_path / "out[x]{a,b}"
-    leases = leased(pg, catalog, "globbed", 3)
-    sink = AckSink(str(output), options, checkpoint=str(tmp_path / "checkpoint"))
-    sink(spark.createDataFrame([(*lease, None, "sink") for lease in leases], SINK_ROWS), 0)
-    sink(spark.createDataFrame([], SINK_ROWS), 0)                 # the replay: its stored rows, all lost
-    assert (sink.counts["completed"], sink.counts["lost"]) == (3, 3)
-    decoy = tmp_path / "outxb" / "batch_id=0" / attempt_folders(output, 0)[0]
-    spark.createDataFrame([(99, "t", "w", None, "decoy")], SINK_ROWS).write.parquet(str(decoy))
-    stored = sorted((r["id"], r["written_by"], r["batch_id"]) for r in read_results(spark, str(output)).collect())
-    assert stored == sorted((lease[0], "sink", 0) for lease in leases)
+    frame = spark.createDataFrame([(*lease, None) for lease in leased(pg, catalog, "globbed", 2)],
+                                  "id long, lease_token string, worker string, error string")
+    (tmp_path / "run[1]").mkdir()
+    named = (str(tmp_path / "out[x]{a,b}"), rf"{tmp_path}/out\[x\]\{{a,b\}} \(file:{tmp_path}/out\[x\]\{{a,b\}}\) "
+                                            rf"holds \[ \] \{{ \}}")
+    relative = ("out/emails", rf"out/emails \(file:{tmp_path}/run\[1\]/out/emails\) holds \[ \]")
+    with hadoop_working_directory(spark, tmp_path / "run[1]"):
+        for output, refused in (named, relative):
+            sink = AckSink(output, options, checkpoint=str(tmp_path / "checkpoint"))
+            with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.globbed: output {refused}: Spark's "
+                                                    rf"reader takes a path with any of .* as a glob pattern"):
+                sink(frame, 0)
+            assert sink.counts["completed"] == 0
+            with pytest.raises(PipelineError, match=rf"^read_results: output {refused}: "):
+                read_results(spark, output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "run[1]", "url"]
+    assert list((tmp_path / "run[1]").iterdir()) == []
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'globbed')}") == 2          # none completed
 
 
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):

@@ -325,6 +325,40 @@ def to_messages_of(frame: Any) -> Any:
     return to_messages(frame, "id")
 
 
+def test_to_messages_refuses_a_ledger_whose_path_has_glob_characters(spark, tmp_path):
+    """A ledger named ledger{a,b}, holding none of the input's keys, next to a folder ledgera holding
+    all of them: Spark's reader would glob the name to ledgera and dedupe against the wrong ledger.
+    to_messages refuses it, naming it as given and as qualified (before: every row was left out)."""
+    import pyarrow as pa
+
+    from pipelines.sources import to_messages
+
+    frame = spark.range(0, 3, 1, 1).selectExpr("id", "concat('c', id) AS name")
+    to_messages(frame, "id").select("dedupe_key").write.parquet(str(tmp_path / "ledgera"))
+    (tmp_path / "ledger{a,b}").mkdir()
+    pq.write_table(pa.table({"dedupe_key": ["another input's key"]}), tmp_path / "ledger{a,b}" / "part-0.parquet")
+    ledger = str(tmp_path / "ledger{a,b}")
+    with pytest.raises(PipelineError, match=rf"^ledger {re.escape(ledger)} \(file:{re.escape(ledger)}\) holds "
+                                            rf"\{{ \}}: Spark's reader takes a path with any of"):
+        to_messages(frame, "id", ledger=ledger).count()
+
+
+def test_drain_refuses_an_output_whose_path_has_glob_characters(spark, pg, tmp_path):
+    """A drain output out[1]: the finalisation reads the staged rows back through Spark, which would
+    glob the name (out1). run_drain refuses it before it leases anything, naming it (before: the run
+    completed the messages, then its finalisation failed with PATH_NOT_FOUND)."""
+    catalog = pg.deploy(work_queue("drainglob"))
+    enqueue_numbered(pg, catalog, "drainglob", 3)
+    output = str(tmp_path / "out[1]")
+    with pytest.raises(PipelineError, match=rf"^drain [a-z0-9_]+\.drainglob: output {re.escape(output)} "
+                                            rf"\(file:{re.escape(output)}\) holds \[ \]: "):
+        run_drain(spark, pg.url, catalog, "drainglob", TRANSFORM, output, tasks=1, time_budget_seconds=60,
+                  idle_seconds=1)
+    assert not (tmp_path / "out[1]").exists()
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'drainglob', '_history')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'drainglob')}") == 3
+
+
 def test_enqueue_refuses_a_queue_without_dedupe(spark, pg, tmp_path):
     catalog = parse_catalog({"schema": "nodedupe", "queues": [
         {"name": "plain", "kind": "work", "payload": "json", "options": {"history": True}}]})

@@ -47,7 +47,7 @@ if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (PipelineError, QueueTarget, Reconnecting, add_queue_arguments, elapsed_since,  # noqa: E402
-                              job_description, job_main, literal_path, load_callable, log,
+                              job_description, job_main, literal_path, load_callable, log, refuse_glob,
                               require_shared_storage, with_retries)
 from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
 from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  # noqa: E402
@@ -193,6 +193,7 @@ class HadoopFiles:
     gs, dbfs) as the micro-batch's rows. Not for Spark Connect (no JVM on the client)."""
 
     def __init__(self, spark: Any) -> None:
+        self.spark = spark
         self.jvm = spark.sparkContext._jvm
         self.gateway = spark.sparkContext._gateway
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
@@ -201,6 +202,21 @@ class HadoopFiles:
     def _at(self, path: str) -> tuple[Any, Any]:
         where = self.jvm.org.apache.hadoop.fs.Path(path)
         return where, where.getFileSystem(self.conf)
+
+    def resolved(self, path: str, what: str) -> str:
+        """Folder `path`, made if missing, as the filesystem that stores it names it: qualified, and
+        through a client-side mount table the mounted filesystem's URI (resolvePath: ViewFileSystem,
+        for viewfs:// and as ViewFileSystemOverloadScheme standing in for fs.hdfs.impl, answers file:,
+        s3a://, hdfs://<nameservice>...). The sink decides and does everything there, not through the
+        mount: ViewFileSystem passes hasPathCapability on but rejects the builder's conditional create
+        ("Unknown mandatory key"), and the overload scheme says "hdfs" whatever it mounts. Refused
+        (literal_path) before anything is made, and if the mount's target holds a glob character."""
+        qualified = literal_path(self.spark, path, what)
+        where, fs = self._at(qualified)
+        fs.mkdirs(where)
+        resolved = str(fs.resolvePath(where))
+        refuse_glob(resolved, path, what)
+        return resolved
 
     def kind(self, path: str) -> str | None:
         """What is at `path`: "file", "folder", or None (nothing)."""
@@ -461,11 +477,13 @@ class AckSink:
                                 f"reader's id, lease_token and worker, and add error (handle() does)")
         self._files = HadoopFiles(frame.sparkSession)
         if not self._storage_checked:
-            # Qualified once, before anything is written or listed: a relative output is then the
-            # same folder for Spark and for the marker, and refused with a glob character also in
-            # the working directory it is under (literal_path).
-            output = literal_path(frame.sparkSession, self.output, f"stream {self.target.name}: output")
+            # Resolved once, before anything is written or listed: a relative output is then the
+            # same folder for Spark and for the marker, refused with a glob character also in the
+            # working directory it is under, and a mount's target decides how the marker is made.
+            output = self._files.resolved(self.output, f"stream {self.target.name}: output")
             require_shared_storage(frame.sparkSession, self.output)
+            log().info("stream %s: output %s is %s: the sink writes, marks and reads there", self.target.name,
+                       self.output, output)
             self.output = output
             self._atomic_create = self._files.atomic_create(self.output)
             if not self._atomic_create:

@@ -1408,6 +1408,99 @@ def test_stream_sink_and_read_results_refuse_an_output_whose_path_has_glob_chara
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'globbed')}") == 2          # none completed
 
 
+@contextlib.contextmanager
+def hadoop_settings(spark: Any, **settings: str) -> Iterator[None]:
+    """`settings` in Spark's Hadoop configuration (the one its readers, writers and HadoopFiles get)
+    while the block runs. Hadoop caches a filesystem per scheme and authority: give each test its own
+    authority."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in settings.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in settings:
+            conf.unset(key)
+
+
+def test_stream_sink_resolves_a_viewfs_output_and_works_on_the_mounted_store(spark, pg, tmp_path, monkeypatch):
+    """viewfs://<cluster>/data mounted onto a local folder, with ViewFileSystem passing on a conditional
+    create capability of the mounted store (hasPathCapability, as over S3A with hadoop-aws 3.4.2+) while
+    its createFile builder rejects that option ("Unknown mandatory key for viewfs://..."). The sink
+    resolves the output at its first micro-batch and works on the mounted file: folder: micro-batch 0
+    is marked there, acknowledged, and read back by read_results through the mount (before: the
+    marker's create failed with that error, as every micro-batch would)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import CONDITIONAL_CREATE, WRITTEN, AckSink, HadoopFiles, read_results
+
+    cluster = f"c{secrets.token_hex(4)}"
+    target = tmp_path / "mounted"
+    target.mkdir()
+
+    class PassingCapability(FakeFs):
+        def hasPathCapability(self, where: Any, capability: str) -> bool:
+            return capability == CONDITIONAL_CREATE or self.fs.hasPathCapability(where, capability)
+
+    class MountedS3aLike(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, (PassingCapability(fs) if fs.getScheme() == "viewfs" else fs)
+
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./data": f"file://{target}"}):
+        builder = MountedS3aLike(spark)._at(f"viewfs://{cluster}/data/probe")[1].createFile(
+            spark.sparkContext._jvm.org.apache.hadoop.fs.Path(f"viewfs://{cluster}/data/probe")).overwrite(False)
+        with pytest.raises(Exception, match=rf"Unknown mandatory key +for viewfs://{cluster}/data/probe"):
+            builder.must(CONDITIONAL_CREATE, True).build()
+        catalog = pg.deploy(work_queue("viewed", lease_seconds=600))
+        options = direct_sink_options(pg, catalog, "viewed", tmp_path, "5e-query")
+        monkeypatch.setattr(stream_job, "HadoopFiles", MountedS3aLike)
+        sink = AckSink(f"viewfs://{cluster}/data/out", options, checkpoint=str(tmp_path / "checkpoint"))
+        leases = leased(pg, catalog, "viewed", 2)
+        sink(spark.createDataFrame([(*lease, None) for lease in leases], "id long, lease_token string, worker string, "
+                                                                          "error string"), 0)
+        assert sink.output == f"file:{target}/out" and sink.counts["completed"] == 2
+        attempt = json.loads((target / "out" / "batch_id=0" / WRITTEN).read_text())["attempt"]
+        assert attempt_folders(target / "out", 0) == [attempt]
+        assert sorted(r["id"] for r in read_results(spark, f"viewfs://{cluster}/data/out").collect()) == sorted(
+            lease[0] for lease in leases)
+
+
+def test_stream_sink_resolves_an_overload_scheme_hdfs_output_to_the_store_it_mounts(spark, pg, tmp_path,
+                                                                                     monkeypatch):
+    """ViewFileSystemOverloadScheme as fs.hdfs.impl, its hdfs://<authority>/data mounted onto a local
+    folder: the filesystem says "hdfs", so the sink took the mounted store for HDFS and renamed a
+    temporary marker into place there (on a mount onto S3A a rename is a copy: two drivers could both
+    win and delete each other's attempt). The sink resolves the output to the mounted file: folder
+    and decides there: micro-batch 0's marker is made by a create, no rename anywhere (before: the
+    temporary file and a rename)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    authority = f"ov{secrets.token_hex(4)}"
+    target = tmp_path / "mounted"
+    target.mkdir()
+    calls: Counter = Counter()
+
+    class Counted(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, CountedFs(fs, calls)
+
+    catalog = pg.deploy(work_queue("overloaded", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "overloaded", tmp_path, "5f-query")
+    monkeypatch.setattr(stream_job, "HadoopFiles", Counted)
+    with hadoop_settings(spark, **{"fs.hdfs.impl": "org.apache.hadoop.fs.viewfs.ViewFileSystemOverloadScheme",
+                                   f"fs.viewfs.mounttable.{authority}.link./data": f"file://{target}"}):
+        sink = AckSink(f"hdfs://{authority}/data/out", options, checkpoint=str(tmp_path / "checkpoint"))
+        leases = leased(pg, catalog, "overloaded", 2)
+        sink(spark.createDataFrame([(*lease, None) for lease in leases], "id long, lease_token string, worker string, "
+                                                                          "error string"), 0)
+    assert (calls["rename"], calls["create"]) == (0, 1)
+    assert sink.output == f"file:{target}/out" and sink.counts["completed"] == 2
+    assert sorted(p.name for p in (target / "out" / "batch_id=0").iterdir() if not p.name.startswith(".")) == sorted(
+        [WRITTEN, *attempt_folders(target / "out", 0)])
+
+
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
     """The marker goes through Spark's Hadoop FileSystem with create(path, overwrite=false): a
     marker another driver of the same query created while this one wrote the micro-batch is not

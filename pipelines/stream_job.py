@@ -58,9 +58,11 @@ ATTEMPT = "_attempt-"                # and so a raw read of <output> skips every
 ATTEMPT_NAME = re.compile(r"_attempt-[0-9a-f]{32}")
 TEMPORARY_MARKER = re.compile(rf"{WRITTEN}\.[0-9a-f]{{32}}\.tmp")     # the marker's, by rename_into_place
 # A temporary marker lives for one write and rename (milliseconds): one older than this is a dead
-# driver's. The age is the store's modification time against the driver's clock: an hour leaves room
-# for their skew.
-TEMPORARY_MARKER_STALE_SECONDS = 3600
+# driver's, and a driver restarted minutes after a crash deletes it. Safety does not hang on the age
+# (the store's modification time against the driver's clock, skew included): the cleanup runs only
+# once the marker exists, and then no temporary file can become it (its rename is refused, and a
+# loser whose file is deleted under it takes the failure as a lost race: rename_into_place).
+TEMPORARY_MARKER_STALE_SECONDS = 300
 # Hadoop's builder option of an atomic create-if-absent (S3A: an If-None-Match PUT, checked at close).
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # S3A's probe (Constants.CONDITIONAL_CREATE_ENABLED, also its setting): on, create(path, false) is
@@ -293,25 +295,27 @@ class HadoopFiles:
     def rename_into_place(self, path: str, data: bytes) -> bool:
         """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed
         to `path` (rename_refusing); False if the rename was refused (the file existed, or a directory
-        of its name) or failed while something is at `path` afterwards, and the temporary file is
-        deleted then. A driver that dies before the rename leaves only its temporary file, never an
-        empty `path`."""
+        of its name) or if writing or renaming the temporary file failed while something is at `path`
+        afterwards (a winner's cleanup may have deleted this loser's file before its close or its
+        rename: delete_leftovers), and the temporary file is deleted then. A driver that dies before
+        the rename leaves only its temporary file, never an empty `path`."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
         temp = self.jvm.org.apache.hadoop.fs.Path(f"{path}.{uuid.uuid4().hex}.tmp")
-        stream = fs.create(temp, False)
         try:
-            stream.write(bytearray(data))
-        finally:
-            stream.close()
-        try:
+            stream = fs.create(temp, False)
+            try:
+                stream.write(bytearray(data))
+            finally:
+                stream.close()
             if self.rename_refusing(fs, temp, where):
                 return True
         except Py4JJavaError as exc:
             fs.delete(temp, False)
             # HDFS refuses an existing file with FileAlreadyExistsException, but a directory with a
-            # plain IOException (rename_refusing): what is at `path` now decides.
+            # plain IOException (rename_refusing), and a temporary file the winner deleted fails its
+            # close or rename: what is at `path` now decides.
             if lost_create(exc) or fs.exists(where):
                 return False
             raise

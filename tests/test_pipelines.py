@@ -1752,12 +1752,15 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
         True, True, True, False, False, False]
 
 
-def test_stream_sink_winner_and_replay_delete_temporary_marker_files_older_than_an_hour(spark, pg, tmp_path):
+def test_stream_sink_winner_and_replay_delete_temporary_marker_files_older_than_a_few_minutes(spark, pg, tmp_path,
+                                                                                             monkeypatch):
     """On an HDFS-like filesystem (the marker renamed into place), batch_id=0 and 1 hold temporary
-    marker files of drivers that died before their rename: one two hours old, one just written (a
-    losing driver may be about to rename it). The winner of micro-batch 0, once its marker is made,
-    and the replay of micro-batch 1 (marked before) delete the old one and keep the new one, the
-    marker and the named attempt (before: every such file stayed until the folder was deleted)."""
+    marker files of drivers that died before their rename: one ten minutes old (a driver restarted
+    soon after a crash), one just written (a losing driver may be about to rename it). The winner of
+    micro-batch 0, once its marker is made, and the replay of micro-batch 1 (marked before) delete the
+    old one and keep the new one, the marker and the named attempt (before: only files older than an
+    hour were deleted, and the ten-minute-old one stayed)."""
+    from pipelines import stream_job
     from pipelines.stream_job import COUNTS, WRITTEN, AckSink, HadoopFiles
 
     catalog = pg.deploy(work_queue("temporaries"))
@@ -1768,27 +1771,84 @@ def test_stream_sink_winner_and_replay_delete_temporary_marker_files_older_than_
         (out / f"batch_id={batch_id}").mkdir(parents=True)
         for name in (old, new):
             (out / f"batch_id={batch_id}" / name).write_text('{"query": "1d-query"}')
-        two_hours_ago = time.time() - 2 * 3600
-        os.utime(out / f"batch_id={batch_id}" / old, (two_hours_ago, two_hours_ago))
+        ten_minutes_ago = time.time() - 10 * 60
+        os.utime(out / f"batch_id={batch_id}" / old, (ten_minutes_ago, ten_minutes_ago))
     named = "_attempt-" + "a" * 32
     spark.createDataFrame([(2, "t2", "w", None)], "id long, lease_token string, worker string, error string"
                           ).write.parquet(str(out / "batch_id=1" / named))
     (out / "batch_id=1" / WRITTEN).write_text(json.dumps({"query": "1d-query", "batch_id": 1, "attempt": named}))
+    renamed: list[str] = []
+
+    class Hdfs(HdfsFs):
+        def rename(self, source: Any, target: Any, *options: Any) -> Any:
+            renamed.append(target.getName())
+            return super().rename(source, target, *options)
 
     class HdfsFiles(HadoopFiles):
         def _at(self, path: str) -> tuple[Any, Any]:
             where, fs = super()._at(path)
-            return where, HdfsFs(fs)
+            return where, Hdfs(fs)
 
+    monkeypatch.setattr(stream_job, "HadoopFiles", HdfsFiles)
     sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
-    sink._files = HdfsFiles(spark)
     sink.acknowledge = lambda spark_, batch_id, stored=None: dict.fromkeys(COUNTS, 0)
     sink(spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string"), 0)
     sink(spark.createDataFrame([], "id long, lease_token string, worker string, error string"), 1)
+    assert renamed == [WRITTEN]                         # micro-batch 0's marker, renamed into place
     attempt = json.loads((out / "batch_id=0" / WRITTEN).read_text())["attempt"]
     for batch_id, kept in ((0, attempt), (1, named)):
         assert sorted(p.name for p in (out / f"batch_id={batch_id}").iterdir() if not p.name.startswith(".")) == (
             sorted([WRITTEN, new, kept]))
+
+
+def test_stream_sink_loser_whose_temporary_marker_is_deleted_before_its_close_lost_the_race(spark, pg, tmp_path):
+    """On an HDFS-like filesystem another driver makes micro-batch 0's marker and then, as its
+    cleanup may, deletes this driver's temporary marker file between its create and its close, which
+    fails (HDFS: FileNotFoundException, the file is gone). A failure while the marker exists is a
+    lost race: the PipelineError "another driver runs the query", this driver's attempt folder
+    deleted, the other's marker and attempt kept (before: the close's raw Py4JJavaError)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("deletedtemp"))
+    options = direct_sink_options(pg, catalog, "deletedtemp", tmp_path, "1e-query")
+    batch = tmp_path / "out" / "batch_id=0"
+    other_attempt = "_attempt-" + "0" * 32
+    other = json.dumps({"query": "1e-query", "batch_id": 0, "attempt": other_attempt}).encode("utf-8")
+
+    class DeletedBeforeClose(HdfsFs):
+        def create(self, where: Any, overwrite: bool) -> Any:
+            stream = self.fs.create(where, overwrite)
+            fs = self.fs
+
+            class Deleted:                  # the winner's rows, its marker, and its cleanup of this file
+                def write(self, data: bytearray) -> None:
+                    stream.write(data)
+
+                def close(self) -> None:
+                    stream.close()
+                    spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(str(batch / other_attempt))
+                    assert plain.create_new(str(batch / WRITTEN), other)
+                    fs.delete(where, False)
+                    raise Py4JJavaError("An error occurred while calling o1.close", plain.jvm.java.io.FileNotFoundException(
+                        f"File does not exist: {where} (inode 16386) Holder DFSClient_1 does not have any open files."))
+            return Deleted()
+
+    class Files(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, DeletedBeforeClose(fs)
+
+    plain = HadoopFiles(spark)
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = Files(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.deletedtemp: the marker of .*/out/batch_id=0 "
+                                            r"appeared while this driver wrote the micro-batch: another driver runs"):
+        sink.write(frame, 0)
+    assert sorted(p.name for p in batch.iterdir() if not p.name.startswith(".")) == [other_attempt, WRITTEN]
+    assert (batch / WRITTEN).read_bytes() == other
 
 
 def test_stream_sink_retried_create_that_made_our_marker_wins(spark, pg, tmp_path):

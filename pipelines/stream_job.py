@@ -41,7 +41,7 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NoReturn
 
 if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -387,7 +387,7 @@ def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | No
     marker = f"{batch}/{WRITTEN}"
     if entries is None:
         entries = files.children(batch)
-    if entries.get(WRITTEN, True):      # no marker, or a folder of its name: never marked (mark refuses it)
+    if entries.get(WRITTEN, True):      # no marker, or a folder of its name: never marked (AckSink refuses it)
         return None
     content = marker_content(files.read_text(marker))
     if content is None and any(name.startswith(ATTEMPT) and folder for name, folder in entries.items()):
@@ -526,8 +526,13 @@ class AckSink:
     def written(self, batch_id: int) -> str | None:
         """The folder of micro-batch batch_id's stored rows if this query wrote it before (the folder
         its marker names), else None. A marker of another query (an earlier checkpoint) is refused:
-        its stored rows hold that query's leases, and this query's micro-batch would never be written."""
-        marked = read_marker(self._files, self.folder(batch_id))
+        its stored rows hold that query's leases, and this query's micro-batch would never be written.
+        So is a directory of the marker's name, before anything is written: no marker can be made."""
+        batch = self.folder(batch_id)
+        entries = self._files.children(batch)
+        if entries.get(WRITTEN) is True:
+            self.refuse_marker_folder(batch_id)
+        marked = read_marker(self._files, batch, entries)
         if marked is None:
             return None
         written_by, stored = marked
@@ -610,20 +615,16 @@ class AckSink:
         whose first try reached the store); naming another attempt, a second driver of this query
         created it since written() said no: this driver's attempt folder is deleted and the
         micro-batch refused; empty or unreadable: refused, deleting nothing. A folder of the marker's
-        name (made by hand or by a tool; HDFS's rename, a local create(path, overwrite=false) and a
-        rename that moved the file into it were each refused there) is refused naming it, and this
-        driver's attempt folder, which no marker can name, is deleted."""
+        name that appeared since written() (HDFS's rename, a local create(path, overwrite=false) and a
+        rename that moved the file into it were each refused there) is refused naming it
+        (refuse_marker_folder)."""
         marker = f"{self.folder(batch_id)}/{WRITTEN}"
         content = json.dumps({"query": self.query_id(), "batch_id": batch_id, "attempt": attempt}).encode("utf-8")
         if self._files.create_new(marker, content):
             return
         kind = self._files.kind(marker)
         if kind == "folder":
-            self._files.delete(f"{self.folder(batch_id)}/{attempt}")
-            raise PipelineError(f"stream {self.target.name}: {marker} is a directory, where the marker file of "
-                                f"micro-batch {batch_id} belongs: the micro-batch cannot be marked, and nothing of "
-                                f"the micro-batch was acknowledged (its rows written here were deleted): move {marker} "
-                                f"aside (the sink put nothing in it) or delete it, then restart the query")
+            self.refuse_marker_folder(batch_id, attempt)
         found = marker_content(self._files.read_text(marker)) if kind == "file" else None
         if found is None:
             raise PipelineError(f"stream {self.target.name}: creating {marker} failed and it is now missing, empty or "
@@ -636,6 +637,20 @@ class AckSink:
         raise PipelineError(f"stream {self.target.name}: the marker of {self.folder(batch_id)} appeared while "
                             f"this driver wrote the micro-batch: another driver runs the query of checkpoint "
                             f"{self.checkpoint}; stop one of them")
+
+    def refuse_marker_folder(self, batch_id: int, attempt: str | None = None) -> NoReturn:
+        """Refuse micro-batch batch_id, a directory standing where its marker file belongs (made by
+        hand or by a tool): no marker can be made there. `attempt`: this driver's attempt folder, if
+        the directory appeared while it was written; no marker can name it, so it is deleted."""
+        marker = f"{self.folder(batch_id)}/{WRITTEN}"
+        if attempt is None:
+            done = "nothing of it was written or acknowledged"
+        else:
+            self._files.delete(f"{self.folder(batch_id)}/{attempt}")
+            done = "nothing of the micro-batch was acknowledged (its rows written here were deleted)"
+        raise PipelineError(f"stream {self.target.name}: {marker} is a directory, where the marker file of "
+                            f"micro-batch {batch_id} belongs: the micro-batch cannot be marked, and {done}: move "
+                            f"{marker} aside (the sink put nothing in it) or delete it, then restart the query")
 
     def stored_rows(self, spark: Any, batch_id: int, schema: Any = None) -> Any:
         """The rows of micro-batch batch_id as written (every column), from the folder its marker names;

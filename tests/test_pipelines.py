@@ -2140,12 +2140,35 @@ def test_stream_sink_directory_of_the_markers_name_is_refused_naming_it(spark, p
                                                 rf"micro-batch was acknowledged.*: move {marker} aside .* or delete "
                                                 rf"it, then restart the query"):
             sink.write(frame, batch_id)
-        assert sink.written(batch_id) is None
+        with pytest.raises(PipelineError, match=rf"{marker} is a directory, where the marker file"):
+            sink.written(batch_id)
         assert list((batch / WRITTEN).iterdir()) == []
         assert sorted(p.name for p in batch.iterdir() if not p.name.startswith(".")) == [WRITTEN]
     # HDFS: only the rename with the option, refused by the NameNode's IOException; the ABFS-like
     # rename moved the file into the directory (true), and the sink took it back out.
     assert renamed == [("batch_id=0", 1, "org.apache.hadoop.ipc.RemoteException"), ("batch_id=1", 0, True)]
+
+
+def test_stream_sink_refuses_a_directory_of_the_markers_name_before_writing(spark, pg, tmp_path):
+    """A directory named _tablequeue_written in batch_id=0 before micro-batch 0 comes: the sink's
+    look-up of the marker (written()) lists it and refuses the micro-batch with the PipelineError
+    naming it, before writing anything or acknowledging (before: the whole micro-batch was written
+    and checked for duplicates, then refused at the marker and its attempt folder deleted)."""
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("markerdir"))
+    options = direct_sink_options(pg, catalog, "markerdir", tmp_path, "6b-query")
+    (tmp_path / "out" / "batch_id=0" / WRITTEN).mkdir(parents=True)
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink.write = lambda frame, batch_id: pytest.fail(f"micro-batch {batch_id} was written")
+    marker = rf".*/out/batch_id=0/{WRITTEN}"
+    with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.markerdir: {marker} is a directory, where the marker "
+                                            rf"file of micro-batch 0 belongs: the micro-batch cannot be marked, and "
+                                            rf"nothing of it was written or acknowledged: move {marker} aside \(the "
+                                            rf"sink put nothing in it\) or delete it, then restart the query$"):
+        sink(spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string"), 0)
+    assert sink.counts["completed"] == 0
+    assert sorted(p.name for p in (tmp_path / "out" / "batch_id=0").iterdir()) == [WRITTEN]
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):

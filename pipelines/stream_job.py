@@ -597,13 +597,25 @@ class AckSink:
                           "docs/pipelines.md): %s",
                           self.target.name, batch_id, "; ".join(f"{path} ({exc})" for path, exc in failed.items()))
 
+    def discard(self, batch_id: int, folder: str) -> None:
+        """Delete `folder`, this driver's attempt folder of micro-batch batch_id, which the caller
+        refuses next. Best effort, as delete_leftovers, so that the refusal's PipelineError reaches
+        the user: no marker names the folder, so nothing reads it, and one the store will not delete
+        (no delete right, a locked bucket, throttling) gets one WARNING naming it and stays."""
+        try:
+            self._files.delete(folder)
+        except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+            log().warning("stream %s: micro-batch %s: not deleted, the attempt folder %s of the refused micro-batch "
+                          "(nothing reads it; delete it by hand or with retention, see docs/pipelines.md): %s",
+                          self.target.name, batch_id, folder, exc)
+
     def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
-        """Refuse (and delete) a written attempt with more than one row for a message (a handler or
+        """Refuse (and discard) a written attempt with more than one row for a message (a handler or
         a join that adds rows): two results for one message, or a complete and a fail of it racing."""
         doubled = (stored.select("id").groupBy("id").count()
                    .where("count > 1").limit(DUPLICATES_SHOWN).collect())
         if doubled:
-            self._files.delete(folder)
+            self.discard(batch_id, folder)
             ids = ", ".join(str(row["id"]) for row in doubled)
             raise PipelineError(f"stream {self.target.name}: micro-batch {batch_id} has more than one row for the "
                                 f"message(s) with id {ids} (at most {DUPLICATES_SHOWN} shown): one row per message: "
@@ -633,7 +645,7 @@ class AckSink:
                                 f"delete {marker} if it is empty, and restart")
         if found.get("query") == self.query_id() and found.get("attempt") == attempt:
             return
-        self._files.delete(f"{self.folder(batch_id)}/{attempt}")
+        self.discard(batch_id, f"{self.folder(batch_id)}/{attempt}")
         raise PipelineError(f"stream {self.target.name}: the marker of {self.folder(batch_id)} appeared while "
                             f"this driver wrote the micro-batch: another driver runs the query of checkpoint "
                             f"{self.checkpoint}; stop one of them")
@@ -646,8 +658,8 @@ class AckSink:
         if attempt is None:
             done = "nothing of it was written or acknowledged"
         else:
-            self._files.delete(f"{self.folder(batch_id)}/{attempt}")
-            done = "nothing of the micro-batch was acknowledged (its rows written here were deleted)"
+            self.discard(batch_id, f"{self.folder(batch_id)}/{attempt}")
+            done = "nothing of it was acknowledged"
         raise PipelineError(f"stream {self.target.name}: {marker} is a directory, where the marker file of "
                             f"micro-batch {batch_id} belongs: the micro-batch cannot be marked, and {done}: move "
                             f"{marker} aside (the sink put nothing in it) or delete it, then restart the query")

@@ -2136,8 +2136,9 @@ def test_stream_sink_directory_of_the_markers_name_is_refused_naming_it(spark, p
         (batch / WRITTEN).mkdir(parents=True)
         marker = rf".*/out/batch_id={batch_id}/{WRITTEN}"
         with pytest.raises(PipelineError, match=rf"stream [a-z0-9_]+\.renamedir: {marker} is a directory, where the "
-                                                rf"marker file of micro-batch {batch_id} belongs: .*nothing of the "
-                                                rf"micro-batch was acknowledged.*: move {marker} aside .* or delete "
+                                                rf"marker file of micro-batch {batch_id} belongs: the micro-batch "
+                                                rf"cannot be marked, and nothing of it was acknowledged: move {marker} "
+                                                rf"aside .* or delete "
                                                 rf"it, then restart the query"):
             sink.write(frame, batch_id)
         with pytest.raises(PipelineError, match=rf"{marker} is a directory, where the marker file"):
@@ -2169,6 +2170,60 @@ def test_stream_sink_refuses_a_directory_of_the_markers_name_before_writing(spar
         sink(spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string"), 0)
     assert sink.counts["completed"] == 0
     assert sorted(p.name for p in (tmp_path / "out" / "batch_id=0").iterdir()) == [WRITTEN]
+
+
+def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts_delete(spark, pg, tmp_path):
+    """A store that refuses deletes (S3A's AccessDeniedException, 403: no delete right on the output
+    prefix) while the sink refuses a micro-batch after writing it and deletes its own attempt folder:
+    a directory of the marker's name appeared during the write (micro-batch 0), another driver's
+    marker appeared during it (1), a message has two rows (2). Each refusal's PipelineError reaches
+    the user, with one WARNING naming the attempt folder left (before: the delete's raw
+    Py4JJavaError replaced it)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("nodelete"))
+    options = direct_sink_options(pg, catalog, "nodelete", tmp_path, "6c-query")
+    out = tmp_path / "out"
+    other = json.dumps({"query": "6c-query", "batch_id": 1, "attempt": "_attempt-" + "0" * 32})
+
+    class NoDelete(FakeFs):
+        def delete(self, where: Any, recursive: bool) -> bool:
+            raise Py4JJavaError("An error occurred while calling o1.delete", spark.sparkContext._jvm.java.nio.file
+                                .AccessDeniedException(f"{where}: delete on {where}: 403 Forbidden"))
+
+    class Files(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, NoDelete(fs)
+
+    class AppearingDuringTheWrite(AckSink):
+        def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
+            if batch_id == 0:
+                (out / "batch_id=0" / WRITTEN).mkdir()
+            if batch_id == 1:
+                (out / "batch_id=1" / WRITTEN).write_text(other)
+                spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(
+                    str(out / "batch_id=1" / ("_attempt-" + "0" * 32)))
+            super().refuse_duplicates(stored, batch_id, folder)
+
+    sink = AppearingDuringTheWrite(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = Files(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    refused = (r"is a directory, where the marker file of micro-batch 0 belongs",
+               r"the marker of .*/out/batch_id=1 appeared while this driver wrote the micro-batch",
+               r"micro-batch 2 has more than one row for the message\(s\) with id 1")
+    for batch_id, error in enumerate(refused):
+        written = frame.unionAll(frame) if batch_id == 2 else frame
+        with logged_by_the_pipelines(logging.WARNING) as logged:
+            with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.nodelete: .*{error}"):
+                sink.write(written, batch_id)
+        mine = [name for name in attempt_folders(out, batch_id) if name != "_attempt-" + "0" * 32]
+        assert len(mine) == 1 and len(logged) == 1
+        assert re.search(rf"stream [a-z0-9_]+\.nodelete: micro-batch {batch_id}: not deleted, the attempt folder "
+                         rf".*/out/batch_id={batch_id}/{mine[0]} of the refused micro-batch \(nothing reads it; .*\): "
+                         rf".*403 Forbidden", logged[0].getMessage())
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):

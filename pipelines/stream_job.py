@@ -223,9 +223,21 @@ class HadoopFiles:
     def kind(self, path: str) -> str | None:
         """What is at `path`: "file", "folder", or None (nothing)."""
         where, fs = self._at(path)
-        if not fs.exists(where):
-            return None
-        return "file" if fs.getFileStatus(where).isFile() else "folder"
+        status = self.unless_missing(lambda: fs.getFileStatus(where), None)
+        return None if status is None else "file" if status.isFile() else "folder"
+
+    def unless_missing(self, call: Callable[[], Any], missing: Any) -> Any:
+        """call() (one filesystem call on a path), or `missing` if it raised the filesystem's
+        FileNotFoundException: one call, not an exists() first (a round trip on an object store)."""
+        from py4j.java_gateway import is_instance_of
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            return call()
+        except Py4JJavaError as exc:
+            if is_instance_of(self.gateway, exc.java_exception, "java.io.FileNotFoundException"):
+                return missing
+            raise
 
     def read_text(self, path: str) -> str:
         where, fs = self._at(path)
@@ -287,10 +299,8 @@ class HadoopFiles:
         """What folder `path` holds, {name: (is a folder, modification time in seconds since the epoch,
         the store's clock)}; {} if it is missing."""
         where, fs = self._at(path)
-        if not fs.exists(where):
-            return {}
         return {str(status.getPath().getName()): (bool(status.isDirectory()), status.getModificationTime() / 1000)
-                for status in fs.listStatus(where)}
+                for status in self.unless_missing(lambda: fs.listStatus(where), [])}
 
     def rename_into_place(self, path: str, data: bytes) -> bool:
         """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed

@@ -1306,6 +1306,44 @@ class CountedFs(FakeFs):
         return counted
 
 
+def test_hadoop_files_kind_and_entries_ask_the_store_once(spark, tmp_path):
+    """HadoopFiles.kind (a file, a folder, nothing) is one getFileStatus and entries (a folder,
+    nothing) one listStatus: a missing path is the store's FileNotFoundException, not an exists()
+    first (on an object store a round trip each); any other error of the store is raised (before:
+    an exists, then the status or the listing)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines.stream_job import HadoopFiles
+
+    calls: Counter = Counter()
+
+    class Counted(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, CountedFs(fs, calls)
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "file").write_text("x")
+    files = Counted(spark)
+    assert [files.kind(str(tmp_path / name)) for name in ("folder/file", "folder", "missing")] == [
+        "file", "folder", None]
+    assert set(files.entries(str(tmp_path / "folder"))) == {"file"} and files.entries(str(tmp_path / "missing")) == {}
+    assert calls == Counter({"getFileStatus": 3, "listStatus": 2})
+
+    class Refusing(FakeFs):
+        def getFileStatus(self, where: Any) -> Any:
+            raise Py4JJavaError("An error occurred while calling o1.getFileStatus", spark.sparkContext._jvm.java.nio
+                                .file.AccessDeniedException(f"{where}: 403 Forbidden"))
+
+    class RefusingFiles(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, Refusing(fs)
+
+    with pytest.raises(Py4JJavaError, match="403 Forbidden"):
+        RefusingFiles(spark).kind(str(tmp_path / "missing"))
+
+
 def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tmp_path, monkeypatch):
     """read_results over 6 batch folders (4 marked attempt folders, one of them next to an unnamed
     attempt; one marked folder of the layout before attempt folders; one unmarked attempt: a crash

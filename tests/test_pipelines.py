@@ -1306,6 +1306,17 @@ class CountedFs(FakeFs):
         return counted
 
 
+def files_through(wrap: Any) -> type:
+    """A HadoopFiles whose every filesystem is wrap(fs): one of the fakes above (or fs itself)."""
+    from pipelines.stream_job import HadoopFiles
+
+    class Wrapped(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, wrap(fs)
+    return Wrapped
+
+
 def test_hadoop_files_kind_and_entries_ask_the_store_once(spark, tmp_path):
     """HadoopFiles.kind (a file, a folder, nothing) is one getFileStatus and entries (a folder,
     nothing) one listStatus: a missing path is the store's FileNotFoundException, not an exists()
@@ -1313,18 +1324,10 @@ def test_hadoop_files_kind_and_entries_ask_the_store_once(spark, tmp_path):
     an exists, then the status or the listing)."""
     from py4j.protocol import Py4JJavaError
 
-    from pipelines.stream_job import HadoopFiles
-
     calls: Counter = Counter()
-
-    class Counted(HadoopFiles):
-        def _at(self, path: str) -> tuple[Any, Any]:
-            where, fs = super()._at(path)
-            return where, CountedFs(fs, calls)
-
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "file").write_text("x")
-    files = Counted(spark)
+    files = files_through(lambda fs: CountedFs(fs, calls))(spark)
     assert [files.kind(str(tmp_path / name)) for name in ("folder/file", "folder", "missing")] == [
         "file", "folder", None]
     assert set(files.entries(str(tmp_path / "folder"))) == {"file"} and files.entries(str(tmp_path / "missing")) == {}
@@ -1335,13 +1338,8 @@ def test_hadoop_files_kind_and_entries_ask_the_store_once(spark, tmp_path):
             raise Py4JJavaError("An error occurred while calling o1.getFileStatus", spark.sparkContext._jvm.java.nio
                                 .file.AccessDeniedException(f"{where}: 403 Forbidden"))
 
-    class RefusingFiles(HadoopFiles):
-        def _at(self, path: str) -> tuple[Any, Any]:
-            where, fs = super()._at(path)
-            return where, Refusing(fs)
-
     with pytest.raises(Py4JJavaError, match="403 Forbidden"):
-        RefusingFiles(spark).kind(str(tmp_path / "missing"))
+        files_through(Refusing)(spark).kind(str(tmp_path / "missing"))
 
 
 def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tmp_path, monkeypatch):
@@ -1469,7 +1467,7 @@ def test_stream_sink_resolves_a_viewfs_output_and_works_on_the_mounted_store(spa
     is marked there, acknowledged, and read back by read_results through the mount (before: the
     marker's create failed with that error, as every micro-batch would)."""
     from pipelines import stream_job
-    from pipelines.stream_job import CONDITIONAL_CREATE, WRITTEN, AckSink, HadoopFiles, read_results
+    from pipelines.stream_job import CONDITIONAL_CREATE, WRITTEN, AckSink, read_results
 
     cluster = f"c{secrets.token_hex(4)}"
     target = tmp_path / "mounted"
@@ -1479,11 +1477,7 @@ def test_stream_sink_resolves_a_viewfs_output_and_works_on_the_mounted_store(spa
         def hasPathCapability(self, where: Any, capability: str) -> bool:
             return capability == CONDITIONAL_CREATE or self.fs.hasPathCapability(where, capability)
 
-    class MountedS3aLike(HadoopFiles):
-        def _at(self, path: str) -> tuple[Any, Any]:
-            where, fs = super()._at(path)
-            return where, (PassingCapability(fs) if fs.getScheme() == "viewfs" else fs)
-
+    MountedS3aLike = files_through(lambda fs: PassingCapability(fs) if fs.getScheme() == "viewfs" else fs)
     with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./data": f"file://{target}"}):
         builder = MountedS3aLike(spark)._at(f"viewfs://{cluster}/data/probe")[1].createFile(
             spark.sparkContext._jvm.org.apache.hadoop.fs.Path(f"viewfs://{cluster}/data/probe")).overwrite(False)
@@ -1512,21 +1506,15 @@ def test_stream_sink_resolves_an_overload_scheme_hdfs_output_to_the_store_it_mou
     and decides there: micro-batch 0's marker is made by a create, no rename anywhere (before: the
     temporary file and a rename)."""
     from pipelines import stream_job
-    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+    from pipelines.stream_job import WRITTEN, AckSink
 
     authority = f"ov{secrets.token_hex(4)}"
     target = tmp_path / "mounted"
     target.mkdir()
     calls: Counter = Counter()
-
-    class Counted(HadoopFiles):
-        def _at(self, path: str) -> tuple[Any, Any]:
-            where, fs = super()._at(path)
-            return where, CountedFs(fs, calls)
-
     catalog = pg.deploy(work_queue("overloaded", lease_seconds=600))
     options = direct_sink_options(pg, catalog, "overloaded", tmp_path, "5f-query")
-    monkeypatch.setattr(stream_job, "HadoopFiles", Counted)
+    monkeypatch.setattr(stream_job, "HadoopFiles", files_through(lambda fs: CountedFs(fs, calls)))
     with hadoop_settings(spark, **{"fs.hdfs.impl": "org.apache.hadoop.fs.viewfs.ViewFileSystemOverloadScheme",
                                    f"fs.viewfs.mounttable.{authority}.link./data": f"file://{target}"}):
         sink = AckSink(f"hdfs://{authority}/data/out", options, checkpoint=str(tmp_path / "checkpoint"))
@@ -1799,7 +1787,7 @@ def test_stream_sink_winner_and_replay_delete_temporary_marker_files_older_than_
     old one and keep the new one, the marker and the named attempt (before: only files older than an
     hour were deleted, and the ten-minute-old one stayed)."""
     from pipelines import stream_job
-    from pipelines.stream_job import COUNTS, WRITTEN, AckSink, HadoopFiles
+    from pipelines.stream_job import COUNTS, WRITTEN, AckSink
 
     catalog = pg.deploy(work_queue("temporaries"))
     options = direct_sink_options(pg, catalog, "temporaries", tmp_path, "1d-query")
@@ -1822,12 +1810,7 @@ def test_stream_sink_winner_and_replay_delete_temporary_marker_files_older_than_
             renamed.append(target.getName())
             return super().rename(source, target, *options)
 
-    class HdfsFiles(HadoopFiles):
-        def _at(self, path: str) -> tuple[Any, Any]:
-            where, fs = super()._at(path)
-            return where, Hdfs(fs)
-
-    monkeypatch.setattr(stream_job, "HadoopFiles", HdfsFiles)
+    monkeypatch.setattr(stream_job, "HadoopFiles", files_through(Hdfs))
     sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
     sink.acknowledge = lambda spark_, batch_id, stored=None: dict.fromkeys(COUNTS, 0)
     sink(spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string"), 0)
@@ -1873,14 +1856,9 @@ def test_stream_sink_loser_whose_temporary_marker_is_deleted_before_its_close_lo
                         f"File does not exist: {where} (inode 16386) Holder DFSClient_1 does not have any open files."))
             return Deleted()
 
-    class Files(HadoopFiles):
-        def _at(self, path: str) -> tuple[Any, Any]:
-            where, fs = super()._at(path)
-            return where, DeletedBeforeClose(fs)
-
     plain = HadoopFiles(spark)
     sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
-    sink._files = Files(spark)
+    sink._files = files_through(DeletedBeforeClose)(spark)
     frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
     with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.deletedtemp: the marker of .*/out/batch_id=0 "
                                             r"appeared while this driver wrote the micro-batch: another driver runs"):
@@ -2219,7 +2197,7 @@ def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts
     Py4JJavaError replaced it)."""
     from py4j.protocol import Py4JJavaError
 
-    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+    from pipelines.stream_job import WRITTEN, AckSink
 
     catalog = pg.deploy(work_queue("nodelete"))
     options = direct_sink_options(pg, catalog, "nodelete", tmp_path, "6c-query")
@@ -2230,11 +2208,6 @@ def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts
         def delete(self, where: Any, recursive: bool) -> bool:
             raise Py4JJavaError("An error occurred while calling o1.delete", spark.sparkContext._jvm.java.nio.file
                                 .AccessDeniedException(f"{where}: delete on {where}: 403 Forbidden"))
-
-    class Files(HadoopFiles):
-        def _at(self, path: str) -> tuple[Any, Any]:
-            where, fs = super()._at(path)
-            return where, NoDelete(fs)
 
     class AppearingDuringTheWrite(AckSink):
         def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
@@ -2247,7 +2220,7 @@ def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts
             super().refuse_duplicates(stored, batch_id, folder)
 
     sink = AppearingDuringTheWrite(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
-    sink._files = Files(spark)
+    sink._files = files_through(NoDelete)(spark)
     frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
     refused = (r"is a directory, where the marker file of micro-batch 0 belongs",
                r"the marker of .*/out/batch_id=1 appeared while this driver wrote the micro-batch",

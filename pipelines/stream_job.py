@@ -4,6 +4,7 @@ that writes each micro-batch's results before it completes or fails their messag
     stream = spark.readStream.format("tablequeue").options(**source).load()    # source holds ack=sink
     results = handle(stream, "pipelines.transforms:uppercase_name", payload_type="json")
     sink = AckSink("hdfs:///out/emails", source, checkpoint="hdfs:///chk/emails")
+    sink.prepare(spark)          # before start(): a refused output is refused before anything is leased
     results.writeStream.foreachBatch(sink).option("checkpointLocation", "hdfs:///chk/emails").start()
 
 The stream's rows carry (id, lease_token, worker) from the reader and an `error` column (NULL when
@@ -438,7 +439,8 @@ def read_stored(spark: Any, folder: str, schema: Any = None) -> Any:
 
 
 class AckSink:
-    """foreachBatch(AckSink(output, options, checkpoint=...)): options name the queue as the reader's
+    """foreachBatch(AckSink(output, options, checkpoint=...)), prepare(spark) called before the query's
+    start() (see there): options name the queue as the reader's
     do (catalog and queue, or queueSpec; urlFile or url, else $TABLEQUEUE_URL); checkpoint is the
     query's checkpointLocation (its id marks each written micro-batch). retry_after_seconds: the failed
     messages' delay (default the queue's). Counts of every micro-batch are added up in `counts`: lower
@@ -460,8 +462,8 @@ class AckSink:
         self.checkpoint = checkpoint.rstrip("/")
         self.retry_after_seconds = retry_after_seconds
         self.counts = dict.fromkeys(COUNTS, 0)
-        self._storage_checked = False
-        self._atomic_create = False         # HadoopFiles.atomic_create(output), asked at the first micro-batch
+        self._prepared = False
+        self._atomic_create = False         # HadoopFiles.atomic_create(output), asked by prepare()
         self._query: str | None = None
         self._files: HadoopFiles | None = None
 
@@ -483,29 +485,61 @@ class AckSink:
     def folder(self, batch_id: int) -> str:
         return f"{self.output}/batch_id={batch_id}"
 
+    def prepare(self, spark: Any) -> None:
+        """Settle, once, what the sink's refusals before any write depend on, and refuse there: call it
+        before the query's start() (run_stream does). The first micro-batch calls it otherwise, but by
+        then the reader has leased that micro-batch and Spark has logged the leases in the checkpoint,
+        so a refusal leaves them to run out (and at max_attempts to go to the dead letters).
+        The output resolved (HadoopFiles.resolved: qualified, so that a relative output is the same
+        folder for Spark and for the marker; through a mount table, the mounted store's path, whose
+        store decides how the marker is made; refused with a glob character), on a cluster checked to
+        be storage the executors share (require_shared_storage), how the marker is made
+        (atomic_create), and the micro-batch the query runs first refused if another query marked it
+        (a new checkpoint on an output written before) or a directory is where its marker belongs."""
+        if self._prepared:
+            return
+        self._files = HadoopFiles(spark)
+        output = self._files.resolved(self.output, f"stream {self.target.name}: output")
+        require_shared_storage(spark, self.output)
+        log().info("stream %s: output %s is %s: the sink writes, marks and reads there", self.target.name,
+                   self.output, output)
+        self.output = output
+        self._atomic_create = self._files.atomic_create(self.output)
+        if not self._atomic_create:
+            log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
+                          "conditional create; other stores: see docs/pipelines.md): a second driver of the "
+                          "query is then not guarded against, and may replace the marker and delete the "
+                          "acknowledged rows: run one driver per checkpoint", self.target.name, self.output)
+        first = self.first_batch()
+        marked = self.marked(first)
+        if marked is not None:
+            # A checkpoint without metadata is a new query's: Spark gives it an id at start().
+            started = self._files.kind(f"{self.checkpoint}/metadata") is not None
+            self.refuse_another_query(first, marked[0], self.query_id() if started else None)
+        self._prepared = True
+
+    def first_batch(self) -> int:
+        """The micro-batch the query runs first from its checkpoint, as Spark decides at start: 0
+        for a new checkpoint; else the last one in <checkpoint>/offsets, replayed if
+        <checkpoint>/commits does not hold it, or the one after it. Hidden files (.N.crc, .N.<uuid>.tmp)
+        are no micro-batch."""
+        def logged(folder: str) -> list[int]:
+            return [int(name) for name, (is_folder, _) in self._files.entries(f"{self.checkpoint}/{folder}").items()
+                    if not is_folder and name.isdigit()]
+        offsets = logged("offsets")
+        if not offsets:
+            return 0
+        last = max(offsets)
+        return last if max(logged("commits"), default=-1) < last else last + 1
+
     def __call__(self, frame: Any, batch_id: int) -> None:
         missing = [c for c in ACK_COLUMNS if c not in frame.columns]
         if missing:
             raise PipelineError(f"stream {self.target.name}: the sink acknowledges each row by {', '.join(ACK_COLUMNS)} "
                                 f"(error NULL: completed, else failed); the stream lacks {missing}: keep the "
                                 f"reader's id, lease_token and worker, and add error (handle() does)")
+        self.prepare(frame.sparkSession)
         self._files = HadoopFiles(frame.sparkSession)
-        if not self._storage_checked:
-            # Resolved once, before anything is written or listed: a relative output is then the
-            # same folder for Spark and for the marker, refused with a glob character also in the
-            # working directory it is under, and a mount's target decides how the marker is made.
-            output = self._files.resolved(self.output, f"stream {self.target.name}: output")
-            require_shared_storage(frame.sparkSession, self.output)
-            log().info("stream %s: output %s is %s: the sink writes, marks and reads there", self.target.name,
-                       self.output, output)
-            self.output = output
-            self._atomic_create = self._files.atomic_create(self.output)
-            if not self._atomic_create:
-                log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
-                              "conditional create; other stores: see docs/pipelines.md): a second driver of the "
-                              "query is then not guarded against, and may replace the marker and delete the "
-                              "acknowledged rows: run one driver per checkpoint", self.target.name, self.output)
-            self._storage_checked = True
         with job_description(frame.sparkSession, f"stream {self.target.name}: micro-batch {batch_id}"):
             stored = self.written(batch_id)
             replay = stored is not None
@@ -535,23 +569,36 @@ class AckSink:
 
     def written(self, batch_id: int) -> str | None:
         """The folder of micro-batch batch_id's stored rows if this query wrote it before (the folder
-        its marker names), else None. A marker of another query (an earlier checkpoint) is refused:
-        its stored rows hold that query's leases, and this query's micro-batch would never be written.
-        So is a directory of the marker's name, before anything is written: no marker can be made."""
+        its marker names), else None. A marker of another query is refused (refuse_another_query), and
+        so is a directory of the marker's name, before anything is written (marked)."""
+        marked = self.marked(batch_id)
+        if marked is None:
+            return None
+        written_by, stored = marked
+        self.refuse_another_query(batch_id, written_by, self.query_id())
+        return stored
+
+    def marked(self, batch_id: int) -> tuple[str | None, str] | None:
+        """Micro-batch batch_id's marker (read_marker: None without one, else the query id it holds
+        and the folder of its stored rows), one listing of batch_id=N; a directory of the marker's
+        name is refused there (refuse_marker_folder): no marker can be made."""
         batch = self.folder(batch_id)
         entries = self._files.children(batch)
         if entries.get(WRITTEN) is True:
             self.refuse_marker_folder(batch_id)
-        marked = read_marker(self._files, batch, entries)
-        if marked is None:
-            return None
-        written_by, stored = marked
-        if written_by != self.query_id():
-            raise PipelineError(
-                f"stream {self.target.name}: {self.folder(batch_id)} was written by another streaming query "
-                f"({written_by or 'no query id'}), not by the query of checkpoint {self.checkpoint} "
-                f"({self.query_id()}): a new checkpoint needs a new output folder (or keep the old checkpoint)")
-        return stored
+        return read_marker(self._files, batch, entries)
+
+    def refuse_another_query(self, batch_id: int, written_by: str | None, query: str | None) -> None:
+        """Refuse micro-batch batch_id, marked by the query `written_by`, unless that is `query`, the
+        checkpoint's (None: a new checkpoint, whose query Spark has yet to start, so any marker is
+        another query's): the stored rows hold the other query's leases, and this query's micro-batch
+        would never be written."""
+        if query is not None and written_by == query:
+            return
+        raise PipelineError(
+            f"stream {self.target.name}: {self.folder(batch_id)} was written by another streaming query "
+            f"({written_by or 'no query id'}), not by the query of checkpoint {self.checkpoint} "
+            f"({query or 'a new query'}): a new checkpoint needs a new output folder (or keep the old checkpoint)")
 
     def write(self, frame: Any, batch_id: int) -> Any:
         """The micro-batch's rows to a new attempt folder of batch_id=N, checked for one row per
@@ -747,6 +794,7 @@ def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Ca
             options["leaseSeconds"] = str(lease_seconds)
         stream = spark.readStream.format(FORMAT).options(**options).load()
         sink = AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=retry_after_seconds)
+        sink.prepare(spark)         # before the query starts: once it does, the reader leases a micro-batch
         query = (handle(stream, handler, payload_type=target.queue.payload).writeStream.foreachBatch(sink)
                  .option("checkpointLocation", checkpoint).queryName(f"tablequeue {target.name}").start())
         budget = threading.Timer(time_budget_seconds, query.stop) if time_budget_seconds else None

@@ -1050,8 +1050,9 @@ def test_stream_sink_fails_rows_with_errors_until_dead_and_a_restart_doubles_not
     def start() -> Any:
         stream = spark.readStream.format("tablequeue").options(**options).load()
         results = handle(stream, TRANSFORM).where(F.get_json_object("payload", "$.id") != str(dropped))
-        sink = CrashingSink(AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=0), 1, 3,
-                            crashed)
+        ack_sink = AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=0)
+        ack_sink.prepare(spark)         # as docs/pipelines.md says: the restarts replay micro-batches 1 and 3
+        sink = CrashingSink(ack_sink, 1, 3, crashed)
         return (results.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
                 .trigger(processingTime="0 seconds").start())
 
@@ -2335,10 +2336,22 @@ def test_stream_acknowledgement_counts_lost_after_a_retried_call_as_uncertain(mo
     assert counts == {"completed": 0, "retrying": 1, "dead": 0, "lost": 1, "uncertain": 2}
 
 
+def assert_nothing_leased(pg: "Postgres", catalog: Catalog, queue: str, count: int, checkpoint: Path) -> None:
+    """The `count` messages of `queue` were never leased (no holder, no attempt spent: none can run
+    out and go to the dead letters), and Spark recorded no micro-batch in `checkpoint`."""
+    assert pg.rows(f"SELECT count(*) AS waiting, count(*) FILTER (WHERE leased_by IS NULL AND attempts = 0) AS "
+                   f"untouched FROM {table(catalog, queue)}") == [{"waiting": count, "untouched": count}]
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, queue, '_dead')}") == 0
+    assert not (checkpoint / "offsets").exists()
+
+
 def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_query(spark, pg, tmp_path):
     """A query drains the queue into `output`; a second query with a new checkpoint (batch_id=0
-    again) on the same output is refused at its first micro-batch, naming the queue, the folder and
-    the checkpoint, and acknowledges nothing: no message of it goes to the dead letters."""
+    again) on the same output is refused before it starts (AckSink.prepare), naming the queue, the
+    folder and the checkpoint, with a PipelineError: nothing leased, so nothing can run out and go to
+    the dead letters, and no offset in the new checkpoint (before: refused at the first micro-batch,
+    a StreamingQueryException, after the reader had leased the 20 messages, which with max_attempts=1
+    went to the dead letters once their leases ran out)."""
     from pipelines.stream_job import run_stream
 
     catalog = pg.deploy(work_queue("reused", lease_seconds=120, max_attempts=1))
@@ -2348,14 +2361,60 @@ def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_qu
                        partitions=1, messages_per_partition=50)
     assert first["completed"] == 20
     enqueue_numbered(pg, catalog, "reused", 20, first=20)
-    with pytest.raises(Exception, match=r"stream [a-z0-9_]+\.reused: .*/output/batch_id=0 was written by another "
-                                        r"streaming query .* checkpoint .*/checkpoint-2 .* a new checkpoint needs a "
-                                        r"new output folder"):
+    with pytest.raises(PipelineError, match=r"^stream [a-z0-9_]+\.reused: .*/output/batch_id=0 was written by "
+                                            r"another streaming query .* checkpoint .*/checkpoint-2 .* a new "
+                                            r"checkpoint needs a new output folder"):
         run_stream(spark, pg.url, catalog, "reused", TRANSFORM, output, str(tmp_path / "checkpoint-2"),
                    partitions=1, messages_per_partition=50)
-    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_dead')}") == 0
+    assert_nothing_leased(pg, catalog, "reused", 20, tmp_path / "checkpoint-2")
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_history')}") == 20
-    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused')}") == 20
+
+
+def test_stream_sink_prepare_checks_the_micro_batch_the_checkpoint_runs_first(spark, pg, tmp_path):
+    """AckSink.prepare looks at the micro-batch Spark runs first from the checkpoint: with offsets
+    0..2 (and a hidden .2.crc) and commits 0..1 it replays 2, so another query's marker in batch_id=2
+    is refused, naming it, before the query starts (one in batch_id=0 is not looked at); once commits/2
+    exists the query runs 3 next, and prepare passes (before: no prepare; the refusal came at the
+    first micro-batch, after the reader leased it)."""
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("firstbatch"))
+    options = direct_sink_options(pg, catalog, "firstbatch", tmp_path, "6a-query")
+    for folder, names in (("offsets", ["0", "1", "2", ".2.crc"]), ("commits", ["0", "1"])):
+        (tmp_path / "checkpoint" / folder).mkdir()
+        for name in names:
+            (tmp_path / "checkpoint" / folder / name).write_text("v1\n")
+    for batch_id in (0, 2):
+        (tmp_path / "out" / f"batch_id={batch_id}").mkdir(parents=True)
+        (tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).write_text(json.dumps({"query": "another-query",
+                                                                                    "batch_id": batch_id}))
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    with pytest.raises(PipelineError, match=r"^stream [a-z0-9_]+\.firstbatch: .*/out/batch_id=2 was written by another "
+                                            r"streaming query \(another-query\), not by the query of checkpoint "
+                                            r".*/checkpoint \(6a-query\): a new checkpoint needs a new output"):
+        sink.prepare(spark)
+    (tmp_path / "checkpoint" / "commits" / "2").write_text("v1\n")
+    sink.prepare(spark)
+    assert sink.first_batch() == 3
+
+
+def test_stream_refuses_an_output_with_glob_characters_before_leasing_anything(spark, pg, tmp_path):
+    """run_stream into out[1] (Spark's reader would glob it) is refused before the query starts
+    (AckSink.prepare) with the PipelineError naming the output: none of the 5 messages leased, so none
+    runs out and goes to the dead letters (max_attempts=1), and no offset in the checkpoint (before:
+    a StreamingQueryException FOREACH_BATCH_USER_FUNCTION_ERROR at the first micro-batch, after the
+    reader had leased all 5 and Spark had written offsets/0; 3 seconds later they were dead)."""
+    from pipelines.stream_job import run_stream
+
+    catalog = pg.deploy(work_queue("globstream", lease_seconds=3, max_attempts=1))
+    enqueue_numbered(pg, catalog, "globstream", 5)
+    output = str(tmp_path / "out[1]")
+    with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.globstream: output {re.escape(output)} "
+                                            rf"\(file:{re.escape(output)}\) holds \[ \]: "):
+        run_stream(spark, pg.url, catalog, "globstream", TRANSFORM, output, str(tmp_path / "checkpoint"),
+                   partitions=1, messages_per_partition=50, lease_seconds=3)
+    assert not (tmp_path / "out[1]").exists()
+    assert_nothing_leased(pg, catalog, "globstream", 5, tmp_path / "checkpoint")
 
 
 # -- the stream reader's driver and task sides, called directly (no Spark job) -----------------------

@@ -75,6 +75,12 @@ ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
 # ABFS on an account with a hierarchical namespace (its DFS rename sends If-None-Match: *; without
 # the namespace a rename is a copy and a delete). ABFS reports the namespace as this capability.
 NAMESPACE_CAPABILITY = "fs.capability.paths.acls"      # CommonPathCapabilities.FS_ACLS
+# Filesystems that answer through a client-side mount table, and their subclasses: viewfs://, and
+# ViewFileSystemOverloadScheme in place of another scheme's impl; HDFS's own stand-in for the
+# overload scheme. Only these are asked to resolve a path: elsewhere resolvePath is one more round
+# trip, and a vendor's wrapper (a mount of DBFS) might answer a physical path that loses the mount's
+# credentials. By name, not by loading the classes: a Hadoop without hdfs-client has no second one.
+MOUNT_TABLE_FILESYSTEMS = ("org.apache.hadoop.fs.viewfs.ViewFileSystem", "org.apache.hadoop.hdfs.ViewDistributedFileSystem")
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
@@ -208,18 +214,32 @@ class HadoopFiles:
 
     def resolved(self, path: str, what: str) -> str:
         """Folder `path`, made if missing, as the filesystem that stores it names it: qualified, and
-        through a client-side mount table the mounted filesystem's URI (resolvePath: ViewFileSystem,
-        for viewfs:// and as ViewFileSystemOverloadScheme standing in for fs.hdfs.impl, answers file:,
-        s3a://, hdfs://<nameservice>...). The sink decides and does everything there, not through the
-        mount: ViewFileSystem passes hasPathCapability on but rejects the builder's conditional create
-        ("Unknown mandatory key"), and the overload scheme says "hdfs" whatever it mounts. Refused
-        (literal_path) before anything is made, and if the mount's target holds a glob character."""
+        on a filesystem with a client-side mount table (mounts) the mounted filesystem's URI
+        (resolvePath: ViewFileSystem, for viewfs:// and as ViewFileSystemOverloadScheme standing in
+        for fs.hdfs.impl, answers file:, s3a://, hdfs://<nameservice>...). The sink decides and does
+        everything there, not through the mount: ViewFileSystem passes hasPathCapability on but
+        rejects the builder's conditional create ("Unknown mandatory key"), and the overload scheme
+        says "hdfs" whatever it mounts. Refused (literal_path) before anything is made, and if the
+        mount's target holds a glob character."""
         qualified = literal_path(self.spark, path, what)
         where, fs = self._at(qualified)
         fs.mkdirs(where)
+        if not self.mounts(fs):
+            return qualified
         resolved = str(fs.resolvePath(where))
         refuse_glob(resolved, path, what)
         return resolved
+
+    @staticmethod
+    def mounts(fs: Any) -> bool:
+        """Whether Hadoop filesystem `fs` answers through a client-side mount table: one of
+        MOUNT_TABLE_FILESYSTEMS or a subclass, by the names of its class and superclasses."""
+        kind = fs.getClass()
+        while kind is not None:
+            if kind.getName() in MOUNT_TABLE_FILESYSTEMS:
+                return True
+            kind = kind.getSuperclass()
+        return False
 
     def kind(self, path: str) -> str | None:
         """What is at `path`: "file", "folder", or None (nothing)."""

@@ -1460,6 +1460,27 @@ def hadoop_settings(spark: Any, **settings: str) -> Iterator[None]:
             conf.unset(key)
 
 
+def test_hadoop_files_resolve_a_path_only_through_a_mount_table(spark, tmp_path):
+    """HadoopFiles.resolved asks resolvePath only of a filesystem with a client-side mount table: a
+    local output is its qualified path, made, without a resolvePath (before: one, which on a store is
+    a round trip, and on a vendor's wrapper might answer a physical path without the mount's
+    credentials); a viewfs:// output, and an hdfs:// one under HDFS's ViewDistributedFileSystem as
+    fs.hdfs.impl (no ViewFileSystem, so found by its name), are the mounted local folders."""
+    calls: Counter = Counter()
+    files = files_through(lambda fs: CountedFs(fs, calls))(spark)
+    assert files.resolved(str(tmp_path / "local" / "out"), "output") == f"file:{tmp_path}/local/out"
+    assert (tmp_path / "local" / "out").is_dir() and calls["resolvePath"] == 0
+    target = tmp_path / "mounted"
+    target.mkdir()
+    cluster, authority = f"c{secrets.token_hex(4)}", f"vd{secrets.token_hex(4)}"
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./data": f"file://{target}",
+                                   "fs.hdfs.impl": "org.apache.hadoop.hdfs.ViewDistributedFileSystem",
+                                   f"fs.viewfs.mounttable.{authority}.link./data": f"file://{target}"}):
+        assert files.resolved(f"viewfs://{cluster}/data/a", "output") == f"file:{target}/a"
+        assert files.resolved(f"hdfs://{authority}/data/b", "output") == f"file:{target}/b"
+    assert calls["resolvePath"] == 2 and (target / "a").is_dir() and (target / "b").is_dir()
+
+
 def test_stream_sink_resolves_a_viewfs_output_and_works_on_the_mounted_store(spark, pg, tmp_path, monkeypatch):
     """viewfs://<cluster>/data mounted onto a local folder, with ViewFileSystem passing on a conditional
     create capability of the mounted store (hasPathCapability, as over S3A with hadoop-aws 3.4.2+) while

@@ -215,20 +215,63 @@ class HadoopFiles:
     def resolved(self, path: str, what: str) -> str:
         """Folder `path`, made if missing, as the filesystem that stores it names it: qualified, and
         on a filesystem with a client-side mount table (mounts) the mounted filesystem's URI
-        (resolvePath: ViewFileSystem, for viewfs:// and as ViewFileSystemOverloadScheme standing in
-        for fs.hdfs.impl, answers file:, s3a://, hdfs://<nameservice>...). The sink decides and does
-        everything there, not through the mount: ViewFileSystem passes hasPathCapability on but
-        rejects the builder's conditional create ("Unknown mandatory key"), and the overload scheme
-        says "hdfs" whatever it mounts. Refused (literal_path) before anything is made, and if the
-        mount's target holds a glob character."""
+        (through_mount_table: ViewFileSystem, for viewfs:// and as ViewFileSystemOverloadScheme
+        standing in for fs.hdfs.impl, answers file:, s3a://, hdfs://<nameservice>...). The sink
+        decides and does everything there, not through the mount: ViewFileSystem passes
+        hasPathCapability on but rejects the builder's conditional create ("Unknown mandatory key"),
+        and the overload scheme says "hdfs" whatever it mounts. Refused (literal_path), and if the
+        mount's target holds a glob character, before anything is made (but a new folder beside
+        mount points: through_mount_table)."""
         qualified = literal_path(self.spark, path, what)
         where, fs = self._at(qualified)
-        fs.mkdirs(where)
-        if not self.mounts(fs):
-            return qualified
-        resolved = str(fs.resolvePath(where))
+        resolved = self.through_mount_table(fs, where, path, what) if self.mounts(fs) else qualified
         refuse_glob(resolved, path, what)
+        where, fs = self._at(resolved)
+        fs.mkdirs(where)
         return resolved
+
+    def through_mount_table(self, fs: Any, where: Any, path: str, what: str) -> str:
+        """The path that `where` stands for on the store that the mount table of filesystem `fs`
+        mounts there (resolvePath). A folder not made yet is its nearest existing parent's target
+        with the rest of the path appended, so that nothing is made before the target is known and
+        checked. Except beside mount points: a folder of the mount table itself (a parent of mount
+        points, the root) answers resolvePath with its own path, and a new folder in it goes where
+        only the mount table knows (its fallback, if it has one: made through it, then resolved;
+        else refused). A folder of the mount table itself as the output is refused: nothing can be
+        written there. `path` and `what` name the output in a refusal."""
+        at, missing = where, []
+        while True:
+            found = fs.resolvePath(at) if at.isRoot() else self.unless_missing(lambda: fs.resolvePath(at), None)
+            if found is not None:
+                break
+            missing.insert(0, str(at.getName()))
+            at = at.getParent()
+        mounted = self.mounted_under(fs, at) if found.equals(at) else []
+        if not mounted:
+            return "/".join([str(found).rstrip("/"), *missing])
+        if not missing:
+            raise PipelineError(f"{what} {path} resolves into the mount table of {fs.getUri()} itself: "
+                                f"{at.toUri().getPath()} is a folder of its mount points ({', '.join(mounted)}), on no "
+                                f"mounted store, and nothing can be written there: name a folder under one of them")
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            fs.mkdirs(where)
+        except Py4JJavaError as exc:
+            raise PipelineError(f"{what} {path} is a new folder in {at.toUri().getPath()}, a folder of the mount "
+                                f"points ({', '.join(mounted)}) of the mount table of {fs.getUri()}, which did not "
+                                f"make it ({exc.java_exception.getMessage()}): without a fallback (linkFallback) "
+                                f"name a folder under one of the mount points") from None
+        return str(fs.resolvePath(where))
+
+    @staticmethod
+    def mounted_under(fs: Any, folder: Any) -> list[str]:
+        """The mount points of filesystem `fs`'s mount table strictly under `folder` (whose own path
+        is then a folder of the mount table itself, not on a mounted store): [] for a folder under a
+        mount point or beside them all (a fallback's)."""
+        inside = folder.toUri().getPath().rstrip("/") + "/"
+        points = [str(point.getMountedOnPath().toUri().getPath()) for point in fs.getMountPoints() or []]
+        return sorted(point for point in points if point.startswith(inside) and point.rstrip("/") + "/" != inside)
 
     @staticmethod
     def mounts(fs: Any) -> bool:

@@ -1478,7 +1478,66 @@ def test_hadoop_files_resolve_a_path_only_through_a_mount_table(spark, tmp_path)
                                    f"fs.viewfs.mounttable.{authority}.link./data": f"file://{target}"}):
         assert files.resolved(f"viewfs://{cluster}/data/a", "output") == f"file:{target}/a"
         assert files.resolved(f"hdfs://{authority}/data/b", "output") == f"file:{target}/b"
-    assert calls["resolvePath"] == 2 and (target / "a").is_dir() and (target / "b").is_dir()
+    # Two each: the new folder (missing), then its parent, the mount point; then made there.
+    assert calls["resolvePath"] == 4 and (target / "a").is_dir() and (target / "b").is_dir()
+
+
+def test_hadoop_files_resolve_a_new_output_through_a_mount_table_before_making_it(spark, tmp_path):
+    """A viewfs:// output not made yet, two folders below a mount point: resolved through its nearest
+    existing parent and made only on the mounted store, once its path there is checked. Onto a folder
+    t* it is refused with nothing made there (before: made through the mount, then refused, leaving
+    out/emails in t*; a mount onto t[1] or t{a} is no URI, so no mount table); onto ok it is made
+    there."""
+    cluster = f"c{secrets.token_hex(4)}"
+    (tmp_path / "t*").mkdir()
+    (tmp_path / "ok").mkdir()
+    files = files_through(lambda fs: fs)(spark)
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./globbed": f"file://{tmp_path}/t*",
+                                   f"fs.viewfs.mounttable.{cluster}.link./ok": f"file://{tmp_path}/ok"}):
+        output = f"viewfs://{cluster}/globbed/out/emails"
+        with pytest.raises(PipelineError, match=rf"^output {output} \(file:{re.escape(str(tmp_path))}/t\*/out/emails\) "
+                                                rf"holds \*: Spark's reader"):
+            files.resolved(output, "output")
+        assert list((tmp_path / "t*").iterdir()) == []
+        assert files.resolved(f"viewfs://{cluster}/ok/out/emails", "output") == f"file:{tmp_path}/ok/out/emails"
+    assert (tmp_path / "ok" / "out" / "emails").is_dir()
+
+
+def test_stream_sink_refuses_an_output_in_the_mount_tables_own_folders(spark, pg, tmp_path):
+    """A viewfs:// mount table with a mount point /data/a: /data is a folder of the mount table
+    itself (resolvePath answers it unchanged), on no store. prepare refuses it as the output with a
+    PipelineError saying so and naming the mount point (before: a raw Py4JJavaError, "getWorkingDir
+    should not have been called", from the capability check through the mount); a new folder
+    /data/new beside the mount point, which the mount table will not make without a fallback, is
+    refused with the mount table's own answer; with a fallback (linkFallback) it is made there and
+    the sink works on it."""
+    from pipelines.stream_job import AckSink
+
+    plain, fallback = f"c{secrets.token_hex(4)}", f"f{secrets.token_hex(4)}"
+    for folder in ("a", "fallback"):
+        (tmp_path / folder).mkdir()
+    catalog = pg.deploy(work_queue("mountfolders"))
+    options = direct_sink_options(pg, catalog, "mountfolders", tmp_path, "6b-query")
+
+    def prepared(output: str) -> AckSink:
+        sink = AckSink(output, options, checkpoint=str(tmp_path / "checkpoint"))
+        sink.prepare(spark)
+        return sink
+
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{plain}.link./data/a": f"file://{tmp_path}/a",
+                                   f"fs.viewfs.mounttable.{fallback}.link./data/a": f"file://{tmp_path}/a",
+                                   f"fs.viewfs.mounttable.{fallback}.linkFallback": f"file://{tmp_path}/fallback"}):
+        with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.mountfolders: output viewfs://{plain}/data "
+                                                rf"resolves into the mount table of viewfs://{plain}/ itself: /data is "
+                                                rf"a folder of its mount points \(/data/a\), on no mounted store"):
+            prepared(f"viewfs://{plain}/data")
+        with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.mountfolders: output viewfs://{plain}/data/new "
+                                                rf"is a new folder in /data, a folder of the mount points \(/data/a\) "
+                                                rf"of the mount table of viewfs://{plain}/, which did not make it "
+                                                rf"\(InternalDir of ViewFileSystem is readonly"):
+            prepared(f"viewfs://{plain}/data/new")
+        assert prepared(f"viewfs://{fallback}/data/new").output == f"file:{tmp_path}/fallback/data/new"
+    assert (tmp_path / "fallback" / "data" / "new").is_dir() and list((tmp_path / "a").iterdir()) == []
 
 
 def test_stream_sink_resolves_a_viewfs_output_and_works_on_the_mounted_store(spark, pg, tmp_path, monkeypatch):

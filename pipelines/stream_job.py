@@ -81,6 +81,9 @@ NAMESPACE_CAPABILITY = "fs.capability.paths.acls"      # CommonPathCapabilities.
 # trip, and a vendor's wrapper (a mount of DBFS) might answer a physical path that loses the mount's
 # credentials. By name, not by loading the classes: a Hadoop without hdfs-client has no second one.
 MOUNT_TABLE_FILESYSTEMS = ("org.apache.hadoop.fs.viewfs.ViewFileSystem", "org.apache.hadoop.hdfs.ViewDistributedFileSystem")
+# A mount's target can be under a mount table again (under the overload scheme, hdfs://<other
+# nameservice>/... goes through fs.hdfs.impl once more): resolved until it stays, at most this often.
+MOUNT_HOPS = 8
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
@@ -219,16 +222,28 @@ class HadoopFiles:
         standing in for fs.hdfs.impl, answers file:, s3a://, hdfs://<nameservice>...). The sink
         decides and does everything there, not through the mount: ViewFileSystem passes
         hasPathCapability on but rejects the builder's conditional create ("Unknown mandatory key"),
-        and the overload scheme says "hdfs" whatever it mounts. Refused (literal_path), and if the
-        mount's target holds a glob character, before anything is made (but a new folder beside
-        mount points: through_mount_table)."""
-        qualified = literal_path(self.spark, path, what)
-        where, fs = self._at(qualified)
-        resolved = self.through_mount_table(fs, where, path, what) if self.mounts(fs) else qualified
-        refuse_glob(resolved, path, what)
-        where, fs = self._at(resolved)
+        and the overload scheme says "hdfs" whatever it mounts. A target under a mount table again
+        is resolved again, until it stays (a mount onto its own store) or is on a filesystem without
+        one, at most MOUNT_HOPS times: under ViewFileSystemOverloadScheme a mount onto hdfs://<other
+        nameservice> is reached through the HDFS client, but that path, given to Spark, goes through
+        fs.hdfs.impl and that nameservice's mount table once more. Refused (literal_path), and if the
+        last target holds a glob character, before anything is made (but a new folder beside mount
+        points: through_mount_table)."""
+        hops = [literal_path(self.spark, path, what)]
+        where, fs = self._at(hops[0])
+        while self.mounts(fs):
+            target = self.through_mount_table(fs, where, path, what)
+            if target == hops[-1]:
+                break
+            if len(hops) > MOUNT_HOPS:
+                raise PipelineError(f"{what} {path} resolves through more than {MOUNT_HOPS} mount tables "
+                                    f"({' -> '.join(hops)} -> ...): mounts that lead into each other? mount the "
+                                    f"output onto a store")
+            hops.append(target)
+            where, fs = self._at(target)
+        refuse_glob(hops[-1], path, what)
         fs.mkdirs(where)
-        return resolved
+        return hops[-1]
 
     def through_mount_table(self, fs: Any, where: Any, path: str, what: str) -> str:
         """The path that `where` stands for on the store that the mount table of filesystem `fs`

@@ -1503,6 +1503,61 @@ def test_hadoop_files_resolve_a_new_output_through_a_mount_table_before_making_i
     assert (tmp_path / "ok" / "out" / "emails").is_dir()
 
 
+class MountedOntoAnotherNameservice(FakeFs):
+    """ViewFileSystemOverloadScheme (fs.hdfs.impl) of hdfs://<first>, whose mount table links /data to
+    hdfs://<second>/inner: its resolvePath answers what the HDFS client of <second> would (that
+    NameNode's own path, not through <second>'s mount table: the overload scheme reaches a target
+    of its own scheme through fs.viewfs.overload.scheme.target.hdfs.impl). No NameNode here, so the
+    answer is imitated; the second hop is the real overload scheme."""
+    hops: dict[str, str] = {}
+
+    def resolvePath(self, where: Any) -> Any:
+        from pyspark import SparkContext
+
+        text = str(where)
+        mounted = next(mounted for mounted in self.hops if text.startswith(mounted))
+        return SparkContext._jvm.org.apache.hadoop.fs.Path(self.hops[mounted] + text[len(mounted):])
+
+
+def overload_hops(hops: dict[str, str]) -> type:
+    """A HadoopFiles whose hdfs:// filesystems of the authorities in `hops` resolve as in
+    MountedOntoAnotherNameservice: {"hdfs://<first>/data": "hdfs://<second>/inner", ...}."""
+    class Hop(MountedOntoAnotherNameservice):
+        pass
+    Hop.hops = hops
+    authorities = {mounted.split("/")[2] for mounted in hops}
+    return files_through(lambda fs: Hop(fs) if str(fs.getUri().getAuthority()) in authorities else fs)
+
+
+def test_hadoop_files_resolve_a_mount_onto_another_nameservices_mount_table_until_it_stays(spark, tmp_path):
+    """ViewFileSystemOverloadScheme as fs.hdfs.impl: hdfs://<first>/data mounted onto
+    hdfs://<second>/inner, and <second>'s mount table links /inner onto a local folder. The first
+    resolvePath answers hdfs://<second>/inner/out, which Spark would write through <second>'s mount
+    table: HadoopFiles.resolved resolves it again, to the local folder, and makes it there (before:
+    hdfs://<second>/inner/out, the sink's decisions taken on the overload scheme, "hdfs"). Mount
+    tables that lead into each other are refused after MOUNT_HOPS."""
+    from pipelines.stream_job import MOUNT_HOPS
+
+    first, second, loop_a, loop_b = (f"{name}{secrets.token_hex(4)}" for name in ("ova", "ovb", "loopa", "loopb"))
+    target = tmp_path / "mounted"
+    target.mkdir()
+    with hadoop_settings(spark, **{"fs.hdfs.impl": "org.apache.hadoop.fs.viewfs.ViewFileSystemOverloadScheme",
+                                   f"fs.viewfs.mounttable.{first}.link./data": f"hdfs://{second}/inner",
+                                   f"fs.viewfs.mounttable.{second}.link./inner": f"file://{target}",
+                                   f"fs.viewfs.mounttable.{loop_a}.link./data": f"hdfs://{loop_b}/data",
+                                   f"fs.viewfs.mounttable.{loop_b}.link./data": f"hdfs://{loop_a}/data"}):
+        files = overload_hops({f"hdfs://{first}/data": f"hdfs://{second}/inner"})(spark)
+        assert files.resolved(f"hdfs://{first}/data/out", "output") == f"file:{target}/out"
+        assert (target / "out").is_dir()
+        looping = overload_hops({f"hdfs://{loop_a}/data": f"hdfs://{loop_b}/data",
+                                 f"hdfs://{loop_b}/data": f"hdfs://{loop_a}/data"})(spark)
+        with pytest.raises(PipelineError, match=rf"^output hdfs://{loop_a}/data/out resolves through more than "
+                                                rf"{MOUNT_HOPS} mount tables \(hdfs://{loop_a}/data/out -> "
+                                                rf"hdfs://{loop_b}/data/out -> .* -> \.\.\.\): mounts that lead "
+                                                rf"into each other"):
+            looping.resolved(f"hdfs://{loop_a}/data/out", "output")
+
+
 def test_stream_sink_refuses_an_output_in_the_mount_tables_own_folders(spark, pg, tmp_path):
     """A viewfs:// mount table with a mount point /data/a: /data is a folder of the mount table
     itself (resolvePath answers it unchanged), on no store. prepare refuses it as the output with a

@@ -243,6 +243,9 @@ class HadoopFiles:
             where, fs = self._at(target)
         refuse_glob(hops[-1], path, what)
         fs.mkdirs(where)
+        if len(hops) > 1:
+            log().info("%s %s resolves through its mount table to %s: written, marked and read there", what, path,
+                       " -> ".join(hops[1:]))
         return hops[-1]
 
     def through_mount_table(self, fs: Any, where: Any, path: str, what: str) -> str:
@@ -579,8 +582,6 @@ class AckSink:
         self._files = HadoopFiles(spark)
         output = self._files.resolved(self.output, f"stream {self.target.name}: output")
         require_shared_storage(spark, self.output)
-        log().info("stream %s: output %s is %s: the sink writes, marks and reads there", self.target.name,
-                   self.output, output)
         self.output = output
         self._atomic_create = self._files.atomic_create(self.output)
         if not self._atomic_create:

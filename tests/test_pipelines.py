@@ -1465,18 +1465,23 @@ def test_hadoop_files_resolve_a_path_only_through_a_mount_table(spark, tmp_path)
     local output is its qualified path, made, without a resolvePath (before: one, which on a store is
     a round trip, and on a vendor's wrapper might answer a physical path without the mount's
     credentials); a viewfs:// output, and an hdfs:// one under HDFS's ViewDistributedFileSystem as
-    fs.hdfs.impl (no ViewFileSystem, so found by its name), are the mounted local folders."""
+    fs.hdfs.impl (no ViewFileSystem, so found by its name), are the mounted local folders. Only a
+    path a mount table changed is logged (before: every output, "out is file:/.../out")."""
     calls: Counter = Counter()
     files = files_through(lambda fs: CountedFs(fs, calls))(spark)
-    assert files.resolved(str(tmp_path / "local" / "out"), "output") == f"file:{tmp_path}/local/out"
-    assert (tmp_path / "local" / "out").is_dir() and calls["resolvePath"] == 0
+    with logged_by_the_pipelines() as logged:
+        assert files.resolved(str(tmp_path / "local" / "out"), "output") == f"file:{tmp_path}/local/out"
+    assert (tmp_path / "local" / "out").is_dir() and calls["resolvePath"] == 0 and logged == []
     target = tmp_path / "mounted"
     target.mkdir()
     cluster, authority = f"c{secrets.token_hex(4)}", f"vd{secrets.token_hex(4)}"
     with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./data": f"file://{target}",
                                    "fs.hdfs.impl": "org.apache.hadoop.hdfs.ViewDistributedFileSystem",
                                    f"fs.viewfs.mounttable.{authority}.link./data": f"file://{target}"}):
-        assert files.resolved(f"viewfs://{cluster}/data/a", "output") == f"file:{target}/a"
+        with logged_by_the_pipelines() as logged:
+            assert files.resolved(f"viewfs://{cluster}/data/a", "output") == f"file:{target}/a"
+        assert [r.getMessage() for r in logged] == [f"output viewfs://{cluster}/data/a resolves through its mount "
+                                                    f"table to file:{target}/a: written, marked and read there"]
         assert files.resolved(f"hdfs://{authority}/data/b", "output") == f"file:{target}/b"
     # Two each: the new folder (missing), then its parent, the mount point; then made there.
     assert calls["resolvePath"] == 4 and (target / "a").is_dir() and (target / "b").is_dir()
@@ -2509,8 +2514,9 @@ def test_stream_sink_prepare_checks_the_micro_batch_the_checkpoint_runs_first(sp
     """AckSink.prepare looks at the micro-batch Spark runs first from the checkpoint: with offsets
     0..2 (and a hidden .2.crc) and commits 0..1 it replays 2, so another query's marker in batch_id=2
     is refused, naming it, before the query starts (one in batch_id=0 is not looked at); once commits/2
-    exists the query runs 3 next, and prepare passes (before: no prepare; the refusal came at the
-    first micro-batch, after the reader leased it)."""
+    exists the query runs 3 next, and prepare passes, logging nothing for a local output (before: no
+    prepare, the refusal came at the first micro-batch, after the reader leased it; and every output
+    was logged as "out is file:/.../out")."""
     from pipelines.stream_job import WRITTEN, AckSink
 
     catalog = pg.deploy(work_queue("firstbatch"))
@@ -2529,8 +2535,10 @@ def test_stream_sink_prepare_checks_the_micro_batch_the_checkpoint_runs_first(sp
                                             r".*/checkpoint \(6a-query\): a new checkpoint needs a new output"):
         sink.prepare(spark)
     (tmp_path / "checkpoint" / "commits" / "2").write_text("v1\n")
-    sink.prepare(spark)
+    with logged_by_the_pipelines() as logged:
+        sink.prepare(spark)
     assert sink.first_batch() == 3
+    assert [r.getMessage() for r in logged] == []      # a local output: no mount table, nothing to log
 
 
 def test_stream_refuses_an_output_with_glob_characters_before_leasing_anything(spark, pg, tmp_path):

@@ -389,8 +389,8 @@ class HadoopFiles:
         to `path` (rename_refusing); False if the rename was refused (the file existed, or a directory
         of its name) or if writing or renaming the temporary file failed while something is at `path`
         afterwards (a winner's cleanup may have deleted this loser's file before its close or its
-        rename: delete_leftovers), and the temporary file is deleted then. A driver that dies before
-        the rename leaves only its temporary file, never an empty `path`."""
+        rename: delete_leftovers), and the temporary file is deleted then (delete_temporary). A driver
+        that dies before the rename leaves only its temporary file, never an empty `path`."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
@@ -404,15 +404,29 @@ class HadoopFiles:
             if self.rename_refusing(fs, temp, where):
                 return True
         except Py4JJavaError as exc:
-            fs.delete(temp, False)
+            self.delete_temporary(fs, temp)
             # HDFS refuses an existing file with FileAlreadyExistsException, but a directory with a
             # plain IOException (rename_refusing), and a temporary file the winner deleted fails its
             # close or rename: what is at `path` now decides.
             if lost_create(exc) or fs.exists(where):
                 return False
             raise
-        fs.delete(temp, False)
+        self.delete_temporary(fs, temp)
         return False
+
+    @staticmethod
+    def delete_temporary(fs: Any, temp: Any) -> None:
+        """Delete rename_into_place's temporary file `temp` after a lost race, best effort, as the
+        sink's other deletes: it can no longer become the marker and nothing reads it, so a delete the
+        store refuses (no delete right, throttling) logs one WARNING naming it, and the lost race is
+        still answered; the winner's or a replay's cleanup deletes it once it is old
+        (delete_leftovers)."""
+        try:
+            fs.delete(temp, False)
+        except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+            log().warning("not deleted, the temporary marker file %s of a race for the marker this driver lost "
+                          "(nothing reads it; the winner or a replay deletes it when it is old, see "
+                          "docs/pipelines.md): %s", temp, exc)
 
     def rename_refusing(self, fs: Any, source: Any, target: Any) -> bool:
         """rename(source, target) that never moves `source` into a directory named `target`: True if

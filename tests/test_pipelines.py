@@ -2335,7 +2335,9 @@ def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts
     a directory of the marker's name appeared during the write (micro-batch 0), another driver's
     marker appeared during it (1), a message has two rows (2). Each refusal's PipelineError reaches
     the user, with one WARNING naming the attempt folder left (before: the delete's raw
-    Py4JJavaError replaced it)."""
+    Py4JJavaError replaced it). On an HDFS-like store (3), where the marker is a temporary file
+    renamed into place, the loser's temporary file is not deleted either: one WARNING more, naming it
+    (before: the raw Py4JJavaError of that delete)."""
     from py4j.protocol import Py4JJavaError
 
     from pipelines.stream_job import WRITTEN, AckSink
@@ -2354,10 +2356,10 @@ def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts
         def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
             if batch_id == 0:
                 (out / "batch_id=0" / WRITTEN).mkdir()
-            if batch_id == 1:
-                (out / "batch_id=1" / WRITTEN).write_text(other)
+            if batch_id in (1, 3):
+                (out / f"batch_id={batch_id}" / WRITTEN).write_text(other)
                 spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(
-                    str(out / "batch_id=1" / ("_attempt-" + "0" * 32)))
+                    str(out / f"batch_id={batch_id}" / ("_attempt-" + "0" * 32)))
             super().refuse_duplicates(stored, batch_id, folder)
 
     sink = AppearingDuringTheWrite(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
@@ -2376,6 +2378,15 @@ def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts
         assert re.search(rf"stream [a-z0-9_]+\.nodelete: micro-batch {batch_id}: not deleted, the attempt folder "
                          rf".*/out/batch_id={batch_id}/{mine[0]} of the refused micro-batch \(nothing reads it; .*\): "
                          rf".*403 Forbidden", logged[0].getMessage())
+    sink._files = files_through(lambda fs: NoDelete(HdfsFs(fs)))(spark)
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.nodelete: the marker of .*/out/batch_id=3 "
+                                                rf"appeared while this driver wrote the micro-batch"):
+            sink.write(frame, 3)
+    temporary = [p.name for p in (out / "batch_id=3").iterdir() if p.name.endswith(".tmp")]
+    assert len(temporary) == 1 and len(logged) == 2
+    assert re.search(rf"^not deleted, the temporary marker file .*/out/batch_id=3/{re.escape(temporary[0])} of a race "
+                     rf"for the marker this driver lost .*403 Forbidden", logged[0].getMessage())
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):

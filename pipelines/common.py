@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import re
 import secrets
 import shutil
 import sys
@@ -582,6 +583,42 @@ def filesystem(path: str) -> tuple[Any, str]:
         # Spark's Hadoop connectors say s3a:// where Arrow says s3://: the same bucket and key.
         return fs.FileSystem.from_uri(("s3://" + rest) if scheme in ("s3a", "s3n") else path)
     return fs.LocalFileSystem(), os.path.abspath(path)
+
+
+# Hadoop's glob characters: Spark's reader takes a path holding any of them as a pattern
+# (DataSource.checkAndGlobPathIfNecessary, on the qualified path): out[1] reads out1, out{a,b} outa
+# and outb. The folders the jobs read back are refused with one (literal_path).
+GLOB_CHARACTERS = "{}[]*?\\"
+URI_PREFIX = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*:(?://[^/]*)?)?)(.*)", re.DOTALL)    # scheme://authority, path
+
+
+def literal_path(spark: Any, path: str, what: str) -> str:
+    """`path` qualified as Spark's reader qualifies it (by its Hadoop filesystem: the scheme and
+    authority, and a relative path made absolute against the filesystem's working directory, for a
+    local one the driver's), refused (refuse_glob) if that holds a glob character. A Spark Connect
+    session has no JVM on the client: there `path` is checked as given."""
+    if is_connect_session(spark):
+        qualified = path
+    else:
+        where = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)
+        qualified = str(where.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).makeQualified(where))
+    refuse_glob(qualified, path, what)
+    return qualified
+
+
+def refuse_glob(qualified: str, given: str, what: str) -> None:
+    """Refuse folder `given` (qualified: `qualified`), with a PipelineError naming both, if the
+    qualified path past its scheme and authority (an IPv6 host's brackets are not globbed) holds a
+    glob character: Spark would read other folders or none. Refused rather than escaped: Spark 4's
+    FileStreamSink.hasMetadata takes an escaped path as a file name and logs a WARNING with a stack
+    trace on every read of it, and an escape must reach every read (see docs/pipelines.md)."""
+    found = sorted(set(URI_PREFIX.match(qualified).group(2)) & set(GLOB_CHARACTERS))
+    if found:
+        shown = given if given == qualified else f"{given} ({qualified})"
+        raise PipelineError(f"{what} {shown} holds {' '.join(found)}: Spark's reader takes a path with any of "
+                            f"{' '.join(GLOB_CHARACTERS)} as a glob pattern (out[1] reads out1) and would read other "
+                            f"folders or none: name the folder without them (a relative path: run from a working "
+                            f"directory without them too)")
 
 
 def require_shared_storage(spark: Any, folder: str, *, local: bool | None = None) -> None:

@@ -30,8 +30,9 @@ if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without -
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, add_queue_arguments,  # noqa: E402
-                              canonical_json, elapsed_since, filesystem, job_description, job_main, load_callable,
-                              log, progress_monitor, remove_tree, require_shared_storage, transaction, with_retries)
+                              canonical_json, elapsed_since, filesystem, job_description, job_main, literal_path,
+                              load_callable, log, progress_monitor, remove_tree, require_shared_storage, transaction,
+                              with_retries)
 
 ERROR_TEXT_LIMIT = 4000
 OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processed_at")
@@ -523,6 +524,9 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
     if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
         raise PipelineError("spark.speculation is on: a speculative copy of a drain task would be a second "
                             "consumer of the same batch; run the drain job with spark.speculation=false")
+    # The finalisation reads the staged rows back through Spark: refused before anything is leased
+    # if Spark would glob the name (literal_path).
+    literal_path(spark, output, f"drain {target.name}: output")
     resuming = run_id is not None
     unfinished = [name for name in _staged_runs(output) if name != run_id]
     if not resuming and unfinished and not force:

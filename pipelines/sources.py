@@ -43,7 +43,7 @@ from tablequeue.catalog import Queue
 from tablequeue.client import MAX_WAIT_MS
 from tablequeue.engines import parse_url
 
-from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem,
+from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem, literal_path,
                               load_callable, log, require_shared_storage, resolve_url, with_retries)
 
 FORMAT = "tablequeue"
@@ -220,6 +220,9 @@ def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence
     messages = frame.select((F.encode(payload, "UTF-8") if binary else payload).alias("payload"),
                             dedupe_key.alias("dedupe_key"), _refusals(checked).alias("refused"))
     if ledger is not None:
+        # Spark reads the ledger back below: a name it would glob (ledger{a,b}) dedupes against other
+        # folders (literal_path).
+        literal_path(frame.sparkSession, ledger, "ledger")
         # Executors write the ledger and the driver reads it here: a folder only each node sees
         # would be found empty, and every row sent again without a word.
         require_shared_storage(frame.sparkSession, ledger)

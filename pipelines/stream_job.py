@@ -4,6 +4,7 @@ that writes each micro-batch's results before it completes or fails their messag
     stream = spark.readStream.format("tablequeue").options(**source).load()    # source holds ack=sink
     results = handle(stream, "pipelines.transforms:uppercase_name", payload_type="json")
     sink = AckSink("hdfs:///out/emails", source, checkpoint="hdfs:///chk/emails")
+    sink.prepare(spark)          # before start(): a refused output is refused before anything is leased
     results.writeStream.foreachBatch(sink).option("checkpointLocation", "hdfs:///chk/emails").start()
 
 The stream's rows carry (id, lease_token, worker) from the reader and an `error` column (NULL when
@@ -41,14 +42,14 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NoReturn
 
 if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (PipelineError, QueueTarget, Reconnecting, add_queue_arguments, elapsed_since,  # noqa: E402
-                              job_description, job_main, load_callable, log, require_shared_storage,
-                              with_retries)
+                              job_description, job_main, literal_path, load_callable, log, refuse_glob,
+                              require_shared_storage, with_retries)
 from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
 from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  # noqa: E402
 
@@ -56,6 +57,13 @@ ACK_COLUMNS = ("id", "lease_token", "worker", "error")
 WRITTEN = "_tablequeue_written"      # Spark's readers skip names starting with "_"
 ATTEMPT = "_attempt-"                # and so a raw read of <output> skips every attempt folder
 ATTEMPT_NAME = re.compile(r"_attempt-[0-9a-f]{32}")
+TEMPORARY_MARKER = re.compile(rf"{WRITTEN}\.[0-9a-f]{{32}}\.tmp")     # the marker's, by rename_into_place
+# A temporary marker lives for one write and rename (milliseconds): one older than this is a dead
+# driver's, and a driver restarted minutes after a crash deletes it. Safety does not hang on the age
+# (the store's modification time against the driver's clock, skew included): the cleanup runs only
+# once the marker exists, and then no temporary file can become it (its rename is refused, and a
+# loser whose file is deleted under it takes the failure as a lost race: rename_into_place).
+TEMPORARY_MARKER_STALE_SECONDS = 300
 # Hadoop's builder option of an atomic create-if-absent (S3A: an If-None-Match PUT, checked at close).
 CONDITIONAL_CREATE = "fs.option.create.conditional.overwrite"
 # S3A's probe (Constants.CONDITIONAL_CREATE_ENABLED, also its setting): on, create(path, false) is
@@ -67,9 +75,16 @@ ATOMIC_CREATE_SCHEMES = ("hdfs", "abfs", "abfss")
 # ABFS on an account with a hierarchical namespace (its DFS rename sends If-None-Match: *; without
 # the namespace a rename is a copy and a delete). ABFS reports the namespace as this capability.
 NAMESPACE_CAPABILITY = "fs.capability.paths.acls"      # CommonPathCapabilities.FS_ACLS
+# Filesystems that answer through a client-side mount table, and their subclasses: viewfs://, and
+# ViewFileSystemOverloadScheme in place of another scheme's impl; HDFS's own stand-in for the
+# overload scheme. Only these are asked to resolve a path: elsewhere resolvePath is one more round
+# trip, and a vendor's wrapper (a mount of DBFS) might answer a physical path that loses the mount's
+# credentials. By name, not by loading the classes: a Hadoop without hdfs-client has no second one.
+MOUNT_TABLE_FILESYSTEMS = ("org.apache.hadoop.fs.viewfs.ViewFileSystem", "org.apache.hadoop.hdfs.ViewDistributedFileSystem")
+# A mount's target can be under a mount table again (under the overload scheme, hdfs://<other
+# nameservice>/... goes through fs.hdfs.impl once more): resolved until it stays, at most this often.
+MOUNT_HOPS = 8
 LOST_CREATE = ("FileAlreadyExistsException", "RemoteFileChangedException", "Precondition Failed", "Status Code: 412")
-GLOB_SPECIAL = re.compile(r"([\\*?\[\]{}])")   # Hadoop's glob characters, escaped by a backslash
-URI_PREFIX = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*:(?://[^/]*)?)?)(.*)", re.DOTALL)    # scheme://authority, path
 DUPLICATES_SHOWN = 5
 ERROR_TEXT_LIMIT = 2000
 # Lower bounds, not a ledger (see docs/pipelines.md): "lost" is an answer of the first try of a call,
@@ -190,6 +205,7 @@ class HadoopFiles:
     gs, dbfs) as the micro-batch's rows. Not for Spark Connect (no JVM on the client)."""
 
     def __init__(self, spark: Any) -> None:
+        self.spark = spark
         self.jvm = spark.sparkContext._jvm
         self.gateway = spark.sparkContext._gateway
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
@@ -199,9 +215,111 @@ class HadoopFiles:
         where = self.jvm.org.apache.hadoop.fs.Path(path)
         return where, where.getFileSystem(self.conf)
 
-    def is_file(self, path: str) -> bool:
+    def resolved(self, path: str, what: str) -> str:
+        """Folder `path`, made if missing, as the filesystem that stores it names it: qualified, and
+        on a filesystem with a client-side mount table (mounts) the mounted filesystem's URI
+        (through_mount_table: ViewFileSystem, for viewfs:// and as ViewFileSystemOverloadScheme
+        standing in for fs.hdfs.impl, answers file:, s3a://, hdfs://<nameservice>...). The sink
+        decides and does everything there, not through the mount: ViewFileSystem passes
+        hasPathCapability on but rejects the builder's conditional create ("Unknown mandatory key"),
+        and the overload scheme says "hdfs" whatever it mounts. A target under a mount table again
+        is resolved again, until it stays (a mount onto its own store) or is on a filesystem without
+        one, at most MOUNT_HOPS times: under ViewFileSystemOverloadScheme a mount onto hdfs://<other
+        nameservice> is reached through the HDFS client, but that path, given to Spark, goes through
+        fs.hdfs.impl and that nameservice's mount table once more. Refused (literal_path), and if the
+        last target holds a glob character, before anything is made (but a new folder beside mount
+        points: through_mount_table)."""
+        hops = [literal_path(self.spark, path, what)]
+        where, fs = self._at(hops[0])
+        while self.mounts(fs):
+            target = self.through_mount_table(fs, where, path, what)
+            if target == hops[-1]:
+                break
+            if len(hops) > MOUNT_HOPS:
+                raise PipelineError(f"{what} {path} resolves through more than {MOUNT_HOPS} mount tables "
+                                    f"({' -> '.join(hops)} -> ...): mounts that lead into each other? mount the "
+                                    f"output onto a store")
+            hops.append(target)
+            where, fs = self._at(target)
+        refuse_glob(hops[-1], path, what)
+        fs.mkdirs(where)
+        if len(hops) > 1:
+            log().info("%s %s resolves through its mount table to %s: written, marked and read there", what, path,
+                       " -> ".join(hops[1:]))
+        return hops[-1]
+
+    def through_mount_table(self, fs: Any, where: Any, path: str, what: str) -> str:
+        """The path that `where` stands for on the store that the mount table of filesystem `fs`
+        mounts there (resolvePath). A folder not made yet is its nearest existing parent's target
+        with the rest of the path appended, so that nothing is made before the target is known and
+        checked. Except beside mount points: a folder of the mount table itself (a parent of mount
+        points, the root) answers resolvePath with its own path, and a new folder in it goes where
+        only the mount table knows (its fallback, if it has one: made through it, then resolved;
+        else refused). A folder of the mount table itself as the output is refused: nothing can be
+        written there. `path` and `what` name the output in a refusal."""
+        at, missing = where, []
+        while True:
+            found = fs.resolvePath(at) if at.isRoot() else self.unless_missing(lambda: fs.resolvePath(at), None)
+            if found is not None:
+                break
+            missing.insert(0, str(at.getName()))
+            at = at.getParent()
+        mounted = self.mounted_under(fs, at) if found.equals(at) else []
+        if not mounted:
+            return "/".join([str(found).rstrip("/"), *missing])
+        if not missing:
+            raise PipelineError(f"{what} {path} resolves into the mount table of {fs.getUri()} itself: "
+                                f"{at.toUri().getPath()} is a folder of its mount points ({', '.join(mounted)}), on no "
+                                f"mounted store, and nothing can be written there: name a folder under one of them")
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            fs.mkdirs(where)
+        except Py4JJavaError as exc:
+            raise PipelineError(f"{what} {path} is a new folder in {at.toUri().getPath()}, a folder of the mount "
+                                f"points ({', '.join(mounted)}) of the mount table of {fs.getUri()}, which did not "
+                                f"make it ({exc.java_exception.getMessage()}): without a fallback (linkFallback) "
+                                f"name a folder under one of the mount points") from None
+        return str(fs.resolvePath(where))
+
+    @staticmethod
+    def mounted_under(fs: Any, folder: Any) -> list[str]:
+        """The mount points of filesystem `fs`'s mount table strictly under `folder` (whose own path
+        is then a folder of the mount table itself, not on a mounted store): [] for a folder under a
+        mount point or beside them all (a fallback's)."""
+        inside = folder.toUri().getPath().rstrip("/") + "/"
+        points = [str(point.getMountedOnPath().toUri().getPath()) for point in fs.getMountPoints() or []]
+        return sorted(point for point in points if point.startswith(inside) and point.rstrip("/") + "/" != inside)
+
+    @staticmethod
+    def mounts(fs: Any) -> bool:
+        """Whether Hadoop filesystem `fs` answers through a client-side mount table: one of
+        MOUNT_TABLE_FILESYSTEMS or a subclass, by the names of its class and superclasses."""
+        kind = fs.getClass()
+        while kind is not None:
+            if kind.getName() in MOUNT_TABLE_FILESYSTEMS:
+                return True
+            kind = kind.getSuperclass()
+        return False
+
+    def kind(self, path: str) -> str | None:
+        """What is at `path`: "file", "folder", or None (nothing)."""
         where, fs = self._at(path)
-        return bool(fs.exists(where) and fs.getFileStatus(where).isFile())
+        status = self.unless_missing(lambda: fs.getFileStatus(where), None)
+        return None if status is None else "file" if status.isFile() else "folder"
+
+    def unless_missing(self, call: Callable[[], Any], missing: Any) -> Any:
+        """call() (one filesystem call on a path), or `missing` if it raised the filesystem's
+        FileNotFoundException: one call, not an exists() first (a round trip on an object store)."""
+        from py4j.java_gateway import is_instance_of
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            return call()
+        except Py4JJavaError as exc:
+            if is_instance_of(self.gateway, exc.java_exception, "java.io.FileNotFoundException"):
+                return missing
+            raise
 
     def read_text(self, path: str) -> str:
         where, fs = self._at(path)
@@ -259,45 +377,68 @@ class HadoopFiles:
             raise
         return True
 
-    def folders(self, path: str) -> list[str]:
+    def entries(self, path: str) -> dict[str, tuple[bool, float]]:
+        """What folder `path` holds, {name: (is a folder, modification time in seconds since the epoch,
+        the store's clock)}; {} if it is missing."""
         where, fs = self._at(path)
-        if not fs.exists(where):
-            return []
-        return sorted(status.getPath().getName() for status in fs.listStatus(where) if status.isDirectory())
+        return {str(status.getPath().getName()): (bool(status.isDirectory()), status.getModificationTime() / 1000)
+                for status in self.unless_missing(lambda: fs.listStatus(where), [])}
 
     def rename_into_place(self, path: str, data: bytes) -> bool:
         """create_new by a temporary file: `data` written whole to <path>.<uuid hex>.tmp, then renamed
         to `path` (rename_refusing); False if the rename was refused (the file existed, or a directory
-        of its name) or failed while the file exists afterwards, and the temporary file is deleted
-        then. A driver that dies before the rename leaves only its temporary file, never an empty
-        `path`."""
+        of its name) or if writing or renaming the temporary file failed while something is at `path`
+        afterwards (a winner's cleanup may have deleted this loser's file before its close or its
+        rename: delete_leftovers), and the temporary file is deleted then (delete_temporary). A driver
+        that dies before the rename leaves only its temporary file, never an empty `path`."""
         from py4j.protocol import Py4JJavaError
 
         where, fs = self._at(path)
         temp = self.jvm.org.apache.hadoop.fs.Path(f"{path}.{uuid.uuid4().hex}.tmp")
-        stream = fs.create(temp, False)
         try:
-            stream.write(bytearray(data))
-        finally:
-            stream.close()
-        try:
+            stream = fs.create(temp, False)
+            try:
+                stream.write(bytearray(data))
+            finally:
+                stream.close()
             if self.rename_refusing(fs, temp, where):
                 return True
         except Py4JJavaError as exc:
-            fs.delete(temp, False)
+            self.delete_temporary(fs, temp)
+            # HDFS refuses an existing file with FileAlreadyExistsException, but a directory with a
+            # plain IOException (rename_refusing), and a temporary file the winner deleted fails its
+            # close or rename: what is at `path` now decides.
             if lost_create(exc) or fs.exists(where):
                 return False
             raise
-        fs.delete(temp, False)
+        self.delete_temporary(fs, temp)
         return False
+
+    @staticmethod
+    def delete_temporary(fs: Any, temp: Any) -> None:
+        """Delete rename_into_place's temporary file `temp` after a lost race, best effort, as the
+        sink's other deletes: it can no longer become the marker and nothing reads it, so a delete the
+        store refuses (no delete right, throttling) logs one WARNING naming it, and the lost race is
+        still answered; the winner's or a replay's cleanup deletes it once it is old
+        (delete_leftovers)."""
+        try:
+            fs.delete(temp, False)
+        except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+            log().warning("not deleted, the temporary marker file %s of a race for the marker this driver lost "
+                          "(nothing reads it; the winner or a replay deletes it when it is old, see "
+                          "docs/pipelines.md): %s", temp, exc)
 
     def rename_refusing(self, fs: Any, source: Any, target: Any) -> bool:
         """rename(source, target) that never moves `source` into a directory named `target`: True if
         `target` is now the renamed file. HDFS's rename(src, dst) onto an existing directory moves src
         inside it and returns true; on HDFS the NameNode's rename(src, dst, Options.Rename.NONE)
-        (public on DistributedFileSystem) is used instead: it raises FileAlreadyExistsException for
-        any existing dst, file or directory. Elsewhere (ABFS with a hierarchical namespace) a true
-        rename(src, dst) whose target is not a file is refused: the file moved inside is deleted."""
+        (public on DistributedFileSystem) is used instead, which refuses any existing dst by raising:
+        FileAlreadyExistsException ("rename destination ... already exists") for a file, and for a
+        directory a plain IOException ("Source ... and destination ... must both be directories",
+        FSDirRenameOp.validateOverwrite), which reaches the client as a RemoteException: DFSClient
+        unwraps only FileAlreadyExistsException and a few others. Elsewhere (ABFS with a hierarchical
+        namespace) a true rename(src, dst) whose target is not a file is refused: the file moved
+        inside is deleted."""
         from py4j.protocol import Py4JError, Py4JJavaError
 
         if fs.getScheme() == "hdfs":
@@ -333,19 +474,12 @@ class HadoopFiles:
 
     def children(self, folder: str) -> dict[str, bool]:
         """What folder `folder` holds, {name: is a folder}; {} if it is missing or empty."""
-        return self.listing(f"{glob_literal(folder)}/*").get(folder.rstrip("/").rsplit("/", 1)[-1], {})
+        return self.listing(f"{folder}/*").get(folder.rstrip("/").rsplit("/", 1)[-1], {})
 
     def delete(self, path: str) -> None:
         """Delete folder `path` and what it holds; nothing if it is gone already."""
         where, fs = self._at(path)
         fs.delete(where, True)
-
-
-def glob_literal(path: str) -> str:
-    """`path` as a Hadoop glob that matches only itself: its path escaped, not its scheme and
-    authority (Hadoop's glob matches only the path: an IPv6 host's brackets stay as they are)."""
-    prefix, rest = URI_PREFIX.match(path).groups()
-    return prefix + GLOB_SPECIAL.sub(r"\\\1", rest)
 
 
 def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | None = None
@@ -359,7 +493,7 @@ def read_marker(files: HadoopFiles, batch: str, entries: Mapping[str, bool] | No
     marker = f"{batch}/{WRITTEN}"
     if entries is None:
         entries = files.children(batch)
-    if entries.get(WRITTEN, True):                      # no marker, or a folder of its name
+    if entries.get(WRITTEN, True):      # no marker, or a folder of its name: never marked (AckSink refuses it)
         return None
     content = marker_content(files.read_text(marker))
     if content is None and any(name.startswith(ATTEMPT) and folder for name, folder in entries.items()):
@@ -390,16 +524,18 @@ def marker_content(text: str) -> dict | None:
 
 def read_stored(spark: Any, folder: str, schema: Any = None) -> Any:
     """The rows of a stored folder, read by its name (no listing of its files through py4j, no
-    parallel listing job): with `schema` (the written frame's), Spark infers nothing either. For an
-    attempt folder Spark logs a WARNING "All paths were ignored: .../_attempt-..." (its check of
-    hidden names, DataSource.checkAndGlobPathIfNecessary); it only logs: the folder is still read,
-    all its rows (see docs/pipelines.md)."""
+    parallel listing job): with `schema` (the written frame's), Spark infers nothing either. The
+    name holds no glob character (the output was refused with one: literal_path). For an attempt
+    folder Spark logs a WARNING "All paths were ignored: .../_attempt-..." (its check of hidden names,
+    DataSource.checkAndGlobPathIfNecessary); it only logs: the folder is still read, all its rows (see
+    docs/pipelines.md)."""
     reader = spark.read if schema is None else spark.read.schema(schema)
     return reader.parquet(folder)
 
 
 class AckSink:
-    """foreachBatch(AckSink(output, options, checkpoint=...)): options name the queue as the reader's
+    """foreachBatch(AckSink(output, options, checkpoint=...)), prepare(spark) called before the query's
+    start() (see there): options name the queue as the reader's
     do (catalog and queue, or queueSpec; urlFile or url, else $TABLEQUEUE_URL); checkpoint is the
     query's checkpointLocation (its id marks each written micro-batch). retry_after_seconds: the failed
     messages' delay (default the queue's). Counts of every micro-batch are added up in `counts`: lower
@@ -421,8 +557,8 @@ class AckSink:
         self.checkpoint = checkpoint.rstrip("/")
         self.retry_after_seconds = retry_after_seconds
         self.counts = dict.fromkeys(COUNTS, 0)
-        self._storage_checked = False
-        self._atomic_create = False         # HadoopFiles.atomic_create(output), asked at the first micro-batch
+        self._prepared = False
+        self._atomic_create = False         # HadoopFiles.atomic_create(output), asked by prepare()
         self._query: str | None = None
         self._files: HadoopFiles | None = None
 
@@ -444,22 +580,59 @@ class AckSink:
     def folder(self, batch_id: int) -> str:
         return f"{self.output}/batch_id={batch_id}"
 
+    def prepare(self, spark: Any) -> None:
+        """Settle, once, what the sink's refusals before any write depend on, and refuse there: call it
+        before the query's start() (run_stream does). The first micro-batch calls it otherwise, but by
+        then the reader has leased that micro-batch and Spark has logged the leases in the checkpoint,
+        so a refusal leaves them to run out (and at max_attempts to go to the dead letters).
+        The output resolved (HadoopFiles.resolved: qualified, so that a relative output is the same
+        folder for Spark and for the marker; through a mount table, the mounted store's path, whose
+        store decides how the marker is made; refused with a glob character), on a cluster checked to
+        be storage the executors share (require_shared_storage), how the marker is made
+        (atomic_create), and the micro-batch the query runs first refused if another query marked it
+        (a new checkpoint on an output written before) or a directory is where its marker belongs."""
+        if self._prepared:
+            return
+        self._files = HadoopFiles(spark)
+        output = self._files.resolved(self.output, f"stream {self.target.name}: output")
+        require_shared_storage(spark, self.output)
+        self.output = output
+        self._atomic_create = self._files.atomic_create(self.output)
+        if not self._atomic_create:
+            log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
+                          "conditional create; other stores: see docs/pipelines.md): a second driver of the "
+                          "query is then not guarded against, and may replace the marker and delete the "
+                          "acknowledged rows: run one driver per checkpoint", self.target.name, self.output)
+        first = self.first_batch()
+        marked = self.marked(first)
+        if marked is not None:
+            # A checkpoint without metadata is a new query's: Spark gives it an id at start().
+            started = self._files.kind(f"{self.checkpoint}/metadata") is not None
+            self.refuse_another_query(first, marked[0], self.query_id() if started else None)
+        self._prepared = True
+
+    def first_batch(self) -> int:
+        """The micro-batch the query runs first from its checkpoint, as Spark decides at start: 0
+        for a new checkpoint; else the last one in <checkpoint>/offsets, replayed if
+        <checkpoint>/commits does not hold it, or the one after it. Hidden files (.N.crc, .N.<uuid>.tmp)
+        are no micro-batch."""
+        def logged(folder: str) -> list[int]:
+            return [int(name) for name, (is_folder, _) in self._files.entries(f"{self.checkpoint}/{folder}").items()
+                    if not is_folder and name.isdigit()]
+        offsets = logged("offsets")
+        if not offsets:
+            return 0
+        last = max(offsets)
+        return last if max(logged("commits"), default=-1) < last else last + 1
+
     def __call__(self, frame: Any, batch_id: int) -> None:
         missing = [c for c in ACK_COLUMNS if c not in frame.columns]
         if missing:
             raise PipelineError(f"stream {self.target.name}: the sink acknowledges each row by {', '.join(ACK_COLUMNS)} "
                                 f"(error NULL: completed, else failed); the stream lacks {missing}: keep the "
                                 f"reader's id, lease_token and worker, and add error (handle() does)")
+        self.prepare(frame.sparkSession)
         self._files = HadoopFiles(frame.sparkSession)
-        if not self._storage_checked:
-            require_shared_storage(frame.sparkSession, self.output)
-            self._atomic_create = self._files.atomic_create(self.output)
-            if not self._atomic_create:
-                log().warning("stream %s: %s has no atomic create-if-absent (S3A needs Hadoop 3.4.2+ with "
-                              "conditional create; other stores: see docs/pipelines.md): a second driver of the "
-                              "query is then not guarded against, and may replace the marker and delete the "
-                              "acknowledged rows: run one driver per checkpoint", self.target.name, self.output)
-            self._storage_checked = True
         with job_description(frame.sparkSession, f"stream {self.target.name}: micro-batch {batch_id}"):
             stored = self.written(batch_id)
             replay = stored is not None
@@ -472,7 +645,7 @@ class AckSink:
                 # Only where the marker cannot be replaced: elsewhere a second driver may have replaced it
                 # since it was read above, and the folder it names now would be "unnamed" here.
                 if self._atomic_create:
-                    self.delete_unnamed(batch_id, stored)
+                    self.delete_leftovers(batch_id, stored)
             else:
                 counts = self.acknowledge(frame.sparkSession, batch_id, self.write(frame, batch_id))
         for name in COUNTS:
@@ -489,18 +662,36 @@ class AckSink:
 
     def written(self, batch_id: int) -> str | None:
         """The folder of micro-batch batch_id's stored rows if this query wrote it before (the folder
-        its marker names), else None. A marker of another query (an earlier checkpoint) is refused:
-        its stored rows hold that query's leases, and this query's micro-batch would never be written."""
-        marked = read_marker(self._files, self.folder(batch_id))
+        its marker names), else None. A marker of another query is refused (refuse_another_query), and
+        so is a directory of the marker's name, before anything is written (marked)."""
+        marked = self.marked(batch_id)
         if marked is None:
             return None
         written_by, stored = marked
-        if written_by != self.query_id():
-            raise PipelineError(
-                f"stream {self.target.name}: {self.folder(batch_id)} was written by another streaming query "
-                f"({written_by or 'no query id'}), not by the query of checkpoint {self.checkpoint} "
-                f"({self.query_id()}): a new checkpoint needs a new output folder (or keep the old checkpoint)")
+        self.refuse_another_query(batch_id, written_by, self.query_id())
         return stored
+
+    def marked(self, batch_id: int) -> tuple[str | None, str] | None:
+        """Micro-batch batch_id's marker (read_marker: None without one, else the query id it holds
+        and the folder of its stored rows), one listing of batch_id=N; a directory of the marker's
+        name is refused there (refuse_marker_folder): no marker can be made."""
+        batch = self.folder(batch_id)
+        entries = self._files.children(batch)
+        if entries.get(WRITTEN) is True:
+            self.refuse_marker_folder(batch_id)
+        return read_marker(self._files, batch, entries)
+
+    def refuse_another_query(self, batch_id: int, written_by: str | None, query: str | None) -> None:
+        """Refuse micro-batch batch_id, marked by the query `written_by`, unless that is `query`, the
+        checkpoint's (None: a new checkpoint, whose query Spark has yet to start, so any marker is
+        another query's): the stored rows hold the other query's leases, and this query's micro-batch
+        would never be written."""
+        if query is not None and written_by == query:
+            return
+        raise PipelineError(
+            f"stream {self.target.name}: {self.folder(batch_id)} was written by another streaming query "
+            f"({written_by or 'no query id'}), not by the query of checkpoint {self.checkpoint} "
+            f"({query or 'a new query'}): a new checkpoint needs a new output folder (or keep the old checkpoint)")
 
     def write(self, frame: Any, batch_id: int) -> Any:
         """The micro-batch's rows to a new attempt folder of batch_id=N, checked for one row per
@@ -509,7 +700,7 @@ class AckSink:
         (zombie) driver of the query that passed written() too writes its own attempt, loses the
         marker race and deletes only that attempt; an attempt folder without the marker naming it
         was never acknowledged from, and where the marker's create is atomic the winner deletes those
-        (a crash before the marker), as does a replay of the micro-batch (delete_unnamed).
+        (a crash before the marker), as does a replay of the micro-batch (delete_leftovers).
         Returns the rows as stored (the attempt folder, read with the frame's schema)."""
         attempt = f"{ATTEMPT}{uuid.uuid4().hex}"
         folder = f"{self.folder(batch_id)}/{attempt}"
@@ -520,42 +711,61 @@ class AckSink:
         # Only where the marker cannot be replaced: elsewhere two drivers can both "win" it, and each
         # would delete the other's attempt, leaving the marker naming a folder that is gone.
         if self._atomic_create:
-            self.delete_unnamed(batch_id, folder)
+            self.delete_leftovers(batch_id, folder)
         return stored
 
-    def delete_unnamed(self, batch_id: int, named: str) -> None:
-        """Delete the attempt folders of micro-batch batch_id other than `named`, the folder its
-        marker names (batch_id=N itself for a marker written before attempt folders: then every
-        attempt folder): no marker named them, so nothing was acknowledged from them (a driver that
-        crashed before its marker, or a second driver that lost the race). Called only once the marker
-        was read and names `named`: never while it is empty or unreadable (read_marker raises then);
-        only where the marker's create is atomic (nothing can replace it). Best effort:
-        nothing reads an unnamed folder, so a listing or delete the store refuses (no delete right, a
-        locked bucket, throttling) logs one WARNING naming the folders left and fails nothing."""
+    def delete_leftovers(self, batch_id: int, named: str) -> None:
+        """Delete what other attempts left in micro-batch batch_id's folder: the attempt folders other
+        than `named`, the folder its marker names (batch_id=N itself for a marker written before
+        attempt folders: then every attempt folder), and the temporary marker files
+        (_tablequeue_written.<hex>.tmp) older than TEMPORARY_MARKER_STALE_SECONDS. No marker named those
+        folders, so nothing was acknowledged from them (a driver that crashed before its marker, or a
+        second driver that lost the race); a temporary file can no longer become the marker (a driver
+        that died before its rename: a live one renames within milliseconds, and is refused anyway).
+        Never the marker. Called only once the marker was read and names `named`: never while it is
+        empty or unreadable (read_marker raises then); only where the marker's create is atomic
+        (nothing can replace it). Best effort: nothing reads a leftover, so a listing or delete the
+        store refuses (no delete right, a locked bucket, throttling) logs one WARNING naming what was
+        left and fails nothing."""
         batch = self.folder(batch_id)
         failed: dict[str, Exception] = {}
+        stale = time.time() - TEMPORARY_MARKER_STALE_SECONDS
         try:
-            unnamed = [f"{batch}/{name}" for name in self._files.folders(batch)
-                       if name.startswith(ATTEMPT) and f"{batch}/{name}" != named]
+            leftovers = [f"{batch}/{name}" for name, (folder, modified) in sorted(self._files.entries(batch).items())
+                         if (folder and name.startswith(ATTEMPT) and f"{batch}/{name}" != named)
+                         or (not folder and TEMPORARY_MARKER.fullmatch(name) and modified < stale)]
         except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
-            unnamed, failed[batch] = [], exc
-        for folder in unnamed:
+            leftovers, failed[batch] = [], exc
+        for leftover in leftovers:
             try:
-                self._files.delete(folder)
+                self._files.delete(leftover)
             except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
-                failed[folder] = exc
+                failed[leftover] = exc
         if failed:
-            log().warning("stream %s: micro-batch %s: not deleted, attempt folders its marker does not name (nothing "
-                          "reads them; delete them by hand or with retention, see docs/pipelines.md): %s",
-                          self.target.name, batch_id, "; ".join(f"{folder} ({exc})" for folder, exc in failed.items()))
+            log().warning("stream %s: micro-batch %s: not deleted, attempt folders its marker does not name or old "
+                          "temporary marker files (nothing reads them; delete them by hand or with retention, see "
+                          "docs/pipelines.md): %s",
+                          self.target.name, batch_id, "; ".join(f"{path} ({exc})" for path, exc in failed.items()))
+
+    def discard(self, batch_id: int, folder: str) -> None:
+        """Delete `folder`, this driver's attempt folder of micro-batch batch_id, which the caller
+        refuses next. Best effort, as delete_leftovers, so that the refusal's PipelineError reaches
+        the user: no marker names the folder, so nothing reads it, and one the store will not delete
+        (no delete right, a locked bucket, throttling) gets one WARNING naming it and stays."""
+        try:
+            self._files.delete(folder)
+        except Exception as exc:  # noqa: BLE001 - best effort: see the docstring
+            log().warning("stream %s: micro-batch %s: not deleted, the attempt folder %s of the refused micro-batch "
+                          "(nothing reads it; delete it by hand or with retention, see docs/pipelines.md): %s",
+                          self.target.name, batch_id, folder, exc)
 
     def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
-        """Refuse (and delete) a written attempt with more than one row for a message (a handler or
+        """Refuse (and discard) a written attempt with more than one row for a message (a handler or
         a join that adds rows): two results for one message, or a complete and a fail of it racing."""
         doubled = (stored.select("id").groupBy("id").count()
                    .where("count > 1").limit(DUPLICATES_SHOWN).collect())
         if doubled:
-            self._files.delete(folder)
+            self.discard(batch_id, folder)
             ids = ", ".join(str(row["id"]) for row in doubled)
             raise PipelineError(f"stream {self.target.name}: micro-batch {batch_id} has more than one row for the "
                                 f"message(s) with id {ids} (at most {DUPLICATES_SHOWN} shown): one row per message: "
@@ -566,12 +776,18 @@ class AckSink:
         not a clear win, the marker decides: naming `attempt`, this driver won (a retried create
         whose first try reached the store); naming another attempt, a second driver of this query
         created it since written() said no: this driver's attempt folder is deleted and the
-        micro-batch refused; empty or unreadable: refused, deleting nothing."""
+        micro-batch refused; empty or unreadable: refused, deleting nothing. A folder of the marker's
+        name that appeared since written() (HDFS's rename, a local create(path, overwrite=false) and a
+        rename that moved the file into it were each refused there) is refused naming it
+        (refuse_marker_folder)."""
         marker = f"{self.folder(batch_id)}/{WRITTEN}"
         content = json.dumps({"query": self.query_id(), "batch_id": batch_id, "attempt": attempt}).encode("utf-8")
         if self._files.create_new(marker, content):
             return
-        found = marker_content(self._files.read_text(marker)) if self._files.is_file(marker) else None
+        kind = self._files.kind(marker)
+        if kind == "folder":
+            self.refuse_marker_folder(batch_id, attempt)
+        found = marker_content(self._files.read_text(marker)) if kind == "file" else None
         if found is None:
             raise PipelineError(f"stream {self.target.name}: creating {marker} failed and it is now missing, empty or "
                                 f"unreadable: another driver may be writing it, or one died while writing it; "
@@ -579,10 +795,24 @@ class AckSink:
                                 f"delete {marker} if it is empty, and restart")
         if found.get("query") == self.query_id() and found.get("attempt") == attempt:
             return
-        self._files.delete(f"{self.folder(batch_id)}/{attempt}")
+        self.discard(batch_id, f"{self.folder(batch_id)}/{attempt}")
         raise PipelineError(f"stream {self.target.name}: the marker of {self.folder(batch_id)} appeared while "
                             f"this driver wrote the micro-batch: another driver runs the query of checkpoint "
                             f"{self.checkpoint}; stop one of them")
+
+    def refuse_marker_folder(self, batch_id: int, attempt: str | None = None) -> NoReturn:
+        """Refuse micro-batch batch_id, a directory standing where its marker file belongs (made by
+        hand or by a tool): no marker can be made there. `attempt`: this driver's attempt folder, if
+        the directory appeared while it was written; no marker can name it, so it is deleted."""
+        marker = f"{self.folder(batch_id)}/{WRITTEN}"
+        if attempt is None:
+            done = "nothing of it was written or acknowledged"
+        else:
+            self.discard(batch_id, f"{self.folder(batch_id)}/{attempt}")
+            done = "nothing of it was acknowledged"
+        raise PipelineError(f"stream {self.target.name}: {marker} is a directory, where the marker file of "
+                            f"micro-batch {batch_id} belongs: the micro-batch cannot be marked, and {done}: move "
+                            f"{marker} aside (the sink put nothing in it) or delete it, then restart the query")
 
     def stored_rows(self, spark: Any, batch_id: int, schema: Any = None) -> Any:
         """The rows of micro-batch batch_id as written (every column), from the folder its marker names;
@@ -616,10 +846,10 @@ def read_results(spark: Any, output: str) -> Any:
     skips the attempt folders (their names start with "_") and would read an old folder without a
     marker (a crash before the marker), whose rows were never acknowledged: a message's second
     result row. Rows with error NULL are the results."""
-    files, root = HadoopFiles(spark), output.rstrip("/")
+    files, root = HadoopFiles(spark), literal_path(spark, output, "read_results: output")
     # One glob of every batch folder's entries (markers and attempt folders; the store still lists
     # each folder, see HadoopFiles.listing), then one read per marker.
-    listed = files.listing(f"{glob_literal(root)}/batch_id=*/*")
+    listed = files.listing(f"{root}/batch_id=*/*")
     stored = [marked[1] for marked in (read_marker(files, f"{root}/{name}", listed[name]) for name in sorted(listed))
               if marked is not None]
     if not stored:
@@ -657,6 +887,7 @@ def run_stream(spark: Any, url: str, catalog: Any, queue: str, handler: str | Ca
             options["leaseSeconds"] = str(lease_seconds)
         stream = spark.readStream.format(FORMAT).options(**options).load()
         sink = AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=retry_after_seconds)
+        sink.prepare(spark)         # before the query starts: once it does, the reader leases a micro-batch
         query = (handle(stream, handler, payload_type=target.queue.payload).writeStream.foreachBatch(sink)
                  .option("checkpointLocation", checkpoint).queryName(f"tablequeue {target.name}").start())
         budget = threading.Timer(time_budget_seconds, query.stop) if time_budget_seconds else None

@@ -325,6 +325,40 @@ def to_messages_of(frame: Any) -> Any:
     return to_messages(frame, "id")
 
 
+def test_to_messages_refuses_a_ledger_whose_path_has_glob_characters(spark, tmp_path):
+    """A ledger named ledger{a,b}, holding none of the input's keys, next to a folder ledgera holding
+    all of them: Spark's reader would glob the name to ledgera and dedupe against the wrong ledger.
+    to_messages refuses it, naming it as given and as qualified (before: every row was left out)."""
+    import pyarrow as pa
+
+    from pipelines.sources import to_messages
+
+    frame = spark.range(0, 3, 1, 1).selectExpr("id", "concat('c', id) AS name")
+    to_messages(frame, "id").select("dedupe_key").write.parquet(str(tmp_path / "ledgera"))
+    (tmp_path / "ledger{a,b}").mkdir()
+    pq.write_table(pa.table({"dedupe_key": ["another input's key"]}), tmp_path / "ledger{a,b}" / "part-0.parquet")
+    ledger = str(tmp_path / "ledger{a,b}")
+    with pytest.raises(PipelineError, match=rf"^ledger {re.escape(ledger)} \(file:{re.escape(ledger)}\) holds "
+                                            rf"\{{ \}}: Spark's reader takes a path with any of"):
+        to_messages(frame, "id", ledger=ledger).count()
+
+
+def test_drain_refuses_an_output_whose_path_has_glob_characters(spark, pg, tmp_path):
+    """A drain output out[1]: the finalisation reads the staged rows back through Spark, which would
+    glob the name (out1). run_drain refuses it before it leases anything, naming it (before: the run
+    completed the messages, then its finalisation failed with PATH_NOT_FOUND)."""
+    catalog = pg.deploy(work_queue("drainglob"))
+    enqueue_numbered(pg, catalog, "drainglob", 3)
+    output = str(tmp_path / "out[1]")
+    with pytest.raises(PipelineError, match=rf"^drain [a-z0-9_]+\.drainglob: output {re.escape(output)} "
+                                            rf"\(file:{re.escape(output)}\) holds \[ \]: "):
+        run_drain(spark, pg.url, catalog, "drainglob", TRANSFORM, output, tasks=1, time_budget_seconds=60,
+                  idle_seconds=1)
+    assert not (tmp_path / "out[1]").exists()
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'drainglob', '_history')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'drainglob')}") == 3
+
+
 def test_enqueue_refuses_a_queue_without_dedupe(spark, pg, tmp_path):
     catalog = parse_catalog({"schema": "nodedupe", "queues": [
         {"name": "plain", "kind": "work", "payload": "json", "options": {"history": True}}]})
@@ -1016,8 +1050,9 @@ def test_stream_sink_fails_rows_with_errors_until_dead_and_a_restart_doubles_not
     def start() -> Any:
         stream = spark.readStream.format("tablequeue").options(**options).load()
         results = handle(stream, TRANSFORM).where(F.get_json_object("payload", "$.id") != str(dropped))
-        sink = CrashingSink(AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=0), 1, 3,
-                            crashed)
+        ack_sink = AckSink(output, options, checkpoint=checkpoint, retry_after_seconds=0)
+        ack_sink.prepare(spark)         # as docs/pipelines.md says: the restarts replay micro-batches 1 and 3
+        sink = CrashingSink(ack_sink, 1, 3, crashed)
         return (results.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
                 .trigger(processingTime="0 seconds").start())
 
@@ -1228,8 +1263,11 @@ class FakeFs:
 
 class HdfsFs(FakeFs):
     """A local filesystem that says it is HDFS and renames as HDFS does: rename(src, dst) refuses an
-    existing file dst (false) and moves src into an existing directory dst (true);
-    rename(src, dst, Options.Rename.NONE) raises FileAlreadyExistsException for any existing dst."""
+    existing file dst (false) and moves src into an existing directory dst (true); the NameNode's
+    rename(src, dst, Options.Rename.NONE) of a file (FSDirRenameOp.validateOverwrite) raises for an
+    existing directory dst a plain IOException, which the client gets as a RemoteException (DFSClient
+    unwraps only FileAlreadyExistsException and a few others), and FileAlreadyExistsException for an
+    existing file dst."""
 
     def getScheme(self) -> str:
         return "hdfs"
@@ -1240,9 +1278,13 @@ class HdfsFs(FakeFs):
 
         if options:
             assert [str(option) for option in options[0]] == ["NONE"]
+            hadoop = SparkContext._jvm.org.apache.hadoop
+            if self.fs.exists(target) and self.fs.getFileStatus(target).isDirectory():
+                raise Py4JJavaError("An error occurred while calling o1.rename", hadoop.ipc.RemoteException(
+                    "java.io.IOException", f"Source {source} and destination {target} must both be directories"))
             if self.fs.exists(target):
-                raise Py4JJavaError("An error occurred while calling o1.rename", SparkContext._jvm.org.apache.hadoop
-                                    .fs.FileAlreadyExistsException(f"rename destination {target} already exists"))
+                raise Py4JJavaError("An error occurred while calling o1.rename", hadoop.fs.FileAlreadyExistsException(
+                    f"rename destination {target} already exists"))
             return self.fs.rename(source, target)
         if self.fs.exists(target) and self.fs.getFileStatus(target).isFile():
             return False
@@ -1263,6 +1305,42 @@ class CountedFs(FakeFs):
             self.calls[name] += 1
             return method(*args)
         return counted
+
+
+def files_through(wrap: Any) -> type:
+    """A HadoopFiles whose every filesystem is wrap(fs): one of the fakes above (or fs itself)."""
+    from pipelines.stream_job import HadoopFiles
+
+    class Wrapped(HadoopFiles):
+        def _at(self, path: str) -> tuple[Any, Any]:
+            where, fs = super()._at(path)
+            return where, wrap(fs)
+    return Wrapped
+
+
+def test_hadoop_files_kind_and_entries_ask_the_store_once(spark, tmp_path):
+    """HadoopFiles.kind (a file, a folder, nothing) is one getFileStatus and entries (a folder,
+    nothing) one listStatus: a missing path is the store's FileNotFoundException, not an exists()
+    first (on an object store a round trip each); any other error of the store is raised (before:
+    an exists, then the status or the listing)."""
+    from py4j.protocol import Py4JJavaError
+
+    calls: Counter = Counter()
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "file").write_text("x")
+    files = files_through(lambda fs: CountedFs(fs, calls))(spark)
+    assert [files.kind(str(tmp_path / name)) for name in ("folder/file", "folder", "missing")] == [
+        "file", "folder", None]
+    assert set(files.entries(str(tmp_path / "folder"))) == {"file"} and files.entries(str(tmp_path / "missing")) == {}
+    assert calls == Counter({"getFileStatus": 3, "listStatus": 2})
+
+    class Refusing(FakeFs):
+        def getFileStatus(self, where: Any) -> Any:
+            raise Py4JJavaError("An error occurred while calling o1.getFileStatus", spark.sparkContext._jvm.java.nio
+                                .file.AccessDeniedException(f"{where}: 403 Forbidden"))
+
+    with pytest.raises(Py4JJavaError, match="403 Forbidden"):
+        files_through(Refusing)(spark).kind(str(tmp_path / "missing"))
 
 
 def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tmp_path, monkeypatch):
@@ -1301,16 +1379,293 @@ def test_stream_results_list_the_output_once_and_read_only_the_markers(spark, tm
     assert calls == Counter({"globStatus": 1, "open": 5})
 
 
-def test_stream_results_glob_escapes_the_path_not_the_scheme_and_authority():
-    """read_results' glob of <output> escapes Hadoop's glob characters of the output's path only: an
-    IPv6 NameNode's brackets in the authority stay as they are (Hadoop's glob matches only the path;
-    before, hdfs://\\[::1\\]:8020 named no host)."""
-    from pipelines.stream_job import glob_literal
+def test_paths_read_back_are_refused_with_a_glob_character_in_their_path_not_in_their_authority():
+    """refuse_glob: a folder the jobs read back through Spark is refused, naming it as given and as
+    qualified, when its qualified path holds one of Hadoop's glob characters { } [ ] * ? \\ (Spark's
+    reader takes it as a pattern); an IPv6 NameNode's brackets in the authority are not globbed and
+    pass (before: the output was escaped as a glob, which Spark 4 logs as a WARNING with a stack trace
+    on every read, and the relative path's working directory was not escaped)."""
+    from pipelines.common import refuse_glob
 
-    assert glob_literal("hdfs://[::1]:8020/out/a[1]") == "hdfs://[::1]:8020/out/a\\[1\\]"
-    assert glob_literal("s3a://bucket/o*?{x}") == "s3a://bucket/o\\*\\?\\{x\\}"
-    assert glob_literal("file:/tmp/out[2]") == "file:/tmp/out\\[2\\]"
-    assert glob_literal("/tmp/out[2]") == "/tmp/out\\[2\\]"
+    refuse_glob("hdfs://[::1]:8020/out", "hdfs://[::1]:8020/out", "output")
+    refuse_glob("file:/tmp/out", "/tmp/out", "output")
+    for qualified, given, shown, found in (
+            ("hdfs://[::1]:8020/out/a[1]", "hdfs://[::1]:8020/out/a[1]", r"hdfs://\[::1\]:8020/out/a\[1\]", r"\[ \]"),
+            ("s3a://bucket/o*?{x}", "s3a://bucket/o*?{x}", r"s3a://bucket/o\*\?\{x\}", r"\* \? \{ \}"),
+            ("file:/jobs/run[1]/out", "out", r"out \(file:/jobs/run\[1\]/out\)", r"\[ \]"),
+            ("file:/tmp/a\\b", "/tmp/a\\b", r"/tmp/a\\b \(file:/tmp/a\\b\)", r"\\")):
+        with pytest.raises(PipelineError, match=rf"^output {shown} holds {found}: Spark's reader takes a path with "
+                                                rf"any of .* as a glob pattern"):
+            refuse_glob(qualified, given, "output")
+
+
+@contextlib.contextmanager
+def hadoop_working_directory(spark: Any, folder: Path) -> Iterator[None]:
+    """Hadoop's local filesystem (the one Spark's reader and writer and HadoopFiles get for a path
+    without a scheme) working in `folder` while the block runs: a relative path is qualified against
+    it, as against the working directory of a driver started there."""
+    hadoop = spark.sparkContext._jvm.org.apache.hadoop
+    local = hadoop.fs.FileSystem.get(spark.sparkContext._jsc.hadoopConfiguration())
+    before = local.getWorkingDirectory()
+    local.setWorkingDirectory(hadoop.fs.Path(f"file://{folder}"))
+    try:
+        yield
+    finally:
+        local.setWorkingDirectory(before)
+
+
+def test_stream_sink_and_read_results_refuse_an_output_whose_path_has_glob_characters(spark, pg, tmp_path):
+    """An output named out[x]{a,b}, and a relative output out/emails under a working directory
+    run[1]: Spark's reader would glob either (out[x] reads outx). The sink refuses each at its first
+    micro-batch with a PipelineError naming the output as given and qualified, before it writes or
+    acknowledges anything; read_results refuses them too (before: the sink escaped the name as
+    given, so out[x]{a,b} was written and read, with Spark 4's WARNING and stack trace on every read,
+    and under run[1] its read of the attempt it had just written failed with PATH_NOT_FOUND)."""
+    from pipelines.stream_job import AckSink, read_results
+
+    catalog = pg.deploy(work_queue("globbed", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "globbed", tmp_path, "0c-query")
+    frame = spark.createDataFrame([(*lease, None) for lease in leased(pg, catalog, "globbed", 2)],
+                                  "id long, lease_token string, worker string, error string")
+    (tmp_path / "run[1]").mkdir()
+    named = (str(tmp_path / "out[x]{a,b}"), rf"{tmp_path}/out\[x\]\{{a,b\}} \(file:{tmp_path}/out\[x\]\{{a,b\}}\) "
+                                            rf"holds \[ \] \{{ \}}")
+    relative = ("out/emails", rf"out/emails \(file:{tmp_path}/run\[1\]/out/emails\) holds \[ \]")
+    with hadoop_working_directory(spark, tmp_path / "run[1]"):
+        for output, refused in (named, relative):
+            sink = AckSink(output, options, checkpoint=str(tmp_path / "checkpoint"))
+            with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.globbed: output {refused}: Spark's "
+                                                    rf"reader takes a path with any of .* as a glob pattern"):
+                sink(frame, 0)
+            assert sink.counts["completed"] == 0
+            with pytest.raises(PipelineError, match=rf"^read_results: output {refused}: "):
+                read_results(spark, output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "run[1]", "url"]
+    assert list((tmp_path / "run[1]").iterdir()) == []
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'globbed')}") == 2          # none completed
+
+
+@contextlib.contextmanager
+def hadoop_settings(spark: Any, **settings: str) -> Iterator[None]:
+    """`settings` in Spark's Hadoop configuration (the one its readers, writers and HadoopFiles get)
+    while the block runs. Hadoop caches a filesystem per scheme and authority: give each test its own
+    authority."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in settings.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in settings:
+            conf.unset(key)
+
+
+def test_hadoop_files_resolve_a_path_only_through_a_mount_table(spark, tmp_path):
+    """HadoopFiles.resolved asks resolvePath only of a filesystem with a client-side mount table: a
+    local output is its qualified path, made, without a resolvePath (before: one, which on a store is
+    a round trip, and on a vendor's wrapper might answer a physical path without the mount's
+    credentials); a viewfs:// output, and an hdfs:// one under HDFS's ViewDistributedFileSystem as
+    fs.hdfs.impl (no ViewFileSystem, so found by its name), are the mounted local folders. Only a
+    path a mount table changed is logged (before: every output, "out is file:/.../out")."""
+    calls: Counter = Counter()
+    files = files_through(lambda fs: CountedFs(fs, calls))(spark)
+    with logged_by_the_pipelines() as logged:
+        assert files.resolved(str(tmp_path / "local" / "out"), "output") == f"file:{tmp_path}/local/out"
+    assert (tmp_path / "local" / "out").is_dir() and calls["resolvePath"] == 0 and logged == []
+    target = tmp_path / "mounted"
+    target.mkdir()
+    cluster, authority = f"c{secrets.token_hex(4)}", f"vd{secrets.token_hex(4)}"
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./data": f"file://{target}",
+                                   "fs.hdfs.impl": "org.apache.hadoop.hdfs.ViewDistributedFileSystem",
+                                   f"fs.viewfs.mounttable.{authority}.link./data": f"file://{target}"}):
+        with logged_by_the_pipelines() as logged:
+            assert files.resolved(f"viewfs://{cluster}/data/a", "output") == f"file:{target}/a"
+        assert [r.getMessage() for r in logged] == [f"output viewfs://{cluster}/data/a resolves through its mount "
+                                                    f"table to file:{target}/a: written, marked and read there"]
+        assert files.resolved(f"hdfs://{authority}/data/b", "output") == f"file:{target}/b"
+    # Two each: the new folder (missing), then its parent, the mount point; then made there.
+    assert calls["resolvePath"] == 4 and (target / "a").is_dir() and (target / "b").is_dir()
+
+
+def test_hadoop_files_resolve_a_new_output_through_a_mount_table_before_making_it(spark, tmp_path):
+    """A viewfs:// output not made yet, two folders below a mount point: resolved through its nearest
+    existing parent and made only on the mounted store, once its path there is checked. Onto a folder
+    t* it is refused with nothing made there (before: made through the mount, then refused, leaving
+    out/emails in t*; a mount onto t[1] or t{a} is no URI, so no mount table); onto ok it is made
+    there."""
+    cluster = f"c{secrets.token_hex(4)}"
+    (tmp_path / "t*").mkdir()
+    (tmp_path / "ok").mkdir()
+    files = files_through(lambda fs: fs)(spark)
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./globbed": f"file://{tmp_path}/t*",
+                                   f"fs.viewfs.mounttable.{cluster}.link./ok": f"file://{tmp_path}/ok"}):
+        output = f"viewfs://{cluster}/globbed/out/emails"
+        with pytest.raises(PipelineError, match=rf"^output {output} \(file:{re.escape(str(tmp_path))}/t\*/out/emails\) "
+                                                rf"holds \*: Spark's reader"):
+            files.resolved(output, "output")
+        assert list((tmp_path / "t*").iterdir()) == []
+        assert files.resolved(f"viewfs://{cluster}/ok/out/emails", "output") == f"file:{tmp_path}/ok/out/emails"
+    assert (tmp_path / "ok" / "out" / "emails").is_dir()
+
+
+class MountedOntoAnotherNameservice(FakeFs):
+    """ViewFileSystemOverloadScheme (fs.hdfs.impl) of hdfs://<first>, whose mount table links /data to
+    hdfs://<second>/inner: its resolvePath answers what the HDFS client of <second> would (that
+    NameNode's own path, not through <second>'s mount table: the overload scheme reaches a target
+    of its own scheme through fs.viewfs.overload.scheme.target.hdfs.impl). No NameNode here, so the
+    answer is imitated; the second hop is the real overload scheme."""
+    hops: dict[str, str] = {}
+
+    def resolvePath(self, where: Any) -> Any:
+        from pyspark import SparkContext
+
+        text = str(where)
+        mounted = next(mounted for mounted in self.hops if text.startswith(mounted))
+        return SparkContext._jvm.org.apache.hadoop.fs.Path(self.hops[mounted] + text[len(mounted):])
+
+
+def overload_hops(hops: dict[str, str]) -> type:
+    """A HadoopFiles whose hdfs:// filesystems of the authorities in `hops` resolve as in
+    MountedOntoAnotherNameservice: {"hdfs://<first>/data": "hdfs://<second>/inner", ...}."""
+    class Hop(MountedOntoAnotherNameservice):
+        pass
+    Hop.hops = hops
+    authorities = {mounted.split("/")[2] for mounted in hops}
+    return files_through(lambda fs: Hop(fs) if str(fs.getUri().getAuthority()) in authorities else fs)
+
+
+def test_hadoop_files_resolve_a_mount_onto_another_nameservices_mount_table_until_it_stays(spark, tmp_path):
+    """ViewFileSystemOverloadScheme as fs.hdfs.impl: hdfs://<first>/data mounted onto
+    hdfs://<second>/inner, and <second>'s mount table links /inner onto a local folder. The first
+    resolvePath answers hdfs://<second>/inner/out, which Spark would write through <second>'s mount
+    table: HadoopFiles.resolved resolves it again, to the local folder, and makes it there (before:
+    hdfs://<second>/inner/out, the sink's decisions taken on the overload scheme, "hdfs"). Mount
+    tables that lead into each other are refused after MOUNT_HOPS."""
+    from pipelines.stream_job import MOUNT_HOPS
+
+    first, second, loop_a, loop_b = (f"{name}{secrets.token_hex(4)}" for name in ("ova", "ovb", "loopa", "loopb"))
+    target = tmp_path / "mounted"
+    target.mkdir()
+    with hadoop_settings(spark, **{"fs.hdfs.impl": "org.apache.hadoop.fs.viewfs.ViewFileSystemOverloadScheme",
+                                   f"fs.viewfs.mounttable.{first}.link./data": f"hdfs://{second}/inner",
+                                   f"fs.viewfs.mounttable.{second}.link./inner": f"file://{target}",
+                                   f"fs.viewfs.mounttable.{loop_a}.link./data": f"hdfs://{loop_b}/data",
+                                   f"fs.viewfs.mounttable.{loop_b}.link./data": f"hdfs://{loop_a}/data"}):
+        files = overload_hops({f"hdfs://{first}/data": f"hdfs://{second}/inner"})(spark)
+        assert files.resolved(f"hdfs://{first}/data/out", "output") == f"file:{target}/out"
+        assert (target / "out").is_dir()
+        looping = overload_hops({f"hdfs://{loop_a}/data": f"hdfs://{loop_b}/data",
+                                 f"hdfs://{loop_b}/data": f"hdfs://{loop_a}/data"})(spark)
+        with pytest.raises(PipelineError, match=rf"^output hdfs://{loop_a}/data/out resolves through more than "
+                                                rf"{MOUNT_HOPS} mount tables \(hdfs://{loop_a}/data/out -> "
+                                                rf"hdfs://{loop_b}/data/out -> .* -> \.\.\.\): mounts that lead "
+                                                rf"into each other"):
+            looping.resolved(f"hdfs://{loop_a}/data/out", "output")
+
+
+def test_stream_sink_refuses_an_output_in_the_mount_tables_own_folders(spark, pg, tmp_path):
+    """A viewfs:// mount table with a mount point /data/a: /data is a folder of the mount table
+    itself (resolvePath answers it unchanged), on no store. prepare refuses it as the output with a
+    PipelineError saying so and naming the mount point (before: a raw Py4JJavaError, "getWorkingDir
+    should not have been called", from the capability check through the mount); a new folder
+    /data/new beside the mount point, which the mount table will not make without a fallback, is
+    refused with the mount table's own answer; with a fallback (linkFallback) it is made there and
+    the sink works on it."""
+    from pipelines.stream_job import AckSink
+
+    plain, fallback = f"c{secrets.token_hex(4)}", f"f{secrets.token_hex(4)}"
+    for folder in ("a", "fallback"):
+        (tmp_path / folder).mkdir()
+    catalog = pg.deploy(work_queue("mountfolders"))
+    options = direct_sink_options(pg, catalog, "mountfolders", tmp_path, "6b-query")
+
+    def prepared(output: str) -> AckSink:
+        sink = AckSink(output, options, checkpoint=str(tmp_path / "checkpoint"))
+        sink.prepare(spark)
+        return sink
+
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{plain}.link./data/a": f"file://{tmp_path}/a",
+                                   f"fs.viewfs.mounttable.{fallback}.link./data/a": f"file://{tmp_path}/a",
+                                   f"fs.viewfs.mounttable.{fallback}.linkFallback": f"file://{tmp_path}/fallback"}):
+        with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.mountfolders: output viewfs://{plain}/data "
+                                                rf"resolves into the mount table of viewfs://{plain}/ itself: /data is "
+                                                rf"a folder of its mount points \(/data/a\), on no mounted store"):
+            prepared(f"viewfs://{plain}/data")
+        with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.mountfolders: output viewfs://{plain}/data/new "
+                                                rf"is a new folder in /data, a folder of the mount points \(/data/a\) "
+                                                rf"of the mount table of viewfs://{plain}/, which did not make it "
+                                                rf"\(InternalDir of ViewFileSystem is readonly"):
+            prepared(f"viewfs://{plain}/data/new")
+        assert prepared(f"viewfs://{fallback}/data/new").output == f"file:{tmp_path}/fallback/data/new"
+    assert (tmp_path / "fallback" / "data" / "new").is_dir() and list((tmp_path / "a").iterdir()) == []
+
+
+def test_stream_sink_resolves_a_viewfs_output_and_works_on_the_mounted_store(spark, pg, tmp_path, monkeypatch):
+    """viewfs://<cluster>/data mounted onto a local folder, with ViewFileSystem passing on a conditional
+    create capability of the mounted store (hasPathCapability, as over S3A with hadoop-aws 3.4.2+) while
+    its createFile builder rejects that option ("Unknown mandatory key for viewfs://..."). The sink
+    resolves the output at its first micro-batch and works on the mounted file: folder: micro-batch 0
+    is marked there, acknowledged, and read back by read_results through the mount (before: the
+    marker's create failed with that error, as every micro-batch would)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import CONDITIONAL_CREATE, WRITTEN, AckSink, read_results
+
+    cluster = f"c{secrets.token_hex(4)}"
+    target = tmp_path / "mounted"
+    target.mkdir()
+
+    class PassingCapability(FakeFs):
+        def hasPathCapability(self, where: Any, capability: str) -> bool:
+            return capability == CONDITIONAL_CREATE or self.fs.hasPathCapability(where, capability)
+
+    MountedS3aLike = files_through(lambda fs: PassingCapability(fs) if fs.getScheme() == "viewfs" else fs)
+    with hadoop_settings(spark, **{f"fs.viewfs.mounttable.{cluster}.link./data": f"file://{target}"}):
+        builder = MountedS3aLike(spark)._at(f"viewfs://{cluster}/data/probe")[1].createFile(
+            spark.sparkContext._jvm.org.apache.hadoop.fs.Path(f"viewfs://{cluster}/data/probe")).overwrite(False)
+        with pytest.raises(Exception, match=rf"Unknown mandatory key +for viewfs://{cluster}/data/probe"):
+            builder.must(CONDITIONAL_CREATE, True).build()
+        catalog = pg.deploy(work_queue("viewed", lease_seconds=600))
+        options = direct_sink_options(pg, catalog, "viewed", tmp_path, "5e-query")
+        monkeypatch.setattr(stream_job, "HadoopFiles", MountedS3aLike)
+        sink = AckSink(f"viewfs://{cluster}/data/out", options, checkpoint=str(tmp_path / "checkpoint"))
+        leases = leased(pg, catalog, "viewed", 2)
+        sink(spark.createDataFrame([(*lease, None) for lease in leases], "id long, lease_token string, worker string, "
+                                                                          "error string"), 0)
+        assert sink.output == f"file:{target}/out" and sink.counts["completed"] == 2
+        attempt = json.loads((target / "out" / "batch_id=0" / WRITTEN).read_text())["attempt"]
+        assert attempt_folders(target / "out", 0) == [attempt]
+        assert sorted(r["id"] for r in read_results(spark, f"viewfs://{cluster}/data/out").collect()) == sorted(
+            lease[0] for lease in leases)
+
+
+def test_stream_sink_resolves_an_overload_scheme_hdfs_output_to_the_store_it_mounts(spark, pg, tmp_path,
+                                                                                     monkeypatch):
+    """ViewFileSystemOverloadScheme as fs.hdfs.impl, its hdfs://<authority>/data mounted onto a local
+    folder: the filesystem says "hdfs", so the sink took the mounted store for HDFS and renamed a
+    temporary marker into place there (on a mount onto S3A a rename is a copy: two drivers could both
+    win and delete each other's attempt). The sink resolves the output to the mounted file: folder
+    and decides there: micro-batch 0's marker is made by a create, no rename anywhere (before: the
+    temporary file and a rename)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    authority = f"ov{secrets.token_hex(4)}"
+    target = tmp_path / "mounted"
+    target.mkdir()
+    calls: Counter = Counter()
+    catalog = pg.deploy(work_queue("overloaded", lease_seconds=600))
+    options = direct_sink_options(pg, catalog, "overloaded", tmp_path, "5f-query")
+    monkeypatch.setattr(stream_job, "HadoopFiles", files_through(lambda fs: CountedFs(fs, calls)))
+    with hadoop_settings(spark, **{"fs.hdfs.impl": "org.apache.hadoop.fs.viewfs.ViewFileSystemOverloadScheme",
+                                   f"fs.viewfs.mounttable.{authority}.link./data": f"file://{target}"}):
+        sink = AckSink(f"hdfs://{authority}/data/out", options, checkpoint=str(tmp_path / "checkpoint"))
+        leases = leased(pg, catalog, "overloaded", 2)
+        sink(spark.createDataFrame([(*lease, None) for lease in leases], "id long, lease_token string, worker string, "
+                                                                          "error string"), 0)
+    assert (calls["rename"], calls["create"]) == (0, 1)
+    assert sink.output == f"file:{target}/out" and sink.counts["completed"] == 2
+    assert sorted(p.name for p in (target / "out" / "batch_id=0").iterdir() if not p.name.startswith(".")) == sorted(
+        [WRITTEN, *attempt_folders(target / "out", 0)])
 
 
 def test_stream_sink_marker_is_created_only_if_absent_through_sparks_filesystem(spark, pg, tmp_path):
@@ -1564,6 +1919,95 @@ def test_stream_sink_marker_is_a_temporary_file_renamed_into_place_where_rename_
         True, True, True, False, False, False]
 
 
+def test_stream_sink_winner_and_replay_delete_temporary_marker_files_older_than_a_few_minutes(spark, pg, tmp_path,
+                                                                                             monkeypatch):
+    """On an HDFS-like filesystem (the marker renamed into place), batch_id=0 and 1 hold temporary
+    marker files of drivers that died before their rename: one ten minutes old (a driver restarted
+    soon after a crash), one just written (a losing driver may be about to rename it). The winner of
+    micro-batch 0, once its marker is made, and the replay of micro-batch 1 (marked before) delete the
+    old one and keep the new one, the marker and the named attempt (before: only files older than an
+    hour were deleted, and the ten-minute-old one stayed)."""
+    from pipelines import stream_job
+    from pipelines.stream_job import COUNTS, WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("temporaries"))
+    options = direct_sink_options(pg, catalog, "temporaries", tmp_path, "1d-query")
+    out = tmp_path / "out"
+    old, new = (f"{WRITTEN}.{digit * 32}.tmp" for digit in "01")
+    for batch_id in (0, 1):
+        (out / f"batch_id={batch_id}").mkdir(parents=True)
+        for name in (old, new):
+            (out / f"batch_id={batch_id}" / name).write_text('{"query": "1d-query"}')
+        ten_minutes_ago = time.time() - 10 * 60
+        os.utime(out / f"batch_id={batch_id}" / old, (ten_minutes_ago, ten_minutes_ago))
+    named = "_attempt-" + "a" * 32
+    spark.createDataFrame([(2, "t2", "w", None)], "id long, lease_token string, worker string, error string"
+                          ).write.parquet(str(out / "batch_id=1" / named))
+    (out / "batch_id=1" / WRITTEN).write_text(json.dumps({"query": "1d-query", "batch_id": 1, "attempt": named}))
+    renamed: list[str] = []
+
+    class Hdfs(HdfsFs):
+        def rename(self, source: Any, target: Any, *options: Any) -> Any:
+            renamed.append(target.getName())
+            return super().rename(source, target, *options)
+
+    monkeypatch.setattr(stream_job, "HadoopFiles", files_through(Hdfs))
+    sink = AckSink(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink.acknowledge = lambda spark_, batch_id, stored=None: dict.fromkeys(COUNTS, 0)
+    sink(spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string"), 0)
+    sink(spark.createDataFrame([], "id long, lease_token string, worker string, error string"), 1)
+    assert renamed == [WRITTEN]                         # micro-batch 0's marker, renamed into place
+    attempt = json.loads((out / "batch_id=0" / WRITTEN).read_text())["attempt"]
+    for batch_id, kept in ((0, attempt), (1, named)):
+        assert sorted(p.name for p in (out / f"batch_id={batch_id}").iterdir() if not p.name.startswith(".")) == (
+            sorted([WRITTEN, new, kept]))
+
+
+def test_stream_sink_loser_whose_temporary_marker_is_deleted_before_its_close_lost_the_race(spark, pg, tmp_path):
+    """On an HDFS-like filesystem another driver makes micro-batch 0's marker and then, as its
+    cleanup may, deletes this driver's temporary marker file between its create and its close, which
+    fails (HDFS: FileNotFoundException, the file is gone). A failure while the marker exists is a
+    lost race: the PipelineError "another driver runs the query", this driver's attempt folder
+    deleted, the other's marker and attempt kept (before: the close's raw Py4JJavaError)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
+
+    catalog = pg.deploy(work_queue("deletedtemp"))
+    options = direct_sink_options(pg, catalog, "deletedtemp", tmp_path, "1e-query")
+    batch = tmp_path / "out" / "batch_id=0"
+    other_attempt = "_attempt-" + "0" * 32
+    other = json.dumps({"query": "1e-query", "batch_id": 0, "attempt": other_attempt}).encode("utf-8")
+
+    class DeletedBeforeClose(HdfsFs):
+        def create(self, where: Any, overwrite: bool) -> Any:
+            stream = self.fs.create(where, overwrite)
+            fs = self.fs
+
+            class Deleted:                  # the winner's rows, its marker, and its cleanup of this file
+                def write(self, data: bytearray) -> None:
+                    stream.write(data)
+
+                def close(self) -> None:
+                    stream.close()
+                    spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(str(batch / other_attempt))
+                    assert plain.create_new(str(batch / WRITTEN), other)
+                    fs.delete(where, False)
+                    raise Py4JJavaError("An error occurred while calling o1.close", plain.jvm.java.io.FileNotFoundException(
+                        f"File does not exist: {where} (inode 16386) Holder DFSClient_1 does not have any open files."))
+            return Deleted()
+
+    plain = HadoopFiles(spark)
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = files_through(DeletedBeforeClose)(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    with pytest.raises(PipelineError, match=r"stream [a-z0-9_]+\.deletedtemp: the marker of .*/out/batch_id=0 "
+                                            r"appeared while this driver wrote the micro-batch: another driver runs"):
+        sink.write(frame, 0)
+    assert sorted(p.name for p in batch.iterdir() if not p.name.startswith(".")) == [other_attempt, WRITTEN]
+    assert (batch / WRITTEN).read_bytes() == other
+
+
 def test_stream_sink_retried_create_that_made_our_marker_wins(spark, pg, tmp_path):
     """A create whose first try reached the store and whose retry answered "already exists" (ABFS's
     409 after a broken connection, S3's 412) reports a lost race, yet the marker names this
@@ -1797,14 +2241,20 @@ def test_stream_sink_replay_acknowledges_before_its_cleanup_and_a_failing_delete
     assert sorted(r["written_by"] for r in read_results(spark, str(out)).collect()) == ["X"] * 3
 
 
-def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(spark, pg, tmp_path):
-    """A directory named _tablequeue_written in batch_id=N (made by hand or by a tool): HDFS's
+def test_stream_sink_directory_of_the_markers_name_is_refused_naming_it(spark, pg, tmp_path):
+    """A directory named _tablequeue_written in batch_id=N (made by hand or by a tool). HDFS's plain
     rename(tmp, marker) would move the temporary file into it and return true, a "won" marker that
-    is no file. On HDFS the sink renames with Options.Rename.NONE, which refuses any existing target
-    (micro-batch 0); where rename has no such option (an ABFS-like store whose rename moves into the
-    directory, micro-batch 1) a true rename whose target is no file is refused. Both: the micro-batch
-    is refused with a PipelineError, nothing acknowledged, no marker, and the directory keeps nothing
-    of the sink's (before: the write "won" without a marker file, and every replay wrote it again)."""
+    is no file: on HDFS the sink renames with Options.Rename.NONE, which the NameNode refuses with a
+    plain IOException for a directory (a RemoteException, not FileAlreadyExistsException: micro-batch
+    0); where rename has no such option (an ABFS-like store whose rename moves into the directory,
+    micro-batch 1) a true rename whose target is no file is refused; a local create(marker,
+    overwrite=false) refuses it too (micro-batch 2). Each: a PipelineError naming the directory and
+    saying it is a directory where the marker file belongs and to move or delete it, nothing
+    acknowledged, no marker, no temporary file, this attempt's folder deleted and the directory
+    keeping nothing of the sink's (before: "creating ... failed and it is now missing, empty or
+    unreadable", which sent the reader after another driver)."""
+    from py4j.protocol import Py4JJavaError
+
     from pipelines.stream_job import WRITTEN, AckSink, HadoopFiles
 
     catalog = pg.deploy(work_queue("renamedir"))
@@ -1814,8 +2264,14 @@ def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(s
 
     class Hdfs(HdfsFs):
         def rename(self, source: Any, target: Any, *options: Any) -> Any:
-            renamed.append((target.getParent().getName(), len(options)))
-            return super().rename(source, target, *options)
+            called = (target.getParent().getName(), len(options))
+            try:
+                answer = super().rename(source, target, *options)
+            except Py4JJavaError as exc:
+                renamed.append((*called, exc.java_exception.getClass().getName()))
+                raise
+            renamed.append((*called, answer))
+            return answer
 
     class AbfsLike(Hdfs):
         def getScheme(self) -> str:
@@ -1827,20 +2283,110 @@ def test_stream_sink_marker_rename_onto_a_directory_of_its_name_is_a_lost_race(s
     class DirectoryFiles(HadoopFiles):
         def _at(self, path: str) -> tuple[Any, Any]:
             where, fs = super()._at(path)
-            return where, (Hdfs(fs) if "batch_id=0" in path else AbfsLike(fs))
+            return where, {"batch_id=0": Hdfs, "batch_id=1": AbfsLike}.get(path.split("/")[-2], FakeFs)(fs)
 
     sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
     sink._files = DirectoryFiles(spark)
     frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
-    for batch_id in (0, 1):
-        (tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).mkdir(parents=True)
-        with pytest.raises(PipelineError, match=rf"stream [a-z0-9_]+\.renamedir: creating .*/out/batch_id={batch_id}/"
-                                                rf"{WRITTEN} failed and it is now missing, empty or unreadable"):
+    for batch_id in (0, 1, 2):
+        batch = tmp_path / "out" / f"batch_id={batch_id}"
+        (batch / WRITTEN).mkdir(parents=True)
+        marker = rf".*/out/batch_id={batch_id}/{WRITTEN}"
+        with pytest.raises(PipelineError, match=rf"stream [a-z0-9_]+\.renamedir: {marker} is a directory, where the "
+                                                rf"marker file of micro-batch {batch_id} belongs: the micro-batch "
+                                                rf"cannot be marked, and nothing of it was acknowledged: move {marker} "
+                                                rf"aside .* or delete "
+                                                rf"it, then restart the query"):
             sink.write(frame, batch_id)
-        assert sink.written(batch_id) is None
-        assert list((tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).iterdir()) == []
-        assert not [p.name for p in (tmp_path / "out" / f"batch_id={batch_id}").iterdir() if p.name.endswith(".tmp")]
-    assert renamed == [("batch_id=0", 1), ("batch_id=1", 0)]        # HDFS: only the rename with the option
+        with pytest.raises(PipelineError, match=rf"{marker} is a directory, where the marker file"):
+            sink.written(batch_id)
+        assert list((batch / WRITTEN).iterdir()) == []
+        assert sorted(p.name for p in batch.iterdir() if not p.name.startswith(".")) == [WRITTEN]
+    # HDFS: only the rename with the option, refused by the NameNode's IOException; the ABFS-like
+    # rename moved the file into the directory (true), and the sink took it back out.
+    assert renamed == [("batch_id=0", 1, "org.apache.hadoop.ipc.RemoteException"), ("batch_id=1", 0, True)]
+
+
+def test_stream_sink_refuses_a_directory_of_the_markers_name_before_writing(spark, pg, tmp_path):
+    """A directory named _tablequeue_written in batch_id=0 before micro-batch 0 comes: the sink's
+    look-up of the marker (written()) lists it and refuses the micro-batch with the PipelineError
+    naming it, before writing anything or acknowledging (before: the whole micro-batch was written
+    and checked for duplicates, then refused at the marker and its attempt folder deleted)."""
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("markerdir"))
+    options = direct_sink_options(pg, catalog, "markerdir", tmp_path, "6b-query")
+    (tmp_path / "out" / "batch_id=0" / WRITTEN).mkdir(parents=True)
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink.write = lambda frame, batch_id: pytest.fail(f"micro-batch {batch_id} was written")
+    marker = rf".*/out/batch_id=0/{WRITTEN}"
+    with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.markerdir: {marker} is a directory, where the marker "
+                                            rf"file of micro-batch 0 belongs: the micro-batch cannot be marked, and "
+                                            rf"nothing of it was written or acknowledged: move {marker} aside \(the "
+                                            rf"sink put nothing in it\) or delete it, then restart the query$"):
+        sink(spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string"), 0)
+    assert sink.counts["completed"] == 0
+    assert sorted(p.name for p in (tmp_path / "out" / "batch_id=0").iterdir()) == [WRITTEN]
+
+
+def test_stream_sink_refusals_reach_the_user_when_the_store_refuses_the_attempts_delete(spark, pg, tmp_path):
+    """A store that refuses deletes (S3A's AccessDeniedException, 403: no delete right on the output
+    prefix) while the sink refuses a micro-batch after writing it and deletes its own attempt folder:
+    a directory of the marker's name appeared during the write (micro-batch 0), another driver's
+    marker appeared during it (1), a message has two rows (2). Each refusal's PipelineError reaches
+    the user, with one WARNING naming the attempt folder left (before: the delete's raw
+    Py4JJavaError replaced it). On an HDFS-like store (3), where the marker is a temporary file
+    renamed into place, the loser's temporary file is not deleted either: one WARNING more, naming it
+    (before: the raw Py4JJavaError of that delete)."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("nodelete"))
+    options = direct_sink_options(pg, catalog, "nodelete", tmp_path, "6c-query")
+    out = tmp_path / "out"
+    other = json.dumps({"query": "6c-query", "batch_id": 1, "attempt": "_attempt-" + "0" * 32})
+
+    class NoDelete(FakeFs):
+        def delete(self, where: Any, recursive: bool) -> bool:
+            raise Py4JJavaError("An error occurred while calling o1.delete", spark.sparkContext._jvm.java.nio.file
+                                .AccessDeniedException(f"{where}: delete on {where}: 403 Forbidden"))
+
+    class AppearingDuringTheWrite(AckSink):
+        def refuse_duplicates(self, stored: Any, batch_id: int, folder: str) -> None:
+            if batch_id == 0:
+                (out / "batch_id=0" / WRITTEN).mkdir()
+            if batch_id in (1, 3):
+                (out / f"batch_id={batch_id}" / WRITTEN).write_text(other)
+                spark.createDataFrame([(2, "t2", "w", None)], frame.schema).write.parquet(
+                    str(out / f"batch_id={batch_id}" / ("_attempt-" + "0" * 32)))
+            super().refuse_duplicates(stored, batch_id, folder)
+
+    sink = AppearingDuringTheWrite(str(out), options, checkpoint=str(tmp_path / "checkpoint"))
+    sink._files = files_through(NoDelete)(spark)
+    frame = spark.createDataFrame([(1, "t1", "w", None)], "id long, lease_token string, worker string, error string")
+    refused = (r"is a directory, where the marker file of micro-batch 0 belongs",
+               r"the marker of .*/out/batch_id=1 appeared while this driver wrote the micro-batch",
+               r"micro-batch 2 has more than one row for the message\(s\) with id 1")
+    for batch_id, error in enumerate(refused):
+        written = frame.unionAll(frame) if batch_id == 2 else frame
+        with logged_by_the_pipelines(logging.WARNING) as logged:
+            with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.nodelete: .*{error}"):
+                sink.write(written, batch_id)
+        mine = [name for name in attempt_folders(out, batch_id) if name != "_attempt-" + "0" * 32]
+        assert len(mine) == 1 and len(logged) == 1
+        assert re.search(rf"stream [a-z0-9_]+\.nodelete: micro-batch {batch_id}: not deleted, the attempt folder "
+                         rf".*/out/batch_id={batch_id}/{mine[0]} of the refused micro-batch \(nothing reads it; .*\): "
+                         rf".*403 Forbidden", logged[0].getMessage())
+    sink._files = files_through(lambda fs: NoDelete(HdfsFs(fs)))(spark)
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.nodelete: the marker of .*/out/batch_id=3 "
+                                                rf"appeared while this driver wrote the micro-batch"):
+            sink.write(frame, 3)
+    temporary = [p.name for p in (out / "batch_id=3").iterdir() if p.name.endswith(".tmp")]
+    assert len(temporary) == 1 and len(logged) == 2
+    assert re.search(rf"^not deleted, the temporary marker file .*/out/batch_id=3/{re.escape(temporary[0])} of a race "
+                     rf"for the marker this driver lost .*403 Forbidden", logged[0].getMessage())
 
 
 def test_stream_sink_refuses_a_micro_batch_with_duplicate_rows_of_a_message(spark, pg, tmp_path):
@@ -1941,10 +2487,22 @@ def test_stream_acknowledgement_counts_lost_after_a_retried_call_as_uncertain(mo
     assert counts == {"completed": 0, "retrying": 1, "dead": 0, "lost": 1, "uncertain": 2}
 
 
+def assert_nothing_leased(pg: "Postgres", catalog: Catalog, queue: str, count: int, checkpoint: Path) -> None:
+    """The `count` messages of `queue` were never leased (no holder, no attempt spent: none can run
+    out and go to the dead letters), and Spark recorded no micro-batch in `checkpoint`."""
+    assert pg.rows(f"SELECT count(*) AS waiting, count(*) FILTER (WHERE leased_by IS NULL AND attempts = 0) AS "
+                   f"untouched FROM {table(catalog, queue)}") == [{"waiting": count, "untouched": count}]
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, queue, '_dead')}") == 0
+    assert not (checkpoint / "offsets").exists()
+
+
 def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_query(spark, pg, tmp_path):
     """A query drains the queue into `output`; a second query with a new checkpoint (batch_id=0
-    again) on the same output is refused at its first micro-batch, naming the queue, the folder and
-    the checkpoint, and acknowledges nothing: no message of it goes to the dead letters."""
+    again) on the same output is refused before it starts (AckSink.prepare), naming the queue, the
+    folder and the checkpoint, with a PipelineError: nothing leased, so nothing can run out and go to
+    the dead letters, and no offset in the new checkpoint (before: refused at the first micro-batch,
+    a StreamingQueryException, after the reader had leased the 20 messages, which with max_attempts=1
+    went to the dead letters once their leases ran out)."""
     from pipelines.stream_job import run_stream
 
     catalog = pg.deploy(work_queue("reused", lease_seconds=120, max_attempts=1))
@@ -1954,14 +2512,63 @@ def test_stream_sink_refuses_a_new_checkpoint_on_an_output_written_by_another_qu
                        partitions=1, messages_per_partition=50)
     assert first["completed"] == 20
     enqueue_numbered(pg, catalog, "reused", 20, first=20)
-    with pytest.raises(Exception, match=r"stream [a-z0-9_]+\.reused: .*/output/batch_id=0 was written by another "
-                                        r"streaming query .* checkpoint .*/checkpoint-2 .* a new checkpoint needs a "
-                                        r"new output folder"):
+    with pytest.raises(PipelineError, match=r"^stream [a-z0-9_]+\.reused: .*/output/batch_id=0 was written by "
+                                            r"another streaming query .* checkpoint .*/checkpoint-2 .* a new "
+                                            r"checkpoint needs a new output folder"):
         run_stream(spark, pg.url, catalog, "reused", TRANSFORM, output, str(tmp_path / "checkpoint-2"),
                    partitions=1, messages_per_partition=50)
-    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_dead')}") == 0
+    assert_nothing_leased(pg, catalog, "reused", 20, tmp_path / "checkpoint-2")
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused', '_history')}") == 20
-    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'reused')}") == 20
+
+
+def test_stream_sink_prepare_checks_the_micro_batch_the_checkpoint_runs_first(spark, pg, tmp_path):
+    """AckSink.prepare looks at the micro-batch Spark runs first from the checkpoint: with offsets
+    0..2 (and a hidden .2.crc) and commits 0..1 it replays 2, so another query's marker in batch_id=2
+    is refused, naming it, before the query starts (one in batch_id=0 is not looked at); once commits/2
+    exists the query runs 3 next, and prepare passes, logging nothing for a local output (before: no
+    prepare, the refusal came at the first micro-batch, after the reader leased it; and every output
+    was logged as "out is file:/.../out")."""
+    from pipelines.stream_job import WRITTEN, AckSink
+
+    catalog = pg.deploy(work_queue("firstbatch"))
+    options = direct_sink_options(pg, catalog, "firstbatch", tmp_path, "6a-query")
+    for folder, names in (("offsets", ["0", "1", "2", ".2.crc"]), ("commits", ["0", "1"])):
+        (tmp_path / "checkpoint" / folder).mkdir()
+        for name in names:
+            (tmp_path / "checkpoint" / folder / name).write_text("v1\n")
+    for batch_id in (0, 2):
+        (tmp_path / "out" / f"batch_id={batch_id}").mkdir(parents=True)
+        (tmp_path / "out" / f"batch_id={batch_id}" / WRITTEN).write_text(json.dumps({"query": "another-query",
+                                                                                    "batch_id": batch_id}))
+    sink = AckSink(str(tmp_path / "out"), options, checkpoint=str(tmp_path / "checkpoint"))
+    with pytest.raises(PipelineError, match=r"^stream [a-z0-9_]+\.firstbatch: .*/out/batch_id=2 was written by another "
+                                            r"streaming query \(another-query\), not by the query of checkpoint "
+                                            r".*/checkpoint \(6a-query\): a new checkpoint needs a new output"):
+        sink.prepare(spark)
+    (tmp_path / "checkpoint" / "commits" / "2").write_text("v1\n")
+    with logged_by_the_pipelines() as logged:
+        sink.prepare(spark)
+    assert sink.first_batch() == 3
+    assert [r.getMessage() for r in logged] == []      # a local output: no mount table, nothing to log
+
+
+def test_stream_refuses_an_output_with_glob_characters_before_leasing_anything(spark, pg, tmp_path):
+    """run_stream into out[1] (Spark's reader would glob it) is refused before the query starts
+    (AckSink.prepare) with the PipelineError naming the output: none of the 5 messages leased, so none
+    runs out and goes to the dead letters (max_attempts=1), and no offset in the checkpoint (before:
+    a StreamingQueryException FOREACH_BATCH_USER_FUNCTION_ERROR at the first micro-batch, after the
+    reader had leased all 5 and Spark had written offsets/0; 3 seconds later they were dead)."""
+    from pipelines.stream_job import run_stream
+
+    catalog = pg.deploy(work_queue("globstream", lease_seconds=3, max_attempts=1))
+    enqueue_numbered(pg, catalog, "globstream", 5)
+    output = str(tmp_path / "out[1]")
+    with pytest.raises(PipelineError, match=rf"^stream [a-z0-9_]+\.globstream: output {re.escape(output)} "
+                                            rf"\(file:{re.escape(output)}\) holds \[ \]: "):
+        run_stream(spark, pg.url, catalog, "globstream", TRANSFORM, output, str(tmp_path / "checkpoint"),
+                   partitions=1, messages_per_partition=50, lease_seconds=3)
+    assert not (tmp_path / "out[1]").exists()
+    assert_nothing_leased(pg, catalog, "globstream", 5, tmp_path / "checkpoint")
 
 
 # -- the stream reader's driver and task sides, called directly (no Spark job) -----------------------

@@ -395,6 +395,10 @@ def test_xact_abort_off_only_around_the_looks_record_in_the_session_context() ->
         replace("IF ERROR_NUMBER() NOT IN (15664, 15665)", "IF ERROR_NUMBER() NOT IN (2601, 2627)"),
         # Another procedure called under XACT_ABORT OFF.
         replace("EXEC sys.sp_set_session_context", "EXEC sys.sp_rename"),
+        # A procedure whose name only starts with it.
+        replace("EXEC sys.sp_set_session_context", "EXEC sys.sp_set_session_context_x"),
+        # The key made read-only: every later write would be refused.
+        replace("@value = @look_after;", "@value = @look_after, @read_only = 1;"),
         # A second statement runs under XACT_ABORT OFF.
         on_line_of("@value = @look_after;", lambda indent, line: line + " SET @look_after = @now;"),
     ]
@@ -509,9 +513,9 @@ PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, ne
         # One lease holder at a time: an equality and a range seek, pinned like every claim.
         "emails.sql", "emails_dequeue", "m.leased_by = @look_worker AND m.leased_by IS NOT NULL",
         ("INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05\n"
-         "                            WHERE\n                                m.leased_by = @look_worker",
+         "                                    WHERE\n                                        m.leased_by = @look_worker",
          "INDEX ([ix_emails_lease]), ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05\n"
-         "                            WHERE\n                                m.leased_by = @look_worker"),
+         "                                    WHERE\n                                        m.leased_by = @look_worker"),
         "a claim that compares leased_by, the first key column of ix_emails_lease, without FORCESEEK: a plan compiled "
         "on an empty queue may scan the index at depth"),
     "the look for expired leases over every lease": (
@@ -519,11 +523,11 @@ PIN_DEFECTS = {  # name: (file, procedure, the hint list's line, seeded (old, ne
         # version of the look, which a senior-DBA review refused).
         "emails.sql", "emails_dequeue", "m.leased_by = @look_worker AND m.leased_by IS NOT NULL",
         ("m.leased_by = @look_worker AND m.leased_by IS NOT NULL\n"
-         "                                AND m.visible_at <= @now\n"
-         "                            ORDER BY m.visible_at, m.id",
+         "                                        AND m.visible_at <= @now\n"
+         "                                    ORDER BY m.visible_at, m.id",
          "m.leased_by IS NOT NULL\n"
-         "                                AND m.visible_at <= @now\n"
-         "                            ORDER BY m.leased_by, m.visible_at, m.id"),
+         "                                        AND m.visible_at <= @now\n"
+         "                                    ORDER BY m.leased_by, m.visible_at, m.id"),
         "INDEX (ix_emails_lease): its key (leased_by, visible_at, id) does not have the range column visible_at next "
         "after the =-compared columns: no range seek"),
     "a filtered index whose filter the claim does not repeat": (

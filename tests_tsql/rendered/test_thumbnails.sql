@@ -862,7 +862,7 @@ BEGIN
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     DECLARE @next_look datetime2(7);
     -- A first call on the empty fake compiles the procedure, so that the second runs within the
-    -- 900 ms the key is set for; it finds nothing.
+    -- second the key is set for; it finds nothing.
     CREATE TABLE #DequeuedCompile (
         position int IDENTITY (1, 1) NOT NULL,
         id uniqueidentifier NOT NULL,
@@ -908,7 +908,7 @@ BEGIN
         NULL, NULL,
         NULL, N'{"n": 2}'
     );
-    SET @next_look = DATEADD(MILLISECOND, 900, SYSUTCDATETIME());
+    SET @next_look = DATEADD(MILLISECOND, 1000, SYSUTCDATETIME());
     EXEC sys.sp_set_session_context @key = N'tablequeue.queue.thumbnails.expired', @value = @next_look;
     CREATE TABLE #Dequeued (
         position int IDENTITY (1, 1) NOT NULL,
@@ -933,6 +933,8 @@ BEGIN
         d.attempts
     INTO #Actual
     FROM #Dequeued AS d;
+    IF SYSUTCDATETIME() >= @next_look
+        EXEC tSQLt.Fail N'inconclusive: the dequeue took longer than the second the key was set for';
 
     -- Assert: only the ready message; the expired lease waits for the session's next look.
     CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
@@ -1050,6 +1052,104 @@ BEGIN
     ('00000000-0000-0000-0000-000000000001', 1, N'a', 0),
     ('00000000-0000-0000-0000-000000000002', 2, N'w', 0),
     ('00000000-0000-0000-0000-000000000003', 2, N'w', 0);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test the look stays on a holder whose expired lease it buried]
+AS
+BEGIN
+    -- Assemble: holder 'x' (sorting after the caller 'w') crashed with two expired leases, the older
+    -- one out of attempts; nothing else is ready. The batch of one is the second of them.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -20, @now), 0, 4,
+        N'x', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -10, @now), 0, 1,
+        N'x', DATEADD(SECOND, -10, @now),
+        NULL, N'{"n": 2}'
+    );
+    CREATE TABLE #Dequeued (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        payload nvarchar(MAX) NOT NULL,
+        enqueued_at datetime2(7) NOT NULL,
+        due_at datetime2(7) NOT NULL,
+        attempts int NOT NULL,
+        lease_token uniqueidentifier NULL
+    );
+
+    -- Act: INSERT ... EXEC keeps the rows in the order the procedure returned them.
+    INSERT INTO #Dequeued (id, payload, enqueued_at, due_at, attempts, lease_token)
+    EXEC [queue].[thumbnails_dequeue]
+        @batch_size = 1,
+        @worker = N'w',
+        @lease_seconds = NULL;
+
+    SELECT
+        d.position,
+        d.id,
+        d.attempts
+    INTO #Actual
+    FROM #Dequeued AS d;
+
+    -- Assert: the buried lease freed the batch's place, and the look took x's next expired lease.
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, attempts int NOT NULL);
+    INSERT INTO #Expected (position, id, attempts)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000002', 2);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        d.id,
+        d.attempts,
+        d.last_error,
+        d.last_worker
+    INTO #Dead
+    FROM [queue].[thumbnails_dead] AS d;
+
+    CREATE TABLE #ExpectedDead (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        last_error nvarchar(4000) NULL,
+        last_worker nvarchar(200) NULL
+    );
+    INSERT INTO #ExpectedDead (id, attempts, last_error, last_worker)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 4, N'lease expired', N'x');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedDead', @Actual = N'#Dead';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000002', 2, N'w', 0);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
 END;
 GO

@@ -353,6 +353,7 @@ def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
         BEGIN TRY
             INSERT INTO ... VALUES (...);           -- or EXEC sys.sp_set_session_context ...;
             SET XACT_ABORT ON;
+            ...                                      -- anything more, under XACT_ABORT ON
         END TRY
         BEGIN CATCH
             SET XACT_ABORT ON;
@@ -361,10 +362,10 @@ def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
 
     so one statement (no SELECT) runs under XACT_ABORT OFF, the error it may meet leaves the
     transaction committable, and anything else is rethrown under XACT_ABORT ON."""
-    window = procedure.steps[at + 1:at + 6]
-    if len(window) < 5:
+    window = procedure.steps[at + 1:]
+    if len(window) < 2:
         return False
-    insert, on_in_try, on_in_catch, condition, throw = window
+    insert, on_in_try = window[:2]
     statement_kind = "insert_statement" if insert.kind == "insert_statement" else "execute_script_statement"
     block = next((b for b in descendants(procedure.segment, "try_catch")
                   if any(s is insert.segment for s in descendants(b, statement_kind))
@@ -379,14 +380,21 @@ def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
             words.append(c.raw.upper())
         elif kind(c) == "statement":
             sections.setdefault(words[-1] if words else "", []).append(code(c)[0])
+    in_try = len(sections.get("TRY", []))
+    if in_try < 2 or len(window) < in_try + 3:
+        return False
+    on_in_catch, condition, throw = window[in_try:in_try + 3]
     if insert.kind == "insert_statement":
         allowed = DUPLICATE_KEY
         statement_fits = "VALUES" in insert.text.split() and "SELECT" not in insert.text.split()
     else:
         allowed = SESSION_CONTEXT_REFUSED
-        statement_fits = _compact(insert.text).startswith(_compact("EXEC sys.sp_set_session_context"))
+        # That procedure exactly, and never making a key read-only (which would refuse every later write).
+        statement_fits = (_compact(insert.text).startswith("EXECSYS.SP_SET_SESSION_CONTEXT@")
+                          and "@READ_ONLY" not in _compact(insert.text))
+    # After XACT_ABORT is ON again, the TRY may go on (what it does runs under ON).
     return (statement_fits
-            and [s.segment for s in (insert, on_in_try)] == sections.get("TRY")
+            and [s.segment for s in (insert, on_in_try)] == sections.get("TRY", [])[:2]
             and _sets(on_in_try, "SET XACT_ABORT ON") and _sets(on_in_catch, "SET XACT_ABORT ON")
             and sections.get("CATCH", [None])[0] is on_in_catch.segment and len(sections.get("CATCH", [])) == 2
             and condition.kind == "condition"

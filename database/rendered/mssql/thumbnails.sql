@@ -440,6 +440,7 @@ BEGIN
         ELSE 0
     END;
     DECLARE @look_after datetime2(7);
+    DECLARE @look_recorded bit = 0;
     DECLARE @look_worker nvarchar(200);
     DECLARE @buried TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
@@ -453,6 +454,24 @@ BEGIN
         payload nvarchar(MAX) NOT NULL
     );
     DECLARE @buried_count int = 0;
+    -- This session's look for expired leases, when due, is recorded first (record_look).
+    IF @look_due = 1
+        BEGIN
+            SET @look_after = DATEADD(SECOND, 1, @now);
+            SET XACT_ABORT OFF;
+            BEGIN TRY
+                -- Not transactional: a caller that rolls back still waits its second.
+                EXEC sys.sp_set_session_context
+                    @key = N'tablequeue.queue.thumbnails.expired',
+                    @value = @look_after;
+                SET XACT_ABORT ON;
+                SET @look_recorded = 1;
+            END TRY
+            BEGIN CATCH
+                SET XACT_ABORT ON;
+                IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+            END CATCH;
+        END;
 
     BEGIN TRY
         -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
@@ -575,143 +594,149 @@ BEGIN
 
         -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
         -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
-        IF @remaining > 0 AND @look_due = 1
+        IF @look_due = 1
             BEGIN
-                SET @look_worker = (
-                    SELECT TOP (1) m.leased_by
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                    WHERE m.leased_by IS NOT NULL
-                    ORDER BY m.leased_by
-                );
-                WHILE @look_worker IS NOT NULL AND @remaining > 0
-                    BEGIN
-                        WITH expired_leases AS (
-                            SELECT TOP (@remaining)
-                                m.id,
-                                m.seq,
-                                m.priority,
-                                m.enqueued_at,
-                                m.due_at,
-                                m.visible_at,
-                                m.attempts,
-                                m.leased_by,
-                                m.leased_at,
-                                m.lease_token,
-                                m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE
-                                m.leased_by = @look_worker AND m.leased_by IS NOT NULL
-                                AND m.visible_at <= @now
-                            ORDER BY m.visible_at, m.seq
-                        )
-
-                        UPDATE expired_leases
-                        SET
-                            attempts = attempts + 1,
-                            visible_at = @lease_until,
-                            leased_by = @worker,
-                            leased_at = @now,
-                            lease_token = NEWID()
-                        OUTPUT
-                            INSERTED.id,
-                            INSERTED.seq,
-                            0,
-                            INSERTED.priority,
-                            DELETED.visible_at,
-                            DELETED.leased_by,
-                            INSERTED.enqueued_at,
-                            INSERTED.due_at,
-                            INSERTED.attempts,
-                            INSERTED.lease_token,
-                            INSERTED.payload
-                        INTO @claimed (
-                            id, seq, own, priority, previous_visible_at, previous_worker,
-                            enqueued_at, due_at, attempts, lease_token, payload
-                        );
-                        SET @buried_count = 0;
-                        SET @exhausted = (
-                            SELECT COUNT(*)
-                            FROM @claimed AS c
-                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now
-                        );
-                        IF @exhausted > 0
-                            BEGIN
-                                DELETE m
-                                OUTPUT
-                                    DELETED.id,
-                                    DELETED.enqueued_at,
-                                    DELETED.due_at,
-                                    DELETED.priority,
-                                    c.attempts - 1,
-                                    N'lease expired',
-                                    c.previous_worker,
-                                    @now,
-                                    DELETED.payload
-                                INTO
-                                    @buried (
-                                        id, enqueued_at, due_at, priority, attempts,
-                                        last_error, last_worker, dead_at, payload
-                                    )
-                                FROM [queue].[thumbnails] AS m
-                                INNER JOIN @claimed AS c ON m.id = c.id
-                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
-                                SET @buried_count = @@ROWCOUNT;
-
-                                IF @buried_count > 0
-                                    BEGIN
-                                        DELETE d
-                                        FROM [queue].[thumbnails_dead] AS d
-                                        INNER JOIN @buried AS b ON d.id = b.id;
-
-                                        INSERT INTO [queue].[thumbnails_dead] (
-                                            id, enqueued_at, due_at, priority, attempts,
-                                            last_error, last_worker, dead_at, payload
-                                        )
-                                        SELECT
-                                            id,
-                                            enqueued_at,
-                                            due_at,
-                                            priority,
-                                            attempts,
-                                            last_error,
-                                            last_worker,
-                                            dead_at,
-                                            payload
-                                        FROM @buried;
-
-                                        DELETE FROM @buried;
-                                    END;
-
-                                DELETE c
-                                FROM @claimed AS c
-                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
-                            END;
-                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                        IF @buried_count = 0
-                            BEGIN
-                                SET @look_worker = (
-                                    SELECT TOP (1) m.leased_by
-                                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                                    WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
-                                    ORDER BY m.leased_by
-                                );
-                            END;
-                    END;
                 IF @remaining > 0
                     BEGIN
-                        SET @look_after = DATEADD(SECOND, 1, @now);
-                        SET XACT_ABORT OFF;
-                        BEGIN TRY
-                            -- Not transactional: a caller that rolls back still waits its second.
-                            EXEC sys.sp_set_session_context
-                                @key = N'tablequeue.queue.thumbnails.expired',
-                                @value = @look_after;
-                            SET XACT_ABORT ON;
-                        END TRY
-                        BEGIN CATCH
-                            SET XACT_ABORT ON;
-                            IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
-                        END CATCH;
+                        SET @look_worker = (
+                            SELECT TOP (1) m.leased_by
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL
+                            ORDER BY m.leased_by
+                        );
+                        WHILE @look_worker IS NOT NULL AND @remaining > 0
+                            BEGIN
+                                WITH expired_leases AS (
+                                    SELECT TOP (@remaining)
+                                        m.id,
+                                        m.seq,
+                                        m.priority,
+                                        m.enqueued_at,
+                                        m.due_at,
+                                        m.visible_at,
+                                        m.attempts,
+                                        m.leased_by,
+                                        m.leased_at,
+                                        m.lease_token,
+                                        m.payload
+                                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE
+                                        m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                        AND m.visible_at <= @now
+                                    ORDER BY m.visible_at, m.seq
+                                )
+
+                                UPDATE expired_leases
+                                SET
+                                    attempts = attempts + 1,
+                                    visible_at = @lease_until,
+                                    leased_by = @worker,
+                                    leased_at = @now,
+                                    lease_token = NEWID()
+                                OUTPUT
+                                    INSERTED.id,
+                                    INSERTED.seq,
+                                    0,
+                                    INSERTED.priority,
+                                    DELETED.visible_at,
+                                    DELETED.leased_by,
+                                    INSERTED.enqueued_at,
+                                    INSERTED.due_at,
+                                    INSERTED.attempts,
+                                    INSERTED.lease_token,
+                                    INSERTED.payload
+                                INTO @claimed (
+                                    id, seq, own, priority, previous_visible_at, previous_worker,
+                                    enqueued_at, due_at, attempts, lease_token, payload
+                                );
+                                IF @@ROWCOUNT = 0
+                                    BEGIN
+                                        SET @look_worker = (
+                                            SELECT TOP (1) m.leased_by
+                                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                            WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                            ORDER BY m.leased_by
+                                        );
+                                        CONTINUE;
+                                    END;
+                                SET @buried_count = 0;
+                                SET @exhausted = (
+                                    SELECT COUNT(*)
+                                    FROM @claimed AS c
+                                    WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                                );
+                                IF @exhausted > 0
+                                    BEGIN
+                                        DELETE m
+                                        OUTPUT
+                                            DELETED.id,
+                                            DELETED.enqueued_at,
+                                            DELETED.due_at,
+                                            DELETED.priority,
+                                            c.attempts - 1,
+                                            N'lease expired',
+                                            c.previous_worker,
+                                            @now,
+                                            DELETED.payload
+                                        INTO
+                                            @buried (
+                                                id, enqueued_at, due_at, priority, attempts,
+                                                last_error, last_worker, dead_at, payload
+                                            )
+                                        FROM [queue].[thumbnails] AS m
+                                        INNER JOIN @claimed AS c ON m.id = c.id
+                                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                        SET @buried_count = @@ROWCOUNT;
+
+                                        IF @buried_count > 0
+                                            BEGIN
+                                                DELETE d
+                                                FROM [queue].[thumbnails_dead] AS d
+                                                INNER JOIN @buried AS b ON d.id = b.id;
+
+                                                INSERT INTO [queue].[thumbnails_dead] (
+                                                    id, enqueued_at, due_at, priority, attempts,
+                                                    last_error, last_worker, dead_at, payload
+                                                )
+                                                SELECT
+                                                    id,
+                                                    enqueued_at,
+                                                    due_at,
+                                                    priority,
+                                                    attempts,
+                                                    last_error,
+                                                    last_worker,
+                                                    dead_at,
+                                                    payload
+                                                FROM @buried;
+
+                                                DELETE FROM @buried;
+                                            END;
+
+                                        DELETE c
+                                        FROM @claimed AS c
+                                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                    END;
+                                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                                IF @buried_count = 0
+                                    BEGIN
+                                        SET @look_worker = (
+                                            SELECT TOP (1) m.leased_by
+                                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                            WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                            ORDER BY m.leased_by
+                                        );
+                                    END;
+                            END;
+                    END;
+                -- A look that filled the batch may have left more behind, and one the own
+                -- messages left no room for has not happened: either stays due. The key is this
+                -- call's own write (record_due_look), so that clearing it is never refused.
+                IF @remaining = 0 AND @look_recorded = 1
+                    BEGIN
+                        EXEC sys.sp_set_session_context
+                            @key = N'tablequeue.queue.thumbnails.expired',
+                            @value = NULL;
                     END;
             END;
 
@@ -1524,6 +1549,7 @@ BEGIN
         ELSE 0
     END;
     DECLARE @look_after datetime2(7);
+    DECLARE @look_recorded bit = 0;
     DECLARE @look_worker nvarchar(200);
     DECLARE @buried TABLE (
         id uniqueidentifier NOT NULL PRIMARY KEY,
@@ -1538,6 +1564,24 @@ BEGIN
     );
     DECLARE @buried_count int = 0;
     DECLARE @previous_completed bit;
+    -- This session's look for expired leases, when due, is recorded first (record_look).
+    IF @look_due = 1
+        BEGIN
+            SET @look_after = DATEADD(SECOND, 1, @now);
+            SET XACT_ABORT OFF;
+            BEGIN TRY
+                -- Not transactional: a caller that rolls back still waits its second.
+                EXEC sys.sp_set_session_context
+                    @key = N'tablequeue.queue.thumbnails.expired',
+                    @value = @look_after;
+                SET XACT_ABORT ON;
+                SET @look_recorded = 1;
+            END TRY
+            BEGIN CATCH
+                SET XACT_ABORT ON;
+                IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+            END CATCH;
+        END;
 
     BEGIN TRY
         -- In implicit-transaction mode the caller owns the transaction the next statement opens.
@@ -1666,143 +1710,149 @@ BEGIN
 
         -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
         -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
-        IF @remaining > 0 AND @look_due = 1
+        IF @look_due = 1
             BEGIN
-                SET @look_worker = (
-                    SELECT TOP (1) m.leased_by
-                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                    WHERE m.leased_by IS NOT NULL
-                    ORDER BY m.leased_by
-                );
-                WHILE @look_worker IS NOT NULL AND @remaining > 0
-                    BEGIN
-                        WITH expired_leases AS (
-                            SELECT TOP (@remaining)
-                                m.id,
-                                m.seq,
-                                m.priority,
-                                m.enqueued_at,
-                                m.due_at,
-                                m.visible_at,
-                                m.attempts,
-                                m.leased_by,
-                                m.leased_at,
-                                m.lease_token,
-                                m.payload
-                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                            WHERE
-                                m.leased_by = @look_worker AND m.leased_by IS NOT NULL
-                                AND m.visible_at <= @now
-                            ORDER BY m.visible_at, m.seq
-                        )
-
-                        UPDATE expired_leases
-                        SET
-                            attempts = attempts + 1,
-                            visible_at = @lease_until,
-                            leased_by = @worker,
-                            leased_at = @now,
-                            lease_token = NEWID()
-                        OUTPUT
-                            INSERTED.id,
-                            INSERTED.seq,
-                            0,
-                            INSERTED.priority,
-                            DELETED.visible_at,
-                            DELETED.leased_by,
-                            INSERTED.enqueued_at,
-                            INSERTED.due_at,
-                            INSERTED.attempts,
-                            INSERTED.lease_token,
-                            INSERTED.payload
-                        INTO @claimed (
-                            id, seq, own, priority, previous_visible_at, previous_worker,
-                            enqueued_at, due_at, attempts, lease_token, payload
-                        );
-                        SET @buried_count = 0;
-                        SET @exhausted = (
-                            SELECT COUNT(*)
-                            FROM @claimed AS c
-                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now
-                        );
-                        IF @exhausted > 0
-                            BEGIN
-                                DELETE m
-                                OUTPUT
-                                    DELETED.id,
-                                    DELETED.enqueued_at,
-                                    DELETED.due_at,
-                                    DELETED.priority,
-                                    c.attempts - 1,
-                                    N'lease expired',
-                                    c.previous_worker,
-                                    @now,
-                                    DELETED.payload
-                                INTO
-                                    @buried (
-                                        id, enqueued_at, due_at, priority, attempts,
-                                        last_error, last_worker, dead_at, payload
-                                    )
-                                FROM [queue].[thumbnails] AS m
-                                INNER JOIN @claimed AS c ON m.id = c.id
-                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
-                                SET @buried_count = @@ROWCOUNT;
-
-                                IF @buried_count > 0
-                                    BEGIN
-                                        DELETE d
-                                        FROM [queue].[thumbnails_dead] AS d
-                                        INNER JOIN @buried AS b ON d.id = b.id;
-
-                                        INSERT INTO [queue].[thumbnails_dead] (
-                                            id, enqueued_at, due_at, priority, attempts,
-                                            last_error, last_worker, dead_at, payload
-                                        )
-                                        SELECT
-                                            id,
-                                            enqueued_at,
-                                            due_at,
-                                            priority,
-                                            attempts,
-                                            last_error,
-                                            last_worker,
-                                            dead_at,
-                                            payload
-                                        FROM @buried;
-
-                                        DELETE FROM @buried;
-                                    END;
-
-                                DELETE c
-                                FROM @claimed AS c
-                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
-                            END;
-                        SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                        IF @buried_count = 0
-                            BEGIN
-                                SET @look_worker = (
-                                    SELECT TOP (1) m.leased_by
-                                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                                    WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
-                                    ORDER BY m.leased_by
-                                );
-                            END;
-                    END;
                 IF @remaining > 0
                     BEGIN
-                        SET @look_after = DATEADD(SECOND, 1, @now);
-                        SET XACT_ABORT OFF;
-                        BEGIN TRY
-                            -- Not transactional: a caller that rolls back still waits its second.
-                            EXEC sys.sp_set_session_context
-                                @key = N'tablequeue.queue.thumbnails.expired',
-                                @value = @look_after;
-                            SET XACT_ABORT ON;
-                        END TRY
-                        BEGIN CATCH
-                            SET XACT_ABORT ON;
-                            IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
-                        END CATCH;
+                        SET @look_worker = (
+                            SELECT TOP (1) m.leased_by
+                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                            WHERE m.leased_by IS NOT NULL
+                            ORDER BY m.leased_by
+                        );
+                        WHILE @look_worker IS NOT NULL AND @remaining > 0
+                            BEGIN
+                                WITH expired_leases AS (
+                                    SELECT TOP (@remaining)
+                                        m.id,
+                                        m.seq,
+                                        m.priority,
+                                        m.enqueued_at,
+                                        m.due_at,
+                                        m.visible_at,
+                                        m.attempts,
+                                        m.leased_by,
+                                        m.leased_at,
+                                        m.lease_token,
+                                        m.payload
+                                    FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                    WHERE
+                                        m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                        AND m.visible_at <= @now
+                                    ORDER BY m.visible_at, m.seq
+                                )
+
+                                UPDATE expired_leases
+                                SET
+                                    attempts = attempts + 1,
+                                    visible_at = @lease_until,
+                                    leased_by = @worker,
+                                    leased_at = @now,
+                                    lease_token = NEWID()
+                                OUTPUT
+                                    INSERTED.id,
+                                    INSERTED.seq,
+                                    0,
+                                    INSERTED.priority,
+                                    DELETED.visible_at,
+                                    DELETED.leased_by,
+                                    INSERTED.enqueued_at,
+                                    INSERTED.due_at,
+                                    INSERTED.attempts,
+                                    INSERTED.lease_token,
+                                    INSERTED.payload
+                                INTO @claimed (
+                                    id, seq, own, priority, previous_visible_at, previous_worker,
+                                    enqueued_at, due_at, attempts, lease_token, payload
+                                );
+                                IF @@ROWCOUNT = 0
+                                    BEGIN
+                                        SET @look_worker = (
+                                            SELECT TOP (1) m.leased_by
+                                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                            WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                            ORDER BY m.leased_by
+                                        );
+                                        CONTINUE;
+                                    END;
+                                SET @buried_count = 0;
+                                SET @exhausted = (
+                                    SELECT COUNT(*)
+                                    FROM @claimed AS c
+                                    WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                                );
+                                IF @exhausted > 0
+                                    BEGIN
+                                        DELETE m
+                                        OUTPUT
+                                            DELETED.id,
+                                            DELETED.enqueued_at,
+                                            DELETED.due_at,
+                                            DELETED.priority,
+                                            c.attempts - 1,
+                                            N'lease expired',
+                                            c.previous_worker,
+                                            @now,
+                                            DELETED.payload
+                                        INTO
+                                            @buried (
+                                                id, enqueued_at, due_at, priority, attempts,
+                                                last_error, last_worker, dead_at, payload
+                                            )
+                                        FROM [queue].[thumbnails] AS m
+                                        INNER JOIN @claimed AS c ON m.id = c.id
+                                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                        SET @buried_count = @@ROWCOUNT;
+
+                                        IF @buried_count > 0
+                                            BEGIN
+                                                DELETE d
+                                                FROM [queue].[thumbnails_dead] AS d
+                                                INNER JOIN @buried AS b ON d.id = b.id;
+
+                                                INSERT INTO [queue].[thumbnails_dead] (
+                                                    id, enqueued_at, due_at, priority, attempts,
+                                                    last_error, last_worker, dead_at, payload
+                                                )
+                                                SELECT
+                                                    id,
+                                                    enqueued_at,
+                                                    due_at,
+                                                    priority,
+                                                    attempts,
+                                                    last_error,
+                                                    last_worker,
+                                                    dead_at,
+                                                    payload
+                                                FROM @buried;
+
+                                                DELETE FROM @buried;
+                                            END;
+
+                                        DELETE c
+                                        FROM @claimed AS c
+                                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                    END;
+                                SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                                IF @buried_count = 0
+                                    BEGIN
+                                        SET @look_worker = (
+                                            SELECT TOP (1) m.leased_by
+                                            FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                            WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                            ORDER BY m.leased_by
+                                        );
+                                    END;
+                            END;
+                    END;
+                -- A look that filled the batch may have left more behind, and one the own
+                -- messages left no room for has not happened: either stays due. The key is this
+                -- call's own write (record_due_look), so that clearing it is never refused.
+                IF @remaining = 0 AND @look_recorded = 1
+                    BEGIN
+                        EXEC sys.sp_set_session_context
+                            @key = N'tablequeue.queue.thumbnails.expired',
+                            @value = NULL;
                     END;
             END;
 
@@ -2053,12 +2103,15 @@ BEGIN
                                     WHERE
                                         m.leased_by = @look_worker AND m.leased_by IS NOT NULL
                                         AND m.visible_at <= @now;
-                                    SET @look_worker = (
-                                        SELECT TOP (1) m.leased_by
-                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                                        WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
-                                        ORDER BY m.leased_by
-                                    );
+                                    IF @ready = 0
+                                        BEGIN
+                                            SET @look_worker = (
+                                                SELECT TOP (1) m.leased_by
+                                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                                WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                                ORDER BY m.leased_by
+                                            );
+                                        END;
                                 END;
                             IF @ready = 0
                                 BEGIN
@@ -2156,7 +2209,8 @@ BEGIN
             );
         END;
     -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
-    -- time on ix_thumbnails_lease (w.next_lease_holder), each holder's oldest first, so the oldest is exact.
+    -- time on ix_thumbnails_lease (w.next_lease_holder), each holder's oldest first. Once the
+    -- count passed the limit, only each remaining holder's oldest (one seek): the oldest stays exact.
     DECLARE @expired bigint = 0;
     DECLARE @oldest_expired datetime2(7);
     DECLARE @holder_oldest datetime2(7);
@@ -2170,17 +2224,28 @@ BEGIN
     WHILE @look_worker IS NOT NULL
         BEGIN
             SET @holder_oldest = NULL;
-            SELECT
-                @expired = @expired + COUNT_BIG(*),
-                @holder_oldest = MIN(e.visible_at)
-            FROM (
-                SELECT TOP (@exact_limit + 1) m.visible_at
-                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
-                ORDER BY m.visible_at
-            ) AS e;
+            IF @expired > @exact_limit
+                BEGIN
+                    SET @holder_oldest = (
+                        SELECT TOP (1) m.visible_at
+                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                        ORDER BY m.visible_at
+                    );
+                END;
+            ELSE
+                BEGIN
+                    SELECT
+                        @expired = @expired + COUNT_BIG(*),
+                        @holder_oldest = MIN(e.visible_at)
+                    FROM (
+                        SELECT TOP (@exact_limit + 1) m.visible_at
+                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                        ORDER BY m.visible_at
+                    ) AS e;
+                END;
             IF @oldest_expired IS NULL OR @holder_oldest < @oldest_expired SET @oldest_expired = @holder_oldest;
-            IF @expired > @exact_limit BREAK;
             SET @look_worker = (
                 SELECT TOP (1) m.leased_by
                 FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
@@ -2757,6 +2822,7 @@ BEGIN
                     ELSE 0
                 END;
                 DECLARE @look_after datetime2(7);
+                DECLARE @look_recorded bit = 0;
                 DECLARE @look_worker nvarchar(200);
                 DECLARE @buried TABLE (
                     id uniqueidentifier NOT NULL PRIMARY KEY,
@@ -2770,6 +2836,24 @@ BEGIN
                     payload nvarchar(MAX) NOT NULL
                 );
                 DECLARE @buried_count int = 0;
+                -- This session's look for expired leases, when due, is recorded first (record_look).
+                IF @look_due = 1
+                    BEGIN
+                        SET @look_after = DATEADD(SECOND, 1, @now);
+                        SET XACT_ABORT OFF;
+                        BEGIN TRY
+                            -- Not transactional: a caller that rolls back still waits its second.
+                            EXEC sys.sp_set_session_context
+                                @key = N'tablequeue.queue.thumbnails.expired',
+                                @value = @look_after;
+                            SET XACT_ABORT ON;
+                            SET @look_recorded = 1;
+                        END TRY
+                        BEGIN CATCH
+                            SET XACT_ABORT ON;
+                            IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
+                        END CATCH;
+                    END;
 
                 BEGIN TRY
                     -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction
@@ -2892,143 +2976,149 @@ BEGIN
 
                     -- 2. Expired leases, at most once a second per session (look_declarations), one lease holder
                     -- at a time; a holder whose expired lease went to the dead-letter table is looked at again.
-                    IF @remaining > 0 AND @look_due = 1
+                    IF @look_due = 1
                         BEGIN
-                            SET @look_worker = (
-                                SELECT TOP (1) m.leased_by
-                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                                WHERE m.leased_by IS NOT NULL
-                                ORDER BY m.leased_by
-                            );
-                            WHILE @look_worker IS NOT NULL AND @remaining > 0
-                                BEGIN
-                                    WITH expired_leases AS (
-                                        SELECT TOP (@remaining)
-                                            m.id,
-                                            m.seq,
-                                            m.priority,
-                                            m.enqueued_at,
-                                            m.due_at,
-                                            m.visible_at,
-                                            m.attempts,
-                                            m.leased_by,
-                                            m.leased_at,
-                                            m.lease_token,
-                                            m.payload
-                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
-                                        WHERE
-                                            m.leased_by = @look_worker AND m.leased_by IS NOT NULL
-                                            AND m.visible_at <= @now
-                                        ORDER BY m.visible_at, m.seq
-                                    )
-
-                                    UPDATE expired_leases
-                                    SET
-                                        attempts = attempts + 1,
-                                        visible_at = @lease_until,
-                                        leased_by = @worker,
-                                        leased_at = @now,
-                                        lease_token = NEWID()
-                                    OUTPUT
-                                        INSERTED.id,
-                                        INSERTED.seq,
-                                        0,
-                                        INSERTED.priority,
-                                        DELETED.visible_at,
-                                        DELETED.leased_by,
-                                        INSERTED.enqueued_at,
-                                        INSERTED.due_at,
-                                        INSERTED.attempts,
-                                        INSERTED.lease_token,
-                                        INSERTED.payload
-                                    INTO @claimed (
-                                        id, seq, own, priority, previous_visible_at, previous_worker,
-                                        enqueued_at, due_at, attempts, lease_token, payload
-                                    );
-                                    SET @buried_count = 0;
-                                    SET @exhausted = (
-                                        SELECT COUNT(*)
-                                        FROM @claimed AS c
-                                        WHERE c.attempts > 4 AND c.previous_visible_at <= @now
-                                    );
-                                    IF @exhausted > 0
-                                        BEGIN
-                                            DELETE m
-                                            OUTPUT
-                                                DELETED.id,
-                                                DELETED.enqueued_at,
-                                                DELETED.due_at,
-                                                DELETED.priority,
-                                                c.attempts - 1,
-                                                N'lease expired',
-                                                c.previous_worker,
-                                                @now,
-                                                DELETED.payload
-                                            INTO
-                                                @buried (
-                                                    id, enqueued_at, due_at, priority, attempts,
-                                                    last_error, last_worker, dead_at, payload
-                                                )
-                                            FROM [queue].[thumbnails] AS m
-                                            INNER JOIN @claimed AS c ON m.id = c.id
-                                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
-                                            SET @buried_count = @@ROWCOUNT;
-
-                                            IF @buried_count > 0
-                                                BEGIN
-                                                    DELETE d
-                                                    FROM [queue].[thumbnails_dead] AS d
-                                                    INNER JOIN @buried AS b ON d.id = b.id;
-
-                                                    INSERT INTO [queue].[thumbnails_dead] (
-                                                        id, enqueued_at, due_at, priority, attempts,
-                                                        last_error, last_worker, dead_at, payload
-                                                    )
-                                                    SELECT
-                                                        id,
-                                                        enqueued_at,
-                                                        due_at,
-                                                        priority,
-                                                        attempts,
-                                                        last_error,
-                                                        last_worker,
-                                                        dead_at,
-                                                        payload
-                                                    FROM @buried;
-
-                                                    DELETE FROM @buried;
-                                                END;
-
-                                            DELETE c
-                                            FROM @claimed AS c
-                                            WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
-                                        END;
-                                    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                                    IF @buried_count = 0
-                                        BEGIN
-                                            SET @look_worker = (
-                                                SELECT TOP (1) m.leased_by
-                                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                                                WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
-                                                ORDER BY m.leased_by
-                                            );
-                                        END;
-                                END;
                             IF @remaining > 0
                                 BEGIN
-                                    SET @look_after = DATEADD(SECOND, 1, @now);
-                                    SET XACT_ABORT OFF;
-                                    BEGIN TRY
-                                        -- Not transactional: a caller that rolls back still waits its second.
-                                        EXEC sys.sp_set_session_context
-                                            @key = N'tablequeue.queue.thumbnails.expired',
-                                            @value = @look_after;
-                                        SET XACT_ABORT ON;
-                                    END TRY
-                                    BEGIN CATCH
-                                        SET XACT_ABORT ON;
-                                        IF ERROR_NUMBER() NOT IN (15664, 15665) OR XACT_STATE() = -1 THROW;
-                                    END CATCH;
+                                    SET @look_worker = (
+                                        SELECT TOP (1) m.leased_by
+                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                        WHERE m.leased_by IS NOT NULL
+                                        ORDER BY m.leased_by
+                                    );
+                                    WHILE @look_worker IS NOT NULL AND @remaining > 0
+                                        BEGIN
+                                            WITH expired_leases AS (
+                                                SELECT TOP (@remaining)
+                                                    m.id,
+                                                    m.seq,
+                                                    m.priority,
+                                                    m.enqueued_at,
+                                                    m.due_at,
+                                                    m.visible_at,
+                                                    m.attempts,
+                                                    m.leased_by,
+                                                    m.leased_at,
+                                                    m.lease_token,
+                                                    m.payload
+                                                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, UPDLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+                                                WHERE
+                                                    m.leased_by = @look_worker AND m.leased_by IS NOT NULL
+                                                    AND m.visible_at <= @now
+                                                ORDER BY m.visible_at, m.seq
+                                            )
+
+                                            UPDATE expired_leases
+                                            SET
+                                                attempts = attempts + 1,
+                                                visible_at = @lease_until,
+                                                leased_by = @worker,
+                                                leased_at = @now,
+                                                lease_token = NEWID()
+                                            OUTPUT
+                                                INSERTED.id,
+                                                INSERTED.seq,
+                                                0,
+                                                INSERTED.priority,
+                                                DELETED.visible_at,
+                                                DELETED.leased_by,
+                                                INSERTED.enqueued_at,
+                                                INSERTED.due_at,
+                                                INSERTED.attempts,
+                                                INSERTED.lease_token,
+                                                INSERTED.payload
+                                            INTO @claimed (
+                                                id, seq, own, priority, previous_visible_at, previous_worker,
+                                                enqueued_at, due_at, attempts, lease_token, payload
+                                            );
+                                            IF @@ROWCOUNT = 0
+                                                BEGIN
+                                                    SET @look_worker = (
+                                                        SELECT TOP (1) m.leased_by
+                                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                                        WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                                        ORDER BY m.leased_by
+                                                    );
+                                                    CONTINUE;
+                                                END;
+                                            SET @buried_count = 0;
+                                            SET @exhausted = (
+                                                SELECT COUNT(*)
+                                                FROM @claimed AS c
+                                                WHERE c.attempts > 4 AND c.previous_visible_at <= @now
+                                            );
+                                            IF @exhausted > 0
+                                                BEGIN
+                                                    DELETE m
+                                                    OUTPUT
+                                                        DELETED.id,
+                                                        DELETED.enqueued_at,
+                                                        DELETED.due_at,
+                                                        DELETED.priority,
+                                                        c.attempts - 1,
+                                                        N'lease expired',
+                                                        c.previous_worker,
+                                                        @now,
+                                                        DELETED.payload
+                                                    INTO
+                                                        @buried (
+                                                            id, enqueued_at, due_at, priority, attempts,
+                                                            last_error, last_worker, dead_at, payload
+                                                        )
+                                                    FROM [queue].[thumbnails] AS m
+                                                    INNER JOIN @claimed AS c ON m.id = c.id
+                                                    WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                                    SET @buried_count = @@ROWCOUNT;
+
+                                                    IF @buried_count > 0
+                                                        BEGIN
+                                                            DELETE d
+                                                            FROM [queue].[thumbnails_dead] AS d
+                                                            INNER JOIN @buried AS b ON d.id = b.id;
+
+                                                            INSERT INTO [queue].[thumbnails_dead] (
+                                                                id, enqueued_at, due_at, priority, attempts,
+                                                                last_error, last_worker, dead_at, payload
+                                                            )
+                                                            SELECT
+                                                                id,
+                                                                enqueued_at,
+                                                                due_at,
+                                                                priority,
+                                                                attempts,
+                                                                last_error,
+                                                                last_worker,
+                                                                dead_at,
+                                                                payload
+                                                            FROM @buried;
+
+                                                            DELETE FROM @buried;
+                                                        END;
+
+                                                    DELETE c
+                                                    FROM @claimed AS c
+                                                    WHERE c.attempts > 4 AND c.previous_visible_at <= @now;
+                                                END;
+                                            SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                                            IF @buried_count = 0
+                                                BEGIN
+                                                    SET @look_worker = (
+                                                        SELECT TOP (1) m.leased_by
+                                                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                                                        WHERE m.leased_by > @look_worker AND m.leased_by IS NOT NULL
+                                                        ORDER BY m.leased_by
+                                                    );
+                                                END;
+                                        END;
+                                END;
+                            -- A look that filled the batch may have left more behind, and one the own
+                            -- messages left no room for has not happened: either stays due. The key is this
+                            -- call's own write (record_due_look), so that clearing it is never refused.
+                            IF @remaining = 0 AND @look_recorded = 1
+                                BEGIN
+                                    EXEC sys.sp_set_session_context
+                                        @key = N'tablequeue.queue.thumbnails.expired',
+                                        @value = NULL;
                                 END;
                         END;
 

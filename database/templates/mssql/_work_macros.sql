@@ -389,8 +389,10 @@ CASE
 {#- Record the session's look: its next one is due a second after @now. Best effort, under XACT_ABORT
     OFF for this one statement: sp_set_session_context refuses a key the session made read-only
     (15664) or a session context over its size limit (15665), and under XACT_ABORT ON either would
-    roll back the caller's transaction; a refused write only makes the session look again next call. -#}
-{% macro record_look() %}
+    roll back the caller's transaction; a refused write only makes the session look again next call.
+    Only where this call holds no lock of its own: a client's attention (a timeout, a cancel) that
+    ends the batch under XACT_ABORT OFF rolls nothing back. `recorded`: a bit set once it is written. -#}
+{% macro record_look(recorded=none) %}
     SET @look_after = DATEADD(SECOND, 1, @now);
     SET XACT_ABORT OFF;
     BEGIN TRY
@@ -399,6 +401,9 @@ CASE
             @key = {{ look_key }},
             @value = @look_after;
         SET XACT_ABORT ON;
+{% if recorded %}
+        SET {{ recorded }} = 1;
+{% endif %}
     END TRY
     BEGIN CATCH
         SET XACT_ABORT ON;
@@ -410,7 +415,19 @@ CASE
     DECLARE @next_look sql_variant = SESSION_CONTEXT({{ look_key }});
     DECLARE @look_due bit = {{ look_due() }};
     DECLARE @look_after datetime2(7);
+    DECLARE @look_recorded bit = 0;
     DECLARE @look_worker nvarchar(200);
+{%- endmacro %}
+
+{#- A due look is recorded before the claim's transaction opens and before any table is read
+    (record_look: no lock of this call is held in its window); look_for_expired_leases takes the
+    record back where the look must stay due. -#}
+{% macro record_due_look() %}
+    -- This session's look for expired leases, when due, is recorded first (record_look).
+    IF @look_due = 1
+        BEGIN
+{{ record_look('@look_recorded') | indent(8, first=true) }}
+        END;
 {%- endmacro %}
 
 {% macro look_for_expired_leases() %}
@@ -419,23 +436,36 @@ CASE
 {% if groups %}
     -- Only messages without a group: an expired grouped head comes back on {{ grp.heads_ix }}.
 {% endif %}
-    IF @remaining > 0 AND @look_due = 1
+    IF @look_due = 1
         BEGIN
-{{ next_lease_holder(after=false) | indent(8, first=true) }}
-            WHILE @look_worker IS NOT NULL AND @remaining > 0
-                BEGIN
-{{ claim_statement('expired_leases', '@remaining', expired_where, false, lease_index) | indent(16, first=true) }}
-                    SET @buried_count = 0;
-{{ bury_exhausted() | indent(16, first=true) }}
-                    SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
-                    IF @buried_count = 0
-                        BEGIN
-{{ next_lease_holder() | indent(24, first=true) }}
-                        END;
-                END;
             IF @remaining > 0
                 BEGIN
-{{ record_look() | indent(16, first=true) }}
+{{ next_lease_holder(after=false) | indent(16, first=true) }}
+                    WHILE @look_worker IS NOT NULL AND @remaining > 0
+                        BEGIN
+{{ claim_statement('expired_leases', '@remaining', expired_where, false, lease_index) | indent(24, first=true) }}
+                            IF @@ROWCOUNT = 0
+                                BEGIN
+{{ next_lease_holder() | indent(32, first=true) }}
+                                    CONTINUE;
+                                END;
+                            SET @buried_count = 0;
+{{ bury_exhausted() | indent(24, first=true) }}
+                            SET @remaining = @batch_size - (SELECT COUNT(*) FROM @claimed);
+                            IF @buried_count = 0
+                                BEGIN
+{{ next_lease_holder() | indent(32, first=true) }}
+                                END;
+                        END;
+                END;
+            -- A look that filled the batch may have left more behind, and one the own
+            -- messages left no room for has not happened: either stays due. The key is this
+            -- call's own write (record_due_look), so that clearing it is never refused.
+            IF @remaining = 0 AND @look_recorded = 1
+                BEGIN
+                    EXEC sys.sp_set_session_context
+                        @key = {{ look_key }},
+                        @value = NULL;
                 END;
         END;
 {%- endmacro %}
@@ -693,6 +723,7 @@ CASE
 
 {% macro claim() %}
 {{ claim_declarations() }}
+{{ record_due_look() }}
 
     BEGIN TRY
         -- A caller in implicit-transaction mode (ODBC/JDBC autocommit off) owns the transaction

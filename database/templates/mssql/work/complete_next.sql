@@ -29,6 +29,7 @@ BEGIN
 {{ w.claimed_table() }}
 {{ w.claim_declarations() }}
     DECLARE @previous_completed bit;
+{{ w.record_due_look() }}
 
     BEGIN TRY
         -- In implicit-transaction mode the caller owns the transaction the next statement opens.

@@ -107,7 +107,8 @@ BEGIN
 {% endif %}
 {% endif %}
     -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
-    -- time on ix_{{ queue.name }}_lease (w.next_lease_holder), each holder's oldest first, so the oldest is exact.
+    -- time on ix_{{ queue.name }}_lease (w.next_lease_holder), each holder's oldest first. Once the
+    -- count passed the limit, only each remaining holder's oldest (one seek): the oldest stays exact.
     DECLARE @expired bigint = 0;
     DECLARE @oldest_expired datetime2(7);
     DECLARE @holder_oldest datetime2(7);
@@ -116,17 +117,28 @@ BEGIN
     WHILE @look_worker IS NOT NULL
         BEGIN
             SET @holder_oldest = NULL;
-            SELECT
-                @expired = @expired + COUNT_BIG(*),
-                @holder_oldest = MIN(e.visible_at)
-            FROM (
-                SELECT TOP (@exact_limit + 1) m.visible_at
-                FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
-                ORDER BY m.visible_at
-            ) AS e;
+            IF @expired > @exact_limit
+                BEGIN
+                    SET @holder_oldest = (
+                        SELECT TOP (1) m.visible_at
+                        FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                        ORDER BY m.visible_at
+                    );
+                END;
+            ELSE
+                BEGIN
+                    SELECT
+                        @expired = @expired + COUNT_BIG(*),
+                        @holder_oldest = MIN(e.visible_at)
+                    FROM (
+                        SELECT TOP (@exact_limit + 1) m.visible_at
+                        FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                        ORDER BY m.visible_at
+                    ) AS e;
+                END;
             IF @oldest_expired IS NULL OR @holder_oldest < @oldest_expired SET @oldest_expired = @holder_oldest;
-            IF @expired > @exact_limit BREAK;
 {{ w.next_lease_holder() | indent(8, first=true) }}
         END;
     -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.

@@ -19,7 +19,10 @@
                                     FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                                     WHERE
                                         {{ w.expired_where | replace('\n            ', '\n                                        ') }};
-{{ w.next_lease_holder() | indent(32, first=true) }}
+                                    IF @ready = 0
+                                        BEGIN
+{{ w.next_lease_holder() | indent(40, first=true) }}
+                                        END;
                                 END;
                             IF @ready = 0
                                 BEGIN

@@ -67,9 +67,12 @@ def work_raw_cycle(env, queue: str, lease: int = 300) -> str | None:  # noqa: AN
 
 def work_minimal_cycle(env, queue: str, lease: int = 300) -> str:  # noqa: ANN001
     """The leanest lease cycle: one claim UPDATE (literal LIMIT 1, so its generic plan is cached)
-    and one DELETE."""
+    and one DELETE. The claim reads the messages nobody leases, as ix_<q>_ready holds them (storage
+    v3: without `leased_by IS NULL` it cannot use that partial index and reads the table); it does
+    not take expired leases back, which the functions' look does."""
     t = env.table(queue)
-    claim = (f"WITH n AS (SELECT m.id FROM {t} AS m WHERE m.visible_at <= now() ORDER BY m.visible_at, m.id "
+    claim = (f"WITH n AS (SELECT m.id FROM {t} AS m WHERE m.leased_by IS NULL AND m.visible_at <= now() "
+             f"ORDER BY m.visible_at, m.id "
              f"LIMIT 1 FOR UPDATE SKIP LOCKED) UPDATE {t} AS m SET attempts = m.attempts + 1, "
              f"visible_at = now() + make_interval(secs => {lease}), leased_by = {WORKER}, leased_at = now() "
              f"FROM n WHERE m.id = n.id RETURNING m.id, m.payload, m.enqueued_at, m.due_at, m.attempts \\gset p_\n")

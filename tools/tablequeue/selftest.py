@@ -491,6 +491,7 @@ def _conformance_half(result: SelftestResult, options: SelftestOptions, mode: Mo
                 "the conformance tests come with a checkout of the tablequeue repository, not with the "
                 "installed package; run selftest from a checkout"))
         tests_dir = root / "tests" / "conformance"
+    tests_dir = tests_dir.resolve()
     if not tests_dir.is_dir():
         return HalfRun("conformance", "not run", (
             f"the conformance tests are not here ({tests_dir} does not exist): they come with a checkout "
@@ -517,7 +518,10 @@ def _conformance_half(result: SelftestResult, options: SelftestOptions, mode: Mo
     clock = time.monotonic()
     sys.stdout.flush()
     try:
-        completed = subprocess.run(command, env=env, check=False)
+        # From the suite's folder: without a configuration file above it, pytest's root (and so the
+        # JUnit class names the report lists) is then the suite's folder, not the folder it shares
+        # with wherever selftest was started (a checkout under /tmp: /tmp).
+        completed = subprocess.run(command, env=env, check=False, cwd=tests_dir)
         return _conformance_outcome(junit_path, completed.returncode, time.monotonic() - clock)
     finally:
         junit_path.unlink(missing_ok=True)

@@ -23,7 +23,7 @@ def test_a_read_only_look_key_leaves_the_callers_transaction_committable(deploy_
     conn = deployed.connect(autocommit=mode == "begin_transaction")
     try:
         producer = deployed.client("q", setup)
-        for n in range(3):
+        for n in range(2):
             producer.enqueue(payload={"n": n})
         # A value of another type is never trusted: the look is due on every call, and every record refused.
         conn.execute("EXEC sys.sp_set_session_context @key = ?, @value = 0, @read_only = 1",
@@ -36,16 +36,17 @@ def test_a_read_only_look_key_leaves_the_callers_transaction_committable(deploy_
         assert tuple(conn.execute("SELECT XACT_STATE(), @@TRANCOUNT").fetchone()) == (1, 1)
         completed, taken = client.complete_next(first[0]["id"], worker="w", lease_token=first[0]["lease_token"])
         assert completed and len(taken) == 1
-        assert client.wait(0) is True
+        # Nothing ready: wait's probe for expired leases runs, and its record is refused too.
+        assert client.wait(0) is False
         assert tuple(conn.execute("SELECT XACT_STATE(), @@TRANCOUNT").fetchone()) == (1, 1)
         if mode == "begin_transaction":
             conn.execute("COMMIT TRANSACTION")
         else:
             conn.commit()
         assert tuple(conn.execute("SELECT @@TRANCOUNT").fetchone()) == (0,)
-        # Committed: one message gone, one leased to w, one ready.
+        # Committed: the first message gone, the second leased to w.
         rows = setup.execute(f"SELECT leased_by FROM [{schema}].[q] ORDER BY id").fetchall()
-        assert [r[0] for r in rows] == ["w", None]
+        assert [r[0] for r in rows] == ["w"]
     finally:
         conn.close()
         setup.close()

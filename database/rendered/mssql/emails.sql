@@ -832,6 +832,12 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        IF @look_recorded = 1 AND XACT_STATE() <> -1
+            BEGIN
+                EXEC sys.sp_set_session_context
+                    @key = N'tablequeue.queue.emails.expired',
+                    @value = NULL;
+            END;
         THROW;
     END CATCH;
 
@@ -1837,6 +1843,12 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        IF @look_recorded = 1 AND XACT_STATE() <> -1
+            BEGIN
+                EXEC sys.sp_set_session_context
+                    @key = N'tablequeue.queue.emails.expired',
+                    @value = NULL;
+            END;
         THROW;
     END CATCH;
 

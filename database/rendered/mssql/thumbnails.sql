@@ -877,6 +877,12 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        IF @look_recorded = 1 AND XACT_STATE() <> -1
+            BEGIN
+                EXEC sys.sp_set_session_context
+                    @key = N'tablequeue.queue.thumbnails.expired',
+                    @value = NULL;
+            END;
         THROW;
     END CATCH;
 
@@ -1993,6 +1999,12 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+        IF @look_recorded = 1 AND XACT_STATE() <> -1
+            BEGIN
+                EXEC sys.sp_set_session_context
+                    @key = N'tablequeue.queue.thumbnails.expired',
+                    @value = NULL;
+            END;
         THROW;
     END CATCH;
 
@@ -3259,6 +3271,12 @@ BEGIN
                 END TRY
                 BEGIN CATCH
                     IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+                    IF @look_recorded = 1 AND XACT_STATE() <> -1
+                        BEGIN
+                            EXEC sys.sp_set_session_context
+                                @key = N'tablequeue.queue.thumbnails.expired',
+                                @value = NULL;
+                        END;
                     THROW;
                 END CATCH;
             END TRY

@@ -419,6 +419,23 @@ CASE
     DECLARE @look_worker nvarchar(200);
 {%- endmacro %}
 
+{#- Take the session's record of its look back (the next call looks): only after this call's own write
+    (@look_recorded), which clearing cannot be refused. -#}
+{% macro clear_look() %}
+    EXEC sys.sp_set_session_context
+        @key = {{ look_key }},
+        @value = NULL;
+{%- endmacro %}
+
+{#- A claim that failed after record_due_look may not have looked: the next call looks (not in a
+    doomed transaction, which allows no write). -#}
+{% macro forget_failed_look() %}
+        IF @look_recorded = 1 AND XACT_STATE() <> -1
+            BEGIN
+{{ clear_look() | indent(12, first=true) }}
+            END;
+{%- endmacro %}
+
 {#- A due look is recorded before the claim's transaction opens and before any table is read
     (record_look: no lock of this call is held in its window); look_for_expired_leases takes the
     record back where the look must stay due. -#}
@@ -463,9 +480,7 @@ CASE
             -- call's own write (record_due_look), so that clearing it is never refused.
             IF @remaining = 0 AND @look_recorded = 1
                 BEGIN
-                    EXEC sys.sp_set_session_context
-                        @key = {{ look_key }},
-                        @value = NULL;
+{{ clear_look() | indent(16, first=true) }}
                 END;
         END;
 {%- endmacro %}
@@ -741,6 +756,7 @@ CASE
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+{{ forget_failed_look() }}
         THROW;
     END CATCH;
 {%- endmacro %}

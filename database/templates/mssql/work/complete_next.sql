@@ -69,6 +69,7 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+{{ w.forget_failed_look() }}
         THROW;
     END CATCH;
 

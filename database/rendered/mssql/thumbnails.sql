@@ -2235,28 +2235,16 @@ BEGIN
     );
     WHILE @look_worker IS NOT NULL
         BEGIN
-            SET @holder_oldest = NULL;
-            IF @expired > @exact_limit
-                BEGIN
-                    SET @holder_oldest = (
-                        SELECT TOP (1) m.visible_at
-                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
-                        ORDER BY m.visible_at
-                    );
-                END;
-            ELSE
-                BEGIN
-                    SELECT
-                        @expired = @expired + COUNT_BIG(*),
-                        @holder_oldest = MIN(e.visible_at)
-                    FROM (
-                        SELECT TOP (@exact_limit + 1) m.visible_at
-                        FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
-                        ORDER BY m.visible_at
-                    ) AS e;
-                END;
+            -- Past the limit: no more counting, the holder's oldest only (TOP (1)).
+            SELECT
+                @expired = @expired + IIF(@expired > @exact_limit, 0, COUNT_BIG(*)),
+                @holder_oldest = MIN(e.visible_at)
+            FROM (
+                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1)) m.visible_at
+                FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                ORDER BY m.visible_at
+            ) AS e;
             IF @oldest_expired IS NULL OR @holder_oldest < @oldest_expired SET @oldest_expired = @holder_oldest;
             SET @look_worker = (
                 SELECT TOP (1) m.leased_by

@@ -116,28 +116,16 @@ BEGIN
 {{ w.next_lease_holder(after=false) }}
     WHILE @look_worker IS NOT NULL
         BEGIN
-            SET @holder_oldest = NULL;
-            IF @expired > @exact_limit
-                BEGIN
-                    SET @holder_oldest = (
-                        SELECT TOP (1) m.visible_at
-                        FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
-                        ORDER BY m.visible_at
-                    );
-                END;
-            ELSE
-                BEGIN
-                    SELECT
-                        @expired = @expired + COUNT_BIG(*),
-                        @holder_oldest = MIN(e.visible_at)
-                    FROM (
-                        SELECT TOP (@exact_limit + 1) m.visible_at
-                        FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-                        WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
-                        ORDER BY m.visible_at
-                    ) AS e;
-                END;
+            -- Past the limit: no more counting, the holder's oldest only (TOP (1)).
+            SELECT
+                @expired = @expired + IIF(@expired > @exact_limit, 0, COUNT_BIG(*)),
+                @holder_oldest = MIN(e.visible_at)
+            FROM (
+                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1)) m.visible_at
+                FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
+                ORDER BY m.visible_at
+            ) AS e;
             IF @oldest_expired IS NULL OR @holder_oldest < @oldest_expired SET @oldest_expired = @holder_oldest;
 {{ w.next_lease_holder() | indent(8, first=true) }}
         END;

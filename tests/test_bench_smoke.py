@@ -233,3 +233,17 @@ def test_quick_consumers_part_merged_into_earlier_results_keeps_their_parts(
     assert "## Throughput and latency by processes and batch size" in report
     assert "The `consumers` part comes from a later run of its own" in report
     assert "consumers at 200 msg/s: waiting against polling" in report
+
+
+def test_migration_locks_upgrades_the_kept_release_through_every_work_storage_version(pg_url: str) -> None:
+    from bench import migration_locks
+
+    scenario = next(s for s in migration_locks.SCENARIOS if s.release)
+    steps = migration_locks.run(pg_url, scenario, rows=50)
+    timed = {(migration, what) for migration, _, what, _ in steps}
+    assert ("work_table_v1_to_v2", "add column lease_token") in timed
+    assert ("work_table_v2_to_v3", "build ix_q_ready CONCURRENTLY") in timed
+    assert {what for migration, mode, what, _ in steps
+            if migration == "work_table_v2_to_v3" and "after the code" in mode} == \
+        {"drop ix_q_claim CONCURRENTLY", "drop ix_q_lease CONCURRENTLY"}
+    assert steps[-1][0] == "(whole deploy)"

@@ -347,6 +347,25 @@ def test_a_message_enqueued_while_a_consumer_holds_its_group_is_not_stranded(dep
             conn.close()
 
 
+def test_stats_past_the_grouped_read_splits_the_unread_messages_as_among_those_read(deploy_queues) -> None:
+    # 15,000 grouped messages, none due: stats reads 10,001 of them (all delayed) and gives the rest of
+    # the row estimate to delayed too; before the split, all of it went to ready (the senior-PostgreSQL
+    # review: a "ready > 0" alert fired on a queue that was only scheduled).
+    deployed = deploy_queues(grouped("work"))
+    conn = deployed.connect()
+    try:
+        client = deployed.client("q", conn)
+        later = datetime.now(timezone.utc) + timedelta(hours=1)
+        for start in range(0, 15_000, 1000):
+            client.enqueue_batch([{"payload": {"n": n}, "group_key": f"g{n % 100}", "due_at": later}
+                                  for n in range(start, start + 1000)])
+        conn.execute(f'ANALYZE "{deployed.catalog.schema}"."q"')
+        stats = client.stats()
+        assert stats["estimated"] and stats["ready"] == 0 and 14_000 <= stats["delayed"] <= 16_000, stats
+    finally:
+        conn.close()
+
+
 def test_purge_never_deletes_the_row_of_a_group_whose_producer_has_not_committed(deploy_queues) -> None:
     """A group looks empty to purge while a producer's message in it is uncommitted: the producer
     holds the group's row (it took it) or pins it (FOR KEY SHARE, when a consumer held it), and purge

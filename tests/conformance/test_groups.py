@@ -418,3 +418,51 @@ def test_work_a_head_whose_last_lease_expired_goes_dead_and_the_same_dequeue_mov
     assert ids(client.dequeue(batch_size=10, worker="w2")) == [a[1]]
     dead = client.dead_list()
     assert [row["id"] for row in dead] == [a[0]] and dead[0]["last_error"] == "lease expired"
+
+
+def test_work_stats_counts_grouped_and_ungrouped_messages_in_every_state_once(grouped_deploy) -> None:
+    client = grouped_deploy("work", max_attempts=1).client()
+    later = server_now(client) + timedelta(hours=1)
+    a = ids([client.enqueue({"n": n}, group_key="a") for n in range(3)])
+    client.enqueue({"n": 0}, group_key="b", due_at=later)     # a head not yet due, and one behind it
+    client.enqueue({"n": 1}, group_key="b")
+    loose = ids([client.enqueue({"n": n}) for n in range(2)])
+    client.enqueue({"n": 2}, due_at=later)
+
+    def figures() -> tuple[int, int, int, int]:
+        stats = client.stats()
+        assert not stats["estimated"]
+        return stats["ready"], stats["delayed"], stats["in_flight"], stats["dead"]
+
+    # ready counts due messages whether or not they wait behind their group's head; only what a
+    # dequeue could take ages it.
+    assert figures() == (6, 2, 0, 0) and client.stats()["oldest_ready_age_seconds"] >= 0
+    taken = client.dequeue(batch_size=10, worker="w")
+    assert sorted(ids(taken)) == sorted([a[0], *loose])
+    assert figures() == (3, 2, 3, 0) and client.stats()["oldest_ready_age_seconds"] is None
+    head = next(m for m in taken if m["id"] == a[0])
+    assert client.fail(a[0], "w", "boom", lease_token=head["lease_token"]) == "dead"
+    assert figures() == (3, 2, 2, 1)
+
+
+@pytest.mark.parametrize("grouped, tail", [(10_000, "ungrouped"), (10_001, "grouped")])
+def test_work_stats_reads_a_bounded_number_of_grouped_messages_and_says_past_it_that_it_estimates(
+        grouped_deploy, grouped: int, tail: str) -> None:
+    # Grouped messages are counted among the first 10,001 along the group index (by group key): a
+    # delayed message in group z, after them, is not read (delayed is a lower bound) and the figures
+    # say they are an estimate. 10,000 of them and one without a group are two exact counts, whose
+    # sum past the limit is no estimate.
+    client = grouped_deploy("work").client()
+    for start in range(0, grouped, 1000):
+        client.enqueue_batch([{"payload": {"n": n}, "group_key": f"g{n % 100}"}
+                              for n in range(start, min(start + 1000, grouped))])
+    if tail == "ungrouped":
+        client.enqueue({"n": -1})
+        assert client.stats() | {"oldest_ready_age_seconds": None} == {
+            "ready": 10_001, "delayed": 0, "in_flight": 0, "dead": 0, "oldest_ready_age_seconds": None,
+            "estimated": False}
+    else:
+        client.enqueue({"n": -1}, group_key="z", due_at=server_now(client) + timedelta(hours=1))
+        stats = client.stats()
+        assert stats["estimated"] and stats["ready"] >= 10_001
+        assert (stats["delayed"], stats["in_flight"]) == (0, 0)

@@ -1025,6 +1025,27 @@ def test_stats_counts_each_state_once(deploy) -> None:
     assert client.stats()["oldest_ready_age_seconds"] >= 0
 
 
+def test_stats_counts_expired_leases_over_every_holder_up_to_the_limit_and_estimates_past_it(deploy) -> None:
+    # Each count stops at 10,001 rows: expired leases of eleven holders pass it together (SQL Server
+    # walks the holders one at a time, with what is left of the limit), and 10,000 are exact. One
+    # batch per holder: a worker asking again gets its own messages back.
+    # Leases of 3 seconds, all taken within them (or a later dequeue's look would take an earlier
+    # holder's expired ones back instead of new messages).
+    client = deploy(work(max_attempts=5)).client()
+    for start in range(0, 10_001, 1000):
+        client.enqueue_batch([{"payload": {"i": i}} for i in range(start, min(start + 1000, 10_001))])
+    started = time.monotonic()
+    batches = [client.dequeue(batch_size=1000 if n < 10 else 1, worker=f"w{n}", lease_seconds=3) for n in range(11)]
+    assert time.monotonic() - started < 3 and sum(map(len, batches)) == 10_001
+    time.sleep(3.3)
+    past = client.stats()
+    assert past["estimated"] and past["ready"] >= 10_001
+    assert (past["delayed"], past["in_flight"], past["dead"]) == (0, 0, 0)
+    [taken] = client.dequeue(worker="w11", lease_seconds=60)   # an expired lease, leased anew
+    assert taken["attempts"] == 2
+    assert counts(client) == (10_000, 0, 1, 0)
+
+
 # --- consumers v2: lease tokens, release, batch acknowledgement, complete_next, wait ----------------
 
 def test_every_lease_has_a_token_and_a_worker_asking_again_gets_the_same_one(deploy) -> None:

@@ -3605,6 +3605,215 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[test stats of expired leases, 10000 of one holder are exact]
+AS
+BEGIN
+    -- Assemble: 10000 leases of 'a' that expired a minute ago.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at, payload
+    )
+    SELECT TOP (10000)
+        NEWID() AS id,
+        0 + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -3600, @now) AS due_at,
+        DATEADD(SECOND, -60, @now) AS visible_at,
+        0 AS priority,
+        1 AS attempts,
+        N'a' AS leased_by,
+        DATEADD(SECOND, -1800, @now) AS leased_at,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[thumbnails_stats];
+
+    -- Assert: the oldest expiry, exact whatever the count; the count exact up to the limit, and past
+    -- it an estimate (the catalog's row count) of at least the limit and one.
+    SELECT
+        s.estimated,
+        CONVERT(bit, IIF(s.ready = 10000, 1, 0)) AS ready_as_expected,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 59 AND 120, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.estimated,
+        a.ready_as_expected,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (estimated, ready_as_expected, age_of_the_oldest)
+    VALUES (0, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test stats of expired leases, 5000 and 5001 of two are past the limit]
+AS
+BEGIN
+    -- Assemble: 5000 leases of 'a' that expired a minute ago, 5001 of 'b' that expired 60 seconds ago.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at, payload
+    )
+    SELECT TOP (5000)
+        NEWID() AS id,
+        0 + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -3600, @now) AS due_at,
+        DATEADD(SECOND, -60, @now) AS visible_at,
+        0 AS priority,
+        1 AS attempts,
+        N'a' AS leased_by,
+        DATEADD(SECOND, -1800, @now) AS leased_at,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at, payload
+    )
+    SELECT TOP (5001)
+        NEWID() AS id,
+        100000 + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -3600, @now) AS due_at,
+        DATEADD(SECOND, -60, @now) AS visible_at,
+        0 AS priority,
+        1 AS attempts,
+        N'b' AS leased_by,
+        DATEADD(SECOND, -1800, @now) AS leased_at,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[thumbnails_stats];
+
+    -- Assert: the oldest expiry, exact whatever the count; the count exact up to the limit, and past
+    -- it an estimate (the catalog's row count) of at least the limit and one.
+    SELECT
+        s.estimated,
+        CONVERT(bit, IIF(s.ready >= 10001, 1, 0)) AS ready_as_expected,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 59 AND 120, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.estimated,
+        a.ready_as_expected,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (estimated, ready_as_expected, age_of_the_oldest)
+    VALUES (1, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test stats of expired leases, past the limit the oldest is exact]
+AS
+BEGIN
+    -- Assemble: 10001 leases of 'a' that expired a minute ago, 1 of 'b' that expired 600 seconds ago.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at, payload
+    )
+    SELECT TOP (10001)
+        NEWID() AS id,
+        0 + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -3600, @now) AS due_at,
+        DATEADD(SECOND, -60, @now) AS visible_at,
+        0 AS priority,
+        1 AS attempts,
+        N'a' AS leased_by,
+        DATEADD(SECOND, -1800, @now) AS leased_at,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at, payload
+    )
+    SELECT TOP (1)
+        NEWID() AS id,
+        100000 + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -3600, @now) AS due_at,
+        DATEADD(SECOND, -600, @now) AS visible_at,
+        0 AS priority,
+        1 AS attempts,
+        N'b' AS leased_by,
+        DATEADD(SECOND, -1800, @now) AS leased_at,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[thumbnails_stats];
+
+    -- Assert: the oldest expiry, exact whatever the count; the count exact up to the limit, and past
+    -- it an estimate (the catalog's row count) of at least the limit and one.
+    SELECT
+        s.estimated,
+        CONVERT(bit, IIF(s.ready >= 10001, 1, 0)) AS ready_as_expected,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 599 AND 660, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.estimated,
+        a.ready_as_expected,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (estimated, ready_as_expected, age_of_the_oldest)
+    VALUES (1, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[test stats past 10000 rows estimates from the catalog row count]
 AS
 BEGIN

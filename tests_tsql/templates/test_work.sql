@@ -69,6 +69,21 @@
         N'{{ error }}', N'w', DATEADD(SECOND, -60, @now), {{ sample(n) }}
     );
 {%- endmacro %}
+{#- The Act of a stats test: its one row into #Stats. -#}
+{% macro stats_into_temp() %}
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC {{ names.verb('stats') }};
+{%- endmacro %}
 {#- The columns of dequeue's result set, for a #table that INSERT ... EXEC fills. -#}
 {% macro dequeue_columns() %}
         id {{ id_type }} NOT NULL,
@@ -2063,18 +2078,7 @@ BEGIN
 {{ insert_message(4, visible=60, leased_by='w', attempts=1) }}
 {{ insert_message(5, visible=60, leased_by='w', attempts=1) }}
 {{ insert_dead(6) }}
-    CREATE TABLE #Stats (
-        ready bigint NOT NULL,
-        delayed bigint NOT NULL,
-        in_flight bigint NOT NULL,
-        dead bigint NOT NULL,
-        oldest_ready_age_seconds float NULL,
-        estimated bit NOT NULL
-    );
-
-    -- Act
-    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
-    EXEC {{ names.verb('stats') }};
+{{ stats_into_temp() }}
 
     -- Assert
     SELECT
@@ -2103,6 +2107,69 @@ BEGIN
 END;
 GO
 
+{# Expired leases of holders 'a' and 'b' around the count's limit: (case, a's count, b's count, b's
+    lease expiry in seconds ago, estimated, exact ready or none). #}
+{% for case, a_count, b_count, b_expired, estimated, ready in [
+    ('10000 of one holder are exact', 10000, 0, 60, 0, 10000),
+    ('5000 and 5001 of two are past the limit', 5000, 5001, 60, 1, none),
+    ('past the limit the oldest is exact', 10001, 1, 600, 1, none)] %}
+CREATE PROCEDURE {{ cls }}.[test stats of expired leases, {{ case }}]
+AS
+BEGIN
+    -- Assemble: {{ a_count }} leases of 'a' that expired a minute ago{% if b_count %}, {{ b_count }} of 'b' that expired {{ b_expired }} seconds ago{% endif %}.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{% for holder, count, expired, first_id in [('a', a_count, 60, 0), ('b', b_count, b_expired, 100000)] if count %}
+    INSERT INTO {{ t }} (
+        id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, {{ 'priority, ' if has_priority }}attempts, leased_by, leased_at, payload
+    )
+    SELECT TOP ({{ count }})
+{% if client_ids %}
+        NEWID() AS id,
+        {{ first_id }} + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+{% else %}
+        {{ first_id }} + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS id,
+{% endif %}
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, -3600, @now) AS due_at,
+        DATEADD(SECOND, -{{ expired }}, @now) AS visible_at,
+{% if has_priority %}
+        0 AS priority,
+{% endif %}
+        1 AS attempts,
+        N'{{ holder }}' AS leased_by,
+        DATEADD(SECOND, -1800, @now) AS leased_at,
+        {{ sample(1) }} AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+{% endfor %}
+{{ stats_into_temp() }}
+
+    -- Assert: the oldest expiry, exact whatever the count; the count exact up to the limit, and past
+    -- it an estimate (the catalog's row count) of at least the limit and one.
+    SELECT
+        s.estimated,
+        CONVERT(bit, IIF(s.ready {{ '= %d' % ready if ready is not none else '>= 10001' }}, 1, 0)) AS ready_as_expected,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN {{ [60, b_expired if b_count else 60] | max - 1 }} AND {{ ([60, b_expired if b_count else 60] | max) + 60 }}, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.estimated,
+        a.ready_as_expected,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (estimated, ready_as_expected, age_of_the_oldest)
+    VALUES ({{ estimated }}, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+{% endfor %}
 CREATE PROCEDURE {{ cls }}.[test stats past 10000 rows estimates from the catalog row count]
 AS
 BEGIN
@@ -2136,18 +2203,7 @@ BEGIN
 {{ insert_message(20001, visible=3600) }}
 {{ insert_message(20002, visible=3600) }}
 {{ insert_message(20003, visible=3600) }}
-    CREATE TABLE #Stats (
-        ready bigint NOT NULL,
-        delayed bigint NOT NULL,
-        in_flight bigint NOT NULL,
-        dead bigint NOT NULL,
-        oldest_ready_age_seconds float NULL,
-        estimated bit NOT NULL
-    );
-
-    -- Act
-    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
-    EXEC {{ names.verb('stats') }};
+{{ stats_into_temp() }}
 
     -- Assert
     SELECT
@@ -3296,6 +3352,127 @@ BEGIN
 {{ assert_in_flight([('a', 2)]) }}
 END;
 GO
+
+CREATE PROCEDURE {{ cls }}.[test stats counts every state of grouped and other messages]
+AS
+BEGIN
+    -- Assemble: a's head 1 under a live lease, 2 behind it; b's head 3 not yet due, 4 behind it; c's
+    -- head 5 under an expired lease; 6 and 7 have no group, 6 due, 7 not yet.
+{{ assemble_groups([(1, 'a', 1, 600, 'w', 1, 1), (2, 'a', 0, -60, none, 0, none),
+                    (3, 'b', 1, 3600, none, 0, none), (4, 'b', 0, -60, none, 0, none),
+                    (5, 'c', 1, -5, 'crashed', 1, 5)], in_flight={'a': 1, 'c': 5}) }}
+{{ insert_message(6, visible=-120) }}
+{{ insert_message(7, visible=3600) }}
+{{ stats_into_temp() }}
+
+    -- Assert: ready 2, 4, 5 (its lease expired) and 6; delayed 3 and 7; 1 in flight; the oldest of
+    -- what a dequeue could take is 6.
+    SELECT
+        s.ready,
+        s.delayed,
+        s.in_flight,
+        s.dead,
+        s.estimated,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 119 AND 180, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.delayed,
+        a.in_flight,
+        a.dead,
+        a.estimated,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, delayed, in_flight, dead, estimated, age_of_the_oldest)
+    VALUES (4, 2, 1, 0, 0, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+{% for grouped_due, tail in [(10000, 'ungrouped'), (10001, 'grouped'), (15000, 'split')] %}
+{% if tail == 'split' %}
+CREATE PROCEDURE {{ cls }}.[test stats of 15000 delayed grouped messages estimates them delayed]
+{% else %}
+CREATE PROCEDURE {{ cls }}.[test stats of {{ grouped_due }} due grouped messages and one more {{ tail }}]
+{% endif %}
+AS
+BEGIN
+{% if tail == 'split' %}
+    -- Assemble: 15,000 grouped messages, none due yet: 10,001 are read, all delayed, and the rest of
+    -- the catalog's row count (which counts this transaction's own rows) goes to delayed as well:
+    -- none to ready (before the split, all of it did).
+{% elif tail == 'ungrouped' %}
+    -- Assemble: 10,000 grouped messages, all due, in 100 groups, and one due without a group: two
+    -- exact counts whose sum passes the limit, which is not an estimate (stats reads no groups row).
+{% else %}
+    -- Assemble: 10,001 grouped messages, all due, in 100 groups, and a delayed one in group z, which
+    -- sorts after them in ix_group: past the first 10,001 along it, so not read (delayed is a lower
+    -- bound) and the figures an estimate.
+{% endif %}
+{{ fake_groups() }}
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO {{ t }} (
+        id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, attempts, group_key, group_head, payload
+    )
+    SELECT
+{% if client_ids %}
+        NEWID() AS id,
+        n.n AS seq,
+{% else %}
+        n.n AS id,
+{% endif %}
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, {{ 3600 if tail == 'split' else -60 }}, @now) AS due_at,
+        DATEADD(SECOND, {{ 3600 if tail == 'split' else -60 }}, @now) AS visible_at,
+        0 AS attempts,
+        CONCAT(N'g', n.n % 100) AS group_key,
+        IIF(n.n <= 100, 1, 0) AS group_head,
+        {{ sample(1) }} AS payload
+    FROM (
+        SELECT TOP ({{ grouped_due }}) ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS n
+        FROM sys.all_columns AS a
+        CROSS JOIN sys.all_columns AS b
+    ) AS n;
+{% if tail == 'ungrouped' %}
+{{ insert_message(20001, visible=-60) }}
+{% elif tail == 'grouped' %}
+    INSERT INTO {{ t }} (
+        id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, attempts, group_key, group_head, payload
+    )
+    VALUES (
+        {{ mid(20001) }}, {{ '20001, ' if client_ids }}DATEADD(SECOND, -3600, @now), DATEADD(SECOND, 3600, @now),
+        DATEADD(SECOND, 3600, @now), 0, N'z', 1, {{ sample(1) }}
+    );
+{% endif %}
+{{ stats_into_temp() }}
+
+    -- Assert
+    SELECT
+        s.in_flight,
+        s.estimated,
+        CONVERT(bit, IIF(s.delayed {{ '> 10001' if tail == 'split' else '= 0' }}, 1, 0)) AS delayed_as_expected,
+        CONVERT(bit, IIF(s.ready {{ {'ungrouped': '= 10001', 'grouped': '>= 10001', 'split': '= 0'}[tail] }}, 1, 0)) AS ready_as_expected
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.in_flight,
+        a.estimated,
+        a.delayed_as_expected,
+        a.ready_as_expected
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (in_flight, estimated, delayed_as_expected, ready_as_expected)
+    VALUES (0, {{ 0 if tail == 'ungrouped' else 1 }}, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+{% endfor %}
 
 --[@tSQLt:NoTransaction]('{{ cls }}.[undo what a test outside a transaction left]')
 CREATE PROCEDURE {{ cls }}.[test purge keeps the row of a group with a message in flight]

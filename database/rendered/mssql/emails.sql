@@ -832,11 +832,16 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        IF @look_recorded = 1 AND XACT_STATE() <> -1
+        IF @look_recorded = 1
             BEGIN
-                EXEC sys.sp_set_session_context
-                    @key = N'tablequeue.queue.emails.expired',
-                    @value = NULL;
+                -- An error of the clear is dropped: the claim's, rethrown next, is the caller's.
+                BEGIN TRY
+                    EXEC sys.sp_set_session_context
+                        @key = N'tablequeue.queue.emails.expired',
+                        @value = NULL;
+                END TRY
+                BEGIN CATCH
+                END CATCH;
             END;
         THROW;
     END CATCH;
@@ -1843,11 +1848,16 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        IF @look_recorded = 1 AND XACT_STATE() <> -1
+        IF @look_recorded = 1
             BEGIN
-                EXEC sys.sp_set_session_context
-                    @key = N'tablequeue.queue.emails.expired',
-                    @value = NULL;
+                -- An error of the clear is dropped: the claim's, rethrown next, is the caller's.
+                BEGIN TRY
+                    EXEC sys.sp_set_session_context
+                        @key = N'tablequeue.queue.emails.expired',
+                        @value = NULL;
+                END TRY
+                BEGIN CATCH
+                END CATCH;
             END;
         THROW;
     END CATCH;
@@ -2004,6 +2014,10 @@ BEGIN
     DECLARE @estimated bit = 0;
     DECLARE @ready bigint = 0;
     DECLARE @delayed bigint = 0;
+    -- Whether a count stopped at the limit (a sum of counts may pass it and still be exact).
+    DECLARE @ready_capped bit;
+    DECLARE @delayed_capped bit;
+    DECLARE @grouped_capped bit = 0;
     DECLARE @oldest_ready datetime2(7);
     SET @ready = (
         SELECT COUNT_BIG(*)
@@ -2021,6 +2035,8 @@ BEGIN
             WHERE m.leased_by IS NULL AND m.visible_at > @now
         ) AS counted
     );
+    SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
+    SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
     SET @oldest_ready = (
         SELECT TOP (1) m.visible_at
         FROM [queue].[emails] AS m WITH (READPAST, READCOMMITTEDLOCK)
@@ -2028,8 +2044,9 @@ BEGIN
         ORDER BY m.visible_at ASC, m.id ASC
     );
     -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
-    -- time on ix_emails_lease (w.next_lease_holder), each holder's oldest first. Once the
-    -- count passed the limit, only each remaining holder's oldest (one seek): the oldest stays exact.
+    -- time on ix_emails_lease (w.next_lease_holder), each holder's oldest first. The count
+    -- reads at most the limit and one row over all holders; once past it, only each remaining
+    -- holder's oldest (one seek): the oldest stays exact.
     DECLARE @expired bigint = 0;
     DECLARE @oldest_expired datetime2(7);
     DECLARE @holder_oldest datetime2(7);
@@ -2042,12 +2059,12 @@ BEGIN
     );
     WHILE @look_worker IS NOT NULL
         BEGIN
-            -- Past the limit: no more counting, the holder's oldest only (TOP (1)).
+            -- What is left of the limit and one row; past the limit, the holder's oldest only (TOP (1)).
             SELECT
                 @expired = @expired + IIF(@expired > @exact_limit, 0, COUNT_BIG(*)),
                 @holder_oldest = MIN(e.visible_at)
             FROM (
-                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1)) m.visible_at
+                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1 - @expired)) m.visible_at
                 FROM [queue].[emails] AS m WITH (INDEX ([ix_emails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                 WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
                 ORDER BY m.visible_at
@@ -2060,8 +2077,8 @@ BEGIN
                 ORDER BY m.leased_by
             );
         END;
-    -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
-    DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
+    -- Each count stopped at the limit on its own: only one that did is an estimate.
+    IF @expired > @exact_limit SET @ready_capped = 1;
     SET @ready = @ready + @expired;
     IF @oldest_ready IS NULL OR @oldest_expired < @oldest_ready SET @oldest_ready = @oldest_expired;
     DECLARE @in_flight bigint = (
@@ -2080,7 +2097,7 @@ BEGIN
         ) AS counted
     );
 
-    IF @ready_capped = 1 OR @delayed > @exact_limit OR @in_flight > @exact_limit
+    IF @ready_capped = 1 OR @delayed_capped = 1 OR @grouped_capped = 1 OR @in_flight > @exact_limit
         BEGIN
             DECLARE @total_estimate bigint = (
                 SELECT SUM(p.rows)
@@ -2091,7 +2108,7 @@ BEGIN
             -- The catalog's total less the exact counts is the estimate of the one over the limit.
             IF @ready_capped = 1 AND @total_estimate - @delayed - @in_flight > @ready
                 SET @ready = @total_estimate - @delayed - @in_flight;
-            ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
+            ELSE IF @delayed_capped = 1 AND @total_estimate - @ready - @in_flight > @delayed
                 SET @delayed = @total_estimate - @ready - @in_flight;
             ELSE IF @in_flight > @exact_limit AND @total_estimate - @ready - @delayed > @in_flight
                 SET @in_flight = @total_estimate - @ready - @delayed;

@@ -539,6 +539,11 @@ BEGIN
         );
         IF @exhausted > 0
             BEGIN
+                -- A table variable keeps its rows through a rollback:
+                -- a burial rolled back in an earlier pass of a retry
+                -- (process after a deadlock) must leave none here.
+                DELETE FROM @buried;
+
                 DELETE m
                 OUTPUT
                     DELETED.id,
@@ -667,6 +672,11 @@ BEGIN
                                 );
                                 IF @exhausted > 0
                                     BEGIN
+                                        -- A table variable keeps its rows through a rollback:
+                                        -- a burial rolled back in an earlier pass of a retry
+                                        -- (process after a deadlock) must leave none here.
+                                        DELETE FROM @buried;
+
                                         DELETE m
                                         OUTPUT
                                             DELETED.id,
@@ -818,6 +828,11 @@ BEGIN
                 );
                 IF @exhausted > 0
                     BEGIN
+                        -- A table variable keeps its rows through a rollback:
+                        -- a burial rolled back in an earlier pass of a retry
+                        -- (process after a deadlock) must leave none here.
+                        DELETE FROM @buried;
+
                         DELETE m
                         OUTPUT
                             DELETED.id,
@@ -877,11 +892,16 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        IF @look_recorded = 1 AND XACT_STATE() <> -1
+        IF @look_recorded = 1
             BEGIN
-                EXEC sys.sp_set_session_context
-                    @key = N'tablequeue.queue.thumbnails.expired',
-                    @value = NULL;
+                -- An error of the clear is dropped: the claim's, rethrown next, is the caller's.
+                BEGIN TRY
+                    EXEC sys.sp_set_session_context
+                        @key = N'tablequeue.queue.thumbnails.expired',
+                        @value = NULL;
+                END TRY
+                BEGIN CATCH
+                END CATCH;
             END;
         THROW;
     END CATCH;
@@ -1020,6 +1040,11 @@ BEGIN
             END;
         ELSE
             BEGIN
+                -- A table variable keeps its rows through a rollback:
+                -- a burial rolled back in an earlier pass of a retry
+                -- (process after a deadlock) must leave none here.
+                DELETE FROM @buried;
+
                 DELETE m
                 OUTPUT
                     DELETED.id,
@@ -1403,6 +1428,11 @@ BEGIN
         -- already (step 1). On a client-id queue the seek also takes the nonclustered primary key
         -- entry again, which a late single verb on that message may hold while it waits for the
         -- row: a deadlock one of the two retries (docs/errors.md).
+        -- A table variable keeps its rows through a rollback:
+        -- a burial rolled back in an earlier pass of a retry
+        -- (process after a deadlock) must leave none here.
+        DELETE FROM @buried;
+
         DELETE m
         OUTPUT
             DELETED.id,
@@ -1661,6 +1691,11 @@ BEGIN
         );
         IF @exhausted > 0
             BEGIN
+                -- A table variable keeps its rows through a rollback:
+                -- a burial rolled back in an earlier pass of a retry
+                -- (process after a deadlock) must leave none here.
+                DELETE FROM @buried;
+
                 DELETE m
                 OUTPUT
                     DELETED.id,
@@ -1789,6 +1824,11 @@ BEGIN
                                 );
                                 IF @exhausted > 0
                                     BEGIN
+                                        -- A table variable keeps its rows through a rollback:
+                                        -- a burial rolled back in an earlier pass of a retry
+                                        -- (process after a deadlock) must leave none here.
+                                        DELETE FROM @buried;
+
                                         DELETE m
                                         OUTPUT
                                             DELETED.id,
@@ -1940,6 +1980,11 @@ BEGIN
                 );
                 IF @exhausted > 0
                     BEGIN
+                        -- A table variable keeps its rows through a rollback:
+                        -- a burial rolled back in an earlier pass of a retry
+                        -- (process after a deadlock) must leave none here.
+                        DELETE FROM @buried;
+
                         DELETE m
                         OUTPUT
                             DELETED.id,
@@ -1999,11 +2044,16 @@ BEGIN
     END TRY
     BEGIN CATCH
         IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-        IF @look_recorded = 1 AND XACT_STATE() <> -1
+        IF @look_recorded = 1
             BEGIN
-                EXEC sys.sp_set_session_context
-                    @key = N'tablequeue.queue.thumbnails.expired',
-                    @value = NULL;
+                -- An error of the clear is dropped: the claim's, rethrown next, is the caller's.
+                BEGIN TRY
+                    EXEC sys.sp_set_session_context
+                        @key = N'tablequeue.queue.thumbnails.expired',
+                        @value = NULL;
+                END TRY
+                BEGIN CATCH
+                END CATCH;
             END;
         THROW;
     END CATCH;
@@ -2178,6 +2228,10 @@ BEGIN
     DECLARE @estimated bit = 0;
     DECLARE @ready bigint = 0;
     DECLARE @delayed bigint = 0;
+    -- Whether a count stopped at the limit (a sum of counts may pass it and still be exact).
+    DECLARE @ready_capped bit;
+    DECLARE @delayed_capped bit;
+    DECLARE @grouped_capped bit = 0;
     DECLARE @oldest_ready datetime2(7);
     DECLARE @level_oldest datetime2(7);
     DECLARE @priority int = (
@@ -2220,9 +2274,12 @@ BEGIN
                 ORDER BY m.priority DESC
             );
         END;
+    SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
+    SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
     -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
-    -- time on ix_thumbnails_lease (w.next_lease_holder), each holder's oldest first. Once the
-    -- count passed the limit, only each remaining holder's oldest (one seek): the oldest stays exact.
+    -- time on ix_thumbnails_lease (w.next_lease_holder), each holder's oldest first. The count
+    -- reads at most the limit and one row over all holders; once past it, only each remaining
+    -- holder's oldest (one seek): the oldest stays exact.
     DECLARE @expired bigint = 0;
     DECLARE @oldest_expired datetime2(7);
     DECLARE @holder_oldest datetime2(7);
@@ -2235,12 +2292,12 @@ BEGIN
     );
     WHILE @look_worker IS NOT NULL
         BEGIN
-            -- Past the limit: no more counting, the holder's oldest only (TOP (1)).
+            -- What is left of the limit and one row; past the limit, the holder's oldest only (TOP (1)).
             SELECT
                 @expired = @expired + IIF(@expired > @exact_limit, 0, COUNT_BIG(*)),
                 @holder_oldest = MIN(e.visible_at)
             FROM (
-                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1)) m.visible_at
+                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1 - @expired)) m.visible_at
                 FROM [queue].[thumbnails] AS m WITH (INDEX ([ix_thumbnails_lease]), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                 WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
                 ORDER BY m.visible_at
@@ -2253,8 +2310,8 @@ BEGIN
                 ORDER BY m.leased_by
             );
         END;
-    -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
-    DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
+    -- Each count stopped at the limit on its own: only one that did is an estimate.
+    IF @expired > @exact_limit SET @ready_capped = 1;
     SET @ready = @ready + @expired;
     IF @oldest_ready IS NULL OR @oldest_expired < @oldest_ready SET @oldest_ready = @oldest_expired;
     DECLARE @in_flight bigint = (
@@ -2273,7 +2330,7 @@ BEGIN
         ) AS counted
     );
 
-    IF @ready_capped = 1 OR @delayed > @exact_limit OR @in_flight > @exact_limit
+    IF @ready_capped = 1 OR @delayed_capped = 1 OR @grouped_capped = 1 OR @in_flight > @exact_limit
         BEGIN
             DECLARE @total_estimate bigint = (
                 SELECT SUM(p.rows)
@@ -2284,7 +2341,7 @@ BEGIN
             -- The catalog's total less the exact counts is the estimate of the one over the limit.
             IF @ready_capped = 1 AND @total_estimate - @delayed - @in_flight > @ready
                 SET @ready = @total_estimate - @delayed - @in_flight;
-            ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
+            ELSE IF @delayed_capped = 1 AND @total_estimate - @ready - @in_flight > @delayed
                 SET @delayed = @total_estimate - @ready - @in_flight;
             ELSE IF @in_flight > @exact_limit AND @total_estimate - @ready - @delayed > @in_flight
                 SET @in_flight = @total_estimate - @ready - @delayed;
@@ -2921,6 +2978,11 @@ BEGIN
                     );
                     IF @exhausted > 0
                         BEGIN
+                            -- A table variable keeps its rows through a rollback:
+                            -- a burial rolled back in an earlier pass of a retry
+                            -- (process after a deadlock) must leave none here.
+                            DELETE FROM @buried;
+
                             DELETE m
                             OUTPUT
                                 DELETED.id,
@@ -3049,6 +3111,11 @@ BEGIN
                                             );
                                             IF @exhausted > 0
                                                 BEGIN
+                                                    -- A table variable keeps its rows through a rollback:
+                                                    -- a burial rolled back in an earlier pass of a retry
+                                                    -- (process after a deadlock) must leave none here.
+                                                    DELETE FROM @buried;
+
                                                     DELETE m
                                                     OUTPUT
                                                         DELETED.id,
@@ -3200,6 +3267,11 @@ BEGIN
                             );
                             IF @exhausted > 0
                                 BEGIN
+                                    -- A table variable keeps its rows through a rollback:
+                                    -- a burial rolled back in an earlier pass of a retry
+                                    -- (process after a deadlock) must leave none here.
+                                    DELETE FROM @buried;
+
                                     DELETE m
                                     OUTPUT
                                         DELETED.id,
@@ -3259,11 +3331,16 @@ BEGIN
                 END TRY
                 BEGIN CATCH
                     IF @started_transaction = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
-                    IF @look_recorded = 1 AND XACT_STATE() <> -1
+                    IF @look_recorded = 1
                         BEGIN
-                            EXEC sys.sp_set_session_context
-                                @key = N'tablequeue.queue.thumbnails.expired',
-                                @value = NULL;
+                            -- An error of the clear is dropped: the claim's, rethrown next, is the caller's.
+                            BEGIN TRY
+                                EXEC sys.sp_set_session_context
+                                    @key = N'tablequeue.queue.thumbnails.expired',
+                                    @value = NULL;
+                            END TRY
+                            BEGIN CATCH
+                            END CATCH;
                         END;
                     THROW;
                 END CATCH;
@@ -3419,6 +3496,11 @@ BEGIN
                             END;
                         ELSE
                             BEGIN
+                                -- A table variable keeps its rows through a rollback:
+                                -- a burial rolled back in an earlier pass of a retry
+                                -- (process after a deadlock) must leave none here.
+                                DELETE FROM @buried;
+
                                 DELETE m
                                 OUTPUT
                                     DELETED.id,

@@ -1608,13 +1608,17 @@ SET plan_cache_mode = force_generic_plan
 AS $function$
 #variable_conflict use_column
 DECLARE
-    -- Every count stops at exact_limit rows and reads only an index range that the count matches;
+    -- Every count stops at exact_limit rows and reads only an index range that the count matches
+    -- (each in its index's order: a plan made with statistics costs LIMIT against a guessed share of
+    -- the rows and would take a sequential scan that reads the whole table when few rows match);
     -- past the limit the planner's row estimate stands in, so a deep queue never costs a full scan.
     exact_limit constant bigint := 10000;
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
     expired_count bigint;
     ready_capped boolean;
+    delayed_capped boolean;
+    grouped_capped boolean := false;
     expired_oldest timestamptz;
     delayed_count bigint := 0;
     in_flight_count bigint;
@@ -1631,11 +1635,13 @@ BEGIN
         ready_count := ready_count + (SELECT count(*) FROM (
             SELECT 1 FROM "queue"."thumbnails" AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
+            ORDER BY m.visible_at, m.seq
             LIMIT exact_limit + 1 - ready_count
         ) AS counted);
         delayed_count := delayed_count + (SELECT count(*) FROM (
             SELECT 1 FROM "queue"."thumbnails" AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at > now_utc
+            ORDER BY m.visible_at, m.seq
             LIMIT exact_limit + 1 - delayed_count
         ) AS counted);
         level_oldest := (
@@ -1652,6 +1658,8 @@ BEGIN
             LIMIT 1
         );
     END LOOP;
+    ready_capped := ready_count > exact_limit;
+    delayed_capped := delayed_count > exact_limit;
     -- Expired leases are ready too, the oldest expiry maybe the oldest of all.
     -- Along ix_thumbnails_lease_start's order, so that the plan walks it (w.expired_order).
     SELECT count(*), min(e.visible_at) INTO expired_count, expired_oldest FROM (
@@ -1660,8 +1668,8 @@ BEGIN
         ORDER BY m.leased_by, m.leased_at
         LIMIT exact_limit + 1
     ) AS e;
-    -- Each of the two counts stopped at exact_limit on its own: only one that did is an estimate.
-    ready_capped := ready_count > exact_limit OR expired_count > exact_limit;
+    -- Each count stopped at exact_limit on its own: only one that did is an estimate.
+    ready_capped := ready_capped OR expired_count > exact_limit;
     ready_count := ready_count + expired_count;
     oldest_ready := least(oldest_ready, expired_oldest);
     SELECT count(*) INTO in_flight_count FROM (
@@ -1674,7 +1682,7 @@ BEGIN
         SELECT 1 FROM "queue"."thumbnails_dead" AS d LIMIT exact_limit + 1
     ) AS counted;
 
-    IF ready_capped OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+    IF ready_capped OR delayed_capped OR grouped_capped OR in_flight_count > exact_limit THEN
         is_estimate := true;
         total_estimate := (
             SELECT CASE
@@ -1687,7 +1695,7 @@ BEGIN
         );
         IF ready_capped THEN
             ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
-        ELSIF delayed_count > exact_limit THEN
+        ELSIF delayed_capped THEN
             delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);
         ELSE
             in_flight_count := greatest(in_flight_count, total_estimate - ready_count - delayed_count);

@@ -144,6 +144,13 @@ last_error, last_worker, dead_at, payload
     Runs inside a transaction. from_sql is the FROM ... WHERE that picks the rows of `m`; the *_sql
     arguments are OUTPUT expressions. Sets @buried_count. -#}
 {% macro bury(from_sql, attempts_sql, error_sql, worker_sql) %}
+{% if client_ids %}
+    -- A table variable keeps its rows through a rollback:
+    -- a burial rolled back in an earlier pass of a retry
+    -- (process after a deadlock) must leave none here.
+    DELETE FROM @buried;
+
+{% endif %}
     DELETE m
     OUTPUT
         DELETED.id,
@@ -427,12 +434,18 @@ CASE
         @value = NULL;
 {%- endmacro %}
 
-{#- A claim that failed after record_due_look may not have looked: the next call looks (not in a
-    doomed transaction, which allows no write). -#}
+{#- A claim that failed after record_due_look may not have looked: the next call looks, also after a
+    caller's doomed transaction (the session context is not transactional and not logged). Best
+    effort: the claim's own error is what the CATCH rethrows, never one of the clear. -#}
 {% macro forget_failed_look() %}
-        IF @look_recorded = 1 AND XACT_STATE() <> -1
+        IF @look_recorded = 1
             BEGIN
-{{ clear_look() | indent(12, first=true) }}
+                -- An error of the clear is dropped: the claim's, rethrown next, is the caller's.
+                BEGIN TRY
+{{ clear_look() | indent(16, first=true) }}
+                END TRY
+                BEGIN CATCH
+                END CATCH;
             END;
 {%- endmacro %}
 

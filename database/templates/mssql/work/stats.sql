@@ -21,6 +21,10 @@ BEGIN
     DECLARE @estimated bit = 0;
     DECLARE @ready bigint = 0;
     DECLARE @delayed bigint = 0;
+    -- Whether a count stopped at the limit (a sum of counts may pass it and still be exact).
+    DECLARE @ready_capped bit;
+    DECLARE @delayed_capped bit;
+    DECLARE @grouped_capped bit = 0;
     DECLARE @oldest_ready datetime2(7);
 {% if has_priority %}
     DECLARE @level_oldest datetime2(7);
@@ -64,6 +68,74 @@ BEGIN
                 ORDER BY m.priority DESC
             );
         END;
+    SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
+    SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
+{% elif groups %}
+    -- Messages without a group on their claim index; grouped ones below.
+    SET @ready = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.{{ tie }}
+            FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now
+        ) AS counted
+    );
+    SET @delayed = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.{{ tie }}
+            FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at > @now
+        ) AS counted
+    );
+    SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
+    SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
+    -- Grouped messages: no index orders them by visible time, so the first @exact_limit + 1 along
+    -- ix_{{ queue.name }}_group are read (a bounded read whatever their state). Past that, the figures
+    -- are an estimate: the rest of the catalog's row count is split between ready and delayed as
+    -- among the rows read (the first groups in key order). Whether there are more is read from the
+    -- index alone: the figures' key lookups skip rows a claim holds (READPAST), which must not hide
+    -- the cap.
+    DECLARE @grouped_rows bigint = (
+        SELECT COUNT_BIG(*)
+        FROM (
+            SELECT TOP (@exact_limit + 1) m.{{ tie }}
+            FROM {{ t }} AS m WITH (INDEX ({{ grp.group_ix }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+            WHERE m.group_key IS NOT NULL
+            ORDER BY m.group_key ASC, m.group_head ASC, m.{{ tie }} ASC
+        ) AS counted
+    );
+    DECLARE @grouped_ready bigint;
+    DECLARE @grouped_delayed bigint;
+    SELECT
+        @grouped_ready = COALESCE(SUM(IIF(g.leased_by IS NULL AND g.visible_at <= @now, CONVERT(bigint, 1), 0)), 0),
+        @grouped_delayed = COALESCE(SUM(IIF(g.leased_by IS NULL AND g.visible_at > @now, CONVERT(bigint, 1), 0)), 0)
+    FROM (
+        SELECT TOP (@exact_limit + 1)
+            m.leased_by,
+            m.visible_at
+        FROM {{ t }} AS m WITH (INDEX ({{ grp.group_ix }}), ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.group_key IS NOT NULL
+        ORDER BY m.group_key ASC, m.group_head ASC, m.{{ tie }} ASC
+    ) AS g;
+    SET @ready = @ready + @grouped_ready;
+    SET @delayed = @delayed + @grouped_delayed;
+    SET @grouped_capped = IIF(@grouped_rows > @exact_limit, 1, 0);
+    -- The oldest of either claim index: a message waiting behind its group's head is counted in
+    -- ready but does not age it (it is not what a dequeue could take).
+    DECLARE @oldest_head datetime2(7) = (
+        SELECT TOP (1) m.visible_at
+        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.group_head = 1 AND m.visible_at <= @now
+        ORDER BY m.visible_at ASC, m.{{ tie }} ASC
+    );
+    SET @oldest_ready = (
+        SELECT TOP (1) m.visible_at
+        FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+        WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now
+        ORDER BY m.visible_at ASC, m.{{ tie }} ASC
+    );
+    IF @oldest_ready IS NULL OR @oldest_head < @oldest_ready SET @oldest_ready = @oldest_head;
 {% else %}
     SET @ready = (
         SELECT COUNT_BIG(*)
@@ -81,23 +153,8 @@ BEGIN
             WHERE m.leased_by IS NULL AND m.visible_at > @now
         ) AS counted
     );
-{% if groups %}
-    -- The oldest of either claim index: a message waiting behind its group's head is counted in
-    -- ready but does not age it (it is not what a dequeue could take).
-    DECLARE @oldest_head datetime2(7) = (
-        SELECT TOP (1) m.visible_at
-        FROM {{ t }} AS m WITH (INDEX ({{ grp.heads_ix }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-        WHERE m.group_head = 1 AND m.visible_at <= @now
-        ORDER BY m.visible_at ASC, m.{{ tie }} ASC
-    );
-    SET @oldest_ready = (
-        SELECT TOP (1) m.visible_at
-        FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-        WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now
-        ORDER BY m.visible_at ASC, m.{{ tie }} ASC
-    );
-    IF @oldest_ready IS NULL OR @oldest_head < @oldest_ready SET @oldest_ready = @oldest_head;
-{% else %}
+    SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
+    SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
     SET @oldest_ready = (
         SELECT TOP (1) m.visible_at
         FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
@@ -105,10 +162,10 @@ BEGIN
         ORDER BY m.visible_at ASC, m.{{ tie }} ASC
     );
 {% endif %}
-{% endif %}
     -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
-    -- time on ix_{{ queue.name }}_lease (w.next_lease_holder), each holder's oldest first. Once the
-    -- count passed the limit, only each remaining holder's oldest (one seek): the oldest stays exact.
+    -- time on ix_{{ queue.name }}_lease (w.next_lease_holder), each holder's oldest first. The count
+    -- reads at most the limit and one row over all holders; once past it, only each remaining
+    -- holder's oldest (one seek): the oldest stays exact.
     DECLARE @expired bigint = 0;
     DECLARE @oldest_expired datetime2(7);
     DECLARE @holder_oldest datetime2(7);
@@ -116,12 +173,12 @@ BEGIN
 {{ w.next_lease_holder(after=false) }}
     WHILE @look_worker IS NOT NULL
         BEGIN
-            -- Past the limit: no more counting, the holder's oldest only (TOP (1)).
+            -- What is left of the limit and one row; past the limit, the holder's oldest only (TOP (1)).
             SELECT
                 @expired = @expired + IIF(@expired > @exact_limit, 0, COUNT_BIG(*)),
                 @holder_oldest = MIN(e.visible_at)
             FROM (
-                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1)) m.visible_at
+                SELECT TOP (IIF(@expired > @exact_limit, 1, @exact_limit + 1 - @expired)) m.visible_at
                 FROM {{ t }} AS m WITH (INDEX ({{ lease_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                 WHERE m.leased_by = @look_worker AND m.leased_by IS NOT NULL AND m.visible_at <= @now
                 ORDER BY m.visible_at
@@ -129,8 +186,8 @@ BEGIN
             IF @oldest_expired IS NULL OR @holder_oldest < @oldest_expired SET @oldest_expired = @holder_oldest;
 {{ w.next_lease_holder() | indent(8, first=true) }}
         END;
-    -- Each of the two counts stopped at the limit on its own: only one that did is an estimate.
-    DECLARE @ready_capped bit = IIF(@ready > @exact_limit OR @expired > @exact_limit, 1, 0);
+    -- Each count stopped at the limit on its own: only one that did is an estimate.
+    IF @expired > @exact_limit SET @ready_capped = 1;
     SET @ready = @ready + @expired;
     IF @oldest_ready IS NULL OR @oldest_expired < @oldest_ready SET @oldest_ready = @oldest_expired;
     DECLARE @in_flight bigint = (
@@ -149,7 +206,7 @@ BEGIN
         ) AS counted
     );
 
-    IF @ready_capped = 1 OR @delayed > @exact_limit OR @in_flight > @exact_limit
+    IF @ready_capped = 1 OR @delayed_capped = 1 OR @grouped_capped = 1 OR @in_flight > @exact_limit
         BEGIN
             DECLARE @total_estimate bigint = (
                 SELECT SUM(p.rows)
@@ -158,9 +215,21 @@ BEGIN
             );
             SET @estimated = 1;
             -- The catalog's total less the exact counts is the estimate of the one over the limit.
-            IF @ready_capped = 1 AND @total_estimate - @delayed - @in_flight > @ready
+{% if groups %}
+            DECLARE @unread bigint = @total_estimate - @ready - @delayed - @in_flight;
+            IF @unread < 0 SET @unread = 0;
+            DECLARE @unread_ready bigint = @unread;
+            IF @grouped_ready + @grouped_delayed > 0
+                SET @unread_ready = @unread * @grouped_ready / (@grouped_ready + @grouped_delayed);
+            IF @grouped_capped = 1 AND @ready_capped = 0 AND @delayed_capped = 0
+                BEGIN
+                    SET @ready = @ready + @unread_ready;
+                    SET @delayed = @delayed + @unread - @unread_ready;
+                END;
+            ELSE IF @ready_capped = 1 AND{% else %}
+            IF @ready_capped = 1 AND{% endif %} @total_estimate - @delayed - @in_flight > @ready
                 SET @ready = @total_estimate - @delayed - @in_flight;
-            ELSE IF @delayed > @exact_limit AND @total_estimate - @ready - @in_flight > @delayed
+            ELSE IF @delayed_capped = 1 AND @total_estimate - @ready - @in_flight > @delayed
                 SET @delayed = @total_estimate - @ready - @in_flight;
             ELSE IF @in_flight > @exact_limit AND @total_estimate - @ready - @delayed > @in_flight
                 SET @in_flight = @total_estimate - @ready - @delayed;

@@ -17,13 +17,24 @@ RETURNS TABLE (
 AS $function$
 #variable_conflict use_column
 DECLARE
-    -- Every count stops at exact_limit rows and reads only an index range that the count matches;
+    -- Every count stops at exact_limit rows and reads only an index range that the count matches
+    -- (each in its index's order: a plan made with statistics costs LIMIT against a guessed share of
+    -- the rows and would take a sequential scan that reads the whole table when few rows match);
     -- past the limit the planner's row estimate stands in, so a deep queue never costs a full scan.
     exact_limit constant bigint := 10000;
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
     expired_count bigint;
     ready_capped boolean;
+    delayed_capped boolean;
+    grouped_capped boolean := false;
+{% if groups %}
+    grouped_ready bigint;
+    grouped_delayed bigint;
+    grouped_read bigint;
+    unread bigint;
+    unread_ready bigint;
+{% endif %}
     expired_oldest timestamptz;
     delayed_count bigint := 0;
     in_flight_count bigint;
@@ -43,11 +54,13 @@ BEGIN
         ready_count := ready_count + (SELECT count(*) FROM (
             SELECT 1 FROM {{ t }} AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
+            ORDER BY m.visible_at, m.{{ tie }}
             LIMIT exact_limit + 1 - ready_count
         ) AS counted);
         delayed_count := delayed_count + (SELECT count(*) FROM (
             SELECT 1 FROM {{ t }} AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at > now_utc
+            ORDER BY m.visible_at, m.{{ tie }}
             LIMIT exact_limit + 1 - delayed_count
         ) AS counted);
         level_oldest := (
@@ -64,14 +77,40 @@ BEGIN
             LIMIT 1
         );
     END LOOP;
+    ready_capped := ready_count > exact_limit;
+    delayed_capped := delayed_count > exact_limit;
 {% else %}
     SELECT count(*) INTO ready_count FROM (
-        SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NULL AND m.visible_at <= now_utc LIMIT exact_limit + 1
+        SELECT 1 FROM {{ t }} AS m WHERE {{ w.ready_filter('m') }} AND m.visible_at <= now_utc
+        ORDER BY m.visible_at, m.{{ tie }}
+        LIMIT exact_limit + 1
     ) AS counted;
     SELECT count(*) INTO delayed_count FROM (
-        SELECT 1 FROM {{ t }} AS m WHERE m.leased_by IS NULL AND m.visible_at > now_utc LIMIT exact_limit + 1
+        SELECT 1 FROM {{ t }} AS m WHERE {{ w.ready_filter('m') }} AND m.visible_at > now_utc
+        ORDER BY m.visible_at, m.{{ tie }}
+        LIMIT exact_limit + 1
     ) AS counted;
+    ready_capped := ready_count > exact_limit;
+    delayed_capped := delayed_count > exact_limit;
 {% if groups %}
+    -- Grouped messages: no index orders them by visible time (ix_{{ queue.name }}_ready holds only those
+    -- without a group), so the first exact_limit + 1 along ix_{{ queue.name }}_group are read, a bounded
+    -- read whatever their state; past that the figures are an estimate: the rest of the row estimate
+    -- is split between ready and delayed as among the rows read (the first groups in key order).
+    SELECT
+        count(*) FILTER (WHERE g.leased_by IS NULL AND g.visible_at <= now_utc),
+        count(*) FILTER (WHERE g.leased_by IS NULL AND g.visible_at > now_utc),
+        count(*)
+    INTO grouped_ready, grouped_delayed, grouped_read
+    FROM (
+        SELECT m.leased_by, m.visible_at FROM {{ t }} AS m
+        WHERE m.group_key IS NOT NULL
+        ORDER BY m.group_key, m.group_head, m.{{ tie }}
+        LIMIT exact_limit + 1
+    ) AS g;
+    ready_count := ready_count + grouped_ready;
+    delayed_count := delayed_count + grouped_delayed;
+    grouped_capped := grouped_read > exact_limit;
     -- The oldest of either claim index (the ungrouped one is partial): no index orders them all.
     oldest_ready := least(
         (SELECT m.visible_at FROM {{ t }} AS m WHERE {{ w.ready_filter('m') }} AND m.visible_at <= now_utc ORDER BY m.visible_at, m.{{ tie }} LIMIT 1),
@@ -93,8 +132,8 @@ BEGIN
         ORDER BY {{ w.expired_order }}
         LIMIT exact_limit + 1
     ) AS e;
-    -- Each of the two counts stopped at exact_limit on its own: only one that did is an estimate.
-    ready_capped := ready_count > exact_limit OR expired_count > exact_limit;
+    -- Each count stopped at exact_limit on its own: only one that did is an estimate.
+    ready_capped := ready_capped OR expired_count > exact_limit;
     ready_count := ready_count + expired_count;
     oldest_ready := least(oldest_ready, expired_oldest);
     SELECT count(*) INTO in_flight_count FROM (
@@ -107,12 +146,22 @@ BEGIN
         SELECT 1 FROM {{ dead_t }} AS d LIMIT exact_limit + 1
     ) AS counted;
 
-    IF ready_capped OR delayed_count > exact_limit OR in_flight_count > exact_limit THEN
+    IF ready_capped OR delayed_capped OR grouped_capped OR in_flight_count > exact_limit THEN
         is_estimate := true;
         total_estimate := {{ w.row_estimate(t) }};
+{% if groups %}
+        IF grouped_capped AND NOT ready_capped AND NOT delayed_capped THEN
+            unread := greatest(total_estimate - ready_count - delayed_count - in_flight_count, 0);
+            unread_ready := CASE WHEN grouped_ready + grouped_delayed > 0
+                THEN unread * grouped_ready / (grouped_ready + grouped_delayed) ELSE unread END;
+            ready_count := ready_count + unread_ready;
+            delayed_count := delayed_count + unread - unread_ready;
+        ELSIF ready_capped THEN
+{% else %}
         IF ready_capped THEN
+{% endif %}
             ready_count := greatest(ready_count, total_estimate - delayed_count - in_flight_count);
-        ELSIF delayed_count > exact_limit THEN
+        ELSIF delayed_capped THEN
             delayed_count := greatest(delayed_count, total_estimate - ready_count - in_flight_count);
         ELSE
             in_flight_count := greatest(in_flight_count, total_estimate - ready_count - delayed_count);

@@ -38,6 +38,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamReader, InputPartition,
                                     WriterCommitMessage)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
 from tablequeue.catalog import Queue
 from tablequeue.client import MAX_WAIT_MS
@@ -467,6 +468,13 @@ ACK_MODES = ("commit", "sink")
 UNACKNOWLEDGED = "the micro-batch of offset {seq} was committed without the sink acknowledging this message (ack=sink)"
 
 
+def _utc(value: Any) -> Any:
+    """A naive datetime as UTC (SQL Server's datetime2 columns hold UTC by contract)."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
 @dataclass
 class LeasePartition(InputPartition):
     worker: str
@@ -482,13 +490,18 @@ class LeasesStillHeld(PipelineError):
     (commit() completes every recorded lease, so a partial read would lose those messages)."""
 
 
-class QueueStreamReader(DataSourceStreamReader):
+class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Options: partitions (default 2), messagesPerPartition (1..1000, default 100; at most
     MAX_LEASES_PER_BATCH leases per micro-batch), leaseSeconds (default the queue's), consumer (the
     worker names' prefix, default spark), idleWaitSeconds (0..20, default 2: how long latestOffset
     waits for a message when none is ready), ack (commit, the default: commit() completes every
     lease of the micro-batch; sink: the sink acknowledges each row, see pipelines.stream_job.AckSink,
-    and commit() fails the leases it left unacknowledged)."""
+    and commit() fails the leases it left unacknowledged).
+
+    trigger(availableNow=True) runs micro-batches until one finds nothing that was enqueued (and
+    due) by the time the query started; the last latestOffset, which finds nothing, completes the
+    last micro-batch. trigger(once=True) runs one micro-batch and never plans a next one, so with
+    ack=commit nothing of it would be completed before the next run: refused."""
 
     def __init__(self, source: SourceOptions) -> None:
         source.target.require_kind("work")
@@ -538,7 +551,28 @@ class QueueStreamReader(DataSourceStreamReader):
         # the same consumer, a deleted checkpoint) never shares a name with live leases of another.
         return {"run": uuid.uuid4().hex[:12], "seq": 0, "leases": []}
 
+    def getDefaultReadLimit(self) -> Any:
+        # Each micro-batch is partitions x messagesPerPartition leases at most, whatever the trigger.
+        # Saying so lets latestOffset recognise Trigger.Once: Spark replaces any other limit with
+        # ReadAllAvailable for it (and warns that the limit is ignored).
+        return ReadMaxRows(self.partition_count * self.per_partition)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Spark calls this once, before the run's first latestOffset. What was enqueued (and due)
+        # until now is this run's to read; anything later is left for the next run, so that a steady
+        # producer cannot keep the run from ending.
+        self._driver["available_until"] = datetime.now(timezone.utc)
+
     def latestOffset(self, start: dict, limit: Any = None) -> dict:
+        available_now = "available_until" in self._driver
+        if isinstance(limit, ReadAllAvailable) and not available_now and self.ack == "commit":
+            raise PipelineError(
+                f"stream {self.target.name}: trigger(once=True) with ack=commit would never complete its "
+                f"micro-batch (Spark commits a micro-batch only while it plans the next one, and a run "
+                f"of trigger once plans none): its leases would run out before the next run and its "
+                f"messages be read again. Use trigger(availableNow=True), which completes every "
+                f"micro-batch before it ends, or trigger(processingTime=...), or option ack=sink (the "
+                f"sink acknowledges each row as it writes it)")
         self._client()
         # start is the end of the last committed micro-batch; commit() may not have run for it (the
         # driver died in between): completing it again is harmless.
@@ -549,7 +583,8 @@ class QueueStreamReader(DataSourceStreamReader):
         leases = self._lease(run, seq)
         # Nothing ready: wait for a message (the contract's wait claims nothing) instead of returning
         # at once, which Spark's default trigger would turn into a dequeue every few milliseconds.
-        if not leases and self.idle_wait_seconds and \
+        # Not in a run of availableNow: what arrives now is the next run's.
+        if not leases and self.idle_wait_seconds and not available_now and \
                 self._call("wait", lambda client: client.wait(self.idle_wait_seconds * 1000)):
             leases = self._lease(run, seq)
         if not leases:
@@ -566,9 +601,25 @@ class QueueStreamReader(DataSourceStreamReader):
             worker = f"{self.consumer}-{run}-s{seq}-p{partition}"
             rows = self._call("lease", lambda client: client.dequeue(
                 self.per_partition, worker=worker, lease_seconds=self.lease_seconds))
+            if "available_until" in self._driver:
+                rows = self._enqueued_by(self._driver["available_until"], worker, rows)
             if rows:
                 leases.append({"worker": worker, "acks": [[str(r["id"]), str(r["lease_token"])] for r in rows]})
         return leases
+
+    def _enqueued_by(self, cutoff: datetime, worker: str, rows: list[dict]) -> list[dict]:
+        """The rows enqueued and due by `cutoff` (the driver's clock: a message within the clocks'
+        skew of it goes to this run or the next); the others are released at once, attempt given
+        back."""
+        kept = []
+        for row in rows:
+            times = [_utc(row[name]) for name in ("enqueued_at", "due_at") if row.get(name) is not None]
+            if max(times, default=cutoff) <= cutoff:
+                kept.append(row)
+            else:
+                self._call("release", lambda client, row=row: client.release(row["id"], worker,
+                                                                             lease_token=row["lease_token"]))
+        return kept
 
     def partitions(self, start: dict, end: dict) -> Sequence[LeasePartition]:
         if int(end["seq"]) == int(start["seq"]):
@@ -635,11 +686,8 @@ class QueueStreamReader(DataSourceStreamReader):
                 payload = json.dumps(payload, sort_keys=True, separators=(",", ":"))
             elif isinstance(payload, memoryview):
                 payload = bytes(payload)
-            enqueued_at = row.get("enqueued_at")
-            if isinstance(enqueued_at, datetime) and enqueued_at.tzinfo is None:
-                enqueued_at = enqueued_at.replace(tzinfo=timezone.utc)   # SQL Server datetime2 is UTC
-            values = (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
-                      partition.worker)
+            values = (str(row["id"]) if client_ids else int(row["id"]), payload, _utc(row.get("enqueued_at")),
+                      row.get("attempts"), partition.worker)
             yield values + (str(row["lease_token"]),) if self.ack == "sink" else values
 
     def _recorded_leases(self, client: Any, partition: LeasePartition) -> list[dict]:

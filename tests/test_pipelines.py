@@ -982,6 +982,46 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
     assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
 
 
+def test_stream_available_now_completes_every_micro_batch_before_it_ends_and_once_is_refused(spark, pg, tmp_path):
+    """trigger(availableNow=True): micro-batches of at most 2 x 10 leases until nothing is left, and
+    each is completed before the query ends (Spark commits a micro-batch only while it plans the
+    next one: the last latestOffset, which finds nothing, completes the last one). Before, Spark
+    called latestOffset once: one micro-batch per run, completed only by the next run. With
+    ack=commit, trigger(once=True) would leave its only micro-batch uncompleted: refused before it
+    leases anything."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+
+    catalog = pg.deploy(work_queue("availnow", lease_seconds=60))
+    enqueue_numbered(pg, catalog, "availnow", 30)
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "availnow"), str(url_file)), "partitions": "2",
+               "messagesPerPartition": "10", "idleWaitSeconds": "1", "consumer": "availnow-test"}
+    sink = str(tmp_path / "sink")
+
+    def start(checkpoint: str, **trigger: Any) -> Any:
+        source = spark.readStream.format("tablequeue").options(**options).load()
+        return (source.select("id", "payload").writeStream.format("parquet").option("path", sink)
+                .option("checkpointLocation", str(tmp_path / checkpoint)).trigger(**trigger).start())
+
+    query = start("checkpoint", availableNow=True)
+    assert query.awaitTermination(timeout=120) and query.exception() is None
+    assert [p.numInputRows for p in query.recentProgress if p.numInputRows] == [20, 10]
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'availnow', '_history')}") == 30
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'availnow')}") == 0
+    assert spark.read.parquet(sink).select("id").distinct().count() == spark.read.parquet(sink).count() == 30
+
+    enqueue_numbered(pg, catalog, "availnow", 5, first=100)
+    once = start("checkpoint-once", once=True)
+    with pytest.raises(Exception, match=r"availnow: trigger\(once=True\) with ack=commit would never complete "
+                                        r"its micro-batch .* Use trigger\(availableNow=True\)"):
+        once.awaitTermination(timeout=120)
+    assert pg.rows(f"SELECT count(*) AS n, count(leased_by) AS held, max(attempts) AS most "
+                   f"FROM {table(catalog, 'availnow')}") == [{"n": 5, "held": 0, "most": 0}]
+    assert not list((tmp_path / "checkpoint-once" / "offsets").glob("[0-9]*"))
+
+
 # -- the stream reader with failing rows: the sink acknowledges (ack=sink) ----------------------------
 ACK_MESSAGES = 2000
 
@@ -2701,6 +2741,30 @@ def test_stream_idle_latest_offset_waits_for_a_message(pg):
         arrives.join()
         reader.stop()
     assert end["seq"] == 1 and len(end["leases"][0]["acks"]) == 1
+
+
+def test_stream_available_now_leaves_what_is_enqueued_after_it_started_to_the_next_run(pg):
+    """A run of trigger(availableNow=True) reads what was enqueued by the time it started: later
+    messages are released at once (no attempt spent) and the run ends (latestOffset returns its
+    start) without waiting for more, completing the micro-batch before."""
+    catalog = pg.deploy(work_queue("cutoff"))
+    enqueue_numbered(pg, catalog, "cutoff", 4)
+    reader = stream_reader(pg, catalog, "cutoff", idleWaitSeconds="20")
+    try:
+        reader.prepareForTriggerAvailableNow()
+        time.sleep(0.01)
+        enqueue_numbered(pg, catalog, "cutoff", 6, first=100)
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        started = time.monotonic()
+        assert reader.latestOffset(end, reader.getDefaultReadLimit()) == end
+        assert time.monotonic() - started < 5          # no idle wait for messages of the next run
+    finally:
+        reader.stop()
+    assert sorted(int(i) for lease in end["leases"] for i, _ in lease["acks"]) == [1, 2, 3, 4]
+    assert pg.rows(f"SELECT count(*) AS n, count(leased_by) AS held, max(attempts) AS most "
+                   f"FROM {table(catalog, 'cutoff')}") == [{"n": 6, "held": 0, "most": 0}]
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'cutoff', '_history')}") == 4
 
 
 def test_stream_offsets_are_capped(pg):

@@ -40,6 +40,7 @@ LOGGER_NAME = "tablequeue.pipelines"
 URL_ENV = "TABLEQUEUE_URL"
 # Job options set with `spark-submit --conf spark.tablequeue.<option>=...` (see options_from_conf).
 CONF_PREFIX = "spark.tablequeue."
+MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
 
 # Sane defaults for a laptop or a 2-core CI machine; a cluster's spark-submit settings win.
 LOCAL_DEFAULTS = {

@@ -44,11 +44,10 @@ from tablequeue.catalog import Queue
 from tablequeue.client import MAX_WAIT_MS
 from tablequeue.engines import parse_url
 
-from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem, literal_path,
-                              load_callable, log, require_shared_storage, resolve_url, with_retries)
+from pipelines.common import (MAX_BATCH, LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem,
+                              literal_path, load_callable, log, require_shared_storage, resolve_url, with_retries)
 
 FORMAT = "tablequeue"
-MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
 MAX_DEDUPE_KEY = 200             # the templates' CHECK (length(dedupe_key) <= 200)
 # What the writer takes: payload and dedupe_key always (to_messages makes them), the rest when given.
 WRITER_COLUMNS = ("payload", "dedupe_key", "refused", "due_at", "priority", "group_key")

@@ -827,6 +827,44 @@ def test_drain_killed_mid_run_is_finalized_by_the_next_run(spark, pg, tmp_path, 
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'resumable')}") == 0
 
 
+def test_drain_finalized_with_a_smaller_batch_takes_back_all_a_dead_attempt_held(spark, pg, tmp_path, monkeypatch):
+    """Run 1 leases batches of 20; its one task dies on every attempt after staging its first batch
+    (before completing it), then the driver dies. --finalize-only --batch-size 5 must take back all
+    20 leases of the last attempt, not 5: a lease it left held would have no trace after its staged
+    row, and that row would be written out as completed although its message never was. Going on
+    with the run then drains the rest: every message exactly once."""
+    import pipelines.drain_job as drain_job
+
+    catalog = pg.deploy(work_queue("smaller", lease_seconds=600))
+    enqueue_numbered(pg, catalog, "smaller", 60)
+    output = str(tmp_path / "output")
+    plan = [{"at": "staged", "partition": 0, "batch": 1, "attempt": a} for a in range(4)]
+
+    def driver_dies(*args: Any, **kwargs: Any) -> dict:
+        raise DriverDied()
+
+    monkeypatch.setattr(drain_job, "finalize_drain", driver_dies)
+    with pytest.raises(DriverDied):
+        run_drain(spark, pg.url, catalog, "smaller", "pipelines.transforms:uppercase_name", output, tasks=1,
+                  batch_size=20, time_budget_seconds=120, run_id="r1", probe="pipelines.faults:crash_plan",
+                  probe_args={"plan": plan, "how": "raise"})
+    monkeypatch.undo()
+    held = f"SELECT count(*) FROM {table(catalog, 'smaller')} WHERE leased_by IS NOT NULL AND visible_at > now()"
+    assert pg.scalar(held) == 20                      # the last attempt's first batch, staged, not completed
+
+    finalized = run_drain(spark, pg.url, catalog, "smaller", None, output, run_id="r1", finalize_only=True,
+                          batch_size=5, keep_staging=True)
+    assert pg.scalar(held) == 0
+    assert (finalized["completed"], finalized["confirmed_unmarked"]) == (0, 0)
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'smaller', '_history')}") == 0
+
+    resumed = run_drain(spark, pg.url, catalog, "smaller", "pipelines.transforms:uppercase_name", output, tasks=1,
+                        batch_size=20, idle_seconds=1, time_budget_seconds=120, run_id="r1")
+    written = sorted(int(r["id"]) for r in output_rows(resumed["output"]))
+    history = sorted(r["id"] for r in pg.rows(f"SELECT id FROM {table(catalog, 'smaller', '_history')}"))
+    assert written == history == list(range(1, 61))
+
+
 def test_drain_task_rides_out_a_dropped_connection_without_a_spark_retry(spark, pg, tmp_path):
     """Every session ends while the task's first batch is staged (a failover): the task reconnects
     and repeats the complete (and whatever follows) itself; Spark runs no second attempt."""

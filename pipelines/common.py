@@ -41,6 +41,9 @@ URL_ENV = "TABLEQUEUE_URL"
 # Job options set with `spark-submit --conf spark.tablequeue.<option>=...` (see options_from_conf).
 CONF_PREFIX = "spark.tablequeue."
 MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
+# A Spark task's tries of each queue call on transient errors (a failover): with the jittered pauses
+# of with_retries that is about half a minute before the task gives up and Spark runs it again.
+TASK_RETRIES = 8
 
 # Sane defaults for a laptop or a 2-core CI machine; a cluster's spark-submit settings win.
 LOCAL_DEFAULTS = {

@@ -29,8 +29,8 @@ from typing import Any, Callable, Collection, Iterator
 if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (MAX_BATCH, LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting,  # noqa: E402
-                              add_queue_arguments,
+from pipelines.common import (MAX_BATCH, TASK_RETRIES, LeaseHeartbeat, PipelineError, QueueTarget,  # noqa: E402
+                              Reconnecting, add_queue_arguments,
                               canonical_json, elapsed_since, filesystem, job_description, job_main, literal_path,
                               load_callable, log, progress_monitor, remove_tree, require_shared_storage, transaction,
                               with_retries)
@@ -42,9 +42,6 @@ OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processe
 # it did not complete the message.
 OUTCOMES = ("completed", "lease_lost", "retrying", "dead", "released")
 SWEEP_PARTITION = -1      # the driver's sweep writes its markers as this partition
-# A task's tries of each queue call on transient errors (a failover): with the jittered pauses of
-# with_retries that is about half a minute before the task gives up and Spark runs it again.
-TASK_RETRIES = 8
 
 
 @dataclass(frozen=True)

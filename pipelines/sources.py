@@ -44,8 +44,9 @@ from tablequeue.catalog import Queue
 from tablequeue.client import MAX_WAIT_MS
 from tablequeue.engines import parse_url
 
-from pipelines.common import (MAX_BATCH, LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem,
-                              literal_path, load_callable, log, require_shared_storage, resolve_url, with_retries)
+from pipelines.common import (MAX_BATCH, TASK_RETRIES, LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting,
+                              filesystem, literal_path, load_callable, log, require_shared_storage, resolve_url,
+                              with_retries)
 
 FORMAT = "tablequeue"
 MAX_DEDUPE_KEY = 200             # the templates' CHECK (length(dedupe_key) <= 200)
@@ -669,15 +670,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # executor side
     def read(self, partition: LeasePartition) -> Iterator[tuple]:
-        from tablequeue.client import QueueClient
-        from tablequeue.engines import connect
-
-        conn = connect(self.target.url, autocommit=True)
+        connection = Reconnecting(self.target)
         try:
-            client = QueueClient(conn, self.target.dialect, self.target.schema, self.target.queue)
-            mine = self._recorded_leases(client, partition)
+            mine = self._recorded_leases(self._task_calls(connection, partition.worker), partition)
         finally:
-            conn.close()
+            connection.close()
         client_ids = bool(self.target.queue.options.get("client_ids"))
         for row in mine:
             payload = row["payload"]
@@ -689,7 +686,23 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                       row.get("attempts"), partition.worker)
             yield values + (str(row["lease_token"]),) if self.ack == "sink" else values
 
-    def _recorded_leases(self, client: Any, partition: LeasePartition) -> list[dict]:
+    def _task_calls(self, connection: Reconnecting, worker: str) -> Any:
+        """call(what, function of the client) for a task: tried again on a new connection after a
+        transient error (a failover), TASK_RETRIES times. Each call read() makes is safe to repeat:
+        a dequeue under the same worker gives back that worker's own leases, extend_lease and
+        release are fenced by the lease token. An error that ends the task names the queue, the
+        call and the worker."""
+        def call(what: str, function: Any) -> Any:
+            try:
+                return with_retries(f"stream {self.target.name}: {what} for {worker}",
+                                    lambda: function(connection.client()), TASK_RETRIES, on_retry=connection.reset)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the queue and the worker named
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise PipelineError(f"stream {self.target.name}: {what} for worker {worker} failed "
+                                    f"({type(exc).__name__}: {first_line}); Spark retries the task") from exc
+        return call
+
+    def _recorded_leases(self, call: Any, partition: LeasePartition) -> list[dict]:
         """The partition's recorded leases that are still live, with their messages.
 
         The worker's own live leases come back from dequeue unchanged; a lease that ran out comes
@@ -701,16 +714,20 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         completes every recorded lease, so a lease still ours is never left out: the task fails
         instead and Spark runs it again."""
         wanted = dict((i, t) for i, t in partition.acks)
+        worker = partition.worker
         mine: dict[str, dict] = {}
         for _ in range(READ_ROUNDS):
-            for row in client.dequeue(len(wanted), worker=partition.worker, lease_seconds=self.lease_seconds):
+            for row in call("dequeue", lambda client: client.dequeue(len(wanted), worker=worker,
+                                                                     lease_seconds=self.lease_seconds)):
                 if wanted.get(str(row["id"])) == str(row["lease_token"]):
                     mine[str(row["id"])] = row
                 else:
-                    client.release(row["id"], partition.worker, lease_token=row["lease_token"])
+                    call("release", lambda client, row=row: client.release(row["id"], worker,
+                                                                           lease_token=row["lease_token"]))
             missing = [i for i in wanted if i not in mine]
             held = [i for i in missing
-                    if client.extend_lease(i, partition.worker, self.lease_seconds, lease_token=wanted[i])]
+                    if call("extend_lease", lambda client, i=i: client.extend_lease(
+                        i, worker, self.lease_seconds, lease_token=wanted[i]))]
             if not held:
                 break
         else:

@@ -2729,6 +2729,66 @@ def test_stream_driver_reconnects_after_its_connection_is_killed(pg):
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'failover', '_history')}") == 10
 
 
+def test_stream_task_read_rides_out_dropped_connections_and_names_the_worker_when_it_gives_up(pg, monkeypatch):
+    """The task's first connect fails, and the first dequeue, release and extend_lease each lose
+    their connection (a failover): each is tried again on a new connection under the same worker
+    name, and the task delivers the recorded leases. One recorded token is stale, so the task both
+    releases (its row came back with the live token) and checks a lease (extend_lease). An error
+    that is not transient ends the task naming the queue, the call and the worker."""
+    import psycopg
+
+    import pipelines.common as common
+    from pipelines.sources import LeasePartition
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("taskfail"))
+    enqueue_numbered(pg, catalog, "taskfail", 10)
+    reader = stream_reader(pg, catalog, "taskfail")
+    end = reader.latestOffset(reader.initialOffset())
+    reader.stop()
+    worker, acks = end["leases"][0]["worker"], end["leases"][0]["acks"]
+    stale = acks[0][0]
+    partition = LeasePartition(worker, [[stale, "00000000-0000-0000-0000-000000000000"], *acks[1:]])
+
+    real_connect, connects = common.connect, []
+
+    def first_connect_fails(*args: Any, **kwargs: Any) -> Any:
+        connects.append(1)
+        if len(connects) == 1:
+            raise psycopg.OperationalError("connection refused: the server is starting up")
+        return real_connect(*args, **kwargs)
+
+    dropped: list[str] = []
+
+    def drops_its_connection_first(verb: str) -> Any:
+        real = getattr(QueueClient, verb)
+
+        def call(self: QueueClient, *args: Any, **kwargs: Any) -> Any:
+            if verb not in dropped:
+                dropped.append(verb)
+                pg.scalar("SELECT pg_terminate_backend(%s)", self.conn.info.backend_pid)
+            return real(self, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(common, "connect", first_connect_fails)
+    monkeypatch.setattr(common, "backoff_seconds", lambda attempt: 0.0)
+    for verb in ("dequeue", "release", "extend_lease"):
+        monkeypatch.setattr(QueueClient, verb, drops_its_connection_first(verb))
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        rows = list(reader.read(partition))
+    assert sorted(dropped) == ["dequeue", "extend_lease", "release"] and len(connects) == 5
+    assert sorted(r[0] for r in rows) == sorted(int(i) for i, _ in acks[1:])
+    assert any(f"taskfail: dequeue for {worker}: transient error" in r.getMessage() for r in logged)
+
+    def refused(self: QueueClient, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("queue 'taskfail': field 'batch_size' must be from 1 to 1000")
+
+    monkeypatch.setattr(QueueClient, "dequeue", refused)
+    with pytest.raises(PipelineError, match=rf"stream {catalog.schema}.taskfail: dequeue for worker {worker} failed "
+                                            r"\(ValueError: queue 'taskfail': field 'batch_size'"):
+        list(reader.read(partition))
+
+
 def test_stream_replayed_micro_batch_keeps_its_leases_alive(pg):
     """After a restart Spark replays the uncommitted micro-batch through partitions() alone: its
     leases need the heartbeat, or a replay longer than leaseSeconds reads none of them."""

@@ -286,9 +286,15 @@ class LeaseHeartbeat:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        # Beats are timed from the start of the one before: waiting a full interval after each beat
+        # would stretch the gap by the beat's own duration, which grows with the leases held.
+        interval = self.lease_seconds / 3
         connection = Reconnecting(self.target)
+        next_beat = time.monotonic() + interval
         try:
-            while not self._stop.wait(self.lease_seconds / 3):
+            while not self._stop.wait(max(0.0, next_beat - time.monotonic())):
+                started = time.monotonic()
+                next_beat = started + interval
                 with self._lock:
                     held = [(lease["worker"], ack) for leases in self._held.values() for lease in leases
                             for ack in lease["acks"]]
@@ -301,6 +307,14 @@ class LeaseHeartbeat:
                                   str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                                   "; reconnecting" if is_transient(exc) else "")
                     connection.reset()
+                took = time.monotonic() - started
+                if took > interval:
+                    # The next beat starts at once, and a lease extended late in this one ran on
+                    # with less than two thirds of its time left.
+                    log().warning("%s: lease heartbeat over %s lease(s) took %.1fs, more than a third of "
+                                  "the %ss lease: leases may run out before they are extended; hold fewer "
+                                  "per batch or lease longer", self.target.name, len(held), took,
+                                  self.lease_seconds)
         finally:
             connection.close()
 

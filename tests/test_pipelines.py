@@ -2789,6 +2789,59 @@ def test_stream_task_read_rides_out_dropped_connections_and_names_the_worker_whe
         list(reader.read(partition))
 
 
+def test_lease_heartbeat_keeps_its_interval_whatever_a_beat_takes_and_warns_of_a_slow_beat(monkeypatch):
+    """Each extend_lease takes 0.1 s, the lease 1 s (a beat every third of it). Three leases: beats
+    start every 0.33 s, not every 0.33 s plus the beat's own 0.3 s. Five leases: a beat outlasts the
+    interval, and a WARNING names the queue, the leases and how long the beat took."""
+    import pipelines.common as common
+    from pipelines.common import LeaseHeartbeat
+
+    class SlowClient:
+        def __init__(self) -> None:
+            self.calls: list[tuple[float, Any]] = []
+
+        def extend_lease(self, message_id: Any, worker: str, lease_seconds: int, lease_token: Any) -> bool:
+            self.calls.append((time.monotonic(), message_id))
+            time.sleep(0.1)
+            return True
+
+    client = SlowClient()
+
+    class Connection:
+        def __init__(self, target: Any) -> None:
+            pass
+
+        def client(self) -> SlowClient:
+            return client
+
+        def reset(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(common, "Reconnecting", Connection)
+
+    def beat_starts(leases: int, beats: int) -> list[float]:
+        client.calls.clear()
+        heartbeat = LeaseHeartbeat(SimpleNamespace(name="s.beats"), 1)
+        heartbeat.hold(1, [{"worker": "w", "acks": [[i, "t"] for i in range(leases)]}])
+        deadline = time.monotonic() + 10
+        while sum(1 for _, i in client.calls if i == 0) < beats + 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        heartbeat.close()
+        return [at for at, i in client.calls if i == 0]
+
+    starts = beat_starts(3, 4)
+    gaps = [later - earlier for earlier, later in zip(starts, starts[1:])][:4]
+    assert len(gaps) == 4 and all(0.25 < gap < 0.5 for gap in gaps), gaps     # drifting: 0.63 each
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        beat_starts(5, 1)
+    assert any(re.fullmatch(r"s\.beats: lease heartbeat over 5 lease\(s\) took 0\.[5-9]s, more than a third of "
+                            r"the 1s lease: leases may run out .*", r.getMessage()) for r in logged), \
+        [r.getMessage() for r in logged]
+
+
 def test_stream_replayed_micro_batch_keeps_its_leases_alive(pg):
     """After a restart Spark replays the uncommitted micro-batch through partitions() alone: its
     leases need the heartbeat, or a replay longer than leaseSeconds reads none of them."""

@@ -2942,6 +2942,37 @@ def test_a_url_with_a_password_is_refused_and_taken_from_a_file_or_the_environme
         resolve_url()
 
 
+def test_a_password_in_the_query_string_or_odbc_connect_is_refused_and_masked():
+    """A password given as a query parameter (libpq's password, sslpassword; pwd) or as a field of
+    odbc_connect shows on a command line as much as one in the user info: refused alike, naming
+    where it is, and masked wherever the pipelines describe a target."""
+    from urllib.parse import quote_plus
+
+    from pipelines.common import QueueTarget, resolve_url
+    from tablequeue.catalog import Queue
+    from tablequeue.engines import parse_url
+
+    odbc = "mssql+pyodbc://?odbc_connect=" + quote_plus(
+        "DRIVER={ODBC Driver 18 for SQL Server};SERVER=db,1433;UID=ada;PWD={se;c}}ret};Encrypt=yes")
+    refused = {"postgresql://ada@db/queues?sslmode=require&password=secret": r"\(query parameter password\)",
+               "postgresql://db/queues?sslpassword=secret": r"\(query parameter sslpassword\)",
+               "mssql+pyodbc://ada@db/queues?driver=ODBC+Driver+18+for+SQL+Server&PWD=secret": r"\(query parameter PWD\)",
+               odbc: r"\(PWD in odbc_connect\)"}
+    for url, where in refused.items():
+        with pytest.raises(PipelineError, match=rf"option url holds a password {where}, which the Spark UI, the "
+                                                r"event log and `ps` would show: put the URL in a file"):
+            resolve_url(url, given_as="option url")
+    trusted = "mssql+pyodbc://?odbc_connect=" + quote_plus("DRIVER={ODBC Driver 18};SERVER=db;Trusted_Connection=yes")
+    assert resolve_url(trusted) == trusted
+
+    queue = Queue("jobs", "work", "json", {})
+    described = [QueueTarget(url, parse_url(url).dialect, "s", queue).describe()
+                 for url in [*refused, "postgresql://ada:secret@db/queues"]]
+    assert not any("secret" in line or "c}ret" in line for line in described), described
+    assert described[0] == "queue s.jobs (work) on postgresql://ada@db/queues?sslmode=require&password=***"
+    assert "UID=ada;PWD=***;Encrypt=yes" in described[3] and described[4].endswith("postgresql://ada:***@db/queues")
+
+
 def test_job_options_come_from_spark_conf_and_the_command_line_wins(spark):
     from pipelines.common import conf_arguments
     from pipelines.drain_job import build_parser

@@ -17,7 +17,7 @@ Reading a `work` queue as a stream, one micro-batch at a time:
 
 An offset is a set of leases: for micro-batch s and partition p the driver leases up to
 messagesPerPartition messages under the worker name <consumer>-<run>-s<s>-p<p> (run: drawn for each new
-checkpoint) and records each lease's id and token in the offset (Spark writes it to the checkpoint
+checkpoint, pinned by its first offset) and records each lease's id and token in the offset (Spark writes it to the checkpoint
 before the batch runs). The partition's
 task asks for that worker's leases again (a worker's own live leases come back unchanged: the same
 token, no attempt spent) and yields those whose token matches; commit() completes them with
@@ -546,9 +546,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             on_retry=connection.reset)
 
     def initialOffset(self) -> dict:
-        # run: this query's part of every worker name. The checkpoint pins it, so a restart uses the
-        # same names (and gets its recorded leases back), and a new checkpoint (a second query with
-        # the same consumer, a deleted checkpoint) never shares a name with live leases of another.
+        # run: this query's part of every worker name, drawn anew on each call. Spark calls this
+        # whenever a micro-batch starts from no recorded offset (until offsets/0 is in the
+        # checkpoint, and to replay micro-batch 0), so only the run an offset records is pinned:
+        # from the first offset on, a restart uses the same names (and gets its recorded leases
+        # back), and a new checkpoint (a second query with the same consumer, a deleted checkpoint)
+        # never shares a name with live leases of another. A driver that dies after leasing the
+        # first micro-batch and before Spark recorded it leaves those leases to run out.
         return {"run": uuid.uuid4().hex[:12], "seq": 0, "leases": []}
 
     def getDefaultReadLimit(self) -> Any:

@@ -370,7 +370,8 @@ class QueueWriter(DataSourceArrowWriter):
         if self.max_connections is not None and partition >= self.max_connections:
             raise PipelineError(f"{self.target.name}: partition {partition} of the input is beyond maxConnections="
                                 f"{self.max_connections}: coalesce the input to at most that many partitions "
-                                f"first (to_messages(..., max_connections=N) does)")
+                                f"first (to_messages(..., max_connections=N) does); the tasks of lower partitions "
+                                f"still write their rows, which a re-run sends again as duplicates")
         counts = WriteCounts(partition, attempt)
         on_batch = load_callable(self.probe) if self.probe else None
         samples: list[str] = []

@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote_plus, unquote, unquote_plus, urlsplit
 
 from tablequeue.catalog import Catalog, Queue, load_catalog
 from tablequeue.client import QueueClient
@@ -40,6 +40,10 @@ LOGGER_NAME = "tablequeue.pipelines"
 URL_ENV = "TABLEQUEUE_URL"
 # Job options set with `spark-submit --conf spark.tablequeue.<option>=...` (see options_from_conf).
 CONF_PREFIX = "spark.tablequeue."
+MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
+# A Spark task's tries of each queue call on transient errors (a failover): with the jittered pauses
+# of with_retries that is about half a minute before the task gives up and Spark runs it again.
+TASK_RETRIES = 8
 
 # Sane defaults for a laptop or a 2-core CI machine; a cluster's spark-submit settings win.
 LOCAL_DEFAULTS = {
@@ -74,16 +78,65 @@ def log() -> logging.Logger:
 
 
 # -- credentials ---------------------------------------------------------------------------------
+# Connection parameters that hold a secret: in a URL's query string (libpq takes password and
+# sslpassword there) or in the ODBC string of mssql+pyodbc's odbc_connect (PWD; Password for some
+# drivers). Compared case-insensitively, as libpq's are not but ODBC's are: refusing more is safe.
+SECRET_PARAMETERS = ("password", "pwd", "sslpassword")
+ODBC_FIELD = re.compile(r"\s*([^=;]+?)\s*=\s*(\{(?:[^}]|\}\})*\}|[^;]*)\s*(?:;|$)")
+
+
+def _odbc_fields(text: str) -> list[re.Match]:
+    """The key=value fields of an ODBC connection string ({...} values may hold ';', '}}' is '}')."""
+    return list(ODBC_FIELD.finditer(text))
+
+
+def url_secrets(url: str) -> list[str]:
+    """Where `url` holds a password: '' for its user info, 'query parameter <name>', '<name> in
+    odbc_connect'; empty when it holds none."""
+    parts = urlsplit(url)
+    found = [""] if parts.password is not None else []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key.lower() in SECRET_PARAMETERS:
+            found.append(f"query parameter {key}")
+        elif key.lower() == "odbc_connect":
+            found += [f"{field.group(1)} in odbc_connect" for field in _odbc_fields(value)
+                      if field.group(1).lower() in SECRET_PARAMETERS]
+    return found
+
+
+def masked_url(url: str) -> str:
+    """`url` for a log line: every password (user info, query parameter, odbc_connect field) as ***."""
+    base, question, rest = parse_url(url).describe().partition("?")
+    query, hash_, fragment = rest.partition("#")
+    pieces = []
+    for piece in query.split("&") if query else []:
+        key, sep, value = piece.partition("=")
+        name = unquote_plus(key).lower()
+        if name in SECRET_PARAMETERS:
+            value = "***"
+        elif name == "odbc_connect":
+            text = unquote_plus(value)
+            for field in reversed(_odbc_fields(text)):
+                if field.group(1).lower() in SECRET_PARAMETERS:
+                    text = text[:field.start(2)] + "***" + text[field.end(2):]
+            value = quote_plus(text, safe="{}=;,*")
+        pieces.append(key + sep + value)
+    return base + question + "&".join(pieces) + hash_ + fragment
+
+
 def resolve_url(url: str | None = None, url_file: str | None = None, *, given_as: str = "--url") -> str:
     """The database URL: `url` when it holds no password, else the first line of `url_file`, else
-    $TABLEQUEUE_URL. A password in `url` is refused: a command line, a Spark option or a conf value
-    shows in `ps`, the Spark UI and the event log; a file or the environment does not."""
+    $TABLEQUEUE_URL. A password in `url` (its user info, a query parameter such as password or PWD,
+    a field of odbc_connect) is refused: a command line, a Spark option or a conf value shows in
+    `ps`, the Spark UI and the event log; a file or the environment does not."""
     if url:
-        if urlsplit(url).password is not None:
-            raise PipelineError(f"{given_as} holds a password, which the Spark UI, the event log and `ps` "
-                                f"would show: put the URL in a file (--url-file, option urlFile) or in "
-                                f"${URL_ENV}, or leave the password to the driver's own means (PGPASSFILE, "
-                                f"Kerberos)")
+        secrets_found = url_secrets(url)
+        if secrets_found:
+            where = ", ".join(w for w in secrets_found if w)
+            raise PipelineError(f"{given_as} holds a password{f' ({where})' if where else ''}, which the Spark UI, "
+                                f"the event log and `ps` would show: put the URL in a file (--url-file, option "
+                                f"urlFile) or in ${URL_ENV}, or leave the password to the driver's own means "
+                                f"(PGPASSFILE, Kerberos)")
         return url
     if url_file:
         try:
@@ -282,9 +335,15 @@ class LeaseHeartbeat:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        # Beats are timed from the start of the one before: waiting a full interval after each beat
+        # would stretch the gap by the beat's own duration, which grows with the leases held.
+        interval = self.lease_seconds / 3
         connection = Reconnecting(self.target)
+        next_beat = time.monotonic() + interval
         try:
-            while not self._stop.wait(self.lease_seconds / 3):
+            while not self._stop.wait(max(0.0, next_beat - time.monotonic())):
+                started = time.monotonic()
+                next_beat = started + interval
                 with self._lock:
                     held = [(lease["worker"], ack) for leases in self._held.values() for lease in leases
                             for ack in lease["acks"]]
@@ -297,6 +356,14 @@ class LeaseHeartbeat:
                                   str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                                   "; reconnecting" if is_transient(exc) else "")
                     connection.reset()
+                took = time.monotonic() - started
+                if took > interval:
+                    # The next beat starts at once, and a lease extended late in this one ran on
+                    # with less than two thirds of its time left.
+                    log().warning("%s: lease heartbeat over %s lease(s) took %.1fs, more than a third of "
+                                  "the %ss lease: leases may run out before they are extended; hold fewer "
+                                  "per batch or lease longer", self.target.name, len(held), took,
+                                  self.lease_seconds)
         finally:
             connection.close()
 
@@ -439,7 +506,7 @@ class QueueTarget:
         return f'"{self.schema}"."{name}"' if self.dialect == "postgres" else f"[{self.schema}].[{name}]"
 
     def describe(self) -> str:
-        return f"queue {self.name} ({self.queue.kind}) on {parse_url(self.url).describe()}"
+        return f"queue {self.name} ({self.queue.kind}) on {masked_url(self.url)}"
 
     def require_kind(self, *kinds: str) -> None:
         if self.queue.kind not in kinds:

@@ -24,12 +24,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, add_queue_arguments,  # noqa: E402
+from pipelines.common import (MAX_BATCH, TASK_RETRIES, LeaseHeartbeat, PipelineError, QueueTarget,  # noqa: E402
+                              Reconnecting, add_queue_arguments,
                               canonical_json, elapsed_since, filesystem, job_description, job_main, literal_path,
                               load_callable, log, progress_monitor, remove_tree, require_shared_storage, transaction,
                               with_retries)
@@ -41,9 +42,6 @@ OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processe
 # it did not complete the message.
 OUTCOMES = ("completed", "lease_lost", "retrying", "dead", "released")
 SWEEP_PARTITION = -1      # the driver's sweep writes its markers as this partition
-# A task's tries of each queue call on transient errors (a failover): with the jittered pauses of
-# with_retries that is about half a minute before the task gives up and Spark runs it again.
-TASK_RETRIES = 8
 
 
 @dataclass(frozen=True)
@@ -146,6 +144,10 @@ def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, bat
     messages; all of them are recorded as released (record runs before the first release, so a
     crash in between never leaves a released message unrecorded) and released, attempt included.
     The released tokens are void: a zombie of that worker can no longer complete them.
+    batch_size must be at least what the worker can hold: one batch of its launch (each dequeue
+    under a name declares that it holds nothing else, so a name never holds more than its largest
+    dequeue). One dequeue then takes back all of it; no answer could show that more is held, since
+    on a deep queue every answer is filled with other messages.
     call(what, function of the client): see retrying_calls; a repeated dequeue under the same name
     returns the same leases, a repeated release answers false."""
     rows = call("take back", lambda client: client.dequeue(batch_size, worker=worker))
@@ -238,6 +240,7 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
         # The attempts before this one died or were given up: take back what they held, so their
         # messages come back now (not when their leases run out) and no zombie completes them.
         # Their markers are batch 0 of this attempt (before its first lease), one file per predecessor.
+        # They are of this launch: none held more than this launch's batch size.
         for earlier in range(attempt):
             def record(rows: list[dict], earlier: int = earlier) -> None:
                 staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
@@ -360,10 +363,16 @@ def run_workers(staging: str, run_id: str) -> list[str]:
     return sorted(set(names))
 
 
-def sweep(target: QueueTarget, staging: str, run_id: str, batch_size: int) -> int:
+def sweep(target: QueueTarget, staging: str, run_id: str, settled: Collection[str] = ()) -> int:
     """The driver takes back what every worker of the run still holds (a task that died, a zombie,
     a leased batch whose task was cancelled), recording each message as released first: those were
-    not completed by the run. Returns how many were released."""
+    not completed by the run. Returns how many were released.
+
+    Each worker is asked with the largest batch there is: it may be of another launch, with a larger
+    batch size than this one's (--finalize-only, a later launch), and a lease the sweep leaves held
+    has no trace after its staged row, which finalisation would then keep as completed. settled:
+    workers whose task returned, having completed, failed or lost all it leased; they hold nothing,
+    and asking them would only lease and release a batch of other messages."""
     _, markers_schema = _schemas()
     sweeper = TaskStaging(staging, f"sweep{secrets.token_hex(3)}", SWEEP_PARTITION, 0)
     released = batch = 0
@@ -371,17 +380,21 @@ def sweep(target: QueueTarget, staging: str, run_id: str, batch_size: int) -> in
     call = retrying_calls(target, connection)
     try:
         for worker in run_workers(staging, run_id):
+            if worker in settled:
+                continue
+
             def record(rows: list[dict]) -> None:
                 nonlocal batch
                 batch += 1
                 sweeper.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch)
-            released += take_back(call, worker, batch_size, record)
+            released += take_back(call, worker, MAX_BATCH, record)
     finally:
         connection.close()
     return released
 
 
-def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, batch_size: int = 100) -> dict[str, Any]:
+def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, *,
+                   settled: Collection[str] = ()) -> dict[str, Any]:
     """Staged results -> <output>/results/run_id=<run_id>: completed ones only, one row per id.
 
     First the sweep (what the run's workers still hold goes back to the queue, recorded as
@@ -405,7 +418,7 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, ba
         filesystem_.create_dir(inner.rsplit("/", 1)[0], recursive=True)
         with filesystem_.open_output_stream(inner) as stream:
             stream.write(run_id.encode("ascii"))
-        summary["swept"] = sweep(target, staging, run_id, batch_size)
+        summary["swept"] = sweep(target, staging, run_id, settled)
         markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
         if markers is not None:
             for row in markers.filter(F.col("part") != SWEEP_PARTITION).groupBy("outcome").agg(F.count("*").alias("n")).collect():
@@ -517,8 +530,9 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
         load_callable(transform)          # fail on the driver, not in every task
     if probe:
         load_callable(probe)
-    if not 1 <= batch_size <= 1000:
-        raise PipelineError(f"batch_size must be between 1 and 1000, got {batch_size}")
+    # The sweep takes a worker's leases back with one dequeue of MAX_BATCH: no worker may hold more.
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise PipelineError(f"drain {target.name}: batch_size must be between 1 and {MAX_BATCH}, got {batch_size}")
     if tasks < 1:
         raise PipelineError(f"tasks must be at least 1, got {tasks}")
     if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
@@ -558,7 +572,8 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
             log().error("drain %s: run %s: the tasks failed (%s); finalising what they completed", target.name,
                         run_id, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         summary["retried_tasks"] = [c["partition"] for c in summary["tasks"] if c["attempt"] > 0]
-    summary.update(finalize_drain(spark, target, output, run_id, batch_size))
+    summary.update(finalize_drain(spark, target, output, run_id,
+                                  settled={counts["worker"] for counts in summary["tasks"]}))
     summary["seconds"] = elapsed_since(started)
     if failure is None and not keep_staging:
         remove_tree(staging)

@@ -17,7 +17,7 @@ Reading a `work` queue as a stream, one micro-batch at a time:
 
 An offset is a set of leases: for micro-batch s and partition p the driver leases up to
 messagesPerPartition messages under the worker name <consumer>-<run>-s<s>-p<p> (run: drawn for each new
-checkpoint) and records each lease's id and token in the offset (Spark writes it to the checkpoint
+checkpoint, pinned by its first offset) and records each lease's id and token in the offset (Spark writes it to the checkpoint
 before the batch runs). The partition's
 task asks for that worker's leases again (a worker's own live leases come back unchanged: the same
 token, no attempt spent) and yields those whose token matches; commit() completes them with
@@ -38,16 +38,17 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamReader, InputPartition,
                                     WriterCommitMessage)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
 from tablequeue.catalog import Queue
 from tablequeue.client import MAX_WAIT_MS
 from tablequeue.engines import parse_url
 
-from pipelines.common import (LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting, filesystem, literal_path,
-                              load_callable, log, require_shared_storage, resolve_url, with_retries)
+from pipelines.common import (MAX_BATCH, TASK_RETRIES, LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting,
+                              filesystem, literal_path, load_callable, log, require_shared_storage, resolve_url,
+                              with_retries)
 
 FORMAT = "tablequeue"
-MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
 MAX_DEDUPE_KEY = 200             # the templates' CHECK (length(dedupe_key) <= 200)
 # What the writer takes: payload and dedupe_key always (to_messages makes them), the rest when given.
 WRITER_COLUMNS = ("payload", "dedupe_key", "refused", "due_at", "priority", "group_key")
@@ -369,7 +370,8 @@ class QueueWriter(DataSourceArrowWriter):
         if self.max_connections is not None and partition >= self.max_connections:
             raise PipelineError(f"{self.target.name}: partition {partition} of the input is beyond maxConnections="
                                 f"{self.max_connections}: coalesce the input to at most that many partitions "
-                                f"first (to_messages(..., max_connections=N) does)")
+                                f"first (to_messages(..., max_connections=N) does); the tasks of lower partitions "
+                                f"still write their rows, which a re-run sends again as duplicates")
         counts = WriteCounts(partition, attempt)
         on_batch = load_callable(self.probe) if self.probe else None
         samples: list[str] = []
@@ -467,6 +469,13 @@ ACK_MODES = ("commit", "sink")
 UNACKNOWLEDGED = "the micro-batch of offset {seq} was committed without the sink acknowledging this message (ack=sink)"
 
 
+def _utc(value: Any) -> Any:
+    """A naive datetime as UTC (SQL Server's datetime2 columns hold UTC by contract)."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
 @dataclass
 class LeasePartition(InputPartition):
     worker: str
@@ -482,13 +491,18 @@ class LeasesStillHeld(PipelineError):
     (commit() completes every recorded lease, so a partial read would lose those messages)."""
 
 
-class QueueStreamReader(DataSourceStreamReader):
+class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Options: partitions (default 2), messagesPerPartition (1..1000, default 100; at most
     MAX_LEASES_PER_BATCH leases per micro-batch), leaseSeconds (default the queue's), consumer (the
     worker names' prefix, default spark), idleWaitSeconds (0..20, default 2: how long latestOffset
     waits for a message when none is ready), ack (commit, the default: commit() completes every
     lease of the micro-batch; sink: the sink acknowledges each row, see pipelines.stream_job.AckSink,
-    and commit() fails the leases it left unacknowledged)."""
+    and commit() fails the leases it left unacknowledged).
+
+    trigger(availableNow=True) runs micro-batches until one finds nothing that was enqueued (and
+    due) by the time the query started; the last latestOffset, which finds nothing, completes the
+    last micro-batch. trigger(once=True) runs one micro-batch and never plans a next one, so with
+    ack=commit nothing of it would be completed before the next run: refused."""
 
     def __init__(self, source: SourceOptions) -> None:
         source.target.require_kind("work")
@@ -533,12 +547,37 @@ class QueueStreamReader(DataSourceStreamReader):
                             on_retry=connection.reset)
 
     def initialOffset(self) -> dict:
-        # run: this query's part of every worker name. The checkpoint pins it, so a restart uses the
-        # same names (and gets its recorded leases back), and a new checkpoint (a second query with
-        # the same consumer, a deleted checkpoint) never shares a name with live leases of another.
+        # run: this query's part of every worker name, drawn anew on each call. Spark calls this
+        # whenever a micro-batch starts from no recorded offset (until offsets/0 is in the
+        # checkpoint, and to replay micro-batch 0), so only the run an offset records is pinned:
+        # from the first offset on, a restart uses the same names (and gets its recorded leases
+        # back), and a new checkpoint (a second query with the same consumer, a deleted checkpoint)
+        # never shares a name with live leases of another. A driver that dies after leasing the
+        # first micro-batch and before Spark recorded it leaves those leases to run out.
         return {"run": uuid.uuid4().hex[:12], "seq": 0, "leases": []}
 
+    def getDefaultReadLimit(self) -> Any:
+        # Each micro-batch is partitions x messagesPerPartition leases at most, whatever the trigger.
+        # Saying so lets latestOffset recognise Trigger.Once: Spark replaces any other limit with
+        # ReadAllAvailable for it (and warns that the limit is ignored).
+        return ReadMaxRows(self.partition_count * self.per_partition)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Spark calls this once, before the run's first latestOffset. What was enqueued (and due)
+        # until now is this run's to read; anything later is left for the next run, so that a steady
+        # producer cannot keep the run from ending.
+        self._driver["available_until"] = datetime.now(timezone.utc)
+
     def latestOffset(self, start: dict, limit: Any = None) -> dict:
+        available_now = "available_until" in self._driver
+        if isinstance(limit, ReadAllAvailable) and not available_now and self.ack == "commit":
+            raise PipelineError(
+                f"stream {self.target.name}: trigger(once=True) with ack=commit would never complete its "
+                f"micro-batch (Spark commits a micro-batch only while it plans the next one, and a run "
+                f"of trigger once plans none): its leases would run out before the next run and its "
+                f"messages be read again. Use trigger(availableNow=True), which completes every "
+                f"micro-batch before it ends, or trigger(processingTime=...), or option ack=sink (the "
+                f"sink acknowledges each row as it writes it)")
         self._client()
         # start is the end of the last committed micro-batch; commit() may not have run for it (the
         # driver died in between): completing it again is harmless.
@@ -549,7 +588,8 @@ class QueueStreamReader(DataSourceStreamReader):
         leases = self._lease(run, seq)
         # Nothing ready: wait for a message (the contract's wait claims nothing) instead of returning
         # at once, which Spark's default trigger would turn into a dequeue every few milliseconds.
-        if not leases and self.idle_wait_seconds and \
+        # Not in a run of availableNow: what arrives now is the next run's.
+        if not leases and self.idle_wait_seconds and not available_now and \
                 self._call("wait", lambda client: client.wait(self.idle_wait_seconds * 1000)):
             leases = self._lease(run, seq)
         if not leases:
@@ -566,9 +606,25 @@ class QueueStreamReader(DataSourceStreamReader):
             worker = f"{self.consumer}-{run}-s{seq}-p{partition}"
             rows = self._call("lease", lambda client: client.dequeue(
                 self.per_partition, worker=worker, lease_seconds=self.lease_seconds))
+            if "available_until" in self._driver:
+                rows = self._enqueued_by(self._driver["available_until"], worker, rows)
             if rows:
                 leases.append({"worker": worker, "acks": [[str(r["id"]), str(r["lease_token"])] for r in rows]})
         return leases
+
+    def _enqueued_by(self, cutoff: datetime, worker: str, rows: list[dict]) -> list[dict]:
+        """The rows enqueued and due by `cutoff` (the driver's clock: a message within the clocks'
+        skew of it goes to this run or the next); the others are released at once, attempt given
+        back."""
+        kept = []
+        for row in rows:
+            times = [_utc(row[name]) for name in ("enqueued_at", "due_at") if row.get(name) is not None]
+            if max(times, default=cutoff) <= cutoff:
+                kept.append(row)
+            else:
+                self._call("release", lambda client, row=row: client.release(row["id"], worker,
+                                                                             lease_token=row["lease_token"]))
+        return kept
 
     def partitions(self, start: dict, end: dict) -> Sequence[LeasePartition]:
         if int(end["seq"]) == int(start["seq"]):
@@ -619,15 +675,11 @@ class QueueStreamReader(DataSourceStreamReader):
 
     # executor side
     def read(self, partition: LeasePartition) -> Iterator[tuple]:
-        from tablequeue.client import QueueClient
-        from tablequeue.engines import connect
-
-        conn = connect(self.target.url, autocommit=True)
+        connection = Reconnecting(self.target)
         try:
-            client = QueueClient(conn, self.target.dialect, self.target.schema, self.target.queue)
-            mine = self._recorded_leases(client, partition)
+            mine = self._recorded_leases(self._task_calls(connection, partition.worker), partition)
         finally:
-            conn.close()
+            connection.close()
         client_ids = bool(self.target.queue.options.get("client_ids"))
         for row in mine:
             payload = row["payload"]
@@ -635,14 +687,27 @@ class QueueStreamReader(DataSourceStreamReader):
                 payload = json.dumps(payload, sort_keys=True, separators=(",", ":"))
             elif isinstance(payload, memoryview):
                 payload = bytes(payload)
-            enqueued_at = row.get("enqueued_at")
-            if isinstance(enqueued_at, datetime) and enqueued_at.tzinfo is None:
-                enqueued_at = enqueued_at.replace(tzinfo=timezone.utc)   # SQL Server datetime2 is UTC
-            values = (str(row["id"]) if client_ids else int(row["id"]), payload, enqueued_at, row.get("attempts"),
-                      partition.worker)
+            values = (str(row["id"]) if client_ids else int(row["id"]), payload, _utc(row.get("enqueued_at")),
+                      row.get("attempts"), partition.worker)
             yield values + (str(row["lease_token"]),) if self.ack == "sink" else values
 
-    def _recorded_leases(self, client: Any, partition: LeasePartition) -> list[dict]:
+    def _task_calls(self, connection: Reconnecting, worker: str) -> Any:
+        """call(what, function of the client) for a task: tried again on a new connection after a
+        transient error (a failover), TASK_RETRIES times. Each call read() makes is safe to repeat:
+        a dequeue under the same worker gives back that worker's own leases, extend_lease and
+        release are fenced by the lease token. An error that ends the task names the queue, the
+        call and the worker."""
+        def call(what: str, function: Any) -> Any:
+            try:
+                return with_retries(f"stream {self.target.name}: {what} for {worker}",
+                                    lambda: function(connection.client()), TASK_RETRIES, on_retry=connection.reset)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the queue and the worker named
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise PipelineError(f"stream {self.target.name}: {what} for worker {worker} failed "
+                                    f"({type(exc).__name__}: {first_line}); Spark retries the task") from exc
+        return call
+
+    def _recorded_leases(self, call: Any, partition: LeasePartition) -> list[dict]:
         """The partition's recorded leases that are still live, with their messages.
 
         The worker's own live leases come back from dequeue unchanged; a lease that ran out comes
@@ -654,16 +719,20 @@ class QueueStreamReader(DataSourceStreamReader):
         completes every recorded lease, so a lease still ours is never left out: the task fails
         instead and Spark runs it again."""
         wanted = dict((i, t) for i, t in partition.acks)
+        worker = partition.worker
         mine: dict[str, dict] = {}
         for _ in range(READ_ROUNDS):
-            for row in client.dequeue(len(wanted), worker=partition.worker, lease_seconds=self.lease_seconds):
+            for row in call("dequeue", lambda client: client.dequeue(len(wanted), worker=worker,
+                                                                     lease_seconds=self.lease_seconds)):
                 if wanted.get(str(row["id"])) == str(row["lease_token"]):
                     mine[str(row["id"])] = row
                 else:
-                    client.release(row["id"], partition.worker, lease_token=row["lease_token"])
+                    call("release", lambda client, row=row: client.release(row["id"], worker,
+                                                                           lease_token=row["lease_token"]))
             missing = [i for i in wanted if i not in mine]
             held = [i for i in missing
-                    if client.extend_lease(i, partition.worker, self.lease_seconds, lease_token=wanted[i])]
+                    if call("extend_lease", lambda client, i=i: client.extend_lease(
+                        i, worker, self.lease_seconds, lease_token=wanted[i]))]
             if not held:
                 break
         else:

@@ -827,6 +827,42 @@ def test_drain_killed_mid_run_is_finalized_by_the_next_run(spark, pg, tmp_path, 
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'resumable')}") == 0
 
 
+def test_drain_finalized_with_a_smaller_batch_takes_back_all_a_dead_attempt_held(spark, pg, tmp_path, monkeypatch):
+    """Run 1 leases batches of 20; its one task dies on every attempt after staging its first batch
+    (before completing it), then the driver dies. --finalize-only --batch-size 5 must take back all
+    20 leases of the last attempt, not 5: a lease it left held would have no trace after its staged
+    row, and that row would be written out as completed although its message never was."""
+    import pipelines.drain_job as drain_job
+
+    catalog = pg.deploy(work_queue("smaller", lease_seconds=600))
+    enqueue_numbered(pg, catalog, "smaller", 60)
+    output = str(tmp_path / "output")
+    plan = [{"at": "staged", "partition": 0, "batch": 1, "attempt": a} for a in range(4)]
+
+    def driver_dies(*args: Any, **kwargs: Any) -> dict:
+        raise DriverDied()
+
+    monkeypatch.setattr(drain_job, "finalize_drain", driver_dies)
+    with pytest.raises(DriverDied):
+        run_drain(spark, pg.url, catalog, "smaller", "pipelines.transforms:uppercase_name", output, tasks=1,
+                  batch_size=20, time_budget_seconds=120, run_id="r1", probe="pipelines.faults:crash_plan",
+                  probe_args={"plan": plan, "how": "raise"})
+    monkeypatch.undo()
+    held = f"SELECT count(*) FROM {table(catalog, 'smaller')} WHERE leased_by IS NOT NULL AND visible_at > now()"
+    assert pg.scalar(held) == 20                      # the last attempt's first batch, staged, not completed
+
+    finalized = run_drain(spark, pg.url, catalog, "smaller", None, output, run_id="r1", finalize_only=True,
+                          batch_size=5)
+    assert pg.scalar(held) == 0
+    # Nothing was completed, so nothing is written out, and every message is back in the queue for
+    # the next run (the killed-mid-run test above shows a later launch draining such a run once).
+    # swept also counts the other ready messages each worker's dequeue was filled with.
+    assert (finalized["completed"], finalized["confirmed_unmarked"]) == (0, 0) and finalized["swept"] >= 20
+    assert output_rows(finalized["output"]) == []
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'smaller', '_history')}") == 0
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'smaller')} WHERE leased_by IS NULL") == 60
+
+
 def test_drain_task_rides_out_a_dropped_connection_without_a_spark_retry(spark, pg, tmp_path):
     """Every session ends while the task's first batch is staged (a failover): the task reconnects
     and repeats the complete (and whatever follows) itself; Spark runs no second attempt."""
@@ -980,6 +1016,46 @@ def test_stream_reader_delivers_each_message_once_across_killed_tasks_and_a_rest
                       f"FROM {table(catalog, 'stream', '_history')}")[0]
     # A retried task and a replayed micro-batch took their own leases back: no attempt was spent.
     assert history == {"n": STREAM_MESSAGES, "ids": STREAM_MESSAGES, "most": 1}
+
+
+def test_stream_available_now_completes_every_micro_batch_before_it_ends_and_once_is_refused(spark, pg, tmp_path):
+    """trigger(availableNow=True): micro-batches of at most 2 x 10 leases until nothing is left, and
+    each is completed before the query ends (Spark commits a micro-batch only while it plans the
+    next one: the last latestOffset, which finds nothing, completes the last one). Before, Spark
+    called latestOffset once: one micro-batch per run, completed only by the next run. With
+    ack=commit, trigger(once=True) would leave its only micro-batch uncompleted: refused before it
+    leases anything."""
+    from pipelines.common import QueueTarget
+    from pipelines.sources import target_options
+
+    catalog = pg.deploy(work_queue("availnow", lease_seconds=60))
+    enqueue_numbered(pg, catalog, "availnow", 30)
+    url_file = tmp_path / "url"
+    url_file.write_text(pg.url)
+    options = {**target_options(QueueTarget.of(pg.url, catalog, "availnow"), str(url_file)), "partitions": "2",
+               "messagesPerPartition": "10", "idleWaitSeconds": "1", "consumer": "availnow-test"}
+    sink = str(tmp_path / "sink")
+
+    def start(checkpoint: str, **trigger: Any) -> Any:
+        source = spark.readStream.format("tablequeue").options(**options).load()
+        return (source.select("id", "payload").writeStream.format("parquet").option("path", sink)
+                .option("checkpointLocation", str(tmp_path / checkpoint)).trigger(**trigger).start())
+
+    query = start("checkpoint", availableNow=True)
+    assert query.awaitTermination(timeout=120) and query.exception() is None
+    assert [p.numInputRows for p in query.recentProgress if p.numInputRows] == [20, 10]
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'availnow', '_history')}") == 30
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'availnow')}") == 0
+    assert spark.read.parquet(sink).select("id").distinct().count() == spark.read.parquet(sink).count() == 30
+
+    enqueue_numbered(pg, catalog, "availnow", 5, first=100)
+    once = start("checkpoint-once", once=True)
+    with pytest.raises(Exception, match=r"availnow: trigger\(once=True\) with ack=commit would never complete "
+                                        r"its micro-batch .* Use trigger\(availableNow=True\)"):
+        once.awaitTermination(timeout=120)
+    assert pg.rows(f"SELECT count(*) AS n, count(leased_by) AS held, max(attempts) AS most "
+                   f"FROM {table(catalog, 'availnow')}") == [{"n": 5, "held": 0, "most": 0}]
+    assert not list((tmp_path / "checkpoint-once" / "offsets").glob("[0-9]*"))
 
 
 # -- the stream reader with failing rows: the sink acknowledges (ack=sink) ----------------------------
@@ -2651,6 +2727,119 @@ def test_stream_driver_reconnects_after_its_connection_is_killed(pg):
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'failover', '_history')}") == 10
 
 
+def test_stream_task_read_rides_out_dropped_connections_and_names_the_worker_when_it_gives_up(pg, monkeypatch):
+    """The task's first connect fails, and the first dequeue, release and extend_lease each lose
+    their connection (a failover): each is tried again on a new connection under the same worker
+    name, and the task delivers the recorded leases. One recorded token is stale, so the task both
+    releases (its row came back with the live token) and checks a lease (extend_lease). An error
+    that is not transient ends the task naming the queue, the call and the worker."""
+    import psycopg
+
+    import pipelines.common as common
+    from pipelines.sources import LeasePartition
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("taskfail"))
+    enqueue_numbered(pg, catalog, "taskfail", 10)
+    reader = stream_reader(pg, catalog, "taskfail")
+    end = reader.latestOffset(reader.initialOffset())
+    reader.stop()
+    worker, acks = end["leases"][0]["worker"], end["leases"][0]["acks"]
+    stale = acks[0][0]
+    partition = LeasePartition(worker, [[stale, "00000000-0000-0000-0000-000000000000"], *acks[1:]])
+
+    real_connect, connects = common.connect, []
+
+    def first_connect_fails(*args: Any, **kwargs: Any) -> Any:
+        connects.append(1)
+        if len(connects) == 1:
+            raise psycopg.OperationalError("connection refused: the server is starting up")
+        return real_connect(*args, **kwargs)
+
+    dropped: list[str] = []
+
+    def drops_its_connection_first(verb: str) -> Any:
+        real = getattr(QueueClient, verb)
+
+        def call(self: QueueClient, *args: Any, **kwargs: Any) -> Any:
+            if verb not in dropped:
+                dropped.append(verb)
+                pg.scalar("SELECT pg_terminate_backend(%s)", self.conn.info.backend_pid)
+            return real(self, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(common, "connect", first_connect_fails)
+    monkeypatch.setattr(common, "backoff_seconds", lambda attempt: 0.0)
+    for verb in ("dequeue", "release", "extend_lease"):
+        monkeypatch.setattr(QueueClient, verb, drops_its_connection_first(verb))
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        rows = list(reader.read(partition))
+    assert sorted(dropped) == ["dequeue", "extend_lease", "release"] and len(connects) == 5
+    assert sorted(r[0] for r in rows) == sorted(int(i) for i, _ in acks[1:])
+    assert any(f"taskfail: dequeue for {worker}: transient error" in r.getMessage() for r in logged)
+
+    def refused(self: QueueClient, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("queue 'taskfail': field 'batch_size' must be from 1 to 1000")
+
+    monkeypatch.setattr(QueueClient, "dequeue", refused)
+    with pytest.raises(PipelineError, match=rf"stream {catalog.schema}.taskfail: dequeue for worker {worker} failed "
+                                            r"\(ValueError: queue 'taskfail': field 'batch_size'"):
+        list(reader.read(partition))
+
+
+def test_lease_heartbeat_keeps_its_interval_whatever_a_beat_takes_and_warns_of_a_slow_beat(monkeypatch):
+    """Each extend_lease takes 0.1 s, the lease 1 s (a beat every third of it). Three leases: beats
+    start every 0.33 s, not every 0.33 s plus the beat's own 0.3 s. Five leases: a beat outlasts the
+    interval, and a WARNING names the queue, the leases and how long the beat took."""
+    import pipelines.common as common
+    from pipelines.common import LeaseHeartbeat
+
+    class SlowClient:
+        def __init__(self) -> None:
+            self.calls: list[tuple[float, Any]] = []
+
+        def extend_lease(self, message_id: Any, worker: str, lease_seconds: int, lease_token: Any) -> bool:
+            self.calls.append((time.monotonic(), message_id))
+            time.sleep(0.1)
+            return True
+
+    client = SlowClient()
+
+    class Connection:
+        def __init__(self, target: Any) -> None:
+            pass
+
+        def client(self) -> SlowClient:
+            return client
+
+        def reset(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(common, "Reconnecting", Connection)
+
+    def beat_starts(leases: int, beats: int) -> list[float]:
+        client.calls.clear()
+        heartbeat = LeaseHeartbeat(SimpleNamespace(name="s.beats"), 1)
+        heartbeat.hold(1, [{"worker": "w", "acks": [[i, "t"] for i in range(leases)]}])
+        deadline = time.monotonic() + 10
+        while sum(1 for _, i in client.calls if i == 0) < beats + 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        heartbeat.close()
+        return [at for at, i in client.calls if i == 0]
+
+    starts = beat_starts(3, 4)
+    gaps = [later - earlier for earlier, later in zip(starts, starts[1:])][:4]
+    assert len(gaps) == 4 and all(0.25 < gap < 0.5 for gap in gaps), gaps     # drifting: 0.63 each
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        beat_starts(5, 1)
+    assert any(re.fullmatch(r"s\.beats: lease heartbeat over 5 lease\(s\) took 0\.[5-9]s, more than a third of "
+                            r"the 1s lease: leases may run out .*", r.getMessage()) for r in logged), \
+        [r.getMessage() for r in logged]
+
+
 def test_stream_replayed_micro_batch_keeps_its_leases_alive(pg):
     """After a restart Spark replays the uncommitted micro-batch through partitions() alone: its
     leases need the heartbeat, or a replay longer than leaseSeconds reads none of them."""
@@ -2703,6 +2892,30 @@ def test_stream_idle_latest_offset_waits_for_a_message(pg):
     assert end["seq"] == 1 and len(end["leases"][0]["acks"]) == 1
 
 
+def test_stream_available_now_leaves_what_is_enqueued_after_it_started_to_the_next_run(pg):
+    """A run of trigger(availableNow=True) reads what was enqueued by the time it started: later
+    messages are released at once (no attempt spent) and the run ends (latestOffset returns its
+    start) without waiting for more, completing the micro-batch before."""
+    catalog = pg.deploy(work_queue("cutoff"))
+    enqueue_numbered(pg, catalog, "cutoff", 4)
+    reader = stream_reader(pg, catalog, "cutoff", idleWaitSeconds="20")
+    try:
+        reader.prepareForTriggerAvailableNow()
+        time.sleep(0.01)
+        enqueue_numbered(pg, catalog, "cutoff", 6, first=100)
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        started = time.monotonic()
+        assert reader.latestOffset(end, reader.getDefaultReadLimit()) == end
+        assert time.monotonic() - started < 5          # no idle wait for messages of the next run
+    finally:
+        reader.stop()
+    assert sorted(int(i) for lease in end["leases"] for i, _ in lease["acks"]) == [1, 2, 3, 4]
+    assert pg.rows(f"SELECT count(*) AS n, count(leased_by) AS held, max(attempts) AS most "
+                   f"FROM {table(catalog, 'cutoff')}") == [{"n": 6, "held": 0, "most": 0}]
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'cutoff', '_history')}") == 4
+
+
 def test_stream_offsets_are_capped(pg):
     catalog = pg.deploy(work_queue("capped"))
     with pytest.raises(PipelineError, match=r"capped: partitions x messagesPerPartition = 20000 leases per "
@@ -2725,6 +2938,37 @@ def test_a_url_with_a_password_is_refused_and_taken_from_a_file_or_the_environme
     monkeypatch.delenv(URL_ENV)
     with pytest.raises(PipelineError, match=rf"no database URL: give --url \(without a password\), a URL file, or set \${URL_ENV}"):
         resolve_url()
+
+
+def test_a_password_in_the_query_string_or_odbc_connect_is_refused_and_masked():
+    """A password given as a query parameter (libpq's password, sslpassword; pwd) or as a field of
+    odbc_connect shows on a command line as much as one in the user info: refused alike, naming
+    where it is, and masked wherever the pipelines describe a target."""
+    from urllib.parse import quote_plus
+
+    from pipelines.common import QueueTarget, resolve_url
+    from tablequeue.catalog import Queue
+    from tablequeue.engines import parse_url
+
+    odbc = "mssql+pyodbc://?odbc_connect=" + quote_plus(
+        "DRIVER={ODBC Driver 18 for SQL Server};SERVER=db,1433;UID=ada;PWD={se;c}}ret};Encrypt=yes")
+    refused = {"postgresql://ada@db/queues?sslmode=require&password=secret": r"\(query parameter password\)",
+               "postgresql://db/queues?sslpassword=secret": r"\(query parameter sslpassword\)",
+               "mssql+pyodbc://ada@db/queues?driver=ODBC+Driver+18+for+SQL+Server&PWD=secret": r"\(query parameter PWD\)",
+               odbc: r"\(PWD in odbc_connect\)"}
+    for url, where in refused.items():
+        with pytest.raises(PipelineError, match=rf"option url holds a password {where}, which the Spark UI, the "
+                                                r"event log and `ps` would show: put the URL in a file"):
+            resolve_url(url, given_as="option url")
+    trusted = "mssql+pyodbc://?odbc_connect=" + quote_plus("DRIVER={ODBC Driver 18};SERVER=db;Trusted_Connection=yes")
+    assert resolve_url(trusted) == trusted
+
+    queue = Queue("jobs", "work", "json", {})
+    described = [QueueTarget(url, parse_url(url).dialect, "s", queue).describe()
+                 for url in [*refused, "postgresql://ada:secret@db/queues"]]
+    assert not any("secret" in line or "c}ret" in line for line in described), described
+    assert described[0] == "queue s.jobs (work) on postgresql://ada@db/queues?sslmode=require&password=***"
+    assert "UID=ada;PWD=***;Encrypt=yes" in described[3] and described[4].endswith("postgresql://ada:***@db/queues")
 
 
 def test_job_options_come_from_spark_conf_and_the_command_line_wins(spark):

@@ -26,11 +26,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
-from urllib.parse import parse_qsl, quote_plus, unquote, unquote_plus, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from tablequeue.catalog import Catalog, Queue, load_catalog
 from tablequeue.client import QueueClient
-from tablequeue.engines import connect, mssql_connection_string, parse_url
+from tablequeue.engines import connect, mssql_connection_string, parse_url, url_secrets
 
 # The folder that holds the pipelines package: the checkout, or site-packages when installed.
 PIPELINES_PARENT = Path(__file__).resolve().parents[1]
@@ -78,52 +78,6 @@ def log() -> logging.Logger:
 
 
 # -- credentials ---------------------------------------------------------------------------------
-# Connection parameters that hold a secret: in a URL's query string (libpq takes password and
-# sslpassword there) or in the ODBC string of mssql+pyodbc's odbc_connect (PWD; Password for some
-# drivers). Compared case-insensitively, as libpq's are not but ODBC's are: refusing more is safe.
-SECRET_PARAMETERS = ("password", "pwd", "sslpassword")
-ODBC_FIELD = re.compile(r"\s*([^=;]+?)\s*=\s*(\{(?:[^}]|\}\})*\}|[^;]*)\s*(?:;|$)")
-
-
-def _odbc_fields(text: str) -> list[re.Match]:
-    """The key=value fields of an ODBC connection string ({...} values may hold ';', '}}' is '}')."""
-    return list(ODBC_FIELD.finditer(text))
-
-
-def url_secrets(url: str) -> list[str]:
-    """Where `url` holds a password: '' for its user info, 'query parameter <name>', '<name> in
-    odbc_connect'; empty when it holds none."""
-    parts = urlsplit(url)
-    found = [""] if parts.password is not None else []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key.lower() in SECRET_PARAMETERS:
-            found.append(f"query parameter {key}")
-        elif key.lower() == "odbc_connect":
-            found += [f"{field.group(1)} in odbc_connect" for field in _odbc_fields(value)
-                      if field.group(1).lower() in SECRET_PARAMETERS]
-    return found
-
-
-def masked_url(url: str) -> str:
-    """`url` for a log line: every password (user info, query parameter, odbc_connect field) as ***."""
-    base, question, rest = parse_url(url).describe().partition("?")
-    query, hash_, fragment = rest.partition("#")
-    pieces = []
-    for piece in query.split("&") if query else []:
-        key, sep, value = piece.partition("=")
-        name = unquote_plus(key).lower()
-        if name in SECRET_PARAMETERS:
-            value = "***"
-        elif name == "odbc_connect":
-            text = unquote_plus(value)
-            for field in reversed(_odbc_fields(text)):
-                if field.group(1).lower() in SECRET_PARAMETERS:
-                    text = text[:field.start(2)] + "***" + text[field.end(2):]
-            value = quote_plus(text, safe="{}=;,*")
-        pieces.append(key + sep + value)
-    return base + question + "&".join(pieces) + hash_ + fragment
-
-
 def resolve_url(url: str | None = None, url_file: str | None = None, *, given_as: str = "--url") -> str:
     """The database URL: `url` when it holds no password, else the first line of `url_file`, else
     $TABLEQUEUE_URL. A password in `url` (its user info, a query parameter such as password or PWD,
@@ -506,7 +460,7 @@ class QueueTarget:
         return f'"{self.schema}"."{name}"' if self.dialect == "postgres" else f"[{self.schema}].[{name}]"
 
     def describe(self) -> str:
-        return f"queue {self.name} ({self.queue.kind}) on {masked_url(self.url)}"
+        return f"queue {self.name} ({self.queue.kind}) on {parse_url(self.url).describe()}"
 
     def require_kind(self, *kinds: str) -> None:
         if self.queue.kind not in kinds:

@@ -19,6 +19,16 @@ def test_dialect_from_scheme() -> None:
 
 def test_password_is_masked_in_descriptions() -> None:
     assert Target("postgres", "postgresql://app:s3cret@db:5432/q").describe() == "postgresql://app:***@db:5432/q"
+    # Wherever the URL holds it: a query parameter (libpq's password, sslpassword; any case) or a
+    # field of odbc_connect (braced values may hold ';'), which the deploy and the jobs print.
+    for url in ("postgresql://app@db/q?sslmode=require&password=s3cret",
+                "postgresql://app@db/q?SSLPASSWORD=s3cret",
+                "mssql+pyodbc://db/q?odbc_connect=DRIVER%3D%7BODBC+Driver+18%7D%3BUID%3Dapp%3BPWD%3Ds3cret",
+                "mssql+pyodbc://db/q?odbc_connect=DRIVER={x};Password={s3;cret};UID=app"):
+        described = parse_url(url).describe()
+        assert "s3cret" not in described and "cret" not in described and "***" in described, described
+    assert parse_url("postgresql://app@db/q?sslmode=require&password=x").describe() == \
+        "postgresql://app@db/q?sslmode=require&password=***"
 
 
 def test_mssql_url_to_odbc_string() -> None:

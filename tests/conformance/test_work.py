@@ -1046,6 +1046,20 @@ def test_stats_counts_expired_leases_over_every_holder_up_to_the_limit_and_estim
     assert counts(client) == (10_000, 0, 1, 0)
 
 
+
+def test_stats_of_a_priority_queue_counts_lower_levels_past_a_count_over_the_limit(deploy) -> None:
+    # 10,001 delayed messages at the top level pass the delayed count's limit there; the walk down
+    # the levels still counts the ready ones below (it stopped, and reported ready 0 with no oldest).
+    client = deploy(work(priority=True)).client()
+    later = server_now(client) + timedelta(hours=1)
+    for start in range(0, 10_001, 1000):
+        client.enqueue_batch([{"payload": {"i": i}, "due_at": later, "priority": 5}
+                              for i in range(start, min(start + 1000, 10_001))])
+    client.enqueue_batch([{"payload": {"low": i}, "priority": 1} for i in range(3)])
+    stats = client.stats()
+    assert stats["estimated"] and stats["ready"] == 3 and stats["delayed"] >= 10_001, stats
+    assert stats["oldest_ready_age_seconds"] is not None and stats["in_flight"] == 0
+
 # --- consumers v2: lease tokens, release, batch acknowledgement, complete_next, wait ----------------
 
 def test_every_lease_has_a_token_and_a_worker_asking_again_gets_the_same_one(deploy) -> None:

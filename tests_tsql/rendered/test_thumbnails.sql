@@ -3814,6 +3814,98 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[test stats counts a lower level past a delayed count over the limit]
+AS
+BEGIN
+    -- Assemble: 10,001 delayed messages at priority 5 and 3 ready ones at priority 1. The delayed
+    -- count passes the limit at the top level; the walk still counts the ready ones below (it
+    -- stopped there, and reported ready 0 as exact, with no oldest).
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, payload
+    )
+    SELECT TOP (10001)
+        NEWID() AS id,
+        ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, 3600, @now) AS due_at,
+        DATEADD(SECOND, 3600, @now) AS visible_at,
+        5 AS priority,
+        0 AS attempts,
+        N'{"n": 1}' AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000020001', 20001, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -120, @now),
+        DATEADD(SECOND, -120, @now), 1, 0,
+        NULL, NULL,
+        NULL, N'{"n": 20001}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000020002', 20002, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 1, 0,
+        NULL, NULL,
+        NULL, N'{"n": 20002}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000020003', 20003, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -60, @now),
+        DATEADD(SECOND, -60, @now), 1, 0,
+        NULL, NULL,
+        NULL, N'{"n": 20003}'
+    );
+    CREATE TABLE #Stats (
+        ready bigint NOT NULL,
+        delayed bigint NOT NULL,
+        in_flight bigint NOT NULL,
+        dead bigint NOT NULL,
+        oldest_ready_age_seconds float NULL,
+        estimated bit NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Stats (ready, delayed, in_flight, dead, oldest_ready_age_seconds, estimated)
+    EXEC [queue].[thumbnails_stats];
+
+    -- Assert: ready exact, the estimate on delayed, and the oldest is 20001's.
+    SELECT
+        s.ready,
+        s.in_flight,
+        s.estimated,
+        CONVERT(bit, IIF(s.delayed >= 10001, 1, 0)) AS delayed_past_the_exact_limit,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 119 AND 180, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.in_flight,
+        a.estimated,
+        a.delayed_past_the_exact_limit,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, in_flight, estimated, delayed_past_the_exact_limit, age_of_the_oldest)
+    VALUES (3, 0, 1, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[test stats past 10000 rows estimates from the catalog row count]
 AS
 BEGIN

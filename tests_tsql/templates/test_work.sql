@@ -2170,6 +2170,66 @@ END;
 GO
 
 {% endfor %}
+{% if has_priority %}
+CREATE PROCEDURE {{ cls }}.[test stats counts a lower level past a delayed count over the limit]
+AS
+BEGIN
+    -- Assemble: 10,001 delayed messages at priority 5 and 3 ready ones at priority 1. The delayed
+    -- count passes the limit at the top level; the walk still counts the ready ones below (it
+    -- stopped there, and reported ready 0 as exact, with no oldest).
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO {{ t }} (
+        id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, priority, attempts, payload
+    )
+    SELECT TOP (10001)
+{% if client_ids %}
+        NEWID() AS id,
+        ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS seq,
+{% else %}
+        ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS id,
+{% endif %}
+        DATEADD(SECOND, -3600, @now) AS enqueued_at,
+        DATEADD(SECOND, 3600, @now) AS due_at,
+        DATEADD(SECOND, 3600, @now) AS visible_at,
+        5 AS priority,
+        0 AS attempts,
+        {{ sample(1) }} AS payload
+    FROM sys.all_columns AS a
+    CROSS JOIN sys.all_columns AS b;
+{{ insert_message(20001, visible=-120, priority=1) }}
+{{ insert_message(20002, visible=-60, priority=1) }}
+{{ insert_message(20003, visible=-60, priority=1) }}
+{{ stats_into_temp() }}
+
+    -- Assert: ready exact, the estimate on delayed, and the oldest is 20001's.
+    SELECT
+        s.ready,
+        s.in_flight,
+        s.estimated,
+        CONVERT(bit, IIF(s.delayed >= 10001, 1, 0)) AS delayed_past_the_exact_limit,
+        CONVERT(bit, IIF(s.oldest_ready_age_seconds BETWEEN 119 AND 180, 1, 0)) AS age_of_the_oldest
+    INTO #Actual
+    FROM #Stats AS s;
+
+    SELECT TOP (0)
+        a.ready,
+        a.in_flight,
+        a.estimated,
+        a.delayed_past_the_exact_limit,
+        a.age_of_the_oldest
+    INTO #Expected
+    FROM #Actual AS a;
+
+    INSERT INTO #Expected (ready, in_flight, estimated, delayed_past_the_exact_limit, age_of_the_oldest)
+    VALUES (3, 0, 1, 1, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+END;
+GO
+
+{% endif %}
 CREATE PROCEDURE {{ cls }}.[test stats past 10000 rows estimates from the catalog row count]
 AS
 BEGIN
@@ -3363,6 +3423,7 @@ BEGIN
                     (5, 'c', 1, -5, 'crashed', 1, 5)], in_flight={'a': 1, 'c': 5}) }}
 {{ insert_message(6, visible=-120) }}
 {{ insert_message(7, visible=3600) }}
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
 {{ stats_into_temp() }}
 
     -- Assert: ready 2, 4, 5 (its lease expired) and 6; delayed 3 and 7; 1 in flight; the oldest of
@@ -3414,6 +3475,7 @@ BEGIN
     -- bound) and the figures an estimate.
 {% endif %}
 {{ fake_groups() }}
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO {{ t }} (
         id, {{ 'seq, ' if client_ids }}enqueued_at, due_at, visible_at, attempts, group_key, group_head, payload

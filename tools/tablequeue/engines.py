@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 from .distribution import version
 from .gosplit import mask_comments_and_strings, split_batches
@@ -49,7 +49,45 @@ class Target:
     url: str       # as given, for messages (password masked by describe())
 
     def describe(self) -> str:
-        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url)
+        """The URL for a message or a log line: every password (user info, a query parameter, a field
+        of odbc_connect) as ***."""
+        base, question, rest = re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url).partition("?")
+        query, hash_, fragment = rest.partition("#")
+        pieces = []
+        for piece in query.split("&") if query else []:
+            key, sep, value = piece.partition("=")
+            name = unquote_plus(key).lower()
+            if name in SECRET_PARAMETERS:
+                value = "***"
+            elif name == "odbc_connect":
+                try:
+                    fields = _odbc_fields(unquote_plus(value))
+                except EngineError:   # unreadable: shown as nothing rather than perhaps a password
+                    fields = [("odbc_connect", "(not readable)")]
+                value = quote_plus(";".join(f"{k}={'***' if k.strip().lower() in SECRET_PARAMETERS else v}"
+                                            for k, v in fields), safe="{}=;,*()")
+            pieces.append(key + sep + value)
+        return base + question + "&".join(pieces) + hash_ + fragment
+
+
+# Connection parameters that hold a secret: in a URL's query string (libpq takes password and
+# sslpassword there) or in the ODBC string of mssql+pyodbc's odbc_connect (PWD; Password for some
+# drivers). Compared case-insensitively, as libpq's are not but ODBC's are: refusing more is safe.
+SECRET_PARAMETERS = frozenset({"password", "pwd", "sslpassword"})
+
+
+def url_secrets(url: str) -> list[str]:
+    """Where `url` holds a password: '' for its user info, 'query parameter <name>', '<name> in
+    odbc_connect'; empty when it holds none."""
+    parts = urlsplit(url)
+    found = [""] if parts.password is not None else []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key.lower() in SECRET_PARAMETERS:
+            found.append(f"query parameter {key}")
+        elif key.lower() == "odbc_connect":
+            found += [f"{field} in odbc_connect" for field, _ in _odbc_fields(value)
+                      if field.strip().lower() in SECRET_PARAMETERS]
+    return found
 
 
 def parse_url(url: str) -> Target:

@@ -2015,8 +2015,8 @@ BEGIN
     DECLARE @ready bigint = 0;
     DECLARE @delayed bigint = 0;
     -- Whether a count stopped at the limit (a sum of counts may pass it and still be exact).
-    DECLARE @ready_capped bit;
-    DECLARE @delayed_capped bit;
+    DECLARE @ready_capped bit = 0;
+    DECLARE @delayed_capped bit = 0;
     DECLARE @grouped_capped bit = 0;
     DECLARE @oldest_ready datetime2(7);
     SET @ready = (

@@ -2229,8 +2229,8 @@ BEGIN
     DECLARE @ready bigint = 0;
     DECLARE @delayed bigint = 0;
     -- Whether a count stopped at the limit (a sum of counts may pass it and still be exact).
-    DECLARE @ready_capped bit;
-    DECLARE @delayed_capped bit;
+    DECLARE @ready_capped bit = 0;
+    DECLARE @delayed_capped bit = 0;
     DECLARE @grouped_capped bit = 0;
     DECLARE @oldest_ready datetime2(7);
     DECLARE @level_oldest datetime2(7);
@@ -2241,13 +2241,14 @@ BEGIN
         ORDER BY m.priority DESC
     );
 
-    -- One priority level at a time, as the claim reads the index.
-    WHILE @priority IS NOT NULL AND @ready <= @exact_limit AND @delayed <= @exact_limit
+    -- One priority level at a time, as the claim reads the index, until both counts passed the limit
+    -- (one that did reads no more: TOP (0)); each level's oldest is read whatever the counts.
+    WHILE @priority IS NOT NULL AND (@ready <= @exact_limit OR @delayed <= @exact_limit)
         BEGIN
             SET @ready = @ready + (
                 SELECT COUNT_BIG(*)
                 FROM (
-                    SELECT TOP (@exact_limit + 1 - @ready) m.seq
+                    SELECT TOP (IIF(@ready > @exact_limit, 0, @exact_limit + 1 - @ready)) m.seq
                     FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
                     WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                 ) AS counted
@@ -2255,7 +2256,7 @@ BEGIN
             SET @delayed = @delayed + (
                 SELECT COUNT_BIG(*)
                 FROM (
-                    SELECT TOP (@exact_limit + 1 - @delayed) m.seq
+                    SELECT TOP (IIF(@delayed > @exact_limit, 0, @exact_limit + 1 - @delayed)) m.seq
                     FROM [queue].[thumbnails] AS m WITH (READPAST, READCOMMITTEDLOCK)
                     WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at > @now
                 ) AS counted

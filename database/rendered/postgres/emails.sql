@@ -1789,8 +1789,8 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
     expired_count bigint;
-    ready_capped boolean;
-    delayed_capped boolean;
+    ready_capped boolean := false;
+    delayed_capped boolean := false;
     grouped_capped boolean := false;
     expired_oldest timestamptz;
     delayed_count bigint := 0;

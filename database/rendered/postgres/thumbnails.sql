@@ -1616,8 +1616,8 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
     expired_count bigint;
-    ready_capped boolean;
-    delayed_capped boolean;
+    ready_capped boolean := false;
+    delayed_capped boolean := false;
     grouped_capped boolean := false;
     expired_oldest timestamptz;
     delayed_count bigint := 0;
@@ -1629,20 +1629,21 @@ DECLARE
     current_level integer;
     level_oldest timestamptz;
 BEGIN
-    -- One priority level at a time, as the claim reads the index.
+    -- One priority level at a time, as the claim reads the index, until both counts passed the limit
+    -- (one that did reads no more: LIMIT 0); each level's oldest is read whatever the counts.
     current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.leased_by IS NULL ORDER BY m.priority DESC LIMIT 1);
-    WHILE current_level IS NOT NULL AND ready_count <= exact_limit AND delayed_count <= exact_limit LOOP
+    WHILE current_level IS NOT NULL AND (ready_count <= exact_limit OR delayed_count <= exact_limit) LOOP
         ready_count := ready_count + (SELECT count(*) FROM (
             SELECT 1 FROM "queue"."thumbnails" AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
             ORDER BY m.visible_at, m.seq
-            LIMIT exact_limit + 1 - ready_count
+            LIMIT greatest(exact_limit + 1 - ready_count, 0)
         ) AS counted);
         delayed_count := delayed_count + (SELECT count(*) FROM (
             SELECT 1 FROM "queue"."thumbnails" AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at > now_utc
             ORDER BY m.visible_at, m.seq
-            LIMIT exact_limit + 1 - delayed_count
+            LIMIT greatest(exact_limit + 1 - delayed_count, 0)
         ) AS counted);
         level_oldest := (
             SELECT m.visible_at FROM "queue"."thumbnails" AS m

@@ -22,8 +22,8 @@ BEGIN
     DECLARE @ready bigint = 0;
     DECLARE @delayed bigint = 0;
     -- Whether a count stopped at the limit (a sum of counts may pass it and still be exact).
-    DECLARE @ready_capped bit;
-    DECLARE @delayed_capped bit;
+    DECLARE @ready_capped bit = 0;
+    DECLARE @delayed_capped bit = 0;
     DECLARE @grouped_capped bit = 0;
     DECLARE @oldest_ready datetime2(7);
 {% if has_priority %}
@@ -35,13 +35,14 @@ BEGIN
         ORDER BY m.priority DESC
     );
 
-    -- One priority level at a time, as the claim reads the index.
-    WHILE @priority IS NOT NULL AND @ready <= @exact_limit AND @delayed <= @exact_limit
+    -- One priority level at a time, as the claim reads the index, until both counts passed the limit
+    -- (one that did reads no more: TOP (0)); each level's oldest is read whatever the counts.
+    WHILE @priority IS NOT NULL AND (@ready <= @exact_limit OR @delayed <= @exact_limit)
         BEGIN
             SET @ready = @ready + (
                 SELECT COUNT_BIG(*)
                 FROM (
-                    SELECT TOP (@exact_limit + 1 - @ready) m.{{ tie }}
+                    SELECT TOP (IIF(@ready > @exact_limit, 0, @exact_limit + 1 - @ready)) m.{{ tie }}
                     FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
                     WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                 ) AS counted
@@ -49,7 +50,7 @@ BEGIN
             SET @delayed = @delayed + (
                 SELECT COUNT_BIG(*)
                 FROM (
-                    SELECT TOP (@exact_limit + 1 - @delayed) m.{{ tie }}
+                    SELECT TOP (IIF(@delayed > @exact_limit, 0, @exact_limit + 1 - @delayed)) m.{{ tie }}
                     FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
                     WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at > @now
                 ) AS counted
@@ -217,11 +218,11 @@ BEGIN
             -- The catalog's total less the exact counts is the estimate of the one over the limit.
 {% if groups %}
             DECLARE @unread bigint = @total_estimate - @ready - @delayed - @in_flight;
-            IF @unread < 0 SET @unread = 0;
+            IF @unread IS NULL OR @unread < 0 SET @unread = 0;
             DECLARE @unread_ready bigint = @unread;
             IF @grouped_ready + @grouped_delayed > 0
                 SET @unread_ready = @unread * @grouped_ready / (@grouped_ready + @grouped_delayed);
-            IF @grouped_capped = 1 AND @ready_capped = 0 AND @delayed_capped = 0
+            IF @grouped_capped = 1 AND @ready_capped = 0 AND @delayed_capped = 0 AND @in_flight <= @exact_limit
                 BEGIN
                     SET @ready = @ready + @unread_ready;
                     SET @delayed = @delayed + @unread - @unread_ready;

@@ -25,8 +25,8 @@ DECLARE
     now_utc timestamptz := clock_timestamp();
     ready_count bigint := 0;
     expired_count bigint;
-    ready_capped boolean;
-    delayed_capped boolean;
+    ready_capped boolean := false;
+    delayed_capped boolean := false;
     grouped_capped boolean := false;
 {% if groups %}
     grouped_ready bigint;
@@ -48,20 +48,21 @@ DECLARE
 {% endif %}
 BEGIN
 {% if has_priority %}
-    -- One priority level at a time, as the claim reads the index.
+    -- One priority level at a time, as the claim reads the index, until both counts passed the limit
+    -- (one that did reads no more: LIMIT 0); each level's oldest is read whatever the counts.
     current_level := (SELECT m.priority FROM {{ t }} AS m WHERE m.leased_by IS NULL ORDER BY m.priority DESC LIMIT 1);
-    WHILE current_level IS NOT NULL AND ready_count <= exact_limit AND delayed_count <= exact_limit LOOP
+    WHILE current_level IS NOT NULL AND (ready_count <= exact_limit OR delayed_count <= exact_limit) LOOP
         ready_count := ready_count + (SELECT count(*) FROM (
             SELECT 1 FROM {{ t }} AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at <= now_utc
             ORDER BY m.visible_at, m.{{ tie }}
-            LIMIT exact_limit + 1 - ready_count
+            LIMIT greatest(exact_limit + 1 - ready_count, 0)
         ) AS counted);
         delayed_count := delayed_count + (SELECT count(*) FROM (
             SELECT 1 FROM {{ t }} AS m
             WHERE m.priority = current_level AND m.leased_by IS NULL AND m.visible_at > now_utc
             ORDER BY m.visible_at, m.{{ tie }}
-            LIMIT exact_limit + 1 - delayed_count
+            LIMIT greatest(exact_limit + 1 - delayed_count, 0)
         ) AS counted);
         level_oldest := (
             SELECT m.visible_at FROM {{ t }} AS m
@@ -150,7 +151,7 @@ BEGIN
         is_estimate := true;
         total_estimate := {{ w.row_estimate(t) }};
 {% if groups %}
-        IF grouped_capped AND NOT ready_capped AND NOT delayed_capped THEN
+        IF grouped_capped AND NOT ready_capped AND NOT delayed_capped AND in_flight_count <= exact_limit THEN
             unread := greatest(total_estimate - ready_count - delayed_count - in_flight_count, 0);
             unread_ready := CASE WHEN grouped_ready + grouped_delayed > 0
                 THEN unread * grouped_ready / (grouped_ready + grouped_delayed) ELSE unread END;

@@ -28,46 +28,39 @@ BEGIN
     DECLARE @oldest_ready datetime2(7);
 {% if has_priority %}
     DECLARE @level_oldest datetime2(7);
-    DECLARE @priority int = (
-        SELECT TOP (1) m.priority
-        FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-        WHERE m.leased_by IS NULL
-        ORDER BY m.priority DESC
-    );
+    DECLARE @priority int;
+{{ w.next_level(false) }}
 
-    -- One priority level at a time, as the claim reads the index, until both counts passed the limit
-    -- (one that did reads no more: TOP (0)); each level's oldest is read whatever the counts.
+    -- One priority level at a time on the claim index, as the claim reads it, until both counts
+    -- passed the limit (one that did counts no more); each level visited gives its oldest.
     WHILE @priority IS NOT NULL AND (@ready <= @exact_limit OR @delayed <= @exact_limit)
         BEGIN
-            SET @ready = @ready + (
-                SELECT COUNT_BIG(*)
-                FROM (
-                    SELECT TOP (IIF(@ready > @exact_limit, 0, @exact_limit + 1 - @ready)) m.{{ tie }}
-                    FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
-                ) AS counted
-            );
-            SET @delayed = @delayed + (
-                SELECT COUNT_BIG(*)
-                FROM (
-                    SELECT TOP (IIF(@delayed > @exact_limit, 0, @exact_limit + 1 - @delayed)) m.{{ tie }}
-                    FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-                    WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at > @now
-                ) AS counted
-            );
+            IF @ready <= @exact_limit
+                SET @ready = @ready + (
+                    SELECT COUNT_BIG(*)
+                    FROM (
+                        SELECT TOP (@exact_limit + 1 - @ready) m.{{ tie }}
+                        FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
+                    ) AS counted
+                );
+            IF @delayed <= @exact_limit
+                SET @delayed = @delayed + (
+                    SELECT COUNT_BIG(*)
+                    FROM (
+                        SELECT TOP (@exact_limit + 1 - @delayed) m.{{ tie }}
+                        FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
+                        WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at > @now
+                    ) AS counted
+                );
             SET @level_oldest = (
                 SELECT TOP (1) m.visible_at
-                FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
+                FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
                 WHERE m.priority = @priority AND m.leased_by IS NULL AND m.visible_at <= @now
                 ORDER BY m.visible_at ASC, m.{{ tie }} ASC
             );
             IF @oldest_ready IS NULL OR @level_oldest < @oldest_ready SET @oldest_ready = @level_oldest;
-            SET @priority = (
-                SELECT TOP (1) m.priority
-                FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-                WHERE m.priority < @priority AND m.leased_by IS NULL
-                ORDER BY m.priority DESC
-            );
+{{ w.next_level(true) | indent(8, first=true) }}
         END;
     SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
     SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);

@@ -469,6 +469,12 @@ ACK_MODES = ("commit", "sink")
 UNACKNOWLEDGED = "the micro-batch of offset {seq} was committed without the sink acknowledging this message (ack=sink)"
 
 
+def _database_now(client: Any) -> datetime:
+    """The database's clock, UTC (SQL Server's SYSUTCDATETIME is zone-free)."""
+    sql = "SELECT clock_timestamp()" if client.dialect == "postgres" else "SELECT SYSUTCDATETIME()"
+    return _utc(client.conn.execute(sql).fetchone()[0])
+
+
 def _utc(value: Any) -> Any:
     """A naive datetime as UTC (SQL Server's datetime2 columns hold UTC by contract)."""
     if isinstance(value, datetime) and value.tzinfo is None:
@@ -563,10 +569,19 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.partition_count * self.per_partition)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        # Spark calls this once, before the run's first latestOffset. What was enqueued (and due)
-        # until now is this run's to read; anything later is left for the next run, so that a steady
-        # producer cannot keep the run from ending.
-        self._driver["available_until"] = datetime.now(timezone.utc)
+        # Spark calls this once, before the run's first latestOffset (again after a driver restart,
+        # which moves the cutoff later). What was enqueued (and due) until now is this run's to read;
+        # anything later is left for the next run, so that a steady producer cannot keep the run
+        # from ending. Now is the database's clock, which set enqueued_at and due_at (with client
+        # ids, enqueued_at is the producer's: docs/pipelines.md).
+        if self.target.queue.options.get("priority"):
+            raise PipelineError(
+                f"stream {self.target.name}: trigger(availableNow=True) on a queue with priority would "
+                f"end early: messages enqueued after the start come first, each micro-batch would lease "
+                f"and release only those, and the run would end with older, lower-priority messages "
+                f"unread. Use trigger(processingTime=...) on this queue")
+        self._client()
+        self._driver["available_until"] = self._call("read the clock of", _database_now)
 
     def latestOffset(self, start: dict, limit: Any = None) -> dict:
         available_now = "available_until" in self._driver
@@ -613,9 +628,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return leases
 
     def _enqueued_by(self, cutoff: datetime, worker: str, rows: list[dict]) -> list[dict]:
-        """The rows enqueued and due by `cutoff` (the driver's clock: a message within the clocks'
-        skew of it goes to this run or the next); the others are released at once, attempt given
-        back."""
+        """The rows enqueued and due by `cutoff` (the database's clock when the run started); the
+        others are released at once, attempt given back."""
         kept = []
         for row in rows:
             times = [_utc(row[name]) for name in ("enqueued_at", "due_at") if row.get(name) is not None]

@@ -27,6 +27,9 @@ def test_password_is_masked_in_descriptions() -> None:
                 "mssql+pyodbc://db/q?odbc_connect=DRIVER={x};Password={s3;cret};UID=app"):
         described = parse_url(url).describe()
         assert "s3cret" not in described and "cret" not in described and "***" in described, described
+    assert parse_url("postgresql://:s3cret@db/q").describe() == "postgresql://:***@db/q"
+    assert parse_url("postgresql://ada:p@ss@db:5432/q").describe() == "postgresql://ada:***@db:5432/q"
+    assert parse_url("postgresql://db/q?password=x").describe() == "postgresql://db/q?password=***"
     assert parse_url("postgresql://app@db/q?sslmode=require&password=x").describe() == \
         "postgresql://app@db/q?sslmode=require&password=***"
 

@@ -51,7 +51,12 @@ class Target:
     def describe(self) -> str:
         """The URL for a message or a log line: every password (user info, a query parameter, a field
         of odbc_connect) as ***."""
-        base, question, rest = re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url).partition("?")
+        scheme, slashes, after = self.url.partition("://")
+        netloc_end = min((i for i in (after.find(c) for c in "/?#") if i >= 0), default=len(after))
+        userinfo, at, host = after[:netloc_end].rpartition("@")   # a password may hold '@'
+        if at and ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        base, question, rest = (scheme + slashes + userinfo + at + host + after[netloc_end:]).partition("?")
         query, hash_, fragment = rest.partition("#")
         pieces = []
         for piece in query.split("&") if query else []:

@@ -1630,7 +1630,7 @@ DECLARE
     level_oldest timestamptz;
 BEGIN
     -- One priority level at a time, as the claim reads the index, until both counts passed the limit
-    -- (one that did reads no more: LIMIT 0); each level's oldest is read whatever the counts.
+    -- (one that did reads no more: LIMIT 0); each level visited gives its oldest.
     current_level := (SELECT m.priority FROM "queue"."thumbnails" AS m WHERE m.leased_by IS NULL ORDER BY m.priority DESC LIMIT 1);
     WHILE current_level IS NOT NULL AND (ready_count <= exact_limit OR delayed_count <= exact_limit) LOOP
         ready_count := ready_count + (SELECT count(*) FROM (

@@ -64,26 +64,31 @@ BEGIN
         END;
     SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
     SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
-{% elif groups %}
+{% else %}
+{% if groups %}
     -- Messages without a group on their claim index; grouped ones below.
+{% endif %}
+{% set unleased = 'm.group_key IS NULL AND m.leased_by IS NULL' if groups else 'm.leased_by IS NULL' %}
+{% set unleased_hints = ('INDEX (' ~ claim_index ~ '), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05') if groups else 'READPAST, READCOMMITTEDLOCK)' %}
     SET @ready = (
         SELECT COUNT_BIG(*)
         FROM (
             SELECT TOP (@exact_limit + 1) m.{{ tie }}
-            FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-            WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at <= @now
+            FROM {{ t }} AS m WITH ({{ unleased_hints }}
+            WHERE {{ unleased }} AND m.visible_at <= @now
         ) AS counted
     );
     SET @delayed = (
         SELECT COUNT_BIG(*)
         FROM (
             SELECT TOP (@exact_limit + 1) m.{{ tie }}
-            FROM {{ t }} AS m WITH (INDEX ({{ claim_index }}), FORCESEEK, ROWLOCK, READPAST, READCOMMITTEDLOCK) -- noqa: LT05
-            WHERE m.group_key IS NULL AND m.leased_by IS NULL AND m.visible_at > @now
+            FROM {{ t }} AS m WITH ({{ unleased_hints }}
+            WHERE {{ unleased }} AND m.visible_at > @now
         ) AS counted
     );
     SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
     SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
+{% if groups %}
     -- Grouped messages: no index orders them by visible time, so the first @exact_limit + 1 along
     -- ix_{{ queue.name }}_group are read (a bounded read whatever their state). Past that, the figures
     -- are an estimate: the rest of the catalog's row count is split between ready and delayed as
@@ -131,30 +136,13 @@ BEGIN
     );
     IF @oldest_ready IS NULL OR @oldest_head < @oldest_ready SET @oldest_ready = @oldest_head;
 {% else %}
-    SET @ready = (
-        SELECT COUNT_BIG(*)
-        FROM (
-            SELECT TOP (@exact_limit + 1) m.{{ tie }}
-            FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-            WHERE m.leased_by IS NULL AND m.visible_at <= @now
-        ) AS counted
-    );
-    SET @delayed = (
-        SELECT COUNT_BIG(*)
-        FROM (
-            SELECT TOP (@exact_limit + 1) m.{{ tie }}
-            FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
-            WHERE m.leased_by IS NULL AND m.visible_at > @now
-        ) AS counted
-    );
-    SET @ready_capped = IIF(@ready > @exact_limit, 1, 0);
-    SET @delayed_capped = IIF(@delayed > @exact_limit, 1, 0);
     SET @oldest_ready = (
         SELECT TOP (1) m.visible_at
         FROM {{ t }} AS m WITH (READPAST, READCOMMITTEDLOCK)
         WHERE m.leased_by IS NULL AND m.visible_at <= @now
         ORDER BY m.visible_at ASC, m.{{ tie }} ASC
     );
+{% endif %}
 {% endif %}
     -- Expired leases are ready too, the oldest expiry maybe the oldest of all: one lease holder at a
     -- time on ix_{{ queue.name }}_lease (w.next_lease_holder), each holder's oldest first. The count

@@ -44,6 +44,7 @@ MAX_BATCH = 1000                 # every verb's batch cap (DESIGN.md §3b)
 # A Spark task's tries of each queue call on transient errors (a failover): with the jittered pauses
 # of with_retries that is about half a minute before the task gives up and Spark runs it again.
 TASK_RETRIES = 8
+HEARTBEAT_WARN_EVERY = 300.0     # seconds between two warnings of the same kind from one heartbeat
 
 # Sane defaults for a laptop or a 2-core CI machine; a cluster's spark-submit settings win.
 LOCAL_DEFAULTS = {
@@ -237,14 +238,23 @@ def with_retries(what: str, call: Callable[[], Any], retries: int, on_retry: Cal
 # -- connections that outlive a failover, leases that outlive a slow batch ---------------------------
 class Reconnecting:
     """A QueueClient whose connection is opened on first use and again after reset() (a transient
-    error: a failover drops the connection)."""
+    error: a failover drops the connection). lock_timeout_seconds: the session's lock timeout (a
+    wait for a row lock past it fails with the engine's lock-timeout error, which is transient);
+    default the engine's, none."""
 
-    def __init__(self, target: QueueTarget) -> None:
+    def __init__(self, target: QueueTarget, lock_timeout_seconds: int | None = None) -> None:
         self.target, self._conn, self._client = target, None, None
+        self.lock_timeout_seconds = lock_timeout_seconds
 
     def client(self) -> Any:
         if self._client is None:
             self._conn = connect(self.target.url, autocommit=True)
+            if self.lock_timeout_seconds is not None:
+                milliseconds = int(self.lock_timeout_seconds * 1000)
+                if self.target.dialect == "postgres":
+                    self._conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (f"{milliseconds}ms",))
+                else:
+                    self._conn.execute(f"SET LOCK_TIMEOUT {milliseconds}")
             self._client = QueueClient(self._conn, self.target.dialect, self.target.schema, self.target.queue)
         return self._client
 
@@ -294,6 +304,20 @@ class LeaseHeartbeat:
         interval = self.lease_seconds / 3
         connection = Reconnecting(self.target)
         next_beat = time.monotonic() + interval
+        warned_at: dict[str, float] = {}
+        unsaid: dict[str, int] = {}
+
+        def warn(kind: str, message: str, *args: Any) -> None:
+            # A failing or slow heartbeat is so on every beat (one every few seconds, in every task):
+            # said once, then at most once per HEARTBEAT_WARN_EVERY with how often it was so since.
+            now = time.monotonic()
+            if kind in warned_at and now - warned_at[kind] < HEARTBEAT_WARN_EVERY:
+                unsaid[kind] = unsaid.get(kind, 0) + 1
+                return
+            since = unsaid.pop(kind, 0)
+            warned_at[kind] = now
+            log().warning(message + (f" (and {since} more beat(s) like it since the last warning)" if since else ""),
+                          *args)
         try:
             while not self._stop.wait(max(0.0, next_beat - time.monotonic())):
                 started = time.monotonic()
@@ -306,18 +330,17 @@ class LeaseHeartbeat:
                     for worker, (message_id, token) in held:
                         client.extend_lease(message_id, worker, self.lease_seconds, lease_token=token)
                 except Exception as exc:  # noqa: BLE001 - the next beat tries again on a new connection
-                    log().warning("%s: lease heartbeat failed (%s)%s", self.target.name,
-                                  str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                                  "; reconnecting" if is_transient(exc) else "")
+                    warn("failed", "%s: lease heartbeat failed (%s)%s", self.target.name,
+                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                         "; reconnecting" if is_transient(exc) else "")
                     connection.reset()
                 took = time.monotonic() - started
                 if took > interval:
                     # The next beat starts at once, and a lease extended late in this one ran on
                     # with less than two thirds of its time left.
-                    log().warning("%s: lease heartbeat over %s lease(s) took %.1fs, more than a third of "
-                                  "the %ss lease: leases may run out before they are extended; hold fewer "
-                                  "per batch or lease longer", self.target.name, len(held), took,
-                                  self.lease_seconds)
+                    warn("slow", "%s: lease heartbeat over %s lease(s) took %.1fs, more than a third of "
+                         "the %ss lease: leases may run out before they are extended; hold fewer per batch "
+                         "or lease longer", self.target.name, len(held), took, self.lease_seconds)
         finally:
             connection.close()
 
@@ -627,6 +650,35 @@ def literal_path(spark: Any, path: str, what: str) -> str:
     return qualified
 
 
+def arrow_form(qualified: str) -> str:
+    """A Hadoop-qualified location as filesystem() takes it: Hadoop's file:/x (or file:///x) is the
+    local folder /x; any other scheme stays a URI."""
+    scheme, _, rest = qualified.partition(":")
+    return "/" + rest.lstrip("/") if scheme == "file" else qualified
+
+
+def arrow_location(spark: Any, path: str, what: str) -> str:
+    """`path` as Spark's Hadoop filesystem resolves it (literal_path), in the form the jobs' own
+    reads and writes through Arrow take (filesystem): one location for both. Hadoop resolves a path
+    without a scheme against fs.defaultFS (HDFS on most clusters) and a relative one against the
+    JVM's working directory; Arrow would take either as a folder of the local disk, relative to the
+    Python process's directory, so Spark and the tasks would write to different places. Refused,
+    before anything is leased, when Arrow cannot open that filesystem (a scheme it lacks, no
+    libhdfs for hdfs://)."""
+    qualified = literal_path(spark, path, what)
+    location = arrow_form(qualified)
+    try:
+        filesystem(location)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for an unusable location
+        shown = path if path == qualified else f"{path} ({qualified})"
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise PipelineError(f"{what} {shown}: the tasks read and write it through Arrow's filesystems, which "
+                            f"cannot open it ({type(exc).__name__}: {reason}); "
+                            f"give a location Arrow reaches (a local or mounted folder, hdfs:// with libhdfs, "
+                            f"s3a://, gs://, abfs://)") from None
+    return location
+
+
 def refuse_glob(qualified: str, given: str, what: str) -> None:
     """Refuse folder `given` (qualified: `qualified`), with a PipelineError naming both, if the
     qualified path past its scheme and authority (an IPv6 host's brackets are not globbed) holds a
@@ -642,41 +694,60 @@ def refuse_glob(qualified: str, given: str, what: str) -> None:
                             f"directory without them too)")
 
 
+PROBE_TASKS = 64     # at most this many probe tasks, one per core Spark offers (spread over the executors)
+
+
 def require_shared_storage(spark: Any, folder: str, *, local: bool | None = None) -> None:
-    """On a cluster, refuse a folder the driver cannot see what executors write to: one executor
-    task writes a probe file under `folder`, and the driver must find it. A path without a scheme
-    is each node's own disk, so staged results would be invisible to the driver's finalisation.
+    """On a cluster, refuse a folder the driver cannot see what executors write to: executor tasks
+    (one per core Spark offers, at most PROBE_TASKS, so that the executors it places them on are
+    probed too, not only the first) each write a probe file under `folder`, and the driver must find
+    every one. A folder on each node's own disk, or a mount some nodes lack, would make staged
+    results invisible to the driver's finalisation.
     local: whether executors share the driver's filesystem (default: the master is local[...])."""
     import socket
-
-    from pyarrow import fs
 
     if local is None:
         local = str(spark.conf.get("spark.master", "local")).startswith("local")
     if local:
         return
     token = secrets.token_hex(8)
-    probe = f"{folder.rstrip('/')}/_probe-{token}"
+    base = f"{folder.rstrip('/')}/_probe-{token}"
+    tasks = 1 if is_connect_session(spark) else max(1, min(PROBE_TASKS, spark.sparkContext.defaultParallelism))
 
     def write(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
+        from pyspark import TaskContext
 
         for _ in batches:
             pass
+        probe = f"{base}-{TaskContext.get().partitionId()}"
         filesystem_, inner = filesystem(probe)
         filesystem_.create_dir(inner.rsplit("/", 1)[0], recursive=True)
         with filesystem_.open_output_stream(inner) as stream:
             stream.write(token.encode("ascii"))
-        yield pa.RecordBatch.from_pydict({"host": [socket.gethostname()]})
+        yield pa.RecordBatch.from_pydict({"probe": [probe], "host": [socket.gethostname()]})
 
-    with job_description(spark, f"probe: can the driver see what an executor writes to {folder}?"):
-        host = spark.range(0, 1, 1, 1).mapInArrow(write, "host string").collect()[0]["host"]
-    filesystem_, inner = filesystem(probe)
-    if filesystem_.get_file_info(inner).type == fs.FileType.NotFound:
-        raise PipelineError(f"an executor on {host} wrote {probe} and the driver on {socket.gethostname()} cannot "
-                            f"see it: the output folder must be on storage both reach (hdfs://, s3a://, a shared "
-                            f"mount); a path without a scheme is each node's own disk")
-    filesystem_.delete_file(inner)
+    with job_description(spark, f"probe: can the driver see what the executors write to {folder}?"):
+        written = spark.range(0, tasks, 1, tasks).mapInArrow(write, "probe string, host string").collect()
+    unseen = []
+    for row in written:
+        filesystem_, inner = filesystem(row["probe"])
+        if path_exists(filesystem_, inner):
+            filesystem_.delete_file(inner)
+        else:
+            unseen.append(row)
+    if unseen:
+        hosts = sorted({row["host"] for row in unseen})
+        raise PipelineError(f"an executor on {', '.join(hosts)} wrote {unseen[0]['probe']} and the driver on "
+                            f"{socket.gethostname()} cannot see it ({len(unseen)} of {len(written)} probes unseen): "
+                            f"the output folder must be on storage both reach (hdfs://, s3a://, a shared mount "
+                            f"on every node); a path without a scheme is each node's own disk")
+
+
+def path_exists(filesystem_: Any, inner: str) -> bool:
+    from pyarrow import fs
+
+    return filesystem_.get_file_info(inner).type != fs.FileType.NotFound
 
 
 def remove_tree(path: str) -> None:

@@ -24,14 +24,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator
+from typing import Any, Callable, Iterator
 
 if __package__ in (None, ""):  # `spark-submit pipelines/drain_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.common import (MAX_BATCH, TASK_RETRIES, LeaseHeartbeat, PipelineError, QueueTarget,  # noqa: E402
-                              Reconnecting, add_queue_arguments,
-                              canonical_json, elapsed_since, filesystem, job_description, job_main, literal_path,
+                              Reconnecting, add_queue_arguments, path_exists,
+                              arrow_location, canonical_json, elapsed_since, filesystem, job_description, job_main,
                               load_callable, log, progress_monitor, remove_tree, require_shared_storage, transaction,
                               with_retries)
 
@@ -42,6 +42,9 @@ OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processe
 # it did not complete the message.
 OUTCOMES = ("completed", "lease_lost", "retrying", "dead", "released")
 SWEEP_PARTITION = -1      # the driver's sweep writes its markers as this partition
+TAKE_BACK_LOCK_TIMEOUT = 10  # seconds a take-back waits for a row lock in one try (TASK_RETRIES more tries)
+TAKE_BACK_LEASE_SECONDS = 60  # a take-back's extend: what is left held if the take-back then fails
+TAKE_BACK_ROUNDS = 3          # dequeues of one take-back, while a staged lease is still held after one
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,14 @@ class DrainConfig:
         return worker_name(self.run_id, self.launch, partition, attempt)
 
 
+class Stopped(Exception):
+    """The attempt is to stop (TaskStaging.stop_reason): its complete does not begin another try."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def worker_name(run_id: str, launch: str, partition: int, attempt: int) -> str:
     """One name per task attempt: a retried attempt is a new consumer, and a zombie of the attempt
     before it cannot complete what the new one holds (each lease is fenced by its token as well)."""
@@ -88,10 +99,25 @@ def _schemas() -> tuple[Any, Any]:
 
 
 STAGING_KINDS = ("results", "markers")
-# Written under the run's staging folder before the finalising sweep: a task that outlived its job
-# (an executor declared lost that still runs) sees it before its next lease and stops, instead of
-# completing messages whose results the driver has stopped collecting. A new launch removes it.
+# Written under the run's staging folder before the finalising sweep, one per launch (stop_file):
+# a task that outlived its job (an executor declared lost that still runs) sees it before its next
+# lease or complete and stops, instead of completing messages whose results the driver has stopped
+# collecting. Never removed: a later launch of the run has its own, and its zombies stay stopped.
 STOP_FILE = "_stop"
+
+
+def stop_file(staging: str, launch: str) -> str:
+    return f"{staging}/{STOP_FILE}-{launch}"
+# Written in an attempt's markers folder when its task returns: it then holds no lease (every batch
+# is completed, failed, lost or given back), so the sweep does not ask its worker, even after the
+# job failed (when no task's counts reach the driver).
+DONE_FILE = "_done"
+# One file per launch under the run's staging folder, written by the driver before its tasks start:
+# the launch's batch size, the most any of its workers can hold (what the sweep asks each for).
+LAUNCHES = "launches"
+# Written in an attempt's markers folder by the next attempt of its task before it takes back what
+# the attempt holds: a zombie of the attempt sees it as a stop file of its own.
+SUPERSEDED_FILE = "_superseded"
 
 
 class TaskStaging:
@@ -104,17 +130,31 @@ class TaskStaging:
         import pyarrow.parquet  # noqa: F401
 
         self.fs, base = filesystem(root)
-        self.stop_file = f"{base}/{STOP_FILE}"
-        self.folders = {kind: f"{base}/{kind}/launch={launch}/part={partition}/attempt={attempt}"
-                        for kind in STAGING_KINDS}
+        self.stop_file = stop_file(base, launch)
+        self.folders = {kind: attempt_folder(base, kind, launch, partition, attempt) for kind in STAGING_KINDS}
         for folder in self.folders.values():
             self.fs.create_dir(folder, recursive=True)
 
-    def stopped(self) -> bool:
-        """Has the driver begun to finalise the run (written the stop file before its sweep)?"""
-        from pyarrow import fs
+    def stop_reason(self) -> str | None:
+        """Why this attempt is to stop, if it is: the driver has begun to finalise the run (written
+        the stop file before its sweep), or a later attempt of the task has begun to take back what
+        this one holds (written this attempt's superseded file first)."""
+        if path_exists(self.fs, self.stop_file):
+            return "run finalised"
+        if path_exists(self.fs, f"{self.folders['markers']}/{SUPERSEDED_FILE}"):
+            return "superseded by a later attempt"
+        return None
 
-        return self.fs.get_file_info(self.stop_file).type != fs.FileType.NotFound
+    def supersede(self, attempt: int) -> None:
+        """Tell an earlier attempt of this task (a zombie, if it still runs) to stop."""
+        folder = self.folders["markers"].rsplit("/", 1)[0] + f"/attempt={attempt}"
+        self.fs.create_dir(folder, recursive=True)
+        with self.fs.open_output_stream(f"{folder}/{SUPERSEDED_FILE}") as stream:
+            stream.write(b"superseded")
+
+    def write_done(self) -> None:
+        with self.fs.open_output_stream(f"{self.folders['markers']}/{DONE_FILE}") as stream:
+            stream.write(b"done")
 
     def write(self, kind: str, rows: list[dict], schema: Any, batch: int, name: str | None = None) -> None:
         """Write a Parquet file (batch-<batch>, or `name`) under a temporary name (ignored by Spark
@@ -130,6 +170,11 @@ class TaskStaging:
         self.fs.move(temporary, final)
 
 
+def attempt_folder(staging: str, kind: str, launch: str, partition: int, attempt: int) -> str:
+    """An attempt's results or markers folder (staging: the run's, within its filesystem)."""
+    return f"{staging}/{kind}/launch={launch}/part={partition}/attempt={attempt}"
+
+
 def _marker(message: dict, outcome: str, batch: int) -> dict[str, Any]:
     """What a marker file records of one lease: the message, the lease (its attempt count and
     token, which is how finalisation orders it against a staged result) and what became of it."""
@@ -137,25 +182,36 @@ def _marker(message: dict, outcome: str, batch: int) -> dict[str, Any]:
             "lease_token": _token(message.get("lease_token")), "batch": batch}
 
 
-def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, batch_size: int,
+def give_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, rows: list[dict],
               record: Callable[[list[dict]], None]) -> int:
-    """Give back whatever `worker` still holds. A dequeue under its name returns its own leases
-    first (live ones unchanged, expired ones leased again), and fills the batch with other ready
-    messages; all of them are recorded as released (record runs before the first release, so a
-    crash in between never leaves a released message unrecorded) and released, attempt included.
-    The released tokens are void: a zombie of that worker can no longer complete them.
-    batch_size must be at least what the worker can hold: one batch of its launch (each dequeue
-    under a name declares that it holds nothing else, so a name never holds more than its largest
-    dequeue). One dequeue then takes back all of it; no answer could show that more is held, since
-    on a deep queue every answer is filled with other messages.
-    call(what, function of the client): see retrying_calls; a repeated dequeue under the same name
-    returns the same leases, a repeated release answers false."""
-    rows = call("take back", lambda client: client.dequeue(batch_size, worker=worker))
+    """Release the leases `rows` (dequeue's rows) of `worker`, recorded as released first, so that a
+    crash in between never leaves a released message unrecorded; returns how many there were. The
+    record stays whatever a release answers: none of these leases can have been completed since it
+    was taken (the leaseholder is this call, or a worker that no longer completes: see sweep), so a
+    false is a lease that ran out (not completed either) or a repeated release whose first try
+    committed."""
     if rows:
         record(rows)
         for row in rows:
             call("release", lambda client, row=row: client.release(row["id"], worker, lease_token=row["lease_token"]))
     return len(rows)
+
+
+def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, batch_size: int,
+              record: Callable[[list[dict]], None]) -> int:
+    """Give back whatever `worker` still holds; returns how many leases were given back. A dequeue under its name
+    returns its own leases first (live ones unchanged, expired ones leased again), and fills the
+    batch with other ready messages; all of them are given back (give_back), attempt included. The
+    released tokens are void: a zombie of that worker can no longer complete them.
+    batch_size must be at least what the worker can hold: one batch of its launch (each dequeue
+    under a name declares that it holds nothing else, so a name never holds more than its largest
+    dequeue). One dequeue then takes back all of it, except a lease whose row another session has
+    locked at that instant (the dequeue skips locked rows: see sweep); no answer could show that
+    more is held, since on a deep queue every answer is filled with other messages.
+    call(what, function of the client): see retrying_calls; a repeated dequeue under the same name
+    returns the same leases, a repeated release answers false."""
+    rows = call("take back", lambda client: client.dequeue(batch_size, worker=worker))
+    return give_back(call, worker, rows, record)
 
 
 def retrying_calls(target: QueueTarget, connection: Reconnecting, retries: int = TASK_RETRIES
@@ -234,21 +290,33 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
     staging = TaskStaging(config.staging, config.launch, partition, attempt)
     heartbeat = LeaseHeartbeat(target, lease_seconds)
     batch = 0
+    settled = True
     connection = Reconnecting(target)
     call = retrying_calls(target, connection)
     try:
         # The attempts before this one died or were given up: take back what they held, so their
-        # messages come back now (not when their leases run out) and no zombie completes them.
-        # Their markers are batch 0 of this attempt (before its first lease), one file per predecessor.
-        # They are of this launch: none held more than this launch's batch size.
-        for earlier in range(attempt):
-            def record(rows: list[dict], earlier: int = earlier) -> None:
-                staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
-                              name=f"released-from-attempt-{earlier}")
-            counts["released"] += take_back(call, config.worker(partition, earlier), config.batch_size, record)
+        # messages come back now (not when their leases run out) and no zombie completes them. Each
+        # is told to stop first, as the sweep does with the run (take_back_attempt). Their markers
+        # are batch 0 of this attempt (before its first lease), one file per predecessor. They are
+        # of this launch: none held more than this launch's batch size.
+        if attempt > 0:
+            waiting = Reconnecting(target, lock_timeout_seconds=TAKE_BACK_LOCK_TIMEOUT)
+            try:
+                for earlier in range(attempt):
+                    staging.supersede(earlier)
+
+                    def record(rows: list[dict], round_: int, earlier: int = earlier) -> None:
+                        staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
+                                      name=f"released-from-attempt-{earlier}-{round_}")
+                    counts["released"] += take_back_attempt(
+                        target, retrying_calls(target, waiting, TASK_RETRIES), config.staging,
+                        RunAttempt(config.launch, partition, earlier), config.run_id, config.batch_size, record,
+                        "Spark's next attempt of this task tries again")
+            finally:
+                waiting.close()
         while time.monotonic() < deadline:
-            if staging.stopped():
-                counts["stopped"] = "run finalised"
+            if (reason := staging.stop_reason()) is not None:
+                counts["stopped"] = reason
                 break
             messages = call("dequeue", lambda client: client.dequeue(config.batch_size, worker=worker,
                                                                      lease_seconds=config.lease_seconds))
@@ -261,12 +329,29 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                 counts["stopped"] = "drained"
                 break
             batch += 1
+            if (reason := staging.stop_reason()) is not None:
+                # Looked at again after the lease: the driver writes the stop file before its sweep's
+                # dequeues, so a batch leased after the sweep asked this worker is seen here and given
+                # back, never completed into a staging folder the driver has stopped reading.
+                def record(rows: list[dict], batch: int = batch) -> None:
+                    staging.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch)
+                counts["released"] += give_back(call, worker, messages, record)
+                counts["stopped"] = reason
+                break
             counts["batches"] += 1
             counts["leased"] += len(messages)
             leases = {_key(m["id"]): m for m in messages}
             heartbeat.hold(batch, [{"worker": worker, "acks": [[m["id"], m["lease_token"]] for m in messages]}])
             staged: list[dict[str, Any]] = []
             outcomes: list[dict[str, Any]] = []
+
+            def record_failures(failures: list[dict], batch: int = batch) -> None:
+                # The fails of a batch left unmarked are traces all the same (a message failed here
+                # may have a row staged by an earlier lease): their own file, under a batch number
+                # no staged file has, so that the batch stays unmarked.
+                if failures:
+                    staging.write("markers", [{**f, "batch": -batch} for f in failures], markers_schema, -batch,
+                                  name=f"failed-{batch:06d}")
             for message in messages:
                 payload = _payload(target, message["payload"])
                 try:
@@ -297,6 +382,11 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                 tries = []
 
                 def complete(client: Any) -> list[dict]:
+                    # Looked at before each try, after the staging: once the driver has written the
+                    # stop file, no try of this worker begins, so the sweep, which reads the staging
+                    # after writing it, knows of every lease a try can still be completing.
+                    if (reason := staging.stop_reason()) is not None:
+                        raise Stopped(reason)
                     tries.append(1)
                     with transaction(client):
                         answer = client.complete_batch([leases[row["id"]] for row in staged], worker)
@@ -304,7 +394,23 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                         fire("completed", batch, len(staged))
                     return [_marker(leases[row["id"]], "completed" if completed[row["id"]] else "lease_lost",
                                     batch) for row in staged]
-                outcomes += call("complete", complete)
+                try:
+                    outcomes += call("complete", complete)
+                except Stopped as stop:
+                    heartbeat.drop(batch)
+                    counts["stopped"] = stop.reason
+                    if tries:
+                        # A try before may have committed: left unmarked, for the sweep and the
+                        # finalisation to decide, as when a task dies between commit and marker.
+                        record_failures(outcomes)
+                        settled = False
+                        break
+
+                    def record(rows: list[dict], batch: int = batch) -> None:
+                        staging.write("markers", outcomes + [_marker(r, "released", batch) for r in rows],
+                                      markers_schema, batch)
+                    counts["released"] += give_back(call, worker, [leases[row["id"]] for row in staged], record)
+                    break
                 fire("committed", batch)
             heartbeat.drop(batch)
             if staged and len(tries) > 1 and any(o["outcome"] != "completed" for o in outcomes[-len(staged):]):
@@ -315,6 +421,8 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                 log().warning("drain %s: worker %s: batch %s's complete was repeated after a transient error "
                               "and found leases gone; left unmarked for finalisation to decide", target.name,
                               worker, batch)
+                record_failures(outcomes[:len(outcomes) - len(staged)])
+                settled = False
                 continue
             # 3. ... and what complete() returned is recorded; the driver keeps only completed results.
             staging.write("markers", outcomes, markers_schema, batch)
@@ -325,6 +433,11 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                 log().info("drain %s: worker %s: %s batches, %s leased, %s completed, %s retrying, %s dead, "
                            "%s leases lost", target.name, worker, counts["batches"], counts["leased"],
                            counts["completed"], counts["retrying"], counts["dead"], counts["lease_lost"])
+        if settled:
+            # This attempt holds nothing now: the sweep need not ask its worker (see sweep). Not
+            # so after a batch left unmarked: a lease its repeated complete found gone may be one
+            # that ran out and is still under this worker's name.
+            staging.write_done()
     finally:
         heartbeat.close()
         connection.close()
@@ -349,52 +462,174 @@ def _has_staged_files(path: str) -> bool:
                for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True, allow_not_found=True)))
 
 
-def run_workers(staging: str, run_id: str) -> list[str]:
-    """Every worker name the run has used: each attempt made its folders before its first lease."""
+@dataclass(frozen=True)
+class RunAttempt:
+    """One task attempt of a run, found by its staging folders (made before its first lease)."""
+    launch: str
+    partition: int
+    attempt: int
+
+    def worker(self, run_id: str) -> str:
+        return worker_name(run_id, self.launch, self.partition, self.attempt)
+
+
+def run_attempts(staging: str) -> list[RunAttempt]:
+    """Every task attempt of the run (the sweep's own folders left out)."""
     from pyarrow import fs
 
     filesystem_, inner = filesystem(f"{staging}/markers")
-    names = []
+    found = set()
     for info in filesystem_.get_file_info(fs.FileSelector(inner, recursive=True, allow_not_found=True)):
         parts = dict(p.split("=", 1) for p in info.path[len(inner):].strip("/").split("/") if "=" in p)
         if info.type == fs.FileType.Directory and {"launch", "part", "attempt"} <= set(parts) \
                 and int(parts["part"]) != SWEEP_PARTITION:
-            names.append(worker_name(run_id, parts["launch"], int(parts["part"]), int(parts["attempt"])))
-    return sorted(set(names))
+            found.add(RunAttempt(parts["launch"], int(parts["part"]), int(parts["attempt"])))
+    return sorted(found, key=lambda a: (a.launch, a.partition, a.attempt))
 
 
-def sweep(target: QueueTarget, staging: str, run_id: str, settled: Collection[str] = ()) -> int:
+def run_launches(staging: str) -> list[str]:
+    """Every launch of the run: those recorded (before their tasks started) and those whose
+    attempts made staging folders."""
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(f"{staging}/{LAUNCHES}")
+    recorded = {info.base_name[:-len(".json")]
+                for info in filesystem_.get_file_info(fs.FileSelector(inner, allow_not_found=True))
+                if info.type == fs.FileType.File and info.base_name.endswith(".json")
+                and not info.base_name.startswith("_")}
+    return sorted(recorded | {attempt.launch for attempt in run_attempts(staging)})
+
+
+def write_launch(staging: str, launch: str, batch_size: int) -> None:
+    filesystem_, inner = filesystem(f"{staging}/{LAUNCHES}")
+    filesystem_.create_dir(inner, recursive=True)
+    temporary = f"{inner}/_tmp-{launch}-{secrets.token_hex(4)}.json"
+    with filesystem_.open_output_stream(temporary) as stream:
+        stream.write(json.dumps({"batch_size": batch_size}).encode("ascii"))
+    filesystem_.move(temporary, f"{inner}/{launch}.json")
+
+
+def launch_batch_size(staging: str, launch: str) -> int:
+    """The batch size the launch's tasks leased with; MAX_BATCH, the most any can have, when the
+    launch left no record (its driver died between its folders and the record: it leased nothing)
+    or one that cannot be read."""
+    filesystem_, inner = filesystem(f"{staging}/{LAUNCHES}/{launch}.json")
+    try:
+        with filesystem_.open_input_stream(inner) as stream:
+            return int(json.loads(stream.read())["batch_size"])
+    except FileNotFoundError:
+        return MAX_BATCH
+    except (ValueError, KeyError, TypeError) as exc:
+        log().warning("drain: launch %s's record %s cannot be read (%s): its workers are asked for %s",
+                      launch, inner, exc, MAX_BATCH)
+        return MAX_BATCH
+
+
+def staged_unmarked(staging: str, attempt: RunAttempt) -> list[dict]:
+    """The attempt's staged rows (id, attempts, lease_token) of its batches without a marker file:
+    leases that were being completed when the task stopped, each one completed, or still held."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(staging)
+    names = {kind: {info.base_name for info in filesystem_.get_file_info(fs.FileSelector(
+                 attempt_folder(inner, kind, attempt.launch, attempt.partition, attempt.attempt), allow_not_found=True))
+                 if info.type == fs.FileType.File and info.base_name.startswith("batch-")}
+             for kind in STAGING_KINDS}
+    rows: list[dict] = []
+    for name in sorted(names["results"] - names["markers"]):
+        path = f"{attempt_folder(inner, 'results', attempt.launch, attempt.partition, attempt.attempt)}/{name}"
+        rows += pq.read_table(path, columns=["id", "attempts", "lease_token"], filesystem=filesystem_).to_pylist()
+    return rows
+
+
+def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], Any]], Any], staging: str,
+                      attempt: RunAttempt, run_id: str, batch_size: int, record: Callable[[list[dict], int], None],
+                      then: str) -> int:
+    """Take back what `attempt` holds, once it has been told to stop (the run's stop file, or its
+    superseded file); returns how many leases were given back. First each staged lease of its
+    batches without a marker (being completed when it stopped: completed, or still held) is
+    extended by its token, which waits for a transaction holding its row, a zombie of the attempt
+    inside that batch's complete. No try of a complete begins once the attempt is told to stop
+    (drain_partition looks before each), and a zombie completes only what it staged, so after the
+    wait none completes what take_back then gives back: a release there that answers false is never
+    a completion. A staged lease the dequeue skipped (its row locked at that instant: a zombie's
+    heartbeat) is still extended afterwards: then another round, at most TAKE_BACK_ROUNDS.
+    record(rows, round) writes a round's record. `call` has a lock timeout; a lease still locked
+    after its tries stops this with an error that says what to do, `then`."""
+    worker = attempt.worker(run_id)
+    staged = staged_unmarked(staging, attempt)
+
+    def held() -> list[dict]:
+        still = []
+        for row in staged:
+            try:
+                if call("wait for a lease", lambda client, row=row: client.extend_lease(
+                        row["id"], worker, TAKE_BACK_LEASE_SECONDS, lease_token=row["lease_token"])):
+                    still.append(row)
+            except Exception as exc:
+                if not lock_timed_out(exc):
+                    raise
+                raise PipelineError(
+                    f"drain {target.name}: worker {worker}'s lease of message {row['id']} stayed locked by "
+                    f"another session through {TASK_RETRIES + 1} waits of {TAKE_BACK_LOCK_TIMEOUT}s (a zombie of "
+                    f"that task inside its complete?): end that session, then {then}") from exc
+        return still
+
+    held()
+    released = 0
+    for round_ in range(TAKE_BACK_ROUNDS):
+        released += take_back(call, worker, batch_size, lambda rows, round_=round_: record(rows, round_))
+        still = held()
+        if not still:
+            return released
+    raise PipelineError(f"drain {target.name}: worker {worker} still holds message(s) "
+                        f"{', '.join(str(r['id']) for r in still)} after {TAKE_BACK_ROUNDS} take-backs (a zombie of "
+                        f"that task still running?): stop it, then {then}")
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """PostgreSQL's lock_not_available (lock_timeout) or SQL Server's 1222 (LOCK_TIMEOUT)."""
+    return getattr(exc, "sqlstate", None) == "55P03" or "(1222)" in str(exc)
+
+
+def sweep(target: QueueTarget, staging: str, run_id: str) -> int:
     """The driver takes back what every worker of the run still holds (a task that died, a zombie,
-    a leased batch whose task was cancelled), recording each message as released first: those were
-    not completed by the run. Returns how many were released.
+    a leased batch whose task was cancelled), recording each message as released: those were not
+    completed by the run. Returns how many were released. The stop file is written before.
 
-    Each worker is asked with the largest batch there is: it may be of another launch, with a larger
-    batch size than this one's (--finalize-only, a later launch), and a lease the sweep leaves held
-    has no trace after its staged row, which finalisation would then keep as completed. settled:
-    workers whose task returned, having completed, failed or lost all it leased; they hold nothing,
-    and asking them would only lease and release a batch of other messages."""
+    An attempt whose task returned with every batch marked (its done file) holds nothing and is not
+    asked. Each other is taken back (take_back_attempt) with one dequeue under its name of its
+    launch's batch size: it may be another launch's, larger than this one's (--finalize-only, a
+    later launch), and a lease the sweep left held would have no trace after its staged row, which
+    finalisation would then keep as completed."""
     _, markers_schema = _schemas()
     sweeper = TaskStaging(staging, f"sweep{secrets.token_hex(3)}", SWEEP_PARTITION, 0)
+    filesystem_, inner = filesystem(staging)
     released = batch = 0
-    connection = Reconnecting(target)
-    call = retrying_calls(target, connection)
+    connection = Reconnecting(target, lock_timeout_seconds=TAKE_BACK_LOCK_TIMEOUT)
+    call = retrying_calls(target, connection, TASK_RETRIES)
+    batch_sizes: dict[str, int] = {}
     try:
-        for worker in run_workers(staging, run_id):
-            if worker in settled:
+        for attempt in run_attempts(staging):
+            done = f"{attempt_folder(inner, 'markers', attempt.launch, attempt.partition, attempt.attempt)}/{DONE_FILE}"
+            if path_exists(filesystem_, done):
                 continue
+            if attempt.launch not in batch_sizes:
+                batch_sizes[attempt.launch] = launch_batch_size(staging, attempt.launch)
+            batch += 1
 
-            def record(rows: list[dict]) -> None:
-                nonlocal batch
-                batch += 1
-                sweeper.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch)
-            released += take_back(call, worker, MAX_BATCH, record)
+            def record(rows: list[dict], round_: int, batch: int = batch) -> None:
+                sweeper.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch,
+                              name=f"batch-{batch:06d}-{round_}")
+            released += take_back_attempt(target, call, staging, attempt, run_id, batch_sizes[attempt.launch],
+                                          record, f"finalise again with --run-id {run_id} --finalize-only")
     finally:
         connection.close()
     return released
 
 
-def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, *,
-                   settled: Collection[str] = ()) -> dict[str, Any]:
+def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str) -> dict[str, Any]:
     """Staged results -> <output>/results/run_id=<run_id>: completed ones only, one row per id.
 
     First the sweep (what the run's workers still hold goes back to the queue, recorded as
@@ -414,11 +649,12 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, *,
     summary: dict[str, Any] = {"output": final_path, "staged_rows": 0, "completed": 0,
                                "confirmed_unmarked": 0, **{o: 0 for o in OUTCOMES if o != "completed"}}
     with job_description(spark, f"drain {target.name}: finalize run {run_id}"):
-        filesystem_, inner = filesystem(f"{staging}/{STOP_FILE}")
-        filesystem_.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-        with filesystem_.open_output_stream(inner) as stream:
-            stream.write(run_id.encode("ascii"))
-        summary["swept"] = sweep(target, staging, run_id, settled)
+        filesystem_, inner = filesystem(staging)
+        filesystem_.create_dir(inner, recursive=True)
+        for launch in run_launches(staging):
+            with filesystem_.open_output_stream(stop_file(inner, launch)) as stream:
+                stream.write(run_id.encode("ascii"))
+        summary["swept"] = sweep(target, staging, run_id)
         markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
         if markers is not None:
             for row in markers.filter(F.col("part") != SWEEP_PARTITION).groupBy("outcome").agg(F.count("*").alias("n")).collect():
@@ -433,7 +669,11 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, *,
         summary["staged_rows"] = staged.count()
         keys = ["id", "launch", "part", "attempt", "batch"]
         if markers is None:
-            markers = staged.select(*keys).limit(0).withColumn("outcome", F.lit(None).cast("string"))
+            # No marker anywhere (a task died between its only commit and its marker, and the sweep
+            # found nothing held): an empty frame of the markers' columns.
+            markers = (staged.select(*keys).limit(0).withColumn("outcome", F.lit(None).cast("string"))
+                       .withColumn("attempts", F.lit(None).cast("int"))
+                       .withColumn("lease_token", F.lit(None).cast("string")))
         completed = markers.filter(F.col("outcome") == "completed").select(*keys).withColumn("marked", F.lit(True))
         batch_keys = ["launch", "part", "attempt", "batch"]
         marked_batches = markers.select(*batch_keys).distinct().withColumn("has_marker", F.lit(True))
@@ -467,10 +707,7 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str, *,
 
 
 def _exists(path: str) -> bool:
-    from pyarrow import fs
-
-    filesystem_, inner = filesystem(path)
-    return filesystem_.get_file_info(inner).type != fs.FileType.NotFound
+    return path_exists(*filesystem(path))
 
 
 def _staged_runs(output: str) -> list[str]:
@@ -481,14 +718,6 @@ def _staged_runs(output: str) -> list[str]:
     return sorted(info.base_name.split("=", 1)[1]
                   for info in filesystem_.get_file_info(fs.FileSelector(inner, allow_not_found=True))
                   if info.type == fs.FileType.Directory and info.base_name.startswith("run_id="))
-
-
-def remove_file(path: str) -> None:
-    from pyarrow import fs
-
-    filesystem_, inner = filesystem(path)
-    if filesystem_.get_file_info(inner).type == fs.FileType.File:
-        filesystem_.delete_file(inner)
 
 
 def staging_path(output: str, run_id: str) -> str:
@@ -530,7 +759,7 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
         load_callable(transform)          # fail on the driver, not in every task
     if probe:
         load_callable(probe)
-    # The sweep takes a worker's leases back with one dequeue of MAX_BATCH: no worker may hold more.
+    # The sweep takes a worker's leases back with one dequeue: no worker may hold more than the verbs' cap.
     if not 1 <= batch_size <= MAX_BATCH:
         raise PipelineError(f"drain {target.name}: batch_size must be between 1 and {MAX_BATCH}, got {batch_size}")
     if tasks < 1:
@@ -538,9 +767,10 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
     if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
         raise PipelineError("spark.speculation is on: a speculative copy of a drain task would be a second "
                             "consumer of the same batch; run the drain job with spark.speculation=false")
-    # The finalisation reads the staged rows back through Spark: refused before anything is leased
-    # if Spark would glob the name (literal_path).
-    literal_path(spark, output, f"drain {target.name}: output")
+    # The tasks stage through Arrow and the finalisation reads the staged rows back through Spark:
+    # one location for both (arrow_location), refused before anything is leased if Spark would glob
+    # the name (literal_path).
+    output = arrow_location(spark, output, f"drain {target.name}: output")
     resuming = run_id is not None
     unfinished = [name for name in _staged_runs(output) if name != run_id]
     if not resuming and unfinished and not force:
@@ -558,13 +788,13 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
     failure: BaseException | None = None
     if not finalize_only:
         require_shared_storage(spark, staging)
-        remove_file(f"{staging}/{STOP_FILE}")     # a launch going on with a run finalised before
         config = DrainConfig(run_id=run_id, launch=f"l{secrets.token_hex(3)}", staging=staging, transform=transform,
                              batch_size=batch_size, lease_seconds=lease_seconds,
                              time_budget_seconds=time_budget_seconds, retry_after_seconds=retry_after_seconds,
                              idle_seconds=idle_seconds, probe=probe, probe_args=dict(probe_args or {}))
         log().info("drain %s: run %s (launch %s) with %s tasks, batches of %s, time budget %ss", target.describe(),
                    run_id, config.launch, tasks, batch_size, time_budget_seconds)
+        write_launch(staging, config.launch, batch_size)
         try:
             summary["tasks"] = _run_tasks(spark, target, config, tasks)
         except Exception as exc:  # noqa: BLE001 - finalised below, raised after
@@ -572,8 +802,7 @@ def run_drain(spark: Any, url: str, catalog: Any, queue: str, transform: str | C
             log().error("drain %s: run %s: the tasks failed (%s); finalising what they completed", target.name,
                         run_id, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         summary["retried_tasks"] = [c["partition"] for c in summary["tasks"] if c["attempt"] > 0]
-    summary.update(finalize_drain(spark, target, output, run_id,
-                                  settled={counts["worker"] for counts in summary["tasks"]}))
+    summary.update(finalize_drain(spark, target, output, run_id))
     summary["seconds"] = elapsed_since(started)
     if failure is None and not keep_staging:
         remove_tree(staging)

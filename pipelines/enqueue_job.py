@@ -23,8 +23,8 @@ from typing import Any, Mapping, Sequence
 if __package__ in (None, ""):  # `spark-submit pipelines/enqueue_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, add_queue_arguments, elapsed_since, is_connect_session,  # noqa: E402
-                              job_description, job_main, load_callable)
+from pipelines.common import (PipelineError, QueueTarget, add_queue_arguments, arrow_location,  # noqa: E402
+                              elapsed_since, is_connect_session, job_description, job_main, load_callable)
 from pipelines.sources import FORMAT, require_dedupe, target_options, to_messages  # noqa: E402
 
 FORMATS = ("parquet", "csv", "json")
@@ -66,6 +66,9 @@ def run_enqueue(spark: Any, url: str, catalog: Any, queue: str, source: Any, *, 
     if probe:
         load_callable(probe)
     frame = source if hasattr(source, "sparkSession") else read_dataset(spark, str(source), fmt, read_options)
+    if ledger is not None:
+        # The location Spark reads it at, which the writer's tasks then write through Arrow.
+        ledger = arrow_location(spark, ledger, "ledger")
     messages = to_messages(frame, key, columns=columns, binary=target.queue.payload == "binary",
                            max_connections=max_connections, ledger=ledger)
     started = time.monotonic()

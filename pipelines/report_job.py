@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # `spark-submit pipelines/report_job.py` without 
 
 from pipelines.common import (POSTGRES_JDBC_JAR, PipelineError, QueueTarget, add_queue_arguments, elapsed_since,  # noqa: E402
                               filesystem, jdbc_options, job_description, job_main, log)
+from tablequeue.engines import parse_url  # noqa: E402
 
 PERCENTILES = (0.5, 0.95, 0.99)
 # percentile_approx's accuracy: the value it returns has a rank within count / PERCENTILE_ACCURACY
@@ -51,25 +52,41 @@ DEAD_COLUMNS = {
 
 
 def read_table(spark: Any, url: str, table: str, fetch_size: int = 10_000,
-               partitions: int = READ_PARTITIONS, split_on_id: bool = True) -> Any:
+               partitions: int = READ_PARTITIONS, split_on_id: bool = True, naive_utc: bool | None = None) -> Any:
     """One table over JDBC (the PostgreSQL driver: spark.jars=/usr/share/java/postgresql.jar), in
     `partitions` reads of id ranges between the table's least and greatest id (a client_ids queue's
-    GUIDs have no ranges: one read)."""
+    GUIDs have no ranges: one read).
+
+    naive_utc (default: on SQL Server, whose datetime2 columns hold UTC without a zone): read
+    timestamps without a zone as the UTC times they are. Spark's JDBC reader otherwise takes them
+    in the JVM's default zone, which spark-submit leaves at the host's: on a node in Paris every
+    time would come out one or two hours early. They are read as TIMESTAMP_NTZ (no zone applied)
+    and made timestamps in the session's zone, which run_report sets to UTC."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
     options = jdbc_options(url)
+    if naive_utc is None:
+        naive_utc = parse_url(url).dialect == "mssql"
+    if naive_utc and spark.conf.get("spark.sql.session.timeZone") != "UTC":
+        raise PipelineError(f"reading {table}: the session's time zone must be UTC to read its times as UTC")
 
     def reader_with(**extra: str) -> Any:
         reader = spark.read.format("jdbc").option("fetchsize", str(fetch_size))
-        for key, value in {**options, **extra}.items():
+        for key, value in {**options, **({"preferTimestampNTZ": "true"} if naive_utc else {}), **extra}.items():
             reader = reader.option(key, value)
         return reader
 
-    try:
+    def load() -> Any:
         if split_on_id and partitions > 1:
             bounds = reader_with(query=f"SELECT min(id) AS low, max(id) AS high FROM {table}").load().collect()[0]
             if bounds["low"] is not None and bounds["high"] > bounds["low"]:
                 return reader_with(dbtable=table, partitionColumn="id", lowerBound=str(bounds["low"]),
                                    upperBound=str(bounds["high"]), numPartitions=str(partitions)).load()
         return reader_with(dbtable=table).load()
+
+    try:
+        frame = load()
     except Exception as exc:
         if "ClassNotFoundException" in str(exc):
             raise PipelineError(
@@ -77,6 +94,9 @@ def read_table(spark: Any, url: str, table: str, fetch_size: int = 10_000,
                 f"--jars {POSTGRES_JDBC_JAR if 'postgresql' in options['driver'] else 'mssql-jdbc-<version>.jar'}"
                 f" (see docs/pipelines.md)") from None
         raise
+    return frame.select(*[F.col(f.name).cast(T.TimestampType()).alias(f.name)
+                          if isinstance(f.dataType, T.TimestampNTZType) else F.col(f.name)
+                          for f in frame.schema.fields])
 
 
 def pick_columns(frame: Any, wanted: dict[str, tuple[str, ...]], table: str,

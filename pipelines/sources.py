@@ -45,7 +45,7 @@ from tablequeue.client import MAX_WAIT_MS
 from tablequeue.engines import parse_url
 
 from pipelines.common import (MAX_BATCH, TASK_RETRIES, LeaseHeartbeat, PipelineError, QueueTarget, Reconnecting,
-                              filesystem, literal_path, load_callable, log, require_shared_storage, resolve_url,
+                              arrow_location, filesystem, load_callable, log, require_shared_storage, resolve_url,
                               with_retries)
 
 FORMAT = "tablequeue"
@@ -221,9 +221,10 @@ def to_messages(frame: Any, key: Sequence[str] | str, *, columns: str | Sequence
     messages = frame.select((F.encode(payload, "UTF-8") if binary else payload).alias("payload"),
                             dedupe_key.alias("dedupe_key"), _refusals(checked).alias("refused"))
     if ledger is not None:
-        # Spark reads the ledger back below: a name it would glob (ledger{a,b}) dedupes against other
-        # folders (literal_path).
-        literal_path(frame.sparkSession, ledger, "ledger")
+        # Spark reads the ledger back below and the writer's tasks write it through Arrow: one
+        # location for both (arrow_location); a name Spark would glob (ledger{a,b}) dedupes against
+        # other folders (literal_path).
+        ledger = arrow_location(frame.sparkSession, ledger, "ledger")
         # Executors write the ledger and the driver reads it here: a folder only each node sees
         # would be found empty, and every row sent again without a word.
         require_shared_storage(frame.sparkSession, ledger)

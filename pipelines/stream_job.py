@@ -47,9 +47,9 @@ from typing import Any, Callable, Iterator, Mapping, NoReturn
 if __package__ in (None, ""):  # `spark-submit pipelines/stream_job.py` without --py-files
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.common import (PipelineError, QueueTarget, Reconnecting, add_queue_arguments, elapsed_since,  # noqa: E402
-                              job_description, job_main, literal_path, load_callable, log, refuse_glob,
-                              require_shared_storage, with_retries)
+from pipelines.common import (PipelineError, QueueTarget, Reconnecting, add_queue_arguments, arrow_form,  # noqa: E402
+                              elapsed_since, job_description, job_main, literal_path, load_callable, log,
+                              refuse_glob, require_shared_storage, with_retries)
 from pipelines.drain_job import _takes_message as takes_message  # noqa: E402
 from pipelines.sources import FORMAT, MAX_BATCH, SourceOptions, target_options  # noqa: E402
 
@@ -595,7 +595,7 @@ class AckSink:
             return
         self._files = HadoopFiles(spark)
         output = self._files.resolved(self.output, f"stream {self.target.name}: output")
-        require_shared_storage(spark, self.output)
+        require_shared_storage(spark, arrow_form(output))
         self.output = output
         self._atomic_create = self._files.atomic_create(self.output)
         if not self._atomic_create:

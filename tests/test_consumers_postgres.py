@@ -264,3 +264,37 @@ def test_four_consumers_acking_in_batches_complete_20000_messages_exactly_once(c
     assert len(completed) == total == len(set(completed))
     history = producer.conn.execute(f'SELECT count(*), count(DISTINCT id) FROM "{producer.schema}"."q_history"').fetchone()
     assert history == (total, total) and producer.stats()["ready"] == 0
+
+
+@pytest.mark.parametrize("holder_ends", ["commit", "rollback"])
+def test_extend_of_a_lease_that_ran_out_waits_for_a_complete_in_flight(clients, holder_ends) -> None:
+    """A complete of a message holds its row (its transaction still open) past the lease's expiry.
+    extend_lease judged the row version it could see, expired, and answered false at once; it now
+    waits for that transaction, as SQL Server's UPDATE does, then answers false (completed, or still
+    expired), leaving no lock behind: the message can be taken again after a rollback."""
+    holder, extender, observer = clients(work(lease_seconds=30), count=3)
+    holder.conn.autocommit = False
+    holder.enqueue({"n": 1})
+    holder.conn.commit()
+    [lease] = holder.dequeue(1, worker="w", lease_seconds=1)
+    holder.conn.commit()
+    assert holder.complete(lease["id"], "w", lease_token=lease["lease_token"])      # open transaction
+    time.sleep(1.2)                                                # the lease runs out meanwhile
+    answers: list[bool] = []
+    thread = threading.Thread(target=lambda: answers.append(
+        extender.extend_lease(lease["id"], "w", 30, lease_token=lease["lease_token"])))
+    thread.start()
+    extender_pid = extender.conn.info.backend_pid
+    deadline = time.monotonic() + 10
+    waited = False
+    while time.monotonic() < deadline and not waited:
+        waited = bool(observer.conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+            (extender_pid,)).fetchone()[0])
+        time.sleep(0.05)
+    assert waited and not answers, "extend_lease answered without waiting for the complete in flight"
+    getattr(holder.conn, holder_ends)()
+    thread.join(10)
+    assert answers == [False]
+    again = observer.dequeue(1, worker="w2")
+    assert len(again) == (0 if holder_ends == "commit" else 1)

@@ -1053,6 +1053,19 @@ def lock_wait_then(pg: "Postgres", query: str, then: Any, seen: list, done: thre
         f"SELECT count(*) FROM pg_stat_activity WHERE {condition}")), then()), done)
 
 
+def staged_lease(pg: "Postgres", catalog: Catalog, queue: str, staging: Path, worker: str) -> dict:
+    """One message leased by `worker` (attempt 0 of partition 0 of launch la) and staged, unmarked."""
+    from tablequeue.client import QueueClient
+
+    conn = connect(pg.url, autocommit=True)
+    try:
+        [lease] = QueueClient.for_catalog(conn, "postgres", catalog, queue).dequeue(1, worker=worker)
+    finally:
+        conn.close()
+    stage_leases(staging, "la", 0, [lease])
+    return lease
+
+
 @pytest.mark.parametrize("expired", [False, True], ids=["live", "expired"])
 @pytest.mark.parametrize("zombie_ends", ["commit", "rollback"])
 def test_sweep_waits_for_a_zombie_completing_a_staged_batch(spark, pg, tmp_path, zombie_ends, expired):
@@ -1134,12 +1147,7 @@ def test_sweep_keeps_its_record_of_a_release_whose_answer_was_lost(spark, pg, tm
     from tablequeue.client import QueueClient
 
     catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "answer", 1)
-    conn = connect(pg.url, autocommit=True)
-    try:
-        [lease] = QueueClient.for_catalog(conn, "postgres", catalog, "answer").dequeue(1, worker=worker)
-    finally:
-        conn.close()
-    stage_leases(staging, "la", 0, [lease])
+    lease = staged_lease(pg, catalog, "answer", staging, worker)
     release, answers = QueueClient.release, []
 
     def answer_lost_once(self: QueueClient, id: Any, worker: str, lease_token: Any = None) -> bool:
@@ -1369,12 +1377,7 @@ def test_sweep_takes_back_a_staged_lease_its_dequeue_skipped_while_a_heartbeat_h
     from tablequeue.client import QueueClient
 
     catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "beating", 1)
-    conn = connect(pg.url, autocommit=True)
-    try:
-        [lease] = QueueClient.for_catalog(conn, "postgres", catalog, "beating").dequeue(1, worker=worker)
-    finally:
-        conn.close()
-    stage_leases(staging, "la", 0, [lease])
+    lease = staged_lease(pg, catalog, "beating", staging, worker)
     heartbeat = connect(pg.url, autocommit=False)
     beat, dequeue, dequeues = QueueClient.for_catalog(heartbeat, "postgres", catalog, "beating"), QueueClient.dequeue, []
 

@@ -298,3 +298,22 @@ def test_extend_of_a_lease_that_ran_out_waits_for_a_complete_in_flight(clients, 
     assert answers == [False]
     again = observer.dequeue(1, worker="w2")
     assert len(again) == (0 if holder_ends == "commit" else 1)
+
+
+def test_extend_of_a_lost_lease_does_not_wait_for_the_new_holders_complete(clients) -> None:
+    """The wait is for the caller's own lease only: a worker whose lease ran out and was taken by
+    another (whose complete runs in a long business transaction) is told false at once."""
+    first, second, observer = clients(work(lease_seconds=30), count=3)
+    first.enqueue({"n": 1})
+    [lost] = first.dequeue(1, worker="w1", lease_seconds=1)
+    time.sleep(1.2)
+    second.conn.autocommit = False
+    [taken] = second.dequeue(1, worker="w2")
+    second.conn.commit()
+    assert taken["id"] == lost["id"]
+    assert second.complete(taken["id"], "w2", lease_token=taken["lease_token"])    # open transaction
+    first.conn.execute("SET lock_timeout = '3s'")      # a wait fails the call (55P03) instead of hanging
+    try:
+        assert not first.extend_lease(lost["id"], "w1", 30, lease_token=lost["lease_token"])
+    finally:
+        second.conn.rollback()

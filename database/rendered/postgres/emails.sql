@@ -1197,23 +1197,20 @@ BEGIN
         AND m.visible_at > now_utc;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed = 0 THEN
-        -- The UPDATE judged the row version it could see: one whose lease had run out is passed
-        -- over without waiting for a transaction that is completing (deleting) it. Wait for that
-        -- transaction, as SQL Server's UPDATE does on the row's update lock, so that false means
-        -- the lease is not the caller's once it has ended: a caller taking leases back (the Spark
-        -- drain's sweep) learns that no complete is in flight. The lock is taken in a
-        -- subtransaction rolled back at once: nothing stays locked in the caller's transaction.
-        IF current_setting('transaction_isolation') NOT IN ('repeatable read', 'serializable') THEN
-            BEGIN
-                PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_extend_lease.id FOR KEY SHARE;
-                RAISE SQLSTATE 'TQ900';
-            EXCEPTION WHEN SQLSTATE 'TQ900' THEN
-                NULL;
-            END;
-        END IF;
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         BEGIN
             PERFORM FROM "queue"."emails" AS m WHERE m.id = emails_extend_lease.id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    ELSE
+        BEGIN
+            PERFORM FROM "queue"."emails" AS m
+            WHERE
+                m.id = emails_extend_lease.id AND m.leased_by IS NOT DISTINCT FROM emails_extend_lease.worker
+                AND (emails_extend_lease.lease_token IS NULL OR m.lease_token = emails_extend_lease.lease_token)
+            FOR KEY SHARE;
             RAISE SQLSTATE 'TQ900';
         EXCEPTION WHEN SQLSTATE 'TQ900' THEN
             NULL;

@@ -13,8 +13,14 @@
     answer, and the caller retries its transaction as it must at those levels anyway. The lock is
     wanted only for that error: a subtransaction takes it and is rolled back at once (a private
     condition), so a row whose lease really is lost stays unlocked for the rest of the caller's
-    transaction; 40001 is not caught and reaches the caller. id_sql: the row(s) the verb addressed. -#}
-{% macro lost_under_snapshot(id_sql) %}
+    transaction; 40001 is not caught and reaches the caller. id_sql: the row(s) the verb addressed.
+    wait_verb (extend_lease passes its name): at READ COMMITTED too, wait for a transaction that holds the
+    caller's lease's row (a complete deleting it, a claim): the statement judged the row version it
+    could see, and one whose lease had run out was passed over without waiting. SQL Server's UPDATE
+    waits on the row's update lock; so false then means that no complete of the lease is in flight
+    (the Spark drain's sweep relies on it). FOR KEY SHARE, filtered on the caller's lease (worker and
+    token, not the expiry): a transaction of the message's new holder is not waited for. -#}
+{% macro lost_under_snapshot(id_sql, wait_verb=none) %}
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         BEGIN
             PERFORM FROM {{ t }} AS m WHERE {{ id_sql }} FOR SHARE;
@@ -22,6 +28,20 @@
         EXCEPTION WHEN SQLSTATE 'TQ900' THEN
             NULL;
         END;
+{% if wait_verb %}
+{% set here = fn ~ '_' ~ wait_verb %}
+    ELSE
+        BEGIN
+            PERFORM FROM {{ t }} AS m
+            WHERE
+                {{ id_sql }} AND m.leased_by IS NOT DISTINCT FROM {{ here }}.worker
+                AND ({{ here }}.lease_token IS NULL OR m.lease_token = {{ here }}.lease_token)
+            FOR KEY SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+{% endif %}
     END IF;
 {%- endmacro %}
 

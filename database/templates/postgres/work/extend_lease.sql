@@ -23,21 +23,7 @@ BEGIN
     WHERE {{ w.lease_guard('extend_lease') }};
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF changed = 0 THEN
-        -- The UPDATE judged the row version it could see: one whose lease had run out is passed
-        -- over without waiting for a transaction that is completing (deleting) it. Wait for that
-        -- transaction, as SQL Server's UPDATE does on the row's update lock, so that false means
-        -- the lease is not the caller's once it has ended: a caller taking leases back (the Spark
-        -- drain's sweep) learns that no complete is in flight. The lock is taken in a
-        -- subtransaction rolled back at once: nothing stays locked in the caller's transaction.
-        IF current_setting('transaction_isolation') NOT IN ('repeatable read', 'serializable') THEN
-            BEGIN
-                PERFORM FROM {{ t }} AS m WHERE m.id = {{ fn }}_extend_lease.id FOR KEY SHARE;
-                RAISE SQLSTATE 'TQ900';
-            EXCEPTION WHEN SQLSTATE 'TQ900' THEN
-                NULL;
-            END;
-        END IF;
-{{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_extend_lease.id') }}
+{{ w.lost_under_snapshot('m.id = ' ~ fn ~ '_extend_lease.id', wait_verb='extend_lease') }}
     END IF;
 {{ m.answer([('extended', 'changed > 0')]) }}
 END;

@@ -79,7 +79,9 @@ class Stopped(Exception):
 
 def worker_name(run_id: str, launch: str, partition: int, attempt: int) -> str:
     """One name per task attempt: a retried attempt is a new consumer, and a zombie of the attempt
-    before it cannot complete what the new one holds (each lease is fenced by its token as well)."""
+    before it cannot complete what the new one holds (each lease is fenced by its token as well).
+    The stage attempt is not in the name: the consumers' job is one stage with no shuffle input,
+    which Spark never runs again as a new stage attempt (only its tasks, as new task attempts)."""
     return f"spark-{run_id}-{launch}-p{partition}-a{attempt}"
 
 
@@ -146,7 +148,9 @@ class TaskStaging:
         return None
 
     def supersede(self, attempt: int) -> None:
-        """Tell an earlier attempt of this task (a zombie, if it still runs) to stop."""
+        """Tell an earlier attempt of this task (a zombie, if it still runs) to stop. Its folder is
+        made if it has none yet (it died, or is still starting: then it stops before its first
+        lease), at the price of one filler batch when the sweep asks that worker."""
         folder = self.folders["markers"].rsplit("/", 1)[0] + f"/attempt={attempt}"
         self.fs.create_dir(folder, recursive=True)
         with self.fs.open_output_stream(f"{folder}/{SUPERSEDED_FILE}") as stream:

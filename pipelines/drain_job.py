@@ -114,6 +114,10 @@ def stop_file(staging: str, launch: str) -> str:
 # is completed, failed, lost or given back), so the sweep does not ask its worker, even after the
 # job failed (when no task's counts reach the driver).
 DONE_FILE = "_done"
+# Written in an attempt's markers folder once a take-back of it (the next attempt's, or the sweep's)
+# has finished: it was told to stop before, so it holds nothing since, and is not asked again (by a
+# later finalisation of the run, or a later attempt of the task).
+TAKEN_BACK_FILE = "_taken_back"
 # One file per launch under the run's staging folder, written by the driver before its tasks start:
 # the launch's batch size, the most any of its workers can hold (what the sweep asks each for).
 LAUNCHES = "launches"
@@ -132,6 +136,7 @@ class TaskStaging:
         import pyarrow.parquet  # noqa: F401
 
         self.fs, base = filesystem(root)
+        self.base = base
         self.stop_file = stop_file(base, launch)
         self.folders = {kind: attempt_folder(base, kind, launch, partition, attempt) for kind in STAGING_KINDS}
         for folder in self.folders.values():
@@ -307,15 +312,17 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
             waiting = Reconnecting(target, lock_timeout_seconds=TAKE_BACK_LOCK_TIMEOUT)
             try:
                 for earlier in range(attempt):
+                    predecessor = RunAttempt(config.launch, partition, earlier)
+                    if holds_nothing(staging.fs, staging.base, predecessor):
+                        continue
                     staging.supersede(earlier)
 
                     def record(rows: list[dict], round_: int, earlier: int = earlier) -> None:
                         staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
                                       name=f"released-from-attempt-{earlier}-{round_}")
                     counts["released"] += take_back_attempt(
-                        target, retrying_calls(target, waiting, TASK_RETRIES), config.staging,
-                        RunAttempt(config.launch, partition, earlier), config.run_id, config.batch_size, record,
-                        "Spark's next attempt of this task tries again")
+                        target, retrying_calls(target, waiting, TASK_RETRIES), config.staging, predecessor,
+                        config.run_id, config.batch_size, record, "Spark's next attempt of this task tries again")
             finally:
                 waiting.close()
         while time.monotonic() < deadline:
@@ -477,6 +484,17 @@ class RunAttempt:
         return worker_name(run_id, self.launch, self.partition, self.attempt)
 
 
+def attempt_marker_folder(staging: str, attempt: RunAttempt) -> str:
+    return attempt_folder(staging, "markers", attempt.launch, attempt.partition, attempt.attempt)
+
+
+def holds_nothing(filesystem_: Any, staging: str, attempt: RunAttempt) -> bool:
+    """Has the attempt returned with every batch marked (its done file), or been taken back after it
+    was told to stop (its taken-back file)? Then it holds no lease and need not be asked."""
+    folder = attempt_marker_folder(staging, attempt)
+    return any(path_exists(filesystem_, f"{folder}/{name}") for name in (DONE_FILE, TAKEN_BACK_FILE))
+
+
 def run_attempts(staging: str) -> list[RunAttempt]:
     """Every task attempt of the run (the sweep's own folders left out)."""
     from pyarrow import fs
@@ -586,6 +604,9 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
         released += take_back(call, worker, batch_size, lambda rows, round_=round_: record(rows, round_))
         still = held()
         if not still:
+            filesystem_, inner = filesystem(staging)
+            with filesystem_.open_output_stream(f"{attempt_marker_folder(inner, attempt)}/{TAKEN_BACK_FILE}") as stream:
+                stream.write(b"taken back")
             return released
     raise PipelineError(f"drain {target.name}: worker {worker} still holds message(s) "
                         f"{', '.join(str(r['id']) for r in still)} after {TAKE_BACK_ROUNDS} take-backs (a zombie of "
@@ -616,8 +637,7 @@ def sweep(target: QueueTarget, staging: str, run_id: str) -> int:
     batch_sizes: dict[str, int] = {}
     try:
         for attempt in run_attempts(staging):
-            done = f"{attempt_folder(inner, 'markers', attempt.launch, attempt.partition, attempt.attempt)}/{DONE_FILE}"
-            if path_exists(filesystem_, done):
+            if holds_nothing(filesystem_, inner, attempt):
                 continue
             if attempt.launch not in batch_sizes:
                 batch_sizes[attempt.launch] = launch_batch_size(staging, attempt.launch)

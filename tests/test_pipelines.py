@@ -1003,7 +1003,8 @@ def test_sweep_asks_a_dead_attempt_for_its_launchs_batch_and_no_attempt_that_ret
     """Attempt p0 died holding 3 leases of a launch that leased batches of 4: the sweep's dequeue
     under its name asks for 4 (3 own, one other message leased and released), not the verbs' cap of
     1,000, which would lease and release (and send to the back of the queue) every other ready
-    message. Attempt p1 returned (its done file): it is not asked, whatever the queue says."""
+    message. Attempt p1 returned (its done file): it is not asked, whatever the queue says. A second
+    sweep (a later finalisation of the run) asks neither."""
     from pipelines.common import QueueTarget
     from pipelines.drain_job import TaskStaging, sweep, worker_name, write_launch
     from tablequeue.client import QueueClient
@@ -1030,6 +1031,10 @@ def test_sweep_asks_a_dead_attempt_for_its_launchs_batch_and_no_attempt_that_ret
     assert sum(before[i] != after[i] for i in before) == 4      # the dead attempt's 3 and one filler
     released = pq.read_table(staging / "markers", filters=[("part", "=", -1)]).to_pylist()
     assert len(released) == 4 and {r["outcome"] for r in released} == {"released"}
+    # Taken back once, p0 is not asked again by a later finalisation: no message is touched.
+    assert sweep(QueueTarget.of(pg.url, catalog, "swept"), str(staging), "r1") == 0
+    assert {r["id"]: r["visible_at"] for r in pg.rows(f"SELECT id, visible_at FROM {table(catalog, 'swept')}")} \
+        == after
 
 
 def run_of_one_dead_attempt(pg: "Postgres", tmp_path: Path, queue: str, messages: int) -> tuple[Catalog, str, Path, str]:

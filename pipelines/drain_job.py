@@ -601,7 +601,15 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
     held()
     released = 0
     for round_ in range(TAKE_BACK_ROUNDS):
-        released += take_back(call, worker, batch_size, lambda rows, round_=round_: record(rows, round_))
+        try:
+            released += take_back(call, worker, batch_size, lambda rows, round_=round_: record(rows, round_))
+        except Exception as exc:
+            if not lock_timed_out(exc):
+                raise
+            raise PipelineError(f"drain {target.name}: taking back what worker {worker} holds, a release stayed "
+                                f"locked by another session through {TASK_RETRIES + 1} waits of "
+                                f"{TAKE_BACK_LOCK_TIMEOUT}s (recorded as released already: a zombie of that task?): "
+                                f"end that session, then {then}") from exc
         still = held()
         if not still:
             filesystem_, inner = filesystem(staging)

@@ -1405,6 +1405,34 @@ def test_sweep_takes_back_a_staged_lease_its_dequeue_skipped_while_a_heartbeat_h
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'beating')} WHERE leased_by IS NULL") == 1
 
 
+def test_finalize_counts_and_warns_of_unmarked_rows_on_their_messages_last_attempt(spark, pg, tmp_path):
+    """max_attempts 1: a dead attempt's staged lease runs out and the sweep's dequeue buries it
+    (dead, 'lease expired'), which no verb reports. The row is kept (no trace), and the finalisation
+    says so: counted and a WARNING naming the dead-letter table."""
+    from pipelines.common import QueueTarget
+    from pipelines.drain_job import staging_path, worker_name, write_launch
+    from tablequeue.client import QueueClient
+
+    catalog = pg.deploy(work_queue("lastone", max_attempts=1))
+    enqueue_numbered(pg, catalog, "lastone", 1)
+    output = str(tmp_path / "output")
+    staging = Path(staging_path(output, "r1"))
+    write_launch(str(staging), "la", 1)
+    worker = worker_name("r1", "la", 0, 0)
+    conn = connect(pg.url, autocommit=True)
+    try:
+        [lease] = QueueClient.for_catalog(conn, "postgres", catalog, "lastone").dequeue(1, worker=worker, lease_seconds=1)
+    finally:
+        conn.close()
+    stage_leases(staging, "la", 0, [lease])
+    time.sleep(1.3)
+    with logged_by_the_pipelines(logging.WARNING) as logged:
+        summary = finalize_drain_of(spark, QueueTarget.of(pg.url, catalog, "lastone"), output)
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'lastone', '_dead')}") == 1
+    assert (summary["confirmed_unmarked"], summary["confirmed_on_last_attempt"]) == (1, 1)
+    assert any("on their message's last attempt (1)" in r.getMessage() and "_dead" in r.getMessage() for r in logged)
+
+
 def finalize_drain_of(spark: Any, target: Any, output: str) -> dict:
     from pipelines.drain_job import finalize_drain
 

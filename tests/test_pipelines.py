@@ -1037,12 +1037,14 @@ def test_sweep_asks_a_dead_attempt_for_its_launchs_batch_and_no_attempt_that_ret
         == after
 
 
-def run_of_one_dead_attempt(pg: "Postgres", tmp_path: Path, queue: str, messages: int) -> tuple[Catalog, str, Path, str]:
-    """A queue of `messages`, and run r1's staging for one attempt of a launch that leased batches of
-    that many: (catalog, output, staging folder, the attempt's worker name)."""
+def run_of_one_dead_attempt(pg: "Postgres", tmp_path: Path, queue: str, messages: int,
+                            **options: Any) -> tuple[Catalog, str, Path, str]:
+    """A queue of `messages` (work_queue options: lease_seconds 600 and `options`), and run r1's
+    staging for one attempt of a launch that leased batches of that many: (catalog, output, staging
+    folder, the attempt's worker name)."""
     from pipelines.drain_job import staging_path, worker_name, write_launch
 
-    catalog = pg.deploy(work_queue(queue, lease_seconds=600))
+    catalog = pg.deploy(work_queue(queue, **{"lease_seconds": 600, **options}))
     enqueue_numbered(pg, catalog, queue, messages)
     output = str(tmp_path / "output")
     staging = Path(staging_path(output, "r1"))
@@ -1410,15 +1412,9 @@ def test_finalize_counts_and_warns_of_unmarked_rows_on_their_messages_last_attem
     (dead, 'lease expired'), which no verb reports. The row is kept (no trace), and the finalisation
     says so: counted and a WARNING naming the dead-letter table."""
     from pipelines.common import QueueTarget
-    from pipelines.drain_job import staging_path, worker_name, write_launch
     from tablequeue.client import QueueClient
 
-    catalog = pg.deploy(work_queue("lastone", max_attempts=1))
-    enqueue_numbered(pg, catalog, "lastone", 1)
-    output = str(tmp_path / "output")
-    staging = Path(staging_path(output, "r1"))
-    write_launch(str(staging), "la", 1)
-    worker = worker_name("r1", "la", 0, 0)
+    catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "lastone", 1, max_attempts=1)
     conn = connect(pg.url, autocommit=True)
     try:
         [lease] = QueueClient.for_catalog(conn, "postgres", catalog, "lastone").dequeue(1, worker=worker, lease_seconds=1)

@@ -440,7 +440,6 @@ DECLARE
     effective_lease integer := coalesce(emails_dequeue.lease_seconds, 600);
     lease_until timestamptz;
     claimed_ids bigint[] := '{}';
-    claimed_id bigint;
     step_ids bigint[];
     buried_count bigint;
     exhausted_ids bigint[];
@@ -978,16 +977,16 @@ BEGIN
         position_state := set_config('tablequeue.queue.emails', position_expires || '|' || rewinds || '|' || position_id || '|' || CASE WHEN isfinite(position_time) THEN (extract(EPOCH FROM position_time) * 1000000)::bigint::text ELSE '' END, false);
     END IF;
 
-    -- In claim order: the array keeps it. One primary-key probe per claimed id, as its own statement:
-    -- a single statement over unnest(claimed_ids) is re-planned on every call (its custom plan, costed
-    -- with the array's real length, always beats the generic plan's ten ids), which cost more than
-    -- the probes; this probe's generic plan is cached after five calls.
-    FOREACH claimed_id IN ARRAY claimed_ids LOOP
-        RETURN QUERY
-        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
-        FROM "queue"."emails" AS q
-        WHERE q.id = claimed_id;
-    END LOOP;
+    -- The rows, in claim order (the array's: ORDINALITY), in one statement: a primary-key probe per id
+    -- inside it. LATERAL ... OFFSET 0 keeps each probe a nested loop whatever the plan's estimate of
+    -- the array (a join over unnest chose a hash join over the whole table at batch 10). One statement
+    -- per id, as before, started the executor for each: 20,000 server instructions a message at batch
+    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call.
+    RETURN QUERY
+    SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
+    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
+    CROSS JOIN LATERAL (SELECT m.* FROM "queue"."emails" AS m WHERE m.id = c.id OFFSET 0) AS q
+    ORDER BY c.n;
 END;
 $function$;
 

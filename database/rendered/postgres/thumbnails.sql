@@ -435,7 +435,6 @@ DECLARE
     effective_lease integer := coalesce(thumbnails_dequeue.lease_seconds, 120);
     lease_until timestamptz;
     claimed_ids uuid[] := '{}';
-    claimed_id uuid;
     step_ids uuid[];
     buried_count bigint;
     exhausted_ids uuid[];
@@ -882,16 +881,16 @@ BEGIN
         EXIT WHEN buried_count = 0;
     END LOOP;
 
-    -- In claim order: the array keeps it. One primary-key probe per claimed id, as its own statement:
-    -- a single statement over unnest(claimed_ids) is re-planned on every call (its custom plan, costed
-    -- with the array's real length, always beats the generic plan's ten ids), which cost more than
-    -- the probes; this probe's generic plan is cached after five calls.
-    FOREACH claimed_id IN ARRAY claimed_ids LOOP
-        RETURN QUERY
-        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
-        FROM "queue"."thumbnails" AS q
-        WHERE q.id = claimed_id;
-    END LOOP;
+    -- The rows, in claim order (the array's: ORDINALITY), in one statement: a primary-key probe per id
+    -- inside it. LATERAL ... OFFSET 0 keeps each probe a nested loop whatever the plan's estimate of
+    -- the array (a join over unnest chose a hash join over the whole table at batch 10). One statement
+    -- per id, as before, started the executor for each: 20,000 server instructions a message at batch
+    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call.
+    RETURN QUERY
+    SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
+    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
+    CROSS JOIN LATERAL (SELECT m.* FROM "queue"."thumbnails" AS m WHERE m.id = c.id OFFSET 0) AS q
+    ORDER BY c.n;
 END;
 $function$;
 

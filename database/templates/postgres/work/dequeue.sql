@@ -80,7 +80,6 @@ DECLARE
     effective_lease integer := coalesce({{ fn }}_dequeue.lease_seconds, {{ lease_seconds }});
     lease_until timestamptz;
     claimed_ids {{ id_type }}[] := '{}';
-    claimed_id {{ id_type }};
     step_ids {{ id_type }}[];
     buried_count bigint;
     exhausted_ids {{ id_type }}[];
@@ -275,17 +274,17 @@ BEGIN
     END IF;
 {% endif %}
 
-    -- In claim order: the array keeps it. One primary-key probe per claimed id, as its own statement:
-    -- a single statement over unnest(claimed_ids) is re-planned on every call (its custom plan, costed
-    -- with the array's real length, always beats the generic plan's ten ids), which cost more than
-    -- the probes; this probe's generic plan is cached after five calls.
-    FOREACH claimed_id IN ARRAY claimed_ids LOOP
-        RETURN QUERY
-        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token{% if groups %}, q.group_key{% endif %}
+    -- The rows, in claim order (the array's: ORDINALITY), in one statement: a primary-key probe per id
+    -- inside it. LATERAL ... OFFSET 0 keeps each probe a nested loop whatever the plan's estimate of
+    -- the array (a join over unnest chose a hash join over the whole table at batch 10). One statement
+    -- per id, as before, started the executor for each: 20,000 server instructions a message at batch
+    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call.
+    RETURN QUERY
+    SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token{% if groups %}, q.group_key{% endif %}
 
-        FROM {{ t }} AS q
-        WHERE q.id = claimed_id;
-    END LOOP;
+    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
+    CROSS JOIN LATERAL (SELECT m.* FROM {{ t }} AS m WHERE m.id = c.id OFFSET 0) AS q
+    ORDER BY c.n;
 END;
 $function$;
 

@@ -1143,6 +1143,45 @@ def test_sweep_gives_up_on_a_lease_locked_past_its_waits_naming_the_worker(pg, t
         zombie.close()
 
 
+def test_sweep_gives_up_on_a_release_locked_past_its_waits_with_the_release_recorded(pg, tmp_path, monkeypatch):
+    """The dead worker holds a lease it never staged; the sweep's dequeue takes it back, records it
+    as released, and its release then finds the row locked by another session (a zombie's heartbeat
+    that never returns) through every wait: it stops with what to do, the record kept."""
+    import pipelines.drain_job as drain_job
+    from pipelines.common import QueueTarget
+    from tablequeue.client import QueueClient
+
+    catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "held", 1)
+    monkeypatch.setattr(drain_job, "TAKE_BACK_LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(drain_job, "TASK_RETRIES", 1)
+    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    conn = connect(pg.url, autocommit=True)
+    locker = connect(pg.url, autocommit=False)
+    real_give_back = drain_job.give_back
+
+    def give_back_of_locked_rows(call, worker_, rows, record):
+        locker.execute(f"SELECT 1 FROM {table(catalog, 'held')} WHERE id = ANY(%s) FOR UPDATE", ([r["id"] for r in rows],))
+        return real_give_back(call, worker_, rows, record)
+
+    monkeypatch.setattr(drain_job, "give_back", give_back_of_locked_rows)
+    try:
+        [lease] = QueueClient.for_catalog(conn, "postgres", catalog, "held").dequeue(1, worker=worker)
+        (staging / "markers" / "launch=la" / "part=0" / "attempt=0").mkdir(parents=True)   # the attempt began
+        with pytest.raises(PipelineError, match=rf"taking back what worker {worker} holds, a release stayed locked "
+                                                r"by another session through 2 waits of 0.2s \(recorded as released "
+                                                r"already: a zombie of that task\?\): end that session, then "
+                                                r"finalise again with --run-id r1 --finalize-only"):
+            drain_job.sweep(QueueTarget.of(pg.url, catalog, "held"), str(staging), "r1")
+        locker.rollback()
+        recorded = pq.read_table(str(staging / "markers"), filters=[("part", "=", -1)]).to_pylist()
+        assert [(r["id"], r["outcome"], r["lease_token"]) for r in recorded] == \
+            [(str(lease["id"]), "released", str(lease["lease_token"]))]
+        assert pg.rows(f"SELECT leased_by FROM {table(catalog, 'held')}") == [{"leased_by": worker}]
+    finally:
+        locker.close()
+        conn.close()
+
+
 def test_sweep_keeps_its_record_of_a_release_whose_answer_was_lost(spark, pg, tmp_path, monkeypatch):
     """The sweep's release commits and its answer is lost (a failover); the repeat answers false.
     The released marker written before stays: the message is back in the queue, so its staged row

@@ -389,6 +389,40 @@ def test_extend_lease_keeps_the_message_from_other_workers(deploy) -> None:
     assert client.complete(sent["id"], "a") is True
 
 
+@pytest.mark.parametrize("holder_ends", ["commit", "rollback"])
+def test_extend_of_a_lease_that_ran_out_waits_for_its_complete_in_flight(deploy, holder_ends) -> None:
+    # The Spark drain's sweep relies on this (docs/pipelines.md, Zombie tasks): a false from
+    # extend_lease means that no complete of that lease is still in flight. The complete's
+    # transaction stays open past the lease's expiry; the extend must wait for it, then answer false
+    # (completed; or, rolled back, still expired) and leave no lock behind.
+    env = deploy(work(lease_seconds=30))
+    holder = env.client(autocommit=False)
+    sent = holder.enqueue({"n": 1})["id"]
+    holder.conn.commit()
+    [lease] = holder.dequeue(1, worker="w", lease_seconds=1)
+    holder.conn.commit()
+    assert holder.complete(sent, "w", lease_token=lease["lease_token"]) is True     # not committed
+    time.sleep(1.3)                                                              # the lease runs out
+    extender = env.client()
+    answers: list[Any] = []
+
+    def extend() -> None:
+        try:
+            answers.append(extender.extend_lease(sent, "w", 30, lease_token=lease["lease_token"]))
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            answers.append(exc)
+
+    thread = threading.Thread(target=extend)
+    thread.start()
+    thread.join(1.5)
+    waited = thread.is_alive()
+    getattr(holder.conn, holder_ends)()
+    thread.join(LOCK_TIMEOUT_SECONDS + 5)
+    assert waited, f"extend_lease answered {answers} while the complete of its lease was in flight"
+    assert answers == [False]
+    assert len(env.client().dequeue(worker="w2")) == (0 if holder_ends == "commit" else 1)
+
+
 def test_a_restarted_worker_gets_its_own_leased_messages_back_before_anyone_elses(deploy) -> None:
     client = deploy(work()).client()
     now = server_now(client)

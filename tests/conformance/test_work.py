@@ -423,6 +423,94 @@ def test_extend_of_a_lease_that_ran_out_waits_for_its_complete_in_flight(deploy,
     assert len(env.client().dequeue(worker="w2")) == (0 if holder_ends == "commit" else 1)
 
 
+def statuses(client: QueueClient, leases: list[dict]) -> dict[str, str]:
+    answer = client.lease_status(leases)
+    assert sorted(str(i) for i in ids(answer)) == sorted(str(lease["id"]) for lease in leases)
+    return {str(row["id"]): row["status"] for row in answer}
+
+
+@pytest.mark.parametrize("options", [{}, {"history": True}, {"client_ids": True}],
+                         ids=["plain", "history", "client-ids"])
+def test_lease_status_tells_held_lost_dead_and_gone_apart(deploy, options) -> None:
+    client = deploy(work(max_attempts=2, **options)).client()
+    sent = [client.enqueue({"i": i}, **({"id": uuid.uuid4()} if options.get("client_ids") else {}))["id"]
+            for i in range(6)]
+    leases = {str(lease["id"]): lease for lease in client.dequeue(batch_size=6, worker="w", lease_seconds=60)}
+    held, completed, released, dead, retried, expired = (leases[str(i)] for i in sent)
+    assert client.complete(completed["id"], "w", lease_token=completed["lease_token"])
+    assert client.release(released["id"], "w", lease_token=released["lease_token"])
+    assert client.fail(dead["id"], "w", "boom", lease_token=dead["lease_token"]) == "retrying"
+    [again] = [m for m in client.dequeue(batch_size=6, worker="v") if m["id"] == dead["id"]]
+    assert client.fail(again["id"], "v", "boom again", lease_token=again["lease_token"]) == "dead"
+    assert client.fail(retried["id"], "w", "later", lease_token=retried["lease_token"],
+                       retry_after_seconds=600) == "retrying"
+    assert client.extend_lease(expired["id"], "w", 1, lease_token=expired["lease_token"])
+    time.sleep(1.2)
+    assert statuses(client, [held, completed, released, dead, retried, expired]) == {
+        str(held["id"]): "held", str(completed["id"]): "gone", str(released["id"]): "lost",
+        str(dead["id"]): "dead", str(retried["id"]): "lost", str(expired["id"]): "lost"}
+    # Leased again: the old lease stays lost, the new one is held.
+    [taken] = [m for m in client.dequeue(batch_size=6, worker="x") if m["id"] == expired["id"]]
+    assert statuses(client, [taken]) == {str(taken["id"]): "held"}
+    assert statuses(client, [expired]) == {str(expired["id"]): "lost"}
+    # An id no message ever had, with any token: gone. Asking changed nothing.
+    unknown = {"id": uuid.uuid4() if options.get("client_ids") else 10 ** 12, "lease_token": uuid.uuid4()}
+    assert statuses(client, [unknown]) == {str(unknown["id"]): "gone"}
+    assert client.lease_status([]) == []
+    assert client.complete(held["id"], "w", lease_token=held["lease_token"])
+    assert client.complete(taken["id"], "x", lease_token=taken["lease_token"])
+
+
+def test_lease_status_refuses_a_null_token_a_repeated_id_and_too_many(deploy) -> None:
+    client = deploy(work()).client()
+    sent = client.enqueue({"x": 1})["id"]
+    [lease] = client.dequeue(worker="w")
+    for leases in ([{"id": sent, "lease_token": None}],
+                   [lease, lease],
+                   [{"id": n, "lease_token": uuid.uuid4()} for n in range(1, 1002)]):
+        with raises_queue_error(client, "invalid_argument"):
+            client.lease_status(leases)
+    assert statuses(client, [lease]) == {str(sent): "held"}
+
+
+@pytest.mark.parametrize("holder_ends", ["commit", "rollback"])
+@pytest.mark.parametrize("verb", ["complete", "fail"])
+def test_lease_status_waits_for_a_transaction_holding_the_message(deploy, verb, holder_ends) -> None:
+    # A consumer whose complete's answer was lost asks on another connection: while that
+    # transaction is open any answer would be a guess; it waits, then tells what the end left.
+    env = deploy(work(max_attempts=1))
+    holder = env.client(autocommit=False)
+    sent = holder.enqueue({"n": 1})["id"]
+    holder.conn.commit()
+    [lease] = holder.dequeue(1, worker="w", lease_seconds=60)
+    holder.conn.commit()
+    if verb == "complete":
+        assert holder.complete(sent, "w", lease_token=lease["lease_token"]) is True
+    else:
+        assert holder.fail(sent, "w", "boom", lease_token=lease["lease_token"]) == "dead"
+    asker = env.client()
+    answers: list[Any] = []
+
+    def ask() -> None:
+        try:
+            answers.append(statuses(asker, [lease]))
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            answers.append(exc)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    thread.join(1.5)
+    waited = thread.is_alive()
+    getattr(holder.conn, holder_ends)()
+    thread.join(LOCK_TIMEOUT_SECONDS + 5)
+    assert waited, f"lease_status answered {answers} while a transaction held the message"
+    after = {"commit": "gone" if verb == "complete" else "dead", "rollback": "held"}[holder_ends]
+    assert answers == [{str(sent): after}]
+    # It left no lock behind: the holder's next statement on the message does not wait.
+    assert holder.complete(sent, "w", lease_token=lease["lease_token"]) is (holder_ends == "rollback")
+    holder.conn.commit()
+
+
 def test_a_restarted_worker_gets_its_own_leased_messages_back_before_anyone_elses(deploy) -> None:
     client = deploy(work()).client()
     now = server_now(client)

@@ -2885,6 +2885,190 @@ BEGIN
 END;
 GO
 
+-- lease_status ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_emails].[test lease_status tells held, lost, dead and gone apart]
+AS
+BEGIN
+    -- Assemble: 1 held by its token; 2 under another token (leased again); 3 expired under its
+    -- token; 4 not leased (released, or failed for a retry); 5 in the dead-letter table; 6 nowhere.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', NULL, N'{"n": 1}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 2,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000009', NULL, N'{"n": 2}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', NULL, N'{"n": 3}'
+    );
+    INSERT INTO [queue].[emails] (
+        id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
+        lease_token, dedupe_key, payload
+    )
+    VALUES (
+        4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -5, @now),
+        DATEADD(SECOND, -5, @now), 1,
+        NULL, NULL,
+        NULL, NULL, N'{"n": 4}'
+    );
+    INSERT INTO [queue].[emails_dead] (
+        id, enqueued_at, due_at, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        5, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 3,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 5}'
+    );
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (6, '7e57ab1e-0000-0000-0000-000000000006'),
+    (5, '7e57ab1e-0000-0000-0000-000000000005'),
+    (4, '7e57ab1e-0000-0000-0000-000000000004'),
+    (3, '7e57ab1e-0000-0000-0000-000000000003'),
+    (2, '7e57ab1e-0000-0000-0000-000000000002'),
+    (1, '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id bigint NOT NULL,
+        status varchar(4) NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, status)
+    EXEC [queue].[emails_lease_status] @acks = @acks;
+
+    -- Assert: one row per item, in id order; nothing changed.
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, status varchar(4) NOT NULL);
+    INSERT INTO #Expected (position, id, status)
+    VALUES
+    (1, 1, 'held'),
+    (2, 2, 'lost'),
+    (3, 3, 'lost'),
+    (4, 4, 'lost'),
+    (5, 5, 'dead'),
+    (6, 6, 'gone');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[emails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id bigint NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    (1, 1, N'w', 0),
+    (2, 2, N'v', 0),
+    (3, 1, N'w', 1),
+    (4, 1, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test lease_status refuses a NULL token, the transaction usable]
+AS
+BEGIN
+    -- Assemble: as the batch acknowledgements' check, inside the caller's (tSQLt's) transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    DECLARE @acks [queue].[emails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    (1, '7e57ab1e-0000-0000-0000-000000000001'),
+    (2, NULL);
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act
+    BEGIN TRY
+        EXEC [queue].[emails_lease_status] @acks = @acks;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%lease_status: the lease token of id % is NULL.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_emails].[test lease_status refuses 1001 items and a repeated id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    DECLARE @many [queue].[emails_acks];
+    INSERT INTO @many (id, lease_token)
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
+        NEWID() AS lease_token
+    FROM sys.all_columns AS c;
+    DECLARE @twice [queue].[emails_acks];
+    INSERT INTO @twice (id, lease_token)
+    VALUES
+    (1, '7e57ab1e-0000-0000-0000-000000000001'),
+    (1, '7e57ab1e-0000-0000-0000-000000000002');
+    DECLARE @many_error int;
+    DECLARE @twice_error int;
+
+    -- Act
+    BEGIN TRY
+        EXEC [queue].[emails_lease_status] @acks = @many;
+    END TRY
+    BEGIN CATCH
+        SET @many_error = ERROR_NUMBER();
+    END CATCH;
+    BEGIN TRY
+        EXEC [queue].[emails_lease_status] @acks = @twice;
+    END TRY
+    BEGIN CATCH
+        SET @twice_error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @many_error;
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @twice_error;
+END;
+GO
+
 -- fail_batch --------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_emails].[test fail_batch retries, buries and reports a stale item as lost]
@@ -4614,6 +4798,7 @@ BEGIN
         (N''[queue].[emails_fail]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_lease_status]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_complete_next]'', N''OBJECT'', N''EXECUTE''),
@@ -4669,6 +4854,7 @@ END;');
     (N'[queue].[emails_fail]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_lease_status]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_complete_next]', N'OBJECT', N'EXECUTE', 0),
@@ -4762,6 +4948,7 @@ BEGIN
         (N''[queue].[emails_fail]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_lease_status]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_complete_next]'', N''OBJECT'', N''EXECUTE''),
@@ -4817,6 +5004,7 @@ END;');
     (N'[queue].[emails_fail]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[emails_extend_lease]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[emails_release]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[emails_lease_status]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[emails_complete_batch]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[emails_fail_batch]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[emails_complete_next]', N'OBJECT', N'EXECUTE', 1),
@@ -4910,6 +5098,7 @@ BEGIN
         (N''[queue].[emails_fail]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[emails_lease_status]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[emails_complete_next]'', N''OBJECT'', N''EXECUTE''),
@@ -4965,6 +5154,7 @@ END;');
     (N'[queue].[emails_fail]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[emails_lease_status]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[emails_complete_next]', N'OBJECT', N'EXECUTE', 0),

@@ -2921,6 +2921,190 @@ BEGIN
 END;
 GO
 
+-- lease_status ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE [test_queue_thumbnails].[test lease_status tells held, lost, dead and gone apart]
+AS
+BEGIN
+    -- Assemble: 1 held by its token; 2 under another token (leased again); 3 expired under its
+    -- token; 4 not leased (released, or failed for a retry); 5 in the dead-letter table; 6 nowhere.
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000001', 1, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000001', N'{"n": 1}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000002', 2, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, 60, @now), 0, 2,
+        N'v', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000009', N'{"n": 2}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000003', 3, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -600, @now),
+        DATEADD(SECOND, -5, @now), 0, 1,
+        N'w', DATEADD(SECOND, -10, @now),
+        '7e57ab1e-0000-0000-0000-000000000003', N'{"n": 3}'
+    );
+    INSERT INTO [queue].[thumbnails] (
+        id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
+        lease_token, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000004', 4, DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -5, @now),
+        DATEADD(SECOND, -5, @now), 0, 1,
+        NULL, NULL,
+        NULL, N'{"n": 4}'
+    );
+    INSERT INTO [queue].[thumbnails_dead] (
+        id, enqueued_at, due_at, priority, attempts, last_error, last_worker, dead_at, payload
+    )
+    VALUES (
+        '00000000-0000-0000-0000-000000000005', DATEADD(SECOND, -3600, @now), DATEADD(SECOND, -3600, @now), 0, 4,
+        N'boom', N'w', DATEADD(SECOND, -60, @now), N'{"n": 5}'
+    );
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000006', '7e57ab1e-0000-0000-0000-000000000006'),
+    ('00000000-0000-0000-0000-000000000005', '7e57ab1e-0000-0000-0000-000000000005'),
+    ('00000000-0000-0000-0000-000000000004', '7e57ab1e-0000-0000-0000-000000000004'),
+    ('00000000-0000-0000-0000-000000000003', '7e57ab1e-0000-0000-0000-000000000003'),
+    ('00000000-0000-0000-0000-000000000002', '7e57ab1e-0000-0000-0000-000000000002'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001');
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id uniqueidentifier NOT NULL,
+        status varchar(4) NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, status)
+    EXEC [queue].[thumbnails_lease_status] @acks = @acks;
+
+    -- Assert: one row per item, in id order; nothing changed.
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, status varchar(4) NOT NULL);
+    INSERT INTO #Expected (position, id, status)
+    VALUES
+    (1, '00000000-0000-0000-0000-000000000001', 'held'),
+    (2, '00000000-0000-0000-0000-000000000002', 'lost'),
+    (3, '00000000-0000-0000-0000-000000000003', 'lost'),
+    (4, '00000000-0000-0000-0000-000000000004', 'lost'),
+    (5, '00000000-0000-0000-0000-000000000005', 'dead'),
+    (6, '00000000-0000-0000-0000-000000000006', 'gone');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+    SELECT
+        m.id,
+        m.attempts,
+        m.leased_by,
+        CONVERT(bit, IIF(m.visible_at <= SYSUTCDATETIME(), 1, 0)) AS visible
+    INTO #Queue
+    FROM [queue].[thumbnails] AS m;
+
+    CREATE TABLE #ExpectedQueue (
+        id uniqueidentifier NULL,
+        attempts int NULL,
+        leased_by nvarchar(200) NULL,
+        visible bit NULL
+    );
+    INSERT INTO #ExpectedQueue (id, attempts, leased_by, visible)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', 1, N'w', 0),
+    ('00000000-0000-0000-0000-000000000002', 2, N'v', 0),
+    ('00000000-0000-0000-0000-000000000003', 1, N'w', 1),
+    ('00000000-0000-0000-0000-000000000004', 1, NULL, 1);
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#ExpectedQueue', @Actual = N'#Queue';
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test lease_status refuses a NULL token, the transaction usable]
+AS
+BEGIN
+    -- Assemble: as the batch acknowledgements' check, inside the caller's (tSQLt's) transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    DECLARE @acks [queue].[thumbnails_acks];
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'),
+    ('00000000-0000-0000-0000-000000000002', NULL);
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act
+    BEGIN TRY
+        EXEC [queue].[thumbnails_lease_status] @acks = @acks;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%lease_status: the lease token of id % is NULL.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
+CREATE PROCEDURE [test_queue_thumbnails].[test lease_status refuses 1001 items and a repeated id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    DECLARE @many [queue].[thumbnails_acks];
+    INSERT INTO @many (id, lease_token)
+    SELECT TOP (1001)
+        NEWID() AS id,
+        NEWID() AS lease_token
+    FROM sys.all_columns;
+    DECLARE @twice [queue].[thumbnails_acks];
+    INSERT INTO @twice (id, lease_token)
+    VALUES
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000001'),
+    ('00000000-0000-0000-0000-000000000001', '7e57ab1e-0000-0000-0000-000000000002');
+    DECLARE @many_error int;
+    DECLARE @twice_error int;
+
+    -- Act
+    BEGIN TRY
+        EXEC [queue].[thumbnails_lease_status] @acks = @many;
+    END TRY
+    BEGIN CATCH
+        SET @many_error = ERROR_NUMBER();
+    END CATCH;
+    BEGIN TRY
+        EXEC [queue].[thumbnails_lease_status] @acks = @twice;
+    END TRY
+    BEGIN CATCH
+        SET @twice_error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @many_error;
+    EXEC tSQLt.AssertEquals @Expected = 51001, @Actual = @twice_error;
+END;
+GO
+
 -- fail_batch --------------------------------------------------------------------------------------
 
 CREATE PROCEDURE [test_queue_thumbnails].[test fail_batch retries, buries and reports a stale item as lost]
@@ -5081,6 +5265,7 @@ BEGIN
         (N''[queue].[thumbnails_fail]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_lease_status]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_complete_next]'', N''OBJECT'', N''EXECUTE''),
@@ -5133,6 +5318,7 @@ END;');
     (N'[queue].[thumbnails_fail]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_lease_status]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_complete_next]', N'OBJECT', N'EXECUTE', 0),
@@ -5223,6 +5409,7 @@ BEGIN
         (N''[queue].[thumbnails_fail]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_lease_status]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_complete_next]'', N''OBJECT'', N''EXECUTE''),
@@ -5275,6 +5462,7 @@ END;');
     (N'[queue].[thumbnails_fail]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[thumbnails_extend_lease]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[thumbnails_release]', N'OBJECT', N'EXECUTE', 1),
+    (N'[queue].[thumbnails_lease_status]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[thumbnails_complete_batch]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[thumbnails_fail_batch]', N'OBJECT', N'EXECUTE', 1),
     (N'[queue].[thumbnails_complete_next]', N'OBJECT', N'EXECUTE', 1),
@@ -5365,6 +5553,7 @@ BEGIN
         (N''[queue].[thumbnails_fail]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_extend_lease]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_release]'', N''OBJECT'', N''EXECUTE''),
+        (N''[queue].[thumbnails_lease_status]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_complete_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_fail_batch]'', N''OBJECT'', N''EXECUTE''),
         (N''[queue].[thumbnails_complete_next]'', N''OBJECT'', N''EXECUTE''),
@@ -5417,6 +5606,7 @@ END;');
     (N'[queue].[thumbnails_fail]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_extend_lease]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_release]', N'OBJECT', N'EXECUTE', 0),
+    (N'[queue].[thumbnails_lease_status]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_complete_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_fail_batch]', N'OBJECT', N'EXECUTE', 0),
     (N'[queue].[thumbnails_complete_next]', N'OBJECT', N'EXECUTE', 0),

@@ -1760,6 +1760,135 @@ END;
 GO
 {% endfor %}
 
+-- lease_status ------------------------------------------------------------------------------------
+
+CREATE PROCEDURE {{ cls }}.[test lease_status tells held, lost, dead and gone apart]
+AS
+BEGIN
+    -- Assemble: 1 held by its token; 2 under another token (leased again); 3 expired under its
+    -- token; 4 not leased (released, or failed for a retry); 5 in the dead-letter table; 6 nowhere.
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+{{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
+{{ insert_message(2, visible=60, leased_by='v', attempts=2, lease=9) }}
+{{ insert_message(3, visible=-5, leased_by='w', attempts=1, lease=3) }}
+{{ insert_message(4, visible=-5, attempts=1) }}
+{{ insert_dead(5) }}
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(6) }}, {{ token(6) }}),
+    ({{ mid(5) }}, {{ token(5) }}),
+    ({{ mid(4) }}, {{ token(4) }}),
+    ({{ mid(3) }}, {{ token(3) }}),
+    ({{ mid(2) }}, {{ token(2) }}),
+    ({{ mid(1) }}, {{ token(1) }});
+    CREATE TABLE #Actual (
+        position int IDENTITY (1, 1) NOT NULL,
+        id {{ id_type }} NOT NULL,
+        status varchar(4) NOT NULL
+    );
+
+    -- Act
+    INSERT INTO #Actual (id, status)
+    EXEC {{ names.verb('lease_status') }} @acks = @acks;
+
+    -- Assert: one row per item, in id order; nothing changed.
+    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, status varchar(4) NOT NULL);
+    INSERT INTO #Expected (position, id, status)
+    VALUES
+    (1, {{ mid(1) }}, 'held'),
+    (2, {{ mid(2) }}, 'lost'),
+    (3, {{ mid(3) }}, 'lost'),
+    (4, {{ mid(4) }}, 'lost'),
+    (5, {{ mid(5) }}, 'dead'),
+    (6, {{ mid(6) }}, 'gone');
+    EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
+{{ assert_queue([(1, 1, 'w', false), (2, 2, 'v', false), (3, 1, 'w', true), (4, 1, none, true)]) }}
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test lease_status refuses a NULL token, the transaction usable]
+AS
+BEGIN
+    -- Assemble: as the batch acknowledgements' check, inside the caller's (tSQLt's) transaction.
+    SET XACT_ABORT ON;
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @acks {{ acks }};
+    INSERT INTO @acks (id, lease_token)
+    VALUES
+    ({{ mid(1) }}, {{ token(1) }}),
+    ({{ mid(2) }}, NULL);
+    DECLARE @error int;
+    DECLARE @message nvarchar(2048);
+
+    -- Act
+    BEGIN TRY
+        EXEC {{ names.verb('lease_status') }} @acks = @acks;
+    END TRY
+    BEGIN CATCH
+        SET @error = ERROR_NUMBER();
+        SET @message = ERROR_MESSAGE();
+    END CATCH;
+
+    -- Assert
+    DECLARE @state smallint = XACT_STATE();
+    EXEC tSQLt.AssertEquals @Expected = {{ errors.invalid_argument }}, @Actual = @error;
+    EXEC tSQLt.AssertLike @ExpectedPattern = N'%lease_status: the lease token of id % is NULL.', @Actual = @message;
+    EXEC tSQLt.AssertEquals @Expected = 1, @Actual = @state;
+END;
+GO
+
+CREATE PROCEDURE {{ cls }}.[test lease_status refuses 1001 items and a repeated id]
+AS
+BEGIN
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    DECLARE @many {{ acks }};
+    INSERT INTO @many (id, lease_token)
+{% if client_ids %}
+    SELECT TOP (1001)
+        NEWID() AS id,
+        NEWID() AS lease_token
+    FROM sys.all_columns;
+{% else %}
+    SELECT TOP (1001)
+        ROW_NUMBER() OVER (ORDER BY c.object_id, c.column_id) AS id,
+        NEWID() AS lease_token
+    FROM sys.all_columns AS c;
+{% endif %}
+    DECLARE @twice {{ acks }};
+    INSERT INTO @twice (id, lease_token)
+    VALUES
+    ({{ mid(1) }}, {{ token(1) }}),
+    ({{ mid(1) }}, {{ token(2) }});
+    DECLARE @many_error int;
+    DECLARE @twice_error int;
+
+    -- Act
+    BEGIN TRY
+        EXEC {{ names.verb('lease_status') }} @acks = @many;
+    END TRY
+    BEGIN CATCH
+        SET @many_error = ERROR_NUMBER();
+    END CATCH;
+    BEGIN TRY
+        EXEC {{ names.verb('lease_status') }} @acks = @twice;
+    END TRY
+    BEGIN CATCH
+        SET @twice_error = ERROR_NUMBER();
+    END CATCH;
+
+    -- Assert
+    EXEC tSQLt.AssertEquals @Expected = {{ errors.invalid_argument }}, @Actual = @many_error;
+    EXEC tSQLt.AssertEquals @Expected = {{ errors.invalid_argument }}, @Actual = @twice_error;
+END;
+GO
+
 -- fail_batch --------------------------------------------------------------------------------------
 
 CREATE PROCEDURE {{ cls }}.[test fail_batch retries, buries and reports a stale item as lost]

@@ -31,7 +31,7 @@ GENERATED_SUFFIXES = (
     "_fail", "_extend_lease", "_stats", "_purge", "_process", "_dead_list", "_dead_requeue",
     "_dead_delete", "_history_purge", "_id_seq", "_claim", "_dedupe", "_due", "_rewinds",
     "_ownership", "_enqueue_result", "_release", "_complete_batch", "_fail_batch", "_complete_next",
-    "_wait", "_wait_step", "_acks", "_complete_next_result", "_groups", "_process_handler",
+    "_wait", "_wait_step", "_acks", "_lease_status", "_complete_next_result", "_groups", "_process_handler",
 )
 # Every constraint and index a queue owns, named <prefix><queue><suffix>. PostgreSQL puts indexes,
 # SQL Server constraints, in the namespace of tables: a queue named like one of another queue's

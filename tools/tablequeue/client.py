@@ -292,6 +292,13 @@ class QueueClient:
         return self.call("fail_batch", {**self._acks(acks), "worker": worker, "error": error,
                                         "retry_after_seconds": retry_after_seconds}, required=("worker",))
 
+    def lease_status(self, leases: Iterable[Mapping[str, Any]]) -> list[dict]:
+        """leases: mappings with id and lease_token (dequeue's rows will do), at most 1,000. What
+        became of each, after waiting for a transaction still holding its message: held, lost, dead
+        or gone (completed or purged). One row per lease in the engine's id order (match by id):
+        id, status. Changes nothing."""
+        return self.call("lease_status", self._acks(leases))
+
     def _acks(self, acks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         pairs = [(self._id(a["id"], "acks.id"), self._token(a.get("lease_token"), "acks.lease_token")) for a in acks]
         if self.dialect == "postgres":

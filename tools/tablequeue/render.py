@@ -49,7 +49,7 @@ KIND_FAMILIES = {"heap": "destructive", "fifo": "destructive", "lifo": "destruct
 VERB_ROLES = {
     "enqueue": "producer", "enqueue_batch": "producer",
     "dequeue": "consumer", "complete": "consumer", "fail": "consumer", "extend_lease": "consumer",
-    "release": "consumer", "complete_batch": "consumer", "fail_batch": "consumer", "complete_next": "consumer",
+    "release": "consumer", "lease_status": "consumer", "complete_batch": "consumer", "fail_batch": "consumer", "complete_next": "consumer",
     "wait": "consumer", "wait_step": "consumer",
     "stats": "admin", "purge": "admin", "process": "admin", "dead_list": "admin",
     "dead_requeue": "admin", "dead_delete": "admin", "history_purge": "admin",

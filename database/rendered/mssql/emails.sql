@@ -1118,6 +1118,123 @@ GO
 GRANT EXECUTE ON OBJECT::[queue].[emails_release] TO [queue_consumer];
 GO
 
+-- tablequeue:unit queue.emails_lease_status code
+
+-- What became of up to 1,000 leases, each named by its message id and lease token: held (the
+-- message is in the queue under this live lease), lost (in the queue, but not under this live lease:
+-- it ran out, was released, failed for a retry or leased again), dead (in the dead-letter table) or
+-- gone (in neither: completed, or purged). A consumer whose complete's answer never arrived (the
+-- connection dropped at COMMIT) learns whether it committed. It first waits for each transaction
+-- that holds one of these messages' rows (a complete, a fail, a release in flight), so the answer is
+-- what that transaction left, not what it may still undo. Changes nothing and keeps no lock: its
+-- shared locks are released row by row, also inside a caller's transaction. One row per item, in id
+-- order.
+CREATE OR ALTER PROCEDURE [queue].[emails_lease_status]
+    @acks [queue].[emails_acks] READONLY
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- Arguments first, with XACT_ABORT off: a refused argument leaves the caller's transaction as it was.
+    SET XACT_ABORT OFF;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+    DECLARE @error_message nvarchar(2048);
+
+    IF (SELECT COUNT_BIG(*) FROM @acks) > 1000
+        BEGIN
+            THROW 51001, N'queue.emails_lease_status: at most 1000 items per call.', 1;
+        END;
+    DECLARE @null_ids int = (
+        SELECT COUNT(*)
+        FROM @acks AS a
+        WHERE a.id IS NULL
+    );
+    IF @null_ids > 0
+        BEGIN
+            SET @error_message = N'queue.emails_lease_status: acks holds a NULL id.';
+            THROW 51001, @error_message, 1;
+        END;
+    DECLARE @repeated_id bigint = (
+        SELECT TOP (1) a.id
+        FROM @acks AS a
+        GROUP BY a.id
+        HAVING COUNT(*) > 1
+        ORDER BY a.id
+    );
+    IF @repeated_id IS NOT NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_lease_status: acks holds id ',
+                @repeated_id,
+                N' more than once.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    DECLARE @tokenless_id bigint = (
+        SELECT TOP (1) a.id
+        FROM @acks AS a
+        WHERE a.lease_token IS NULL
+        ORDER BY a.id
+    );
+    IF @tokenless_id IS NOT NULL
+        BEGIN
+            SET @error_message = CONCAT(
+                N'queue.emails_lease_status: the lease token of id ',
+                @tokenless_id,
+                N' is NULL.'
+            );
+            THROW 51001, @error_message, 1;
+        END;
+    SET XACT_ABORT ON;
+
+    DECLARE @batch TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        lease_token uniqueidentifier NULL
+    );
+    INSERT INTO @batch (id, lease_token)
+    SELECT
+        a.id,
+        a.lease_token
+    FROM @acks AS a;
+    -- The wait: a locking read of each message's row (READCOMMITTEDLOCK: also where the database
+    -- runs READ_COMMITTED_SNAPSHOT, whose row versions would answer at once), one seek per item in id
+    -- order (the fixed lock order), waits for a transaction holding it.
+    DECLARE @found TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        lease_token uniqueidentifier NULL,
+        visible_at datetime2(7) NOT NULL
+    );
+    INSERT INTO @found (id, lease_token, visible_at)
+    SELECT
+        m.id,
+        m.lease_token,
+        m.visible_at
+    FROM @batch AS b
+    INNER JOIN [queue].[emails] AS m WITH (ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
+    OPTION (LOOP JOIN, FORCE ORDER);
+
+    -- After the wait: this statement reads what those transactions committed.
+    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    SELECT
+        b.id,
+        CONVERT(varchar(4), CASE
+            WHEN f.id IS NOT NULL AND f.lease_token = b.lease_token AND f.visible_at > @now THEN 'held'
+            WHEN f.id IS NOT NULL THEN 'lost'
+            WHEN EXISTS (
+                SELECT 1
+                FROM [queue].[emails_dead] AS d WITH (READCOMMITTEDLOCK)
+                WHERE d.id = b.id
+            ) THEN 'dead'
+            ELSE 'gone'
+        END) AS status
+    FROM @batch AS b
+    LEFT JOIN @found AS f ON b.id = f.id
+    ORDER BY b.id;
+END;
+GO
+
+GRANT EXECUTE ON OBJECT::[queue].[emails_lease_status] TO [queue_consumer];
+GO
+
 -- tablequeue:unit queue.emails_complete_batch code
 
 -- complete for up to 1,000 messages in one statement: each item by its id and lease token (NULL:

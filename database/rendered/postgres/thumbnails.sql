@@ -1172,6 +1172,89 @@ ALTER FUNCTION "queue"."thumbnails_release" OWNER TO "queue_owner";
 REVOKE ALL ON FUNCTION "queue"."thumbnails_release" FROM public;
 GRANT EXECUTE ON FUNCTION "queue"."thumbnails_release" TO "queue_consumer";
 
+-- tablequeue:unit queue.thumbnails_lease_status code
+
+-- What became of up to 1,000 leases, each named by its message id and lease token: held (the
+-- message is in the queue under this live lease), lost (in the queue, but not under this live lease:
+-- it ran out, was released, failed for a retry or leased again), dead (in the dead-letter table) or
+-- gone (in neither: completed, or purged). A consumer whose complete's answer never arrived (the
+-- connection dropped at COMMIT) learns whether it committed. It first waits for each transaction
+-- that holds one of these messages' rows (a complete, a fail, a release in flight), so the answer is
+-- what that transaction left, not what it may still undo. Changes nothing, locks nothing after it
+-- returns. One row per item, in id order.
+CREATE OR REPLACE FUNCTION "queue"."thumbnails_lease_status"(
+    ids uuid[],
+    lease_tokens uuid[]
+)
+RETURNS TABLE (id uuid, status text)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz;
+    sorted_ids uuid[];
+    sorted_tokens uuid[];
+    distinct_count bigint;
+BEGIN
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.thumbnails_lease_status: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
+    END IF;
+    IF thumbnails_lease_status.ids IS NULL OR cardinality(thumbnails_lease_status.ids) > 1000 OR array_ndims(thumbnails_lease_status.ids) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_lease_status: ids must be a one-dimensional array of at most 1000 ids, got %s.', coalesce(cardinality(thumbnails_lease_status.ids)::text, 'NULL'));
+    END IF;
+    IF cardinality(thumbnails_lease_status.lease_tokens) IS DISTINCT FROM cardinality(thumbnails_lease_status.ids) OR array_ndims(thumbnails_lease_status.lease_tokens) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_lease_status: lease_tokens must have one element per id (NULL for none), got %s for %s ids.', coalesce(cardinality(thumbnails_lease_status.lease_tokens)::text, 'NULL'), cardinality(thumbnails_lease_status.ids));
+    END IF;
+    IF array_position(thumbnails_lease_status.ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_lease_status: ids[%s] is NULL.', array_position(thumbnails_lease_status.ids, NULL));
+    END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.lease_token ORDER BY u.id), count(DISTINCT u.id)
+    INTO sorted_ids, sorted_tokens, distinct_count
+    FROM unnest(thumbnails_lease_status.ids, thumbnails_lease_status.lease_tokens) AS u (id, lease_token);
+    IF distinct_count < cardinality(thumbnails_lease_status.ids) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = 'queue.thumbnails_lease_status: an id is listed twice.';
+    END IF;
+    IF array_position(sorted_tokens, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TQ001', MESSAGE = format('queue.thumbnails_lease_status: the lease token of id %s is NULL.', sorted_ids[array_position(sorted_tokens, NULL)]);
+    END IF;
+    IF cardinality(sorted_ids) IS NULL THEN
+        RETURN;
+    END IF;
+    -- The wait: FOR SHARE waits for a transaction that updates or deletes a row, in id order (the
+    -- fixed lock order), in a subtransaction rolled back at once, so no lock outlives it.
+    BEGIN
+        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) ORDER BY m.id FOR SHARE;
+        RAISE SQLSTATE 'TQ900';
+    EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+        NULL;
+    END;
+    -- After the wait: this statement's snapshot sees what those transactions committed.
+    now_utc := clock_timestamp();
+    RETURN QUERY
+    SELECT
+        u.id,
+        CASE
+            WHEN q.id IS NOT NULL AND q.lease_token = u.lease_token AND q.visible_at > now_utc THEN 'held'
+            WHEN q.id IS NOT NULL THEN 'lost'
+            WHEN EXISTS (SELECT FROM "queue"."thumbnails_dead" AS d WHERE d.id = u.id) THEN 'dead'
+            ELSE 'gone'
+        END
+    FROM unnest(sorted_ids, sorted_tokens) AS u (id, lease_token)
+    LEFT JOIN LATERAL (
+        SELECT m.id, m.lease_token, m.visible_at FROM "queue"."thumbnails" AS m WHERE m.id = u.id OFFSET 0
+    ) AS q ON true
+    ORDER BY u.id;
+END;
+$function$;
+
+ALTER FUNCTION "queue"."thumbnails_lease_status" OWNER TO "queue_owner";
+REVOKE ALL ON FUNCTION "queue"."thumbnails_lease_status" FROM public;
+GRANT EXECUTE ON FUNCTION "queue"."thumbnails_lease_status" TO "queue_consumer";
+
 -- tablequeue:unit queue.thumbnails_complete_batch code
 
 -- complete for up to 1,000 messages in one statement: each item fenced by its own token (NULL: by

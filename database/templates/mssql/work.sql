@@ -282,6 +282,8 @@ GO
 
 {% include 'work/release.sql' %}
 
+{% include 'work/lease_status.sql' %}
+
 {% include 'work/complete_batch.sql' %}
 
 {% include 'work/fail_batch.sql' %}

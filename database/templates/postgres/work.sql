@@ -233,6 +233,8 @@ CREATE TABLE IF NOT EXISTS {{ names.obj('_groups') }} (
 
 {% include 'work/release.sql' %}
 
+{% include 'work/lease_status.sql' %}
+
 {% include 'work/complete_batch.sql' %}
 
 {% include 'work/fail_batch.sql' %}

@@ -1,0 +1,60 @@
+{#- PostgreSQL: S.Q_lease_status of the work kind (included by work.sql, whose variables and imports it uses). -#}
+{{ m.unit(names.plain('_lease_status'), 'code') }}
+-- What became of up to 1,000 leases, each named by its message id and lease token: held (the
+-- message is in the queue under this live lease), lost (in the queue, but not under this live lease:
+-- it ran out, was released, failed for a retry or leased again), dead (in the dead-letter table) or
+-- gone (in neither: completed, or purged). A consumer whose complete's answer never arrived (the
+-- connection dropped at COMMIT) learns whether it committed. It first waits for each transaction
+-- that holds one of these messages' rows (a complete, a fail, a release in flight), so the answer is
+-- what that transaction left, not what it may still undo. Changes nothing, locks nothing after it
+-- returns. One row per item, in id order.
+CREATE OR REPLACE FUNCTION {{ names.verb('lease_status') }}(
+    ids {{ id_type }}[],
+    lease_tokens uuid[]
+)
+RETURNS TABLE (id {{ id_type }}, status text)
+{{ m.definer() }}
+AS $function$
+#variable_conflict use_column
+DECLARE
+    now_utc timestamptz;
+    sorted_ids {{ id_type }}[];
+    sorted_tokens uuid[];
+    distinct_count bigint;
+BEGIN
+{{ m.check_read_committed('lease_status') }}
+{{ w.check_acks('lease_status') }}
+    IF array_position(sorted_tokens, NULL) IS NOT NULL THEN
+{{ m.throw('invalid_argument', "format('" ~ names.plain('_lease_status') ~ ": the lease token of id %s is NULL.', sorted_ids[array_position(sorted_tokens, NULL)])") }}
+    END IF;
+    IF cardinality(sorted_ids) IS NULL THEN
+        RETURN;
+    END IF;
+    -- The wait: FOR SHARE waits for a transaction that updates or deletes a row, in id order (the
+    -- fixed lock order), in a subtransaction rolled back at once, so no lock outlives it.
+    BEGIN
+        PERFORM FROM {{ t }} AS m WHERE m.id = ANY(sorted_ids) ORDER BY m.id FOR SHARE;
+        RAISE SQLSTATE 'TQ900';
+    EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+        NULL;
+    END;
+    -- After the wait: this statement's snapshot sees what those transactions committed.
+    now_utc := clock_timestamp();
+    RETURN QUERY
+    SELECT
+        u.id,
+        CASE
+            WHEN q.id IS NOT NULL AND q.lease_token = u.lease_token AND q.visible_at > now_utc THEN 'held'
+            WHEN q.id IS NOT NULL THEN 'lost'
+            WHEN EXISTS (SELECT FROM {{ dead_t }} AS d WHERE d.id = u.id) THEN 'dead'
+            ELSE 'gone'
+        END
+    FROM unnest(sorted_ids, sorted_tokens) AS u (id, lease_token)
+    LEFT JOIN LATERAL (
+        SELECT m.id, m.lease_token, m.visible_at FROM {{ t }} AS m WHERE m.id = u.id OFFSET 0
+    ) AS q ON true
+    ORDER BY u.id;
+END;
+$function$;
+
+{{ m.grant('lease_status') }}

@@ -39,8 +39,9 @@ ERROR_TEXT_LIMIT = 4000
 OUTPUT_COLUMNS = ("id", "result", "enqueued_at", "attempts", "worker", "processed_at")
 # Outcomes a marker file records. "released": the lease was given back (a retried attempt taking
 # over its predecessors' leases, or the driver's sweep at the end of the run), so the worker holding
-# it did not complete the message.
-OUTCOMES = ("completed", "lease_lost", "retrying", "dead", "released")
+# it did not complete the message. "zombie_completed": a take-back's release of a staged lease
+# answered false and lease_status said gone: a zombie of the attempt completed it (take_back_attempt).
+OUTCOMES = ("completed", "lease_lost", "retrying", "dead", "released", "zombie_completed")
 SWEEP_PARTITION = -1      # the driver's sweep writes its markers as this partition
 TAKE_BACK_LOCK_TIMEOUT = 10  # seconds a take-back waits for a row lock in one try (TASK_RETRIES more tries)
 TAKE_BACK_LEASE_SECONDS = 60  # a take-back's extend: what is left held if the take-back then fails
@@ -192,22 +193,25 @@ def _marker(message: dict, outcome: str, batch: int) -> dict[str, Any]:
 
 
 def give_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, rows: list[dict],
-              record: Callable[[list[dict]], None]) -> int:
+              record: Callable[[list[dict]], None], refused: list[dict] | None = None) -> int:
     """Release the leases `rows` (dequeue's rows) of `worker`, recorded as released first, so that a
     crash in between never leaves a released message unrecorded; returns how many there were. The
-    record stays whatever a release answers: none of these leases can have been completed since it
-    was taken (the leaseholder is this call, or a worker that no longer completes: see sweep), so a
-    false is a lease that ran out (not completed either) or a repeated release whose first try
-    committed."""
+    record stays whatever a release answers. A false is a lease that ran out, a repeated release
+    whose first try committed, or (a take-back only) a zombie's complete, fail or release that got
+    in first: the rows whose release answered false are added to `refused`, for take_back_attempt
+    to ask which."""
     if rows:
         record(rows)
         for row in rows:
-            call("release", lambda client, row=row: client.release(row["id"], worker, lease_token=row["lease_token"]))
+            if not call("release", lambda client, row=row: client.release(row["id"], worker,
+                                                                          lease_token=row["lease_token"])):
+                if refused is not None:
+                    refused.append(row)
     return len(rows)
 
 
 def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, batch_size: int,
-              record: Callable[[list[dict]], None]) -> int:
+              record: Callable[[list[dict]], None], refused: list[dict] | None = None) -> int:
     """Give back whatever `worker` still holds; returns how many leases were given back. A dequeue under its name
     returns its own leases first (live ones unchanged, expired ones leased again), and fills the
     batch with other ready messages; all of them are given back (give_back), attempt included. The
@@ -220,7 +224,7 @@ def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, bat
     call(what, function of the client): see retrying_calls; a repeated dequeue under the same name
     returns the same leases, a repeated release answers false."""
     rows = call("take back", lambda client: client.dequeue(batch_size, worker=worker))
-    return give_back(call, worker, rows, record)
+    return give_back(call, worker, rows, record, refused)
 
 
 def retrying_calls(target: QueueTarget, connection: Reconnecting, retries: int = TASK_RETRIES
@@ -317,9 +321,9 @@ def drain_partition(target: QueueTarget, config: DrainConfig) -> dict[str, Any]:
                         continue
                     staging.supersede(earlier)
 
-                    def record(rows: list[dict], round_: int, earlier: int = earlier) -> None:
-                        staging.write("markers", [_marker(r, "released", 0) for r in rows], markers_schema, 0,
-                                      name=f"released-from-attempt-{earlier}-{round_}")
+                    def record(rows: list[dict], round_: int, outcome: str, earlier: int = earlier) -> None:
+                        staging.write("markers", [_marker(r, outcome, 0) for r in rows], markers_schema, 0,
+                                      name=f"{outcome}-from-attempt-{earlier}-{round_}")
                     counts["released"] += take_back_attempt(
                         target, retrying_calls(target, waiting, TASK_RETRIES), config.staging, predecessor,
                         config.run_id, config.batch_size, record, "Spark's next attempt of this task tries again")
@@ -573,12 +577,15 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
     batches without a marker (being completed when it stopped: completed, or still held) is
     extended by its token, which waits for a transaction holding its row, a zombie of the attempt
     inside that batch's complete. No try of a complete begins once the attempt is told to stop
-    (drain_partition looks before each), and a zombie completes only what it staged, so after the
-    wait none completes what take_back then gives back: a release there that answers false is never
-    a completion. A staged lease the dequeue skipped (its row locked at that instant: a zombie's
-    heartbeat) is still extended afterwards: then another round, at most TAKE_BACK_ROUNDS.
-    record(rows, round) writes a round's record. `call` has a lock timeout; a lease still locked
-    after its tries stops this with an error that says what to do, `then`."""
+    (drain_partition looks before each), and a zombie completes only what it staged. Except a
+    zombie that looked just before the stop file was written: its complete may land between the
+    take-back's dequeue and its release, which then answers false. The extend left each such
+    lease live for TAKE_BACK_LEASE_SECONDS, so no one but the zombie can have ended it: lease_status
+    tells which (gone: completed), and those are recorded as zombie_completed, which finalisation
+    keeps. A staged lease the dequeue skipped (its row locked at that instant: a zombie's heartbeat)
+    is still extended afterwards: then another round, at most TAKE_BACK_ROUNDS.
+    record(rows, round, outcome) writes a round's record. `call` has a lock timeout; a lease still
+    locked after its tries stops this with an error that says what to do, `then`."""
     worker = attempt.worker(run_id)
     def held() -> list[dict]:
         # Listed again each time: a batch the attempt staged since the last look is checked too.
@@ -600,8 +607,17 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
     held()
     released = 0
     for round_ in range(TAKE_BACK_ROUNDS):
+        refused: list[dict] = []
         try:
-            released += take_back(call, worker, batch_size, lambda rows, round_=round_: record(rows, round_))
+            released += take_back(call, worker, batch_size,
+                                  lambda rows, round_=round_: record(rows, round_, "released"), refused)
+            staged = {(_key(r["id"]), _token(r["lease_token"])) for r in staged_unmarked(staging, attempt)}
+            late = [r for r in refused if (_key(r["id"]), _token(r["lease_token"])) in staged]
+            if late:
+                answers = lease_statuses(call, late)
+                completed_late = [r for r in late if answers[(_key(r["id"]), _token(r["lease_token"]))] == "gone"]
+                if completed_late:
+                    record(completed_late, round_, "zombie_completed")
         except Exception as exc:
             if not lock_timed_out(exc):
                 raise
@@ -618,6 +634,27 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
     raise PipelineError(f"drain {target.name}: worker {worker} still holds message(s) "
                         f"{', '.join(str(r['id']) for r in still)} after {TAKE_BACK_ROUNDS} take-backs (a zombie of "
                         f"that task still running?): stop it, then {then}")
+
+
+def lease_statuses(call: Callable[[str, Callable[[Any], Any]], Any], leases: list[dict]) -> dict[tuple, str]:
+    """lease_status of `leases` (id, lease_token): (id, token) as staged -> held, lost, dead or gone.
+    At most MAX_BATCH a call, and an id once a call (two staged leases of one message go to two
+    calls). It waits for a transaction holding a message (`call`'s lock timeout bounds it)."""
+    answers: dict[tuple, str] = {}
+    pending = [(_key(r["id"]), _token(r["lease_token"])) for r in leases]
+    while pending:
+        chunk: dict[str, str | None] = {}
+        rest = []
+        for id_, token in pending:
+            if id_ in chunk or len(chunk) >= MAX_BATCH:
+                rest.append((id_, token))
+            else:
+                chunk[id_] = token
+        asked = [{"id": id_, "lease_token": token} for id_, token in chunk.items()]
+        for row in call("lease status", lambda client, asked=asked: client.lease_status(asked)):
+            answers[(_key(row["id"]), chunk[_key(row["id"])])] = row["status"]
+        pending = rest
+    return answers
 
 
 def lock_timed_out(exc: BaseException) -> bool:
@@ -650,9 +687,9 @@ def sweep(target: QueueTarget, staging: str, run_id: str) -> int:
                 batch_sizes[attempt.launch] = launch_batch_size(staging, attempt.launch)
             batch += 1
 
-            def record(rows: list[dict], round_: int, batch: int = batch) -> None:
-                sweeper.write("markers", [_marker(r, "released", batch) for r in rows], markers_schema, batch,
-                              name=f"batch-{batch:06d}-{round_}")
+            def record(rows: list[dict], round_: int, outcome: str, batch: int = batch) -> None:
+                sweeper.write("markers", [_marker(r, outcome, batch) for r in rows], markers_schema, batch,
+                              name=f"batch-{batch:06d}-{round_}" + ("" if outcome == "released" else f"-{outcome}"))
             released += take_back_attempt(target, call, staging, attempt, run_id, batch_sizes[attempt.launch],
                                           record, f"finalise again with --run-id {run_id} --finalize-only")
     finally:
@@ -719,26 +756,34 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str) ->
         rows = (staged.join(completed, keys, "left")
                 .join(marked_batches, batch_keys, "left")
                 .join(later, keys, "left"))
-        # Unmarked: the batch has no marker file. Confirmed: unmarked, and no trace of the lease after it
-        # was staged, and the sweep did not find it held (that too is a released marker).
+        # A staged lease a take-back found completed by a zombie (its release refused, then gone).
+        late = (markers.filter(F.col("outcome") == "zombie_completed").select("id", "lease_token").distinct()
+                .withColumn("late", F.lit(True)))
+        rows = rows.join(late, ["id", "lease_token"], "left")
+        # Unmarked: the batch has no marker file. Untraced: unmarked, no trace of the lease after it was
+        # staged, and the sweep did not find it held (that too is a released marker). What became of
+        # each untraced lease the queue tells (lease_status): gone is completed (or purged); dead is a
+        # lease that ran out on the message's last attempt, buried by a dequeue; held or lost is a
+        # message still in the queue (released, retried, leased again by a consumer outside the run).
         unmarked = F.col("has_marker").isNull()
-        confirmed = unmarked & F.col("traced").isNull()
-        max_attempts = int(target.queue.options.get("max_attempts") or 0)
-        counted = rows.agg(F.sum(F.when(confirmed, 1).otherwise(0)).alias("n"),
-                           F.sum(F.when(confirmed & (F.col("attempts") >= F.lit(max_attempts)), 1).otherwise(0))
-                           .alias("last")).collect()[0]
-        confirmed_count, on_last_attempt = counted["n"], int(counted["last"] or 0)
-        summary["confirmed_on_last_attempt"] = on_last_attempt
-        if on_last_attempt:
-            # A lease on its last attempt that ran out is buried by the next dequeue that meets it,
-            # which no verb the drain uses reports: such a row has no trace and is kept although its
-            # message may be dead (docs/pipelines.md, Conditions).
-            log().warning("drain %s: run %s: %s staged row(s) of batches without a marker were on their "
-                          "message's last attempt (%s) and are written out as completed; a message among them "
-                          "whose lease ran out was moved to %s instead: compare their ids with the dead "
-                          "letters", target.name, run_id, on_last_attempt, max_attempts, target.table("_dead"))
-        ranked = Window.partitionBy("id").orderBy(F.col("marked").desc_nulls_last(), "launch", "part", "attempt", "batch")
-        final = (rows.filter(F.coalesce(F.col("marked"), F.lit(False)) | confirmed)
+        untraced = unmarked & F.col("traced").isNull() & F.col("late").isNull()
+        asked = [row.asDict() for row in rows.filter(untraced).select("id", "lease_token").distinct().collect()]
+        answers = _statuses_of(target, asked, run_id)
+        summary["unmarked_status"] = {status: sum(1 for s in answers.values() if s == status)
+                                      for status in ("gone", "dead", "lost", "held")}
+        if summary["unmarked_status"]["dead"]:
+            log().warning("drain %s: run %s: %s staged row(s) of batches without a marker are of messages now in "
+                          "%s (their lease ran out on the last attempt): not written out", target.name, run_id,
+                          summary["unmarked_status"]["dead"], target.table("_dead"))
+        gone = spark.createDataFrame([(i, t) for (i, t), status in answers.items() if status == "gone"],
+                                     "id string, lease_token string").withColumn("gone", F.lit(True))
+        rows = rows.join(gone, ["id", "lease_token"], "left")
+        confirmed = untraced & F.col("gone").isNotNull()
+        confirmed_count = rows.filter(confirmed).count()
+        summary["zombie_completed"] = rows.filter(F.col("late").isNotNull()).select("id").distinct().count()
+        kept = F.coalesce(F.col("marked"), F.col("late"), F.lit(False))
+        ranked = Window.partitionBy("id").orderBy(kept.desc(), "launch", "part", "attempt", "batch")
+        final = (rows.filter(kept | confirmed)
                  .withColumn("_rank", F.row_number().over(ranked))
                  .filter(F.col("_rank") == 1)
                  .select(*OUTPUT_COLUMNS))
@@ -748,6 +793,24 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str) ->
         staged.unpersist()
         markers.unpersist()
     return summary
+
+
+def _statuses_of(target: QueueTarget, leases: list[dict], run_id: str) -> dict[tuple, str]:
+    """lease_status of the untraced staged leases, on a connection of its own (a consumer's verb)."""
+    if not leases:
+        return {}
+    connection = Reconnecting(target, lock_timeout_seconds=TAKE_BACK_LOCK_TIMEOUT)
+    try:
+        return lease_statuses(retrying_calls(target, connection, TASK_RETRIES), leases)
+    except Exception as exc:
+        if not lock_timed_out(exc):
+            raise
+        raise PipelineError(f"drain {target.name}: asking what became of {len(leases)} staged lease(s), a message "
+                            f"stayed locked by another session through {TASK_RETRIES + 1} waits of "
+                            f"{TAKE_BACK_LOCK_TIMEOUT}s (a zombie of the run inside its complete?): end that "
+                            f"session, then finalise again with --run-id {run_id} --finalize-only") from exc
+    finally:
+        connection.close()
 
 
 def _exists(path: str) -> bool:

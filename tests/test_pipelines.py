@@ -1159,9 +1159,9 @@ def test_sweep_gives_up_on_a_release_locked_past_its_waits_with_the_release_reco
     locker = connect(pg.url, autocommit=False)
     real_give_back = drain_job.give_back
 
-    def give_back_of_locked_rows(call, worker_, rows, record):
+    def give_back_of_locked_rows(call, worker_, rows, record, refused=None):
         locker.execute(f"SELECT 1 FROM {table(catalog, 'held')} WHERE id = ANY(%s) FOR UPDATE", ([r["id"] for r in rows],))
-        return real_give_back(call, worker_, rows, record)
+        return real_give_back(call, worker_, rows, record, refused)
 
     monkeypatch.setattr(drain_job, "give_back", give_back_of_locked_rows)
     try:
@@ -1180,6 +1180,39 @@ def test_sweep_gives_up_on_a_release_locked_past_its_waits_with_the_release_reco
     finally:
         locker.close()
         conn.close()
+
+
+def test_sweep_keeps_the_row_of_a_zombie_that_completed_before_its_release(spark, pg, tmp_path, monkeypatch):
+    """The window the stop file leaves: a zombie looked just before the stop file was written and
+    its complete lands between the sweep's dequeue and its release (recorded as released first).
+    The release answers false; lease_status says gone (the lease was live, extended by the sweep's
+    wait, so only the zombie can have ended it): recorded as zombie_completed, the row is written
+    out and the message is not lost."""
+    import pipelines.drain_job as drain_job
+    from pipelines.common import QueueTarget
+    from tablequeue.client import QueueClient
+
+    catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "late", 2)
+    zombie = connect(pg.url, autocommit=True)
+    client = QueueClient.for_catalog(zombie, "postgres", catalog, "late")
+    leases = client.dequeue(2, worker=worker)
+    stage_leases(staging, "la", 0, leases)
+    completing = min(leases, key=lambda r: r["id"])
+    real_give_back = drain_job.give_back
+
+    def zombie_completes_first(call, worker_, rows, record, refused=None):
+        assert client.complete(completing["id"], worker, lease_token=completing["lease_token"])
+        return real_give_back(call, worker_, rows, record, refused)
+
+    monkeypatch.setattr(drain_job, "give_back", zombie_completes_first)
+    try:
+        summary = finalize_drain_of(spark, QueueTarget.of(pg.url, catalog, "late"), output)
+    finally:
+        zombie.close()
+    assert [r["id"] for r in output_rows(summary["output"])] == [str(completing["id"])]
+    assert (summary["zombie_completed"], summary["swept"]) == (1, 2)
+    other = max(leases, key=lambda r: r["id"])["id"]
+    assert {r["id"] for r in pg.rows(f"SELECT id FROM {table(catalog, 'late')} WHERE leased_by IS NULL")} == {other}
 
 
 def test_sweep_keeps_its_record_of_a_release_whose_answer_was_lost(spark, pg, tmp_path, monkeypatch):
@@ -1446,10 +1479,11 @@ def test_sweep_takes_back_a_staged_lease_its_dequeue_skipped_while_a_heartbeat_h
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'beating')} WHERE leased_by IS NULL") == 1
 
 
-def test_finalize_counts_and_warns_of_unmarked_rows_on_their_messages_last_attempt(spark, pg, tmp_path):
+def test_finalize_does_not_write_out_an_unmarked_row_whose_message_was_buried(spark, pg, tmp_path):
     """max_attempts 1: a dead attempt's staged lease runs out and the sweep's dequeue buries it
-    (dead, 'lease expired'), which no verb reports. The row is kept (no trace), and the finalisation
-    says so: counted and a WARNING naming the dead-letter table."""
+    (dead, 'lease expired'). The row has no trace in the run's markers; lease_status says dead, so
+    it is not written out, and the finalisation says so (counted, a WARNING naming the table). The
+    third data-engineer review: it had been kept as completed."""
     from pipelines.common import QueueTarget
     from tablequeue.client import QueueClient
 
@@ -1464,8 +1498,32 @@ def test_finalize_counts_and_warns_of_unmarked_rows_on_their_messages_last_attem
     with logged_by_the_pipelines(logging.WARNING) as logged:
         summary = finalize_drain_of(spark, QueueTarget.of(pg.url, catalog, "lastone"), output)
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'lastone', '_dead')}") == 1
-    assert (summary["confirmed_unmarked"], summary["confirmed_on_last_attempt"]) == (1, 1)
-    assert any("on their message's last attempt (1)" in r.getMessage() and "_dead" in r.getMessage() for r in logged)
+    assert output_rows(summary["output"]) == []
+    assert (summary["confirmed_unmarked"], summary["unmarked_status"]["dead"]) == (0, 1)
+    assert any("now in" in r.getMessage() and "_dead" in r.getMessage() for r in logged)
+
+
+def test_finalize_does_not_write_out_an_unmarked_row_leased_again_outside_the_run(spark, pg, tmp_path):
+    """A dead attempt's staged lease runs out and a consumer outside the run takes the message
+    before the finalisation: no marker of the run traces it. lease_status says lost: the row is not
+    written out (the other consumer's result is the message's), and the message stays with it."""
+    from pipelines.common import QueueTarget
+    from tablequeue.client import QueueClient
+
+    catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "taken", 1)
+    conn = connect(pg.url, autocommit=True)
+    try:
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "taken")
+        [lease] = client.dequeue(1, worker=worker, lease_seconds=1)
+        stage_leases(staging, "la", 0, [lease])
+        time.sleep(1.3)
+        [other] = client.dequeue(1, worker="outsider")
+        summary = finalize_drain_of(spark, QueueTarget.of(pg.url, catalog, "taken"), output)
+        assert output_rows(summary["output"]) == []
+        assert (summary["confirmed_unmarked"], summary["unmarked_status"]["lost"]) == (0, 1)
+        assert client.complete(other["id"], "outsider", lease_token=other["lease_token"])
+    finally:
+        conn.close()
 
 
 def finalize_drain_of(spark: Any, target: Any, output: str) -> dict:

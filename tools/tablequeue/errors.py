@@ -29,7 +29,7 @@ QUEUE_ERRORS: dict[str, QueueError] = {
     "deploy_refused": QueueError(51007, "TQ007", "the hand-run deploy script refused: the deploy history is in another "
                                  "state than the script was made for, a table to be created again is not empty, or "
                                  "(PostgreSQL) the schema's roles serve another database"),
-    "isolation_level": QueueError(51008, "TQ008", "dequeue, complete_batch or fail_batch (in a queue with groups, any verb "
+    "isolation_level": QueueError(51008, "TQ008", "dequeue, complete_batch, fail_batch or lease_status (in a queue with groups, any verb "
                                  "that joins or settles a group) was called in a transaction that is not READ "
                                  "COMMITTED (PostgreSQL)"),
 }

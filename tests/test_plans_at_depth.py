@@ -154,6 +154,45 @@ def test_a_batch_claim_planned_on_a_deep_queue_reads_a_handful_of_pages_per_mess
     assert buffers < table_pages / 2, f"a batch of {BATCH} read {buffers} of {table_pages} pages:\n" + "\n\n".join(plans)
 
 
+def test_a_batch_dequeue_first_run_by_idle_polls_on_a_vacuumed_empty_queue_seeks_at_depth(
+        deploy_queues: Callable[..., Any]) -> None:
+    # The senior-PostgreSQL review of the one-statement read-back (M1, S1): a drained queue that
+    # VACUUM cut to no pages (reltuples 0) makes the planner cost a table scan at nothing. The plans
+    # idle polls cache then (the own-messages probe, the claim; the read-back, which now runs only
+    # when something was claimed) scanned the whole table after the queue filled again: 1,670 of
+    # 520 pages for a batch of 10, 6,840 with the read-back. The functions run with enable_seqscan off.
+    entry, columns, _ = VARIANTS["work"]
+    deployed = deploy_queues({"name": "q", "payload": "json", **entry})
+    schema = deployed.catalog.schema
+    admin, conn = deployed.connect(), deployed.connect()
+    try:
+        admin.execute(f'ALTER TABLE "{schema}"."q" SET (autovacuum_enabled = false)')
+        client = deployed.client("q", conn)
+        warm = deployed.client("q", admin)
+        warm.enqueue_batch([{"payload": {"n": n}} for n in range(BATCH)])
+        assert all(done["completed"] for done in warm.complete_batch(warm.dequeue(BATCH, worker="v"), "v"))
+        admin.execute(f'VACUUM "{schema}"."q"')
+        assert admin.execute(f"SELECT relpages FROM pg_class WHERE oid = '\"{schema}\".\"q\"'::regclass").fetchone()[0] == 0
+        for _ in range(7):                          # idle polls: every plan they make, made now
+            assert client.dequeue(batch_size=BATCH, worker="w") == []
+        names = ", ".join(["payload", *columns])
+        values = ", ".join(["'{}'::jsonb", *columns.values()])
+        admin.execute(f'INSERT INTO "{schema}"."q" ({names}) SELECT {values} FROM generate_series(1, {BATCH_DEPTH}) AS n')
+        table_pages = admin.execute(f"SELECT pg_relation_size('\"{schema}\".\"q\"') / 8192").fetchone()[0]
+        conn.execute("LOAD 'auto_explain'")
+        notices = start_explaining(conn)
+        try:
+            rows = client.dequeue(batch_size=BATCH, worker="w")
+            assert len(rows) == BATCH
+            buffers, plans = buffers_of(notices, "dequeue")
+        finally:
+            stop_explaining(conn)
+    finally:
+        admin.close()
+        conn.close()
+    assert buffers < table_pages / 2, f"a batch of {BATCH} read {buffers} of {table_pages} pages:\n" + "\n\n".join(plans)
+
+
 LOOK_DEPTH = 200_000
 
 

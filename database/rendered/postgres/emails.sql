@@ -170,6 +170,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -235,6 +236,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -433,6 +435,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -981,12 +984,16 @@ BEGIN
     -- inside it. LATERAL ... OFFSET 0 keeps each probe a nested loop whatever the plan's estimate of
     -- the array (a join over unnest chose a hash join over the whole table at batch 10). One statement
     -- per id, as before, started the executor for each: 20,000 server instructions a message at batch
-    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call.
-    RETURN QUERY
-    SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
-    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
-    CROSS JOIN LATERAL (SELECT m.* FROM "queue"."emails" AS m WHERE m.id = c.id OFFSET 0) AS q
-    ORDER BY c.n;
+    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call. Not run when nothing
+    -- was claimed: an idle poll would plan it first, and on a drained queue that VACUUM has cut to no
+    -- pages (reltuples 0) the plan is a sequential scan per id, kept after the queue fills again.
+    IF cardinality(claimed_ids) > 0 THEN
+        RETURN QUERY
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
+        FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
+        CROSS JOIN LATERAL (SELECT m.* FROM "queue"."emails" AS m WHERE m.id = c.id OFFSET 0) AS q
+        ORDER BY c.n;
+    END IF;
 END;
 $function$;
 
@@ -1009,6 +1016,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1083,6 +1091,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1176,6 +1185,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1241,6 +1251,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1302,6 +1313,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1380,6 +1392,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1491,6 +1504,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1629,6 +1643,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1721,6 +1736,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
@@ -1871,6 +1887,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1992,6 +2009,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2052,6 +2070,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 BEGIN
@@ -2091,6 +2110,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2144,6 +2164,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2177,6 +2198,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE

@@ -64,6 +64,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -104,6 +105,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -162,6 +164,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -312,6 +315,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -380,6 +384,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -454,6 +459,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();

@@ -69,6 +69,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -124,6 +125,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -267,6 +269,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -415,6 +418,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -483,6 +487,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -557,6 +562,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();

@@ -163,6 +163,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -226,6 +227,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -428,6 +430,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -885,12 +888,16 @@ BEGIN
     -- inside it. LATERAL ... OFFSET 0 keeps each probe a nested loop whatever the plan's estimate of
     -- the array (a join over unnest chose a hash join over the whole table at batch 10). One statement
     -- per id, as before, started the executor for each: 20,000 server instructions a message at batch
-    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call.
-    RETURN QUERY
-    SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
-    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
-    CROSS JOIN LATERAL (SELECT m.* FROM "queue"."thumbnails" AS m WHERE m.id = c.id OFFSET 0) AS q
-    ORDER BY c.n;
+    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call. Not run when nothing
+    -- was claimed: an idle poll would plan it first, and on a drained queue that VACUUM has cut to no
+    -- pages (reltuples 0) the plan is a sequential scan per id, kept after the queue fills again.
+    IF cardinality(claimed_ids) > 0 THEN
+        RETURN QUERY
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token
+        FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
+        CROSS JOIN LATERAL (SELECT m.* FROM "queue"."thumbnails" AS m WHERE m.id = c.id OFFSET 0) AS q
+        ORDER BY c.n;
+    END IF;
 END;
 $function$;
 
@@ -913,6 +920,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -964,6 +972,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1066,6 +1075,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1131,6 +1141,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1192,6 +1203,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1270,6 +1282,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1363,6 +1376,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1510,6 +1524,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1577,6 +1592,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 DECLARE
     now_utc timestamptz := clock_timestamp();
@@ -1698,6 +1714,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1836,6 +1853,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_custom_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1915,6 +1933,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 BEGIN
@@ -1954,6 +1973,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -2015,6 +2035,7 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE

@@ -278,13 +278,17 @@ BEGIN
     -- inside it. LATERAL ... OFFSET 0 keeps each probe a nested loop whatever the plan's estimate of
     -- the array (a join over unnest chose a hash join over the whole table at batch 10). One statement
     -- per id, as before, started the executor for each: 20,000 server instructions a message at batch
-    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call.
-    RETURN QUERY
-    SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token{% if groups %}, q.group_key{% endif %}
+    -- 100 (docs/BENCHMARKS.md). Its generic plan is kept: no planning per call. Not run when nothing
+    -- was claimed: an idle poll would plan it first, and on a drained queue that VACUUM has cut to no
+    -- pages (reltuples 0) the plan is a sequential scan per id, kept after the queue fills again.
+    IF cardinality(claimed_ids) > 0 THEN
+        RETURN QUERY
+        SELECT q.id, q.payload, q.enqueued_at, q.due_at, q.attempts, q.lease_token{% if groups %}, q.group_key{% endif %}
 
-    FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
-    CROSS JOIN LATERAL (SELECT m.* FROM {{ t }} AS m WHERE m.id = c.id OFFSET 0) AS q
-    ORDER BY c.n;
+        FROM unnest(claimed_ids) WITH ORDINALITY AS c (id, n)
+        CROSS JOIN LATERAL (SELECT m.* FROM {{ t }} AS m WHERE m.id = c.id OFFSET 0) AS q
+        ORDER BY c.n;
+    END IF;
 END;
 $function$;
 

@@ -21,6 +21,7 @@ import json
 import secrets
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -193,29 +194,29 @@ def _marker(message: dict, outcome: str, batch: int) -> dict[str, Any]:
 
 
 def give_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, rows: list[dict],
-              record: Callable[[list[dict]], None], refused: list[dict] | None = None) -> int:
-    """Release the leases `rows` (dequeue's rows) of `worker`, recorded as released first, so that a
-    crash in between never leaves a released message unrecorded; returns how many there were. The
-    record stays whatever a release answers. A false is a lease that ran out, a repeated release
-    whose first try committed, or (a take-back only) a zombie's complete, fail or release that got
-    in first: the rows whose release answered false are added to `refused`, for take_back_attempt
-    to ask which."""
+              record: Callable[[list[dict]], None]) -> int:
+    """A task gives back its own leases `rows` (dequeue's rows), recorded as released first, so that
+    a crash in between never leaves a released message unrecorded; returns how many there were. The
+    record stays whatever a release answers: the task holds these leases and completes none of them
+    after this, so a false is a lease that ran out or a repeated release whose first try committed."""
     if rows:
         record(rows)
         for row in rows:
-            if not call("release", lambda client, row=row: client.release(row["id"], worker,
-                                                                          lease_token=row["lease_token"])):
-                if refused is not None:
-                    refused.append(row)
+            call("release", lambda client, row=row: client.release(row["id"], worker, lease_token=row["lease_token"]))
     return len(rows)
 
 
 def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, batch_size: int,
-              record: Callable[[list[dict]], None], refused: list[dict] | None = None) -> int:
-    """Give back whatever `worker` still holds; returns how many leases were given back. A dequeue under its name
-    returns its own leases first (live ones unchanged, expired ones leased again), and fills the
-    batch with other ready messages; all of them are given back (give_back), attempt included. The
-    released tokens are void: a zombie of that worker can no longer complete them.
+              record: Callable[[list[dict], str], None], staged: set[tuple] = frozenset()) -> int:
+    """Give back whatever `worker` (a worker told to stop) still holds; returns how many leases were
+    given back. A dequeue under its name returns its own leases first (live ones unchanged, expired
+    ones leased again), and fills the batch with other ready messages; all of them are released,
+    attempt included, and the released tokens are void: a zombie of that worker can no longer
+    complete them. Then recorded, by what each release answered: released; or, for a staged lease
+    (`staged`: its (id, token)) whose first release try answered false, what lease_status says: gone
+    is a zombie's complete that got in first (take_back_attempt), recorded zombie_completed. Records
+    come after the releases: a crash in between leaves those staged leases untraced, and finalisation
+    then asks lease_status itself (finalize_drain), which answers lost for a lease given back.
     batch_size must be at least what the worker can hold: one batch of its launch (each dequeue
     under a name declares that it holds nothing else, so a name never holds more than its largest
     dequeue). One dequeue then takes back all of it, except a lease whose row another session has
@@ -224,7 +225,32 @@ def take_back(call: Callable[[str, Callable[[Any], Any]], Any], worker: str, bat
     call(what, function of the client): see retrying_calls; a repeated dequeue under the same name
     returns the same leases, a repeated release answers false."""
     rows = call("take back", lambda client: client.dequeue(batch_size, worker=worker))
-    return give_back(call, worker, rows, record, refused)
+    given_back, refused = [], []
+    for row in rows:
+        tries = []
+
+        def release(client: Any, row: dict = row) -> Any:
+            tries.append(1)
+            return client.release(row["id"], worker, lease_token=row["lease_token"])
+        if call("release", release) or (_key(row["id"]), _token(row["lease_token"])) not in staged:
+            given_back.append(row)
+        elif len(tries) > 1:
+            # A repeat answering false after a try whose answer was lost: most likely that try
+            # committed. Taken as released; were it a zombie's complete instead, its result is lost.
+            log().warning("drain: worker %s: the release of message %s answered false on a repeated try: "
+                          "recorded as released", worker, row["id"])
+            given_back.append(row)
+        else:
+            refused.append(row)
+    if refused:
+        answers = lease_statuses(call, refused)
+        completed = [r for r in refused if answers[(_key(r["id"]), _token(r["lease_token"]))] == "gone"]
+        given_back += [r for r in refused if r not in completed]
+        if completed:
+            record(completed, "zombie_completed")
+    if given_back:
+        record(given_back, "released")
+    return len(rows)
 
 
 def retrying_calls(target: QueueTarget, connection: Reconnecting, retries: int = TASK_RETRIES
@@ -570,7 +596,7 @@ def staged_unmarked(staging: str, attempt: RunAttempt) -> list[dict]:
 
 
 def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], Any]], Any], staging: str,
-                      attempt: RunAttempt, run_id: str, batch_size: int, record: Callable[[list[dict], int], None],
+                      attempt: RunAttempt, run_id: str, batch_size: int, record: Callable[[list[dict], int, str], None],
                       then: str) -> int:
     """Take back what `attempt` holds, once it has been told to stop (the run's stop file, or its
     superseded file); returns how many leases were given back. First each staged lease of its
@@ -579,10 +605,10 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
     inside that batch's complete. No try of a complete begins once the attempt is told to stop
     (drain_partition looks before each), and a zombie completes only what it staged. Except a
     zombie that looked just before the stop file was written: its complete may land between the
-    take-back's dequeue and its release, which then answers false. The extend left each such
-    lease live for TAKE_BACK_LEASE_SECONDS, so no one but the zombie can have ended it: lease_status
-    tells which (gone: completed), and those are recorded as zombie_completed, which finalisation
-    keeps. A staged lease the dequeue skipped (its row locked at that instant: a zombie's heartbeat)
+    take-back's dequeue and its release, which then answers false on its first try. The extend left
+    each such lease live for TAKE_BACK_LEASE_SECONDS, so no one but the zombie can have ended it:
+    lease_status tells which (gone: completed), recorded as zombie_completed, which finalisation
+    keeps (take_back). A staged lease the dequeue skipped (its row locked at that instant: a zombie's heartbeat)
     is still extended afterwards: then another round, at most TAKE_BACK_ROUNDS.
     record(rows, round, outcome) writes a round's record. `call` has a lock timeout; a lease still
     locked after its tries stops this with an error that says what to do, `then`."""
@@ -607,24 +633,17 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
     held()
     released = 0
     for round_ in range(TAKE_BACK_ROUNDS):
-        refused: list[dict] = []
         try:
-            released += take_back(call, worker, batch_size,
-                                  lambda rows, round_=round_: record(rows, round_, "released"), refused)
             staged = {(_key(r["id"]), _token(r["lease_token"])) for r in staged_unmarked(staging, attempt)}
-            late = [r for r in refused if (_key(r["id"]), _token(r["lease_token"])) in staged]
-            if late:
-                answers = lease_statuses(call, late)
-                completed_late = [r for r in late if answers[(_key(r["id"]), _token(r["lease_token"]))] == "gone"]
-                if completed_late:
-                    record(completed_late, round_, "zombie_completed")
+            released += take_back(call, worker, batch_size,
+                                  lambda rows, outcome, round_=round_: record(rows, round_, outcome), staged)
         except Exception as exc:
             if not lock_timed_out(exc):
                 raise
-            raise PipelineError(f"drain {target.name}: taking back what worker {worker} holds, a release stayed "
-                                f"locked by another session through {TASK_RETRIES + 1} waits of "
-                                f"{TAKE_BACK_LOCK_TIMEOUT}s (recorded as released already: a zombie of that task?): "
-                                f"end that session, then {then}") from exc
+            raise PipelineError(f"drain {target.name}: taking back what worker {worker} holds, a release or "
+                                f"lease_status stayed locked by another session through {TASK_RETRIES + 1} waits of "
+                                f"{TAKE_BACK_LOCK_TIMEOUT}s (a zombie of that task?): end that session, then "
+                                f"{then}") from exc
         still = held()
         if not still:
             filesystem_, inner = filesystem(staging)
@@ -637,24 +656,35 @@ def take_back_attempt(target: QueueTarget, call: Callable[[str, Callable[[Any], 
 
 
 def lease_statuses(call: Callable[[str, Callable[[Any], Any]], Any], leases: list[dict]) -> dict[tuple, str]:
-    """lease_status of `leases` (id, lease_token): (id, token) as staged -> held, lost, dead or gone.
-    At most MAX_BATCH a call, and an id once a call (two staged leases of one message go to two
-    calls). It waits for a transaction holding a message (`call`'s lock timeout bounds it)."""
+    """lease_status of `leases` (id, lease_token): (id, token) as staged (_key, _token) -> held,
+    lost, dead or gone. At most MAX_BATCH a call and an id once a call: the k-th lease of each
+    message goes to the k-th round of calls. It waits for a transaction holding a message (`call`'s
+    lock timeout bounds it); it changes nothing, so a repeat is safe."""
+    rounds: list[list[tuple]] = []
+    seen: dict[str, int] = {}
+    for lease in leases:
+        key = (_key(lease["id"]), _token(lease["lease_token"]))
+        k = seen.get(_same_id(key[0]), 0)
+        seen[_same_id(key[0])] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(key)
     answers: dict[tuple, str] = {}
-    pending = [(_key(r["id"]), _token(r["lease_token"])) for r in leases]
-    while pending:
-        chunk: dict[str, str | None] = {}
-        rest = []
-        for id_, token in pending:
-            if id_ in chunk or len(chunk) >= MAX_BATCH:
-                rest.append((id_, token))
-            else:
-                chunk[id_] = token
-        asked = [{"id": id_, "lease_token": token} for id_, token in chunk.items()]
-        for row in call("lease status", lambda client, asked=asked: client.lease_status(asked)):
-            answers[(_key(row["id"]), chunk[_key(row["id"])])] = row["status"]
-        pending = rest
+    for keys in rounds:
+        for start in range(0, len(keys), MAX_BATCH):
+            chunk = {_same_id(id_): (id_, token) for id_, token in keys[start:start + MAX_BATCH]}
+            asked = [{"id": id_, "lease_token": token} for id_, token in chunk.values()]
+            for row in call("lease status", lambda client, asked=asked: client.lease_status(asked)):
+                answers[chunk[_same_id(_key(row["id"]))]] = row["status"]
     return answers
+
+
+def _same_id(text: str) -> str:
+    """An id's text as one form, whatever driver wrote it: a GUID in lower case with hyphens."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return text
 
 
 def lock_timed_out(exc: BaseException) -> bool:
@@ -723,94 +753,133 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str) ->
             with filesystem_.open_output_stream(stop_file(inner, launch)) as stream:
                 stream.write(run_id.encode("ascii"))
         summary["swept"] = sweep(target, staging, run_id)
-        markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
-        if markers is not None:
-            for row in markers.filter(F.col("part") != SWEEP_PARTITION).groupBy("outcome").agg(F.count("*").alias("n")).collect():
-                if row["outcome"] in summary and row["outcome"] != "completed":
-                    summary[row["outcome"]] = row["n"]
-        if not _has_staged_files(results_dir):
-            results_schema, _ = _schemas()
-            empty = spark.createDataFrame([], _spark_schema(results_schema)).select(*OUTPUT_COLUMNS)
-            empty.write.mode("overwrite").parquet(final_path)
-            return summary
-        staged = spark.read.parquet(results_dir).cache()
-        summary["staged_rows"] = staged.count()
-        keys = ["id", "launch", "part", "attempt", "batch"]
-        if markers is None:
-            # No marker anywhere (a task died between its only commit and its marker, and the sweep
-            # found nothing held): an empty frame of the markers' columns.
-            markers = (staged.select(*keys).limit(0).withColumn("outcome", F.lit(None).cast("string"))
-                       .withColumn("attempts", F.lit(None).cast("int"))
-                       .withColumn("lease_token", F.lit(None).cast("string")))
-        completed = markers.filter(F.col("outcome") == "completed").select(*keys).withColumn("marked", F.lit(True))
-        batch_keys = ["launch", "part", "attempt", "batch"]
-        marked_batches = markers.select(*batch_keys).distinct().withColumn("has_marker", F.lit(True))
-        # A trace of a staged lease: a marker of the same lease (same token: released, failed, lost)
-        # or of a later lease of the message (more attempts; a released lease gives its attempt back,
-        # so an equal count with another token is an earlier lease). A completed message has none.
-        later = (staged.select(*keys, "attempts", "lease_token")
-                 .join(markers.select("id", F.col("attempts").alias("marker_attempts"),
-                                      F.col("lease_token").alias("marker_token")), "id")
-                 .filter((F.col("marker_attempts") > F.col("attempts")) | (F.col("marker_token") == F.col("lease_token")))
-                 .select(*keys).distinct().withColumn("traced", F.lit(True)))
-        rows = (staged.join(completed, keys, "left")
-                .join(marked_batches, batch_keys, "left")
-                .join(later, keys, "left"))
-        # A staged lease a take-back found completed by a zombie (its release refused, then gone).
-        late = (markers.filter(F.col("outcome") == "zombie_completed").select("id", "lease_token").distinct()
-                .withColumn("late", F.lit(True)))
-        rows = rows.join(late, ["id", "lease_token"], "left")
-        # Unmarked: the batch has no marker file. Untraced: unmarked, no trace of the lease after it was
-        # staged, and the sweep did not find it held (that too is a released marker). What became of
-        # each untraced lease the queue tells (lease_status): gone is completed (or purged); dead is a
-        # lease that ran out on the message's last attempt, buried by a dequeue; held or lost is a
-        # message still in the queue (released, retried, leased again by a consumer outside the run).
-        unmarked = F.col("has_marker").isNull()
-        untraced = unmarked & F.col("traced").isNull() & F.col("late").isNull()
-        asked = [row.asDict() for row in rows.filter(untraced).select("id", "lease_token").distinct().collect()]
-        answers = _statuses_of(target, asked, run_id)
-        summary["unmarked_status"] = {status: sum(1 for s in answers.values() if s == status)
-                                      for status in ("gone", "dead", "lost", "held")}
-        if summary["unmarked_status"]["dead"]:
-            log().warning("drain %s: run %s: %s staged row(s) of batches without a marker are of messages now in "
-                          "%s (their lease ran out on the last attempt): not written out", target.name, run_id,
-                          summary["unmarked_status"]["dead"], target.table("_dead"))
-        gone = spark.createDataFrame([(i, t) for (i, t), status in answers.items() if status == "gone"],
-                                     "id string, lease_token string").withColumn("gone", F.lit(True))
-        rows = rows.join(gone, ["id", "lease_token"], "left")
-        confirmed = untraced & F.col("gone").isNotNull()
-        confirmed_count = rows.filter(confirmed).count()
-        summary["zombie_completed"] = rows.filter(F.col("late").isNotNull()).select("id").distinct().count()
-        kept = F.coalesce(F.col("marked"), F.col("late"), F.lit(False))
-        ranked = Window.partitionBy("id").orderBy(kept.desc(), "launch", "part", "attempt", "batch")
-        final = (rows.filter(kept | confirmed)
-                 .withColumn("_rank", F.row_number().over(ranked))
-                 .filter(F.col("_rank") == 1)
-                 .select(*OUTPUT_COLUMNS))
-        final.write.mode("overwrite").parquet(final_path)
-        summary["completed"] = spark.read.parquet(final_path).count()
-        summary["confirmed_unmarked"] = int(confirmed_count or 0)
-        staged.unpersist()
-        markers.unpersist()
+        cached: list[Any] = []   # unpersisted however finalisation ends
+        try:
+            markers = spark.read.parquet(markers_dir).cache() if _has_staged_files(markers_dir) else None
+            cached.append(markers)
+            if markers is not None:
+                for row in markers.filter(F.col("part") != SWEEP_PARTITION).groupBy("outcome").agg(F.count("*").alias("n")).collect():
+                    if row["outcome"] in summary and row["outcome"] != "completed":
+                        summary[row["outcome"]] = row["n"]
+            if not _has_staged_files(results_dir):
+                results_schema, _ = _schemas()
+                empty = spark.createDataFrame([], _spark_schema(results_schema)).select(*OUTPUT_COLUMNS)
+                empty.write.mode("overwrite").parquet(final_path)
+                return summary
+            staged = spark.read.parquet(results_dir).cache()
+            cached.append(staged)
+            summary["staged_rows"] = staged.count()
+            keys = ["id", "launch", "part", "attempt", "batch"]
+            if markers is None:
+                # No marker anywhere (a task died between its only commit and its marker, and the sweep
+                # found nothing held): an empty frame of the markers' columns.
+                markers = (staged.select(*keys).limit(0).withColumn("outcome", F.lit(None).cast("string"))
+                           .withColumn("attempts", F.lit(None).cast("int"))
+                           .withColumn("lease_token", F.lit(None).cast("string")))
+            completed = markers.filter(F.col("outcome") == "completed").select(*keys).withColumn("marked", F.lit(True))
+            batch_keys = ["launch", "part", "attempt", "batch"]
+            marked_batches = markers.select(*batch_keys).distinct().withColumn("has_marker", F.lit(True))
+            # A trace of a staged lease: a marker of the same lease (same token: released, failed, lost)
+            # or of a later lease of the message (more attempts; a released lease gives its attempt back,
+            # so an equal count with another token is an earlier lease). A completed message has none.
+            later = (staged.select(*keys, "attempts", "lease_token")
+                     .join(markers.select("id", F.col("attempts").alias("marker_attempts"),
+                                          F.col("lease_token").alias("marker_token")), "id")
+                     .filter((F.col("marker_attempts") > F.col("attempts")) | (F.col("marker_token") == F.col("lease_token")))
+                     .select(*keys).distinct().withColumn("traced", F.lit(True)))
+            rows = (staged.join(completed, keys, "left")
+                    .join(marked_batches, batch_keys, "left")
+                    .join(later, keys, "left"))
+            # A staged lease a take-back found completed by a zombie (its release refused, then gone).
+            late = (markers.filter(F.col("outcome") == "zombie_completed").select("id", "lease_token").distinct()
+                    .withColumn("late", F.lit(True)))
+            rows = rows.join(late, ["id", "lease_token"], "left")
+            # Unmarked: the batch has no marker file. Untraced: unmarked, no trace of the lease after it was
+            # staged, and the sweep did not find it held (that too is a released marker). What became of
+            # each untraced lease the queue tells (lease_status): gone is completed (or purged); dead is a
+            # lease that ran out on the message's last attempt, buried by a dequeue; held or lost is a
+            # message still in the queue (released, retried, leased again by a consumer outside the run).
+            unmarked = F.col("has_marker").isNull()
+            untraced = unmarked & F.col("traced").isNull() & F.col("late").isNull()
+            asked = [row.asDict() for row in rows.filter(untraced).select("id", "lease_token").distinct().collect()]
+            answers = _statuses_of(target, staging, asked, run_id)
+            summary["unmarked_status"] = {status: sum(1 for s in answers.values() if s == status)
+                                          for status in ("gone", "dead", "lost", "held")}
+            if summary["unmarked_status"]["dead"]:
+                log().warning("drain %s: run %s: %s staged row(s) of batches without a marker are of messages now in "
+                              "%s (their lease ran out on the last attempt): not written out", target.name, run_id,
+                              summary["unmarked_status"]["dead"], target.table("_dead"))
+            gone = spark.createDataFrame([(i, t) for (i, t), status in answers.items() if status == "gone"],
+                                         "id string, lease_token string").withColumn("gone", F.lit(True))
+            rows = rows.join(gone, ["id", "lease_token"], "left").persist()
+            cached.append(rows)
+            confirmed = untraced & F.col("gone").isNotNull()
+            counted = rows.agg(F.sum(F.when(confirmed, 1).otherwise(0)).alias("confirmed"),
+                               F.countDistinct(F.when(F.col("late").isNotNull(), F.col("id"))).alias("late")).collect()[0]
+            confirmed_count = counted["confirmed"]
+            summary["zombie_completed"] = int(counted["late"] or 0)
+            # One row per id: a marked completion first, then a zombie's completion a take-back saw, then
+            # a confirmed one (within each, the earliest launch, task and batch).
+            reason = (F.when(F.col("marked").isNotNull(), 0).when(F.col("late").isNotNull(), 1)
+                      .when(confirmed, 2))
+            ranked = Window.partitionBy("id").orderBy(reason, "launch", "part", "attempt", "batch")
+            final = (rows.filter(reason.isNotNull())
+                     .withColumn("_rank", F.row_number().over(ranked))
+                     .filter(F.col("_rank") == 1)
+                     .select(*OUTPUT_COLUMNS))
+            final.write.mode("overwrite").parquet(final_path)
+            summary["completed"] = spark.read.parquet(final_path).count()
+            summary["confirmed_unmarked"] = int(confirmed_count or 0)
+        finally:
+            for frame in cached:
+                if frame is not None:
+                    frame.unpersist()
     return summary
 
 
-def _statuses_of(target: QueueTarget, leases: list[dict], run_id: str) -> dict[tuple, str]:
-    """lease_status of the untraced staged leases, on a connection of its own (a consumer's verb)."""
-    if not leases:
-        return {}
+STATUSES = "statuses"   # under the run's staging folder: lease_status answers, asked once
+
+
+def _statuses_of(target: QueueTarget, staging: str, leases: list[dict], run_id: str) -> dict[tuple, str]:
+    """lease_status of the untraced staged leases (a consumer's verb, on a connection of its own).
+    An answer other than held is final for a lease (a void token never completes, a lost or dead
+    lease is not revived), so it is kept under the run's staging folder and a later finalisation of
+    the run reads it instead of asking again: a message purged or whose dead letter was deleted in
+    between would answer gone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import fs
+
+    filesystem_, inner = filesystem(f"{staging}/{STATUSES}")
+    known: dict[tuple, str] = {}
+    for info in filesystem_.get_file_info(fs.FileSelector(inner, allow_not_found=True)):
+        if info.type == fs.FileType.File and info.base_name.endswith(".parquet") and not info.base_name.startswith("_"):
+            for row in pq.read_table(info.path, filesystem=filesystem_).to_pylist():
+                known[(row["id"], row["lease_token"])] = row["status"]
+    wanted = [lease for lease in leases if (_key(lease["id"]), _token(lease["lease_token"])) not in known]
+    answers = {key: known[key] for key in ((_key(l["id"]), _token(l["lease_token"])) for l in leases) if key in known}
+    if not wanted:
+        return answers
     connection = Reconnecting(target, lock_timeout_seconds=TAKE_BACK_LOCK_TIMEOUT)
     try:
-        return lease_statuses(retrying_calls(target, connection, TASK_RETRIES), leases)
+        asked = lease_statuses(retrying_calls(target, connection, TASK_RETRIES), wanted)
     except Exception as exc:
         if not lock_timed_out(exc):
             raise
-        raise PipelineError(f"drain {target.name}: asking what became of {len(leases)} staged lease(s), a message "
+        raise PipelineError(f"drain {target.name}: asking what became of {len(wanted)} staged lease(s), a message "
                             f"stayed locked by another session through {TASK_RETRIES + 1} waits of "
                             f"{TAKE_BACK_LOCK_TIMEOUT}s (a zombie of the run inside its complete?): end that "
                             f"session, then finalise again with --run-id {run_id} --finalize-only") from exc
     finally:
         connection.close()
+    final = [{"id": i, "lease_token": t, "status": status} for (i, t), status in asked.items() if status != "held"]
+    if final:
+        filesystem_.create_dir(inner, recursive=True)
+        name = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}.parquet"
+        schema = pa.schema([("id", pa.string()), ("lease_token", pa.string()), ("status", pa.string())])
+        pq.write_table(pa.Table.from_pylist(final, schema=schema), f"{inner}/_tmp-{name}", filesystem=filesystem_)
+        filesystem_.move(f"{inner}/_tmp-{name}", f"{inner}/{name}")
+    return {**answers, **asked}
 
 
 def _exists(path: str) -> bool:

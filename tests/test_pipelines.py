@@ -1143,10 +1143,12 @@ def test_sweep_gives_up_on_a_lease_locked_past_its_waits_naming_the_worker(pg, t
         zombie.close()
 
 
-def test_sweep_gives_up_on_a_release_locked_past_its_waits_with_the_release_recorded(pg, tmp_path, monkeypatch):
-    """The dead worker holds a lease it never staged; the sweep's dequeue takes it back, records it
-    as released, and its release then finds the row locked by another session (a zombie's heartbeat
-    that never returns) through every wait: it stops with what to do, the record kept."""
+def test_sweep_gives_up_on_a_release_locked_past_its_waits_and_a_rerun_takes_it_back(spark, pg, tmp_path,
+                                                                                      monkeypatch):
+    """The dead worker holds a lease it never staged; the sweep's dequeue takes it back and its
+    release then finds the row locked by another session (a zombie's heartbeat that never returns)
+    through every wait: it stops with what to do, nothing recorded (records follow the releases).
+    Once that session ends, finalising again gives the lease back."""
     import pipelines.drain_job as drain_job
     from pipelines.common import QueueTarget
     from tablequeue.client import QueueClient
@@ -1157,26 +1159,32 @@ def test_sweep_gives_up_on_a_release_locked_past_its_waits_with_the_release_reco
     monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
     conn = connect(pg.url, autocommit=True)
     locker = connect(pg.url, autocommit=False)
-    real_give_back = drain_job.give_back
+    real_dequeue = QueueClient.dequeue
 
-    def give_back_of_locked_rows(call, worker_, rows, record, refused=None):
-        locker.execute(f"SELECT 1 FROM {table(catalog, 'held')} WHERE id = ANY(%s) FOR UPDATE", ([r["id"] for r in rows],))
-        return real_give_back(call, worker_, rows, record, refused)
+    def dequeue_then_lock(self, *args, **kwargs):
+        rows = real_dequeue(self, *args, **kwargs)
+        if rows and not locker.info.transaction_status:
+            locker.execute(f"SELECT 1 FROM {table(catalog, 'held')} WHERE id = ANY(%s) FOR UPDATE",
+                           ([r["id"] for r in rows],))
+        return rows
 
-    monkeypatch.setattr(drain_job, "give_back", give_back_of_locked_rows)
+    target = QueueTarget.of(pg.url, catalog, "held")
     try:
         [lease] = QueueClient.for_catalog(conn, "postgres", catalog, "held").dequeue(1, worker=worker)
         (staging / "markers" / "launch=la" / "part=0" / "attempt=0").mkdir(parents=True)   # the attempt began
-        with pytest.raises(PipelineError, match=rf"taking back what worker {worker} holds, a release stayed locked "
-                                                r"by another session through 2 waits of 0.2s \(recorded as released "
-                                                r"already: a zombie of that task\?\): end that session, then "
-                                                r"finalise again with --run-id r1 --finalize-only"):
-            drain_job.sweep(QueueTarget.of(pg.url, catalog, "held"), str(staging), "r1")
-        locker.rollback()
-        recorded = pq.read_table(str(staging / "markers"), filters=[("part", "=", -1)]).to_pylist()
-        assert [(r["id"], r["outcome"], r["lease_token"]) for r in recorded] == \
-            [(str(lease["id"]), "released", str(lease["lease_token"]))]
+        monkeypatch.setattr(QueueClient, "dequeue", dequeue_then_lock)
+        with pytest.raises(PipelineError, match=rf"taking back what worker {worker} holds, a release or lease_status "
+                                                r"stayed locked by another session through 2 waits of 0.2s \(a zombie "
+                                                r"of that task\?\): end that session, then finalise again with "
+                                                r"--run-id r1 --finalize-only"):
+            drain_job.sweep(target, str(staging), "r1")
+        assert not list((staging / "markers").rglob("*.parquet"))
         assert pg.rows(f"SELECT leased_by FROM {table(catalog, 'held')}") == [{"leased_by": worker}]
+        locker.rollback()
+        monkeypatch.setattr(QueueClient, "dequeue", real_dequeue)
+        summary = finalize_drain_of(spark, target, output)
+        assert (summary["swept"], summary["released"]) == (1, 0)
+        assert pg.rows(f"SELECT leased_by FROM {table(catalog, 'held')}") == [{"leased_by": None}]
     finally:
         locker.close()
         conn.close()
@@ -1198,13 +1206,15 @@ def test_sweep_keeps_the_row_of_a_zombie_that_completed_before_its_release(spark
     leases = client.dequeue(2, worker=worker)
     stage_leases(staging, "la", 0, leases)
     completing = min(leases, key=lambda r: r["id"])
-    real_give_back = drain_job.give_back
+    real_release, releases = QueueClient.release, []
 
-    def zombie_completes_first(call, worker_, rows, record, refused=None):
-        assert client.complete(completing["id"], worker, lease_token=completing["lease_token"])
-        return real_give_back(call, worker_, rows, record, refused)
+    def zombie_completes_first(self, *args, **kwargs):
+        releases.append(1)
+        if len(releases) == 1:      # after the sweep's dequeue, before its first release
+            assert client.complete(completing["id"], worker, lease_token=completing["lease_token"])
+        return real_release(self, *args, **kwargs)
 
-    monkeypatch.setattr(drain_job, "give_back", zombie_completes_first)
+    monkeypatch.setattr(QueueClient, "release", zombie_completes_first)
     try:
         summary = finalize_drain_of(spark, QueueTarget.of(pg.url, catalog, "late"), output)
     finally:
@@ -1213,6 +1223,133 @@ def test_sweep_keeps_the_row_of_a_zombie_that_completed_before_its_release(spark
     assert (summary["zombie_completed"], summary["swept"]) == (1, 2)
     other = max(leases, key=lambda r: r["id"])["id"]
     assert {r["id"] for r in pg.rows(f"SELECT id FROM {table(catalog, 'late')} WHERE leased_by IS NULL")} == {other}
+
+
+def zombie_completes_before_the_first_release(monkeypatch: Any, client: Any, worker: str, completing: dict,
+                                              then: Any = None) -> None:
+    """The window the stop file leaves: the zombie's complete lands after the sweep's dequeue and
+    before its first release (then(): what else happens there)."""
+    from tablequeue.client import QueueClient
+
+    real_release, releases = QueueClient.release, []
+
+    def release(self, *args, **kwargs):
+        releases.append(1)
+        if len(releases) == 1:
+            assert client.complete(completing["id"], worker, lease_token=completing["lease_token"])
+            if then is not None:
+                then()
+        return real_release(self, *args, **kwargs)
+    monkeypatch.setattr(QueueClient, "release", release)
+
+
+@pytest.mark.parametrize("stops", ["driver dies", "lock timeout"])
+def test_a_rerun_keeps_a_zombies_completion_the_first_finalisation_stopped_before_recording(
+        spark, pg, tmp_path, monkeypatch, stops):
+    """The data-engineer review of lease_status (M1): the zombie's complete lands between the
+    sweep's dequeue and its release; then the finalisation stops before it records what the queue
+    said (the driver dies asking lease_status; or the other lease's release stays locked, the
+    documented stop). Nothing was recorded before the releases, so the re-run finds the completed
+    lease untraced, asks lease_status (gone) and writes its row; the other, given back, is lost."""
+    import pipelines.drain_job as drain_job
+    from pipelines.common import QueueTarget
+    from tablequeue.client import QueueClient
+
+    catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "stops", 2)
+    monkeypatch.setattr(drain_job, "TAKE_BACK_LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(drain_job, "TASK_RETRIES", 1)
+    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    zombie = connect(pg.url, autocommit=True)
+    locker = connect(pg.url, autocommit=False)
+    client = QueueClient.for_catalog(zombie, "postgres", catalog, "stops")
+    leases = client.dequeue(2, worker=worker)
+    stage_leases(staging, "la", 0, leases)
+    completing, other = sorted(leases, key=lambda r: r["id"])
+    target = QueueTarget.of(pg.url, catalog, "stops")
+    real_statuses = drain_job.lease_statuses
+    try:
+        if stops == "driver dies":
+            zombie_completes_before_the_first_release(monkeypatch, client, worker, completing)
+
+            def driver_dies(call: Any, leases_: list) -> dict:
+                raise DriverDied("the driver is killed asking lease_status")
+            monkeypatch.setattr(drain_job, "lease_statuses", driver_dies)
+            with pytest.raises(DriverDied):
+                finalize_drain_of(spark, target, output)
+            monkeypatch.setattr(drain_job, "lease_statuses", real_statuses)
+        else:
+            zombie_completes_before_the_first_release(monkeypatch, client, worker, completing, lambda: locker.execute(
+                f"SELECT 1 FROM {table(catalog, 'stops')} WHERE id = %s FOR UPDATE", (other["id"],)))
+            with pytest.raises(PipelineError, match="a release or lease_status stayed locked"):
+                finalize_drain_of(spark, target, output)
+            locker.rollback()                                   # "end that session"
+        summary = finalize_drain_of(spark, target, output)      # "then finalise again"
+    finally:
+        locker.close()
+        zombie.close()
+    assert [r["id"] for r in output_rows(summary["output"])] == [str(completing["id"])], summary
+    assert summary["unmarked_status"]["gone"] == 1
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'stops')} WHERE leased_by IS NULL") == 1
+
+
+def test_a_release_repeated_after_a_lost_answer_is_not_taken_for_a_zombies_complete(spark, pg, tmp_path, monkeypatch):
+    """The data-engineer review (S1): the sweep's release commits and its answer is lost; before the
+    repeat another consumer leases the message, now ready, and completes it. The repeat answers
+    false and lease_status would say gone, but the run's lease did not complete it: a false on a
+    repeated try is taken as released (with a warning), and the row is not written out."""
+    import psycopg
+
+    from pipelines.common import QueueTarget
+    from tablequeue.client import QueueClient
+
+    catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "repeat", 1)
+    conn = connect(pg.url, autocommit=True)
+    outsider = QueueClient.for_catalog(conn, "postgres", catalog, "repeat")
+    [lease] = outsider.dequeue(1, worker=worker)
+    stage_leases(staging, "la", 0, [lease])
+    release, answers = QueueClient.release, []
+
+    def answer_lost_once(self, id, worker, lease_token=None):
+        answers.append(release(self, id, worker, lease_token=lease_token))
+        if len(answers) == 1:
+            [other] = outsider.dequeue(1, worker="outsider")
+            assert outsider.complete(other["id"], "outsider", lease_token=other["lease_token"])
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return answers[-1]
+    monkeypatch.setattr(QueueClient, "release", answer_lost_once)
+    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    try:
+        with logged_by_the_pipelines(logging.WARNING) as logged:
+            summary = finalize_drain_of(spark, QueueTarget.of(pg.url, catalog, "repeat"), output)
+    finally:
+        conn.close()
+    assert answers == [True, False]
+    assert (output_rows(summary["output"]), summary["zombie_completed"]) == ([], 0), summary
+    assert any("answered false on a repeated try" in r.getMessage() for r in logged)
+
+
+def test_a_second_finalisation_keeps_the_queues_first_answer(spark, pg, tmp_path):
+    """The data-engineer review (S2): a staged lease buried on its last attempt is dead to the
+    first finalisation. An operator then deletes the dead letter: the message is gone, which a new
+    question would take for a completion. The answer, kept under the run's staging, stands."""
+    from pipelines.common import QueueTarget
+    from tablequeue.client import QueueClient
+
+    catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "asked", 1, max_attempts=1)
+    conn = connect(pg.url, autocommit=True)
+    try:
+        client = QueueClient.for_catalog(conn, "postgres", catalog, "asked")
+        [lease] = client.dequeue(1, worker=worker, lease_seconds=1)
+        stage_leases(staging, "la", 0, [lease])
+        time.sleep(1.3)
+        target = QueueTarget.of(pg.url, catalog, "asked")
+        first = finalize_drain_of(spark, target, output)
+        assert output_rows(first["output"]) == [] and first["unmarked_status"]["dead"] == 1
+        assert client.dead_delete(lease["id"])
+        second = finalize_drain_of(spark, target, output)
+    finally:
+        conn.close()
+    assert output_rows(second["output"]) == [] and second["unmarked_status"]["dead"] == 1
 
 
 def test_sweep_keeps_its_record_of_a_release_whose_answer_was_lost(spark, pg, tmp_path, monkeypatch):

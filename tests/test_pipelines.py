@@ -1060,6 +1060,15 @@ def lock_wait_then(pg: "Postgres", query: str, then: Any, seen: list, done: thre
         f"SELECT count(*) FROM pg_stat_activity WHERE {condition}")), then()), done)
 
 
+def short_take_back_waits(monkeypatch: Any) -> None:
+    """A take-back's lock waits of 0.2 s, two tries, no backoff: a lock held past them is met fast."""
+    import pipelines.drain_job as drain_job
+
+    monkeypatch.setattr(drain_job, "TAKE_BACK_LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(drain_job, "TASK_RETRIES", 1)
+    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+
+
 def staged_lease(pg: "Postgres", catalog: Catalog, queue: str, staging: Path, worker: str) -> dict:
     """One message leased by `worker` (attempt 0 of partition 0 of launch la) and staged, unmarked."""
     from tablequeue.client import QueueClient
@@ -1125,9 +1134,7 @@ def test_sweep_gives_up_on_a_lease_locked_past_its_waits_naming_the_worker(pg, t
     from tablequeue.client import QueueClient
 
     catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "paused", 1)
-    monkeypatch.setattr(drain_job, "TAKE_BACK_LOCK_TIMEOUT", 0.2)
-    monkeypatch.setattr(drain_job, "TASK_RETRIES", 1)
-    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    short_take_back_waits(monkeypatch)
     zombie = connect(pg.url, autocommit=False)
     try:
         client = QueueClient.for_catalog(zombie, "postgres", catalog, "paused")
@@ -1154,9 +1161,7 @@ def test_sweep_gives_up_on_a_release_locked_past_its_waits_and_a_rerun_takes_it_
     from tablequeue.client import QueueClient
 
     catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "held", 1)
-    monkeypatch.setattr(drain_job, "TAKE_BACK_LOCK_TIMEOUT", 0.2)
-    monkeypatch.setattr(drain_job, "TASK_RETRIES", 1)
-    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    short_take_back_waits(monkeypatch)
     conn = connect(pg.url, autocommit=True)
     locker = connect(pg.url, autocommit=False)
     real_dequeue = QueueClient.dequeue
@@ -1256,9 +1261,7 @@ def test_a_rerun_keeps_a_zombies_completion_the_first_finalisation_stopped_befor
     from tablequeue.client import QueueClient
 
     catalog, output, staging, worker = run_of_one_dead_attempt(pg, tmp_path, "stops", 2)
-    monkeypatch.setattr(drain_job, "TAKE_BACK_LOCK_TIMEOUT", 0.2)
-    monkeypatch.setattr(drain_job, "TASK_RETRIES", 1)
-    monkeypatch.setattr("pipelines.common.backoff_seconds", lambda attempt: 0.0)
+    short_take_back_waits(monkeypatch)
     zombie = connect(pg.url, autocommit=True)
     locker = connect(pg.url, autocommit=False)
     client = QueueClient.for_catalog(zombie, "postgres", catalog, "stops")

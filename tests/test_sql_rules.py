@@ -899,3 +899,45 @@ def test_a_single_value_in_and_a_column_on_the_right_are_accepted_where_they_see
     file, text = golden("emails.sql")
     seeded = seed(text, "emails_dequeue", replace("m.leased_by = @worker AND", "m.leased_by IN (@worker) AND"))
     assert violations(seeded, "claim-pin", file) == []
+
+
+def test_a_read_only_procedure_keeps_xact_abort_off_only_with_every_read_in_try() -> None:
+    """lease_status changes nothing: under XACT_ABORT OFF a lock timeout leaves a caller's transaction
+    as it was (DBA review S1). That holds only while it writes nothing, and while every read is in a
+    TRY whose CATCH rethrows: under OFF a failed statement does not end the batch, and the procedure
+    would answer from half its reads."""
+    file, text = golden("thumbnails.sql")
+    proc = "thumbnails_lease_status"
+    assert violations(text, "xact-abort", file, proc) == []
+    defects = {
+        "it writes a table": on_line_of("BEGIN TRY", lambda indent, line: line + " DELETE FROM [queue].[thumbnails] "
+                                                                                 "WHERE id = NULL;"),
+        "it reads a table outside BEGIN TRY": replace("    FROM @answers AS a\n",
+                                                      "    FROM @answers AS a WHERE EXISTS (SELECT 1 FROM "
+                                                      "[queue].[thumbnails_dead] AS d)\n"),
+        "its CATCH does more than THROW;": replace("        THROW;\n    END CATCH;",
+                                                   "        PRINT 1; THROW;\n    END CATCH;"),
+        "it begins or ends a transaction": on_line_of("BEGIN TRY", lambda indent, line: line + " BEGIN TRANSACTION;"),
+        "SET XACT_ABORT OFF is not its second statement": replace("SET XACT_ABORT OFF;", "SET ANSI_WARNINGS ON;"),
+    }
+    for why, defect in defects.items():
+        found = violations(seed(text, proc, defect), "xact-abort", file, proc)
+        assert any(f"no SET XACT_ABORT ON, and not read-only under TRY: {why}" in v for v in found), (why, found)
+
+
+def test_a_pinned_join_is_judged_by_its_on_comparisons() -> None:
+    """lease_status's two reads on a client-ids queue are joins pinned to an index: the ON compares the
+    index's first key column, as a WHERE would (DBA review S3: FORCESEEK whatever the estimate)."""
+    file, text = golden("thumbnails.sql")
+    proc = "thumbnails_lease_status"
+    assert violations(text, "claim-pin", file, proc) == []
+    anchor = "INDEX ([ux_thumbnails_seq]), FORCESEEK"
+    line = line_of(text, proc, anchor)
+    without_seek = seed(text, proc, replace(anchor, "INDEX ([ux_thumbnails_seq])"))
+    assert violations(without_seek, "claim-pin", file, proc) == [
+        f"{file}:{line}: claim-pin: a read that compares seq, the first key column of ux_thumbnails_seq, without "
+        f"FORCESEEK: a plan compiled on an empty queue may scan the index at depth (procedure [queue].[{proc}])"]
+    off_key = seed(text, proc, replace("ON l.seq = m.seq", "ON l.id = m.id"))
+    assert violations(off_key, "claim-pin", file, proc) == [
+        f"{file}:{line}: claim-pin: INDEX (ux_thumbnails_seq): its key (seq) does not start with the columns the "
+        f"read compares with = (id) (procedure [queue].[{proc}])"]

@@ -8,6 +8,7 @@ by name, so that the count of what did not run says so.
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -18,7 +19,8 @@ import pytest
 from tablequeue.client import QueueClient
 from tablequeue.render import GROUPS_RENDERED
 
-from test_work import Env, deploy, ids, raises_queue_error, server_now  # noqa: F401 - deploy is a fixture
+from test_work import (LOCK_TIMEOUT_SECONDS, Env, deploy, ids, raises_queue_error,  # noqa: F401 - deploy is a fixture
+                       server_now)
 
 # The time a call that must not wait gets: far below LOCK_TIMEOUT_SECONDS, far above a call's cost.
 NO_WAIT_MS = 2000
@@ -260,6 +262,49 @@ def test_work_a_producer_does_not_wait_for_a_consumer_completing_in_the_same_gro
     consumer.conn.commit()
     assert ids(consumer.dequeue(batch_size=10, worker="w2")) == [later]
     consumer.conn.commit()
+
+
+@pytest.mark.parametrize("verb", ["complete", "complete_batch", "fail", "complete_next"])
+def test_work_an_acknowledgement_that_waited_for_its_group_judges_the_lease_after_the_wait(grouped_deploy,
+                                                                                           verb) -> None:
+    """Review of lease_status (PostgreSQL M1): an acknowledgement waits for its group before it touches
+    the message row, so lease_status, which waits only for a message row, answers lost once the lease
+    has run out meanwhile. The acknowledgement must then refuse: it had judged the lease by the time it
+    started, completed it after the wait, and lost was not final."""
+    env = grouped_deploy("work")
+    client, producer = env.client(), env.client(autocommit=False)
+    sent = client.enqueue({"n": 0}, group_key="a")["id"]
+    [lease] = client.dequeue(worker="w", lease_seconds=2)
+    producer.enqueue({"n": 1}, group_key="a")                  # open: the producer has group a
+    acker = env.client()
+    answers: list[Any] = []
+
+    def acknowledge() -> None:
+        token = lease["lease_token"]
+        try:
+            answers.append({"complete": lambda: acker.complete(sent, "w", lease_token=token),
+                            "complete_batch": lambda: acker.complete_batch([lease], "w")[0]["completed"],
+                            "fail": lambda: acker.fail(sent, "w", "boom", lease_token=token),
+                            "complete_next": lambda: acker.complete_next(sent, "w", token)}[verb]())
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            answers.append(exc)
+
+    thread = threading.Thread(target=acknowledge)
+    thread.start()
+    thread.join(2.5)                                           # the lease runs out meanwhile
+    waited = thread.is_alive()
+    assert client.lease_status([lease]) == [{"id": sent, "status": "lost"}]
+    producer.conn.commit()
+    thread.join(LOCK_TIMEOUT_SECONDS + 5)
+    assert waited, f"{verb} answered {answers} while a producer held its group"
+    if verb == "complete_next":
+        # Refused, then its dequeue leases the message again (a new lease: the old one stays lost).
+        [(completed, rows)] = answers
+        assert completed is False and ids(rows) == [sent] and rows[0]["lease_token"] != lease["lease_token"]
+    else:
+        assert answers == [{"fail": "lost"}.get(verb, False)]
+        assert sent in ids(client.dequeue(batch_size=10, worker="w2"))
+    assert client.lease_status([lease]) == [{"id": sent, "status": "lost"}]
 
 
 @pytest.mark.parametrize("kind,option", [("fifo", "dedupe"), ("work", "dedupe"), ("work", "client_ids")])

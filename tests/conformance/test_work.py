@@ -473,14 +473,16 @@ def test_lease_status_refuses_a_null_token_a_repeated_id_and_too_many(deploy) ->
     assert statuses(client, [lease]) == {str(sent): "held"}
 
 
+@pytest.mark.parametrize("options", [{}, {"client_ids": True}], ids=["plain", "client-ids"])
 @pytest.mark.parametrize("holder_ends", ["commit", "rollback"])
 @pytest.mark.parametrize("verb", ["complete", "fail"])
-def test_lease_status_waits_for_a_transaction_holding_the_message(deploy, verb, holder_ends) -> None:
+def test_lease_status_waits_for_a_transaction_holding_the_message(deploy, verb, holder_ends, options) -> None:
     # A consumer whose complete's answer was lost asks on another connection: while that
     # transaction is open any answer would be a guess; it waits, then tells what the end left.
-    env = deploy(work(max_attempts=1))
+    # With client ids SQL Server reads the primary key's entry, then the row by seq (DBA review M1).
+    env = deploy(work(max_attempts=1, **options))
     holder = env.client(autocommit=False)
-    sent = holder.enqueue({"n": 1})["id"]
+    sent = holder.enqueue({"n": 1}, **({"id": uuid.uuid4()} if options else {}))["id"]
     holder.conn.commit()
     [lease] = holder.dequeue(1, worker="w", lease_seconds=60)
     holder.conn.commit()
@@ -509,6 +511,33 @@ def test_lease_status_waits_for_a_transaction_holding_the_message(deploy, verb, 
     # It left no lock behind: the holder's next statement on the message does not wait.
     assert holder.complete(sent, "w", lease_token=lease["lease_token"]) is (holder_ends == "rollback")
     holder.conn.commit()
+
+
+def test_lease_status_that_times_out_leaves_the_callers_transaction_as_its_engine_does(deploy) -> None:
+    # lease_status changes nothing: on SQL Server its lock timeout (1222) ends the call and leaves the
+    # caller's transaction open, with what it did before (XACT_ABORT stays off; DBA review S1). On
+    # PostgreSQL any error aborts the transaction; the caller rolls back (docs/work-queue.md).
+    env = deploy(work())
+    holder = env.client(autocommit=False)
+    sent = holder.enqueue({"n": 1})["id"]
+    holder.conn.commit()
+    [lease] = holder.dequeue(1, worker="w", lease_seconds=60)
+    holder.conn.commit()
+    assert holder.complete(sent, "w", lease_token=lease["lease_token"]) is True     # not committed
+    asker = env.client(autocommit=False)
+    earlier = asker.enqueue({"n": 2})["id"]                                          # the asker's own work
+    asker.conn.execute("SET lock_timeout = '300ms'" if env.dialect == "postgres" else "SET LOCK_TIMEOUT 300")
+    with pytest.raises(Exception) as raised:
+        asker.lease_status([lease])
+    assert error_code(raised.value) == ("55P03" if env.dialect == "postgres" else "1222")
+    if env.dialect == "postgres":
+        asker.conn.rollback()
+    else:
+        asker.conn.commit()
+    holder.conn.rollback()
+    after = env.client()
+    assert after.lease_status([lease]) == [{"id": sent, "status": "held"}]
+    assert ids(after.dequeue(batch_size=10, worker="v")) == ([earlier] if env.dialect == "mssql" else [])
 
 
 def test_a_restarted_worker_gets_its_own_leased_messages_back_before_anyone_elses(deploy) -> None:

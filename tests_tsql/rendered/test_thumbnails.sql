@@ -20,6 +20,10 @@ BEGIN
     CREATE NONCLUSTERED INDEX [ix_thumbnails_lease]
         ON [queue].[thumbnails] (leased_by, visible_at, seq)
         WHERE leased_by IS NOT NULL;
+    CREATE NONCLUSTERED INDEX [pk_thumbnails]
+        ON [queue].[thumbnails] (id);
+    CREATE UNIQUE CLUSTERED INDEX [ux_thumbnails_seq]
+        ON [queue].[thumbnails] (seq);
 END;
 GO
 
@@ -5104,7 +5108,9 @@ BEGIN
         i.object_id = OBJECT_ID(N'[queue].[thumbnails]')
         AND i.name IN (
             N'ix_thumbnails_ready_priority',
-            N'ix_thumbnails_lease'
+            N'ix_thumbnails_lease',
+            N'pk_thumbnails',
+            N'ux_thumbnails_seq'
         )
         AND ic.key_ordinal > 0;
 
@@ -5127,7 +5133,9 @@ BEGIN
     (N'ix_thumbnails_ready_priority', 2, N'[leased_by]ISNULL', N'seq', 0, 3),
     (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'leased_by', 0, 1),
     (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'visible_at', 0, 2),
-    (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'seq', 0, 3);
+    (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'seq', 0, 3),
+    (N'pk_thumbnails', 2, NULL, N'id', 0, 1),
+    (N'ux_thumbnails_seq', 1, NULL, N'seq', 0, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

@@ -23,7 +23,11 @@ xact-abort          SET NOCOUNT ON first. The argument checks (THROWs outside BE
                     THROW; END CATCH, where the statement is an INSERT ... VALUES and the numbers
                     (2601, 2627) (a duplicate key retried without a key-range lock), or the statement
                     EXEC sys.sp_set_session_context and the numbers (15664, 15665) (the look's
-                    best-effort record: a read-only key or a full session context)
+                    best-effort record: a read-only key or a full session context). A read-only
+                    procedure (it writes table variables only, begins no transaction, calls
+                    nothing) may keep XACT_ABORT OFF, so that a lock timeout leaves a caller's
+                    transaction as it was, when it reads every table in BEGIN TRY whose CATCH only
+                    rethrows (under OFF an error would not end the batch)
 updlock             UPDLOCK only in a claim (READPAST + UPDLOCK + ROWLOCK + READCOMMITTEDLOCK in a CTE
                     that the statement UPDATEs or DELETEs; UPDLOCK without READPAST only in the
                     strict FIFO's CTE-then-DELETE; DELETE TOP (n) ... WITH (UPDLOCK)) or with HOLDLOCK
@@ -403,6 +407,33 @@ def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
             and any(g is condition.segment for g in throw.guards))
 
 
+def _read_only_unfit(procedure: Procedure) -> tuple[BaseSegment, str] | None:
+    """Why the procedure may not run without SET XACT_ABORT ON (None: it may). A verb that changes
+    nothing (lease_status) stays under XACT_ABORT OFF, so that a lock timeout in its reads leaves a
+    caller's transaction as it was: it writes only table variables, begins no transaction, calls
+    nothing, sets XACT_ABORT OFF before anything, reads every table inside BEGIN TRY (OFF, a
+    statement's error would not end the batch: the procedure would go on and answer from half its
+    reads) and every CATCH of it only rethrows."""
+    body = procedure.steps
+    off = next((s for s in body if _sets(s, "SET XACT_ABORT OFF")), None)
+    if off is None or offset_of(off.segment) > offset_of(body[1].segment if len(body) > 1 else off.segment):
+        return (procedure.segment, "SET XACT_ABORT OFF is not its second statement")
+    for step in body:
+        if _is_begin(step) or _ends_transaction(step):
+            return (step.segment, "it begins or ends a transaction")
+        if step.kind == "execute_script_statement":
+            return (step.segment, "it calls a procedure")
+        if step.kind in ("update_statement", "delete_statement", "merge_statement", "insert_statement"):
+            target = child(step.segment, "table_reference")
+            if target is None or not target.raw.startswith("@"):
+                return (step.segment, "it writes a table")
+        if tables(step.segment) and (not step.in_try or step.in_catch):
+            return (step.segment, "it reads a table outside BEGIN TRY")
+        if step.in_catch and not (step.kind == "throw_statement" and not _throw_with_arguments(step)):
+            return (step.segment, "its CATCH does more than THROW;")
+    return None
+
+
 def rule_xact_abort(procedure: Procedure) -> list[Violation]:
     rule = "xact-abort"
     body = procedure.steps
@@ -411,7 +442,11 @@ def rule_xact_abort(procedure: Procedure) -> list[Violation]:
         return [procedure.violation(at, rule, "the first statement is not SET NOCOUNT ON")]
     xact = next((s for s in body if _sets(s, "SET XACT_ABORT ON")), None)
     if xact is None:
-        return [procedure.violation(procedure.segment, rule, "no SET XACT_ABORT ON")]
+        unfit = _read_only_unfit(procedure)
+        if unfit is None:
+            return []
+        at, why = unfit
+        return [procedure.violation(at, rule, f"no SET XACT_ABORT ON, and not read-only under TRY: {why}")]
     out = []
     at = offset_of(xact.segment)
     xact_line = procedure.line(xact.segment)
@@ -855,11 +890,13 @@ def _order(select: BaseSegment) -> tuple[tuple[str, bool], ...]:
 
 
 def _pinned_read(procedure: Procedure, what: str, bracketed: BaseSegment, hints: list[str],
-                 reference: BaseSegment, select: BaseSegment | None) -> PinnedRead:
+                 reference: BaseSegment, select: BaseSegment | None,
+                 join_on: BaseSegment | None = None) -> PinnedRead:
+    """join_on: the ON of the join whose table this is: its comparisons serve the seek as the WHERE's do."""
     indexes = tuple(fold(r.raw) for q in children(bracketed, "query_hint_segment") if keywords(q)[:1] == ["INDEX"]
                     for r in descendants(q, "index_reference"))
     where = child(select, "where_clause") if select is not None else None
-    conditions = _conditions(where)
+    conditions = _conditions(where) + _conditions(join_on)
     compared, disjunctive = _compared(conditions)
     expression = child(where, "expression") if where is not None else None
     if expression is not None and conjuncts(expression) is None:      # a top-level OR
@@ -908,6 +945,9 @@ def pinned_reads(procedure: Procedure) -> list[PinnedRead]:
     out = []
     for select in descendants(procedure.segment, "select_statement"):
         from_clause = child(select, "from_clause")
+        joined = {id(child(join, "from_expression_element")): child(join, "join_on_condition")
+                  for join in descendants(from_clause, "join_clause", stop=("select_statement",))} \
+            if from_clause is not None else {}
         for element in descendants(from_clause, "from_expression_element", stop=("select_statement",)) \
                 if from_clause is not None else []:
             reference = next(descendants(element, "table_reference", stop=("select_statement",)), None)
@@ -919,7 +959,8 @@ def pinned_reads(procedure: Procedure) -> list[PinnedRead]:
                 else:
                     what = "read" if any(h.startswith("INDEX") for h in hints) else None
                 if what is not None and reference is not None:
-                    out.append(_pinned_read(procedure, what, bracketed, hints, reference, select))
+                    out.append(_pinned_read(procedure, what, bracketed, hints, reference, select,
+                                            joined.get(id(element))))
     for delete in descendants(procedure.segment, "delete_statement"):     # DELETE TOP (n) FROM t WITH (...)
         if "TOP" in keywords(delete):
             for bracketed, hints in hint_lists(delete, nested=False):

@@ -1126,9 +1126,9 @@ GO
 -- gone (in neither: completed, or purged). A consumer whose complete's answer never arrived (the
 -- connection dropped at COMMIT) learns whether it committed. It first waits for each transaction
 -- that holds one of these messages' rows (a complete, a fail, a release in flight), so the answer is
--- what that transaction left, not what it may still undo. Changes nothing and keeps no lock: its
--- shared locks are released row by row, also inside a caller's transaction. One row per item, in id
--- order.
+-- what that transaction left, not what it may still undo. Changes nothing and keeps no lock: each
+-- shared lock is released once its row is read, also inside a caller's transaction. One row per
+-- item, in the engine's id order.
 CREATE OR ALTER PROCEDURE [queue].[emails_lease_status]
     @acks [queue].[emails_acks] READONLY
 AS
@@ -1184,7 +1184,9 @@ BEGIN
             );
             THROW 51001, @error_message, 1;
         END;
-    SET XACT_ABORT ON;
+    -- No SET XACT_ABORT ON: the verb changes nothing, so a lock timeout (1222) in its reads ends
+    -- the call (TRY, then THROW) and leaves a caller's transaction as it was; under XACT_ABORT ON it
+    -- would roll that transaction back.
 
     DECLARE @batch TABLE (
         id bigint NOT NULL PRIMARY KEY,
@@ -1195,40 +1197,65 @@ BEGIN
         a.id,
         a.lease_token
     FROM @acks AS a;
-    -- The wait: a locking read of each message's row (READCOMMITTEDLOCK: also where the database
-    -- runs READ_COMMITTED_SNAPSHOT, whose row versions would answer at once), one seek per item in id
-    -- order (the fixed lock order), waits for a transaction holding it.
     DECLARE @found TABLE (
         id bigint NOT NULL PRIMARY KEY,
         lease_token uniqueidentifier NULL,
         visible_at datetime2(7) NOT NULL
     );
-    INSERT INTO @found (id, lease_token, visible_at)
-    SELECT
-        m.id,
-        m.lease_token,
-        m.visible_at
-    FROM @batch AS b
-    INNER JOIN [queue].[emails] AS m WITH (ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
-    OPTION (LOOP JOIN, FORCE ORDER);
+    DECLARE @answers TABLE (
+        id bigint NOT NULL PRIMARY KEY,
+        status varchar(4) NOT NULL
+    );
 
-    -- After the wait: this statement reads what those transactions committed.
-    DECLARE @now datetime2(7) = SYSUTCDATETIME();
+    BEGIN TRY
+        -- The wait: locking reads (READCOMMITTEDLOCK: also where the database runs
+        -- READ_COMMITTED_SNAPSHOT, whose row versions would answer at once), one seek per item in
+        -- id order, each shared lock released once its row is read: a transaction holding a row (a
+        -- complete, fail or release in flight) is waited for.
+        INSERT INTO @found (id, lease_token, visible_at)
+        SELECT
+            m.id,
+            m.lease_token,
+            m.visible_at
+        FROM @batch AS b
+        INNER JOIN [queue].[emails] AS m WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
+        OPTION (LOOP JOIN, FORCE ORDER);
+
+        -- After the wait: read what those transactions committed.
+        DECLARE @now datetime2(7) = SYSUTCDATETIME();
+        INSERT INTO @answers (id, status)
+        SELECT
+            b.id,
+            CASE
+                WHEN f.id IS NOT NULL AND f.lease_token = b.lease_token AND f.visible_at > @now THEN 'held'
+                WHEN f.id IS NOT NULL THEN 'lost'
+                WHEN EXISTS (
+                    SELECT 1
+                    FROM [queue].[emails_dead] AS d WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)
+                    WHERE d.id = b.id
+                ) THEN 'dead'
+                -- Requeued from the dead-letter table between the two reads above (locking reads see
+                -- no one snapshot): in the queue again, under no lease of the caller's.
+                WHEN EXISTS (
+                    SELECT 1
+                    FROM [queue].[emails] AS q WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)
+                    WHERE q.id = b.id
+                ) THEN 'lost'
+                ELSE 'gone'
+            END AS status
+        FROM @batch AS b
+        LEFT JOIN @found AS f ON b.id = f.id;
+    END TRY
+    BEGIN CATCH
+        THROW;
+    END CATCH;
+
+    -- The result only once every read has succeeded: an error never follows part of an answer.
     SELECT
-        b.id,
-        CONVERT(varchar(4), CASE
-            WHEN f.id IS NOT NULL AND f.lease_token = b.lease_token AND f.visible_at > @now THEN 'held'
-            WHEN f.id IS NOT NULL THEN 'lost'
-            WHEN EXISTS (
-                SELECT 1
-                FROM [queue].[emails_dead] AS d WITH (READCOMMITTEDLOCK)
-                WHERE d.id = b.id
-            ) THEN 'dead'
-            ELSE 'gone'
-        END) AS status
-    FROM @batch AS b
-    LEFT JOIN @found AS f ON b.id = f.id
-    ORDER BY b.id;
+        a.id,
+        a.status
+    FROM @answers AS a
+    ORDER BY a.id;
 END;
 GO
 
@@ -1377,7 +1404,7 @@ BEGIN
 END;
 GO
 
--- The acks type serves fail_batch too (the same role).
+-- The acks type serves fail_batch and lease_status too (the same role).
 GRANT EXECUTE ON TYPE::[queue].[emails_acks] TO [queue_consumer];
 GO
 

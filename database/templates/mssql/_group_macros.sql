@@ -223,12 +223,15 @@ IF @next_id IS NULL
     end of the transaction (HOLDLOCK on an existing key of a unique index locks that key alone: the
     row exists while the group has a message). Only a claim (short), purge's settling, or a
     producer's open transaction can hold it meanwhile (docs/queue-kinds.md, "A crosswise
-    deadlock"). Reads in_flight into @in_flight. -#}
+    deadlock"). Reads in_flight into @in_flight, then @now again: a lease judged by the time before
+    a long wait may have run out meanwhile (lease_status, which waits only for a message row, would
+    have answered lost for a lease completed after). -#}
 {% macro hold_group() %}
 SET @in_flight = NULL;
 SELECT @in_flight = g.in_flight
 FROM {{ groups_t }} AS g WITH (INDEX ({{ groups_pk }}), FORCESEEK, ROWLOCK, UPDLOCK, HOLDLOCK) -- noqa: LT05
 WHERE g.group_key = @group;
+SET @now = SYSUTCDATETIME();
 {%- endmacro %}
 
 {#- A holder reads the in-flight id of the group @group it holds (its own locked row). -#}

@@ -61,6 +61,9 @@
 {% set key_pinned = [('NONCLUSTERED', pk, 'id', none), ('UNIQUE CLUSTERED', names.index('ux', 'seq'), 'seq', none)]
     if opt.client_ids else [('CLUSTERED', pk, 'id', none)] %}
 {% set pinned = pinned + group_pinned + key_pinned %}
+{% elif kind == 'work' and opt.client_ids %}
+{#- lease_status reads a client-ids queue by its primary key, then by seq (one lock at a time). -#}
+{% set pinned = pinned + [('NONCLUSTERED', pk, 'id', none), ('UNIQUE CLUSTERED', names.index('ux', 'seq'), 'seq', none)] %}
 {% else %}
 {% set pinned = pinned + group_pinned %}
 {% endif %}

@@ -147,7 +147,9 @@
 
 {#- Lock, waiting, the groups of the messages ids_sql addresses (in key order), into keys_var: the
     acknowledgements change a group's head, and take its row before any message row. A message's
-    key never changes, so it is read without a lock. -#}
+    key never changes, so it is read without a lock. Then now_utc again: the wait can be long, and a
+    lease judged by the time before it may have run out meanwhile (lease_status, which waits only for
+    a message row, would have answered lost for a lease completed after). -#}
 {% macro lock_groups_of(ids_sql, keys_var) %}
     {{ keys_var }} := ARRAY(
         SELECT g.group_key FROM {{ groups_t }} AS g
@@ -155,6 +157,7 @@
         ORDER BY g.group_key
         FOR NO KEY UPDATE
     );
+    now_utc := clock_timestamp();
 {%- endmacro %}
 
 {#- The heads of the groups keys_sql, into head_ids: work: a group's in-flight message while it has

@@ -102,7 +102,7 @@ BEGIN
 END;
 GO
 
--- The acks type serves fail_batch too (the same role).
+-- The acks type serves fail_batch and lease_status too (the same role).
 GRANT EXECUTE ON TYPE::{{ acks }} TO {{ names.role('complete_batch') }};
 GO
 

@@ -52,6 +52,8 @@ BEGIN
         IF @group IS NOT NULL
             BEGIN
                 {{ grp.hold_group() | indent(16) }}
+                -- The claim's lease counts from the @now its group's hold re-read.
+                SET @lease_until = DATEADD(SECOND, @lease_seconds, @now);
             END;
 {% endif %}
 {{ w.complete_statement('@id', '@worker', '@lease_token') | indent(4, first=true) }}

@@ -797,14 +797,16 @@ def finalize_drain(spark: Any, target: QueueTarget, output: str, run_id: str) ->
             # Unmarked: the batch has no marker file. Untraced: unmarked, no trace of the lease after it was
             # staged, and the sweep did not find it held (that too is a released marker). What became of
             # each untraced lease the queue tells (lease_status): gone is completed (or purged); dead is a
-            # lease that ran out on the message's last attempt, buried by a dequeue; held or lost is a
-            # message still in the queue (released, retried, leased again by a consumer outside the run).
+            # lease that ran out on the message's last attempt, buried by a dequeue; held, expired or lost
+            # is a message still in the queue (under the run's lease, alive or run out; released, retried,
+            # leased again by a consumer outside the run). Expired is final here as the others are: no
+            # complete of the run begins after the stop file, and the sweep waited for those in flight.
             unmarked = F.col("has_marker").isNull()
             untraced = unmarked & F.col("traced").isNull() & F.col("late").isNull()
             asked = [row.asDict() for row in rows.filter(untraced).select("id", "lease_token").distinct().collect()]
             answers = _statuses_of(target, staging, asked, run_id)
             summary["unmarked_status"] = {status: sum(1 for s in answers.values() if s == status)
-                                          for status in ("gone", "dead", "lost", "held")}
+                                          for status in ("gone", "dead", "lost", "expired", "held")}
             if summary["unmarked_status"]["dead"]:
                 log().warning("drain %s: run %s: %s staged row(s) of batches without a marker are of messages now in "
                               "%s (their lease ran out on the last attempt): not written out", target.name, run_id,

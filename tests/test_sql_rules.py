@@ -912,11 +912,13 @@ def test_a_read_only_procedure_keeps_xact_abort_off_only_with_every_read_in_try(
     defects = {
         "it writes a table": on_line_of("BEGIN TRY", lambda indent, line: line + " DELETE FROM [queue].[thumbnails] "
                                                                                  "WHERE id = NULL;"),
-        "it reads a table outside BEGIN TRY": replace("    FROM @answers AS a\n",
-                                                      "    FROM @answers AS a WHERE EXISTS (SELECT 1 FROM "
-                                                      "[queue].[thumbnails_dead] AS d)\n"),
+        "it reads a table outside BEGIN TRY": replace("    LEFT JOIN @requeued AS r ON a.id = r.id\n",
+                                                      "    LEFT JOIN @requeued AS r ON a.id = r.id WHERE EXISTS (SELECT 1 "
+                                                      "FROM [queue].[thumbnails_dead] AS d)\n"),
         "its CATCH does more than THROW;": replace("        THROW;\n    END CATCH;",
                                                    "        PRINT 1; THROW;\n    END CATCH;"),
+        "its CATCH does more than THROW; (or less": replace("        THROW;\n    END CATCH;",
+                                                            "\n    END CATCH;"),
         "it begins or ends a transaction": on_line_of("BEGIN TRY", lambda indent, line: line + " BEGIN TRANSACTION;"),
         "SET XACT_ABORT OFF is not its second statement": replace("SET XACT_ABORT OFF;", "SET ANSI_WARNINGS ON;"),
     }

@@ -268,9 +268,9 @@ def test_work_a_producer_does_not_wait_for_a_consumer_completing_in_the_same_gro
 def test_work_an_acknowledgement_that_waited_for_its_group_judges_the_lease_after_the_wait(grouped_deploy,
                                                                                            verb) -> None:
     """Review of lease_status (PostgreSQL M1): an acknowledgement waits for its group before it touches
-    the message row, so lease_status, which waits only for a message row, answers lost once the lease
-    has run out meanwhile. The acknowledgement must then refuse: it had judged the lease by the time it
-    started, completed it after the wait, and lost was not final."""
+    the message row, so lease_status, which waits only for a message row, answers expired once the
+    lease has run out meanwhile. The acknowledgement must then refuse: it had judged the lease by the
+    time it started and completed it after the wait."""
     env = grouped_deploy("work")
     client, producer = env.client(), env.client(autocommit=False)
     sent = client.enqueue({"n": 0}, group_key="a")["id"]
@@ -293,16 +293,17 @@ def test_work_an_acknowledgement_that_waited_for_its_group_judges_the_lease_afte
     thread.start()
     thread.join(2.5)                                           # the lease runs out meanwhile
     waited = thread.is_alive()
-    assert client.lease_status([lease]) == [{"id": sent, "status": "lost"}]
+    assert client.lease_status([lease]) == [{"id": sent, "status": "expired"}]
     producer.conn.commit()
     thread.join(LOCK_TIMEOUT_SECONDS + 5)
     assert waited, f"{verb} answered {answers} while a producer held its group"
     if verb == "complete_next":
-        # Refused, then its dequeue leases the message again (a new lease: the old one stays lost).
+        # Refused, then its dequeue leases the message again: the old lease is lost.
         [(completed, rows)] = answers
         assert completed is False and ids(rows) == [sent] and rows[0]["lease_token"] != lease["lease_token"]
     else:
         assert answers == [{"fail": "lost"}.get(verb, False)]
+        assert client.lease_status([lease]) == [{"id": sent, "status": "expired"}]
         assert sent in ids(client.dequeue(batch_size=10, worker="w2"))
     assert client.lease_status([lease]) == [{"id": sent, "status": "lost"}]
 

@@ -431,7 +431,7 @@ def statuses(client: QueueClient, leases: list[dict]) -> dict[str, str]:
 
 @pytest.mark.parametrize("options", [{}, {"history": True}, {"client_ids": True}],
                          ids=["plain", "history", "client-ids"])
-def test_lease_status_tells_held_lost_dead_and_gone_apart(deploy, options) -> None:
+def test_lease_status_tells_held_expired_lost_dead_and_gone_apart(deploy, options) -> None:
     client = deploy(work(max_attempts=2, **options)).client()
     sent = [client.enqueue({"i": i}, **({"id": uuid.uuid4()} if options.get("client_ids") else {}))["id"]
             for i in range(6)]
@@ -448,8 +448,8 @@ def test_lease_status_tells_held_lost_dead_and_gone_apart(deploy, options) -> No
     time.sleep(1.2)
     assert statuses(client, [held, completed, released, dead, retried, expired]) == {
         str(held["id"]): "held", str(completed["id"]): "gone", str(released["id"]): "lost",
-        str(dead["id"]): "dead", str(retried["id"]): "lost", str(expired["id"]): "lost"}
-    # Leased again: the old lease stays lost, the new one is held.
+        str(dead["id"]): "dead", str(retried["id"]): "lost", str(expired["id"]): "expired"}
+    # Leased again: the old lease is lost, the new one is held.
     [taken] = [m for m in client.dequeue(batch_size=6, worker="x") if m["id"] == expired["id"]]
     assert statuses(client, [taken]) == {str(taken["id"]): "held"}
     assert statuses(client, [expired]) == {str(expired["id"]): "lost"}
@@ -511,6 +511,31 @@ def test_lease_status_waits_for_a_transaction_holding_the_message(deploy, verb, 
     # It left no lock behind: the holder's next statement on the message does not wait.
     assert holder.complete(sent, "w", lease_token=lease["lease_token"]) is (holder_ends == "rollback")
     holder.conn.commit()
+
+
+def test_lease_status_waiting_for_one_message_holds_no_other(deploy) -> None:
+    # Senior-PostgreSQL review of lease_status (S3, e1): it waited in id order holding the shares of
+    # the lower ids, so a complete of one of those waited behind it for as long as the transaction it
+    # waited for (and a consumer locking them the other way round deadlocked). It waits for each
+    # held row alone: the complete of a row it passed does not wait.
+    env = deploy(work())
+    client = env.client()
+    first, second = (client.enqueue({"n": n})["id"] for n in range(2))
+    leases = {lease["id"]: lease for lease in client.dequeue(2, worker="w", lease_seconds=60)}
+    holder = env.client(autocommit=False)
+    assert holder.extend_lease(second, "w", 60, lease_token=leases[second]["lease_token"])   # holds the second
+    asker = env.client()
+    answers: list[Any] = []
+    thread = threading.Thread(target=lambda: answers.append(statuses(asker, [leases[first], leases[second]])))
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive(), f"lease_status answered {answers} while a transaction held a message"
+    completer = env.client()
+    completer.conn.execute("SET lock_timeout = '2s'" if env.dialect == "postgres" else "SET LOCK_TIMEOUT 2000")
+    assert completer.complete(first, "w", lease_token=leases[first]["lease_token"]) is True
+    holder.conn.commit()
+    thread.join(LOCK_TIMEOUT_SECONDS + 5)
+    assert answers == [{str(first): "gone", str(second): "held"}]
 
 
 def test_lease_status_that_times_out_leaves_the_callers_transaction_as_its_engine_does(deploy) -> None:

@@ -20,6 +20,8 @@ BEGIN
     CREATE NONCLUSTERED INDEX [ix_emails_lease]
         ON [queue].[emails] (leased_by, visible_at, id)
         WHERE leased_by IS NOT NULL;
+    CREATE UNIQUE CLUSTERED INDEX [pk_emails]
+        ON [queue].[emails] (id);
 END;
 GO
 
@@ -2887,7 +2889,7 @@ GO
 
 -- lease_status ------------------------------------------------------------------------------------
 
-CREATE PROCEDURE [test_queue_emails].[test lease_status tells held, lost, dead and gone apart]
+CREATE PROCEDURE [test_queue_emails].[test lease_status tells held, expired, lost, dead and gone apart]
 AS
 BEGIN
     -- Assemble: 1 held by its token; 2 under another token (leased again); 3 expired under its
@@ -2895,6 +2897,7 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
     EXEC [test_queue_emails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[emails_dead]';
+    EXEC [test_queue_emails].[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[emails] (
         id, enqueued_at, due_at, visible_at, attempts, leased_by, leased_at,
@@ -2955,7 +2958,7 @@ BEGIN
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id bigint NOT NULL,
-        status varchar(4) NOT NULL
+        status varchar(7) NOT NULL
     );
 
     -- Act
@@ -2963,12 +2966,12 @@ BEGIN
     EXEC [queue].[emails_lease_status] @acks = @acks;
 
     -- Assert: one row per item, in id order; nothing changed.
-    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, status varchar(4) NOT NULL);
+    CREATE TABLE #Expected (position int NOT NULL, id bigint NOT NULL, status varchar(7) NOT NULL);
     INSERT INTO #Expected (position, id, status)
     VALUES
     (1, 1, 'held'),
     (2, 2, 'lost'),
-    (3, 3, 'lost'),
+    (3, 3, 'expired'),
     (4, 4, 'lost'),
     (5, 5, 'dead'),
     (6, 6, 'gone');
@@ -4645,7 +4648,8 @@ BEGIN
         i.object_id = OBJECT_ID(N'[queue].[emails]')
         AND i.name IN (
             N'ix_emails_ready',
-            N'ix_emails_lease'
+            N'ix_emails_lease',
+            N'pk_emails'
         )
         AND ic.key_ordinal > 0;
 
@@ -4667,7 +4671,8 @@ BEGIN
     (N'ix_emails_ready', 2, N'[leased_by]ISNULL', N'id', 0, 2),
     (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'leased_by', 0, 1),
     (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'visible_at', 0, 2),
-    (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'id', 0, 3);
+    (N'ix_emails_lease', 2, N'[leased_by]ISNOTNULL', N'id', 0, 3),
+    (N'pk_emails', 1, NULL, N'id', 0, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

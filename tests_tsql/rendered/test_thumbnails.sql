@@ -20,10 +20,10 @@ BEGIN
     CREATE NONCLUSTERED INDEX [ix_thumbnails_lease]
         ON [queue].[thumbnails] (leased_by, visible_at, seq)
         WHERE leased_by IS NOT NULL;
-    CREATE NONCLUSTERED INDEX [pk_thumbnails]
-        ON [queue].[thumbnails] (id);
     CREATE UNIQUE CLUSTERED INDEX [ux_thumbnails_seq]
         ON [queue].[thumbnails] (seq);
+    CREATE UNIQUE NONCLUSTERED INDEX [pk_thumbnails]
+        ON [queue].[thumbnails] (id);
 END;
 GO
 
@@ -2927,7 +2927,7 @@ GO
 
 -- lease_status ------------------------------------------------------------------------------------
 
-CREATE PROCEDURE [test_queue_thumbnails].[test lease_status tells held, lost, dead and gone apart]
+CREATE PROCEDURE [test_queue_thumbnails].[test lease_status tells held, expired, lost, dead and gone apart]
 AS
 BEGIN
     -- Assemble: 1 held by its token; 2 under another token (leased again); 3 expired under its
@@ -2935,6 +2935,7 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
     EXEC [test_queue_thumbnails].[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails_dead]';
+    EXEC [test_queue_thumbnails].[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
     INSERT INTO [queue].[thumbnails] (
         id, seq, enqueued_at, due_at, visible_at, priority, attempts, leased_by, leased_at,
@@ -2995,7 +2996,7 @@ BEGIN
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id uniqueidentifier NOT NULL,
-        status varchar(4) NOT NULL
+        status varchar(7) NOT NULL
     );
 
     -- Act
@@ -3003,12 +3004,12 @@ BEGIN
     EXEC [queue].[thumbnails_lease_status] @acks = @acks;
 
     -- Assert: one row per item, in id order; nothing changed.
-    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, status varchar(4) NOT NULL);
+    CREATE TABLE #Expected (position int NOT NULL, id uniqueidentifier NOT NULL, status varchar(7) NOT NULL);
     INSERT INTO #Expected (position, id, status)
     VALUES
     (1, '00000000-0000-0000-0000-000000000001', 'held'),
     (2, '00000000-0000-0000-0000-000000000002', 'lost'),
-    (3, '00000000-0000-0000-0000-000000000003', 'lost'),
+    (3, '00000000-0000-0000-0000-000000000003', 'expired'),
     (4, '00000000-0000-0000-0000-000000000004', 'lost'),
     (5, '00000000-0000-0000-0000-000000000005', 'dead'),
     (6, '00000000-0000-0000-0000-000000000006', 'gone');
@@ -5109,8 +5110,8 @@ BEGIN
         AND i.name IN (
             N'ix_thumbnails_ready_priority',
             N'ix_thumbnails_lease',
-            N'pk_thumbnails',
-            N'ux_thumbnails_seq'
+            N'ux_thumbnails_seq',
+            N'pk_thumbnails'
         )
         AND ic.key_ordinal > 0;
 
@@ -5134,8 +5135,8 @@ BEGIN
     (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'leased_by', 0, 1),
     (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'visible_at', 0, 2),
     (N'ix_thumbnails_lease', 2, N'[leased_by]ISNOTNULL', N'seq', 0, 3),
-    (N'pk_thumbnails', 2, NULL, N'id', 0, 1),
-    (N'ux_thumbnails_seq', 1, NULL, N'seq', 0, 1);
+    (N'ux_thumbnails_seq', 1, NULL, N'seq', 0, 1),
+    (N'pk_thumbnails', 2, NULL, N'id', 0, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

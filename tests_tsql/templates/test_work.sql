@@ -1762,7 +1762,7 @@ GO
 
 -- lease_status ------------------------------------------------------------------------------------
 
-CREATE PROCEDURE {{ cls }}.[test lease_status tells held, lost, dead and gone apart]
+CREATE PROCEDURE {{ cls }}.[test lease_status tells held, expired, lost, dead and gone apart]
 AS
 BEGIN
     -- Assemble: 1 held by its token; 2 under another token (leased again); 3 expired under its
@@ -1770,6 +1770,7 @@ BEGIN
     EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
     EXEC {{ cls }}.[index the faked queue table];
     EXEC tSQLt.FakeTable @TableName = N'{{ dead_t }}';
+    EXEC {{ cls }}.[index the faked dead-letter table];
     DECLARE @now datetime2(7) = SYSUTCDATETIME();
 {{ insert_message(1, visible=60, leased_by='w', attempts=1, lease=1) }}
 {{ insert_message(2, visible=60, leased_by='v', attempts=2, lease=9) }}
@@ -1788,7 +1789,7 @@ BEGIN
     CREATE TABLE #Actual (
         position int IDENTITY (1, 1) NOT NULL,
         id {{ id_type }} NOT NULL,
-        status varchar(4) NOT NULL
+        status varchar(7) NOT NULL
     );
 
     -- Act
@@ -1796,12 +1797,12 @@ BEGIN
     EXEC {{ names.verb('lease_status') }} @acks = @acks;
 
     -- Assert: one row per item, in id order; nothing changed.
-    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, status varchar(4) NOT NULL);
+    CREATE TABLE #Expected (position int NOT NULL, id {{ id_type }} NOT NULL, status varchar(7) NOT NULL);
     INSERT INTO #Expected (position, id, status)
     VALUES
     (1, {{ mid(1) }}, 'held'),
     (2, {{ mid(2) }}, 'lost'),
-    (3, {{ mid(3) }}, 'lost'),
+    (3, {{ mid(3) }}, 'expired'),
     (4, {{ mid(4) }}, 'lost'),
     (5, {{ mid(5) }}, 'dead'),
     (6, {{ mid(6) }}, 'gone');

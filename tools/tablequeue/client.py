@@ -294,9 +294,12 @@ class QueueClient:
 
     def lease_status(self, leases: Iterable[Mapping[str, Any]]) -> list[dict]:
         """leases: mappings with id and lease_token (dequeue's rows will do), at most 1,000. What
-        became of each, after waiting for a transaction still holding its message: held, lost, dead
-        or gone (completed or purged). One row per lease in the engine's id order (match by id):
-        id, status. Changes nothing."""
+        became of each, after waiting for a transaction still holding its message: held, expired
+        (ran out, its token still on the message: a complete already waiting may still land), lost
+        (released, failed or leased again: never completes), dead or gone (completed or purged). One
+        row per lease in the engine's id order (match by id): id, status. Changes nothing. It waits
+        as long as the session lets it: set a lock timeout (PostgreSQL: and a statement_timeout,
+        which bounds the whole call; lock_timeout bounds each row's wait)."""
         return self.call("lease_status", self._acks(leases))
 
     def _acks(self, acks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -429,8 +429,16 @@ def _read_only_unfit(procedure: Procedure) -> tuple[BaseSegment, str] | None:
                 return (step.segment, "it writes a table")
         if tables(step.segment) and (not step.in_try or step.in_catch):
             return (step.segment, "it reads a table outside BEGIN TRY")
-        if step.in_catch and not (step.kind == "throw_statement" and not _throw_with_arguments(step)):
-            return (step.segment, "its CATCH does more than THROW;")
+    for block in descendants(procedure.segment, "try_catch"):
+        words: list[str] = []
+        caught: list[BaseSegment] = []
+        for c in code(block):
+            if kind(c) == "keyword":
+                words.append(c.raw.upper())
+            elif kind(c) == "statement" and words and words[-1] == "CATCH":
+                caught.append(code(c)[0])
+        if len(caught) != 1 or kind(caught[0]) != "throw_statement" or len(code(caught[0])) > 1:
+            return (block, "its CATCH does more than THROW; (or less: an empty one swallows the error)")
     return None
 
 

@@ -1186,13 +1186,14 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_release" TO "queue_consumer";
 -- tablequeue:unit queue.thumbnails_lease_status code
 
 -- What became of up to 1,000 leases, each named by its message id and lease token: held (the
--- message is in the queue under this live lease), lost (in the queue, but not under this live lease:
--- it ran out, was released, failed for a retry or leased again), dead (in the dead-letter table) or
--- gone (in neither: completed, or purged). A consumer whose complete's answer never arrived (the
--- connection dropped at COMMIT) learns whether it committed. It first waits for each transaction
--- that holds one of these messages' rows (a complete, a fail, a release in flight), so the answer is
--- what that transaction left, not what it may still undo. Changes nothing, locks nothing after it
--- returns. One row per item, in id order.
+-- message is in the queue under this live lease), expired (in the queue under this lease, which ran
+-- out: no acknowledgement begun from now on takes it, one already waiting for a lock may), lost (in
+-- the queue under no lease or another one: released, failed for a retry or leased again; this lease
+-- never completes), dead (in the dead-letter table) or gone (in neither: completed, or purged). A
+-- consumer whose complete's answer never arrived (the connection dropped at COMMIT) learns whether
+-- it committed. It first waits for each transaction that holds one of these messages' rows (a
+-- complete, a fail, a release in flight), so the answer is what that transaction left, not what it
+-- may still undo. Changes nothing, locks nothing after it returns. One row per item, in id order.
 CREATE OR REPLACE FUNCTION "queue"."thumbnails_lease_status"(
     ids uuid[],
     lease_tokens uuid[]
@@ -1211,6 +1212,8 @@ DECLARE
     sorted_ids uuid[];
     sorted_tokens uuid[];
     distinct_count bigint;
+    free_ids uuid[];
+    wait_id uuid;
 BEGIN
     IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ008', MESSAGE = format('queue.thumbnails_lease_status: runs only at READ COMMITTED, and this transaction is %s.', upper(current_setting('transaction_isolation')));
@@ -1236,14 +1239,26 @@ BEGIN
     IF cardinality(sorted_ids) IS NULL THEN
         RETURN;
     END IF;
-    -- The wait: FOR SHARE waits for a transaction that updates or deletes a row, in id order (the
-    -- fixed lock order), in a subtransaction rolled back at once, so no lock outlives it.
+    -- The wait: FOR SHARE waits for a transaction that updates or deletes a row; each lock is taken in
+    -- a subtransaction rolled back at once, so none outlives it. First every row nobody holds, without
+    -- waiting; then each held row alone, so that no share is kept while waiting for another row (a
+    -- complete of a row passed would wait behind this call, and deadlock with it).
     BEGIN
-        PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) ORDER BY m.id FOR SHARE;
+        free_ids := ARRAY(SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) ORDER BY m.id FOR SHARE SKIP LOCKED);
         RAISE SQLSTATE 'TQ900';
     EXCEPTION WHEN SQLSTATE 'TQ900' THEN
         NULL;
     END;
+    FOR wait_id IN
+        SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) AND m.id <> ALL(free_ids) ORDER BY m.id
+    LOOP
+        BEGIN
+            PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = wait_id FOR SHARE;
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+    END LOOP;
     -- After the wait: this statement's snapshot sees what those transactions committed.
     now_utc := clock_timestamp();
     RETURN QUERY
@@ -1251,6 +1266,7 @@ BEGIN
         u.id,
         CASE
             WHEN q.id IS NOT NULL AND q.lease_token = u.lease_token AND q.visible_at > now_utc THEN 'held'
+            WHEN q.id IS NOT NULL AND q.lease_token = u.lease_token THEN 'expired'
             WHEN q.id IS NOT NULL THEN 'lost'
             WHEN EXISTS (SELECT FROM "queue"."thumbnails_dead" AS d WHERE d.id = u.id) THEN 'dead'
             ELSE 'gone'

@@ -56,14 +56,14 @@
 {% if kind == 'work' and has_groups %}
 {% set group_pinned = [('NONCLUSTERED', names.index('ix', 'heads'), 'group_head, visible_at, ' ~ tie ~ ', group_key', 'group_head = 1'),
                        ('NONCLUSTERED', names.index('ix', 'group'), 'group_key, group_head, ' ~ tie, 'group_key IS NOT NULL')] %}
-{#- Its settle and head lease seek one message by its primary key, and purge walks the clustered key
-    (seq with client ids): pinned too, so the tSQLt fake gets them. -#}
-{% set key_pinned = [('NONCLUSTERED', pk, 'id', none), ('UNIQUE CLUSTERED', names.index('ux', 'seq'), 'seq', none)]
-    if opt.client_ids else [('CLUSTERED', pk, 'id', none)] %}
+{% endif %}
+{#- work: its keys. lease_status seeks each message by its primary key (FORCESEEK; with client ids the
+    key's entry, then the row by seq, one lock at a time), the grouped settle and head lease seek by
+    it too, and purge walks the clustered key: pinned, so the tSQLt fake gets them (clustered first). -#}
+{% if kind == 'work' %}
+{% set key_pinned = [('UNIQUE CLUSTERED', names.index('ux', 'seq'), 'seq', none), ('UNIQUE NONCLUSTERED', pk, 'id', none)]
+    if opt.client_ids else [('UNIQUE CLUSTERED', pk, 'id', none)] %}
 {% set pinned = pinned + group_pinned + key_pinned %}
-{% elif kind == 'work' and opt.client_ids %}
-{#- lease_status reads a client-ids queue by its primary key, then by seq (one lock at a time). -#}
-{% set pinned = pinned + [('NONCLUSTERED', pk, 'id', none), ('UNIQUE CLUSTERED', names.index('ux', 'seq'), 'seq', none)] %}
 {% else %}
 {% set pinned = pinned + group_pinned %}
 {% endif %}

@@ -1,14 +1,15 @@
 {#- T-SQL: S.Q_lease_status of the work kind (included by work.sql, whose variables and imports it uses). -#}
 {{ m.unit(names.plain('_lease_status'), 'code') }}
 -- What became of up to 1,000 leases, each named by its message id and lease token: held (the
--- message is in the queue under this live lease), lost (in the queue, but not under this live lease:
--- it ran out, was released, failed for a retry or leased again), dead (in the dead-letter table) or
--- gone (in neither: completed, or purged). A consumer whose complete's answer never arrived (the
--- connection dropped at COMMIT) learns whether it committed. It first waits for each transaction
--- that holds one of these messages' rows (a complete, a fail, a release in flight), so the answer is
--- what that transaction left, not what it may still undo. Changes nothing and keeps no lock: each
--- shared lock is released once its row is read, also inside a caller's transaction. One row per
--- item, in the engine's id order.
+-- message is in the queue under this live lease), expired (in the queue under this lease, which ran
+-- out: no acknowledgement begun from now on takes it, one already waiting for a lock may), lost (in
+-- the queue under no lease or another one: released, failed for a retry or leased again; this lease
+-- never completes), dead (in the dead-letter table) or gone (in neither: completed, or purged). A
+-- consumer whose complete's answer never arrived (the connection dropped at COMMIT) learns whether
+-- it committed. It first waits for each transaction that holds one of these messages' rows (a
+-- complete, a fail, a release in flight), so the answer is what that transaction left, not what it
+-- may still undo. Changes nothing and keeps no lock: each shared lock is released once its row is
+-- read, also inside a caller's transaction. One row per item, in the engine's id order.
 CREATE OR ALTER PROCEDURE {{ names.verb('lease_status') }}
     @acks {{ acks }} READONLY
 AS
@@ -48,8 +49,9 @@ BEGIN
 {% endif %}
     DECLARE @answers TABLE (
         id {{ id_type }} NOT NULL PRIMARY KEY,
-        status varchar(4) NOT NULL
+        status varchar(7) NOT NULL
     );
+    DECLARE @requeued TABLE (id {{ id_type }} NOT NULL PRIMARY KEY);
 
     BEGIN TRY
         -- The wait: locking reads (READCOMMITTEDLOCK: also where the database runs
@@ -96,23 +98,27 @@ BEGIN
             b.id,
             CASE
                 WHEN f.id IS NOT NULL AND f.lease_token = b.lease_token AND f.visible_at > @now THEN 'held'
+                WHEN f.id IS NOT NULL AND f.lease_token = b.lease_token THEN 'expired'
                 WHEN f.id IS NOT NULL THEN 'lost'
                 WHEN EXISTS (
                     SELECT 1
                     FROM {{ dead_t }} AS d WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)
                     WHERE d.id = b.id
                 ) THEN 'dead'
-                -- Requeued from the dead-letter table between the two reads above (locking reads see
-                -- no one snapshot): in the queue again, under no lease of the caller's.
-                WHEN EXISTS (
-                    SELECT 1
-                    FROM {{ t }} AS q WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)
-                    WHERE q.id = b.id
-                ) THEN 'lost'
                 ELSE 'gone'
             END AS status
         FROM @batch AS b
         LEFT JOIN @found AS f ON b.id = f.id;
+
+        -- Requeued from the dead-letter table between the reads above (locking reads share no
+        -- snapshot): in the queue again, under no lease of the caller's. A statement of its own, so
+        -- that it reads the queue after the dead-letter table.
+        INSERT INTO @requeued (id)
+        SELECT a.id
+        FROM @answers AS a
+        INNER JOIN {{ t }} AS q WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON a.id = q.id
+        WHERE a.status = 'gone'
+        OPTION (LOOP JOIN, FORCE ORDER);
     END TRY
     BEGIN CATCH
         THROW;
@@ -121,8 +127,9 @@ BEGIN
     -- The result only once every read has succeeded: an error never follows part of an answer.
     SELECT
         a.id,
-        a.status
+        CONVERT(varchar(7), IIF(r.id IS NULL, a.status, 'lost')) AS status
     FROM @answers AS a
+    LEFT JOIN @requeued AS r ON a.id = r.id
     ORDER BY a.id;
 END;
 GO

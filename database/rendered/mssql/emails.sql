@@ -1220,7 +1220,7 @@ BEGIN
             m.lease_token,
             m.visible_at
         FROM @batch AS b
-        INNER JOIN [queue].[emails] AS m WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
+        INNER JOIN [queue].[emails] AS m WITH (INDEX ([pk_emails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
         OPTION (LOOP JOIN, FORCE ORDER);
 
         -- After the wait: read what those transactions committed.
@@ -1234,7 +1234,7 @@ BEGIN
                 WHEN f.id IS NOT NULL THEN 'lost'
                 WHEN EXISTS (
                     SELECT 1
-                    FROM [queue].[emails_dead] AS d WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)
+                    FROM [queue].[emails_dead] AS d WITH (INDEX ([pk_emails_dead]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE d.id = b.id
                 ) THEN 'dead'
                 ELSE 'gone'
@@ -1246,10 +1246,13 @@ BEGIN
         -- snapshot): in the queue again, under no lease of the caller's. A statement of its own, so
         -- that it reads the queue after the dead-letter table.
         INSERT INTO @requeued (id)
-        SELECT a.id
-        FROM @answers AS a
-        INNER JOIN [queue].[emails] AS q WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON a.id = q.id
-        WHERE a.status = 'gone'
+        SELECT g.id
+        FROM (
+            SELECT a.id
+            FROM @answers AS a
+            WHERE a.status = 'gone'
+        ) AS g
+        INNER JOIN [queue].[emails] AS q WITH (INDEX ([pk_emails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON g.id = q.id
         OPTION (LOOP JOIN, FORCE ORDER);
     END TRY
     BEGIN CATCH

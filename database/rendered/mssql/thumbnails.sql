@@ -1339,7 +1339,7 @@ BEGIN
                 WHEN f.id IS NOT NULL THEN 'lost'
                 WHEN EXISTS (
                     SELECT 1
-                    FROM [queue].[thumbnails_dead] AS d WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)
+                    FROM [queue].[thumbnails_dead] AS d WITH (INDEX ([pk_thumbnails_dead]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE d.id = b.id
                 ) THEN 'dead'
                 ELSE 'gone'
@@ -1351,10 +1351,13 @@ BEGIN
         -- snapshot): in the queue again, under no lease of the caller's. A statement of its own, so
         -- that it reads the queue after the dead-letter table.
         INSERT INTO @requeued (id)
-        SELECT a.id
-        FROM @answers AS a
-        INNER JOIN [queue].[thumbnails] AS q WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON a.id = q.id
-        WHERE a.status = 'gone'
+        SELECT g.id
+        FROM (
+            SELECT a.id
+            FROM @answers AS a
+            WHERE a.status = 'gone'
+        ) AS g
+        INNER JOIN [queue].[thumbnails] AS q WITH (INDEX ([pk_thumbnails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON g.id = q.id
         OPTION (LOOP JOIN, FORCE ORDER);
     END TRY
     BEGIN CATCH

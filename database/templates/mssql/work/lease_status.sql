@@ -67,7 +67,7 @@ BEGIN
             m.seq,
             m.id
         FROM @batch AS b
-        INNER JOIN {{ t }} AS m WITH (INDEX ({{ names.index('pk') }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+        INNER JOIN {{ t }} AS m WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
             ON b.id = m.id
         OPTION (LOOP JOIN, FORCE ORDER);
 
@@ -87,7 +87,7 @@ BEGIN
             m.lease_token,
             m.visible_at
         FROM @batch AS b
-        INNER JOIN {{ t }} AS m WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
+        INNER JOIN {{ t }} AS m WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
         OPTION (LOOP JOIN, FORCE ORDER);
 {% endif %}
 
@@ -102,7 +102,7 @@ BEGIN
                 WHEN f.id IS NOT NULL THEN 'lost'
                 WHEN EXISTS (
                     SELECT 1
-                    FROM {{ dead_t }} AS d WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)
+                    FROM {{ dead_t }} AS d WITH (INDEX ({{ pins.dead_pinned[0][1] }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
                     WHERE d.id = b.id
                 ) THEN 'dead'
                 ELSE 'gone'
@@ -114,10 +114,13 @@ BEGIN
         -- snapshot): in the queue again, under no lease of the caller's. A statement of its own, so
         -- that it reads the queue after the dead-letter table.
         INSERT INTO @requeued (id)
-        SELECT a.id
-        FROM @answers AS a
-        INNER JOIN {{ t }} AS q WITH (FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON a.id = q.id
-        WHERE a.status = 'gone'
+        SELECT g.id
+        FROM (
+            SELECT a.id
+            FROM @answers AS a
+            WHERE a.status = 'gone'
+        ) AS g
+        INNER JOIN {{ t }} AS q WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON g.id = q.id
         OPTION (LOOP JOIN, FORCE ORDER);
     END TRY
     BEGIN CATCH

@@ -1220,7 +1220,8 @@ BEGIN
             m.lease_token,
             m.visible_at
         FROM @batch AS b
-        INNER JOIN [queue].[emails] AS m WITH (INDEX ([pk_emails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
+        INNER JOIN [queue].[emails] AS m WITH (INDEX ([pk_emails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            ON b.id = m.id
         OPTION (LOOP JOIN, FORCE ORDER);
 
         -- After the wait: read what those transactions committed.
@@ -1252,7 +1253,8 @@ BEGIN
             FROM @answers AS a
             WHERE a.status = 'gone'
         ) AS g
-        INNER JOIN [queue].[emails] AS q WITH (INDEX ([pk_emails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON g.id = q.id
+        INNER JOIN [queue].[emails] AS q WITH (INDEX ([pk_emails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            ON g.id = q.id
         OPTION (LOOP JOIN, FORCE ORDER);
     END TRY
     BEGIN CATCH

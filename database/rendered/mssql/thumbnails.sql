@@ -1357,7 +1357,8 @@ BEGIN
             FROM @answers AS a
             WHERE a.status = 'gone'
         ) AS g
-        INNER JOIN [queue].[thumbnails] AS q WITH (INDEX ([pk_thumbnails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON g.id = q.id
+        INNER JOIN [queue].[thumbnails] AS q WITH (INDEX ([pk_thumbnails]), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            ON g.id = q.id
         OPTION (LOOP JOIN, FORCE ORDER);
     END TRY
     BEGIN CATCH

@@ -87,7 +87,8 @@ BEGIN
             m.lease_token,
             m.visible_at
         FROM @batch AS b
-        INNER JOIN {{ t }} AS m WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON b.id = m.id
+        INNER JOIN {{ t }} AS m WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            ON b.id = m.id
         OPTION (LOOP JOIN, FORCE ORDER);
 {% endif %}
 
@@ -120,7 +121,8 @@ BEGIN
             FROM @answers AS a
             WHERE a.status = 'gone'
         ) AS g
-        INNER JOIN {{ t }} AS q WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) ON g.id = q.id
+        INNER JOIN {{ t }} AS q WITH (INDEX ({{ pk }}), FORCESEEK, ROWLOCK, READCOMMITTEDLOCK) -- noqa: LT05
+            ON g.id = q.id
         OPTION (LOOP JOIN, FORCE ORDER);
     END TRY
     BEGIN CATCH

@@ -926,6 +926,13 @@ def test_a_read_only_procedure_keeps_xact_abort_off_only_with_every_read_in_try(
                                                             "\n    END CATCH;"),
         "it begins or ends a transaction": on_line_of("BEGIN TRY", lambda indent, line: line + " BEGIN TRANSACTION;"),
         "SET XACT_ABORT OFF is not its second statement": replace("SET XACT_ABORT OFF;", "SET ANSI_WARNINGS ON;"),
+        # DBA review, round 2: a read that would not wait under RCSI, or would keep its lock.
+        "a table read without READCOMMITTEDLOCK": replace("FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)",
+                                                          "FORCESEEK, ROWLOCK)"),
+        "a table read without READCOMMITTEDLOCK (under": replace("FORCESEEK, ROWLOCK, READCOMMITTEDLOCK)",
+                                                                 "FORCESEEK, ROWLOCK, READCOMMITTEDLOCK, HOLDLOCK)"),
+        "it does not SET TRANSACTION ISOLATION LEVEL READ COMMITTED": replace(
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;", "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE;"),
     }
     for why, defect in defects.items():
         found = violations(seed(text, proc, defect), "xact-abort", file, proc)

@@ -538,6 +538,44 @@ def test_lease_status_waiting_for_one_message_holds_no_other(deploy) -> None:
     assert answers == [{str(first): "gone", str(second): "held"}]
 
 
+@pytest.mark.parametrize("change", ["release", "fail"])
+@pytest.mark.parametrize("verb", ["complete", "fail"])
+def test_an_acknowledgement_waiting_while_its_token_changes_is_refused_and_the_lease_is_lost(deploy, verb,
+                                                                                              change) -> None:
+    # lost is final (docs/work-queue.md): an acknowledgement of the old token that was already waiting
+    # for the row when the token changed must not land. Senior-PostgreSQL review, round 2.
+    env = deploy(work())
+    client = env.client()
+    sent = client.enqueue({"n": 1})["id"]
+    [lease] = client.dequeue(1, worker="w", lease_seconds=60)
+    token = lease["lease_token"]
+    holder = env.client(autocommit=False)
+    assert holder.extend_lease(sent, "w", 60, lease_token=token)          # holds the row
+    acker = env.client()
+    answers: list[Any] = []
+
+    def acknowledge() -> None:
+        try:
+            answers.append(acker.complete(sent, "w", lease_token=token) if verb == "complete"
+                           else acker.fail(sent, "w", "late", lease_token=token))
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            answers.append(exc)
+
+    thread = threading.Thread(target=acknowledge)
+    thread.start()
+    thread.join(1.0)
+    waited = thread.is_alive()
+    if change == "release":
+        assert holder.release(sent, "w", lease_token=token)
+    else:
+        assert holder.fail(sent, "w", "boom", lease_token=token) == "retrying"
+    holder.conn.commit()
+    thread.join(LOCK_TIMEOUT_SECONDS + 5)
+    assert waited, f"{verb} answered {answers} while a transaction held its message"
+    assert answers == [False if verb == "complete" else "lost"]
+    assert statuses(client, [lease]) == {str(sent): "lost"}
+
+
 def test_lease_status_that_times_out_leaves_the_callers_transaction_as_its_engine_does(deploy) -> None:
     # lease_status changes nothing: on SQL Server its lock timeout (1222) ends the call and leaves the
     # caller's transaction open, with what it did before (XACT_ABORT stays off; DBA review S1). On

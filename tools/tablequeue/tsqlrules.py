@@ -407,13 +407,19 @@ def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
             and any(g is condition.segment for g in throw.guards))
 
 
+# Hints that keep a read's lock to the end of the transaction, or take more than a row's shared lock.
+HOLDING_HINTS = frozenset({"HOLDLOCK", "SERIALIZABLE", "REPEATABLEREAD", "UPDLOCK", "XLOCK", "TABLOCK",
+                           "TABLOCKX", "PAGLOCK"})
+
+
 def _read_only_unfit(procedure: Procedure) -> tuple[BaseSegment, str] | None:
     """Why the procedure may not run without SET XACT_ABORT ON (None: it may). A verb that changes
     nothing (lease_status) stays under XACT_ABORT OFF, so that a lock timeout in its reads leaves a
     caller's transaction as it was: it writes only table variables, begins no transaction, calls
     nothing, sets XACT_ABORT OFF before anything, reads every table inside BEGIN TRY (OFF, a
     statement's error would not end the batch: the procedure would go on and answer from half its
-    reads) and every CATCH of it only rethrows."""
+    reads) and every CATCH of it only rethrows; it runs at READ COMMITTED and reads every table
+    with READCOMMITTEDLOCK and no hint that keeps the lock (the waits it promises, no lock kept)."""
     body = procedure.steps
     off = next((s for s in body if _sets(s, "SET XACT_ABORT OFF")), None)
     if off is None or offset_of(off.segment) > offset_of(body[1].segment if len(body) > 1 else off.segment):
@@ -429,6 +435,16 @@ def _read_only_unfit(procedure: Procedure) -> tuple[BaseSegment, str] | None:
                 return (step.segment, "it writes a table")
         if tables(step.segment) and (not step.in_try or step.in_catch):
             return (step.segment, "it reads a table outside BEGIN TRY")
+    if not any(s.text == "SET TRANSACTION ISOLATION LEVEL READ COMMITTED" for s in body):
+        return (procedure.segment, "it does not SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    for element in descendants(procedure.segment, "from_expression_element"):
+        reference = next(descendants(element, "table_reference", stop=("select_statement",)), None)
+        if reference is None or reference.raw.startswith(("@", "#")):
+            continue
+        hints = [h for _, listed in hint_lists(element, nested=False) for h in listed]
+        if "READCOMMITTEDLOCK" not in hints or set(hints) & HOLDING_HINTS:
+            return (element, "a table read without READCOMMITTEDLOCK (under READ_COMMITTED_SNAPSHOT it would "
+                             "answer from row versions without waiting) or with a hint that keeps its lock")
     for block in descendants(procedure.segment, "try_catch"):
         words: list[str] = []
         caught: list[BaseSegment] = []

@@ -1062,7 +1062,8 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_fail" TO "queue_consumer";
 
 -- tablequeue:unit queue.thumbnails_extend_lease code
 
--- The new lease runs from now; an expired lease cannot be revived (another worker may have it).
+-- The new lease runs from now; an extend begun after the lease expired cannot revive it (another
+-- worker may have it).
 CREATE OR REPLACE FUNCTION "queue"."thumbnails_extend_lease"(
     id uuid,
     worker text,
@@ -1187,9 +1188,9 @@ GRANT EXECUTE ON FUNCTION "queue"."thumbnails_release" TO "queue_consumer";
 
 -- What became of up to 1,000 leases, each named by its message id and lease token: held (the
 -- message is in the queue under this live lease), expired (in the queue under this lease, which ran
--- out: no acknowledgement begun from now on takes it, one already waiting for a lock may), lost (in
--- the queue under no lease or another one: released, failed for a retry or leased again; this lease
--- never completes), dead (in the dead-letter table) or gone (in neither: completed, or purged). A
+-- out: no acknowledgement that reads its clock from now on takes it, one that read it before may),
+-- lost (in the queue under no lease or another one: released, failed for a retry or leased again;
+-- this lease never completes), dead (in the dead-letter table) or gone (in neither: completed, or purged). A
 -- consumer whose complete's answer never arrived (the connection dropped at COMMIT) learns whether
 -- it committed. It first waits for each transaction that holds one of these messages' rows (a
 -- complete, a fail, a release in flight), so the answer is what that transaction left, not what it
@@ -1212,6 +1213,7 @@ DECLARE
     sorted_ids uuid[];
     sorted_tokens uuid[];
     distinct_count bigint;
+    remaining_ids uuid[];
     free_ids uuid[];
     wait_id uuid;
 BEGIN
@@ -1239,25 +1241,34 @@ BEGIN
     IF cardinality(sorted_ids) IS NULL THEN
         RETURN;
     END IF;
-    -- The wait: FOR SHARE waits for a transaction that updates or deletes a row; each lock is taken in
-    -- a subtransaction rolled back at once, so none outlives it. First every row nobody holds, without
-    -- waiting; then each held row alone, so that no share is kept while waiting for another row (a
-    -- complete of a row passed would wait behind this call, and deadlock with it).
-    BEGIN
-        free_ids := ARRAY(SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) ORDER BY m.id FOR SHARE SKIP LOCKED);
-        RAISE SQLSTATE 'TQ900';
-    EXCEPTION WHEN SQLSTATE 'TQ900' THEN
-        NULL;
-    END;
-    FOR wait_id IN
-        SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = ANY(sorted_ids) AND m.id <> ALL(free_ids) ORDER BY m.id
+    -- The wait: FOR SHARE waits for a transaction that updates, deletes or locks a row for update;
+    -- each lock is taken in a subtransaction rolled back at once, so none outlives it. A pass takes
+    -- every row nobody holds, without waiting; then the first row still held alone; then a pass over
+    -- the rest again (what was held may be free by then): no share is kept while waiting for another
+    -- row (a complete of a row passed would wait behind this call, and could deadlock with it), and
+    -- a subtransaction that locks takes a transaction id only per wait, not per held row.
+    remaining_ids := sorted_ids;
     LOOP
+        BEGIN
+            free_ids := ARRAY(SELECT m.id FROM "queue"."thumbnails" AS m WHERE m.id = ANY(remaining_ids) ORDER BY m.id FOR SHARE SKIP LOCKED);
+            RAISE SQLSTATE 'TQ900';
+        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+            NULL;
+        END;
+        wait_id := (
+            SELECT m.id FROM "queue"."thumbnails" AS m
+            WHERE m.id = ANY(remaining_ids) AND m.id <> ALL(free_ids)
+            ORDER BY m.id
+            LIMIT 1
+        );
+        EXIT WHEN wait_id IS NULL;
         BEGIN
             PERFORM FROM "queue"."thumbnails" AS m WHERE m.id = wait_id FOR SHARE;
             RAISE SQLSTATE 'TQ900';
         EXCEPTION WHEN SQLSTATE 'TQ900' THEN
             NULL;
         END;
+        remaining_ids := ARRAY(SELECT r.id FROM unnest(remaining_ids) AS r (id) WHERE r.id > wait_id ORDER BY r.id);
     END LOOP;
     -- After the wait: this statement's snapshot sees what those transactions committed.
     now_utc := clock_timestamp();

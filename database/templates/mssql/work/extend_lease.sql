@@ -1,7 +1,7 @@
 {#- T-SQL: S.Q_extend_lease of the work kind (included by work.sql, whose variables and imports it uses). -#}
 {{ m.unit(names.plain('_extend_lease'), 'code') }}
--- The new lease runs from now, under the same token. An expired lease cannot be revived: another
--- worker may hold it. @lease_token fences it to one lease, as complete's (NULL: deprecated).
+-- The new lease runs from now, under the same token. An extend begun after the lease expired cannot
+-- revive it: another worker may hold it. @lease_token fences it to one lease, as complete's (NULL: deprecated).
 CREATE OR ALTER PROCEDURE {{ names.verb('extend_lease') }}
     @id {{ id_type }},
     @worker nvarchar(201),

@@ -2,9 +2,9 @@
 {{ m.unit(names.plain('_lease_status'), 'code') }}
 -- What became of up to 1,000 leases, each named by its message id and lease token: held (the
 -- message is in the queue under this live lease), expired (in the queue under this lease, which ran
--- out: no acknowledgement begun from now on takes it, one already waiting for a lock may), lost (in
--- the queue under no lease or another one: released, failed for a retry or leased again; this lease
--- never completes), dead (in the dead-letter table) or gone (in neither: completed, or purged). A
+-- out: no acknowledgement that reads its clock from now on takes it, one that read it before may),
+-- lost (in the queue under no lease or another one: released, failed for a retry or leased again;
+-- this lease never completes), dead (in the dead-letter table) or gone (in neither: completed, or purged). A
 -- consumer whose complete's answer never arrived (the connection dropped at COMMIT) learns whether
 -- it committed. It first waits for each transaction that holds one of these messages' rows (a
 -- complete, a fail, a release in flight), so the answer is what that transaction left, not what it

@@ -1,6 +1,7 @@
 {#- PostgreSQL: S.Q_extend_lease of the work kind (included by work.sql, whose variables and imports it uses). -#}
 {{ m.unit(names.plain('_extend_lease'), 'code') }}
--- The new lease runs from now; an expired lease cannot be revived (another worker may have it).
+-- The new lease runs from now; an extend begun after the lease expired cannot revive it (another
+-- worker may have it).
 CREATE OR REPLACE FUNCTION {{ names.verb('extend_lease') }}(
     id {{ id_type }},
     worker text,

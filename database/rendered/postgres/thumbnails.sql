@@ -1344,24 +1344,21 @@ BEGIN
         RETURN;
     END IF;
 
-    -- One statement: the queue rows (locked in id order), then the history table (complete's order).
-    WITH held AS MATERIALIZED (
-        SELECT h.id, h.attempts
-        FROM unnest(sorted_ids, sorted_tokens) AS i (id, lease_token)
-        CROSS JOIN LATERAL (
-            SELECT q.id, q.attempts
-            FROM "queue"."thumbnails" AS q
-            WHERE
-                q.id = i.id AND q.leased_by IS NOT DISTINCT FROM thumbnails_complete_batch.worker
-                AND (i.lease_token IS NULL OR q.lease_token = i.lease_token) AND q.visible_at > now_utc
-            LIMIT 1
-            FOR UPDATE
-        ) AS h
-    ),
-
-    done AS (
+    -- One statement: the queue rows, then the history table (complete's order). One walk of the
+    -- primary key by = ANY(sorted_ids) deletes the rows in id order (the fixed lock order); each
+    -- row's token is the one at its id's place in sorted_ids, found by width_bucket's binary search
+    -- (the ids are sorted and distinct). A join to unnest(ids, tokens) instead would be planned as a
+    -- nested loop rescanning the array for every row. A row another transaction changed meanwhile is
+    -- judged again on its new version.
+    WITH done AS (
         DELETE FROM "queue"."thumbnails" AS m
-        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
+        WHERE
+            m.id = ANY(sorted_ids) AND m.leased_by IS NOT DISTINCT FROM thumbnails_complete_batch.worker
+            AND m.visible_at > now_utc
+            AND (
+                sorted_tokens[width_bucket(m.id, sorted_ids)] IS NULL
+                OR m.lease_token = sorted_tokens[width_bucket(m.id, sorted_ids)]
+            )
         RETURNING m.*
     )
     SELECT array_agg(d.id) INTO done_ids FROM done AS d;

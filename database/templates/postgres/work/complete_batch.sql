@@ -33,12 +33,21 @@ BEGIN
 {{ grp.lock_groups_of('sorted_ids', 'held_keys') }}
 {% endif %}
 
-    -- One statement: the queue rows (locked in id order), then the history table (complete's order).
-{{ w.held_cte('complete_batch') }},
-
-    done AS (
+    -- One statement: the queue rows, then the history table (complete's order). One walk of the
+    -- primary key by = ANY(sorted_ids) deletes the rows in id order (the fixed lock order); each
+    -- row's token is the one at its id's place in sorted_ids, found by width_bucket's binary search
+    -- (the ids are sorted and distinct). A join to unnest(ids, tokens) instead would be planned as a
+    -- nested loop rescanning the array for every row. A row another transaction changed meanwhile is
+    -- judged again on its new version.
+    WITH done AS (
         DELETE FROM {{ t }} AS m
-        WHERE m.id = ANY(ARRAY(SELECT h.id FROM held AS h))
+        WHERE
+            m.id = ANY(sorted_ids) AND m.leased_by IS NOT DISTINCT FROM {{ fn }}_complete_batch.worker
+            AND m.visible_at > now_utc
+            AND (
+                sorted_tokens[width_bucket(m.id, sorted_ids)] IS NULL
+                OR m.lease_token = sorted_tokens[width_bucket(m.id, sorted_ids)]
+            )
         RETURNING m.*
     ){% if history %},
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from typing import Any, Callable
 
 import psycopg
@@ -317,3 +318,44 @@ def test_extend_of_a_lost_lease_does_not_wait_for_the_new_holders_complete(clien
         assert not first.extend_lease(lost["id"], "w1", 30, lease_token=lost["lease_token"])
     finally:
         second.conn.rollback()
+
+
+def test_complete_batch_deletes_in_id_order_where_the_heap_order_differs(clients) -> None:
+    """Senior-PostgreSQL review of the one-DELETE complete_batch (MUST): its generic plan chose a
+    bitmap heap scan on a table whose ids and rows' places disagree (client ids), deleting in heap
+    order; against fail_batch, which locks in id order, that deadlocked. Three leased messages
+    x < z < y stored as y, z, x; z held by a heartbeat's open transaction; complete_batch of all three
+    waits on z, fail_batch of x and y starts meanwhile: both must finish, no deadlock."""
+    admin, holder, completer, failer = clients(work(client_ids=True, lease_seconds=600), count=4)
+    x, z, y = (uuid.UUID(f"{digit * 8}-0000-0000-0000-000000000000") for digit in "18f")
+    for message_id in (y, z, x):
+        admin.enqueue({"n": str(message_id)}, id=message_id)
+    leases = {lease["id"]: lease for lease in admin.dequeue(3, worker="w")}
+    for _ in range(20):      # enough rows that the generic plan's 10-id estimate reads them by bitmap
+        admin.enqueue_batch([{"payload": {"filler": n}, "id": uuid.uuid4()} for n in range(1000)])
+    admin.conn.execute(f'ANALYZE "{admin.schema}"."{admin.queue.name}"')
+    holder.conn.autocommit = False
+    assert holder.extend_lease(z, "w", 600, lease_token=leases[z]["lease_token"])
+    results: dict[str, Any] = {}
+
+    def run(name: str, call: Callable[[], Any]) -> None:
+        try:
+            results[name] = call()
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            results[name] = exc
+
+    completing = threading.Thread(target=run, args=("complete", lambda: completer.complete_batch(
+        [leases[i] for i in (x, z, y)], "w")))
+    completing.start()
+    time.sleep(0.5)
+    failing = threading.Thread(target=run, args=("fail", lambda: failer.fail_batch(
+        [leases[i] for i in (x, y)], "w", "boom")))
+    failing.start()
+    time.sleep(0.5)
+    holder.conn.commit()
+    completing.join(30)
+    failing.join(30)
+    assert not isinstance(results["complete"], Exception), results["complete"]
+    assert not isinstance(results["fail"], Exception), results["fail"]
+    assert {row["id"]: row["completed"] for row in results["complete"]} == {x: True, z: True, y: True}
+    assert {row["id"]: row["outcome"] for row in results["fail"]} == {x: "lost", y: "lost"}

@@ -1413,13 +1413,13 @@ CREATE OR REPLACE FUNCTION "queue"."emails_complete_batch"(
     lease_tokens uuid[],
     worker text
 )
-RETURNS TABLE (id bigint, completed boolean)
-LANGUAGE plpgsql
+RETURNS TABLE (id bigint, completed boolean)LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1455,7 +1455,8 @@ BEGIN
     END IF;
 
     -- One statement: the queue rows, then the history table (complete's order). One walk of the
-    -- primary key by = ANY(sorted_ids) deletes the rows in id order (the fixed lock order); each
+    -- primary key by = ANY(sorted_ids) deletes the rows in id order (the fixed lock order: with
+    -- sequential and bitmap scans off, the plan is that index scan); each
     -- row's token is the one at its id's place in sorted_ids, found by width_bucket's binary search
     -- (the ids are sorted and distinct). A join to unnest(ids, tokens) instead would be planned as a
     -- nested loop rescanning the array for every row. A row another transaction changed meanwhile is

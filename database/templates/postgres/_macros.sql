@@ -103,13 +103,17 @@ $ownership$;
     (the senior-PostgreSQL review of storage v3's read-back: 1,670 of 520 pages for a batch of 10;
     tests/test_plans_at_depth.py). Off, a scan with no index to use is still planned; about 2,000
     server instructions a call. -#}
-{% macro definer(plans='generic') %}
+{% macro definer(plans='generic', index_order=false) %}
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_{{ plans }}_plan
 SET enable_seqscan = off
+{%- if index_order %}
+
+SET enable_bitmapscan = off
+{%- endif %}
 {%- endmacro %}
 
 {#- Option notify: wake the clients that LISTEN on the queue's channel (the quoted identifier

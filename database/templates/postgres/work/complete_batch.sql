@@ -8,7 +8,9 @@ CREATE OR REPLACE FUNCTION {{ names.verb('complete_batch') }}(
     worker text
 )
 RETURNS TABLE (id {{ id_type }}, completed boolean)
-{{ m.definer() }}
+{#- Its delete locks in the order it scans: a bitmap heap scan (the generic plan's choice where ids and
+    the rows' places on disk are uncorrelated: client ids, a churned table) goes in heap order. -#}
+{{ m.definer(index_order=true) }}
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -34,7 +36,8 @@ BEGIN
 {% endif %}
 
     -- One statement: the queue rows, then the history table (complete's order). One walk of the
-    -- primary key by = ANY(sorted_ids) deletes the rows in id order (the fixed lock order); each
+    -- primary key by = ANY(sorted_ids) deletes the rows in id order (the fixed lock order: with
+    -- sequential and bitmap scans off, the plan is that index scan); each
     -- row's token is the one at its id's place in sorted_ids, found by width_bucket's binary search
     -- (the ids are sorted and distinct). A join to unnest(ids, tokens) instead would be planned as a
     -- nested loop rescanning the array for every row. A row another transaction changed meanwhile is

@@ -4,11 +4,12 @@
 -- message is in the queue under this live lease), expired (in the queue under this lease, which ran
 -- out: no acknowledgement that reads its clock from now on takes it, one that read it before may),
 -- lost (in the queue under no lease or another one: released, failed for a retry or leased again;
--- this lease never completes), dead (in the dead-letter table) or gone (in neither: completed, or purged). A
--- consumer whose complete's answer never arrived (the connection dropped at COMMIT) learns whether
--- it committed. It first waits for each transaction that holds one of these messages' rows (a
--- complete, a fail, a release in flight), so the answer is what that transaction left, not what it
--- may still undo. Changes nothing, locks nothing after it returns. One row per item, in id order.
+-- this lease never completes), dead (in the dead-letter table) or gone (in neither: completed, or
+-- purged). A consumer whose complete's answer never arrived (the connection dropped at COMMIT)
+-- learns whether it committed. It first waits for each transaction that, when it looks, has changed,
+-- deleted or locked for update one of these messages' rows (a complete, a fail, a release in
+-- flight), so the answer is what that transaction left, not what it may still undo. Changes nothing,
+-- locks nothing after it returns. One row per item, in id order.
 CREATE OR REPLACE FUNCTION {{ names.verb('lease_status') }}(
     ids {{ id_type }}[],
     lease_tokens uuid[]

@@ -1414,7 +1414,8 @@ CREATE OR REPLACE FUNCTION "queue"."emails_complete_batch"(
     lease_tokens uuid[],
     worker text
 )
-RETURNS TABLE (id bigint, completed boolean)LANGUAGE plpgsql
+RETURNS TABLE (id bigint, completed boolean)
+LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp

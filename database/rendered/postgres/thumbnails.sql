@@ -1304,7 +1304,8 @@ CREATE OR REPLACE FUNCTION "queue"."thumbnails_complete_batch"(
     lease_tokens uuid[],
     worker text
 )
-RETURNS TABLE (id uuid, completed boolean)LANGUAGE plpgsql
+RETURNS TABLE (id uuid, completed boolean)
+LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp

@@ -7,9 +7,9 @@ CREATE OR REPLACE FUNCTION {{ names.verb('complete_batch') }}(
     lease_tokens uuid[],
     worker text
 )
+{# Its delete locks in the order it scans: a bitmap heap scan (the generic plan's choice where ids and
+    the rows' places on disk are uncorrelated: client ids, a churned table) goes in heap order. #}
 RETURNS TABLE (id {{ id_type }}, completed boolean)
-{#- Its delete locks in the order it scans: a bitmap heap scan (the generic plan's choice where ids and
-    the rows' places on disk are uncorrelated: client ids, a churned table) goes in heap order. -#}
 {{ m.definer(index_order=true) }}
 AS $function$
 #variable_conflict use_column

@@ -105,10 +105,11 @@ def _drain_alone(url: str, catalog_doc: dict, queue: str, results: Any) -> None:
 
 
 def _strict_consume(url: str, catalog_doc: dict, queue: str, handouts: str, worker: int, rollback_share: float,
-                    start: Any, producers_done: Any, results: Any) -> None:
+                    ready: Any, start: Any, producers_done: Any, results: Any) -> None:
     client = _client(url, catalog_doc, queue, autocommit=False)
     rng = random.Random(200 + worker)
     rolled_back = 0
+    ready.put(worker)
     start.wait()
     while True:
         done = producers_done.is_set()
@@ -276,11 +277,15 @@ def test_strict_fifo_commits_hand_outs_in_exact_enqueue_order_despite_rollbacks(
     producer = deployed.client(name, setup)
     # One producer, committing each message on its own: its enqueue order is the id order.
     sent = [producer.enqueue({"n": n})["id"] for n in range(600)]
-    start, producers_done, results = CTX.Event(), CTX.Event(), CTX.Queue()
+    ready, start, producers_done, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
     shares = [0.0, 0.2, 0.3, 0.5]  # some consumers roll back a lot, one never does
     with Workers() as workers:
         for w in range(4):
-            workers.start(_strict_consume, url, doc, name, handouts, w, shares[w], start, producers_done, results)
+            workers.start(_strict_consume, url, doc, name, handouts, w, shares[w], ready, start, producers_done,
+                          results)
+        # All four connected before any starts: a consumer that started alone could drain the queue
+        # before the others (and their rollbacks) began.
+        workers.collect(ready, 4)
         start.set()
         sent += [producer.enqueue({"n": n})["id"] for n in range(600, 1_000)]  # while they consume
         producers_done.set()

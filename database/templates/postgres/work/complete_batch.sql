@@ -37,11 +37,11 @@ BEGIN
 
     -- One statement: the queue rows, then the history table (complete's order). One walk of the
     -- primary key by = ANY(sorted_ids) deletes the rows in id order (the fixed lock order: with
-    -- sequential and bitmap scans off, the plan is that index scan); each
-    -- row's token is the one at its id's place in sorted_ids, found by width_bucket's binary search
-    -- (the ids are sorted and distinct). A join to unnest(ids, tokens) instead would be planned as a
-    -- nested loop rescanning the array for every row. A row another transaction changed meanwhile is
-    -- judged again on its new version.
+    -- sequential and bitmap scans off, the plan is that index scan); each row's token is the one at
+    -- its id's place in sorted_ids, found by width_bucket's binary search (the ids are sorted and
+    -- distinct). A join to unnest(ids, tokens) instead would be planned as a nested loop rescanning
+    -- the array for every row. A row another transaction changed meanwhile is judged again on its
+    -- new version.
     WITH done AS (
         DELETE FROM {{ t }} AS m
         WHERE

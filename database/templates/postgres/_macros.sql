@@ -116,6 +116,17 @@ SET enable_bitmapscan = off
 {%- endif %}
 {%- endmacro %}
 
+{#- A row lock taken only to wait for its holders: `statement` runs in a subtransaction rolled back
+    at once (SQLSTATE TQ900, raised nowhere else), so no lock it takes outlives it. -#}
+{% macro locked_a_moment(statement) %}
+    BEGIN
+        {{ statement | indent(8) }}
+        RAISE SQLSTATE 'TQ900';
+    EXCEPTION WHEN SQLSTATE 'TQ900' THEN
+        NULL;
+    END;
+{%- endmacro %}
+
 {#- Option notify: wake the clients that LISTEN on the queue's channel (the quoted identifier
     "S.Q") once this transaction commits. PostgreSQL folds repeats within a transaction into one. -#}
 {% macro notify() %}

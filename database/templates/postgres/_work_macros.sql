@@ -22,25 +22,18 @@
     token, not the expiry): a transaction of the message's new holder is not waited for. -#}
 {% macro lost_under_snapshot(id_sql, wait_verb=none) %}
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
-        BEGIN
-            PERFORM FROM {{ t }} AS m WHERE {{ id_sql }} FOR SHARE;
-            RAISE SQLSTATE 'TQ900';
-        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
-            NULL;
-        END;
+{{ m.locked_a_moment('PERFORM FROM ' ~ t ~ ' AS m WHERE ' ~ id_sql ~ ' FOR SHARE;') | indent(4, first=true) }}
 {% if wait_verb %}
 {% set here = fn ~ '_' ~ wait_verb %}
     ELSE
-        BEGIN
-            PERFORM FROM {{ t }} AS m
-            WHERE
-                {{ id_sql }} AND m.leased_by IS NOT DISTINCT FROM {{ here }}.worker
-                AND ({{ here }}.lease_token IS NULL OR m.lease_token = {{ here }}.lease_token)
-            FOR KEY SHARE;
-            RAISE SQLSTATE 'TQ900';
-        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
-            NULL;
-        END;
+{% set wait_for_lease %}
+PERFORM FROM {{ t }} AS m
+WHERE
+    {{ id_sql }} AND m.leased_by IS NOT DISTINCT FROM {{ here }}.worker
+    AND ({{ here }}.lease_token IS NULL OR m.lease_token = {{ here }}.lease_token)
+FOR KEY SHARE;
+{%- endset %}
+{{ m.locked_a_moment(wait_for_lease) | indent(4, first=true) }}
 {% endif %}
     END IF;
 {%- endmacro %}

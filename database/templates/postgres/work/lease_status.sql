@@ -43,12 +43,7 @@ BEGIN
     -- a subtransaction that locks takes a transaction id only per wait, not per held row.
     remaining_ids := sorted_ids;
     LOOP
-        BEGIN
-            free_ids := ARRAY(SELECT m.id FROM {{ t }} AS m WHERE m.id = ANY(remaining_ids) ORDER BY m.id FOR SHARE SKIP LOCKED);
-            RAISE SQLSTATE 'TQ900';
-        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
-            NULL;
-        END;
+{{ m.locked_a_moment('free_ids := ARRAY(SELECT m.id FROM ' ~ t ~ ' AS m WHERE m.id = ANY(remaining_ids) ORDER BY m.id FOR SHARE SKIP LOCKED);') | indent(4, first=true) }}
         wait_id := (
             SELECT m.id FROM {{ t }} AS m
             WHERE m.id = ANY(remaining_ids) AND m.id <> ALL(free_ids)
@@ -56,12 +51,7 @@ BEGIN
             LIMIT 1
         );
         EXIT WHEN wait_id IS NULL;
-        BEGIN
-            PERFORM FROM {{ t }} AS m WHERE m.id = wait_id FOR SHARE;
-            RAISE SQLSTATE 'TQ900';
-        EXCEPTION WHEN SQLSTATE 'TQ900' THEN
-            NULL;
-        END;
+{{ m.locked_a_moment('PERFORM FROM ' ~ t ~ ' AS m WHERE m.id = wait_id FOR SHARE;') | indent(4, first=true) }}
         remaining_ids := ARRAY(SELECT r.id FROM unnest(remaining_ids) AS r (id) WHERE r.id > wait_id ORDER BY r.id);
     END LOOP;
     -- After the wait: this statement's snapshot sees what those transactions committed.

@@ -347,6 +347,19 @@ DUPLICATE_KEY = "ERROR_NUMBER() NOT IN (2601, 2627)"
 SESSION_CONTEXT_REFUSED = "ERROR_NUMBER() NOT IN (15664, 15665)"
 
 
+def _try_catch_sections(block: BaseSegment) -> dict[str, list[BaseSegment]]:
+    """The statements of a BEGIN TRY ... END TRY BEGIN CATCH ... END CATCH block, by section ("TRY",
+    "CATCH"): each one's own segment (its first code child)."""
+    sections: dict[str, list[BaseSegment]] = {}
+    words: list[str] = []
+    for c in code(block):
+        if kind(c) == "keyword":
+            words.append(c.raw.upper())
+        elif kind(c) == "statement":
+            sections.setdefault(words[-1] if words else "", []).append(code(c)[0])
+    return sections
+
+
 def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
     """Whether the SET XACT_ABORT OFF at body[at] opens one of the windows the rule allows: an insert
     that may meet a duplicate key and retry (the grouped producer's new group row; a range-locked check
@@ -377,13 +390,7 @@ def _duplicate_key_window(procedure: Procedure, at: int) -> bool:
                               for s in descendants(inner, statement_kind))), None)
     if block is None:
         return False
-    sections: dict[str, list[BaseSegment]] = {}
-    words: list[str] = []
-    for c in code(block):
-        if kind(c) == "keyword":
-            words.append(c.raw.upper())
-        elif kind(c) == "statement":
-            sections.setdefault(words[-1] if words else "", []).append(code(c)[0])
+    sections = _try_catch_sections(block)
     in_try = len(sections.get("TRY", []))
     if in_try < 2 or len(window) < in_try + 3:
         return False
@@ -446,13 +453,7 @@ def _read_only_unfit(procedure: Procedure) -> tuple[BaseSegment, str] | None:
             return (element, "a table read without READCOMMITTEDLOCK (under READ_COMMITTED_SNAPSHOT it would "
                              "answer from row versions without waiting) or with a hint that keeps its lock")
     for block in descendants(procedure.segment, "try_catch"):
-        words: list[str] = []
-        caught: list[BaseSegment] = []
-        for c in code(block):
-            if kind(c) == "keyword":
-                words.append(c.raw.upper())
-            elif kind(c) == "statement" and words and words[-1] == "CATCH":
-                caught.append(code(c)[0])
+        caught = _try_catch_sections(block).get("CATCH", [])
         if len(caught) != 1 or kind(caught[0]) != "throw_statement" or len(code(caught[0])) > 1:
             return (block, "its CATCH does more than THROW; (or less: an empty one swallows the error)")
     return None

@@ -8,7 +8,6 @@ by name, so that the count of what did not run says so.
 """
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -20,7 +19,7 @@ from tablequeue.client import QueueClient
 from tablequeue.render import GROUPS_RENDERED
 
 from test_work import (LOCK_TIMEOUT_SECONDS, Env, deploy, ids, raises_queue_error,  # noqa: F401 - deploy is a fixture
-                       server_now)
+                       server_now, started)
 
 # The time a call that must not wait gets: far below LOCK_TIMEOUT_SECONDS, far above a call's cost.
 NO_WAIT_MS = 2000
@@ -277,20 +276,11 @@ def test_work_an_acknowledgement_that_waited_for_its_group_judges_the_lease_afte
     [lease] = client.dequeue(worker="w", lease_seconds=2)
     producer.enqueue({"n": 1}, group_key="a")                  # open: the producer has group a
     acker = env.client()
-    answers: list[Any] = []
-
-    def acknowledge() -> None:
-        token = lease["lease_token"]
-        try:
-            answers.append({"complete": lambda: acker.complete(sent, "w", lease_token=token),
-                            "complete_batch": lambda: acker.complete_batch([lease], "w")[0]["completed"],
-                            "fail": lambda: acker.fail(sent, "w", "boom", lease_token=token),
-                            "complete_next": lambda: acker.complete_next(sent, "w", token)}[verb]())
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            answers.append(exc)
-
-    thread = threading.Thread(target=acknowledge)
-    thread.start()
+    token = lease["lease_token"]
+    thread, answers = started({"complete": lambda: acker.complete(sent, "w", lease_token=token),
+                               "complete_batch": lambda: acker.complete_batch([lease], "w")[0]["completed"],
+                               "fail": lambda: acker.fail(sent, "w", "boom", lease_token=token),
+                               "complete_next": lambda: acker.complete_next(sent, "w", token)}[verb])
     thread.join(2.5)                                           # the lease runs out meanwhile
     waited = thread.is_alive()
     assert client.lease_status([lease]) == [{"id": sent, "status": "expired"}]

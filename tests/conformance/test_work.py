@@ -404,16 +404,7 @@ def test_extend_of_a_lease_that_ran_out_waits_for_its_complete_in_flight(deploy,
     assert holder.complete(sent, "w", lease_token=lease["lease_token"]) is True     # not committed
     time.sleep(1.3)                                                              # the lease runs out
     extender = env.client()
-    answers: list[Any] = []
-
-    def extend() -> None:
-        try:
-            answers.append(extender.extend_lease(sent, "w", 30, lease_token=lease["lease_token"]))
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            answers.append(exc)
-
-    thread = threading.Thread(target=extend)
-    thread.start()
+    thread, answers = started(lambda: extender.extend_lease(sent, "w", 30, lease_token=lease["lease_token"]))
     thread.join(1.5)
     waited = thread.is_alive()
     getattr(holder.conn, holder_ends)()
@@ -421,6 +412,22 @@ def test_extend_of_a_lease_that_ran_out_waits_for_its_complete_in_flight(deploy,
     assert waited, f"extend_lease answered {answers} while the complete of its lease was in flight"
     assert answers == [False]
     assert len(env.client().dequeue(worker="w2")) == (0 if holder_ends == "commit" else 1)
+
+
+def started(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """`call` on a thread of its own, started: the thread, and the list that gets its answer (or the
+    error it raised) when it returns. A test joins the thread for a while to see whether it waits."""
+    answers: list[Any] = []
+
+    def run() -> None:
+        try:
+            answers.append(call())
+        except Exception as exc:  # noqa: BLE001 - the test asserts on it
+            answers.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, answers
 
 
 def statuses(client: QueueClient, leases: list[dict]) -> dict[str, str]:
@@ -491,16 +498,7 @@ def test_lease_status_waits_for_a_transaction_holding_the_message(deploy, verb, 
     else:
         assert holder.fail(sent, "w", "boom", lease_token=lease["lease_token"]) == "dead"
     asker = env.client()
-    answers: list[Any] = []
-
-    def ask() -> None:
-        try:
-            answers.append(statuses(asker, [lease]))
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            answers.append(exc)
-
-    thread = threading.Thread(target=ask)
-    thread.start()
+    thread, answers = started(lambda: statuses(asker, [lease]))
     thread.join(1.5)
     waited = thread.is_alive()
     getattr(holder.conn, holder_ends)()
@@ -525,9 +523,7 @@ def test_lease_status_waiting_for_one_message_holds_no_other(deploy) -> None:
     holder = env.client(autocommit=False)
     assert holder.extend_lease(second, "w", 60, lease_token=leases[second]["lease_token"])   # holds the second
     asker = env.client()
-    answers: list[Any] = []
-    thread = threading.Thread(target=lambda: answers.append(statuses(asker, [leases[first], leases[second]])))
-    thread.start()
+    thread, answers = started(lambda: statuses(asker, [leases[first], leases[second]]))
     time.sleep(0.5)
     assert thread.is_alive(), f"lease_status answered {answers} while a transaction held a message"
     completer = env.client()
@@ -552,17 +548,8 @@ def test_an_acknowledgement_waiting_while_its_token_changes_is_refused_and_the_l
     holder = env.client(autocommit=False)
     assert holder.extend_lease(sent, "w", 60, lease_token=token)          # holds the row
     acker = env.client()
-    answers: list[Any] = []
-
-    def acknowledge() -> None:
-        try:
-            answers.append(acker.complete(sent, "w", lease_token=token) if verb == "complete"
-                           else acker.fail(sent, "w", "late", lease_token=token))
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            answers.append(exc)
-
-    thread = threading.Thread(target=acknowledge)
-    thread.start()
+    thread, answers = started(lambda: acker.complete(sent, "w", lease_token=token) if verb == "complete"
+                              else acker.fail(sent, "w", "late", lease_token=token))
     thread.join(1.0)
     waited = thread.is_alive()
     if change == "release":

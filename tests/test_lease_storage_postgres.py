@@ -1,4 +1,4 @@
-"""The work table's storage v3 (PostgreSQL; docs/queue-kinds.md, What a lease writes): a lease
+"""The work table's storage v3 and v4 (PostgreSQL; docs/queue-kinds.md, What a lease writes): a lease
 takes a message out of the claim index ix_<q>_ready, so a leased row version lies in the primary key
 and ix_<q>_lease_start only, and expired leases are found by a look of their own, at most once a
 second per session (docs/work-queue.md, Expired leases).
@@ -6,7 +6,8 @@ second per session (docs/work-queue.md, Expired leases).
 These tests check what a caller and an operator can observe of that design: which indexes hold a
 leased message, that a consumer busy with a backlog still gets a crashed worker's message back within
 about a second (not after the backlog), that a look which filled its batch looks again at once, and
-that the setting a session keeps for it cannot be forged into an error or a longer wait.
+that the setting a session keeps for it cannot be forged into an error or a longer wait; and (v4)
+that the table has no CHECK constraint for a lease to evaluate.
 """
 from __future__ import annotations
 
@@ -46,6 +47,27 @@ def test_a_leased_message_is_in_the_primary_key_and_lease_start_only(deploy_queu
         conn.execute(f'VACUUM "{schema}"."q"')
         assert index_entries(conn, schema, "ix_q_ready") == 13
         assert index_entries(conn, schema, "ix_q_lease_start") == 7
+    finally:
+        conn.close()
+
+
+def test_the_work_table_has_no_check_constraint_and_a_destructive_one_keeps_its(
+        deploy_queues: Callable[..., Any]) -> None:
+    """Storage v4: PostgreSQL evaluates (and for each statement parses and plans) every CHECK of a table
+    on every UPDATE of it, so a lease paid for the payload's and the keys' checks (docs/BENCHMARKS.md);
+    enqueue checks them before it inserts (the conformance tests refuse each). A fifo table, whose
+    claims delete, keeps them."""
+    deployed = deploy_queues(
+        {"name": "w", "payload": "json", "kind": "work", "options": {"dedupe": True, "groups": True}},
+        {"name": "f", "payload": "json", "kind": "fifo", "options": {"dedupe": True, "groups": True}})
+    schema = deployed.catalog.schema
+    conn = deployed.connect()
+    try:
+        checks = dict(conn.execute(
+            "SELECT c.relname, array_agg(k.conname::text ORDER BY k.conname) FROM pg_constraint AS k "
+            "JOIN pg_class AS c ON c.oid = k.conrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND k.contype = 'c' GROUP BY c.relname", (schema,)).fetchall())
+        assert checks == {"f": ["ck_f_dedupe_key", "ck_f_group_key", "ck_f_payload_json"]}
     finally:
         conn.close()
 

@@ -103,14 +103,14 @@ def test_upgrade_from_0_1_0_keeps_every_message_and_every_verb_works(pg_url: str
         actions = {item.unit.name: item.action for item in result.plan.items}
         assert actions[f"{schema}.tablequeue_deploy_history"] == MIGRATE   # the history's own v1 -> v2
         storage = [item for item in result.plan.items if item.unit.type == "storage" and item.unit.queue]
-        # The work tables take storage version 2 (the lease token) and 3 (ix_<q>_ready for the claim and
-        # ix_<q>_lease dropped), their dead-letter tables version 2 (SQL Server's clustering with client
+        # The work tables take storage version 2 (the lease token), 3 (ix_<q>_ready for the claim and
+        # ix_<q>_lease dropped) and 4 (no CHECK constraints), their dead-letter tables version 2 (SQL Server's clustering with client
         # ids: here a recorded no-op, their dead letters kept and listed by check_verbs); everything else
         # is recorded as it is.
         work_tables = {f"{schema}.{queue.name}" for queue in catalog.queues if queue.kind == "work"}
         dead_tables = {f"{name}_dead" for name in work_tables}
         migrated = {item.unit.name: [m.name for m in item.migrations] for item in storage if item.action == MIGRATE}
-        assert migrated == {**{name: ["work_table_v1_to_v2", "work_table_v2_to_v3"] for name in work_tables},
+        assert migrated == {**{name: ["work_table_v1_to_v2", "work_table_v2_to_v3", "work_table_v3_to_v4"] for name in work_tables},
                             **{name: ["work_dead_v1_to_v2"] for name in dead_tables}}
         assert {item.action for item in storage if item.unit.object != "type"
                 and item.unit.name not in work_tables | dead_tables} == {RECORD}, \
@@ -155,8 +155,8 @@ def test_upgrade_from_0_1_0_with_options_turned_on_in_the_same_deploy(pg_url: st
         assert plan[f"{schema}.heap_plain"].recorded.shape_text == "kind=heap payload=binary dedupe=off"
         assert [m.name for m in plan[f"{schema}.heap_plain"].migrations] == ["destructive_table_add_dedupe"]
         assert [m.name for m in plan[f"{schema}.work_plain"].migrations] == ["work_table_v1_to_v2", "work_table_v2_to_v3",
-                                                                              "work_table_add_dedupe", "work_table_add_priority"]
-        assert [m.name for m in plan[f"{schema}.work_all"].migrations] == ["work_table_v1_to_v2", "work_table_v2_to_v3"]
+                                                                              "work_table_v3_to_v4", "work_table_add_dedupe", "work_table_add_priority"]
+        assert [m.name for m in plan[f"{schema}.work_all"].migrations] == ["work_table_v1_to_v2", "work_table_v2_to_v3", "work_table_v3_to_v4"]
         heap = V010(conn, schema, changed.queue("heap_plain"))
         assert sorted(row["id"] for row in heap("dequeue", batch_size=10)) == sorted(seen["heap_plain"]["ready"])
         work = V010(conn, schema, changed.queue("work_plain"))

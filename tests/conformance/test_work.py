@@ -258,6 +258,27 @@ def test_a_null_payload_and_json_that_is_not_an_object_are_invalid_payload(deplo
     assert counts(client) == (0, 0, 0, 0)
 
 
+@pytest.mark.parametrize("client_ids", [False, True], ids=["bigint", "client_ids"])
+def test_enqueue_refuses_a_scalar_payload_and_a_long_dedupe_key_alone_and_in_a_batch(deploy, client_ids) -> None:
+    # PostgreSQL's work table has no CHECK constraint since storage v4 (it evaluated them on every
+    # lease): the functions' own checks are what keeps such a message out, on both engines.
+    client = deploy(work(dedupe=True, client_ids=client_ids)).client()
+    given = (lambda n: {"id": uuid.UUID(int=n)}) if client_ids else (lambda n: {})
+    for scalar in ("42", '"text"', "null", "true"):
+        with raises_queue_error(client, "invalid_payload"):
+            client.enqueue(scalar, **given(1))
+        with raises_queue_error(client, "invalid_payload"):
+            client.enqueue_batch([{"payload": {"ok": 1}, **given(2)}, {"payload": scalar, **given(3)}])
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue({"too": "long"}, dedupe_key="k" * 201, **given(4))
+    with raises_queue_error(client, "invalid_argument"):
+        client.enqueue_batch([{"payload": {"i": 1}, "dedupe_key": "a", **given(5)},
+                              {"payload": {"i": 2}, "dedupe_key": "k" * 201, **given(6)}])
+    assert counts(client) == (0, 0, 0, 0)
+    assert not client.enqueue({"ok": 1}, dedupe_key="k" * 200, **given(7))["duplicate"]
+    assert counts(client) == (1, 0, 0, 0)
+
+
 @pytest.mark.parametrize("history", [False, True], ids=["plain", "history"])
 def test_complete_by_anyone_but_the_holder_changes_nothing(deploy, history) -> None:
     client = deploy(work(history=history)).client()

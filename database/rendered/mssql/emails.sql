@@ -4,7 +4,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.emails storage v3 table
+-- tablequeue:unit queue.emails storage v4 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 IF OBJECT_ID(N'[queue].[emails]', N'U') IS NULL

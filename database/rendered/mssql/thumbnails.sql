@@ -4,7 +4,7 @@ SET ANSI_NULLS ON;
 SET QUOTED_IDENTIFIER ON;
 GO
 
--- tablequeue:unit queue.thumbnails storage v3 table
+-- tablequeue:unit queue.thumbnails storage v4 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 IF OBJECT_ID(N'[queue].[thumbnails]', N'U') IS NULL

@@ -1,10 +1,17 @@
 -- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.emails
--- tablequeue:unit queue.emails storage v3 table
+-- tablequeue:unit queue.emails storage v4 table
 -- tablequeue:shape kind=work payload=json dedupe=on priority=off client_ids=off
 
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed:
 -- a HOT update needs every indexed column unchanged, a partial index's predicate columns included).
+-- No CHECK constraints (storage v4): PostgreSQL evaluates every CHECK of a table on every UPDATE,
+-- whatever columns it sets, and parses and plans them again for each statement that updates, so a
+-- lease paid for checks of columns it never writes (about 35,000 instructions a work cycle,
+-- docs/BENCHMARKS.md). enqueue and enqueue_batch check the payload's JSON shape and the keys'
+-- lengths before they insert, and only the functions write this table (no role has a table
+-- privilege). The destructive kinds keep theirs: their claims delete, and only a group's next head
+-- is ever updated.
 CREATE TABLE IF NOT EXISTS "queue"."emails" (
     id bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME "queue"."emails_id_seq"),
     enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -20,10 +27,8 @@ CREATE TABLE IF NOT EXISTS "queue"."emails" (
     -- it is the message's current one (a stale holder is fenced off even under the same name).
     lease_token uuid,
     last_error text,
-    dedupe_key text CONSTRAINT "ck_emails_dedupe_key" CHECK (length(dedupe_key) <= 200),
+    dedupe_key text,
     payload jsonb NOT NULL,
-    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
-    CONSTRAINT "ck_emails_payload_json" CHECK (jsonb_typeof(payload) IN ('object', 'array')),
     CONSTRAINT "pk_emails" PRIMARY KEY (id)
 )
 -- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a

@@ -1,10 +1,17 @@
 -- tablequeue 0.2.0 | generated: do not edit
 -- template: postgres/work.sql | dialect: postgres | kind: work | queue: queue.thumbnails
--- tablequeue:unit queue.thumbnails storage v3 table
+-- tablequeue:unit queue.thumbnails storage v4 table
 -- tablequeue:shape kind=work payload=json dedupe=off priority=on client_ids=on
 
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed:
 -- a HOT update needs every indexed column unchanged, a partial index's predicate columns included).
+-- No CHECK constraints (storage v4): PostgreSQL evaluates every CHECK of a table on every UPDATE,
+-- whatever columns it sets, and parses and plans them again for each statement that updates, so a
+-- lease paid for checks of columns it never writes (about 35,000 instructions a work cycle,
+-- docs/BENCHMARKS.md). enqueue and enqueue_batch check the payload's JSON shape and the keys'
+-- lengths before they insert, and only the functions write this table (no role has a table
+-- privilege). The destructive kinds keep theirs: their claims delete, and only a group's next head
+-- is ever updated.
 CREATE TABLE IF NOT EXISTS "queue"."thumbnails" (
     -- Client-supplied (Pintér); seq is the claim order's tie-breaker.
     id uuid NOT NULL,
@@ -24,8 +31,6 @@ CREATE TABLE IF NOT EXISTS "queue"."thumbnails" (
     lease_token uuid,
     last_error text,
     payload jsonb NOT NULL,
-    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
-    CONSTRAINT "ck_thumbnails_payload_json" CHECK (jsonb_typeof(payload) IN ('object', 'array')),
     CONSTRAINT "pk_thumbnails" PRIMARY KEY (id)
 )
 -- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a

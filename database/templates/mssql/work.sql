@@ -44,8 +44,10 @@ SET QUOTED_IDENTIFIER ON;
 GO
 
 {# Storage v2: lease_token (migrations/work_table_v1_to_v2.sql). Storage v3: the claim index of the
-   messages nobody leases, filtered WHERE leased_by IS NULL (migrations/work_table_v2_to_v3.sql). #}
-{{ m.unit(names.plain(), 'storage', version=3, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
+   messages nobody leases, filtered WHERE leased_by IS NULL (migrations/work_table_v2_to_v3.sql).
+   Storage v4: PostgreSQL's table drops its CHECK constraints, which it evaluates on every UPDATE;
+   here a recorded no-op (migrations/work_table_v3_to_v4.sql). #}
+{{ m.unit(names.plain(), 'storage', version=4, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN
         CREATE TABLE {{ t }} (

@@ -27,9 +27,16 @@
 {% import '_group_macros.sql' as grp with context %}
 {# Version 2: lease_token (migrations/work_table_v1_to_v2.sql). Version 3: the claim index ix_Q_ready of
    messages nobody leases replaces ix_Q_claim and ix_Q_lease (migrations/work_table_v2_to_v3.sql). #}
-{{ m.unit(names.plain(), 'storage', version=3, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
+{{ m.unit(names.plain(), 'storage', version=4, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed:
 -- a HOT update needs every indexed column unchanged, a partial index's predicate columns included).
+-- No CHECK constraints (storage v4): PostgreSQL evaluates every CHECK of a table on every UPDATE,
+-- whatever columns it sets, and parses and plans them again for each statement that updates, so a
+-- lease paid for checks of columns it never writes (about 35,000 instructions a work cycle,
+-- docs/BENCHMARKS.md). enqueue and enqueue_batch check the payload's JSON shape and the keys'
+-- lengths before they insert, and only the functions write this table (no role has a table
+-- privilege). The destructive kinds keep theirs: their claims delete, and only a group's next head
+-- is ever updated.
 CREATE TABLE IF NOT EXISTS {{ t }} (
 {% if client_ids %}
     -- Client-supplied (Pintér); seq is the claim order's tie-breaker.
@@ -55,19 +62,15 @@ CREATE TABLE IF NOT EXISTS {{ t }} (
     lease_token uuid,
     last_error text,
 {% if dedupe %}
-    dedupe_key text CONSTRAINT {{ names.index('ck', 'dedupe_key') }} CHECK (length(dedupe_key) <= 200),
+    dedupe_key text,
 {% endif %}
 {% if groups %}
-    group_key text CONSTRAINT {{ names.index('ck', 'group_key') }} CHECK (length(group_key) <= 200),
+    group_key text,
     -- NULL: no group; true: a head candidate of its group (in ix_{{ queue.name }}_heads); false: it
     -- waits behind its group's head (docs/queue-kinds.md, Message groups).
     group_head boolean,
 {% endif %}
     payload {{ payload_type }} NOT NULL,
-{% if is_json %}
-    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin.
-    CONSTRAINT {{ names.index('ck', 'payload_json') }} CHECK (jsonb_typeof(payload) IN ('object', 'array')),
-{% endif %}
     CONSTRAINT {{ names.index('pk') }} PRIMARY KEY (id)
 )
 -- fillfactor leaves room on the page for the row's next version; vacuum and analyze run after a

@@ -7,7 +7,8 @@ client, `-M prepared`), so no client library is measured, and alternate run by r
 
   batch 1      pgmq read + delete       vs dequeue + complete, and complete_next (one call, one commit)
   history      pgmq read + archive      vs dequeue + complete on a queue with history
-  batch 10/100 pgmq read + delete(array) vs dequeue + complete_batch
+  batch 10/100 pgmq read + delete(array) vs dequeue + complete_batch, and pgmq's two statements by
+               hand on the work table (the floor, no target)
   enqueue      pgmq send / send_batch   vs enqueue / enqueue_batch, and the bare INSERT for scale
 
 Commit regimes: `synchronous_commit` on (commits wait for the WAL flush) and off, set in every
@@ -53,7 +54,7 @@ DEPTH_PER_SECOND = {1: 20_000, 10: 80_000, 100: 150_000}
 
 @dataclass(frozen=True)
 class Side:
-    who: str          # pgmq | tablequeue | complete_next | bare INSERT
+    who: str          # pgmq | tablequeue | complete_next | bare INSERT | raw SQL
     label: str
     database: str     # pgmq | tablequeue: where the script runs
     table: str        # qualified: the table whose rows the script moves
@@ -131,7 +132,9 @@ def shapes(env: Env, batches: tuple[int, ...] = (10, 100), enqueue_batches: tupl
             Side("tablequeue", f"dequeue({b}) + complete_batch", "tablequeue", tq, "dequeue",
                  f"SELECT array_agg(id) AS ids, array_agg(lease_token) AS tokens FROM {_lease(env, q, str(b))} \\gset\n"
                  f"SELECT count(*) FROM {_fn(env, q, 'complete_batch')}(ids => :ids::bigint[], "
-                 f"lease_tokens => :tokens::uuid[], worker => {WORKER});\n"))))
+                 f"lease_tokens => :tokens::uuid[], worker => {WORKER});\n"),
+            Side(RAW, f"pgmq's two statements by hand on the work table ({b})", "tablequeue", tq, "dequeue",
+                 raw_batch_script(tq, b)))))
     for b in enqueue_batches:
         one = b == 1
         out.append(Shape(f"enqueue_{b}", "enqueue, one message" if one else f"enqueue, batch {b}", b, (
@@ -144,6 +147,22 @@ def shapes(env: Env, batches: tuple[int, ...] = (10, 100), enqueue_batches: tupl
             Side("bare INSERT", "INSERT into the queue table" if one else f"INSERT ... SELECT of {b}", "tablequeue",
                  tq, "enqueue", raw_enqueue(env, q) if one else raw_enqueue_batch(env, q, b)))))
     return out
+
+
+# The floor of a batch: the statements pgmq's read and delete(array) run, written by hand against
+# the work table (the claim index's order, a lease written as dequeue writes one), no function. Not a
+# target: what no design that writes each message's lease and deletes each message can undercut.
+RAW = "raw SQL"
+
+
+def raw_batch_script(table: str, batch: int) -> str:
+    return (f"WITH c AS (SELECT m.id FROM {table} AS m WHERE m.leased_by IS NULL AND m.visible_at <= clock_timestamp() "
+            f"ORDER BY m.visible_at, m.id LIMIT {batch} FOR UPDATE SKIP LOCKED), "
+            f"u AS (UPDATE {table} AS m SET attempts = m.attempts + 1, "
+            f"visible_at = clock_timestamp() + interval '{LEASE_SECONDS} seconds', leased_by = {WORKER}, "
+            f"leased_at = clock_timestamp(), lease_token = gen_random_uuid() FROM c WHERE m.id = c.id "
+            f"RETURNING m.id, m.payload, m.lease_token) SELECT array_agg(u.id) AS ids FROM u \\gset\n"
+            f"DELETE FROM {table} WHERE id = ANY(:ids::bigint[]);\n")
 
 
 # complete_next's first call in each client holds nothing yet: an id no message has, no token.

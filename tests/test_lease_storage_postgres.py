@@ -190,3 +190,4 @@ def test_an_idle_wait_reads_the_leases_about_once_a_second_and_still_wakes_for_a
     finally:
         admin.close()
         waiter.close()
+

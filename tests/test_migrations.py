@@ -4,16 +4,17 @@ migrations run in order and keep the rows, a type is dropped and created again w
 that uses it, each migration is recorded, and the result equals a fresh install."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from releases import describe_postgres_schema
-from tablequeue.catalog import parse_catalog
+from tablequeue.catalog import load_catalog, parse_catalog
 from tablequeue.deploy import MIGRATE, UNCHANGED, UPDATE, DeployRefused, deploy
 from tablequeue.engines import connect, dialect_for
-from tablequeue.render import DIALECTS, MigrationSource, Storage, render_catalog
+from tablequeue.render import DIALECTS, MigrationSource, Storage, render_catalog, render_migrations
 
 ROOTS = Path(__file__).resolve().parent / "fixtures" / "template_roots"
 QUEUE = {"name": "q", "kind": "heap", "payload": "text"}
@@ -112,3 +113,22 @@ def test_the_fixture_migrations_render_in_both_dialects(dialect: str) -> None:
         assert migration.steps and all(step.locks for step in migration.steps)
     assert source.find(table, "v3_to_v4") is None
     assert [u.storage.version for u in units.values() if u.storage] == [2, 3, 2]  # history table, q, q_note
+
+
+def test_the_v4_migration_locks_only_a_table_that_had_a_check() -> None:
+    """work_table_v3_to_v4 drops exactly the CHECKs the shape had (a JSON payload's, dedupe's, groups'),
+    under ACCESS EXCLUSIVE; a shape that had none (binary or text payload, no dedupe, no groups) only
+    records v4, so its queue never waits behind the step (a senior-PostgreSQL review's finding)."""
+    catalog = load_catalog(Path(__file__).resolve().parent / "fixtures" / "option_matrix.yml")
+    seen = {}
+    for rendered in render_migrations(catalog, "postgres"):
+        if rendered.name.endswith(".work_table_v3_to_v4.sql"):
+            queue = catalog.queue(rendered.name.split(".")[1])
+            expected = [f'"ck_{queue.name}_{check}"' for check, present in (
+                ("payload_json", queue.payload == "json"), ("dedupe_key", queue.options.get("dedupe")),
+                ("group_key", queue.options.get("groups"))) if present]
+            dropped = re.findall(r"DROP CONSTRAINT IF EXISTS (\S+?)[,;]", rendered.text)
+            assert dropped == expected, rendered.name
+            assert ("ALTER TABLE" in rendered.text) == bool(expected), rendered.name
+            seen[queue.name] = bool(expected)
+    assert True in seen.values() and False in seen.values(), seen   # both branches rendered

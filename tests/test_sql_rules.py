@@ -22,7 +22,7 @@ from tablequeue.tsqltree import child, descendants, parse_batch
 from tsql_renders import CATALOGS, MATRIX, REPO, report
 
 RULES = ["readpast", "nolock", "transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap",
-         "transient-retry", "bury-guard", "select-star", "dynamic-sql", "abs-checksum", "options", "grants",
+         "transient-retry", "bury-guard", "select-star", "update-payload", "dynamic-sql", "abs-checksum", "options", "grants",
          "claim-pin", "fake-pin"]
 TOOL_MODULES = sorted((REPO / "tools" / "tablequeue").glob("*.py")) + sorted((REPO / "pipelines").glob("*.py"))
 
@@ -765,6 +765,20 @@ def test_dynamic_sql_and_select_star_are_refused() -> None:
         seeded = seed(text, "emails_purge", on_line_of("SET NOCOUNT ON;", lambda i, l, s=statement: l + s))
         assert violations(seeded, rule, file, "emails_purge") == [f"{file}:{line}: {rule}: {message} (procedure "
                                                   "[queue].[emails_purge])"]
+
+
+def test_an_update_that_sets_payload_is_refused() -> None:
+    # Storage v4 kept SQL Server's ck_<queue>_payload_json because no UPDATE writes payload: SQL Server
+    # compiles a CHECK into an UPDATE only when its SET list names the constraint's column.
+    file, text = golden("emails.sql")
+    line = line_of(text, "emails_purge", "SET NOCOUNT ON;")
+    for statement in (" UPDATE [queue].[emails] SET payload = payload WHERE id = 0;",
+                      " UPDATE m SET m.attempts = 0, m.[Payload] = m.payload FROM [queue].[emails] AS m WHERE m.id = 0;"):
+        seeded = seed(text, "emails_purge", on_line_of("SET NOCOUNT ON;", lambda i, l, s=statement: l + s))
+        assert violations(seeded, "update-payload", file, "emails_purge") == [
+            f"{file}:{line}: update-payload: an UPDATE sets payload: SQL Server then checks ck_<queue>_payload_json "
+            "(an ISJSON parse) on every row it updates, and a queue never changes a message's payload (procedure "
+            "[queue].[emails_purge])"]
 
 
 def test_a_file_without_its_session_options_is_refused() -> None:

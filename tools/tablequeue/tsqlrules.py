@@ -59,6 +59,8 @@ bury-guard          a DELETE that moves claimed rows (@claimed) to the dead-lett
 nolock              no NOLOCK / READUNCOMMITTED hint: a consumer would see messages whose enqueue
                     has not committed, or was rolled back
 select-star         no SELECT * in a procedure: its result columns are the contract
+update-payload      no UPDATE sets payload: the work table's CHECK (ISJSON) then runs on every row it
+                    updates, where it costs a lease nothing today (storage v4 kept it on SQL Server)
 dynamic-sql         EXEC (...) runs one string literal only; no sp_executesql
 abs-checksum        no ABS(CHECKSUM(...)): CHECKSUM returns -2147483648 one time in 2^32, whose ABS
                     overflows (8115); take the remainder first, ABS(CHECKSUM(...) % n)
@@ -800,14 +802,27 @@ def rule_select_star(procedure: Procedure) -> list[Violation]:
             for star in descendants(procedure.segment, "wildcard_expression")]
 
 
+def rule_update_payload(procedure: Procedure) -> list[Violation]:
+    out = []
+    for update in descendants(procedure.segment, "update_statement"):
+        for clause in descendants(update, "set_clause"):
+            target = child(clause, "column_reference")
+            if target is not None and fold(code(target)[-1].raw) == "payload":
+                out.append(procedure.violation(clause, "update-payload",
+                                               "an UPDATE sets payload: SQL Server then checks ck_<queue>_payload_json "
+                                               "(an ISJSON parse) on every row it updates, and a queue never "
+                                               "changes a message's payload"))
+    return out
+
+
 PROCEDURE_RULES = (rule_transaction_guard, rule_xact_abort, rule_updlock, rule_table_order, rule_batch_cap,
-                   rule_transient_retry, rule_bury_guard, rule_select_star)
+                   rule_transient_retry, rule_bury_guard, rule_select_star, rule_update_payload)
 # The rules about a procedure's own work; tSQLt test procedures are exempt (they are not the contract).
 # Procedures of a queue that no role may call: process reaches its handler check (EXECUTE AS OWNER)
 # through the ownership chain.
 INTERNAL_PROCEDURE_SUFFIXES = ("_process_handler",)
 PROCEDURE_RULE_NAMES = {"transaction-guard", "xact-abort", "updlock", "table-order", "batch-cap", "transient-retry",
-                        "bury-guard", "select-star", "claim-pin"}
+                        "bury-guard", "select-star", "update-payload", "claim-pin"}
 
 
 # ------------------------------------------------------------------------------------------------

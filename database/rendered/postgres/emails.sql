@@ -185,6 +185,8 @@ BEGIN
     IF payload IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.emails_enqueue: payload must not be NULL.';
     END IF;
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin. The
+    -- table has no CHECK for it (storage v4, work.sql): this test, and enqueue_batch's, are the rule.
     IF jsonb_typeof(emails_enqueue.payload) NOT IN ('object', 'array') THEN
         RAISE EXCEPTION USING ERRCODE = 'TQ002', MESSAGE = 'queue.emails_enqueue: payload must be a JSON object or array.';
     END IF;

@@ -46,7 +46,8 @@ GO
 {# Storage v2: lease_token (migrations/work_table_v1_to_v2.sql). Storage v3: the claim index of the
    messages nobody leases, filtered WHERE leased_by IS NULL (migrations/work_table_v2_to_v3.sql).
    Storage v4: PostgreSQL's table drops its CHECK constraints, which it evaluates on every UPDATE;
-   here a recorded no-op (migrations/work_table_v3_to_v4.sql). #}
+   here a recorded no-op: SQL Server checks ck_<queue>_payload_json only in a statement that writes
+   payload, which no UPDATE here does (migrations/work_table_v3_to_v4.sql). #}
 {{ m.unit(names.plain(), 'storage', version=4, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 IF OBJECT_ID(N'{{ t }}', N'U') IS NULL
     BEGIN

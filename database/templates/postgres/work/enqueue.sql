@@ -38,6 +38,8 @@ BEGIN
 {{ m.check_read_committed('enqueue') }}
 {% endif %}
 {% if is_json %}
+    -- SQL Server's ISJSON (2017-2019) only takes an object or an array; so does this twin. The
+    -- table has no CHECK for it (storage v4, work.sql): this test, and enqueue_batch's, are the rule.
     IF jsonb_typeof({{ fn }}_enqueue.payload) NOT IN ('object', 'array') THEN
 {{ m.throw('invalid_payload', "'" ~ names.plain('_enqueue') ~ ": payload must be a JSON object or array.'") }}
     END IF;

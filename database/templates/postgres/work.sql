@@ -26,7 +26,8 @@
 {% import '_work_macros.sql' as w with context %}
 {% import '_group_macros.sql' as grp with context %}
 {# Version 2: lease_token (migrations/work_table_v1_to_v2.sql). Version 3: the claim index ix_Q_ready of
-   messages nobody leases replaces ix_Q_claim and ix_Q_lease (migrations/work_table_v2_to_v3.sql). #}
+   messages nobody leases replaces ix_Q_claim and ix_Q_lease (migrations/work_table_v2_to_v3.sql).
+   Version 4: no CHECK constraints (migrations/work_table_v3_to_v4.sql). #}
 {{ m.unit(names.plain(), 'storage', version=4, object='table', shape=('payload', 'dedupe', 'priority', 'client_ids') + group_shape) }}
 -- Every claim, fail and extend writes a new row version, never a HOT update (visible_at is indexed:
 -- a HOT update needs every indexed column unchanged, a partial index's predicate columns included).

@@ -132,3 +132,49 @@ def test_the_v4_migration_locks_only_a_table_that_had_a_check() -> None:
             assert ("ALTER TABLE" in rendered.text) == bool(expected), rendered.name
             seen[queue.name] = bool(expected)
     assert True in seen.values() and False in seen.values(), seen   # both branches rendered
+
+
+@pytest.mark.parametrize("engine_url", ["postgres", pytest.param("mssql", marks=pytest.mark.mssql)], indirect=True)
+def test_a_v3_work_table_takes_v4_with_its_lease_live_and_each_engine_keeps_what_it_should(
+        engine_url: tuple[str, str], deploy_queues: Any) -> None:
+    """A work table recorded at storage v3 (on PostgreSQL with v3's CHECK constraints put back) takes
+    work_table_v3_to_v4 on the next deploy: PostgreSQL drops its CHECKs, SQL Server records v4 and keeps
+    ck_q_payload_json enabled and trusted (its check costs an UPDATE nothing, a senior DBA's review);
+    the message and its live lease are as they were."""
+    dialect, url = engine_url
+    deployed = deploy_queues({"name": "q", "kind": "work", "payload": "json", "options": {"dedupe": True}})
+    schema = deployed.catalog.schema
+    conn = connect(url, autocommit=True)
+    try:
+        client = deployed.client("q", conn)
+        client.enqueue({"n": 1}, dedupe_key="k")
+        lease = client.dequeue(worker="w", lease_seconds=600)[0]
+        table = f'"{schema}"."q"' if dialect == "postgres" else f"[{schema}].[q]"
+        history = f'"{schema}"."tablequeue_deploy_history"' if dialect == "postgres" else \
+            f"[{schema}].[tablequeue_deploy_history]"
+        if dialect == "postgres":
+            conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT ck_q_dedupe_key CHECK (length(dedupe_key) <= 200), "
+                         "ADD CONSTRAINT ck_q_payload_json CHECK (jsonb_typeof(payload) IN ('object', 'array'))")
+        conn.execute(f"UPDATE {history} SET storage_version = 3 WHERE unit_name = '{schema}.q' AND history_id = "
+                     f"(SELECT max(h.history_id) FROM {history} AS h WHERE h.unit_name = '{schema}.q')")
+        units = [u for f in render_catalog(deployed.catalog, dialect) for u in f.units]
+        deploy_conn = connect(url, autocommit=dialect == "postgres")
+        try:
+            result = deploy(deploy_conn, dialect_for(dialect), schema, units)
+        finally:
+            deploy_conn.close()
+        item = next(i for i in result.plan.items if i.unit.name == f"{schema}.q")
+        assert item.action == MIGRATE and [m.name for m in item.migrations] == ["work_table_v3_to_v4"]
+        latest = [r for r in dialect_for(dialect).read_history(conn, schema) if r["unit_name"] == f"{schema}.q"][-1]
+        assert (latest["storage_version"], latest["migration"]) == (4, "work_table_v3_to_v4")
+        if dialect == "postgres":
+            assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+                                (table,)).fetchone()[0] == 0
+        else:
+            cursor = conn.cursor()
+            cursor.execute("SELECT is_disabled, is_not_trusted FROM sys.check_constraints "
+                           "WHERE parent_object_id = OBJECT_ID(?) AND name = N'ck_q_payload_json'", table)
+            assert [tuple(row) for row in cursor.fetchall()] == [(False, False)]
+        assert client.complete(lease["id"], "w", lease_token=lease["lease_token"]) is True
+    finally:
+        conn.close()

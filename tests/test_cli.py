@@ -73,8 +73,8 @@ def test_dry_run_shows_each_migration_step_with_what_it_locks(pg_url: str, tmp_p
             {"name": "jobs", "kind": "work", "options": {"priority": True}}]}))
         dry = tablequeue("deploy", "--catalog", str(catalog), "--url", pg_url, "--dry-run", "--ddl-lock-timeout", "3")
         assert dry.returncode == 0, dry.stderr
-        assert f"migrate   storage {schema}.jobs  v3 (kind=work payload=json dedupe=off priority=off client_ids=off)" \
-               f" -> v3 (kind=work payload=json dedupe=off priority=on client_ids=off)" in dry.stdout
+        assert f"migrate   storage {schema}.jobs  v4 (kind=work payload=json dedupe=off priority=off client_ids=off)" \
+               f" -> v4 (kind=work payload=json dedupe=off priority=on client_ids=off)" in dry.stdout
         assert "work_table_add_priority 2/3 [concurrent] build ix_jobs_ready_new (priority leading) CONCURRENTLY; " \
                "locks: nothing that blocks reads or writes" in dry.stdout
         assert "a 3 s lock timeout and is retried for up to 600 s" in dry.stdout

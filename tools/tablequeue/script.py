@@ -277,16 +277,20 @@ class _Script:
                                          f"{item.recorded.describe()}, where this script's migrations start; "
                                          f"{REGENERATE}")
 
-    def migration(self, item: PlanItem, migration: Migration, after_code: bool) -> None:
+    def migration(self, item: PlanItem, migration: Migration, after_code: bool, record: bool = True) -> None:
+        """The migration's steps before (or after) the code units; the last of them records it, when
+        `record`. A migration whose recording waits for the code units with no step left then is
+        recorded on its own."""
         unit = item.unit
-        steps = [(i, s) for i, s in enumerate(migration.steps) if s.after_code == after_code]
+        steps = [s for s in migration.steps if s.after_code == after_code]
         when = " (after the code units)" if after_code else ""
         self.out += ["", f"-- migrate storage {unit.name}: {migration.name}{when} "
                          f"{migration.before.describe()} -> {migration.after.describe()}"]
         row = _Row(unit, migration.after, migration.name, migration.checksum)
-        last = len(migration.steps) - 1
-        for index, step in steps:
-            self.step(step, [row] if index == last else [])
+        for position, step in enumerate(steps):
+            self.step(step, [row] if record and position == len(steps) - 1 else [])
+        if record and not steps:
+            self.out += self.writer.transaction([], [row])
 
 
 def build_script(dialect: str, schema: str, plan: Plan, source: str, fresh: bool,
@@ -307,11 +311,16 @@ def build_script(dialect: str, schema: str, plan: Plan, source: str, fresh: bool
         elif item.action == MIGRATE and (item.recreates or not item.migrations):
             script.recreate_type(item, (type_parts or {})[item.unit.name])
         elif item.action == MIGRATE:
+            # As deploy records them: a migration is recorded with its last step; once one waits for
+            # the code units, those after it are recorded after it (so the history's last row is the
+            # last migration's, never an earlier one's after-code step).
             script.starts_from(item)
+            waits = False
             for migration in item.migrations:
+                waits = waits or any(step.after_code for step in migration.steps)
                 if any(not step.after_code for step in migration.steps):
-                    script.migration(item, migration, after_code=False)
-                if any(step.after_code for step in migration.steps):
+                    script.migration(item, migration, after_code=False, record=not waits)
+                if waits:
                     deferred.append((item, migration))
     for item, migration in deferred:
         script.migration(item, migration, after_code=True)

@@ -158,6 +158,24 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_emails].[test the table itself refuses invalid JSON]
+AS
+BEGIN
+    -- Storage v4 dropped PostgreSQL's CHECKs (it evaluates them on every UPDATE); SQL Server keeps
+    -- this one, which costs a lease nothing (no UPDATE sets payload: check-tsql's update-payload).
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[emails]';
+    EXEC [test_queue_emails].[index the faked queue table];
+    EXEC tSQLt.ApplyConstraint
+        @TableName = N'[queue].[emails]',
+        @ConstraintName = N'ck_emails_payload_json';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+
+    -- Act
+    INSERT INTO [queue].[emails] (payload) VALUES (N'not json');
+END;
+GO
+
 CREATE PROCEDURE [test_queue_emails].[test enqueue of a queued dedupe_key returns the queued id]
 AS
 BEGIN

@@ -180,6 +180,24 @@ BEGIN
 END;
 GO
 
+CREATE PROCEDURE [test_queue_thumbnails].[test the table itself refuses invalid JSON]
+AS
+BEGIN
+    -- Storage v4 dropped PostgreSQL's CHECKs (it evaluates them on every UPDATE); SQL Server keeps
+    -- this one, which costs a lease nothing (no UPDATE sets payload: check-tsql's update-payload).
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'[queue].[thumbnails]';
+    EXEC [test_queue_thumbnails].[index the faked queue table];
+    EXEC tSQLt.ApplyConstraint
+        @TableName = N'[queue].[thumbnails]',
+        @ConstraintName = N'ck_thumbnails_payload_json';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+
+    -- Act
+    INSERT INTO [queue].[thumbnails] (payload) VALUES (N'not json');
+END;
+GO
+
 CREATE PROCEDURE [test_queue_thumbnails].[test enqueue refuses a dedupe_key without option dedupe]
 AS
 BEGIN

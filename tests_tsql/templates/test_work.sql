@@ -345,6 +345,24 @@ BEGIN
     EXEC {{ names.verb('enqueue') }} @payload = N'{"unterminated": ';
 END;
 GO
+
+CREATE PROCEDURE {{ cls }}.[test the table itself refuses invalid JSON]
+AS
+BEGIN
+    -- Storage v4 dropped PostgreSQL's CHECKs (it evaluates them on every UPDATE); SQL Server keeps
+    -- this one, which costs a lease nothing (no UPDATE sets payload: check-tsql's update-payload).
+    -- Assemble
+    EXEC tSQLt.FakeTable @TableName = N'{{ t }}';
+    EXEC {{ cls }}.[index the faked queue table];
+    EXEC tSQLt.ApplyConstraint
+        @TableName = N'{{ t }}',
+        @ConstraintName = N'{{ names.index_name('ck', 'payload_json') }}';
+    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+
+    -- Act
+    INSERT INTO {{ t }} (payload) VALUES (N'not json');
+END;
+GO
 {% endif %}
 {% if dedupe %}
 

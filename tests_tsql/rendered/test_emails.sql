@@ -169,7 +169,9 @@ BEGIN
     EXEC tSQLt.ApplyConstraint
         @TableName = N'[queue].[emails]',
         @ConstraintName = N'ck_emails_payload_json';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 547,
+        @ExpectedMessagePattern = N'%ck_emails_payload_json%';
 
     -- Act
     INSERT INTO [queue].[emails] (payload) VALUES (N'not json');

@@ -191,7 +191,9 @@ BEGIN
     EXEC tSQLt.ApplyConstraint
         @TableName = N'[queue].[thumbnails]',
         @ConstraintName = N'ck_thumbnails_payload_json';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 547,
+        @ExpectedMessagePattern = N'%ck_thumbnails_payload_json%';
 
     -- Act
     INSERT INTO [queue].[thumbnails] (payload) VALUES (N'not json');

@@ -357,7 +357,9 @@ BEGIN
     EXEC tSQLt.ApplyConstraint
         @TableName = N'{{ t }}',
         @ConstraintName = N'{{ names.index_name('ck', 'payload_json') }}';
-    EXEC tSQLt.ExpectException @ExpectedErrorNumber = 547;
+    EXEC tSQLt.ExpectException
+        @ExpectedErrorNumber = 547,
+        @ExpectedMessagePattern = N'%{{ names.index_name('ck', 'payload_json') }}%';
 
     -- Act
     INSERT INTO {{ t }} (payload) VALUES (N'not json');

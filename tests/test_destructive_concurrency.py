@@ -68,11 +68,12 @@ def _produce(url: str, catalog_doc: dict, queue: str, worker: int, count: int, s
     client.conn.close()
 
 
-def _consume(url: str, catalog_doc: dict, queue: str, worker: int, start: Any, producers_done: Any,
+def _consume(url: str, catalog_doc: dict, queue: str, worker: int, ready: Any, start: Any, producers_done: Any,
              results: Any) -> None:
     client = _client(url, catalog_doc, queue, autocommit=False)
     rng = random.Random(100 + worker)
     committed: list[int] = []
+    ready.put(worker)  # connected: the test starts the producers only once every consumer can compete
     start.wait()
     while True:
         done = producers_done.is_set()  # read before the dequeue: whatever was sent is visible to it
@@ -227,12 +228,13 @@ def _setup(deploy_queues: Callable[..., Any], **queue: Any) -> tuple[Any, dict, 
 def test_every_message_is_committed_by_exactly_one_consumer_and_none_is_lost(deploy_queues, kind) -> None:
     deployed, doc, name = _setup(deploy_queues, kind=kind)
     url = deployed.url
-    start, producers_done, results = CTX.Event(), CTX.Event(), CTX.Queue()
+    ready, start, producers_done, results = CTX.Queue(), CTX.Event(), CTX.Event(), CTX.Queue()
     with Workers() as workers:
         producers = [workers.start(_produce, url, doc, name, w, MESSAGES // PRODUCERS, start)
                      for w in range(PRODUCERS)]
         for w in range(CONSUMERS):
-            workers.start(_consume, url, doc, name, w, start, producers_done, results)
+            workers.start(_consume, url, doc, name, w, ready, start, producers_done, results)
+        workers.collect(ready, CONSUMERS)
         start.set()
         workers.join(producers)
         producers_done.set()

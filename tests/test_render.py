@@ -171,12 +171,18 @@ def test_groups_are_refused_by_templates_that_do_not_render_them(dialect: str, k
         render_catalog(catalog, dialect)
 
 
-_EXPECTED_KEY_ROW = re.compile(r"\(N'(?P<name>\w+)', (?P<type>[12]), (?P<filter>NULL|N'[^']*'), N'(?P<column>\w+)', "
+_EXPECTED_KEY_ROW = re.compile(r"\(N'(?P<table>\w+)', N'(?P<name>\w+)', (?P<type>[12]), (?P<unique>[01]), "
+                               r"(?P<primary>[01]), 0, (?P<filter>NULL|N'[^']*'), N'(?P<column>\w+)', "
                                r"(?P<descending>[01]), (?P<ordinal>\d+)\)")
 
 
 def _pinned_keys_expected(tsqlt_text: str) -> dict[str, tuple[str, str, str]]:
     """The pinned-index test's #Expected rows per index: (type, key as the DDL writes it, filter)."""
+    return {name: row[:3] for name, row in _pinned_indexes_expected(tsqlt_text).items()}
+
+
+def _pinned_indexes_expected(tsqlt_text: str) -> dict[str, tuple[str, str, str, str, str, str]]:
+    """The same, with (table, unique, primary key) after them."""
     body = tsqlt_text.split("[test the pinned indexes have the key and filter the claims seek on]", 1)[1]
     body = body.split("\nEND;", 1)[0]
     rows: dict[str, list[re.Match]] = {}
@@ -186,7 +192,9 @@ def _pinned_keys_expected(tsqlt_text: str) -> dict[str, tuple[str, str, str]]:
     for name, found in rows.items():
         assert [int(r["ordinal"]) for r in found] == list(range(1, len(found) + 1)), name
         key = ", ".join(r["column"] + (" DESC" if r["descending"] == "1" else "") for r in found)
-        out[name] = ({"1": "CLUSTERED", "2": "NONCLUSTERED"}[found[0]["type"]], key, found[0]["filter"])
+        assert len({(r["table"], r["unique"], r["primary"], r["type"], r["filter"]) for r in found}) == 1, name
+        out[name] = ({"1": "CLUSTERED", "2": "NONCLUSTERED"}[found[0]["type"]], key, found[0]["filter"],
+                     found[0]["table"], found[0]["unique"], found[0]["primary"])
     return out
 
 
@@ -197,15 +205,22 @@ def test_tsqlt_pinned_index_test_expects_the_keys_the_tables_are_built_with() ->
     ddl = {f.queue: f.text for f in render_catalog(catalog, "mssql")}
     checked = 0
     for tsqlt in render_tsqlt(catalog):
-        expected = _pinned_keys_expected(tsqlt.text)
+        expected = _pinned_indexes_expected(tsqlt.text)
         assert expected, f"{tsqlt.name}: no pinned index expected"
-        for name, (type_desc, key, filter_) in expected.items():
-            created = re.search(rf"CREATE (?:UNIQUE )?{type_desc} INDEX \[{name}\]\s+ON \S+ \(([^)]*)\)(\s+WHERE ([^;]*))?;", ddl[tsqlt.queue])
-            constraint = re.search(rf"CONSTRAINT \[{name}\] PRIMARY KEY {type_desc} \(([^)]*)\)", ddl[tsqlt.queue])
-            found = created or constraint
-            assert found, f"{tsqlt.name}: {name} ({type_desc}) is not created by the queue's DDL"
-            assert found.group(1) == key, f"{tsqlt.name}: {name} expects key ({key}), the DDL builds ({found.group(1)})"
-            ddl_filter = created.group(3) if created and created.group(3) else None
+        for name, (type_desc, key, filter_, table, unique, primary) in expected.items():
+            text = ddl[tsqlt.queue]
+            created = re.search(rf"CREATE (UNIQUE )?{type_desc} INDEX \[{name}\]\s+ON (\S+) \(([^)]*)\)(\s+WHERE ([^;]*))?;", text)
+            constraint = re.search(rf"CONSTRAINT \[{name}\] PRIMARY KEY {type_desc} \(([^)]*)\)", text)
+            assert created or constraint, f"{tsqlt.name}: {name} ({type_desc}) is not created by the queue's DDL"
+            if created:
+                built = (created.group(3), created.group(2), "1" if created.group(1) else "0", "0")
+            else:
+                on = re.findall(r"CREATE TABLE (\S+)", text[:constraint.start()])[-1]
+                built = (constraint.group(1), on, "1", "1")
+            assert built[0] == key, f"{tsqlt.name}: {name} expects key ({key}), the DDL builds ({built[0]})"
+            assert built[1].split(".")[-1] == f"[{table}]", f"{tsqlt.name}: {name} expected on {table}, built on {built[1]}"
+            assert built[2:] == (unique, primary), f"{tsqlt.name}: {name} expects unique, primary key {unique, primary}"
+            ddl_filter = created.group(5) if created and created.group(5) else None
             if filter_ == "NULL":
                 assert ddl_filter is None, f"{tsqlt.name}: {name} is filtered in the DDL"
             else:

@@ -682,12 +682,18 @@ GO
 CREATE PROCEDURE [test_queue_undo].[test the pinned indexes have the key and filter the claims seek on]
 AS
 BEGIN
-    -- Act: every index a claim, probe or count names in an INDEX hint, as the catalog shows it. The
-    -- index type is its number (1 clustered, 2 nonclustered): the catalog views' strings have their
-    -- own collation (Latin1_General_CI_AS_KS_WS), and AssertEqualsTable compares them with Msg 451 /
-    -- 468 against a #table of tempdb's collation.
+    -- Act: every index a claim, probe, count or key seek names in an INDEX hint, on any of the
+    -- queue's tables, as the catalog shows it (an index on another of them than the one its hint
+    -- names is a row of that table). The index type is its number (1 clustered, 2 nonclustered),
+    -- not type_desc, whose collation is the catalog's (Latin1_General_CI_AS_KS_WS); names have the
+    -- database's catalog collation (CATALOG_COLLATION on Azure SQL, fixed on a contained database):
+    -- #Expected takes #Actual's columns, so AssertEqualsTable meets no Msg 451 / 468 either way.
     SELECT
+        o.name AS table_name,
         i.name AS index_name,
+        i.is_unique,
+        i.is_primary_key,
+        i.is_disabled,
         c.name AS column_name,
         ic.is_descending_key,
         REPLACE(REPLACE(REPLACE(i.filter_definition, N' ', N''), N'(', N''), N')', N'') AS filter_definition,
@@ -695,6 +701,8 @@ BEGIN
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
     FROM sys.indexes AS i
+    INNER JOIN sys.objects AS o
+        ON i.object_id = o.object_id
     INNER JOIN sys.index_columns AS ic
         ON i.object_id = ic.object_id AND i.index_id = ic.index_id
     INNER JOIN sys.columns AS c
@@ -706,11 +714,16 @@ BEGIN
         )
         AND ic.key_ordinal > 0;
 
-    -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
-    -- hints and this test (a claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts,
-    -- or Msg 308 / 8622). #Expected takes #Actual's columns, collations included.
+    -- Assert: the table, key, filter and uniqueness that _pinned_indexes.sql declares once for the
+    -- tables' DDL, the hints and this test, each index enabled (a claim's WHERE and ORDER BY are
+    -- that key: a deep queue otherwise sorts, or Msg 308 / 8622 / 315; a seek under HOLDLOCK on a
+    -- key that is not unique locks a range, and a seek by id may find two rows).
     SELECT TOP (0)
+        a.table_name,
         a.index_name,
+        a.is_unique,
+        a.is_primary_key,
+        a.is_disabled,
         a.filter_definition,
         a.column_name,
         a.is_descending_key,
@@ -718,9 +731,12 @@ BEGIN
         a.key_ordinal
     INTO #Expected
     FROM #Actual AS a;
-    INSERT INTO #Expected (index_name, index_type, filter_definition, column_name, is_descending_key, key_ordinal)
+    INSERT INTO #Expected (
+        table_name, index_name, index_type, is_unique, is_primary_key, is_disabled, filter_definition,
+        column_name, is_descending_key, key_ordinal
+    )
     VALUES
-    (N'pk_undo', 1, NULL, N'id', 0, 1);
+    (N'undo', N'pk_undo', 1, 1, 1, 0, NULL, N'id', 0, 1);
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
 GO

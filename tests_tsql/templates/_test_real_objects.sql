@@ -26,48 +26,81 @@
 REPLACE(REPLACE(REPLACE({{ column_sql }}, N' ', N''), N'(', N''), N')', N'')
 {%- endmacro %}
 
-{#- The FROM and WHERE of a query over one table's index key columns (aliases i, ic, c); the
-    caller adds its own AND conditions. -#}
-{% macro index_columns_of(table) %}
+{#- The FROM and WHERE of a query over the index key columns of `tables` (a list; aliases i, o, ic,
+    c); the caller adds its own AND conditions. -#}
+{% macro index_columns_of(tables) %}
     FROM sys.indexes AS i
+    INNER JOIN sys.objects AS o
+        ON i.object_id = o.object_id
     INNER JOIN sys.index_columns AS ic
         ON i.object_id = ic.object_id AND i.index_id = ic.index_id
     INNER JOIN sys.columns AS c
         ON ic.object_id = c.object_id AND ic.column_id = c.column_id
     WHERE
-        i.object_id = OBJECT_ID(N'{{ table }}')
+{% if tables | length == 1 %}
+        i.object_id = OBJECT_ID(N'{{ tables[0] }}')
+{%- else %}
+        i.object_id IN (
+{% for table in tables %}
+            OBJECT_ID(N'{{ table }}'){{ ',' if not loop.last }}
+{% endfor %}
+        )
+{%- endif %}
 {%- endmacro %}
 
 -- the deployed objects ----------------------------------------------------------------------------
 
+{# Every table whose indexes a hint names (its suffix: names.obj), with those indexes
+   (_pinned_indexes.sql). #}
+{% set pinned_tables = [('', pins.pinned)] + ([('_dead', pins.dead_pinned)] if kind == 'work' else [])
+    + ([('_groups', pins.groups_pinned)] if pins.has_groups else []) %}
+{# A pinned primary key's fake is a plain index under the key's name (fake_helper); the real one is
+   the constraint, unique. #}
+{% set primary_keys = [names.index('pk'), names.index('pk', 'dead'), names.index('pk', 'groups')] %}
+{% set pinned = namespace(tables=[], indexes=[]) %}
+{% for suffix, indexes in pinned_tables %}
+{% set pinned.tables = pinned.tables + [names.obj(suffix)] %}
+{% set pinned.indexes = pinned.indexes + indexes %}
+{% endfor %}
 CREATE PROCEDURE {{ cls }}.[test the pinned indexes have the key and filter the claims seek on]
 AS
 BEGIN
-    -- Act: every index a claim, probe or count names in an INDEX hint, as the catalog shows it. The
-    -- index type is its number (1 clustered, 2 nonclustered): the catalog views' strings have their
-    -- own collation (Latin1_General_CI_AS_KS_WS), and AssertEqualsTable compares them with Msg 451 /
-    -- 468 against a #table of tempdb's collation.
+    -- Act: every index a claim, probe, count or key seek names in an INDEX hint, on any of the
+    -- queue's tables, as the catalog shows it (an index on another of them than the one its hint
+    -- names is a row of that table). The index type is its number (1 clustered, 2 nonclustered),
+    -- not type_desc, whose collation is the catalog's (Latin1_General_CI_AS_KS_WS); names have the
+    -- database's catalog collation (CATALOG_COLLATION on Azure SQL, fixed on a contained database):
+    -- #Expected takes #Actual's columns, so AssertEqualsTable meets no Msg 451 / 468 either way.
     SELECT
+        o.name AS table_name,
         i.name AS index_name,
+        i.is_unique,
+        i.is_primary_key,
+        i.is_disabled,
         c.name AS column_name,
         ic.is_descending_key,
         {{ compared_filter_sql('i.filter_definition') }} AS filter_definition,
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-{{ index_columns_of(t) }}
+{{ index_columns_of(pinned.tables) }}
         AND i.name IN (
-{% for index in pins.pinned %}
+{% for index in pinned.indexes %}
             N'{{ index[1][1:-1] }}'{{ ',' if not loop.last }}
 {% endfor %}
         )
         AND ic.key_ordinal > 0;
 
-    -- Assert: the key and filter that _pinned_indexes.sql declares once for the table's DDL, the
-    -- hints and this test (a claim's WHERE and ORDER BY are that key: a deep queue otherwise sorts,
-    -- or Msg 308 / 8622). #Expected takes #Actual's columns, collations included.
+    -- Assert: the table, key, filter and uniqueness that _pinned_indexes.sql declares once for the
+    -- tables' DDL, the hints and this test, each index enabled (a claim's WHERE and ORDER BY are
+    -- that key: a deep queue otherwise sorts, or Msg 308 / 8622 / 315; a seek under HOLDLOCK on a
+    -- key that is not unique locks a range, and a seek by id may find two rows).
     SELECT TOP (0)
+        a.table_name,
         a.index_name,
+        a.is_unique,
+        a.is_primary_key,
+        a.is_disabled,
         a.filter_definition,
         a.column_name,
         a.is_descending_key,
@@ -75,17 +108,23 @@ BEGIN
         a.key_ordinal
     INTO #Expected
     FROM #Actual AS a;
-    INSERT INTO #Expected (index_name, index_type, filter_definition, column_name, is_descending_key, key_ordinal)
+    INSERT INTO #Expected (
+        table_name, index_name, index_type, is_unique, is_primary_key, is_disabled, filter_definition,
+        column_name, is_descending_key, key_ordinal
+    )
     VALUES
 {% set found = namespace(rows=[]) %}
-{% for words, name, key, filter in pins.pinned %}
+{% for suffix, indexes in pinned_tables %}
+{% for words, name, key, filter in indexes %}
+{% set primary = name in primary_keys %}
 {% for part in key.split(', ') %}
 {% set column, descending = key_column(part).split('|') %}
-{% set found.rows = found.rows + ["(N'" ~ name[1:-1] ~ "', " ~ (1 if 'CLUSTERED' in words.split() else 2) ~ ", " ~ (("N'" ~ compared_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
+{% set found.rows = found.rows + ["(N'" ~ names.queue ~ suffix ~ "', N'" ~ name[1:-1] ~ "', " ~ (1 if 'CLUSTERED' in words.split() else 2) ~ ", " ~ (1 if primary or 'UNIQUE' in words.split() else 0) ~ ", " ~ (1 if primary else 0) ~ ", 0, " ~ (("N'" ~ compared_filter(filter) ~ "'") if filter else 'NULL') ~ ", N'" ~ column ~ "', " ~ descending ~ ", " ~ loop.index ~ ")"] %}
+{% endfor %}
 {% endfor %}
 {% endfor %}
 {% for row in found.rows %}
-    {{ row }}{{ ';' if loop.last else ',' }}
+    {{ row }}{{ ';' if loop.last else ',' }}{{ ' -- noqa: LT05' if row | length > 115 }}
 {% endfor %}
     EXEC tSQLt.AssertEqualsTable @Expected = N'#Expected', @Actual = N'#Actual';
 END;
@@ -106,7 +145,7 @@ BEGIN
         {{ compared_filter_sql('i.filter_definition') }} AS filter_definition,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-{{ index_columns_of(t) }}
+{{ index_columns_of([t]) }}
         AND i.name = N'{{ names.index_name('ux', 'dedupe') }}'
         AND ic.key_ordinal > 0;
 
@@ -143,7 +182,7 @@ BEGIN
         CONVERT(tinyint, i.type) AS index_type,
         CONVERT(int, ic.key_ordinal) AS key_ordinal
     INTO #Actual
-{{ index_columns_of(dead_t) }}
+{{ index_columns_of([dead_t]) }}
         AND ic.key_ordinal > 0;
 
     -- Assert: clustered (type 1) on the IDENTITY dead_seq, unique; the primary key on id nonclustered

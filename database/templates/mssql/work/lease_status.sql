@@ -132,7 +132,7 @@ BEGIN
     -- The result only once every read has succeeded: an error never follows part of an answer.
     SELECT
         a.id,
-        CONVERT(varchar(7), IIF(r.id IS NULL, a.status, 'lost')) AS status
+        IIF(r.id IS NULL, a.status, 'lost') AS status
     FROM @answers AS a
     LEFT JOIN @requeued AS r ON a.id = r.id
     ORDER BY a.id;

@@ -461,6 +461,12 @@ class QueueWriter(DataSourceArrowWriter):
 # An offset holds every lease's id and token, and Spark repeats it in each StreamingQueryProgress
 # (the log, recentProgress, listeners): a cap on the leases per micro-batch keeps those small.
 MAX_LEASES_PER_BATCH = 10_000
+# Pages of MAX_BATCH a run of availableNow reads past a wall of newer messages: as many rows as the
+# largest micro-batch.
+WALL_PAGES = MAX_LEASES_PER_BATCH // MAX_BATCH
+# Leases a micro-batch of availableNow holds across its partitions before the pages: once reached,
+# the partitions left lease in the next micro-batch.
+HOLD_LIMIT = MAX_LEASES_PER_BATCH
 # read(): how often to ask again for recorded leases that a dequeue skipped (SKIP LOCKED: the
 # driver's heartbeat, or a zombie attempt under the same worker name, had the row locked).
 READ_ROUNDS = 5
@@ -481,6 +487,22 @@ def _utc(value: Any) -> Any:
     if isinstance(value, datetime) and value.tzinfo is None:
         return value.replace(tzinfo=timezone.utc)
     return value
+
+
+def _enqueued_by(cutoff: datetime, row: dict) -> bool:
+    """Whether a leased row was enqueued, and is due, by `cutoff`: a run of availableNow's."""
+    times = [_utc(row[name]) for name in ("enqueued_at", "due_at") if row.get(name) is not None]
+    return max(times, default=cutoff) <= cutoff
+
+
+def _held(worker: str, row: dict) -> tuple[str, tuple[str, str, str]]:
+    """A lease held while a micro-batch leases, by message id: (worker, id, token), as text."""
+    return str(row["id"]), (worker, str(row["id"]), str(row["lease_token"]))
+
+
+def _recorded(worker: str, rows: list[dict]) -> dict:
+    """A lease as an offset records it: the worker and each message's id and token, as text."""
+    return {"worker": worker, "acks": [[str(r["id"]), str(r["lease_token"])] for r in rows]}
 
 
 @dataclass
@@ -507,7 +529,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     and commit() fails the leases it left unacknowledged).
 
     trigger(availableNow=True) runs micro-batches until one finds nothing that was enqueued (and
-    due) by the time the query started; the last latestOffset, which finds nothing, completes the
+    due) by the time the query started (newer messages it meets first, as a priority queue hands
+    them out, are held until every partition has leased, then released; past a wall of them, pages
+    read on: _lease_behind_the_wall); the last latestOffset, which finds nothing, completes the
     last micro-batch. trigger(once=True) runs one micro-batch and never plans a next one, so with
     ack=commit nothing of it would be completed before the next run: refused."""
 
@@ -575,12 +599,6 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # anything later is left for the next run, so that a steady producer cannot keep the run
         # from ending. Now is the database's clock, which set enqueued_at and due_at (with client
         # ids, enqueued_at is the producer's: docs/pipelines.md).
-        if self.target.queue.options.get("priority"):
-            raise PipelineError(
-                f"stream {self.target.name}: trigger(availableNow=True) on a queue with priority would "
-                f"end early: messages enqueued after the start come first, each micro-batch would lease "
-                f"and release only those, and the run would end with older, lower-priority messages "
-                f"unread. Use trigger(processingTime=...) on this queue")
         self._client()
         self._driver["available_until"] = self._call("read the clock of", _database_now)
 
@@ -617,29 +635,115 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offset
 
     def _lease(self, run: str, seq: int) -> list[dict]:
-        leases = []
-        for partition in range(self.partition_count):
-            worker = f"{self.consumer}-{run}-s{seq}-p{partition}"
-            rows = self._call("lease", lambda client: client.dequeue(
-                self.per_partition, worker=worker, lease_seconds=self.lease_seconds))
-            if "available_until" in self._driver:
-                rows = self._enqueued_by(self._driver["available_until"], worker, rows)
-            if rows:
-                leases.append({"worker": worker, "acks": [[str(r["id"]), str(r["lease_token"])] for r in rows]})
+        cutoff = self._driver.get("available_until")
+        if cutoff is None:
+            leases = []
+            for partition in range(self.partition_count):
+                worker = f"{self.consumer}-{run}-s{seq}-p{partition}"
+                rows = self._call("lease", lambda client, worker=worker: client.dequeue(
+                    self.per_partition, worker=worker, lease_seconds=self.lease_seconds))
+                if rows:
+                    leases.append(_recorded(worker, rows))
+            return leases
+        # A run of availableNow: every lease taken in this call, by message id, as (worker, id,
+        # token), until it is either this micro-batch's or released. Released only once every
+        # partition has leased, so that the next partition's dequeue reads past them instead of
+        # meeting them again; on an error, all of them (kept ones included: the failed call records
+        # no offset, so nothing would ever take them back by name), and the error is the one raised.
+        # The kept ones are under the heartbeat from the start: releasing can take a while.
+        holding: dict[str, tuple[str, str, str]] = {}
+        leases, walled = [], True
+        heartbeat = self._driver["heartbeat"]
+        heartbeat.hold(seq, leases)
+        try:
+            for partition in range(self.partition_count):
+                if len(holding) >= HOLD_LIMIT:
+                    break   # the rest of the partitions lease in the next micro-batch
+                worker = f"{self.consumer}-{run}-s{seq}-p{partition}"
+                rows, full = self._lease_enqueued_by(cutoff, worker, holding)
+                walled = walled and full   # a dequeue that came up short read the queue to its end
+                if rows:
+                    leases.append(_recorded(worker, rows))
+            if walled and not leases:
+                leases += self._lease_behind_the_wall(cutoff, run, seq, holding)
+        except Exception:
+            heartbeat.drop(seq)
+            self._release_passed_over(list(holding.values()), retried=False)
+            raise
+        if not leases:
+            heartbeat.drop(seq)
+        kept = {i for lease in leases for i, _ in lease["acks"]}
+        passed_over = [held for message_id, held in holding.items() if message_id not in kept]
+        self._release_passed_over(passed_over)
+        if passed_over:
+            log().info("stream %s: micro-batch offset %s passed over %s message(s) enqueued or due after the "
+                       "run started (released, attempt given back)", self.target.name, seq, len(passed_over))
         return leases
 
-    def _enqueued_by(self, cutoff: datetime, worker: str, rows: list[dict]) -> list[dict]:
-        """The rows enqueued and due by `cutoff` (the database's clock when the run started); the
-        others are released at once, attempt given back."""
-        kept = []
-        for row in rows:
-            times = [_utc(row[name]) for name in ("enqueued_at", "due_at") if row.get(name) is not None]
-            if max(times, default=cutoff) <= cutoff:
-                kept.append(row)
-            else:
-                self._call("release", lambda client, row=row: client.release(row["id"], worker,
-                                                                             lease_token=row["lease_token"]))
-        return kept
+    def _lease_enqueued_by(self, cutoff: datetime, worker: str, holding: dict) -> tuple[list[dict], bool]:
+        """Up to messagesPerPartition leases of messages enqueued and due by `cutoff` (the
+        database's clock when the run started), and whether the dequeue came up against MAX_BATCH
+        rows without them. Newer messages can come first (a higher priority, a retry's visible_at),
+        so the worker asks again for more while it holds them: its own live leases come back first
+        and unchanged, and the new ones after them. Every lease taken goes into `holding`, and stays
+        there unless released here."""
+        asked = self.per_partition
+        while True:
+            rows = self._call("lease", lambda client: client.dequeue(asked, worker=worker,
+                                                                     lease_seconds=self.lease_seconds))
+            holding.update(_held(worker, row) for row in rows)
+            eligible = [row for row in rows if _enqueued_by(cutoff, row)]
+            kept, surplus = eligible[:self.per_partition], eligible[self.per_partition:]
+            if len(kept) == self.per_partition or len(rows) < asked or asked == MAX_BATCH:
+                # The run's messages beyond this partition's share go back at once: the next
+                # partition's (or micro-batch's) to lease.
+                self._release_passed_over([holding[str(row["id"])] for row in surplus])
+                for row in surplus:
+                    del holding[str(row["id"])]
+                return kept, len(rows) == MAX_BATCH and len(kept) < self.per_partition
+            asked = min(MAX_BATCH, 2 * len(rows))
+
+    def _lease_behind_the_wall(self, cutoff: datetime, run: str, seq: int, holding: dict) -> list[dict]:
+        """Every partition met MAX_BATCH newer messages and none of the run's: look further, a page
+        of MAX_BATCH at a time under a worker name of its own (each page reads past the rows held
+        before it), for one lease of the run's messages (a partition of this micro-batch) or the
+        queue's end. Bounded: after WALL_PAGES pages it cannot tell whether messages of the run are
+        left, and stops the query rather than end the run as if none were."""
+        for page in range(WALL_PAGES):
+            worker = f"{self.consumer}-{run}-s{seq}-w{page}"
+            rows = self._call("lease", lambda client: client.dequeue(MAX_BATCH, worker=worker,
+                                                                     lease_seconds=self.lease_seconds))
+            holding.update(_held(worker, row) for row in rows)
+            kept = [row for row in rows if _enqueued_by(cutoff, row)][:self.per_partition]
+            if kept:
+                return [_recorded(worker, kept)]
+            if len(rows) < MAX_BATCH:
+                return []
+        raise PipelineError(
+            f"stream {self.target.name}: trigger(availableNow=True) met {len(holding)} messages enqueued or due "
+            f"after the run started and none older ahead of them (its partitions' dequeues, then {WALL_PAGES} "
+            f"page(s) of {MAX_BATCH}; newer messages come first on a queue with priority, and behind a retry's "
+            f"later visible_at): it cannot tell whether messages of this run are left behind them, so it "
+            f"stops instead of ending the run. Use trigger(processingTime=...) on this queue")
+
+    def _release_passed_over(self, held: list[tuple[str, str, str]], retried: bool = True) -> None:
+        """Release each held lease (worker, id, token), attempt given back. At the first that cannot
+        be released the rest are left to their leases running out (an attempt spent), with one line
+        logged: the database is likely gone, and every row's retries would keep the query waiting.
+        Not retried after an error (the error is what the caller waits for)."""
+        for released, (worker, message_id, token) in enumerate(held):
+            def release(client: Any, worker: str = worker, message_id: str = message_id, token: str = token) -> Any:
+                return client.release(message_id, worker, lease_token=token)
+            try:
+                if retried:
+                    self._call("release", release)
+                else:
+                    release(self._driver["connection"].client())
+            except Exception as error:  # noqa: BLE001 - logged: the leases run out on their own
+                log().warning("stream %s: %s of %s passed-over message(s) could not be released (%s: %s); left "
+                              "to their leases running out, an attempt spent", self.target.name,
+                              len(held) - released, len(held), type(error).__name__, error)
+                return
 
     def partitions(self, start: dict, end: dict) -> Sequence[LeasePartition]:
         if int(end["seq"]) == int(start["seq"]):

@@ -33,7 +33,7 @@ if shutil.which("java") is None:
 import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from pipelines.common import LOCAL_DEFAULTS, PipelineError, build_session, jdbc_options, log  # noqa: E402
+from pipelines.common import MAX_BATCH, LOCAL_DEFAULTS, PipelineError, build_session, jdbc_options, log  # noqa: E402
 from pipelines.demo import run_spark_demo  # noqa: E402
 from pipelines.drain_job import run_drain  # noqa: E402
 from pipelines.faults import SimulatedCrash, crash_plan  # noqa: E402
@@ -3425,13 +3425,16 @@ def stream_reader(pg: "Postgres", catalog: Catalog, queue: str, **options: str) 
     return QueueStreamReader(SourceOptions(QueueTarget.of(pg.url, catalog, queue), lowered))
 
 
-def enqueue_numbered(pg: "Postgres", catalog: Catalog, queue: str, count: int, first: int = 0) -> None:
+def enqueue_numbered(pg: "Postgres", catalog: Catalog, queue: str, count: int, first: int = 0,
+                     **fields: Any) -> None:
+    """Messages first .. first + count - 1 (payload id, dedupe key), with `fields` (priority=...)."""
     from tablequeue.client import QueueClient
 
     conn = connect(pg.url, autocommit=True)
     try:
         QueueClient.for_catalog(conn, "postgres", catalog, queue).enqueue_batch(
-            [{"payload": {"id": i, "name": f"customer {i}"}, "dedupe_key": str(i)} for i in range(first, first + count)])
+            [{"payload": {"id": i, "name": f"customer {i}"}, "dedupe_key": str(i), **fields}
+             for i in range(first, first + count)])
     finally:
         conn.close()
 
@@ -3687,21 +3690,123 @@ def test_stream_available_now_leaves_what_is_enqueued_after_it_started_to_the_ne
     assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'cutoff', '_history')}") == 4
 
 
-def test_stream_available_now_is_refused_on_a_priority_queue_before_it_leases(pg):
-    """Messages enqueued after the start sit above older, lower-priority ones: each micro-batch would
-    lease and release only those and the run end with the older ones unread (a data-engineer review
-    reproduced it), so the run is refused."""
+def available_now_run(reader: Any) -> list[list[int]]:
+    """The rest of a run of trigger(availableNow=True) prepared on `reader`, as Spark drives it:
+    latestOffset until it returns its start, each micro-batch committed before the next is planned;
+    the message ids of each."""
+    batches, start = [], reader.initialOffset()
+    while (end := reader.latestOffset(start, reader.getDefaultReadLimit())) != start:
+        batches.append(sorted(int(i) for lease in end["leases"] for i, _ in lease["acks"]))
+        reader.commit(end)
+        start = end
+    return batches
+
+
+@pytest.mark.parametrize("older, newer, partitions, per_partition, batches", [
+    (4, 7, 2, 1, [[1, 2], [3, 4]]),
+    (5, 3, 2, 2, [[1, 2, 3, 4], [5]]),   # each partition keeps its share, the next partition leases the rest
+])
+def test_stream_available_now_on_a_priority_queue_reads_the_older_messages_behind_newer_ones(
+        pg, older, newer, partitions, per_partition, batches):
+    """Messages enqueued after the start come first in priority order: a micro-batch holds them
+    while it asks for more, so every older, lower-priority message is read in this run (a
+    data-engineer review found the run ending with them unread when they were released at once),
+    and the newer ones are left queued, attempt given back."""
     catalog = pg.deploy(work_queue("ranked", priority=True))
-    enqueue_numbered(pg, catalog, "ranked", 3)
-    reader = stream_reader(pg, catalog, "ranked")
+    enqueue_numbered(pg, catalog, "ranked", older, first=1)
+    reader = stream_reader(pg, catalog, "ranked", partitions=str(partitions), messagesPerPartition=str(per_partition))
     try:
-        with pytest.raises(PipelineError, match=r"ranked: trigger\(availableNow=True\) on a queue with priority "
-                                                r"would end early: .* Use trigger\(processingTime=\.\.\.\)"):
-            reader.prepareForTriggerAvailableNow()
+        reader.prepareForTriggerAvailableNow()
+        time.sleep(0.01)
+        enqueue_numbered(pg, catalog, "ranked", newer, first=100, priority=5)
+        read = available_now_run(reader)
     finally:
         reader.stop()
-    assert pg.rows(f"SELECT count(*) AS n, count(leased_by) AS held FROM {table(catalog, 'ranked')}") == \
-        [{"n": 3, "held": 0}]
+    assert read == batches
+    assert pg.rows(f"SELECT count(*) AS n, count(leased_by) AS held, max(attempts) AS most, min(priority) AS low "
+                   f"FROM {table(catalog, 'ranked')}") == [{"n": newer, "held": 0, "most": 0, "low": 5}]
+    assert pg.scalar(f"SELECT count(*) FROM {table(catalog, 'ranked', '_history')}") == older
+
+
+def test_stream_available_now_reads_past_a_wall_of_newer_messages_and_stops_where_it_cannot(pg, monkeypatch):
+    """More newer messages ahead than the partitions' dequeues hold (MAX_BATCH each): with nothing
+    of the run found, pages of MAX_BATCH under their own worker names read past them, and find the
+    older messages (a partition's share at a time) or the queue's end; past WALL_PAGES pages the run
+    cannot tell whether older messages remain, and stops with an error instead of ending as if it
+    had read them all. Nothing stays leased, no attempt is spent."""
+    monkeypatch.setattr("pipelines.sources.WALL_PAGES", 2)
+    catalog = pg.deploy(work_queue("walled", priority=True))
+    enqueue_numbered(pg, catalog, "walled", 3, first=1)
+    readers = {1: stream_reader(pg, catalog, "walled", partitions="1", messagesPerPartition="1"),
+               2: stream_reader(pg, catalog, "walled", partitions="2", messagesPerPartition="2")}
+    try:
+        for reader in readers.values():
+            reader.prepareForTriggerAvailableNow()
+        time.sleep(0.01)
+        for first in (10_000, 20_000, 30_000):
+            enqueue_numbered(pg, catalog, "walled", MAX_BATCH, first=first, priority=9)
+        # One partition's MAX_BATCH and two pages: as many newer messages as it holds, none older.
+        with pytest.raises(PipelineError, match=rf"walled: trigger\(availableNow=True\) met {3 * MAX_BATCH} messages "
+                                                rf"enqueued or due after the run started and none older ahead of "
+                                                rf"them \(its partitions' dequeues, then 2 page\(s\) of {MAX_BATCH};"
+                                                rf" .* Use trigger\(processingTime=...\) on this queue$"):
+            readers[1].latestOffset(readers[1].initialOffset(), readers[1].getDefaultReadLimit())
+        assert pg.scalar(f"SELECT count(leased_by) + coalesce(sum(attempts), 0) FROM {table(catalog, 'walled')}") == 0
+        # Two partitions' MAX_BATCH and a page of newer ones, then the second page finds the older
+        # ones: a partition's share, the rest in the next micro-batch; the one after, the end.
+        assert available_now_run(readers[2]) == [[1, 2], [3]]
+    finally:
+        for reader in readers.values():
+            reader.stop()
+    assert pg.rows(f"SELECT count(*) AS n, count(leased_by) AS held, max(attempts) AS most "
+                   f"FROM {table(catalog, 'walled')}") == [{"n": 3 * MAX_BATCH, "held": 0, "most": 0}]
+
+
+def test_stream_available_now_releases_what_it_held_when_a_lease_fails_and_logs_a_release_that_fails(pg, caplog):
+    """A dequeue that fails (after its retries) leaves nothing of the call leased, an earlier
+    partition's kept rows included (no offset records them), and the error raised is that
+    dequeue's; at a release that fails (after its retries: the database is likely gone) the rest
+    are left to their leases, with one line logged."""
+    catalog = pg.deploy(work_queue("faulty", priority=True))
+    enqueue_numbered(pg, catalog, "faulty", 2, first=1)
+    reader = stream_reader(pg, catalog, "faulty", partitions="2", messagesPerPartition="1")
+    try:
+        reader.prepareForTriggerAvailableNow()
+        time.sleep(0.01)
+        enqueue_numbered(pg, catalog, "faulty", 4, first=100, priority=5)
+        calls, call = Counter(), reader._call
+
+        def failing(what: str, at: int) -> Any:
+            def wrapped(what_: str, fn: Any) -> Any:
+                calls[what_] += 1
+                if what_ == what and calls[what_] == at:
+                    raise PipelineError(f"injected: {what_} {at}")
+                return call(what_, fn)
+            return wrapped
+
+        # Partition 0 asks for 1, 2, 4 and 8 (the 4 newer, then both older: it keeps message 1 and
+        # releases 2 at once); partition 1's first dequeue, which would lease message 2, fails.
+        reader._call = failing("lease", 5)
+        with pytest.raises(PipelineError, match=r"^injected: lease 5$"):
+            reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+        assert calls["release"] == 1   # the surplus; after the error, released at once, not retried
+        assert pg.scalar(f"SELECT count(leased_by) + coalesce(sum(attempts), 0) FROM {table(catalog, 'faulty')}") == 0
+
+        calls.clear()
+        reader._call = failing("release", 3)   # the second of the 4 newer ones: the other 2 are left
+        with caplog.at_level(logging.WARNING, logger=log().name):
+            offset = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+        assert sorted(int(i) for lease in offset["leases"] for i, _ in lease["acks"]) == [1, 2]
+        warnings = [r.getMessage() for r in caplog.records if "could not be released" in r.getMessage()]
+        assert len(warnings) == 1 and re.fullmatch(
+            r"stream \w+\.faulty: 3 of 4 passed-over message\(s\) could not be released \(PipelineError: "
+            r"injected: release 3\); left to their leases running out, an attempt spent", warnings[0]), warnings
+        assert calls["release"] == 1 + 2
+        assert pg.rows(f"SELECT priority, count(leased_by) AS held, count(*) AS n FROM {table(catalog, 'faulty')} "
+                       f"GROUP BY priority ORDER BY priority") == [{"priority": 0, "held": 2, "n": 2},
+                                                                    {"priority": 5, "held": 3, "n": 4}]
+    finally:
+        reader.stop()
 
 
 def test_stream_offsets_are_capped(pg):
